@@ -1,0 +1,58 @@
+"""User-facing failures. Each class carries the exit code the CLI returns for it.
+
+The CLI prints `mm: <message>` on one line for these and never a traceback.
+Exit codes (documented in README.md):
+  0  success
+  1  problems found (verify/bundle verify found damage; a check failed)
+  2  usage error (bad option or argument; click's own code)
+  3  bad input (a file, directory, manifest or volume is missing, unreadable or malformed)
+  4  remote error (Hub or mirror unreachable, repo/revision/file not found, auth refused)
+  5  integrity error (downloaded or imported bytes do not match the expected identity)
+  6  busy (another mm process holds the directory's lock)
+  7  refused (a combination the deployment guide says fails, or not enough disk)
+"""
+from __future__ import annotations
+
+
+class MMError(Exception):
+    exit_code = 3
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class ProblemsFound(MMError):
+    exit_code = 1
+
+
+class BadInput(MMError):
+    exit_code = 3
+
+
+class RemoteError(MMError):
+    exit_code = 4
+
+
+class IntegrityError(MMError):
+    exit_code = 5
+
+
+class Busy(MMError):
+    exit_code = 6
+
+
+class Refused(MMError):
+    exit_code = 7
+
+
+EXIT_CODES = {
+    0: "success",
+    1: "problems found (verification found damage, or a check failed)",
+    2: "usage error (bad option or argument)",
+    3: "bad input (missing, unreadable or malformed file, directory, manifest or volume)",
+    4: "remote error (Hub or mirror unreachable; repo, revision or file not found; auth refused)",
+    5: "integrity error (bytes do not match the expected identity)",
+    6: "busy (another mm process holds the directory lock)",
+    7: "refused (unsupported combination per the deployment guide, or not enough disk)",
+}

@@ -1,0 +1,125 @@
+"""Filesystem edges shared by every capability: atomic writes, directory locks, path checks."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import Iterator
+
+from .errors import BadInput, Busy
+
+MM_DIR = ".mm"
+# Files that tools put beside the weights; never payload.
+NON_PAYLOAD_PREFIXES = (".mm/", ".cache/huggingface/")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write to a temporary name in the same directory, fsync, rename: never half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with _ignore_missing():
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), mode)
+
+
+def atomic_write_json(path: Path, obj: object) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Give a fully written and fsynced temporary file its final name."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _ignore_missing() -> Iterator[None]:
+    try:
+        yield
+    except FileNotFoundError:
+        pass
+
+
+@contextmanager
+def dir_lock(directory: Path, what: str = "mm") -> Iterator[None]:
+    """Hold an exclusive, non-blocking lock on DIR/.mm/lock for the duration of the block.
+
+    flock is released by the kernel when the process dies, so a kill -9 leaves no stale lock.
+    """
+    lock_dir = Path(directory) / MM_DIR
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    lock_path = lock_dir / "lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise Busy(f"{directory}: another {what} is running on this directory (lock {lock_path}); wait for it or stop it") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)
+
+
+def check_relpath(path: str, where: str = "manifest") -> str:
+    """Return PATH if it is a safe, normalised, relative POSIX path; raise BadInput otherwise."""
+    if not path or any(c in path for c in "\\\x00\n\r"):
+        raise BadInput(f"{where}: invalid path {path!r} (empty, backslash or NUL)")
+    p = PurePosixPath(path)
+    if p.is_absolute():
+        raise BadInput(f"{where}: absolute path {path!r} is not allowed")
+    parts = p.parts
+    if any(part in ("..", ".", "") for part in parts) or str(p) != path:
+        raise BadInput(f"{where}: path {path!r} is not normalised or escapes the directory")
+    return path
+
+
+def is_payload(relpath: str) -> bool:
+    """True for model files; False for tool metadata kept beside them."""
+    return not any(relpath.startswith(prefix) for prefix in NON_PAYLOAD_PREFIXES)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
