@@ -10,6 +10,7 @@ import functools
 import json
 import sys
 import threading
+from pathlib import Path
 from dataclasses import asdict, is_dataclass
 from typing import Any, Callable
 
@@ -18,10 +19,15 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from artifacts.errors import MMError
+from artifacts.fsutil import human_bytes
+from artifacts.hub import FetchRequest, FetchResult, fetch as hub_fetch, manifest_for_local_dir
+from artifacts.manifest import export_sums_files
+from artifacts.pins import default_pin, pin_for_repo
 from artifacts.progress import NULL_PROGRESS, ProgressSink
 
-out = Console()
-err = Console(stderr=True)
+# soft_wrap: never break a line at 80 columns when output goes to a pipe or a file.
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 # --- rendering helpers shared by every command ------------------------------------------------
@@ -104,6 +110,22 @@ def handles_errors(fn: Callable) -> Callable:
 json_option = click.option("--json", "json_out", is_flag=True, help="Print one JSON document instead of text.")
 
 
+class DefaultGroup(click.Group):
+    """A group whose default subcommand runs when the first argument names no subcommand.
+
+    Lets `mm manifest DIR` and `mm manifest export DIR` (or `mm bundle DIR` and `mm bundle verify VOL`) coexist.
+    """
+
+    def __init__(self, *args, default: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.default_command = default
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="mm")
 def main() -> None:
@@ -112,13 +134,511 @@ def main() -> None:
 
 # --- fetch / manifest (issue 2) ----------------------------------------------------------------
 
+def _fetch_request(repo: str | None, revision: str | None, local_dir: Path | None, **options) -> FetchRequest:
+    pin = default_pin() if repo is None else pin_for_repo(repo)
+    repo = repo or pin.repo_id
+    revision = revision or (pin.revision if pin else "main")
+    return FetchRequest(repo_id=repo, revision=revision, local_dir=local_dir or Path(repo.split("/")[-1]), **options)
+
+
+def _render_fetch(result: FetchResult) -> None:
+    if result.revision_kind != "commit":
+        moving = " (a moving branch)" if result.revision_kind == "branch" else ""
+        out.print(f"Resolved {result.requested_revision}{moving} -> {result.commit}; the manifest pins this commit.")
+    counts = {s: [f for f in result.files if f.status == s] for s in ("downloaded", "present", "failed")}
+    for f in counts["failed"]:
+        err.print(f"FAILED {f.path}: {f.error}", markup=False)
+    resumed = [f for f in counts["downloaded"] if f.resumed_from]
+    rate = result.bytes_transferred / result.seconds if result.seconds else 0
+    out.print(f"{result.repo_id}@{result.commit[:12]}: {len(counts['downloaded'])} downloaded"
+              f" ({human_bytes(result.bytes_transferred)}, {human_bytes(rate)}/s"
+              f"{f', {len(resumed)} resumed' if resumed else ''}), {len(counts['present'])} already present,"
+              f" {len(counts['failed'])} failed", highlight=False)
+    out.print(f"Manifest: {result.manifest_path}", highlight=False)
+    draft = "present" if result.draft_present else "MISSING"
+    out.print(f"DSpark draft ({result.draft_subfolder}): {draft}", highlight=False)
+
+
+def _fetch_exit_code(result: FetchResult) -> int:
+    return max((f.exit_code for f in result.failed), default=0)
+
+
+@main.command()
+@click.argument("repo", required=False)
+@click.option("--revision", "-r", help="Full or short commit, branch or tag. Default: the pin's revision (manifests/).")
+@click.option("--local-dir", type=click.Path(path_type=Path), help="Target directory. Default: ./<repo name>.")
+@click.option("--include", multiple=True, help="Only paths matching this glob (repeatable).")
+@click.option("--exclude", multiple=True, help="Skip paths matching this glob (repeatable).")
+@click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Files downloaded in parallel.")
+@click.option("--source", default="hub", show_default=True,
+              help="hub, or modelscope[:OWNER/NAME[@REV]]: every file whose content matches the pin from that mirror, the rest from the Hub.")
+@click.option("--mirror-only", is_flag=True, help="With --source modelscope: nothing from the Hub; fail naming the files the mirror cannot supply.")
+@click.option("--pin-manifest", type=click.Path(path_type=Path),
+              help="With --source modelscope: the pin's identities from this mm manifest, for when the Hub is unreachable.")
+@json_option
+@handles_errors
+def fetch(repo, revision, local_dir, include, exclude, workers, source, mirror_only, pin_manifest, json_out):
+    """Download a pinned revision, verify every file against the Hub, write the manifest.
+
+    Resumes across runs; the token comes from HF_TOKEN or the stored login, the endpoint from HF_ENDPOINT.
+    """
+    req = _fetch_request(repo, revision, local_dir, include=tuple(include), exclude=tuple(exclude), workers=workers)
+    req = _with_mirror_sources(req, source, mirror_only, pin_manifest)  # mirror (issue 4)
+    result = hub_fetch(req, progress_for(json_out))
+    if json_out:
+        emit_json({"ok": not result.failed, **to_jsonable(result)})
+    else:
+        _render_fetch(result)
+    sys.exit(_fetch_exit_code(result))
+
+
+@main.group(cls=DefaultGroup, default="create")
+def manifest():
+    """Write (`mm manifest DIR --repo R --revision REV`) or export (`mm manifest export DIR`) a manifest."""
+
+
+@manifest.command("create")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--repo", required=True, help="The Hub repo the directory holds, e.g. MiniMaxAI/MiniMax-M3.1-Flash.")
+@click.option("--revision", required=True, help="Its revision (full sha when offline).")
+@click.option("--offline", is_flag=True, help="Do not ask the Hub; record local hashes only.")
+@click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True)
+@json_option
+@handles_errors
+def manifest_create(directory, repo, revision, offline, jobs, json_out):
+    """Hash a directory another tool filled (e.g. `hf download`) and write DIR/.mm/manifest.json."""
+    result = manifest_for_local_dir(directory, repo, revision, offline=offline, jobs=jobs, progress=progress_for(json_out))
+    if json_out:
+        emit_json({"ok": True, "manifest_path": result.manifest_path, "checked_upstream": result.checked_upstream,
+                   "note": result.note, "files": len(result.manifest.files), "bytes": result.manifest.total_bytes,
+                   "revision": result.manifest.revision})
+        return
+    if result.note:
+        err.print(f"note: {result.note}", markup=False)
+    checked = "checked against the Hub" if result.checked_upstream else "NOT checked against the Hub"
+    out.print(f"{len(result.manifest.files)} files ({human_bytes(result.manifest.total_bytes)}) at "
+              f"{result.manifest.revision}, {checked}. Manifest: {result.manifest_path}", highlight=False)
+
+
+@manifest.command("export")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["sha256", "blake3", "both"]), default="both", show_default=True)
+@json_option
+@handles_errors
+def manifest_export(directory, fmt, json_out):
+    """Write SHA256SUMS / B3SUMS into DIR/.mm/ for `sha256sum -c` and `b3sum --check` (run from DIR)."""
+    written = export_sums_files(directory, ("sha256", "blake3") if fmt == "both" else (fmt,))
+    if json_out:
+        emit_json({"ok": True, "written": written})
+        return
+    for path in written:
+        out.print(f"wrote {path}", highlight=False)
+    out.print(f"check without mm: cd {directory} && sha256sum -c .mm/SHA256SUMS && b3sum --check .mm/B3SUMS",
+              highlight=False)
+
 # --- verify / repair (issue 3) -----------------------------------------------------------------
+
+from artifacts.errors import BadInput, ProblemsFound  # noqa: E402
+from artifacts.manifest import manifest_path, read_manifest  # noqa: E402
+from artifacts.repair import HubRepairSource, repair_dir  # noqa: E402
+from artifacts.verify import VerifyReport, summary_counts, verify_dir, verify_upstream  # noqa: E402
+
+
+def _verify_doc(report: VerifyReport) -> dict:
+    return {"ok": report.ok, **to_jsonable(report), "bytes_per_second": report.bytes_per_second,
+            "counts": summary_counts(report.problems)}
+
+
+def _render_verify(report: VerifyReport, title: str = "verify") -> None:
+    for p in report.problems:
+        out.print(f"{p.kind.upper():<10} {p.path}: {p.detail}", markup=False, highlight=False, soft_wrap=True)
+    counts = ", ".join(f"{n} {kind}" for kind, n in sorted(summary_counts(report.problems).items()))
+    read = ("sizes only (--quick)" if report.quick else
+            f"{human_bytes(report.bytes_checked)} hashed at {report.bytes_per_second / 1e9:.2f} GB/s")
+    verdict = "OK" if report.ok else f"DAMAGED: {len(report.problems)} problem(s) ({counts})"
+    out.print(f"{title} {report.model_dir} against {report.manifest_path}: {report.files_checked} files, {read}, "
+              f"{report.seconds:.2f} s. {verdict}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _problems_found(report: VerifyReport, what: str) -> None:
+    counts = ", ".join(f"{n} {kind}" for kind, n in sorted(summary_counts(report.problems).items()))
+    raise ProblemsFound(f"{report.model_dir}: {len(report.problems)} problem(s) {what} ({counts}); see the lines above")
+
+
+def _upstream_target(directory: Path, manifest_file: Path | None, repo: str | None, revision: str | None) -> tuple[str, str]:
+    if repo and revision:
+        return repo, revision
+    mpath = manifest_file or manifest_path(directory)
+    if not mpath.exists():
+        raise BadInput(f"{directory}: --upstream needs a repo and revision: pass --repo and --revision, "
+                       f"or keep the manifest at {mpath}")
+    m = read_manifest(mpath)
+    return repo or m.repo_id, revision or m.revision
+
+
+@main.command()
+@click.argument("directory", type=click.Path(path_type=Path, readable=False))  # verify says why it cannot read
+@click.option("--manifest", "manifest_file", type=click.Path(path_type=Path),
+              help="Manifest to check against. Default: DIR/.mm/manifest.json.")
+@click.option("--quick", is_flag=True, help="Presence, sizes, readability and shard headers only; no hashing.")
+@click.option("--jobs", type=click.IntRange(1, 256), help="Threads. Default: one per core.")
+@click.option("--upstream", is_flag=True, help="Check against the Hub's own identities (LFS sha256, git blob sha1), "
+                                               "not the manifest; needs the Hub.")
+@click.option("--repo", help="With --upstream: the Hub repo. Default: the manifest's.")
+@click.option("--revision", help="With --upstream: the revision. Default: the manifest's commit.")
+@json_option
+@handles_errors
+def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, json_out):
+    """Check every byte of DIR against its manifest, every file present and nothing extra, every
+    safetensors shard and index sound. Exit 0 all good, 1 problems found, 3 could not run."""
+    progress = progress_for(json_out)
+    if upstream:
+        repo_id, rev = _upstream_target(directory, manifest_file, repo, revision)
+        report = verify_upstream(directory, repo_id, rev, quick=quick, jobs=jobs, progress=progress)
+    else:
+        if repo or revision:
+            raise BadInput("--repo and --revision only apply with --upstream")
+        report = verify_dir(directory, quick=quick, jobs=jobs, progress=progress, manifest_file=manifest_file)
+    if json_out:
+        emit_json(_verify_doc(report))
+        sys.exit(0 if report.ok else ProblemsFound.exit_code)
+    _render_verify(report)
+    if not report.ok:
+        _problems_found(report, "found")
+
+
+@main.command()
+@click.argument("directory", type=click.Path(path_type=Path, readable=False))
+@click.option("--jobs", type=click.IntRange(1, 256), help="Verify threads. Default: one per core.")
+@click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Files downloaded in parallel.")
+@json_option
+@handles_errors
+def repair(directory, jobs, workers, json_out):
+    """Re-fetch only the files verify finds missing or corrupt (from the Hub, at the manifest's commit),
+    then verify again. Good files are never touched. Exit 0 repaired, 1 problems remain."""
+    report = repair_dir(directory, source=HubRepairSource(workers=workers), jobs=jobs, progress=progress_for(json_out))
+    if json_out:
+        emit_json({"ok": report.ok, "model_dir": report.model_dir, "source": report.source,
+                   "restored": report.restored, "before": _verify_doc(report.before), "after": _verify_doc(report.after)})
+        sys.exit(0 if report.ok else ProblemsFound.exit_code)
+    if not report.restored:
+        out.print(f"{directory}: nothing to re-fetch (no missing or corrupt files)", highlight=False)
+    for path in report.restored:
+        out.print(f"RESTORED   {path} (from {report.source})", markup=False, highlight=False)
+    _render_verify(report.after, "re-verify")
+    if not report.ok:
+        _problems_found(report.after, "remain that re-fetching cannot fix (fix or remove them by hand)")
 
 # --- mirror (issue 4) --------------------------------------------------------------------------
 
+from rich.table import Table  # noqa: E402
+
+from artifacts import mirror as ms_mirror  # noqa: E402
+
+
+def _render_reconciliation(rec: ms_mirror.Reconciliation) -> None:
+    table = Table(title=f"{rec.label} vs {rec.repo_id}@{rec.revision[:12]} (pin from {rec.pin_origin})")
+    table.add_column("path", overflow="fold")
+    for column in ("status", "pin size", "mirror size", "compared by"):
+        table.add_column(column, justify="right" if "size" in column else "left", no_wrap=True)
+    style = {ms_mirror.IDENTICAL: "green", ms_mirror.DIFFERENT: "red", ms_mirror.MISSING: "red", ms_mirror.EXTRA: "yellow"}
+    for f in rec.files:
+        status = f"[{style[f.status]}]{f.status}[/]" + (f" ({f.note})" if f.note else "")
+        table.add_row(f.path, status, "-" if f.pin_size is None else str(f.pin_size),
+                      "-" if f.mirror_size is None else str(f.mirror_size), f.compared_by or "-")
+    out.print(table)
+    out.print(f"Verdict: {rec.label} can supply {rec.supplied_files} of {rec.pin_files} files "
+              f"({human_bytes(rec.supplied_bytes)} of {human_bytes(rec.pin_bytes)}) of {rec.repo_id}@{rec.revision[:12]}"
+              + ("." if rec.complete else f"; from the Hub: {', '.join(rec.unsupplied())}"), highlight=False)
+
+
+def _render_ranking(ranking: ms_mirror.RevisionRanking) -> None:
+    table = Table(title=f"ModelScope {ranking.modelscope_id}: branches and tags by coverage of the pin")
+    for column in ("rank", "revision", "kind", "files", "bytes", "note"):
+        table.add_column(column)
+    for i, c in enumerate(ranking.ranking, 1):
+        table.add_row(str(i), c.ms_revision, c.kind, f"{c.supplied_files}/{c.pin_files}",
+                      f"{human_bytes(c.supplied_bytes)}/{human_bytes(c.pin_bytes)}", c.error or "")
+    out.print(table)
+    if ranking.best is not None:
+        _render_reconciliation(ranking.best)
+
+
+def _with_mirror_sources(req: FetchRequest, source: str, mirror_only: bool, pin_manifest: Path | None) -> FetchRequest:
+    """`mm fetch --source modelscope[...]`: byte sources from the mirror for the files that match the pin."""
+    if source == "hub":
+        if mirror_only or pin_manifest:
+            raise click.UsageError("--mirror-only and --pin-manifest need --source modelscope")
+        return req
+    pin = pin_for_repo(req.repo_id)
+    return ms_mirror.plan_fetch(req, source, pin.modelscope_id if pin else None, mirror_only=mirror_only,
+                                pin_manifest=pin_manifest)[0]
+
+
+def _reconciliation_json(rec: ms_mirror.Reconciliation | None) -> dict | None:
+    return None if rec is None else {**to_jsonable(rec), "complete": rec.complete, "label": rec.label}
+
+
+@main.group()
+def mirror():
+    """ModelScope mirrors: compare a mirror with the pinned revision by content."""
+
+
+@mirror.command("reconcile")
+@click.argument("repo", required=False)
+@click.option("--revision", "-r", help="The pinned Hub revision. Default: the pin's (manifests/).")
+@click.option("--modelscope-id", help="The mirror, OWNER/NAME on ModelScope. Default: the pin's.")
+@click.option("--ms-revision", help=f"Mirror branch or tag. Default: {ms_mirror.DEFAULT_MS_REVISION}.")
+@click.option("--all-revisions", is_flag=True, help="Rank every branch and tag of the mirror by how much of the pin it supplies.")
+@click.option("--pin-manifest", "manifest_file", type=click.Path(path_type=Path),
+              help="Take the pin's hashes from this mm manifest instead of the Hub (offline from the Hub).")
+@click.option("--ms-endpoint", help="ModelScope endpoint. Default: MODELSCOPE_ENDPOINT, else https://modelscope.cn.")
+@json_option
+@handles_errors
+def mirror_reconcile(repo, revision, modelscope_id, ms_revision, all_revisions, manifest_file, ms_endpoint, json_out):
+    """Report each file as identical, different, missing on the mirror or extra on it, and what the mirror can supply.
+
+    Matches on path, size and content hash (sha256; git blob sha1 of the mirror's bytes for small non-LFS
+    files). Exit 0 whatever the verdict; 4 when the mirror or the Hub cannot be listed.
+    """
+    if all_revisions and ms_revision:
+        raise click.UsageError("--ms-revision and --all-revisions exclude each other")
+    target = ms_mirror.target(repo, revision, modelscope_id)
+    pinned = ms_mirror.pinned_for(target, manifest_file)
+    if all_revisions:
+        ranking = ms_mirror.rank_revisions(pinned, target.modelscope_id, endpoint=ms_endpoint)
+        if json_out:
+            emit_json({"ok": True, "modelscope_id": ranking.modelscope_id, "ranking": to_jsonable(ranking.ranking),
+                       "best": _reconciliation_json(ranking.best)})
+        else:
+            _render_ranking(ranking)
+        return
+    rec = ms_mirror.reconcile(pinned, target.modelscope_id, ms_revision or ms_mirror.DEFAULT_MS_REVISION,
+                              endpoint=ms_endpoint)
+    if json_out:
+        emit_json({"ok": True, **_reconciliation_json(rec)})
+    else:
+        _render_reconciliation(rec)
+
+
 # --- bundle / unbundle (issue 5) ---------------------------------------------------------------
 
+from artifacts import bundle as mm_bundle  # noqa: E402
+from artifacts.bundle_format import parse_size  # noqa: E402
+from artifacts.bundle_unpack import unbundle as mm_unbundle  # noqa: E402
+
+
+@main.group(cls=DefaultGroup, default="create")
+def bundle():
+    """Pack a model into volumes (`mm bundle DIR --out OUT --volume-size 500G`) or check them (`mm bundle verify VOL...`)."""
+
+
+@bundle.command("create")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Directory for the volume files.")
+@click.option("--volume-size", required=True,
+              help="Size of each volume, decimal as disks are sold: 750M, 4G (=4,000,000,000 bytes), 500G, 1.8T; "
+                   "binary with 'i': 4GiB.")
+@click.option("--name", help="Bundle name used in volume file names. Default: <repo name>-<revision[:12]>.")
+@click.option("--image", type=click.Path(path_type=Path), help="A `docker save` archive to carry along.")
+@click.option("--kernel-cache", "kernel_caches", multiple=True, type=click.Path(path_type=Path),
+              help="A kernel-cache directory to carry (repeatable). Its key comes from mm-cache-key.json inside it.")
+@click.option("--cache-key", "cache_key", multiple=True, metavar="KEY=VALUE",
+              help="Key for kernel caches without mm-cache-key.json (gpu=, compute_capability=, driver=, image=, "
+                   "recipe=); repeatable. Without either the cache is bundled as unkeyed.")
+@json_option
+@handles_errors
+def bundle_create(directory, out_dir, volume_size, name, image, kernel_caches, cache_key, json_out):
+    """Write the model (and payloads) as self-describing tar volumes; a rerun resumes."""
+    result = mm_bundle.create_bundle(directory, out_dir, parse_size(volume_size), name=name, image=image,
+                                     kernel_caches=tuple(kernel_caches), cache_key=mm_bundle.parse_cache_key(cache_key),
+                                     progress=progress_for(json_out))
+    if json_out:
+        emit_json(result)
+        return
+    for note in result.notes:
+        err.print(f"note: {note}", markup=False)
+    for v in result.volumes:
+        out.print(f"{'kept ' if v.kept else 'wrote'} {v.path} ({human_bytes(v.size)})", highlight=False, markup=False, soft_wrap=True)
+    out.print(f"bundle {result.name} (id {result.bundle_id}): {len(result.volumes)} volume(s), "
+              f"{human_bytes(result.total_bytes)} of data. Check the disks with: mm bundle verify {result.out}",
+              highlight=False, markup=False, soft_wrap=True)
+
+
+@bundle.command("verify")
+@click.argument("volumes", nargs=-1, required=True, type=click.Path(path_type=Path))
+@json_option
+@handles_errors
+def bundle_verify(volumes, json_out):
+    """Check each volume on its own (any order, any subset): OK / CORRUPT / FOREIGN, then the missing ones.
+
+    Exit 0 when every volume given is OK (missing volumes are reported, not failed); 1 otherwise.
+    """
+    report = mm_bundle.verify_volumes(list(volumes), progress=progress_for(json_out))
+    if json_out:
+        emit_json(report)
+    else:
+        for v in report.verdicts:
+            out.print(f"{v.status:<8} {v.path}" + (f"  (volume {v.volume} of {v.volumes})" if v.volume else ""),
+                      highlight=False, markup=False, soft_wrap=True)
+            for problem in v.problems:
+                out.print(f"         {problem}", highlight=False, markup=False, soft_wrap=True)
+        missing = ", ".join(str(n) for n in report.missing) or "none"
+        out.print(f"bundle {report.name} ({report.bundle_id}): {report.volumes} volume(s); missing: {missing}",
+                  highlight=False, markup=False, soft_wrap=True)
+    if not report.ok:
+        bad = [f"{Path(v.path).name} {v.status}" for v in report.verdicts if v.status != "OK"]
+        err.print(f"mm: bundle verify: {', '.join(bad)}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(ProblemsFound.exit_code)
+
+
+@main.command()
+@click.argument("volumes", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--dest", required=True, type=click.Path(path_type=Path), help="The model directory to fill.")
+@click.option("--image-dest", type=click.Path(path_type=Path), help="Where the image archive goes. Default: DEST.payload/image.")
+@click.option("--cache-dest", type=click.Path(path_type=Path),
+              help="Where kernel caches go (one directory per cache). Default: DEST.payload/kernel-cache.")
+@json_option
+@handles_errors
+def unbundle(volumes, dest, image_dest, cache_dest, json_out):
+    """Import volumes (files or directories, any order, some now and the rest later) into DEST, then verify.
+
+    Exit 0 imported (volumes may still be missing), 5 a volume or member was refused, 1 the final verify
+    failed, 7 not enough space.
+    """
+    report = mm_unbundle(list(volumes), dest, image_dest=image_dest, cache_dest=cache_dest,
+                         progress=progress_for(json_out))
+    if json_out:
+        emit_json(report)
+    else:
+        for line in report.refused + report.corrupt:
+            err.print(f"refused: {line}", markup=False, highlight=False, soft_wrap=True)
+        out.print(f"{len(report.imported)} file(s) imported, {report.skipped} already present, from "
+                  f"{len(report.used)} volume(s) of {report.name} ({report.bundle_id}).", highlight=False, markup=False, soft_wrap=True)
+        if report.complete:
+            v = report.verify
+            out.print(f"verify {dest}: {'OK' if v['ok'] else 'PROBLEMS'} ({v['files_checked']} files, "
+                      f"{human_bytes(v['bytes_checked'])})", highlight=False, markup=False, soft_wrap=True)
+            for problem in v["problems"]:
+                out.print(f"  {problem}", highlight=False, markup=False, soft_wrap=True)
+            for cmd in report.next_commands:
+                out.print(f"next: {cmd}", highlight=False, markup=False, soft_wrap=True)
+        else:
+            missing = ", ".join(str(n) for n in report.missing_volumes) or "none"
+            out.print(f"still missing: volume(s) {missing} of {report.volumes}; {len(report.waiting)} file(s) "
+                      f"waiting. Run again with the rest.", highlight=False, markup=False, soft_wrap=True)
+    if report.exit_code:
+        if not json_out:
+            why = "volumes or members refused" if report.exit_code == 5 else "final verify found problems"
+            err.print(f"mm: unbundle {dest}: {why}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(report.exit_code)
+
+
 # --- launch / warmup (issue 6) -----------------------------------------------------------------
+
+from rich.markup import escape  # noqa: E402
+
+from artifacts import launch as mm_launch, warmup as mm_warmup  # noqa: E402
+from artifacts.errors import ProblemsFound  # noqa: E402
+
+
+def _gpu_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return tuple(int(g) for g in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected GPU indices like 0,1,2,3") from None
+
+
+def recipe_options(fn: Callable) -> Callable:
+    """The options `mm launch` and `mm warmup` share: they must produce the same command line."""
+    options = [
+        click.argument("model_dir", type=click.Path(path_type=Path)),
+        click.option("--hardware", required=True, help="b300, gb300, b200, gb200, h200, h100 (vLLM), mi355x, mi350x."),
+        click.option("--recipe", default=None, help="balanced, low-latency, high-throughput, ... (default: the hardware's reference)."),
+        click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True),
+        click.option("--gpus", callback=_gpu_list, default=None, help="GPU indices, e.g. 0,1,2,3 (default: 0..N-1)."),
+        click.option("--port", type=int, default=30000, show_default=True),
+        click.option("--tp", type=int, default=None, help="Override the recipe's tensor parallel size (revalidate)."),
+        click.option("--context-length", type=int, default=None, help="Cap the context (refused above the recipe's limit)."),
+        click.option("--dspark", is_flag=True, help="Require DSpark speculative decoding (refused where the guide says it fails)."),
+        click.option("--image", default=None, help="Engine image by digest (default: the pinned SGLang image)."),
+        click.option("--image-archive", type=click.Path(path_type=Path), default=None,
+                     help="Image archive carried in the bundle; the script runs `docker load -i` when the image is absent."),
+        click.option("--cache-root", type=click.Path(path_type=Path), default=None,
+                     help="Host directory for kernel caches (default: DIR/../mm-kernel-cache/<recipe>)."),
+        click.option("--name", default="minimax-m3-1-flash", show_default=True, help="Container name."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
+    keys = ("hardware", "recipe", "engine", "gpus", "port", "tp", "context_length", "dspark", "image",
+            "image_archive", "cache_root", "name")
+    return mm_launch.LaunchOptions(**{k: kw[k] for k in keys}, **extra)
+
+
+@main.command()
+@recipe_options
+@click.option("--expose", is_flag=True, help="Publish on all interfaces; then the API key is read from --api-key-env at run time.")
+@click.option("--api-key-env", default="MM_API_KEY", show_default=True, help="Environment variable holding the API key (with --expose).")
+@click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Write the script here (mode 0755, atomic).")
+@json_option
+@handles_errors
+def launch(model_dir, expose, api_key_env, fmt, out, json_out, **kw):
+    """Print (or write) the offline start for MODEL_DIR on the given hardware."""
+    plan = mm_launch.plan_launch(model_dir, _launch_options(kw, expose=expose, api_key_env=api_key_env))
+    text = mm_launch.render_script(plan) if fmt == "sh" else json.dumps(mm_launch.plan_document(plan), indent=2) + "\n"
+    if out is not None:
+        mm_launch.write_script(text, out)
+    if json_out:
+        emit_json({"ok": True, "out": str(out) if out else None, "format": fmt, "plan": mm_launch.plan_document(plan),
+                   **({"script": text} if out is None and fmt == "sh" else {})})
+        return
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        err.print(f"wrote {out} ({plan.recipe.id}, {plan.recipe.status})", markup=False, highlight=False)
+    for warning in plan.warnings:
+        err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+
+
+@main.command()
+@recipe_options
+@click.option("--timeout", type=float, default=3600, show_default=True, help="Seconds to wait for /health (a first start compiles kernels).")
+@click.option("--report", type=click.Path(path_type=Path), default=None, help="JSON report path (default: <cache root>/mm-warmup-report.json).")
+@click.option("--image-file", type=click.Path(path_type=Path), default=None, help="Local PNG for the image check (default: a tiny PNG made in code).")
+@click.option("--gpu-info", default=None, help="'NAME, COMPUTE_CAP, DRIVER' for the cache key instead of asking nvidia-smi (required on AMD).")
+@json_option
+@handles_errors
+def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
+    """Start the server once so kernel caches compile, run the guide's checks, stop it, write a report."""
+    plan = mm_launch.plan_launch(model_dir, _launch_options(kw))
+    image_png = mm_warmup.read_image_file(image_file) if image_file else None
+    result = mm_warmup.run_warmup(plan, timeout=timeout, image_png=image_png, gpu_info=gpu_info,
+                                  progress=progress_for(json_out))
+    report_path = report or mm_warmup.default_report_path(plan)
+    mm_warmup.write_report(result, report_path)
+    if json_out:
+        emit_json({"report": str(report_path), **to_jsonable(result)})
+        if not result.ok:
+            sys.exit(ProblemsFound.exit_code)
+        return
+    for check in result.checks:
+        mark = "[green]ok[/]" if check.ok else "[red]FAILED[/]"
+        out.print(f"{mark} {check.name}: {escape(check.detail)}")
+    if result.log_tail:
+        err.print(f"last {len(result.log_tail)} log lines of {result.container}:", markup=False)
+        for line in result.log_tail:
+            err.print("  " + line, markup=False, highlight=False, soft_wrap=True)
+    out.print(f"report: {escape(str(report_path))}")
+    if not result.ok:
+        failed = ", ".join(f"{c.name} ({c.detail})" for c in result.failed)
+        raise ProblemsFound(result.error or f"warm-up checks failed: {failed}")
 
 
 if __name__ == "__main__":

@@ -123,3 +123,18 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def payload_files(root: Path) -> list[str]:
+    """Relative POSIX paths of the regular files under ROOT that are model payload, sorted.
+
+    Symlinks are listed too (verify judges where they point); tool metadata is not.
+    """
+    root = Path(root)
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = Path(dirpath).relative_to(root).as_posix()
+        prefix = "" if rel_dir == "." else rel_dir + "/"
+        dirnames[:] = [d for d in dirnames if is_payload(prefix + d + "/")]
+        found.extend(prefix + name for name in filenames if is_payload(prefix + name))
+    return sorted(found)

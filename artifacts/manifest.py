@@ -24,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .errors import BadInput
 from .fsutil import MM_DIR, atomic_write_text, check_relpath
+from .hashing import hash_file
 
 SCHEMA = "mm-manifest/1"
 MANIFEST_NAME = "manifest.json"
@@ -168,3 +169,25 @@ def export_sums(manifest: Manifest, algorithm: str) -> str:
         digest = f.sha256 if algorithm == "sha256" else f.blake3
         lines.append(f"{digest}  {f.path}")
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+def entry_for_file(root: Path, relpath: str, upstream: Upstream | None = None, source: str = "local",
+                   want_git_sha1: bool = False) -> tuple[FileEntry, str | None]:
+    """Hash one local file in one pass; returns the entry and its git blob sha1 when asked."""
+    d = hash_file(Path(root) / relpath, sha256=True, git_sha1=want_git_sha1)
+    return FileEntry(path=relpath, size=d.size, blake3=d.blake3, sha256=d.sha256 or "", upstream=upstream,
+                     source=source), d.git_sha1
+
+
+SUMS_FILES = {"sha256": "SHA256SUMS", "blake3": "B3SUMS"}
+
+
+def export_sums_files(model_dir: Path, algorithms: tuple[str, ...]) -> list[str]:
+    """Write DIR/.mm/SHA256SUMS and/or B3SUMS from the manifest; returns the paths written."""
+    manifest = read_manifest(manifest_path(model_dir))
+    written = []
+    for algorithm in algorithms:
+        target = Path(model_dir) / MM_DIR / SUMS_FILES[algorithm]
+        atomic_write_text(target, export_sums(manifest, algorithm))
+        written.append(str(target))
+    return written

@@ -1,0 +1,71 @@
+"""The manifest format: validated paths, atomic writes, clear errors for damaged documents."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from artifacts.errors import BadInput
+from artifacts.manifest import FileEntry, Manifest, Upstream, export_sums, read_manifest, to_json, write_manifest
+
+COMMIT = "ce7f4df87d2e05262f5775f373dac4772f134041"
+H64 = "ab" * 32
+
+
+def manifest_with(*paths: str) -> Manifest:
+    return Manifest(repo_id="o/r", revision=COMMIT, files=tuple(FileEntry(p, 1, H64, H64) for p in paths))
+
+
+def test_round_trip_keeps_every_field(tmp_path):
+    m = Manifest(repo_id="o/r", revision=COMMIT, requested_revision="ce7f4df", endpoint="http://127.0.0.1:1",
+                 files=(FileEntry("a/b.safetensors", 3, H64, H64, Upstream("lfs-sha256", H64), "hub"),))
+    write_manifest(m, tmp_path / "manifest.json")
+    assert read_manifest(tmp_path / "manifest.json") == m
+
+
+@pytest.mark.parametrize("bad", ["/etc/passwd", "../up", "a/../b", "a\\b", "./a", "a//b", "a\nb"])
+def test_unsafe_paths_are_refused(tmp_path, bad):
+    with pytest.raises(BadInput, match="path"):
+        write_manifest(manifest_with(bad), tmp_path / "manifest.json")
+    assert not (tmp_path / "manifest.json").exists()
+
+
+def test_duplicate_paths_are_refused(tmp_path):
+    with pytest.raises(BadInput, match="duplicate path 'a'"):
+        write_manifest(manifest_with("a", "a"), tmp_path / "manifest.json")
+
+
+def test_short_revision_is_refused(tmp_path):
+    with pytest.raises(BadInput, match="not a full 40-hex commit"):
+        write_manifest(Manifest(repo_id="o/r", revision="ce7f4df", files=()), tmp_path / "manifest.json")
+
+
+def test_truncated_manifest_names_the_file(tmp_path):
+    path = tmp_path / "manifest.json"
+    path.write_text(to_json(manifest_with("a"))[:40])
+    with pytest.raises(BadInput, match=f"{path}: manifest is not valid JSON"):
+        read_manifest(path)
+
+
+def test_foreign_json_is_not_a_manifest(tmp_path):
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"files": []}))
+    with pytest.raises(BadInput, match="not an mm manifest"):
+        read_manifest(path)
+
+
+def test_rewrite_leaves_no_temporary_files(tmp_path):
+    write_manifest(manifest_with("a"), tmp_path / "manifest.json")
+    write_manifest(manifest_with("a", "b"), tmp_path / "manifest.json")
+    assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+
+
+def test_sums_export_is_in_coreutils_format():
+    text = export_sums(manifest_with("a", "d/b"), "sha256")
+    assert text == f"{H64}  a\n{H64}  d/b\n"
+
+
+def test_endpoint_credentials_are_never_recorded():
+    from artifacts.manifest import public_endpoint
+
+    assert public_endpoint("https://user:hf_secret@hub.local:8443/x") == "https://hub.local:8443/x"
