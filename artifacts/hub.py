@@ -40,6 +40,7 @@ from .manifest import (FileEntry, Manifest, Upstream, entry_for_file, manifest_p
 from .progress import NULL_PROGRESS, ProgressSink
 
 CHUNK = 8 * 1024 * 1024
+WRITE_BATCH = 1024 * 1024
 HEX = re.compile(r"^[0-9a-f]+$")
 PARTIAL_DIR = f"{MM_DIR}/partial"
 JOURNAL = f"{MM_DIR}/journal.jsonl"
@@ -425,23 +426,39 @@ def _download(local_dir: Path, f: RemoteFile, source: FileSource, progress: Prog
 
 
 def _receive(source: FileSource, f: RemoteFile, t: _Transfer, progress: ProgressSink) -> None:
-    """Append one response's body to the partial file, hashing as it goes."""
+    """Append one response's body to the partial file, hashing as it goes.
+
+    Network reads are small (tens of KiB); they are gathered into WRITE_BATCH before the write and the
+    hash updates, which costs far less per byte. The batch is always flushed, even when the connection
+    breaks, so every byte that arrived is kept for the next attempt.
+    """
     with source.stream(f.path, t.hasher.size) as (start, chunks):
         if start != t.hasher.size:  # the server ignored Range: start over
             t.out.seek(0)
             t.out.truncate()
             progress.advance(-t.hasher.size)
             t.hasher = _new_hasher(f)
+        batch = bytearray()
         try:
             for chunk in chunks:
-                if t.hasher.size + len(chunk) > f.size:
+                if t.hasher.size + len(batch) + len(chunk) > f.size:
                     raise IntegrityError(f"{f.path}: {source.label} sent more than the listed {f.size} bytes; not kept")
-                t.out.write(chunk)
-                t.hasher.update(chunk)
-                t.received += len(chunk)
-                progress.advance(len(chunk))
+                batch += chunk
+                if len(batch) >= WRITE_BATCH:
+                    _append(t, batch, progress)
+                    batch = bytearray()
         except httpx2.TransportError as e:
-            raise TransferCut(f"{f.path}: transfer cut ({type(e).__name__}) after {t.hasher.size} bytes") from None
+            raise TransferCut(f"{f.path}: transfer cut ({type(e).__name__}) after {t.hasher.size + len(batch)} bytes") from None
+        finally:
+            if batch and t.hasher.size + len(batch) <= f.size:
+                _append(t, batch, progress)
+
+
+def _append(t: _Transfer, data: bytearray, progress: ProgressSink) -> None:
+    t.out.write(data)
+    t.hasher.update(data)
+    t.received += len(data)
+    progress.advance(len(data))
 
 
 def _hash_existing(partial: Path, length: int, hasher: StreamHasher) -> None:

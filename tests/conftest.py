@@ -1,0 +1,156 @@
+"""Shared pytest fixtures; each capability keeps its fixtures in its own section."""
+from __future__ import annotations
+
+# --- hub server fixtures ---
+import os
+import secrets
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from tests.support.gitrepo import ModelRepo, commit_dir, make_commits_with_shared_prefix, make_model_repo
+from tests.support.hubserver import HubServer
+
+MM_BIN = Path(sys.executable).parent / "mm"
+BIG_FILE = "model.safetensors"
+BIG_BYTES = 8 * 1024 * 1024  # big enough that a rate-limited download can be killed mid-file
+
+
+@pytest.fixture(scope="session")
+def hub_root(tmp_path_factory) -> Path:
+    """The directory the session's Hub server serves (<owner>/<name> git repos)."""
+    return tmp_path_factory.mktemp("hub")
+
+
+@pytest.fixture(scope="session")
+def model_repo(hub_root) -> ModelRepo:
+    """MiniMaxAI/MiniMax-M3.1-Flash double: 4 shards of ~256 KiB + dspark/, commits [first upload, README
+    change], tag v1.0 on the first, main on the second; source_dirs hold each commit's plain files."""
+    return make_model_repo(hub_root, shards=4, shard_bytes=256 * 1024, draft=True)
+
+
+@pytest.fixture(scope="session")
+def _hub_server_session(hub_root):
+    with HubServer(hub_root) as server:
+        yield server
+
+
+@pytest.fixture
+def hub_server(_hub_server_session) -> HubServer:
+    """The session's server with counters and fault hooks cleared for this test."""
+    _hub_server_session.reset()
+    yield _hub_server_session
+    _hub_server_session.reset()
+
+
+def _write_small_repo_files(src: Path, tensor_bytes: int, seed: int) -> None:
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "config.json").write_text('{"model_type": "test"}\n')
+    data = np.random.default_rng(seed).integers(0, 256, size=tensor_bytes, dtype=np.uint8)
+    save_file({"weight": data}, str(src / BIG_FILE), metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="session")
+def ambiguous_repo(hub_root, tmp_path_factory) -> tuple[str, str]:
+    """(repo_id, 4-hex prefix shared by two commits on its main branch; ~1500 commits in all)."""
+    repo_id = "test-org/ambiguous"
+    src = tmp_path_factory.mktemp("ambiguous-src")
+    _write_small_repo_files(src, 1024, seed=1)
+    commit_dir(hub_root / repo_id, src, "first upload")
+    sha_a, _sha_b = make_commits_with_shared_prefix(hub_root / repo_id, prefix_len=4, ref="refs/heads/main")
+    return repo_id, sha_a[:4]
+
+
+@pytest.fixture(scope="session")
+def big_repo(hub_root, tmp_path_factory) -> tuple[str, str, str, int]:
+    """(repo_id, commit, big file's path, its size): one 8 MiB safetensors file, for kill/resume tests."""
+    repo_id = "test-org/big-model"
+    src = tmp_path_factory.mktemp("big-src")
+    _write_small_repo_files(src, BIG_BYTES, seed=2)
+    commit = commit_dir(hub_root / repo_id, src, "first upload")
+    return repo_id, commit, BIG_FILE, (src / BIG_FILE).stat().st_size
+
+
+@pytest.fixture(scope="session")
+def private_repo(hub_root, _hub_server_session, tmp_path_factory) -> tuple[str, str, str]:
+    """(repo_id, commit, token): a repo the session's server serves only with `Authorization: Bearer token`."""
+    repo_id = "test-org/private-model"
+    src = tmp_path_factory.mktemp("private-src")
+    _write_small_repo_files(src, 64 * 1024, seed=3)
+    commit = commit_dir(hub_root / repo_id, src, "first upload")
+    token = "hf_" + secrets.token_hex(16)
+    _hub_server_session.private_repos[repo_id] = token
+    return repo_id, commit, token
+
+
+@pytest.fixture
+def unused_port() -> int:
+    """A 127.0.0.1 port nothing listens on (for 'server down' tests)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _isolated_env(tmp_path: Path) -> dict[str, str]:
+    """os.environ without Hub/ModelScope settings or tokens, with caches under TMP_PATH."""
+    dropped = ("HF_", "HUGGING_FACE_", "HUGGINGFACE_", "MODELSCOPE_")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(dropped) and k.lower() not in ("http_proxy", "https_proxy")}
+    env.update(HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1",
+               MODELSCOPE_CACHE=str(tmp_path / "modelscope-cache"),
+               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    return env
+
+
+@pytest.fixture
+def hub_env(hub_server, tmp_path) -> dict[str, str]:
+    """Environment for subprocesses that talk to the local Hub: HF_ENDPOINT set, fresh HF_HOME, no token."""
+    return dict(_isolated_env(tmp_path), HF_ENDPOINT=hub_server.url)
+
+
+@pytest.fixture
+def run_mm(tmp_path):
+    """run_mm(*args, env=None, timeout=120, input=None, cwd=None) -> CompletedProcess of the real `mm`."""
+    def run(*args: str, env: dict | None = None, timeout: float = 120, input: str | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([str(MM_BIN), *map(str, args)], env=env if env is not None else _isolated_env(tmp_path),
+                              capture_output=True, text=True, timeout=timeout, input=input, cwd=cwd)
+    return run
+# --- end hub server fixtures ---
+
+
+# --- mirror (issue 4) ---
+from tests.support.msserver import MSServer, net_guard_env  # noqa: E402
+
+
+@pytest.fixture
+def ms_server():
+    """A local ModelScope API server (127.0.0.1) that the real modelscope SDK talks to; empty until a test adds revisions."""
+    with MSServer() as server:
+        yield server
+
+
+@pytest.fixture
+def pinned_files(model_repo) -> dict[str, bytes]:
+    """{path: bytes} of the model repo's newest commit: what a faithful mirror serves."""
+    return {path: model_repo.read(path) for path in model_repo.files}
+
+
+@pytest.fixture
+def ms_env(hub_env, ms_server, tmp_path) -> dict[str, str]:
+    """hub_env plus the SDK's endpoint, home and cache under tmp_path (so it never probes public hosts), and a
+    guard that refuses and logs any non-loopback connection or DNS lookup; checked after every test."""
+    guard = net_guard_env(tmp_path / "net")
+    env = dict(hub_env, MODELSCOPE_ENDPOINT=ms_server.url, MODELSCOPE_HOME=str(tmp_path / "ms-home"),
+               MODELSCOPE_CACHE=str(tmp_path / "ms-cache"), MODELSCOPE_DOWNLOAD_INTRA_CLOUD="false",
+               MM_TEST_NET_LOG=guard["MM_TEST_NET_LOG"],
+               PYTHONPATH=os.pathsep.join(p for p in (guard["PYTHONPATH"], hub_env.get("PYTHONPATH")) if p))
+    yield env
+    log = Path(guard["MM_TEST_NET_LOG"])
+    assert not log.exists(), f"a subprocess tried to leave loopback: {log.read_text()}"
+# --- end mirror ---
