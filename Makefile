@@ -14,6 +14,8 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
+	# SGLang's own argument parser, for the launch tests (no torch needed; tests stub what it imports)
+	$(BIN)/pip install -q --no-deps sglang==0.5.23 msgspec
 	touch $(STAMP)
 
 # Standard tools that tests and benchmarks compare against (b3sum, shellcheck); Debian packages.

@@ -586,7 +586,7 @@ def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
 @click.option("--expose", is_flag=True, help="Publish on all interfaces; then the API key is read from --api-key-env at run time.")
 @click.option("--api-key-env", default="MM_API_KEY", show_default=True, help="Environment variable holding the API key (with --expose).")
 @click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Write the script here (mode 0755, atomic).")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Write it here atomically (a script gets mode 0755, a JSON plan 0644).")
 @json_option
 @handles_errors
 def launch(model_dir, expose, api_key_env, fmt, out, json_out, **kw):
@@ -594,7 +594,7 @@ def launch(model_dir, expose, api_key_env, fmt, out, json_out, **kw):
     plan = mm_launch.plan_launch(model_dir, _launch_options(kw, expose=expose, api_key_env=api_key_env))
     text = mm_launch.render_script(plan) if fmt == "sh" else json.dumps(mm_launch.plan_document(plan), indent=2) + "\n"
     if out is not None:
-        mm_launch.write_script(text, out)
+        mm_launch.write_output(text, out, executable=fmt == "sh")
     if json_out:
         emit_json({"ok": True, "out": str(out) if out else None, "format": fmt, "plan": mm_launch.plan_document(plan),
                    **({"script": text} if out is None and fmt == "sh" else {})})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,8 +33,8 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, filter_repo_objects, hf_raise_for_status, http_stream_backoff
 
-from .errors import BadInput, IntegrityError, RemoteError
-from .fsutil import MM_DIR, check_relpath, dir_lock, payload_files, publish
+from .errors import BadInput, IntegrityError, Refused, RemoteError
+from .fsutil import MM_DIR, check_relpath, dir_lock, human_bytes, payload_files, publish
 from .hashing import Digests, StreamHasher
 from .manifest import (FileEntry, Manifest, Upstream, entry_for_file, manifest_path, public_endpoint, read_manifest,
                        write_manifest)
@@ -283,6 +284,7 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, draft_subfo
     with dir_lock(local_dir, "mm fetch"):
         known = _known_entries(local_dir, resolved.commit)
         _clean_stale_partials(local_dir, planned)
+        _check_free_space(local_dir, planned, known, req)
         progress.begin(sum(f.size for f in planned), f"fetch {req.repo_id}@{resolved.commit[:12]}")
         journal = _Journal(local_dir / JOURNAL, resolved.commit)
 
@@ -336,6 +338,20 @@ def _known_entries(local_dir: Path, commit: str) -> dict[str, FileEntry]:
             pass  # a damaged manifest is rewritten from what this run proves
     entries.update(_Journal(local_dir / JOURNAL, commit).entries())
     return entries
+
+
+def _check_free_space(local_dir: Path, planned: Sequence[RemoteFile], known: Mapping[str, FileEntry],
+                      req: FetchRequest) -> None:
+    """Refuse up front rather than fail hours later with a full disk."""
+    needed = 0
+    for f in planned:
+        if _is_present(local_dir, f, known) and not (req.refetch and req.only_paths is not None):
+            continue
+        partial = _partial_path(local_dir, f)
+        needed += f.size - (partial.stat().st_size if partial.exists() else 0)
+    free = shutil.disk_usage(local_dir).free
+    if needed > free:
+        raise Refused(f"{local_dir}: not enough free disk: {human_bytes(needed)} to download, {human_bytes(free)} free")
 
 
 def _partial_path(local_dir: Path, f: RemoteFile) -> Path:

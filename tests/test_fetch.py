@@ -250,3 +250,30 @@ def test_offline_manifest_needs_a_full_commit(run_mm, hub_env, model_repo, tmp_p
     r = run_mm("manifest", str(model_repo.source_dirs[-1]), "--repo", model_repo.repo_id, "--revision", "main",
                "--offline", env=hub_env)
     assert r.returncode == 3 and "full 40-hex commit" in r.stderr
+
+
+def test_not_enough_disk_is_refused_before_downloading(run_mm, hub_env, model_repo, hub_server, tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(small)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        r = fetch(run_mm, hub_env, model_repo, small / "m")
+        assert r.returncode == 7
+        assert "not enough free disk" in r.stderr and str(small / "m") in r.stderr
+        assert hub_server.total_bytes_served == 0
+    finally:
+        subprocess.run(["umount", str(small)])
+
+
+def test_without_a_repo_the_pinned_model_is_fetched(run_mm, hub_env, model_repo, tmp_path):
+    r = run_mm("fetch", "--revision", model_repo.commits[0][:7], "--local-dir", str(tmp_path / "m"), env=hub_env)
+    assert r.returncode == 0, r.stderr
+    assert read_manifest(manifest_path(tmp_path / "m")).repo_id == "MiniMaxAI/MiniMax-M3.1-Flash"
+
+
+def test_without_a_revision_the_pinned_commit_is_asked_for(run_mm, hub_env, model_repo, tmp_path):
+    r = run_mm("fetch", "--local-dir", str(tmp_path / "m"), env=hub_env)
+    assert r.returncode == 4  # the local Hub has no commit ce7f4df...; the request proves which one was asked
+    assert "MiniMaxAI/MiniMax-M3.1-Flash@ce7f4df87d2e05262f5775f373dac4772f134041" in r.stderr

@@ -1,0 +1,537 @@
+"""Recipes (manifests/*.recipes.json) -> the offline engine command line and start script.
+
+The recipes are data, each value with its source in the deployment guide; this module only checks a
+request against them (the combinations the guide says fail are refused with the recipe to use
+instead), checks the model directory, and renders one `docker run` for it: image by digest,
+HF_HUB_OFFLINE=1, the model read-only at a fixed container path (FlashInfer's autotune key includes
+the model path, so warm-up and production must agree), kernel caches on the host, loopback only
+unless exposed with an API key read from the environment at run time.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import BadInput, ProblemsFound, Refused
+from .fsutil import atomic_write_text
+from .manifest import manifest_path, read_manifest
+from .pins import Pin, default_pin, manifests_dir
+
+RECIPES_SCHEMA = "mm-recipes/1"
+CONTAINER_MODELS = "/models"
+DEFAULT_PORT = 30000
+DEFAULT_NAME = "minimax-m3-1-flash"  # the guide's container name
+DEFAULT_API_KEY_ENV = "MM_API_KEY"
+ROCM_MAX_TP_KEY = "rocm_max_tp"
+IMAGE_BY_DIGEST = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+# --- the recipes, as read from manifests/ -----------------------------------------------------
+
+@dataclass(frozen=True)
+class Arg:
+    flag: str
+    value: str | None
+    source: str
+
+
+@dataclass(frozen=True)
+class Recipe:
+    engine: str
+    hardware: str
+    name: str
+    status: str
+    exact_command_published: bool
+    gpus: int
+    weights_repo: str
+    speculative: str | None
+    context_limit: int | None
+    expects_qmul4: bool
+    args: tuple[Arg, ...]
+    facts: tuple[str, ...]
+    sources: dict[str, str]
+
+    @property
+    def id(self) -> str:
+        return f"{self.engine}/{self.hardware}/{self.name}"
+
+    def arg(self, *flags: str) -> Arg | None:
+        return next((a for a in self.args if a.flag in flags), None)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    vendor: str  # nvidia | amd
+    family: str  # blackwell | hopper | cdna
+    default_recipe: str
+
+
+@dataclass(frozen=True)
+class CacheDir:
+    name: str
+    container: str
+    env: str | None
+    families: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    image: str | None
+    entrypoint: str | None
+    command: tuple[str, ...]
+    common_args: tuple[Arg, ...]
+    tail_args: tuple[Arg, ...]
+    api_key_flag: str
+    caches: tuple[CacheDir, ...]
+    msa_jit_env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Catalog:
+    path: Path
+    pin: Pin
+    model_max_context: int
+    sampling: dict[str, float]
+    engines: dict[str, Engine]
+    hardware: dict[str, Hardware]
+    recipes: tuple[Recipe, ...]
+    refusals: dict[str, object]
+
+    def recipes_for(self, engine: str, hardware: str) -> list[Recipe]:
+        return [r for r in self.recipes if r.engine == engine and r.hardware == hardware]
+
+
+def recipes_path() -> Path:
+    return manifests_dir() / "minimax-m3.1-flash.recipes.json"
+
+
+def _value(entry: object, where: str):
+    if not isinstance(entry, dict) or "value" not in entry or "source" not in entry:
+        raise BadInput(f"{where}: every recipe value must be {{'value': ..., 'source': ...}}")
+    return entry["value"]
+
+
+def _args(items: list, where: str) -> tuple[Arg, ...]:
+    out = []
+    for item in items:
+        if not isinstance(item, dict) or "flag" not in item or not item.get("source"):
+            raise BadInput(f"{where}: every argument needs a flag and a source")
+        value = item.get("value")
+        out.append(Arg(str(item["flag"]), None if value is None else str(value), str(item["source"])))
+    return tuple(out)
+
+
+def _from_pin(value, pin: Pin):
+    if isinstance(value, dict) and "from_pin" in value:
+        return getattr(pin, value["from_pin"])
+    return value
+
+
+def load_catalog(path: Path | None = None, pin: Pin | None = None) -> Catalog:
+    path = Path(path or recipes_path())
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise BadInput(f"{path}: cannot read recipes: {e}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != RECIPES_SCHEMA:
+        raise BadInput(f"{path}: not a recipes file (expected schema {RECIPES_SCHEMA!r})")
+    pin = pin or default_pin()
+    try:
+        engines = {}
+        for name, e in doc["engines"].items():
+            engines[name] = Engine(
+                name=name,
+                image=_from_pin(_value(e["image"], f"{path}: engines.{name}.image"), pin),
+                entrypoint=_value(e["entrypoint"], str(path)),
+                command=tuple(_value(e["command"], str(path))),
+                common_args=_args(e["common_args"], f"{path}: engines.{name}"),
+                tail_args=_args(e["tail_args"], f"{path}: engines.{name}"),
+                api_key_flag=_value(e["api_key_flag"], str(path)),
+                caches=tuple(CacheDir(c["name"], c["container"], c.get("env"), tuple(c["families"]))
+                             for c in _value(e["caches"], str(path))),
+                msa_jit_env=dict(_value(e["msa_jit_env"], str(path))),
+            )
+        hardware = {}
+        for name, h in doc["hardware"].items():
+            h = _value(h, f"{path}: hardware.{name}")
+            hardware[name] = Hardware(name, h["vendor"], h["family"], h["default_recipe"])
+        recipes = tuple(_recipe(r, pin, path) for r in doc["recipes"])
+        return Catalog(
+            path=path, pin=pin,
+            model_max_context=int(_value(doc["model_max_context"], str(path))),
+            sampling=dict(_value(doc["sampling"], str(path))),
+            engines=engines, hardware=hardware, recipes=recipes,
+            refusals={k: _value(v, str(path)) for k, v in doc["refusals"].items()},
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadInput(f"{path}: malformed recipes file ({e!r})") from None
+
+
+def _recipe(r: dict, pin: Pin, path: Path) -> Recipe:
+    where = f"{path}: recipe {r.get('engine')}/{r.get('hardware')}/{r.get('name')}"
+    fields = ("status", "exact_command_published", "gpus", "weights", "speculative", "context_limit",
+              "expects_qmul4_log_line")
+    values = {k: _value(r[k], where) for k in fields}
+    return Recipe(
+        engine=r["engine"], hardware=r["hardware"], name=r["name"],
+        status=values["status"],
+        exact_command_published=bool(values["exact_command_published"]),
+        gpus=int(values["gpus"]),
+        weights_repo=_from_pin(values["weights"], pin),
+        speculative=values["speculative"],
+        context_limit=values["context_limit"],
+        expects_qmul4=bool(values["expects_qmul4_log_line"]),
+        args=_args(r["args"], where),
+        facts=tuple(_value(f, where) for f in r.get("facts", [])),
+        sources={k: r[k]["source"] for k in fields},
+    )
+
+
+# --- a launch request, checked ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    hardware: str
+    recipe: str | None = None
+    engine: str = "sglang"
+    gpus: tuple[int, ...] | None = None
+    port: int = DEFAULT_PORT
+    tp: int | None = None
+    context_length: int | None = None
+    dspark: bool = False  # ask for DSpark explicitly (it is on wherever the recipe has it)
+    expose: bool = False
+    api_key_env: str = DEFAULT_API_KEY_ENV
+    image: str | None = None
+    image_archive: Path | None = None
+    cache_root: Path | None = None
+    name: str = DEFAULT_NAME
+
+
+@dataclass(frozen=True)
+class EnvRef:
+    """A shell variable expanded when the script runs: the secret's value is never in the script."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return "${%s}" % self.name
+
+
+Token = str | EnvRef
+
+
+@dataclass(frozen=True)
+class Mount:
+    host: Path
+    container: str
+    read_only: bool = False
+
+    def spec(self) -> str:
+        return f"{self.host}:{self.container}" + (":ro" if self.read_only else "")
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    recipe: Recipe
+    hardware: Hardware
+    model_dir: Path
+    repo_id: str
+    revision: str
+    container_model_path: str
+    image: str
+    image_archive: Path | None
+    gpus: tuple[int, ...]
+    port: int
+    expose: bool
+    api_key_env: str | None
+    name: str
+    env: tuple[tuple[str, str], ...]
+    mounts: tuple[Mount, ...]
+    entrypoint: str | None
+    engine_argv: tuple[Token, ...]
+    cache_root: Path | None
+    uses_dspark: bool
+    revalidate: bool
+    sampling: dict[str, float]
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def cache_mounts(self) -> tuple[Mount, ...]:
+        return tuple(m for m in self.mounts if not m.read_only)
+
+
+def choose_recipe(catalog: Catalog, opts: LaunchOptions) -> Recipe:
+    hw = catalog.hardware.get(opts.hardware)
+    if hw is None:
+        raise BadInput(f"--hardware {opts.hardware!r}: unknown (known: {', '.join(catalog.hardware)})")
+    if opts.engine not in catalog.engines:
+        raise BadInput(f"--engine {opts.engine!r}: unknown (known: {', '.join(catalog.engines)})")
+    candidates = catalog.recipes_for(opts.engine, opts.hardware)
+    if not candidates:
+        others = sorted({r.engine for r in catalog.recipes if r.hardware == opts.hardware})
+        raise Refused(f"the guide has no {opts.engine} recipe for {opts.hardware}; use --engine {' or '.join(others)}")
+    wanted = opts.recipe or (hw.default_recipe if opts.engine == "sglang" else candidates[0].name)
+    recipe = next((r for r in candidates if r.name == wanted), None)
+    if recipe is None:
+        names = ", ".join(r.name for r in candidates)
+        raise Refused(f"the guide has no {opts.engine} {wanted!r} recipe for {opts.hardware}; "
+                      f"its {opts.hardware} recipes are: {names} (use --recipe {candidates[0].name})")
+    return recipe
+
+
+def check_combination(catalog: Catalog, recipe: Recipe, opts: LaunchOptions) -> None:
+    """Refuse what the guide says fails, naming the recipe to use instead."""
+    hw = catalog.hardware[recipe.hardware]
+    if opts.dspark and not recipe.speculative:
+        if hw.family == "hopper" or recipe.engine == "vllm":
+            message = catalog.refusals["dspark_non_blackwell"] if hw.family == "hopper" else "the guide gives no DSpark flags for vLLM"
+            raise Refused(f"DSpark on {recipe.hardware} ({recipe.id}): {message}; use the {recipe.id} recipe without "
+                          f"--dspark (no speculative decoding), or a Blackwell recipe such as --hardware b300 --recipe balanced")
+        raise Refused(f"recipe {recipe.id} does not use DSpark; pick one that does (e.g. --recipe low-latency)")
+    rocm_max = int(catalog.refusals[ROCM_MAX_TP_KEY])
+    tp = opts.tp or _recipe_tp(recipe)
+    n_gpus = len(opts.gpus) if opts.gpus else (opts.tp or recipe.gpus)
+    if hw.vendor == "amd" and max(tp, n_gpus) > rocm_max:
+        raise Refused(
+            f"{recipe.hardware}: ROCm runs the NVFP4 checkpoint at TP {rocm_max} or lower (asked for {max(tp, n_gpus)}); "
+            f"on an 8-GPU node run two TP {rocm_max} servers behind a router: "
+            f"mm launch DIR --hardware {recipe.hardware} --recipe {recipe.name} --gpus 0,1,2,3 --port {opts.port} --name {opts.name}-a "
+            f"and --gpus 4,5,6,7 --port {opts.port + 1} --name {opts.name}-b")
+    limit = recipe.context_limit or catalog.model_max_context
+    if opts.context_length is not None:
+        if opts.context_length > limit:
+            hint = ("use a Blackwell recipe (e.g. --hardware b300 --recipe balanced) for longer contexts"
+                    if recipe.context_limit else "that is the model's maximum")
+            raise Refused(f"--context-length {opts.context_length:,} is above the {recipe.id} recipe's limit of "
+                          f"{limit:,} tokens; use --context-length {limit} or less ({hint})")
+        if recipe.engine != "sglang":
+            raise BadInput(f"--context-length: the guide gives no context flag for {recipe.engine}; leave it out")
+
+
+def _recipe_tp(recipe: Recipe) -> int:
+    arg = recipe.arg("--tp", "--tensor-parallel-size")
+    return int(arg.value) if arg and arg.value else recipe.gpus
+
+
+def check_model_dir(model_dir: Path, recipe: Recipe) -> tuple[str, str]:
+    """Manifest present, quick verify passes, dspark/ present when the recipe uses DSpark.
+
+    Returns (repo_id, revision) from the manifest.
+    """
+    from .verify import verify_dir  # the verify engineer's module; imported here to keep launch light
+
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise BadInput(f"{model_dir}: not a directory")
+    mpath = manifest_path(model_dir)
+    if not mpath.is_file():
+        raise BadInput(f"{mpath}: no manifest; run `mm fetch` (or `mm unbundle`) for this directory first")
+    manifest = read_manifest(mpath)
+    if manifest.repo_id != recipe.weights_repo:
+        raise Refused(f"{model_dir}: holds {manifest.repo_id}, but recipe {recipe.id} is for {recipe.weights_repo}; "
+                      f"fetch {recipe.weights_repo} or pick a recipe for these weights")
+    if recipe.speculative and not (model_dir / "dspark").is_dir():
+        raise Refused(f"{model_dir / 'dspark'}: missing, but recipe {recipe.id} uses DSpark (the draft lives in dspark/ "
+                      f"at the same revision); fetch the pinned revision again: dspark/ is part of it")
+    report = verify_dir(model_dir, manifest, quick=True)
+    if not report.ok:
+        first = report.problems[0]
+        raise ProblemsFound(f"{model_dir}: quick verify found {len(report.problems)} problem(s), first {first.path}: "
+                            f"{first.kind} ({first.detail}); run `mm verify {model_dir}`")
+    return manifest.repo_id, manifest.revision
+
+
+def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = None) -> LaunchPlan:
+    catalog = catalog or load_catalog()
+    recipe = choose_recipe(catalog, opts)
+    model_dir = Path(model_dir).resolve()
+    repo_id, revision = check_model_dir(model_dir, recipe)  # the model directory first, then the request
+    check_combination(catalog, recipe, opts)
+    engine = catalog.engines[recipe.engine]
+    hw = catalog.hardware[recipe.hardware]
+    warnings: list[str] = []
+    revalidate = not recipe.exact_command_published
+
+    image = opts.image or engine.image
+    if not image:
+        raise BadInput(f"--image: the guide pins no {recipe.engine} image for {recipe.hardware}; pass --image NAME@sha256:<digest>")
+    if not IMAGE_BY_DIGEST.match(image):
+        raise BadInput(f"--image {image!r}: give the image by digest (NAME@sha256:<64 hex>) so every host runs the same bytes")
+    if hw.vendor == "amd" and image == catalog.pin.image:
+        raise BadInput(f"--image: the pinned image is CUDA-only; {recipe.hardware} needs a ROCm SGLang image by digest")
+    if opts.image_archive is not None and not Path(opts.image_archive).is_file():
+        raise BadInput(f"--image-archive {opts.image_archive}: no such file")
+    if not ENV_NAME.match(opts.api_key_env):
+        raise BadInput(f"--api-key-env {opts.api_key_env!r}: not a shell variable name")
+    if not 1 <= opts.port <= 65535:
+        raise BadInput(f"--port {opts.port}: out of range")
+
+    tp = opts.tp or _recipe_tp(recipe)
+    gpus = tuple(opts.gpus) if opts.gpus else tuple(range(tp if opts.tp else recipe.gpus))
+    needed = tp if opts.tp else recipe.gpus
+    if len(gpus) != needed or len(set(gpus)) != len(gpus):
+        raise BadInput(f"--gpus {','.join(map(str, gpus))}: recipe {recipe.id} runs on {needed} distinct GPUs")
+    if opts.tp and opts.tp != _recipe_tp(recipe):
+        revalidate = True
+        warnings.append(f"TP {opts.tp} differs from the recipe's TP {_recipe_tp(recipe)}: revalidate before serving traffic")
+    if revision != catalog.pin.revision and recipe.weights_repo == catalog.pin.repo_id:
+        warnings.append(f"model revision {revision} is not the pinned {catalog.pin.revision}")
+    if recipe.status != "validated by the SGLang Cookbook":
+        warnings.append(f"recipe {recipe.id} status: {recipe.status}")
+
+    container_model = f"{CONTAINER_MODELS}/{repo_id.rsplit('/', 1)[-1]}"
+    cache_root = None
+    mounts = [Mount(model_dir, container_model, read_only=True)]
+    env: list[tuple[str, str]] = [("HF_HUB_OFFLINE", "1")]
+    if hw.family == "blackwell":
+        env += list(engine.msa_jit_env.items())
+    caches = [c for c in engine.caches if hw.family in c.families]
+    if caches:
+        cache_root = Path(opts.cache_root or model_dir.parent / "mm-kernel-cache" / recipe.id.replace("/", "-")).resolve()
+        for c in caches:
+            mounts.append(Mount(cache_root / c.name, c.container))
+            if c.env:
+                env.append((c.env, c.container))
+
+    for m in mounts:
+        if ":" in str(m.host) or "," in str(m.host):
+            raise BadInput(f"{m.host}: docker -v cannot mount a path containing ':' or ','; move or link it")
+    engine_argv = _engine_argv(engine, recipe, tp, opts, container_model)
+    return LaunchPlan(
+        recipe=recipe, hardware=hw, model_dir=model_dir, repo_id=repo_id, revision=revision,
+        container_model_path=container_model, image=image,
+        image_archive=Path(opts.image_archive).resolve() if opts.image_archive else None,
+        gpus=gpus, port=opts.port, expose=opts.expose,
+        api_key_env=opts.api_key_env if opts.expose else None, name=opts.name,
+        env=tuple(env), mounts=tuple(mounts), entrypoint=engine.entrypoint, engine_argv=tuple(engine_argv),
+        cache_root=cache_root, uses_dspark=bool(recipe.speculative), revalidate=revalidate,
+        sampling=catalog.sampling, warnings=tuple(warnings),
+    )
+
+
+def _engine_argv(engine: Engine, recipe: Recipe, tp: int, opts: LaunchOptions, model_path: str) -> list[Token]:
+    subst = {"{model_path}": model_path, "{port}": str(opts.port)}
+    argv: list[Token] = [subst.get(t, t) for t in engine.command]
+    tp_flags = ("--tp", "--tensor-parallel-size")
+    for a in engine.common_args + recipe.args:
+        argv.append(a.flag)
+        if a.value is not None:
+            argv.append(str(tp) if a.flag in tp_flags else subst.get(a.value, a.value))
+    if opts.context_length is not None:
+        if "--context-length" in argv:
+            argv[argv.index("--context-length") + 1] = str(opts.context_length)
+        else:
+            argv += ["--context-length", str(opts.context_length)]
+    for a in engine.tail_args:
+        argv += [a.flag] + ([subst.get(a.value, a.value)] if a.value is not None else [])
+    if opts.expose:
+        argv += [engine.api_key_flag, EnvRef(opts.api_key_env)]
+    return argv
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+def docker_run_argv(plan: LaunchPlan, *, detach: bool = False, name: str | None = None,
+                    extra_env: tuple[tuple[str, str], ...] = ()) -> list[Token]:
+    """The one `docker run` for PLAN; warm-up runs the same line detached under its own name."""
+    argv: list[Token] = ["docker", "run", "-d" if detach else "--rm", "--name", name or plan.name]
+    if plan.hardware.vendor == "nvidia":
+        argv += ["--gpus", '"device=%s"' % ",".join(map(str, plan.gpus))]
+    else:  # ROCm containers reach the GPUs through the kernel driver devices
+        argv += ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video",
+                 "-e", "HIP_VISIBLE_DEVICES=" + ",".join(map(str, plan.gpus))]
+    published = f"{plan.port}:{plan.port}" if plan.expose else f"127.0.0.1:{plan.port}:{plan.port}"
+    argv += ["--shm-size", "32g", "--ipc=host", "-p", published]
+    for key, value in plan.env + tuple(extra_env):
+        argv += ["-e", f"{key}={value}"]
+    for m in plan.mounts:
+        argv += ["-v", m.spec()]
+    if plan.entrypoint:
+        argv += ["--entrypoint", plan.entrypoint]
+    argv.append(plan.image)
+    argv += list(plan.engine_argv)
+    return argv
+
+
+def _shell(token: Token) -> str:
+    return f'"{token}"' if isinstance(token, EnvRef) else shlex.quote(token)
+
+
+def render_script(plan: LaunchPlan) -> str:
+    r = plan.recipe
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# Offline start of {plan.repo_id} @ {plan.revision}, generated by `mm launch`.",
+        f"# Recipe {r.id}: {r.status} ({r.sources['status']}).",
+        f"# Image pinned by digest; model mounted read-only at {plan.container_model_path}; no network needed.",
+    ]
+    lines += [f"# Note: {f}" for f in r.facts]
+    if plan.hardware.vendor == "amd":
+        lines.append("# Note: GPU access (--device /dev/kfd /dev/dri, HIP_VISIBLE_DEVICES) follows the ROCm container convention, not the guide.")
+    lines += [f"# Warning: {w}" for w in plan.warnings]
+    lines += ["set -euo pipefail", ""]
+    if plan.revalidate:
+        why = ("the guide does not publish the exact command for this recipe (it points to the SGLang configuration "
+               "generator); only the flags it states are here" if not r.exact_command_published else "; ".join(plan.warnings))
+        lines += [f"# REVALIDATE: {why}. Check this command against the upstream recipe before serving traffic.",
+                  f"echo {shlex.quote(f'WARNING: {r.id}: command must be revalidated against the upstream recipe before serving traffic')} >&2",
+                  ""]
+    if plan.image_archive:
+        lines += ["# The image came with the bundle: load it once if this host does not have it yet.",
+                  f"if ! docker image inspect {shlex.quote(plan.image)} >/dev/null 2>&1; then",
+                  f"  docker load -i {shlex.quote(str(plan.image_archive))}",
+                  "fi", ""]
+    else:
+        lines += [f"# If this host lacks the image: docker load -i <image archive from the bundle> (must provide {plan.image}).", ""]
+    if plan.expose:
+        lines += [f"# Published on all interfaces: clients must send Authorization: Bearer ${plan.api_key_env}.",
+                  f': "${{{plan.api_key_env}:?set {plan.api_key_env} to the API key clients must send (it is not stored in this script)}}"',
+                  ""]
+    if plan.cache_mounts:
+        lines += ["# Kernel caches persist across starts (MSA, FlashInfer, Triton, DeepGEMM); `mm warmup` fills them.",
+                  "mkdir -p " + " ".join(shlex.quote(str(m.host)) for m in plan.cache_mounts), ""]
+    lines.append(_wrap(docker_run_argv(plan), plan.image))
+    return "\n".join(lines) + "\n"
+
+
+def _wrap(argv: list[Token], image: str) -> str:
+    """One flag (with its value) per line, the image and the engine command on their own, like the guide."""
+    lines: list[list[str]] = [["exec"]]
+    after_image = False
+    for token in argv:
+        is_flag = isinstance(token, str) and token.startswith("-")
+        if is_flag or token == image or after_image:
+            lines.append([])
+        after_image = token == image
+        lines[-1].append(_shell(token))
+    return " \\\n  ".join(" ".join(line) for line in lines if line)
+
+
+def plan_document(plan: LaunchPlan) -> dict:
+    """The plan as data (`--format json`): argv lists with secrets as ${VAR} references."""
+    r = plan.recipe
+    return {
+        "recipe": r.id, "status": r.status, "exact_command_published": r.exact_command_published,
+        "revalidate": plan.revalidate, "repo_id": plan.repo_id, "revision": plan.revision,
+        "model_dir": str(plan.model_dir), "container_model_path": plan.container_model_path,
+        "image": plan.image, "image_archive": str(plan.image_archive) if plan.image_archive else None,
+        "gpus": list(plan.gpus), "port": plan.port, "expose": plan.expose, "api_key_env": plan.api_key_env,
+        "env": dict(plan.env), "mounts": [m.spec() for m in plan.mounts],
+        "cache_root": str(plan.cache_root) if plan.cache_root else None,
+        "uses_dspark": plan.uses_dspark, "expects_qmul4": r.expects_qmul4, "sampling": plan.sampling,
+        "engine_argv": [str(t) for t in plan.engine_argv],
+        "docker_argv": [str(t) for t in docker_run_argv(plan)],
+        "facts": list(r.facts), "warnings": list(plan.warnings),
+        "sources": {"recipe": r.sources, "args": {a.flag: a.source for a in r.args}},
+    }
+
+
+def write_output(text: str, out: Path, executable: bool) -> None:
+    """Atomically (temporary name, fsync, rename); a start script is executable, a JSON plan is not."""
+    atomic_write_text(Path(out), text, mode=0o755 if executable else 0o644)

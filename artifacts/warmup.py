@@ -1,0 +1,347 @@
+"""Warm-up: start the recipe's server once with the kernel caches mounted, run the guide's checks, stop it.
+
+The first start compiles the MSA, FlashInfer, Triton and DeepGEMM kernels into the mounted caches, so
+that production starts reuse them. The server runs under the very `docker run` line `mm launch`
+emits (detached, under its own name): FlashInfer's autotune key includes the model path and the
+parallel sizes, so anything else would warm the wrong cache. The cache key (GPU, compute capability,
+driver, image digest, recipe) is written beside the caches so that a bundle carries them only to
+matching hosts. HTTP goes to 127.0.0.1 only: the server is ours.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import re
+import struct
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import BadInput, ProblemsFound, Refused
+from .fsutil import atomic_write_json
+from .launch import LaunchPlan, docker_run_argv
+from .progress import NULL_PROGRESS, ProgressSink
+
+REPORT_SCHEMA = "mm-warmup-report/1"
+CACHE_KEY_SCHEMA = "mm-cache-key/1"
+CACHE_KEY_NAME = "mm-cache-key.json"
+REPORT_NAME = "mm-warmup-report.json"
+DSPARK_LINE = "DSpark draft found in the target checkpoint's dspark/ subfolder"
+NVFP4_BACKEND = re.compile(r"nvfp4_to_fp8 backend=(\S+)")
+FAST_NVFP4_BACKEND = "qmul4"
+FIRST_START_WARMUP_TIMEOUT = "1800"  # SGLANG_WARMUP_TIMEOUT: a first start compiles every kernel
+LOG_TAIL_LINES = 40
+DOCKER = "docker"
+
+# Loopback only, and never through a proxy from the environment.
+_http = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    gpu: str
+    compute_capability: str
+    driver: str
+    image: str
+    recipe: str
+    gpu_count: int
+    schema: str = CACHE_KEY_SCHEMA
+
+
+@dataclass(frozen=True)
+class WarmupReport:
+    ok: bool
+    recipe: str
+    status: str
+    image: str
+    container: str
+    port: int
+    cache_root: str | None
+    cache_key: CacheKey | None
+    ready_after_s: float | None
+    checks: tuple[Check, ...]
+    error: str | None = None
+    log_tail: tuple[str, ...] = ()
+    started: str = ""
+    finished: str = ""
+    schema: str = REPORT_SCHEMA
+
+    @property
+    def failed(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if not c.ok)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def tiny_png(width: int = 8, height: int = 8) -> bytes:
+    """A small valid RGB PNG (a two-colour gradient) built in code, so the image check needs no file."""
+    rows = b"".join(b"\x00" + bytes(v for x in range(width) for v in (x * 32 % 256, y * 32 % 256, 128)) for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+# --- docker ----------------------------------------------------------------------------------
+
+def _docker(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise BadInput("docker: not found on PATH (warm-up starts the server with docker)") from None
+    except subprocess.TimeoutExpired:
+        raise ProblemsFound(f"docker {args[0]}: no answer within {timeout:g}s") from None
+
+
+def parse_gpu_info(text: str) -> tuple[str, str, str, int]:
+    """`nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader` -> one GPU kind."""
+    rows = [tuple(part.strip() for part in line.split(",")) for line in text.splitlines() if line.strip()]
+    if not rows or any(len(r) != 3 for r in rows):
+        raise BadInput(f"GPU info {text.strip()!r}: expected 'NAME, COMPUTE_CAP, DRIVER' lines")
+    if len(set(rows)) != 1:
+        raise Refused(f"GPUs differ ({'; '.join(sorted({', '.join(r) for r in rows}))}); a recipe and its caches need one GPU kind")
+    return rows[0][0], rows[0][1], rows[0][2], len(rows)
+
+
+def query_gpus(plan: LaunchPlan) -> str:
+    """Ask the pinned image's nvidia-smi for the selected GPUs (what the cache key records)."""
+    if plan.hardware.vendor != "nvidia":
+        raise BadInput(f"{plan.hardware.name}: pass --gpu-info 'NAME, GFX/COMPUTE, DRIVER' (nvidia-smi is NVIDIA only)")
+    argv = ["run", "--rm", "--gpus", '"device=%s"' % ",".join(map(str, plan.gpus)), "--entrypoint", "nvidia-smi",
+            plan.image, "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"]
+    done = _docker(argv)
+    if done.returncode != 0:
+        raise ProblemsFound(f"docker run nvidia-smi failed ({done.returncode}): {_last_line(done.stderr)}")
+    return done.stdout
+
+
+def check_gpu_family(plan: LaunchPlan, gpu: str, compute_capability: str) -> None:
+    """Blackwell recipes (MSA, DSpark on NVFP4) fail on older GPUs: say so before a long start."""
+    try:
+        major = int(compute_capability.split(".")[0])
+    except ValueError:
+        return  # AMD gfx names and the like: nothing to compare
+    family = plan.hardware.family
+    if family == "blackwell" and major < 10:
+        raise Refused(f"GPUs are {gpu} (compute {compute_capability}), but recipe {plan.recipe.id} needs Blackwell "
+                      f"(M3.1 NVFP4 DSPARK requires Blackwell); use --hardware h200 on Hopper")
+    if family == "hopper" and major != 9:
+        raise Refused(f"GPUs are {gpu} (compute {compute_capability}), but recipe {plan.recipe.id} is for Hopper; "
+                      f"pick the recipe for this hardware")
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"
+
+
+def container_logs(name: str) -> str:
+    done = _docker(["logs", name])
+    return done.stdout + done.stderr
+
+
+def container_running(name: str) -> bool:
+    done = _docker(["inspect", "-f", "{{.State.Running}}", name])
+    return done.returncode == 0 and done.stdout.strip() == "true"
+
+
+def stop_container(name: str) -> None:
+    _docker(["stop", name], timeout=180)
+    _docker(["rm", "-f", name])
+
+
+# --- HTTP against the local server -----------------------------------------------------------
+
+def health_ok(port: int) -> bool:
+    try:
+        with _http.open(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_healthy(name: str, port: int, timeout: float, poll: float, progress: ProgressSink) -> float:
+    """Seconds until /health answered 200; raises ProblemsFound on timeout or when the container exits."""
+    start = last_note = time.monotonic()
+    delay = min(poll, 0.25)  # short at first (a warm cache starts fast), then every `poll` seconds
+    while True:
+        if health_ok(port):
+            return time.monotonic() - start
+        if not container_running(name):
+            raise ProblemsFound(f"container {name} exited before /health answered")
+        if time.monotonic() - start > timeout:
+            raise ProblemsFound(f"server not ready: /health on 127.0.0.1:{port} did not answer within {timeout:g}s")
+        if time.monotonic() - last_note >= 30:
+            last_note = time.monotonic()
+            progress.note(f"waiting for /health ({last_note - start:.0f}s)")
+        time.sleep(delay)
+        delay = min(poll, delay * 2)
+
+
+def chat(port: int, body: dict, timeout: float) -> dict:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with _http.open(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        raise ProblemsFound(f"HTTP {e.code}: {e.read()[:300].decode('utf-8', 'replace')}") from None
+    except (urllib.error.URLError, OSError, json.JSONDecodeError) as e:
+        raise ProblemsFound(f"no usable answer: {e}") from None
+
+
+def _message(answer: dict) -> dict:
+    try:
+        return answer["choices"][0]["message"]
+    except (KeyError, IndexError, TypeError):
+        return {}
+
+
+# --- the guide's checks ----------------------------------------------------------------------
+
+def request_checks(plan: LaunchPlan, image_png: bytes, timeout: float) -> list[Check]:
+    """Quickstart steps 5-7: text, thinking disabled, image input (as a data URI: the host is offline)."""
+    base = {"model": plan.container_model_path, "max_tokens": 4096, **plan.sampling}
+    checks = []
+
+    def run(name: str, body: dict, judge) -> None:
+        try:
+            message = _message(chat(plan.port, {**base, **body}, timeout))
+        except ProblemsFound as e:
+            checks.append(Check(name, False, e.message))
+            return
+        checks.append(judge(message))
+
+    def has_content(name: str):
+        def judge(m: dict) -> Check:
+            content = m.get("content")
+            return Check(name, bool(content and str(content).strip()),
+                         f"content: {len(str(content or ''))} chars" if content else "choices[0].message.content is empty")
+        return judge
+
+    run("text", {"messages": [{"role": "user", "content": "Explain sparse attention in one sentence."}]},
+        has_content("text"))
+
+    def thinking_off(m: dict) -> Check:
+        reasoning, content = m.get("reasoning_content"), m.get("content")
+        if reasoning:
+            return Check("thinking-disabled", False, f"reasoning_content returned ({len(reasoning)} chars) although thinking was disabled")
+        if not (content and str(content).strip()):
+            return Check("thinking-disabled", False, "choices[0].message.content is empty")
+        return Check("thinking-disabled", True, "content present, reasoning_content empty")
+
+    run("thinking-disabled", {"messages": [{"role": "user", "content": "How many prime numbers are there below 50?"}],
+                              "thinking": {"type": "disabled"}}, thinking_off)
+    run("image", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Describe this image in one sentence."},
+        {"type": "image_url", "image_url": {"url": data_uri(image_png)}}]}]}, has_content("image"))
+    return checks
+
+
+def log_checks(plan: LaunchPlan, log: str) -> list[Check]:
+    checks = []
+    if plan.recipe.expects_qmul4:
+        backends = NVFP4_BACKEND.findall(log)
+        if FAST_NVFP4_BACKEND in backends:
+            checks.append(Check("nvfp4-qmul4", True, f"nvfp4_to_fp8 backend={FAST_NVFP4_BACKEND}"))
+        else:
+            seen = f"backend={backends[-1]}" if backends else "no nvfp4_to_fp8 line"
+            checks.append(Check("nvfp4-qmul4", False, f"slow path taken: log shows {seen}, not backend=qmul4 "
+                                                      "(CUDA toolkit older than 13.4: use the pinned image or set CUDA_HOME to CUDA 13.4)"))
+    if plan.uses_dspark:
+        found = DSPARK_LINE in log
+        checks.append(Check("dspark-draft", found, "DSpark draft loaded from dspark/" if found
+                            else f"log lacks {DSPARK_LINE!r}: the draft was not loaded"))
+    return checks
+
+
+# --- the whole warm-up -----------------------------------------------------------------------
+
+def warmup_name(plan: LaunchPlan) -> str:
+    return "mm-warmup-" + plan.recipe.id.replace("/", "-")
+
+
+def run_warmup(plan: LaunchPlan, *, timeout: float = 3600, image_png: bytes | None = None, gpu_info: str | None = None,
+               request_timeout: float = 600, poll: float = 2.0, progress: ProgressSink = NULL_PROGRESS) -> WarmupReport:
+    if plan.expose:
+        raise BadInput("warm-up publishes on 127.0.0.1 only; leave out --expose")
+    started = _now()
+    gpu, cc, driver, count = parse_gpu_info(gpu_info if gpu_info is not None else query_gpus(plan))
+    check_gpu_family(plan, gpu, cc)
+    cache_key = CacheKey(gpu=gpu, compute_capability=cc, driver=driver, image=plan.image, recipe=plan.recipe.id, gpu_count=count)
+    name = warmup_name(plan)
+    _docker(["rm", "-f", name])  # a warm-up killed earlier may have left its container behind
+    extra_env = (("SGLANG_WARMUP_TIMEOUT", FIRST_START_WARMUP_TIMEOUT),) if plan.recipe.engine == "sglang" else ()
+    argv = [str(t) for t in docker_run_argv(plan, detach=True, name=name, extra_env=extra_env)]
+    progress.note(f"starting {plan.recipe.id} as container {name}")
+    done = _docker(argv[1:])
+    if done.returncode != 0:
+        raise ProblemsFound(f"docker run failed ({done.returncode}): {_last_line(done.stderr)}")
+
+    checks: list[Check] = []
+    error, tail, ready_after = None, (), None
+    try:
+        try:
+            ready_after = wait_healthy(name, plan.port, timeout, poll, progress)
+        except ProblemsFound as e:
+            error = e.message
+        if error is None:
+            progress.note(f"/health ready after {ready_after:.0f}s; running the guide's checks")
+            checks += request_checks(plan, image_png or tiny_png(), request_timeout)
+        log = container_logs(name)
+        if error is None:
+            checks += log_checks(plan, log)
+        if error or not all(c.ok for c in checks):
+            tail = tuple(log.splitlines()[-LOG_TAIL_LINES:])
+    finally:
+        stop_container(name)
+
+    if ready_after is not None and plan.cache_root is not None:
+        atomic_write_json(plan.cache_root / CACHE_KEY_NAME, _schema_first(asdict(cache_key)))
+    ok = error is None and all(c.ok for c in checks)
+    return WarmupReport(ok=ok, recipe=plan.recipe.id, status=plan.recipe.status, image=plan.image, container=name,
+                        port=plan.port, cache_root=str(plan.cache_root) if plan.cache_root else None,
+                        cache_key=cache_key, ready_after_s=None if ready_after is None else round(ready_after, 1),
+                        checks=tuple(checks), error=error, log_tail=tail, started=started, finished=_now())
+
+
+def default_report_path(plan: LaunchPlan) -> Path:
+    return (plan.cache_root or plan.model_dir.parent) / REPORT_NAME
+
+
+def _schema_first(doc: dict) -> dict:
+    return {"schema": doc.pop("schema"), **doc}
+
+
+def write_report(report: WarmupReport, path: Path) -> None:
+    atomic_write_json(Path(path), _schema_first(asdict(report)))
+
+
+def read_image_file(path: Path) -> bytes:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise BadInput(f"--image-file {path}: cannot read: {e.strerror}") from None
+    if not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        raise BadInput(f"--image-file {path}: not a PNG file")
+    return data
+
