@@ -249,20 +249,23 @@ def _verify_doc(report: VerifyReport) -> dict:
             "counts": summary_counts(report.problems)}
 
 
+def _counts_text(report: VerifyReport) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(summary_counts(report.problems).items()))
+
+
 def _render_verify(report: VerifyReport, title: str = "verify") -> None:
     for p in report.problems:
         out.print(f"{p.kind.upper():<10} {p.path}: {p.detail}", markup=False, highlight=False, soft_wrap=True)
-    counts = ", ".join(f"{n} {kind}" for kind, n in sorted(summary_counts(report.problems).items()))
     read = ("sizes only (--quick)" if report.quick else
             f"{human_bytes(report.bytes_checked)} hashed at {report.bytes_per_second / 1e9:.2f} GB/s")
-    verdict = "OK" if report.ok else f"DAMAGED: {len(report.problems)} problem(s) ({counts})"
+    verdict = "OK" if report.ok else f"DAMAGED: {len(report.problems)} problem(s) ({_counts_text(report)})"
     out.print(f"{title} {report.model_dir} against {report.manifest_path}: {report.files_checked} files, {read}, "
               f"{report.seconds:.2f} s. {verdict}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _problems_found(report: VerifyReport, what: str) -> None:
-    counts = ", ".join(f"{n} {kind}" for kind, n in sorted(summary_counts(report.problems).items()))
-    raise ProblemsFound(f"{report.model_dir}: {len(report.problems)} problem(s) {what} ({counts}); see the lines above")
+    raise ProblemsFound(f"{report.model_dir}: {len(report.problems)} problem(s) {what} ({_counts_text(report)}); "
+                        f"see the lines above")
 
 
 def _upstream_target(directory: Path, manifest_file: Path | None, repo: str | None, revision: str | None) -> tuple[str, str]:
@@ -297,7 +300,7 @@ def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, json
         report = verify_upstream(directory, repo_id, rev, quick=quick, jobs=jobs, progress=progress)
     else:
         if repo or revision:
-            raise BadInput("--repo and --revision only apply with --upstream")
+            raise click.UsageError("--repo and --revision only apply with --upstream")
         report = verify_dir(directory, quick=quick, jobs=jobs, progress=progress, manifest_file=manifest_file)
     if json_out:
         emit_json(_verify_doc(report))
@@ -331,25 +334,26 @@ def repair(directory, jobs, workers, json_out):
 
 # --- mirror (issue 4) --------------------------------------------------------------------------
 
+from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from artifacts import mirror as ms_mirror  # noqa: E402
 
 
 def _render_reconciliation(rec: ms_mirror.Reconciliation) -> None:
-    table = Table(title=f"{rec.label} vs {rec.repo_id}@{rec.revision[:12]} (pin from {rec.pin_origin})")
+    table = Table(title=escape(f"{rec.label} vs {rec.repo_id}@{rec.revision[:12]} (pin from {rec.pin_origin})"))
     table.add_column("path", overflow="fold")
     for column in ("status", "pin size", "mirror size", "compared by"):
         table.add_column(column, justify="right" if "size" in column else "left", no_wrap=True)
     style = {ms_mirror.IDENTICAL: "green", ms_mirror.DIFFERENT: "red", ms_mirror.MISSING: "red", ms_mirror.EXTRA: "yellow"}
     for f in rec.files:
-        status = f"[{style[f.status]}]{f.status}[/]" + (f" ({f.note})" if f.note else "")
-        table.add_row(f.path, status, "-" if f.pin_size is None else str(f.pin_size),
+        status = f"[{style[f.status]}]{f.status}[/]" + (f" ({escape(f.note)})" if f.note else "")
+        table.add_row(escape(f.path), status, "-" if f.pin_size is None else str(f.pin_size),
                       "-" if f.mirror_size is None else str(f.mirror_size), f.compared_by or "-")
     out.print(table)
     out.print(f"Verdict: {rec.label} can supply {rec.supplied_files} of {rec.pin_files} files "
               f"({human_bytes(rec.supplied_bytes)} of {human_bytes(rec.pin_bytes)}) of {rec.repo_id}@{rec.revision[:12]}"
-              + ("." if rec.complete else f"; from the Hub: {', '.join(rec.unsupplied())}"), highlight=False)
+              + ("." if rec.complete else f"; from the Hub: {', '.join(rec.unsupplied())}"), highlight=False, markup=False)
 
 
 def _render_ranking(ranking: ms_mirror.RevisionRanking) -> None:
@@ -423,7 +427,8 @@ def mirror_reconcile(repo, revision, modelscope_id, ms_revision, all_revisions, 
 
 # --- bundle / unbundle (issue 5) ---------------------------------------------------------------
 
-from artifacts import bundle as mm_bundle  # noqa: E402
+from artifacts import bundle as mm_bundle, errors as mm_errors  # noqa: E402
+from artifacts.bundle_verify import verify_volumes  # noqa: E402
 from artifacts.bundle_format import parse_size  # noqa: E402
 from artifacts.bundle_unpack import unbundle as mm_unbundle  # noqa: E402
 
@@ -474,7 +479,7 @@ def bundle_verify(volumes, json_out):
 
     Exit 0 when every volume given is OK (missing volumes are reported, not failed); 1 otherwise.
     """
-    report = mm_bundle.verify_volumes(list(volumes), progress=progress_for(json_out))
+    report = verify_volumes(list(volumes), progress=progress_for(json_out))
     if json_out:
         emit_json(report)
     else:
@@ -489,7 +494,7 @@ def bundle_verify(volumes, json_out):
     if not report.ok:
         bad = [f"{Path(v.path).name} {v.status}" for v in report.verdicts if v.status != "OK"]
         err.print(f"mm: bundle verify: {', '.join(bad)}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(ProblemsFound.exit_code)
+        sys.exit(mm_errors.ProblemsFound.exit_code)
 
 
 @main.command()
