@@ -10,6 +10,7 @@ import functools
 import json
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 from dataclasses import asdict, is_dataclass
 from typing import Any, Callable
@@ -25,9 +26,9 @@ from artifacts.manifest import export_sums_files
 from artifacts.pins import default_pin, pin_for_repo
 from artifacts.progress import NULL_PROGRESS, ProgressSink
 
-# soft_wrap: never break a line at 80 columns when output goes to a pipe or a file.
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+# soft_wrap: never break a line at 80 columns when output goes to a pipe or a file; tables get room too.
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 200)
 
 
 # --- rendering helpers shared by every command ------------------------------------------------
@@ -154,6 +155,9 @@ def _render_fetch(result: FetchResult) -> None:
               f" ({human_bytes(result.bytes_transferred)}, {human_bytes(rate)}/s"
               f"{f', {len(resumed)} resumed' if resumed else ''}), {len(counts['present'])} already present,"
               f" {len(counts['failed'])} failed", highlight=False)
+    sources = Counter(f.source for f in counts["downloaded"])
+    if len(sources) > 1 or "hub" not in sources and sources:
+        out.print("Sources: " + ", ".join(f"{n} from {label}" for label, n in sources.most_common()), highlight=False)
     out.print(f"Manifest: {result.manifest_path}", highlight=False)
     draft = "present" if result.draft_present else "MISSING"
     out.print(f"DSpark draft ({result.draft_subfolder}): {draft}", highlight=False)
@@ -489,8 +493,11 @@ def bundle_verify(volumes, json_out):
             for problem in v.problems:
                 out.print(f"         {problem}", highlight=False, markup=False, soft_wrap=True)
         missing = ", ".join(str(n) for n in report.missing) or "none"
-        out.print(f"bundle {report.name} ({report.bundle_id}): {report.volumes} volume(s); missing: {missing}",
-                  highlight=False, markup=False, soft_wrap=True)
+        if report.bundle_id is None:
+            out.print("no readable bundle volume among those given", highlight=False, markup=False, soft_wrap=True)
+        else:
+            out.print(f"bundle {report.name} ({report.bundle_id}): {report.volumes} volume(s); missing: {missing}",
+                      highlight=False, markup=False, soft_wrap=True)
     if not report.ok:
         bad = [f"{Path(v.path).name} {v.status}" for v in report.verdicts if v.status != "OK"]
         err.print(f"mm: bundle verify: {', '.join(bad)}", markup=False, highlight=False, soft_wrap=True)

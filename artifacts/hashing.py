@@ -12,10 +12,12 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import blake3
 
 SLICE = 8 * 1024 * 1024
+SMALL_READ = 1024 * 1024  # blake3_file reads files up to this size instead of mapping them
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,8 @@ class StreamHasher:
     git_sha1 needs the final size up front (git hashes a header with the length first).
     """
 
-    def __init__(self, sha256: bool = True, git_size: int | None = None):
-        self._b3 = blake3.blake3()
+    def __init__(self, sha256: bool = True, git_size: int | None = None, blake3_threads: int = 1):
+        self._b3 = blake3.blake3(max_threads=blake3_threads)
         self._sha = hashlib.sha256() if sha256 else None
         self._git = None
         if git_size is not None:
@@ -55,6 +57,15 @@ class StreamHasher:
         if self._git is not None:
             self._git.update(chunk)
         self.size += len(chunk)
+
+    def copy(self) -> "StreamHasher":
+        """An independent hasher with the same state (to try a continuation and keep it only if it checks)."""
+        twin = StreamHasher.__new__(StreamHasher)
+        twin._b3 = self._b3.copy()
+        twin._sha = self._sha.copy() if self._sha is not None else None
+        twin._git = self._git.copy() if self._git is not None else None
+        twin.size = self.size
+        return twin
 
     def digests(self) -> Digests:
         return Digests(
@@ -115,11 +126,67 @@ def _hash_bytes(data: bytes, sha256: bool, git_sha1: bool) -> Digests:
     )
 
 
-def blake3_file(path: Path, threads: int = 1) -> str:
-    """blake3 alone, at storage speed (the verify path)."""
-    path = Path(path)
-    if os.stat(path).st_size == 0:
-        return blake3.blake3(b"").hexdigest()
+def blake3_file(path: Path | str, threads: int = 1, on_bytes: Callable[[int], None] | None = None,
+                window: int = 32 * 1024 * 1024) -> str:
+    """blake3 alone, at storage speed (the verify path), with memory bounded whatever the file size.
+
+    threads: 1 when the caller hashes several files in parallel; blake3.AUTO (-1) for one big file.
+    See mapped_windows for the memory bound and the SIGBUS caveat.
+    """
     h = blake3.blake3(max_threads=threads)
-    h.update_mmap(str(path))
+    for piece in mapped_windows(path, window, on_bytes):
+        h.update(piece)
     return h.hexdigest()
+
+
+def upstream_digest(path: Path | str, kind: str, on_bytes: Callable[[int], None] | None = None) -> str:
+    """The Hub's identity of a local file: kind "lfs-sha256" (sha256) or "git-blob-sha1", memory bounded."""
+    if kind == "lfs-sha256":
+        h = hashlib.sha256()
+    elif kind == "git-blob-sha1":
+        h = hashlib.sha1(git_blob_header(os.stat(path).st_size))
+    else:
+        raise ValueError(f"unknown upstream identity kind {kind!r}")
+    for piece in mapped_windows(path, SLICE, on_bytes):
+        h.update(piece)
+    return h.hexdigest()
+
+
+def mapped_windows(path: Path | str, window: int, on_bytes: Callable[[int], None] | None = None) -> Iterator[memoryview | bytes]:
+    """A file's bytes as consecutive views, each byte read once, peak RSS about one window.
+
+    Small files are read with one os.read (cheaper than a mapping, and mmap rejects empty files).
+    Larger ones are mmapped; each window's page mappings are dropped once the consumer is done with
+    it (MADV_DONTNEED on a read-only file mapping frees only our page-table entries; the page cache
+    keeps the data), so RSS stays near one window instead of the file's size as with `update_mmap`.
+    The next window is prefetched (WILLNEED) for cold caches. on_bytes(n) follows each window.
+    The caller must check the size first: a file truncated while mapped raises SIGBUS.
+    """
+    fd = os.open(path, os.O_RDONLY)  # not open(): its buffered reader costs as much as hashing a small file
+    try:
+        size = os.fstat(fd).st_size
+        if size <= SMALL_READ:
+            data = os.read(fd, size)
+            yield data
+            if on_bytes is not None:
+                on_bytes(len(data))
+            return
+        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                for start in range(0, size, window):
+                    length = min(window, size - start)
+                    if start + length < size:
+                        mm.madvise(mmap.MADV_WILLNEED, start + length, min(window, size - start - length))
+                    piece = view[start : start + length]
+                    try:
+                        yield piece
+                    finally:
+                        piece.release()
+                    mm.madvise(mmap.MADV_DONTNEED, start, length)
+                    if on_bytes is not None:
+                        on_bytes(length)
+            finally:
+                view.release()
+    finally:
+        os.close(fd)

@@ -9,10 +9,13 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from contextlib import ExitStack
 from pathlib import Path
+
+from tests.support.fake_docker import install as install_fake_docker
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "demo-work"
@@ -46,6 +49,34 @@ def start_hub(stack: ExitStack) -> str:
     return match.group(1)
 
 
+MS_ID = "MiniMax/MiniMax-M3.1-Flash"
+
+
+def make_mirror_copy(model: Path) -> Path:
+    """What a real mirror looks like: the same weights, its own README, an extra configuration.json."""
+    mirror = WORK / "modelscope-mirror"
+    shutil.copytree(model, mirror, ignore=shutil.ignore_patterns(".mm"))
+    (mirror / "README.md").write_text("# MiniMax-M3.1-Flash (ModelScope)\n")
+    (mirror / "configuration.json").write_text('{"framework": "pytorch", "task": "text-generation"}\n')
+    return mirror
+
+
+def start_modelscope(stack: ExitStack, files: Path) -> str:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.msserver", "--model-id", MS_ID, "--dir", str(files)],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    stack.callback(lambda: (proc.terminate(), proc.wait()))
+    match = re.match(r"MS_URL=(\S+)", proc.stdout.readline())
+    if not match:
+        raise SystemExit("the local ModelScope server did not start")
+    return match.group(1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main() -> int:
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
@@ -69,6 +100,52 @@ def main() -> int:
         run([MM, "manifest", "export", model], env)
         run(["sha256sum", "--quiet", "-c", ".mm/SHA256SUMS"], env, cwd=model)
         print("sha256sum -c: all files OK")
+
+        say("mm verify: every byte against the manifest, every shard's structure and index")
+        run([MM, "verify", model], env)
+        say("A shard is damaged on disk (one flipped byte): verify names it, repair re-fetches only it")
+        shard = model / "model-00003-of-00004.safetensors"
+        with open(shard, "r+b") as f:
+            f.seek(shard.stat().st_size // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        run([MM, "verify", model], env, ok_codes=(1,))
+        run([MM, "repair", model], env)
+
+        say("ModelScope mirror (local, 127.0.0.1): reconcile by content, then fetch what matches from it")
+        mirror_files = make_mirror_copy(model)
+        ms_url = start_modelscope(stack, mirror_files)
+        ms_env = dict(env, MODELSCOPE_ENDPOINT=ms_url, MODELSCOPE_DOWNLOAD_INTRA_CLOUD="false")
+        run([MM, "mirror", "reconcile", REPO, "--revision", commit, "--modelscope-id", MS_ID], ms_env)
+        from_mirror = WORK / "models" / "from-mirror"
+        run([MM, "fetch", REPO, "--revision", commit, "--source", "modelscope", "--local-dir", from_mirror], ms_env)
+        run([MM, "verify", "--quick", from_mirror], ms_env)
+
+    offline = {k: v for k, v in env.items() if k != "HF_ENDPOINT"}
+    offline.update(HF_HUB_OFFLINE="1")
+    say("The Hub is gone from here on. mm bundle: volumes sized to the media, each checkable on its own")
+    volumes = WORK / "volumes"
+    run([MM, "bundle", model, "--out", volumes, "--volume-size", "3M", "--name", "minimax"], offline)
+    run(["ls", "-l", volumes], offline)
+    say("mm bundle verify at the destination, before import (one disk not yet arrived)")
+    vols = sorted(volumes.glob("*.tar"))
+    run([MM, "bundle", "verify", *vols[:-1]], offline)
+    say("mm unbundle: disks arrive one at a time, in any order")
+    restored = WORK / "airgap" / "MiniMax-M3.1-Flash"
+    run([MM, "unbundle", *reversed(vols[:-1]), "--dest", restored], offline)
+    run([MM, "unbundle", vols[-1], "--dest", restored], offline)
+    run([MM, "verify", restored], offline)
+
+    say("mm launch: the matching offline start (4 x B300, Balanced recipe, DSpark)")
+    script = WORK / "airgap" / "start-minimax.sh"
+    run([MM, "launch", restored, "--hardware", "b300", "--out", script], offline)
+    print(script.read_text())
+    say("mm warmup: start once, compile kernel caches, run the guide's checks (a stand-in `docker` serves here)")
+    docker_bin = WORK / "fake-docker-bin"
+    install_fake_docker(docker_bin, WORK / "fake-docker-state")
+    warm_env = dict(offline, PATH=f"{docker_bin}:{offline.get('PATH', '')}")
+    run([MM, "warmup", restored, "--hardware", "b300", "--port", str(free_port()), "--timeout", "60"], warm_env)
 
     say("Done. Everything after `mm fetch` works with no network at all.")
     return 0

@@ -1,0 +1,105 @@
+"""Repair a model directory: re-fetch only what verify found missing or corrupt, then verify again.
+
+Good files are never touched: a source writes the damaged files under temporary names and renames
+each over its final name only after it matches the upstream identity. The Hub is the only source
+today; a bundle can become a second one by implementing RepairSource.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from .errors import BadInput, Busy, IntegrityError, Refused, RemoteError
+from .fsutil import dir_lock
+from .manifest import Manifest, manifest_path, read_manifest, write_manifest
+from .progress import NULL_PROGRESS, ProgressSink
+from .verify import REPAIRABLE, Problem, VerifyReport, verify_dir
+
+
+class RepairSource(Protocol):
+    label: str  # shown in the report, e.g. "hub"
+
+    def restore(self, model_dir: Path, manifest: Manifest, paths: frozenset[str], progress: ProgressSink) -> None:
+        """Replace exactly PATHS under MODEL_DIR with bytes matching MANIFEST, atomically, updating its entries.
+
+        Raises an MMError (RemoteError, IntegrityError, ...) when a file cannot be restored.
+        """
+
+
+@dataclass(frozen=True)
+class HubRepairSource:
+    """Fetch the damaged files from the Hub at the manifest's commit (resumable, verified, atomic)."""
+
+    endpoint: str | None = None
+    token: str | None = field(default=None, repr=False)
+    workers: int = 4
+    label: str = "hub"
+
+    def restore(self, model_dir: Path, manifest: Manifest, paths: frozenset[str], progress: ProgressSink) -> None:
+        from .hub import FetchRequest, fetch  # the Hub client loads only when a repair needs it
+
+        result = fetch(FetchRequest(repo_id=manifest.repo_id, revision=manifest.revision, local_dir=Path(model_dir),
+                                    only_paths=paths, refetch=True, endpoint=self.endpoint, token=self.token,
+                                    workers=self.workers, repo_type=manifest.repo_type), progress)
+        if result.failed:
+            worst = max(result.failed, key=lambda f: f.exit_code)
+            error = _ERROR_BY_CODE.get(worst.exit_code, RemoteError)
+            raise error(f"{model_dir}: could not restore {len(result.failed)} file(s) from the Hub; "
+                        f"{worst.path}: {worst.error}")
+
+
+def _keep_expectations(model_dir: Path, before: Manifest) -> None:
+    """A failed restore must not make a missing file stop being expected: put back any entry the
+    source dropped from the manifest (fetch rewrites it from the files it could prove)."""
+    with dir_lock(model_dir, "mm repair"):
+        now = read_manifest(manifest_path(model_dir))
+        have = now.by_path()
+        dropped = [entry for entry in before.files if entry.path not in have]
+        if dropped:
+            write_manifest(now.with_files([*now.files, *dropped]), manifest_path(model_dir))
+
+
+_ERROR_BY_CODE = {cls.exit_code: cls for cls in (RemoteError, IntegrityError, BadInput, Busy, Refused)}
+
+
+@dataclass(frozen=True)
+class RepairReport:
+    model_dir: str
+    source: str
+    before: VerifyReport
+    restored: tuple[str, ...]  # paths handed to the source
+    after: VerifyReport
+
+    @property
+    def ok(self) -> bool:
+        return self.after.ok
+
+    @property
+    def remaining(self) -> tuple[Problem, ...]:
+        return self.after.problems
+
+    @property
+    def unrepairable(self) -> tuple[Problem, ...]:
+        """Problems no download fixes (extra files, symlinks, structure of bytes that match the manifest)."""
+        return tuple(p for p in self.after.problems if p.kind not in REPAIRABLE)
+
+
+def repair_dir(model_dir: Path, *, source: RepairSource | None = None, jobs: int | None = None,
+               progress: ProgressSink = NULL_PROGRESS) -> RepairReport:
+    """Verify MODEL_DIR against its manifest, restore the damaged files from SOURCE (the Hub), verify again."""
+    model_dir = Path(model_dir)
+    manifest = read_manifest(manifest_path(model_dir))
+    source = source or HubRepairSource()
+    before = verify_dir(model_dir, manifest, jobs=jobs, progress=progress)
+    damaged = before.repairable()
+    if damaged:
+        try:
+            source.restore(model_dir, manifest, damaged, progress)
+        finally:
+            _keep_expectations(model_dir, manifest)
+        after = verify_dir(model_dir, jobs=jobs, progress=progress)  # the source rewrote the manifest's entries
+    else:
+        after = before
+    return RepairReport(model_dir=str(model_dir), source=source.label, before=before,
+                        restored=tuple(sorted(damaged)), after=after)

@@ -1,0 +1,108 @@
+"""Bundle and unbundle >= 4 GiB (several ~1 GiB shards), interleaved with `tar -cf` and `tar -xf` of the same
+directory, on the same disk, page cache warm. Prints throughputs, the ratios mm/tar, and mm's peak RSS.
+
+mm fsyncs every volume and file it writes (and unbundle ends with a full verify); tar does neither, so the
+ratios are printed against plain tar and against tar followed by `sync FILES` (the same durability).
+Goal (issue 5): >= 0.8 x tar, peak RSS < 150 MB.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from artifacts.hashing import hash_file
+from artifacts.manifest import FileEntry, Manifest, manifest_path, write_manifest
+from tests.support.modelgen import write_model
+
+WORK = Path(__file__).resolve().parents[2] / "bench-work" / "bundle"
+MM = Path(sys.executable).parent / "mm"
+SHARDS = int(os.environ.get("MM_BENCH_BUNDLE_SHARDS", "4"))
+SHARD_BYTES = int(os.environ.get("MM_BENCH_BUNDLE_SHARD_BYTES", str(1024**3)))
+VOLUME_SIZE = "1.5G"  # decimal: each 1 GiB shard lands whole or split across two volumes
+ROUNDS = int(os.environ.get("MM_BENCH_BUNDLE_ROUNDS", "2"))
+
+
+def _make_model(root: Path) -> int:
+    if manifest_path(root).is_file():
+        return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and ".mm" not in p.parts)
+    files = write_model(root, shards=SHARDS, shard_bytes=SHARD_BYTES)
+    entries = []
+    for f in files:
+        d = hash_file(root / f, blake3_threads=-1)
+        entries.append(FileEntry(f, d.size, d.blake3, d.sha256, None, "local"))
+    write_manifest(Manifest("MiniMaxAI/MiniMax-M3.1-Flash", "ce7f4df87d2e05262f5775f373dac4772f134041",
+                            tuple(entries)), manifest_path(root))
+    return sum(e.size for e in entries)
+
+
+def _run(cmd: list[str]) -> tuple[float, int]:
+    """Wall seconds and peak RSS (KiB) of one command, measured by /usr/bin/time (a small parent: Linux
+    carries a parent's peak RSS into a forked child's rusage, and this process held a 1 GiB shard)."""
+    stats = WORK / "time.txt"
+    t = time.perf_counter()
+    proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(stats), *cmd], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+    seconds = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"bench: {' '.join(cmd)} failed: {proc.stderr.decode()[-500:]}")
+    return seconds, int(stats.read_text().split()[-1])
+
+
+def _files(root: Path) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file()]
+
+
+def main() -> None:
+    WORK.mkdir(parents=True, exist_ok=True)
+    src = WORK / "model"
+    print(f"bench bundle: writing a {SHARDS} x {SHARD_BYTES / 2**30:.2f} GiB model into {src} ...", flush=True)
+    total = _make_model(src)
+    tar_file, tar_out = WORK / "model.tar", WORK / "tar-x"
+    vols, dest = WORK / "vols", WORK / "dest"
+    subprocess.run(["cat", *_files(src)], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
+    rows: dict[str, list[float]] = {k: [] for k in ("tar-c", "tar-c+sync", "bundle", "tar-x", "tar-x+sync", "unbundle")}
+    rss = {"bundle": 0, "unbundle": 0}
+    for rnd in range(ROUNDS):
+        for d in (tar_out, vols, dest):
+            shutil.rmtree(d, ignore_errors=True)
+        tar_file.unlink(missing_ok=True)
+        s, _ = _run(["tar", "-cf", str(tar_file), "-C", str(src), "."])
+        s_sync, _ = _run(["sync", str(tar_file)])
+        rows["tar-c"].append(s)
+        rows["tar-c+sync"].append(s + s_sync)
+        s, peak = _run([str(MM), "bundle", str(src), "--out", str(vols), "--volume-size", VOLUME_SIZE])
+        rows["bundle"].append(s)
+        rss["bundle"] = max(rss["bundle"], peak)
+        tar_out.mkdir()
+        s, _ = _run(["tar", "-xf", str(tar_file), "-C", str(tar_out)])
+        s_sync, _ = _run(["sync", *_files(tar_out)])
+        rows["tar-x"].append(s)
+        rows["tar-x+sync"].append(s + s_sync)
+        s, peak = _run([str(MM), "unbundle", str(vols), "--dest", str(dest)])
+        rows["unbundle"].append(s)
+        rss["unbundle"] = max(rss["unbundle"], peak)
+        print(f"  round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in rows.items()), flush=True)
+    best = {k: min(v) for k, v in rows.items()}
+    gb = total / 1e9
+    print(f"bench bundle: {total / 2**30:.2f} GiB, {SHARDS} shards, volumes of {VOLUME_SIZE}, {ROUNDS} interleaved rounds")
+    for k, s in best.items():
+        print(f"  {k:<11} {gb / s:6.2f} GB/s  (best {s:.2f} s)")
+
+    def ratio(peer: str, mine: str) -> float:  # median of the per-round ratios: each pair ran side by side
+        return statistics.median(p / m for p, m in zip(rows[peer], rows[mine]))
+    print(f"  ratio bundle/tar-c        {ratio('tar-c', 'bundle'):.2f}   "
+          f"(vs tar-c+sync {ratio('tar-c+sync', 'bundle'):.2f})   goal >= 0.8")
+    print(f"  ratio unbundle/tar-x      {ratio('tar-x', 'unbundle'):.2f}   "
+          f"(vs tar-x+sync {ratio('tar-x+sync', 'unbundle'):.2f})   goal >= 0.8; unbundle includes a full verify")
+    print(f"  peak RSS mm bundle {rss['bundle'] / 1024:.0f} MB, mm unbundle {rss['unbundle'] / 1024:.0f} MB   goal < 150 MB")
+    if not os.environ.get("MM_BENCH_KEEP"):
+        shutil.rmtree(WORK, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

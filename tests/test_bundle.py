@@ -1,0 +1,559 @@
+"""mm bundle / mm bundle verify / mm unbundle: real tar volumes of real safetensors, real subprocesses."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from artifacts.bundle import create_bundle
+from artifacts.bundle_verify import verify_volumes
+from artifacts.bundle_format import find_volumes, open_volume, parse_size
+from artifacts.bundle_unpack import check_free_space, unbundle
+from artifacts.errors import BadInput, Refused
+from artifacts.hashing import hash_file
+from artifacts.manifest import FileEntry, Manifest, manifest_path, write_manifest
+from tests.support.modelgen import write_model
+
+MM = Path(sys.executable).parent / "mm"
+VOLUME_SIZE = 500_000  # smaller than every shard: shards are split across volumes
+REVISION = "ce7f4df87d2e05262f5775f373dac4772f134041"
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+def make_model(root: Path, seed: int = 0, shard_bytes: int = 600 * 1024) -> Path:
+    files = write_model(root, shards=3, shard_bytes=shard_bytes, seed=seed)
+    entries = []
+    for f in files:
+        d = hash_file(root / f)
+        entries.append(FileEntry(f, d.size, d.blake3, d.sha256, None, "local"))
+    write_manifest(Manifest("MiniMaxAI/MiniMax-M3.1-Flash", REVISION, tuple(entries)), manifest_path(root))
+    return root
+
+
+def mm(*args, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(MM), *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ROOT (manifest included, the lock excluded) with its bytes."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != "lock"}
+
+
+def volumes_in(d: Path) -> list[Path]:
+    return sorted(p for p in d.iterdir() if p.name.endswith(".tar"))
+
+
+def copy_volumes(src: Path, dst: Path) -> list[Path]:
+    dst.mkdir(parents=True, exist_ok=True)
+    for v in volumes_in(src):
+        shutil.copy2(v, dst / v.name)
+    return volumes_in(dst)
+
+
+def rewrite_volume(src: Path, dst: Path, edit_index=None, extra: list[tuple[tarfile.TarInfo, bytes | None]] = (),
+                   replace: dict[str, tuple[tarfile.TarInfo, bytes | None]] | None = None) -> None:
+    """Rebuild a volume with tarfile: optionally edit its index JSON, replace members, append members."""
+    replace = replace or {}
+    with tarfile.open(src) as tin, tarfile.open(dst, "w", format=tarfile.PAX_FORMAT) as tout:
+        for info in tin.getmembers():
+            data = tin.extractfile(info).read()
+            if info.name.startswith("MMBUNDLE/index-vol") and edit_index:
+                doc = json.loads(data)
+                edit_index(doc)
+                data = json.dumps(doc, indent=1).encode()
+                info.size = len(data)
+            if info.name in replace:
+                info, data = replace[info.name]
+            tout.addfile(info, io.BytesIO(data) if data is not None else None)
+        for info, data in extra:
+            tout.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+def member(name: str, kind: bytes = tarfile.REGTYPE, data: bytes | None = b"x", link: str = "") -> tuple:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    info.size = len(data) if data is not None and kind == tarfile.REGTYPE else 0
+    return info, (data if kind == tarfile.REGTYPE else None)
+
+
+def docker_save_archive(path: Path) -> None:
+    """A small tar shaped like `docker save` output (manifest.json, index.json, blobs)."""
+    rnd = random.Random(7)
+    layer = bytes(rnd.getrandbits(8) for _ in range(700_000))
+    config = b'{"architecture": "amd64"}'
+    cfg_hex = "a" * 64
+    manifest = [{"Config": f"blobs/sha256/{cfg_hex}", "RepoTags": ["lmsysorg/sglang:dev-minimax-m31-flash"],
+                 "Layers": ["blobs/sha256/" + "b" * 64]}]
+    index = {"schemaVersion": 2, "manifests": [{"annotations": {
+        "io.containerd.image.name": "docker.io/lmsysorg/sglang:dev-minimax-m31-flash"}}]}
+    with tarfile.open(path, "w") as tf:
+        for name, data in [("manifest.json", json.dumps(manifest).encode()), ("index.json", json.dumps(index).encode()),
+                           (f"blobs/sha256/{cfg_hex}", config), ("blobs/sha256/" + "b" * 64, layer)]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+def kernel_cache(root: Path, keyed: bool) -> Path:
+    root.mkdir(parents=True)
+    (root / "sm100").mkdir()
+    (root / "sm100" / "msa_kernel.cubin").write_bytes(os.urandom(40_000))
+    (root / "index.txt").write_text("msa fmha\n")
+    if keyed:
+        (root / "mm-cache-key.json").write_text(json.dumps({
+            "schema": "mm-cache-key/1", "gpu": "NVIDIA B300", "compute_capability": "10.3", "driver": "590.44",
+            "image": "lmsysorg/sglang@sha256:" + "6" * 64, "recipe": "balanced"}))
+    return root
+
+
+# --- fixtures -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    return make_model(tmp_path_factory.mktemp("bundle-src") / "model")
+
+
+@pytest.fixture(scope="module")
+def vols(model, tmp_path_factory) -> Path:
+    """The model bundled once through the CLI; tests that damage volumes work on copies."""
+    out = tmp_path_factory.mktemp("bundle-vols")
+    r = mm("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def other_vols(tmp_path_factory) -> Path:
+    """A different model's bundle (another seed), for foreign-volume cases."""
+    src = make_model(tmp_path_factory.mktemp("other-src") / "model", seed=1)
+    out = tmp_path_factory.mktemp("other-vols")
+    create_bundle(src, out, VOLUME_SIZE)
+    return out
+
+
+def model_tree(model: Path) -> dict[str, bytes]:
+    return tree(model)
+
+
+# --- mm bundle ----------------------------------------------------------------------------------
+
+def test_round_trip_is_identical_with_files_larger_than_a_volume(model, vols, tmp_path):
+    assert max(p.stat().st_size for p in model.glob("*.safetensors")) > VOLUME_SIZE
+    dest = tmp_path / "dest"
+    r = mm("unbundle", vols, "--dest", dest)
+    assert r.returncode == 0, r.stderr
+    assert tree(dest) == tree(model)  # every byte, and the manifest byte for byte
+    assert "verify" in r.stdout and "OK" in r.stdout
+
+
+def test_volumes_are_named_sized_and_split_files_across_volumes(vols):
+    names = [v.name for v in volumes_in(vols)]
+    count = len(names)
+    assert count > 2
+    assert names == [f"MiniMax-M3.1-Flash-ce7f4df87d2e.vol{n:03d}-of-{count:03d}.tar" for n in range(1, count + 1)]
+    assert all(v.stat().st_size <= VOLUME_SIZE for v in volumes_in(vols))
+    segments = [m for v in volumes_in(vols) for m in tarfile.open(v).getnames() if m.startswith("segments/")]
+    assert any(".seg0002" in m for m in segments)
+
+
+def test_every_volume_starts_with_its_index_manifest_and_restore(vols, model):
+    for n, v in enumerate(volumes_in(vols), 1):
+        with tarfile.open(v) as tf:
+            names = tf.getnames()
+            assert names[:4] == [f"MMBUNDLE/index-vol{n:03d}.json", "MMBUNDLE/manifest.json", "MMBUNDLE/SHA256SUMS",
+                                 "MMBUNDLE/RESTORE.txt"]
+            index = json.load(tf.extractfile(names[0]))
+            assert (index["volume"], index["volumes"]) == (n, len(volumes_in(vols)))
+            assert tf.extractfile("MMBUNDLE/manifest.json").read() == manifest_path(model).read_bytes()
+            for e in index["members"]:
+                assert {"path", "offset", "length", "blake3", "file_blake3", "file_sha256"} <= set(e)
+                assert e["blake3"] != "0" * 64
+
+
+def test_volume_size_is_decimal_unless_spelled_binary():
+    assert parse_size("4G") == 4_000_000_000
+    assert parse_size("1.8T") == 1_800_000_000_000
+    assert parse_size("750M") == 750_000_000
+    assert parse_size("4GiB") == 4 * 2**30
+    with pytest.raises(BadInput, match="'4Q'"):
+        parse_size("4Q")
+
+
+def test_bundle_refuses_a_model_failing_quick_verify_naming_the_file(tmp_path):
+    src = make_model(tmp_path / "model")
+    with open(src / "model-00002-of-00003.safetensors", "ab") as f:
+        f.write(b"extra")
+    r = mm("bundle", src, "--out", tmp_path / "out", "--volume-size", "1M")
+    assert r.returncode == 5
+    assert "model-00002-of-00003.safetensors" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not list((tmp_path / "out").glob("*.tar")) if (tmp_path / "out").exists() else True
+
+
+def test_bundle_without_manifest_is_bad_input(tmp_path):
+    write_model(tmp_path / "model", shards=1)
+    with pytest.raises(BadInput, match="no manifest"):
+        create_bundle(tmp_path / "model", tmp_path / "out", 1_000_000)
+
+
+def test_rerun_keeps_finished_volumes_that_verify_and_rewrites_damaged_ones(model, vols, tmp_path):
+    out = tmp_path / "vols"
+    copy_volumes(vols, out)
+    victim = volumes_in(out)[1]
+    data = bytearray(victim.read_bytes())
+    data[-5000] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    r = mm("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE)
+    assert r.returncode == 0, r.stderr
+    wrote = [line for line in r.stdout.splitlines() if line.startswith("wrote")]
+    assert len(wrote) == 1 and victim.name in wrote[0]
+    assert [v.read_bytes() for v in volumes_in(out)] == [v.read_bytes() for v in volumes_in(vols)]
+
+
+def test_rebundling_with_another_size_names_the_stale_volumes(model, vols, tmp_path):
+    out = tmp_path / "vols"
+    old = copy_volumes(vols, out)
+    result = create_bundle(model, out, 2 * VOLUME_SIZE)
+    assert len(result.volumes) < len(old)
+    assert any(str(old[-1]) in note and "earlier, different bundle" in note for note in result.notes)
+
+
+# --- mm bundle verify ---------------------------------------------------------------------------
+
+def test_bundle_verify_reports_each_volume_ok(vols):
+    r = mm("bundle", "verify", vols)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("OK ") == len(volumes_in(vols))
+    assert "missing: none" in r.stdout
+
+
+def test_bundle_verify_names_missing_volumes_without_failing(vols):
+    given = volumes_in(vols)
+    report = verify_volumes([given[2], given[0]])
+    assert report.ok
+    assert report.missing == [n for n in range(1, len(given) + 1) if n not in (1, 3)]
+
+
+def test_flipped_byte_is_named_by_verify_and_refused_by_unbundle_while_the_rest_imports(model, vols, tmp_path):
+    out = tmp_path / "vols"
+    vs = copy_volumes(vols, out)
+    victim = vs[-1]  # holds whole small files after the last shard piece
+    vol = open_volume(victim)
+    target = next(e for e in vol.entries() if e["segments"] == 1)
+    info = vol.data[target["member"]]
+    data = bytearray(victim.read_bytes())
+    data[info.offset_data + info.size // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+
+    r = mm("bundle", "verify", out)
+    assert r.returncode == 1
+    assert f"CORRUPT  {victim}" in r.stdout and target["member"] in r.stdout
+    assert r.stdout.count("OK ") == len(vs) - 1
+
+    dest = tmp_path / "dest"
+    r = mm("unbundle", out, "--dest", dest)
+    assert r.returncode == 5
+    assert victim.name in r.stderr and target["member"] in r.stderr
+    assert not (dest / target["path"]).exists()
+    good = tree(model)
+    imported = {k: v for k, v in tree(dest).items() if k != ".mm/manifest.json" and not k.startswith(".mm/unbundle")}
+    assert imported and all(good[k] == v for k, v in imported.items())
+    assert len(imported) == len(good) - 2  # all but the damaged file (and the manifest, counted apart)
+
+
+def test_volume_of_another_bundle_is_foreign(vols, other_vols, tmp_path):
+    out = tmp_path / "vols"
+    vs = copy_volumes(vols, out)
+    stranger = volumes_in(other_vols)[0]
+    shutil.copy(stranger, out / ("x-" + stranger.name))
+    r = mm("bundle", "verify", out)
+    assert r.returncode == 1
+    assert f"FOREIGN  {out / ('x-' + stranger.name)}" in r.stdout
+    r = mm("unbundle", *vs, out / ("x-" + stranger.name), "--dest", tmp_path / "dest")
+    assert r.returncode == 5
+    assert "x-" + stranger.name in r.stderr and "belongs to bundle" in r.stderr
+
+
+def test_truncated_volume_is_corrupt_and_names_the_cut_member(vols, tmp_path):
+    out = tmp_path / "vols"
+    vs = copy_volumes(vols, out)
+    with open(vs[0], "r+b") as f:
+        f.truncate(vs[0].stat().st_size // 2)
+    report = verify_volumes([vs[0]])
+    assert [v.status for v in report.verdicts] == ["CORRUPT"]
+    assert any("truncated" in p or "missing" in p for p in report.verdicts[0].problems)
+
+
+def test_truncated_volume_is_refused_by_unbundle_while_the_rest_imports(model, vols, tmp_path):
+    out = tmp_path / "vols"
+    vs = copy_volumes(vols, out)
+    with open(vs[-1], "r+b") as f:
+        f.truncate(vs[-1].stat().st_size - 3000)
+    report = unbundle([out], tmp_path / "dest")
+    assert report.exit_code == 5 and not report.complete
+    assert report.corrupt and all(vs[-1].name in line for line in report.corrupt)
+    good = tree(model)
+    assert all(good[k] == v for k, v in tree(tmp_path / "dest").items() if not k.startswith(".mm/unbundle"))
+
+
+# --- mm unbundle --------------------------------------------------------------------------------
+
+def test_unbundle_in_reverse_and_shuffled_order(model, vols, tmp_path):
+    vs = volumes_in(vols)
+    shuffled = vs[:]
+    random.Random(3).shuffle(shuffled)
+    r = mm("unbundle", *reversed(vs), "--dest", tmp_path / "reversed")
+    assert r.returncode == 0, r.stderr
+    assert tree(tmp_path / "reversed") == tree(model)
+    report = unbundle(shuffled, tmp_path / "shuffled")
+    assert report.ok and report.complete
+    assert tree(tmp_path / "shuffled") == tree(model)
+
+
+def test_unbundle_from_several_directories(model, vols, tmp_path):
+    vs = volumes_in(vols)
+    disk_a, disk_b = tmp_path / "a", tmp_path / "b"
+    disk_a.mkdir(), disk_b.mkdir()
+    for i, v in enumerate(vs):
+        shutil.copy(v, (disk_a if i % 2 else disk_b) / v.name)
+    assert unbundle([disk_a, disk_b], tmp_path / "dest").ok
+    assert tree(tmp_path / "dest") == tree(model)
+
+
+def test_import_in_two_sittings_names_what_is_missing_and_does_not_rewrite(model, vols, tmp_path):
+    vs = volumes_in(vols)
+    dest = tmp_path / "dest"
+    first, second = vs[::2], vs[1::2]
+    r = mm("unbundle", *first, "--dest", dest)
+    assert r.returncode == 0, r.stderr
+    missing = ", ".join(str(n) for n in range(2, len(vs) + 1, 2))
+    assert f"still missing: volume(s) {missing}" in r.stdout
+    done = {p: (dest / p).stat().st_mtime_ns for p in ("config.json", "README.md") if (dest / p).exists()}
+    assert done
+    r = mm("unbundle", *second, "--dest", dest)
+    assert r.returncode == 0, r.stderr
+    assert tree(dest) == tree(model)
+    assert {p: (dest / p).stat().st_mtime_ns for p in done} == done
+
+
+def test_unbundle_refuses_when_free_space_is_short(tmp_path):
+    from artifacts.bundle_unpack import _Dest
+
+    with pytest.raises(Refused, match="not enough free space"):
+        check_free_space(_Dest(tmp_path / "dest", None, None), {"model": 10**18})
+
+
+def test_unbundle_refuses_a_dest_holding_another_model(vols, other_vols, tmp_path):
+    dest = tmp_path / "dest"
+    assert unbundle([other_vols], dest).ok
+    shutil.rmtree(dest / ".mm" / "unbundle", ignore_errors=True)
+    with pytest.raises(Refused, match="different model"):
+        unbundle([vols], dest)
+
+
+# --- hostile volumes ------------------------------------------------------------------------------
+
+HOSTILE = {
+    "dotdot": member("../sentinel.txt", data=b"pwned"),
+    "absolute": member("/tmp/mm-bundle-test-absolute-sentinel", data=b"pwned"),
+    "symlink": member("model/config.json", tarfile.SYMTYPE, link="/etc/passwd"),
+    "hardlink": member("model/README.md", tarfile.LNKTYPE, link="../sentinel.txt"),
+    "device": member("model/tokenizer.json", tarfile.CHRTYPE),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_member_is_refused_and_nothing_outside_dest_changes(case, vols, tmp_path):
+    out = tmp_path / "vols"
+    vs = copy_volumes(vols, out)
+    crafted = vs[-1]
+    info, data = HOSTILE[case]
+    rewrite_volume(vols / crafted.name, crafted, extra=[(info, data)])
+    sentinel = tmp_path / "sentinel.txt"
+    sentinel.write_text("original")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    report = unbundle([out], tmp_path / "dest")
+    assert report.exit_code == 5
+    assert any(crafted.name in line and repr(info.name) in line for line in report.refused)
+    assert sentinel.read_text() == "original"
+    assert not Path("/tmp/mm-bundle-test-absolute-sentinel").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["dest"])
+    assert not any(p.is_symlink() for p in (tmp_path / "dest").rglob("*"))
+
+
+def test_hostile_volume_refused_through_the_cli_with_one_line_naming_it(vols, tmp_path):
+    out = tmp_path / "vols"
+    vs = copy_volumes(vols, out)
+    rewrite_volume(vols / vs[-1].name, vs[-1], extra=[HOSTILE["symlink"]])
+    r = mm("unbundle", out, "--dest", tmp_path / "dest")
+    assert r.returncode == 5
+    refused = [line for line in r.stderr.splitlines() if line.startswith("refused:")]
+    assert refused == [f"refused: {vs[-1].name}: member 'model/config.json' is a symlink to '/etc/passwd'; refused"]
+    assert r.stderr.splitlines()[-1].startswith("mm: unbundle")
+
+
+def test_index_path_escaping_dest_is_refused(vols, tmp_path):
+    out = tmp_path / "vols"
+    vs = copy_volumes(vols, out)
+
+    def escape(doc):
+        e = doc["members"][-1]
+        e["path"] = "../sentinel.txt"
+        e["member"] = "model/../sentinel.txt"
+    rewrite_volume(vols / vs[-1].name, vs[-1], edit_index=escape)
+    (tmp_path / "sentinel.txt").write_text("original")
+    report = unbundle([out], tmp_path / "dest")
+    assert report.exit_code == 5
+    assert any(vs[-1].name in line and "unsafe path" in line for line in report.refused)
+    assert (tmp_path / "sentinel.txt").read_text() == "original"
+
+
+def test_index_payload_name_escaping_dest_is_refused(vols, tmp_path):
+    out = tmp_path / "vols"
+    vs = copy_volumes(vols, out)
+    forged = {"file": "../evil.tar", "size": 1, "refs": [], "image_id": None}
+    rewrite_volume(vols / vs[0].name, vs[0], edit_index=lambda doc: doc["payloads"].update(image=forged))
+    report = verify_volumes([vs[0]])
+    assert report.verdicts[0].status == "CORRUPT"
+    assert "unsafe path" in report.verdicts[0].problems[0] and vs[0].name in report.verdicts[0].problems[0]
+
+
+def test_index_size_disagreeing_with_tar_header_is_refused(vols, tmp_path):
+    out = tmp_path / "vols"
+    vs = copy_volumes(vols, out)
+    name = json.loads(tarfile.open(vs[-1]).extractfile(f"MMBUNDLE/index-vol{len(vs):03d}.json").read())["members"][-1]["member"]
+    info, _ = member(name, data=b"y" * 10)
+    rewrite_volume(vols / vs[-1].name, vs[-1], replace={name: (info, b"y" * 10)})
+    report = verify_volumes([vs[-1]])
+    assert not report.ok
+    assert any("bytes in the tar but" in p and name in p for p in report.verdicts[0].problems)
+
+
+def test_two_different_volumes_claiming_the_same_number_are_both_refused(vols, tmp_path):
+    out = tmp_path / "vols"
+    vs = copy_volumes(vols, out)
+    twin = out / ("twin-" + vs[1].name)
+    rewrite_volume(vols / vs[1].name, twin, edit_index=lambda doc: doc.update(note="forged"))
+    report = unbundle([out], tmp_path / "dest")
+    assert report.exit_code == 5
+    claims = [line for line in report.refused if "claims volume 2" in line]
+    assert len(claims) == 2 and {twin.name, vs[1].name} <= set(" ".join(claims).replace(",", " ").split())
+
+
+# --- kill -9 ----------------------------------------------------------------------------------------
+
+SLOW = {"MM_TEST_IO_CHUNK": "4096", "MM_TEST_IO_DELAY": "0.003"}
+
+
+def _kill_when(proc: subprocess.Popen, ready) -> None:
+    deadline = time.monotonic() + 60
+    while not ready():
+        assert proc.poll() is None, "finished before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_kill_9_during_bundle_then_rerun_gives_the_same_volumes(model, vols, tmp_path):
+    out = tmp_path / "vols"
+    out.mkdir()
+    proc = subprocess.Popen([str(MM), "bundle", str(model), "--out", str(out), "--volume-size", str(VOLUME_SIZE)],
+                            env={**os.environ, **SLOW}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _kill_when(proc, lambda: any(".vol002-" in p.name and p.name.endswith(".partial") for p in out.iterdir())
+               and len(volumes_in(out)) == 1)  # volume 1 published (its fsync runs beside volume 2's writing)
+    assert len(volumes_in(out)) == 1  # only the finished volume has a final name
+    r = mm("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("kept ")
+    assert [v.read_bytes() for v in volumes_in(out)] == [v.read_bytes() for v in volumes_in(vols)]
+    assert not [p for p in out.iterdir() if p.name.endswith(".partial")]
+
+
+def test_kill_9_during_unbundle_then_rerun_completes(model, vols, tmp_path):
+    dest = tmp_path / "dest"
+    partials = dest / ".mm" / "unbundle" / "partial"
+    proc = subprocess.Popen([str(MM), "unbundle", str(vols), "--dest", str(dest)], env={**os.environ, **SLOW},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _kill_when(proc, lambda: (dest / "config.json").exists() and partials.is_dir() and any(partials.iterdir()))
+    good = tree(model)
+    for rel, data in tree(dest).items():  # whatever has a final name is already right
+        if not rel.startswith(".mm/"):
+            assert good[rel] == data, rel
+    assert unbundle([vols], dest).ok
+    assert tree(dest) == good
+
+
+# --- standard tools and payloads ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def payload_bundle(model, tmp_path_factory) -> tuple[Path, Path, Path, Path]:
+    base = tmp_path_factory.mktemp("payload")
+    image = base / "sglang.tar"
+    docker_save_archive(image)
+    keyed = kernel_cache(base / "minfer", keyed=True)
+    unkeyed = kernel_cache(base / "flashinfer", keyed=False)
+    out = base / "vols"
+    r = mm("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE, "--image", image, "--kernel-cache", keyed,
+           "--kernel-cache", unkeyed, "--cache-key", "gpu=NVIDIA B300", "--cache-key", "compute_capability=10.3",
+           "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["image"]["refs"] == ["lmsysorg/sglang:dev-minimax-m31-flash",
+                                    "docker.io/lmsysorg/sglang:dev-minimax-m31-flash"]
+    keys = {c["label"]: c["key"] for c in doc["kernel_caches"]}
+    assert keys["minfer"]["gpu"] == "NVIDIA B300" and keys["minfer"]["recipe"] == "balanced"
+    assert keys["flashinfer"] == {"schema": "mm-cache-key/1", "gpu": "NVIDIA B300", "compute_capability": "10.3"}
+    return out, image, keyed, unkeyed
+
+
+def test_image_and_kernel_cache_payloads_round_trip(model, payload_bundle, tmp_path):
+    out, image, keyed, unkeyed = payload_bundle
+    dest = tmp_path / "model"
+    r = mm("unbundle", out, "--dest", dest, "--image-dest", tmp_path / "images", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert tree(dest) == tree(model)
+    assert (tmp_path / "images" / "sglang.tar").read_bytes() == image.read_bytes()
+    caches = tmp_path / "model.payload" / "kernel-cache"  # beside the model by default
+    assert tree(caches / "minfer") == tree(keyed) and tree(caches / "flashinfer") == tree(unkeyed)
+    assert f"docker load -i {tmp_path / 'images' / 'sglang.tar'}" in doc["next_commands"]
+    assert any(f"{caches / 'minfer'}:/root/.cache/minfer" in c for c in doc["next_commands"])
+    assert doc["verify"]["ok"] is True
+
+
+def test_standard_tools_restore_following_restore_txt(model, payload_bundle, tmp_path):
+    out, image, keyed, _ = payload_bundle
+    work = tmp_path / "work"
+    copy_volumes(out, work)
+    text = tarfile.open(volumes_in(work)[0]).extractfile("MMBUNDLE/RESTORE.txt").read().decode()
+    script = text.split("--- begin restore script ---\n", 1)[1].split("--- end restore script ---", 1)[0]
+    (work / "restore.sh").write_text(script)
+    r = subprocess.run(["sh", "restore.sh"], cwd=work, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "FAILED" not in r.stdout and r.stdout.count(": OK") == len(tree(model)) - 1 + 1 + 5
+    restored = work / "restore"
+    assert {k: v for k, v in tree(restored / "model").items()} == {k: v for k, v in tree(model).items()
+                                                                    if not k.startswith(".mm/")}
+    assert (restored / "payload" / "image" / "sglang.tar").read_bytes() == image.read_bytes()
+    assert tree(restored / "payload" / "kernel-cache" / "minfer") == tree(keyed)
+
+
+def test_find_volumes_in_a_directory_ignores_other_files(vols, tmp_path):
+    copy_volumes(vols, tmp_path)
+    (tmp_path / "notes.txt").write_text("x")
+    assert len(find_volumes([tmp_path])) == len(volumes_in(vols))
