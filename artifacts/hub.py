@@ -297,7 +297,9 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, draft_subfo
                 results = list(pool.map(one, planned))
         finally:
             progress.end()
-        entries = {p: e for p, e in known.items() if (local_dir / p).is_file()}
+        # Entries proven earlier for this commit stay, even if their file is gone now: the manifest records
+        # the revision's content, so a missing file stays expected (verify names it; repair restores it).
+        entries = dict(known)
         entries.update({e.path: e for _, e in results if e is not None})
         manifest = Manifest(repo_id=req.repo_id, revision=resolved.commit, files=(), repo_type=req.repo_type,
                             requested_revision=resolved.requested, endpoint=public_endpoint(hub.endpoint))

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .errors import BadInput, Busy, IntegrityError, Refused, RemoteError
-from .fsutil import dir_lock
-from .manifest import Manifest, manifest_path, read_manifest, write_manifest
+from .manifest import Manifest, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
 from .verify import REPAIRABLE, Problem, VerifyReport, verify_dir
 
@@ -49,17 +48,6 @@ class HubRepairSource:
                         f"{worst.path}: {worst.error}")
 
 
-def _keep_expectations(model_dir: Path, before: Manifest) -> None:
-    """A failed restore must not make a missing file stop being expected: put back any entry the
-    source dropped from the manifest (fetch rewrites it from the files it could prove)."""
-    with dir_lock(model_dir, "mm repair"):
-        now = read_manifest(manifest_path(model_dir))
-        have = now.by_path()
-        dropped = [entry for entry in before.files if entry.path not in have]
-        if dropped:
-            write_manifest(now.with_files([*now.files, *dropped]), manifest_path(model_dir))
-
-
 _ERROR_BY_CODE = {cls.exit_code: cls for cls in (RemoteError, IntegrityError, BadInput, Busy, Refused)}
 
 
@@ -94,10 +82,7 @@ def repair_dir(model_dir: Path, *, source: RepairSource | None = None, jobs: int
     before = verify_dir(model_dir, manifest, jobs=jobs, progress=progress)
     damaged = before.repairable()
     if damaged:
-        try:
-            source.restore(model_dir, manifest, damaged, progress)
-        finally:
-            _keep_expectations(model_dir, manifest)
+        source.restore(model_dir, manifest, damaged, progress)
         after = verify_dir(model_dir, jobs=jobs, progress=progress)  # the source rewrote the manifest's entries
     else:
         after = before
