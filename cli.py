@@ -7,24 +7,47 @@ error's code (see README.md, "Exit codes"); they never show a traceback.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import sys
 import threading
 from collections import Counter
-from pathlib import Path
 from dataclasses import asdict, is_dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
 
-from artifacts.errors import MMError
+from artifacts import bundle as mm_bundle, errors as mm_errors, launch as mm_launch, warmup as mm_warmup
+from artifacts.bundle_format import parse_size
+from artifacts.bundle_unpack import unbundle as mm_unbundle
+from artifacts.bundle_verify import verify_volumes
+from artifacts.errors import BadInput, MMError, ProblemsFound
 from artifacts.fsutil import human_bytes
-from artifacts.hub import FetchRequest, FetchResult, fetch as hub_fetch, manifest_for_local_dir
-from artifacts.manifest import export_sums_files
+from artifacts.manifest import export_sums_files, manifest_path, read_manifest
 from artifacts.pins import default_pin, pin_for_repo
 from artifacts.progress import NULL_PROGRESS, ProgressSink
+from artifacts.repair import HubRepairSource, repair_dir
+from artifacts.verify import VerifyReport, summary_counts, verify_dir, verify_upstream
+
+
+class _OnFirstUse:
+    """A module imported when first used: huggingface_hub and modelscope take ~0.5 s to import, and
+    only the commands that talk to a server need them (verify, bundle, launch start at once)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
+
+hub = _OnFirstUse("artifacts.hub")
+ms_mirror = _OnFirstUse("artifacts.mirror")
 
 # soft_wrap: never break a line at 80 columns when output goes to a pipe or a file; tables get room too.
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
@@ -135,14 +158,14 @@ def main() -> None:
 
 # --- fetch / manifest (issue 2) ----------------------------------------------------------------
 
-def _fetch_request(repo: str | None, revision: str | None, local_dir: Path | None, **options) -> FetchRequest:
+def _fetch_request(repo: str | None, revision: str | None, local_dir: Path | None, **options) -> "hub.FetchRequest":
     pin = default_pin() if repo is None else pin_for_repo(repo)
     repo = repo or pin.repo_id
     revision = revision or (pin.revision if pin else "main")
-    return FetchRequest(repo_id=repo, revision=revision, local_dir=local_dir or Path(repo.split("/")[-1]), **options)
+    return hub.FetchRequest(repo_id=repo, revision=revision, local_dir=local_dir or Path(repo.split("/")[-1]), **options)
 
 
-def _render_fetch(result: FetchResult) -> None:
+def _render_fetch(result: "hub.FetchResult") -> None:
     if result.revision_kind != "commit":
         moving = " (a moving branch)" if result.revision_kind == "branch" else ""
         out.print(f"Resolved {result.requested_revision}{moving} -> {result.commit}; the manifest pins this commit.")
@@ -163,7 +186,7 @@ def _render_fetch(result: FetchResult) -> None:
     out.print(f"DSpark draft ({result.draft_subfolder}): {draft}", highlight=False)
 
 
-def _fetch_exit_code(result: FetchResult) -> int:
+def _fetch_exit_code(result: "hub.FetchResult") -> int:
     return max((f.exit_code for f in result.failed), default=0)
 
 
@@ -188,7 +211,7 @@ def fetch(repo, revision, local_dir, include, exclude, workers, source, mirror_o
     """
     req = _fetch_request(repo, revision, local_dir, include=tuple(include), exclude=tuple(exclude), workers=workers)
     req = _with_mirror_sources(req, source, mirror_only, pin_manifest)  # mirror (issue 4)
-    result = hub_fetch(req, progress_for(json_out))
+    result = hub.fetch(req, progress_for(json_out))
     if json_out:
         emit_json({"ok": not result.failed, **to_jsonable(result)})
     else:
@@ -211,7 +234,7 @@ def manifest():
 @handles_errors
 def manifest_create(directory, repo, revision, offline, jobs, json_out):
     """Hash a directory another tool filled (e.g. `hf download`) and write DIR/.mm/manifest.json."""
-    result = manifest_for_local_dir(directory, repo, revision, offline=offline, jobs=jobs, progress=progress_for(json_out))
+    result = hub.manifest_for_local_dir(directory, repo, revision, offline=offline, jobs=jobs, progress=progress_for(json_out))
     if json_out:
         emit_json({"ok": True, "manifest_path": result.manifest_path, "checked_upstream": result.checked_upstream,
                    "note": result.note, "files": len(result.manifest.files), "bytes": result.manifest.total_bytes,
@@ -242,10 +265,6 @@ def manifest_export(directory, fmt, json_out):
 
 # --- verify / repair (issue 3) -----------------------------------------------------------------
 
-from artifacts.errors import BadInput, ProblemsFound  # noqa: E402
-from artifacts.manifest import manifest_path, read_manifest  # noqa: E402
-from artifacts.repair import HubRepairSource, repair_dir  # noqa: E402
-from artifacts.verify import VerifyReport, summary_counts, verify_dir, verify_upstream  # noqa: E402
 
 
 def _verify_doc(report: VerifyReport) -> dict:
@@ -338,13 +357,10 @@ def repair(directory, jobs, workers, json_out):
 
 # --- mirror (issue 4) --------------------------------------------------------------------------
 
-from rich.markup import escape  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from artifacts import mirror as ms_mirror  # noqa: E402
 
 
-def _render_reconciliation(rec: ms_mirror.Reconciliation) -> None:
+
+def _render_reconciliation(rec: "ms_mirror.Reconciliation") -> None:
     table = Table(title=escape(f"{rec.label} vs {rec.repo_id}@{rec.revision[:12]} (pin from {rec.pin_origin})"))
     table.add_column("path", overflow="fold")
     for column in ("status", "pin size", "mirror size", "compared by"):
@@ -360,7 +376,7 @@ def _render_reconciliation(rec: ms_mirror.Reconciliation) -> None:
               + ("." if rec.complete else f"; from the Hub: {', '.join(rec.unsupplied())}"), highlight=False, markup=False)
 
 
-def _render_ranking(ranking: ms_mirror.RevisionRanking) -> None:
+def _render_ranking(ranking: "ms_mirror.RevisionRanking") -> None:
     table = Table(title=f"ModelScope {ranking.modelscope_id}: branches and tags by coverage of the pin")
     for column in ("rank", "revision", "kind", "files", "bytes", "note"):
         table.add_column(column)
@@ -372,7 +388,7 @@ def _render_ranking(ranking: ms_mirror.RevisionRanking) -> None:
         _render_reconciliation(ranking.best)
 
 
-def _with_mirror_sources(req: FetchRequest, source: str, mirror_only: bool, pin_manifest: Path | None) -> FetchRequest:
+def _with_mirror_sources(req: "hub.FetchRequest", source: str, mirror_only: bool, pin_manifest: Path | None) -> "hub.FetchRequest":
     """`mm fetch --source modelscope[...]`: byte sources from the mirror for the files that match the pin."""
     if source == "hub":
         if mirror_only or pin_manifest:
@@ -383,7 +399,7 @@ def _with_mirror_sources(req: FetchRequest, source: str, mirror_only: bool, pin_
                                 pin_manifest=pin_manifest)[0]
 
 
-def _reconciliation_json(rec: ms_mirror.Reconciliation | None) -> dict | None:
+def _reconciliation_json(rec: "ms_mirror.Reconciliation | None") -> dict | None:
     return None if rec is None else {**to_jsonable(rec), "complete": rec.complete, "label": rec.label}
 
 
@@ -396,7 +412,7 @@ def mirror():
 @click.argument("repo", required=False)
 @click.option("--revision", "-r", help="The pinned Hub revision. Default: the pin's (manifests/).")
 @click.option("--modelscope-id", help="The mirror, OWNER/NAME on ModelScope. Default: the pin's.")
-@click.option("--ms-revision", help=f"Mirror branch or tag. Default: {ms_mirror.DEFAULT_MS_REVISION}.")
+@click.option("--ms-revision", help="Mirror branch or tag. Default: master (ModelScope's default branch).")
 @click.option("--all-revisions", is_flag=True, help="Rank every branch and tag of the mirror by how much of the pin it supplies.")
 @click.option("--pin-manifest", "manifest_file", type=click.Path(path_type=Path),
               help="Take the pin's hashes from this mm manifest instead of the Hub (offline from the Hub).")
@@ -431,10 +447,6 @@ def mirror_reconcile(repo, revision, modelscope_id, ms_revision, all_revisions, 
 
 # --- bundle / unbundle (issue 5) ---------------------------------------------------------------
 
-from artifacts import bundle as mm_bundle, errors as mm_errors  # noqa: E402
-from artifacts.bundle_verify import verify_volumes  # noqa: E402
-from artifacts.bundle_format import parse_size  # noqa: E402
-from artifacts.bundle_unpack import unbundle as mm_unbundle  # noqa: E402
 
 
 @main.group(cls=DefaultGroup, default="create")
@@ -548,10 +560,7 @@ def unbundle(volumes, dest, image_dest, cache_dest, json_out):
 
 # --- launch / warmup (issue 6) -----------------------------------------------------------------
 
-from rich.markup import escape  # noqa: E402
 
-from artifacts import launch as mm_launch, warmup as mm_warmup  # noqa: E402
-from artifacts.errors import ProblemsFound  # noqa: E402
 
 
 def _gpu_list(ctx, param, value):

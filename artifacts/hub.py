@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Iterator, Mapping, Protocol, Sequence
+from typing import ContextManager, Iterator, Mapping, Protocol, Sequence
 
 import httpx2
 from huggingface_hub import HfApi, constants, hf_hub_url

@@ -20,8 +20,8 @@ from artifacts.bundle_verify import verify_volumes
 from artifacts.bundle_format import find_volumes, open_volume, parse_size
 from artifacts.bundle_unpack import check_free_space, unbundle
 from artifacts.errors import BadInput, Refused
-from artifacts.hashing import hash_file
-from artifacts.manifest import FileEntry, Manifest, manifest_path, write_manifest
+from artifacts.hub import manifest_for_local_dir
+from artifacts.manifest import manifest_path
 from tests.support.modelgen import write_model
 
 MM = Path(sys.executable).parent / "mm"
@@ -32,12 +32,8 @@ REVISION = "ce7f4df87d2e05262f5775f373dac4772f134041"
 # --- helpers ------------------------------------------------------------------------------------
 
 def make_model(root: Path, seed: int = 0, shard_bytes: int = 600 * 1024) -> Path:
-    files = write_model(root, shards=3, shard_bytes=shard_bytes, seed=seed)
-    entries = []
-    for f in files:
-        d = hash_file(root / f)
-        entries.append(FileEntry(f, d.size, d.blake3, d.sha256, None, "local"))
-    write_manifest(Manifest("MiniMaxAI/MiniMax-M3.1-Flash", REVISION, tuple(entries)), manifest_path(root))
+    write_model(root, shards=3, shard_bytes=shard_bytes, seed=seed)
+    manifest_for_local_dir(root, "MiniMaxAI/MiniMax-M3.1-Flash", REVISION, offline=True)
     return root
 
 

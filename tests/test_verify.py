@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from artifacts import verify as verify_mod
-from artifacts.hashing import hash_file
-from artifacts.manifest import FileEntry, Manifest, manifest_path, write_manifest
+from artifacts.hub import manifest_for_local_dir
+from artifacts.manifest import Manifest, manifest_path
 from artifacts.safetensors_check import StructureError, read_header
 from artifacts.verify import verify_dir
 from tests.support.modelgen import write_model
@@ -29,15 +29,7 @@ AS_UNPRIVILEGED = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"
 
 def write_manifest_for(root: Path) -> Manifest:
     """A manifest hashed from ROOT's files as they are now (what `mm fetch` would have written)."""
-    entries = []
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root).as_posix()
-        if p.is_file() and not rel.startswith(".mm/"):
-            d = hash_file(p)
-            entries.append(FileEntry(path=rel, size=d.size, blake3=d.blake3, sha256=d.sha256))
-    m = Manifest(repo_id=REPO, revision=COMMIT, files=tuple(entries))
-    write_manifest(m, manifest_path(root))
-    return m
+    return manifest_for_local_dir(root, REPO, COMMIT, offline=True).manifest
 
 
 @pytest.fixture(scope="module")

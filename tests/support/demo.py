@@ -38,14 +38,14 @@ def run(args: list[str], env: dict, ok_codes: tuple[int, ...] = (0,), cwd: Path 
     return proc
 
 
-def start_hub(stack: ExitStack) -> str:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.hubserver", "--root", str(WORK / "hub"),
-                             "--make-model", REPO, "--shards", "4", "--shard-bytes", str(2 * 1024 * 1024)],
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+def start_server(stack: ExitStack, module: str, *args: str) -> str:
+    """Start one of tests/support's local servers as its own process; return the URL it prints."""
+    proc = subprocess.Popen([sys.executable, "-m", f"tests.support.{module}", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
     stack.callback(lambda: (proc.terminate(), proc.wait()))
-    match = re.match(r"HUB_URL=(\S+)", proc.stdout.readline())
+    match = re.match(r"\w+_URL=(\S+)", proc.stdout.readline())
     if not match:
-        raise SystemExit("the local Hub server did not start")
+        raise SystemExit(f"the local {module} did not start")
     return match.group(1)
 
 
@@ -61,16 +61,6 @@ def make_mirror_copy(model: Path) -> Path:
     return mirror
 
 
-def start_modelscope(stack: ExitStack, files: Path) -> str:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.msserver", "--model-id", MS_ID, "--dir", str(files)],
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    stack.callback(lambda: (proc.terminate(), proc.wait()))
-    match = re.match(r"MS_URL=(\S+)", proc.stdout.readline())
-    if not match:
-        raise SystemExit("the local ModelScope server did not start")
-    return match.group(1)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -83,7 +73,8 @@ def main() -> int:
     model = WORK / "models" / "MiniMax-M3.1-Flash"
     with ExitStack() as stack:
         say("A local Hub on 127.0.0.1 serves a small model shaped like MiniMax-M3.1-Flash (MXFP8 + NVFP4 + dspark/)")
-        url = start_hub(stack)
+        url = start_server(stack, "hubserver", "--root", str(WORK / "hub"), "--make-model", REPO,
+                           "--shards", "4", "--shard-bytes", str(2 * 1024 * 1024))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODELSCOPE_"))}
         env.update(HF_ENDPOINT=url, HF_HOME=str(WORK / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1",
                    NO_PROXY="127.0.0.1,localhost", MODELSCOPE_CACHE=str(WORK / "ms-cache"),
@@ -115,7 +106,7 @@ def main() -> int:
 
         say("ModelScope mirror (local, 127.0.0.1): reconcile by content, then fetch what matches from it")
         mirror_files = make_mirror_copy(model)
-        ms_url = start_modelscope(stack, mirror_files)
+        ms_url = start_server(stack, "msserver", "--model-id", MS_ID, "--dir", str(mirror_files))
         ms_env = dict(env, MODELSCOPE_ENDPOINT=ms_url, MODELSCOPE_DOWNLOAD_INTRA_CLOUD="false")
         run([MM, "mirror", "reconcile", REPO, "--revision", commit, "--modelscope-id", MS_ID], ms_env)
         from_mirror = WORK / "models" / "from-mirror"
