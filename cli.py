@@ -19,25 +19,18 @@ from typing import Any, Callable
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-from rich.table import Table
 
-from artifacts import bundle as mm_bundle, errors as mm_errors, launch as mm_launch, warmup as mm_warmup
-from artifacts.bundle_format import parse_size
-from artifacts.bundle_unpack import unbundle as mm_unbundle
-from artifacts.bundle_verify import verify_volumes
 from artifacts.errors import BadInput, MMError, ProblemsFound
 from artifacts.fsutil import human_bytes
 from artifacts.manifest import export_sums_files, manifest_path, read_manifest
 from artifacts.pins import default_pin, pin_for_repo
 from artifacts.progress import NULL_PROGRESS, ProgressSink
-from artifacts.repair import HubRepairSource, repair_dir
 from artifacts.verify import VerifyReport, summary_counts, verify_dir, verify_upstream
 
 
 class _OnFirstUse:
-    """A module imported when first used: huggingface_hub and modelscope take ~0.5 s to import, and
-    only the commands that talk to a server need them (verify, bundle, launch start at once)."""
+    """A module imported when first used, so each command loads only its own capability: huggingface_hub
+    and modelscope alone take ~0.5 s to import, which `mm verify` and `mm bundle` should not pay."""
 
     def __init__(self, name: str):
         self._name = name
@@ -48,6 +41,13 @@ class _OnFirstUse:
 
 hub = _OnFirstUse("artifacts.hub")
 ms_mirror = _OnFirstUse("artifacts.mirror")
+mm_repair = _OnFirstUse("artifacts.repair")
+mm_bundle = _OnFirstUse("artifacts.bundle")
+mm_bundle_format = _OnFirstUse("artifacts.bundle_format")
+mm_bundle_verify = _OnFirstUse("artifacts.bundle_verify")
+mm_bundle_unpack = _OnFirstUse("artifacts.bundle_unpack")
+mm_launch = _OnFirstUse("artifacts.launch")
+mm_warmup = _OnFirstUse("artifacts.warmup")
 
 # soft_wrap: never break a line at 80 columns when output goes to a pipe or a file; tables get room too.
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
@@ -60,6 +60,9 @@ class RichProgress:
     """A byte progress bar (bytes, rate, ETA) for long work on a terminal."""
 
     def __init__(self, console: Console):
+        # Imported here: only a terminal needs it, and it costs start-up time for every command.
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
         self._progress = Progress(
             TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
             TimeRemainingColumn(), console=console, transient=False,
@@ -342,7 +345,7 @@ def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, json
 def repair(directory, jobs, workers, json_out):
     """Re-fetch only the files verify finds missing or corrupt (from the Hub, at the manifest's commit),
     then verify again. Good files are never touched. Exit 0 repaired, 1 problems remain."""
-    report = repair_dir(directory, source=HubRepairSource(workers=workers), jobs=jobs, progress=progress_for(json_out))
+    report = mm_repair.repair_dir(directory, source=mm_repair.HubRepairSource(workers=workers), jobs=jobs, progress=progress_for(json_out))
     if json_out:
         emit_json({"ok": report.ok, "model_dir": report.model_dir, "source": report.source,
                    "restored": report.restored, "before": _verify_doc(report.before), "after": _verify_doc(report.after)})
@@ -361,6 +364,8 @@ def repair(directory, jobs, workers, json_out):
 
 
 def _render_reconciliation(rec: "ms_mirror.Reconciliation") -> None:
+    from rich.table import Table
+
     table = Table(title=escape(f"{rec.label} vs {rec.repo_id}@{rec.revision[:12]} (pin from {rec.pin_origin})"))
     table.add_column("path", overflow="fold")
     for column in ("status", "pin size", "mirror size", "compared by"):
@@ -377,6 +382,8 @@ def _render_reconciliation(rec: "ms_mirror.Reconciliation") -> None:
 
 
 def _render_ranking(ranking: "ms_mirror.RevisionRanking") -> None:
+    from rich.table import Table
+
     table = Table(title=f"ModelScope {ranking.modelscope_id}: branches and tags by coverage of the pin")
     for column in ("rank", "revision", "kind", "files", "bytes", "note"):
         table.add_column(column)
@@ -471,7 +478,7 @@ def bundle():
 @handles_errors
 def bundle_create(directory, out_dir, volume_size, name, image, kernel_caches, cache_key, json_out):
     """Write the model (and payloads) as self-describing tar volumes; a rerun resumes."""
-    result = mm_bundle.create_bundle(directory, out_dir, parse_size(volume_size), name=name, image=image,
+    result = mm_bundle.create_bundle(directory, out_dir, mm_bundle_format.parse_size(volume_size), name=name, image=image,
                                      kernel_caches=tuple(kernel_caches), cache_key=mm_bundle.parse_cache_key(cache_key),
                                      progress=progress_for(json_out))
     if json_out:
@@ -495,7 +502,7 @@ def bundle_verify(volumes, json_out):
 
     Exit 0 when every volume given is OK (missing volumes are reported, not failed); 1 otherwise.
     """
-    report = verify_volumes(list(volumes), progress=progress_for(json_out))
+    report = mm_bundle_verify.verify_volumes(list(volumes), progress=progress_for(json_out))
     if json_out:
         emit_json(report)
     else:
@@ -513,7 +520,7 @@ def bundle_verify(volumes, json_out):
     if not report.ok:
         bad = [f"{Path(v.path).name} {v.status}" for v in report.verdicts if v.status != "OK"]
         err.print(f"mm: bundle verify: {', '.join(bad)}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(mm_errors.ProblemsFound.exit_code)
+        sys.exit(ProblemsFound.exit_code)
 
 
 @main.command()
@@ -530,7 +537,7 @@ def unbundle(volumes, dest, image_dest, cache_dest, json_out):
     Exit 0 imported (volumes may still be missing), 5 a volume or member was refused, 1 the final verify
     failed, 7 not enough space.
     """
-    report = mm_unbundle(list(volumes), dest, image_dest=image_dest, cache_dest=cache_dest,
+    report = mm_bundle_unpack.unbundle(list(volumes), dest, image_dest=image_dest, cache_dest=cache_dest,
                          progress=progress_for(json_out))
     if json_out:
         emit_json(report)
