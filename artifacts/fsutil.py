@@ -59,14 +59,6 @@ def publish(tmp: Path, final: Path) -> None:
     fsync_dir(final.parent)
 
 
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 @contextmanager
 def _ignore_missing() -> Iterator[None]:
     try:
