@@ -36,8 +36,8 @@ from huggingface_hub.utils import build_hf_headers, filter_repo_objects, hf_rais
 from .errors import BadInput, IntegrityError, Refused, RemoteError
 from .fsutil import MM_DIR, check_relpath, dir_lock, human_bytes, payload_files, publish
 from .hashing import Digests, StreamHasher
-from .manifest import (FileEntry, Manifest, Upstream, entry_for_file, manifest_path, public_endpoint, read_manifest,
-                       write_manifest)
+from .manifest import (FileEntry, Manifest, Upstream, entry_for_file, entry_from_dict, manifest_path, public_endpoint,
+                       read_manifest, write_manifest)
 from .progress import NULL_PROGRESS, ProgressSink
 
 CHUNK = 8 * 1024 * 1024
@@ -56,10 +56,6 @@ class Resolved:
     requested: str
     commit: str
     kind: str  # "commit" | "short-commit" | "branch" | "tag"
-
-    @property
-    def moving(self) -> bool:
-        return self.kind == "branch"
 
 
 @dataclass(frozen=True)
@@ -282,11 +278,11 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, draft_subfo
     hub = HubSource(req.repo_id, resolved.commit, endpoint=req.endpoint, token=req.token, repo_type=req.repo_type)
 
     with dir_lock(local_dir, "mm fetch"):
-        known = _known_entries(local_dir, resolved.commit)
+        known = _known_entries(local_dir)
         _clean_stale_partials(local_dir, planned)
         _check_free_space(local_dir, planned, known, req)
         progress.begin(sum(f.size for f in planned), f"fetch {req.repo_id}@{resolved.commit[:12]}")
-        journal = _Journal(local_dir / JOURNAL, resolved.commit)
+        journal = _Journal(local_dir / JOURNAL)
 
         def one(f: RemoteFile) -> tuple[FileOutcome, FileEntry | None]:
             source = req.sources.get(f.path, hub)
@@ -297,9 +293,10 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, draft_subfo
                 results = list(pool.map(one, planned))
         finally:
             progress.end()
-        # Entries proven earlier for this commit stay, even if their file is gone now: the manifest records
-        # the revision's content, so a missing file stays expected (verify names it; repair restores it).
-        entries = dict(known)
+        # Entries proven earlier stay when the revision has the same content at that path, even if the file
+        # is gone now: the manifest records the revision, so a missing file stays expected (verify names it).
+        by_path = {f.path: f for f in remote}
+        entries = {p: e for p, e in known.items() if p in by_path and e.upstream == by_path[p].upstream}
         entries.update({e.path: e for _, e in results if e is not None})
         manifest = Manifest(repo_id=req.repo_id, revision=resolved.commit, files=(), repo_type=req.repo_type,
                             requested_revision=resolved.requested, endpoint=public_endpoint(hub.endpoint))
@@ -327,18 +324,20 @@ def _prepare_dir(local_dir: Path) -> None:
         raise BadInput(f"{local_dir}: cannot create the download directory: {e.strerror}") from None
 
 
-def _known_entries(local_dir: Path, commit: str) -> dict[str, FileEntry]:
-    """Entries already proven for this commit: the manifest, plus the journal of a run that was killed."""
+def _known_entries(local_dir: Path) -> dict[str, FileEntry]:
+    """Entries proven earlier: the manifest (of any revision), plus the journal of a run that was killed.
+
+    They are trusted only where the upstream identity (a content hash) and size match the listing, so a
+    new revision re-downloads only the files whose content changed.
+    """
     entries: dict[str, FileEntry] = {}
     mpath = manifest_path(local_dir)
     if mpath.exists():
         try:
-            m = read_manifest(mpath)
-            if m.revision == commit:
-                entries.update(m.by_path())
+            entries.update(read_manifest(mpath).by_path())
         except BadInput:
             pass  # a damaged manifest is rewritten from what this run proves
-    entries.update(_Journal(local_dir / JOURNAL, commit).entries())
+    entries.update(_Journal(local_dir / JOURNAL).entries())
     return entries
 
 
@@ -492,12 +491,12 @@ def _hash_existing(partial: Path, length: int, hasher: StreamHasher) -> None:
 class _Journal:
     """Append-only record of files proven during a run, so a killed fetch does not re-hash them."""
 
-    def __init__(self, path: Path, commit: str):
-        self.path, self.commit = path, commit
+    def __init__(self, path: Path):
+        self.path = path
         self._lock = threading.Lock()
 
     def append(self, entry: FileEntry) -> None:
-        line = json.dumps({"revision": self.commit, "entry": asdict(entry)}) + "\n"
+        line = json.dumps(asdict(entry)) + "\n"
         with self._lock, open(self.path, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()
@@ -509,13 +508,8 @@ class _Journal:
             return out
         for line in self.path.read_text(encoding="utf-8").splitlines():
             try:
-                rec = json.loads(line)
-                if rec.get("revision") == self.commit:
-                    e = rec["entry"]
-                    up = e.get("upstream")
-                    out[e["path"]] = FileEntry(path=e["path"], size=int(e["size"]), blake3=e["blake3"],
-                                               sha256=e["sha256"], source=e.get("source", "hub"),
-                                               upstream=Upstream(**up) if up else None)
+                entry = entry_from_dict(json.loads(line))
+                out[entry.path] = entry
             except (ValueError, KeyError, TypeError):
                 continue  # a line torn by a kill is simply not trusted
         return out

@@ -119,7 +119,7 @@ def from_dict(doc: object, where: str) -> Manifest:
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise BadInput(f"{where}: not an mm manifest (expected schema {SCHEMA!r})")
     try:
-        files = tuple(_entry(f) for f in doc["files"])
+        files = tuple(entry_from_dict(f) for f in doc["files"])
         manifest = Manifest(
             repo_id=str(doc["repo_id"]),
             revision=str(doc["revision"]),
@@ -135,7 +135,7 @@ def from_dict(doc: object, where: str) -> Manifest:
     return manifest
 
 
-def _entry(d: dict) -> FileEntry:
+def entry_from_dict(d: dict) -> FileEntry:
     up = d.get("upstream")
     return FileEntry(
         path=str(d["path"]),

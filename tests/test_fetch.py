@@ -277,3 +277,15 @@ def test_without_a_revision_the_pinned_commit_is_asked_for(run_mm, hub_env, mode
     r = run_mm("fetch", "--local-dir", str(tmp_path / "m"), env=hub_env)
     assert r.returncode == 4  # the local Hub has no commit ce7f4df...; the request proves which one was asked
     assert "MiniMaxAI/MiniMax-M3.1-Flash@ce7f4df87d2e05262f5775f373dac4772f134041" in r.stderr
+
+
+def test_moving_to_a_new_revision_downloads_only_what_changed(run_mm, hub_env, model_repo, hub_server, tmp_path):
+    dest = tmp_path / "m"
+    assert fetch(run_mm, hub_env, model_repo, dest, revision="v1.0").returncode == 0
+    hub_server.reset()
+    r = fetch(run_mm, hub_env, model_repo, dest, revision=model_repo.commits[-1])
+    assert r.returncode == 0, r.stderr
+    assert set(hub_server.bytes_served) == {"README.md"}  # the weights are unchanged since the first upload
+    m = read_manifest(manifest_path(dest))
+    assert m.revision == model_repo.commits[-1]
+    assert files_under(dest) == files_under(model_repo.source_dirs[-1])
