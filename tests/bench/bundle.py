@@ -24,7 +24,7 @@ MM = Path(sys.executable).parent / "mm"
 SHARDS = int(os.environ.get("MM_BENCH_BUNDLE_SHARDS", "4"))
 SHARD_BYTES = int(os.environ.get("MM_BENCH_BUNDLE_SHARD_BYTES", str(1024**3)))
 VOLUME_SIZE = "1.5G"  # decimal: each 1 GiB shard lands whole or split across two volumes
-ROUNDS = int(os.environ.get("MM_BENCH_BUNDLE_ROUNDS", "2"))
+ROUNDS = int(os.environ.get("MM_BENCH_ROUNDS", "2"))
 
 
 def _make_model(root: Path) -> int:
