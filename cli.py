@@ -20,12 +20,12 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from artifacts.errors import BadInput, MMError, ProblemsFound
+from artifacts.errors import MMError, ProblemsFound
 from artifacts.fsutil import human_bytes
-from artifacts.manifest import export_sums_files, manifest_path, read_manifest
+from artifacts.manifest import export_sums_files
 from artifacts.pins import default_pin, pin_for_repo
 from artifacts.progress import NULL_PROGRESS, ProgressSink
-from artifacts.verify import VerifyReport, summary_counts, verify_dir, verify_upstream
+from artifacts.verify import VerifyReport, summary_counts, upstream_target, verify_dir, verify_upstream
 
 
 class _OnFirstUse:
@@ -294,17 +294,6 @@ def _problems_found(report: VerifyReport, what: str) -> None:
                         f"see the lines above")
 
 
-def _upstream_target(directory: Path, manifest_file: Path | None, repo: str | None, revision: str | None) -> tuple[str, str]:
-    if repo and revision:
-        return repo, revision
-    mpath = manifest_file or manifest_path(directory)
-    if not mpath.exists():
-        raise BadInput(f"{directory}: --upstream needs a repo and revision: pass --repo and --revision, "
-                       f"or keep the manifest at {mpath}")
-    m = read_manifest(mpath)
-    return repo or m.repo_id, revision or m.revision
-
-
 @main.command()
 @click.argument("directory", type=click.Path(path_type=Path, readable=False))  # verify says why it cannot read
 @click.option("--manifest", "manifest_file", type=click.Path(path_type=Path),
@@ -322,7 +311,7 @@ def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, json
     safetensors shard and index sound. Exit 0 all good, 1 problems found, 3 could not run."""
     progress = progress_for(json_out)
     if upstream:
-        repo_id, rev = _upstream_target(directory, manifest_file, repo, revision)
+        repo_id, rev = upstream_target(directory, manifest_file, repo, revision)
         report = verify_upstream(directory, repo_id, rev, quick=quick, jobs=jobs, progress=progress)
     else:
         if repo or revision:

@@ -453,3 +453,15 @@ def summary_counts(problems: Iterable[Problem]) -> dict[str, int]:
     for p in problems:
         counts[p.kind] = counts.get(p.kind, 0) + 1
     return counts
+
+
+def upstream_target(directory: Path, manifest_file: Path | None, repo: str | None, revision: str | None) -> tuple[str, str]:
+    """The repo and revision `verify --upstream` checks: the options, else the manifest's."""
+    if repo and revision:
+        return repo, revision
+    mpath = manifest_file or manifest_path(directory)
+    if not mpath.exists():
+        raise BadInput(f"{directory}: --upstream needs a repo and revision: pass --repo and --revision, "
+                       f"or keep the manifest at {mpath}")
+    m = read_manifest(mpath)
+    return repo or m.repo_id, revision or m.revision
