@@ -175,6 +175,9 @@ def _render_fetch(result: "hub.FetchResult") -> None:
     counts = {s: [f for f in result.files if f.status == s] for s in ("downloaded", "present", "failed")}
     for f in counts["failed"]:
         err.print(f"FAILED {f.path}: {f.error}", markup=False)
+    for f in result.files:
+        if f.note:
+            err.print(f"note: {f.path}: {f.note}", markup=False)
     resumed = [f for f in counts["downloaded"] if f.resumed_from]
     rate = result.bytes_transferred / result.seconds if result.seconds else 0
     out.print(f"{result.repo_id}@{result.commit[:12]}: {len(counts['downloaded'])} downloaded"

@@ -16,7 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import ContextManager, Iterator, Mapping, Protocol, Sequence
 
@@ -33,7 +33,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, filter_repo_objects, hf_raise_for_status, http_stream_backoff
 
-from .errors import BadInput, IntegrityError, Refused, RemoteError
+from .errors import BadInput, IntegrityError, MMError, Refused, RemoteError
 from .fsutil import MM_DIR, check_relpath, dir_lock, human_bytes, payload_files, publish
 from .hashing import Digests, StreamHasher
 from .manifest import (FileEntry, Manifest, Upstream, entry_for_file, entry_from_dict, manifest_path, public_endpoint,
@@ -227,6 +227,7 @@ class FetchRequest:
     only_paths: frozenset[str] | None = None  # restrict to these (repair)
     refetch: bool = False  # download only_paths even if a good-looking final file exists (repair)
     sources: Mapping[str, FileSource] = field(default_factory=dict)  # per-path byte sources (mirror)
+    hub_fallback: bool = True  # a file another source served wrong is taken from the Hub instead
     remote_files: tuple[RemoteFile, ...] | None = None  # already listed (mirror reconciliation)
     resolved: Resolved | None = None
 
@@ -241,6 +242,7 @@ class FileOutcome:
     resumed_from: int = 0
     error: str | None = None
     exit_code: int = 0
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -286,7 +288,7 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, draft_subfo
 
         def one(f: RemoteFile) -> tuple[FileOutcome, FileEntry | None]:
             source = req.sources.get(f.path, hub)
-            return _fetch_file(local_dir, f, source, known, req, progress, journal)
+            return _fetch_file(local_dir, f, source, hub, known, req, progress, journal)
 
         try:
             with ThreadPoolExecutor(max_workers=max(1, req.workers)) as pool:
@@ -375,7 +377,7 @@ def _is_present(local_dir: Path, f: RemoteFile, known: Mapping[str, FileEntry]) 
     return None
 
 
-def _fetch_file(local_dir: Path, f: RemoteFile, source: FileSource, known: Mapping[str, FileEntry],
+def _fetch_file(local_dir: Path, f: RemoteFile, source: FileSource, hub: FileSource, known: Mapping[str, FileEntry],
                 req: FetchRequest, progress: ProgressSink, journal: "_Journal") -> tuple[FileOutcome, FileEntry | None]:
     if not (req.refetch and req.only_paths is not None):
         entry = _is_present(local_dir, f, known)
@@ -383,13 +385,31 @@ def _fetch_file(local_dir: Path, f: RemoteFile, source: FileSource, known: Mappi
             progress.advance(f.size)
             return FileOutcome(f.path, f.size, "present", entry.source), entry
     try:
-        digests, transferred, resumed = _download(local_dir, f, source, progress)
-        entry = FileEntry(path=f.path, size=digests.size, blake3=digests.blake3, sha256=digests.sha256 or "",
-                          upstream=f.upstream, source=source.label)
-        journal.append(entry)
-        return FileOutcome(f.path, f.size, "downloaded", source.label, transferred, resumed), entry
+        return _fetch_from(local_dir, f, source, progress, journal)
+    except IntegrityError as e:
+        if source is hub or not req.hub_fallback:
+            return _failed(f, source, e)
+        rejected = f"{source.label} served bytes that do not match the pin; taken from the Hub instead"
+    except (RemoteError, BadInput) as e:
+        return _failed(f, source, e)
+    try:
+        outcome, entry = _fetch_from(local_dir, f, hub, progress, journal)
+        return replace(outcome, note=rejected), entry
     except (IntegrityError, RemoteError, BadInput) as e:
-        return FileOutcome(f.path, f.size, "failed", source.label, error=e.message, exit_code=e.exit_code), None
+        return _failed(f, hub, e)
+
+
+def _fetch_from(local_dir: Path, f: RemoteFile, source: FileSource, progress: ProgressSink,
+                journal: "_Journal") -> tuple[FileOutcome, FileEntry]:
+    digests, transferred, resumed = _download(local_dir, f, source, progress)
+    entry = FileEntry(path=f.path, size=digests.size, blake3=digests.blake3, sha256=digests.sha256 or "",
+                      upstream=f.upstream, source=source.label)
+    journal.append(entry)
+    return FileOutcome(f.path, f.size, "downloaded", source.label, transferred, resumed), entry
+
+
+def _failed(f: RemoteFile, source: FileSource, e: MMError) -> tuple[FileOutcome, None]:
+    return FileOutcome(f.path, f.size, "failed", source.label, error=e.message, exit_code=e.exit_code), None
 
 
 class TransferCut(RemoteError):

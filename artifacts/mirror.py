@@ -424,4 +424,4 @@ def plan_fetch(req: FetchRequest, source_spec: str, default_modelscope_id: str |
     api = ms_api()
     rec = reconcile(pinned, model_id, ms_revision, api=api)
     sources = mirror_sources(rec, mirror_only=mirror_only, api=api)
-    return replace(req, sources=sources, resolved=resolved, remote_files=tuple(remote)), rec
+    return replace(req, sources=sources, resolved=resolved, remote_files=tuple(remote), hub_fallback=not mirror_only), rec

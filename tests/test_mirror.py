@@ -252,13 +252,25 @@ def test_mirror_bytes_that_contradict_the_listing_are_rejected_and_never_named_f
     ms_server.serve_instead(MS_ID, "master", SHARD, forged)
     r, report = reconcile(run_mm, ms_env, model_repo)
     assert statuses(report)[SHARD] == IDENTICAL  # the listing lies convincingly
-    r = fetch_from_mirror(run_mm, ms_env, model_repo, tmp_path / "m")
+    r = fetch_from_mirror(run_mm, ms_env, model_repo, tmp_path / "m", "--mirror-only")
     assert r.returncode == 5, r.stderr
     failed = [f for f in json.loads(r.stdout)["files"] if f["status"] == "failed"]
     assert [f["path"] for f in failed] == [SHARD] and "do not match" in failed[0]["error"]
     assert not (tmp_path / "m" / SHARD).exists()
     assert not [p for p in (tmp_path / "m").rglob("*") if p.is_file() and p.read_bytes() == forged]
     assert SHARD not in read_manifest(manifest_path(tmp_path / "m")).by_path()
+
+
+def test_a_file_the_mirror_serves_wrong_is_taken_from_the_hub_instead(
+        run_mm, ms_env, ms_server, model_repo, pinned_files, tmp_path):
+    ms_server.add_revision(MS_ID, "master", pinned_files)
+    ms_server.serve_instead(MS_ID, "master", SHARD, bytes(len(pinned_files[SHARD])))
+    r = fetch_from_mirror(run_mm, ms_env, model_repo, tmp_path / "m")
+    assert r.returncode == 0, r.stderr
+    outcome = next(f for f in json.loads(r.stdout)["files"] if f["path"] == SHARD)
+    assert outcome["source"] == "hub" and "taken from the Hub instead" in outcome["note"]
+    assert (tmp_path / "m" / SHARD).read_bytes() == pinned_files[SHARD]
+    assert read_manifest(manifest_path(tmp_path / "m")).by_path()[SHARD].source == "hub"
 
 
 def test_fetch_from_the_mirror_resumes_across_runs(run_mm, ms_env, ms_server, model_repo, pinned_files, tmp_path):
