@@ -18,10 +18,10 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/pip install -q --no-deps sglang==0.5.23 msgspec
 	touch $(STAMP)
 
-# Standard tools that tests and benchmarks compare against (b3sum, shellcheck); Debian packages.
+# Standard tools that tests and benchmarks use (b3sum, shellcheck, strace to see fsyncs); Debian packages.
 tools:
-	@command -v b3sum >/dev/null && command -v shellcheck >/dev/null || \
-	  { apt-get update -qq && apt-get install -y -qq b3sum shellcheck >/dev/null; }
+	@command -v b3sum >/dev/null && command -v shellcheck >/dev/null && command -v strace >/dev/null || \
+	  { apt-get update -qq && apt-get install -y -qq b3sum shellcheck strace >/dev/null; }
 
 demo: install
 	$(BIN)/python -m tests.support.demo

@@ -4,7 +4,9 @@ checkable on its own (bundle_verify.py) and importable in any order (bundle_unpa
 The volume format is described in bundle_format.py. Writing reads each source byte once: the bytes are
 hashed (blake3 of each piece, and of the whole file against the manifest) on their way into the volume.
 A volume is written under a temporary name, fsynced and renamed, so a killed run leaves only whole
-volumes; the rerun keeps those that still verify and continues with the rest.
+volumes; the rerun keeps those that still verify and continues with the rest. With sync=False (a staging
+disk copied from with other tools) volumes are renamed without fsync: the rerun still re-checks every
+volume it finds before keeping it, but the caller must flush (unmount, `sync`) before unplugging.
 
 Decisions where the issue is silent:
 - Sizes are decimal (4G = 4e9 bytes, as disks are sold); `4GiB` means binary.
@@ -115,6 +117,7 @@ class BundleResult:
     image: dict | None
     kernel_caches: list[dict]
     notes: list[str] = field(default_factory=list)
+    synced: bool = True  # every volume fsynced before it got its name
 
 
 # --- inputs -----------------------------------------------------------------------------------
@@ -343,9 +346,9 @@ def volume_bytes(plan: Plan, n: int) -> int:
 class _Writer:
     """Appends to a volume file descriptor, remembering the position."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, sync: bool):
         self.fd, self.pos = fd, 0
-        self.flush = EarlyFlush(fd)
+        self.flush = EarlyFlush(fd, enabled=sync)
 
     def write(self, data) -> None:
         view = memoryview(data)
@@ -381,14 +384,14 @@ class _SourceMismatch(IntegrityError):
 
 
 def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkPipe, progress: ProgressSink,
-                  restore: bytes) -> tuple[dict, int]:
+                  restore: bytes, sync: bool) -> tuple[dict, int]:
     """Write volume N to TMP (left open for the caller to fsync and publish); returns (hashers, fd)."""
     pieces = plan.volumes[n - 1]
     working = hashers.start(pieces)
     digests: dict = {}
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        w = _Writer(fd)
+        w = _Writer(fd, sync)
         patch_at = {}
         for name, data in meta_members(plan, n, {}, restore):
             w.write(tar_header(name, len(data), plan.mtime))
@@ -424,14 +427,16 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
     return working, fd
 
 
-def _publish_volume(fd: int, tmp: Path, final: Path) -> None:
+def _publish_volume(fd: int, tmp: Path, final: Path, sync: bool) -> None:
     """fsync, then give the volume its final name (runs while the next volume is being written)."""
     try:
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, final)
-    fsync_dir(final.parent)
+    if sync:
+        fsync_dir(final.parent)
 
 
 def _piece_hashers(p: Piece, working: dict) -> tuple[StreamHasher, StreamHasher]:
@@ -464,7 +469,7 @@ def _keep_volume(plan: Plan, n: int, final: Path, hashers: _Hashers, pipe: Chunk
 
 def create_bundle(model_dir: Path, out_dir: Path, volume_size: int, name: str | None = None,
                   image: Path | None = None, kernel_caches: tuple[Path, ...] = (), cache_key: dict | None = None,
-                  progress: ProgressSink = NULL_PROGRESS) -> BundleResult:
+                  progress: ProgressSink = NULL_PROGRESS, sync: bool = True) -> BundleResult:
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     mpath = manifest_path(model_dir)
     manifest = read_manifest(mpath)
@@ -498,7 +503,7 @@ def create_bundle(model_dir: Path, out_dir: Path, volume_size: int, name: str | 
     total = sum(p.length for v in plan.volumes for p in v)
     with dir_lock(out_dir, "mm bundle"):
         progress.begin(total, f"bundle {name}")
-        results = _write_all(plan, out_dir, progress)
+        results = _write_all(plan, out_dir, progress, sync)
         progress.end()
     ours = {Path(v.path).name for v in results}
     for stale in sorted(out_dir.glob(f"{name}.vol*-of-*.tar")):
@@ -506,10 +511,10 @@ def create_bundle(model_dir: Path, out_dir: Path, volume_size: int, name: str | 
             notes.append(f"{stale}: a volume of an earlier, different bundle run; remove it before copying the disks")
     return BundleResult(True, plan.bundle_id, name, str(out_dir), volume_size, results, total,
                         payloads["image"], [{k: c[k] for k in ("label", "key")} | {"files": len(c["files"])}
-                                            for c in payloads["kernel_caches"]], notes)
+                                            for c in payloads["kernel_caches"]], notes, synced=sync)
 
 
-def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink) -> list[VolumeResult]:
+def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink, sync: bool) -> list[VolumeResult]:
     restore = restore_text(plan)
     hashers = _Hashers()
     pipe = ChunkPipe()
@@ -523,8 +528,8 @@ def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink) -> list[Volume
                     kept = working is not None
                     if not kept:
                         tmp = final.with_name(f".{final.name}.partial")
-                        working, fd = _write_volume(plan, n, tmp, hashers, pipe, progress, restore)
-                        pending.append(publisher.submit(_publish_volume, fd, tmp, final))
+                        working, fd = _write_volume(plan, n, tmp, hashers, pipe, progress, restore, sync)
+                        pending.append(publisher.submit(_publish_volume, fd, tmp, final, sync))
                     hashers.files.update(working)
                     results.append(VolumeResult(n, str(final), volume_bytes(plan, n), kept))
             finally:

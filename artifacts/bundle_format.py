@@ -324,12 +324,15 @@ class EarlyFlush:
 
     STEP = 128 * 1024 * 1024
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, enabled: bool = True):
         self.fd = fd
+        self.enabled = enabled  # off when the file will not be fsynced either (nothing to get ahead of)
         self._since = 0
         self._thread: threading.Thread | None = None
 
     def wrote(self, n: int) -> None:
+        if not self.enabled:
+            return
         self._since += n
         if self._since >= self.STEP and (self._thread is None or not self._thread.is_alive()):
             self._since = 0

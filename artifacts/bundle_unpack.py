@@ -56,6 +56,7 @@ class UnbundleReport:
     next_commands: list[str]
     verify: dict | None = None
     notes: list[str] = field(default_factory=list)
+    synced: bool = True  # every imported file fsynced before it got its name
 
 
 class _Dest:
@@ -174,7 +175,8 @@ def _check_entries(v: Volume, manifest_files: dict) -> str | None:
 
 
 def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, cache_dest: Path | None = None,
-             progress: ProgressSink = NULL_PROGRESS) -> UnbundleReport:
+             progress: ProgressSink = NULL_PROGRESS, sync: bool = True) -> UnbundleReport:
+    """sync=False skips the fsyncs of imported data (the final names still come only after the hashes match)."""
     dest = Path(dest)
     vols = [open_volume(p) for p in find_volumes(sources)]
     dest.mkdir(parents=True, exist_ok=True)
@@ -206,7 +208,7 @@ def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, ca
         if not manifest_path(dest).is_file():
             atomic_write_bytes(manifest_path(dest), first.manifest_bytes)
         state.save()
-        run = _Import(places, state, targets, progress)
+        run = _Import(places, state, targets, progress, sync)
         total = sum(int(e["length"]) for v in accepted for e in v.entries())
         progress.begin(total, f"unbundle {idx['name']}")
         try:
@@ -232,7 +234,8 @@ def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, ca
         payloads = _payload_places(idx["payloads"], places)
         return UnbundleReport(exit_code == 0, exit_code, complete, ref, idx["name"], str(dest), int(idx["volumes"]),
                               [v.path.name for v in accepted], refused, missing, run.imported, run.skipped,
-                              run.corrupt, waiting, payloads, _next_commands(payloads, complete), verify_doc)
+                              run.corrupt, waiting, payloads, _next_commands(payloads, complete), verify_doc,
+                              synced=sync)
 
 
 def _check_dest_manifest(dest: Path, manifest_bytes: bytes) -> None:
@@ -283,8 +286,8 @@ def _next_commands(payloads: dict, complete: bool) -> list[str]:
 
 
 class _Import:
-    def __init__(self, places: _Dest, state: _State, targets: dict, progress: ProgressSink):
-        self.places, self.state, self.targets, self.progress = places, state, targets, progress
+    def __init__(self, places: _Dest, state: _State, targets: dict, progress: ProgressSink, sync: bool):
+        self.places, self.state, self.targets, self.progress, self.sync = places, state, targets, progress, sync
         self.imported: list[str] = []
         self.corrupt: list[str] = []
         self.skipped = 0
@@ -336,7 +339,7 @@ class _Import:
             self.state.doc["whole"].pop(skey, None)
             self.state.save()
             return
-        publish(partial, final)
+        publish(partial, final, sync=self.sync)
         self.imported.append(f"{KINDS[key[0]]}/{key[1]}")
         if segments > 1:
             self.state.doc["pieces"].pop(skey, None)
@@ -344,11 +347,12 @@ class _Import:
             self.state.save()
 
     def _copy(self, v: Volume, info, partial: Path, offset: int, size: int, fresh: bool) -> str:
-        """Write the member's bytes at OFFSET of the partial file, hashing them; fsynced. Returns the blake3."""
+        """Write the member's bytes at OFFSET of the partial file, hashing them; fsynced unless told not to.
+        Returns the blake3."""
         flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if fresh else 0)
         fd = os.open(partial, flags, 0o644)
         h = StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
-        flush = EarlyFlush(fd)
+        flush = EarlyFlush(fd, enabled=self.sync)
         try:
             if os.fstat(fd).st_size != size:
                 os.ftruncate(fd, size)
@@ -365,8 +369,10 @@ class _Import:
                 raise BadInput(f"{v.path.name}: member {info.name!r}: copy to {partial} failed ({e})") from None
             finally:
                 flush.wait()
-            os.fsync(fd)
+            if self.sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
-        fsync_dir(partial.parent)
+        if self.sync:
+            fsync_dir(partial.parent)
         return h.digests().blake3

@@ -2,9 +2,11 @@
 file present and nothing extra, every safetensors shard and index structurally sound.
 
 Speed: each byte is read once. Sizes are compared first (a size mismatch is already a verdict, and
-mapping a file shorter than expected risks SIGBUS). Large files are then hashed one at a time with
-blake3 spread over all cores; small files one per thread. The two are never combined, which would
-run more threads than cores. Memory stays bounded whatever the model size (see hashing.blake3_file).
+mapping a file shorter than expected risks SIGBUS). Files are then hashed one per core with
+single-threaded blake3 (measured: ~7% less CPU than spreading each file over all cores as b3sum
+does): shards of one model are about the same size, so rounds of them keep every core busy. Large
+files left over, too few or too unequal to fill a round, are hashed one at a time on all cores.
+Never more threads than cores. Memory stays bounded whatever the model size (see hashing.blake3_file).
 """
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ import posixpath
 import stat
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +31,8 @@ from .manifest import Manifest, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
 from .safetensors_check import StructureError, index_faults, read_header, read_weight_map
 
-# Files at least this large are hashed one at a time with blake3's own threads.
-BIG_FILE = 64 * 1024 * 1024
+BIG_FILE = 64 * 1024 * 1024  # below this, a file is always hashed on one core (threads cost more than they save)
+ROUND_SPREAD = 1.5  # largest / smallest file in one round of files hashed one per core
 # Problems a re-download fixes; the others (extra files, symlinks, structure of good bytes) it cannot.
 REPAIRABLE = frozenset({"missing", "size", "hash", "empty", "unreadable"})
 SHORT = 12  # hex digits shown of a digest
@@ -302,19 +303,32 @@ def _digest(path: str | Path, exp: Expected, threads: int, on_bytes: Callable[[i
 
 
 def _hash_all(model_dir: Path, files: list[Expected], jobs: int, progress: ProgressSink) -> tuple[list[Problem], int]:
-    """Hash every file whose size already matched; big blake3 files one at a time on all cores."""
+    """Hash every file whose size already matched (see the module docstring for the schedule)."""
     progress.begin(sum(e.size for e in files), "verify")
     try:
-        big, small = [], []
-        for e in files:
-            (big if e.size >= BIG_FILE and e.algorithm == "blake3" else small).append(e)
+        per_core, all_cores = hash_schedule(files, jobs)
         threads = blake3.blake3.AUTO if jobs == (os.cpu_count() or 1) else jobs
-        results = [_check_one(model_dir, e, threads, progress) for e in big]
-        results += _in_parallel(small, lambda e: _check_one(model_dir, e, 1, progress), jobs)
+        results = _in_parallel(per_core, lambda e: _check_one(model_dir, e, 1, progress), jobs)
+        results += [_check_one(model_dir, e, threads, progress) for e in all_cores]
     finally:
         progress.end()
     problems = [p for p, _ in results if p is not None]
     return problems, sum(n for _, n in results)
+
+
+def hash_schedule(files: list[Expected], jobs: int) -> tuple[list[Expected], list[Expected]]:
+    """(files to hash one per core, largest first; large blake3 files to hash one at a time on all cores).
+
+    Large files go one per core in rounds of JOBS files of similar size (within ROUND_SPREAD), so the
+    cores finish together; the rest would leave cores idle while one file runs on a single thread.
+    """
+    big = sorted((e for e in files if e.size >= BIG_FILE and e.algorithm == "blake3"), key=lambda e: -e.size)
+    rounds = 0
+    while rounds + jobs <= len(big) and big[rounds].size <= ROUND_SPREAD * big[rounds + jobs - 1].size:
+        rounds += jobs
+    leftover = big[rounds:]
+    left_ids = {id(e) for e in leftover}
+    return sorted((e for e in files if id(e) not in left_ids), key=lambda e: -e.size), leftover
 
 
 def _check_one(model_dir: Path, exp: Expected, threads: int, progress: ProgressSink) -> tuple[Problem | None, int]:
@@ -346,18 +360,29 @@ def _in_parallel(items: list[T], fn: Callable[[T], R], jobs: int) -> list[R]:
         return [fn(item) for item in items]
     queue = iter(items)
     lock = threading.Lock()
+    batches: list[list[R]] = [[] for _ in range(jobs)]
+    failures: list[BaseException] = []
 
-    def worker() -> list[R]:
-        done = []
-        while True:
-            with lock:
-                item = next(queue, _END)
-            if item is _END:
-                return done
-            done.append(fn(item))
+    def worker(done: list[R]) -> None:
+        try:
+            while not failures:
+                with lock:
+                    item = next(queue, _END)
+                if item is _END:
+                    return
+                done.append(fn(item))
+        except BaseException as e:  # re-raised in the caller's thread below
+            failures.append(e)
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return [r for batch in pool.map(lambda _: worker(), range(jobs)) for r in batch]
+    # Plain threads, not concurrent.futures: its import (with logging) costs ~10 ms of every verify's start-up.
+    threads = [threading.Thread(target=worker, args=(batch,)) for batch in batches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+    return [r for batch in batches for r in batch]
 
 
 # --- structure ---------------------------------------------------------------------------------

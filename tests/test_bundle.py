@@ -17,11 +17,11 @@ import pytest
 
 from artifacts.bundle import create_bundle
 from artifacts.bundle_verify import verify_volumes
-from artifacts.bundle_format import find_volumes, open_volume, parse_size
+from artifacts.bundle_format import b3, find_volumes, open_volume, parse_size
 from artifacts.bundle_unpack import check_free_space, unbundle
 from artifacts.errors import BadInput, Refused
 from artifacts.hub import manifest_for_local_dir
-from artifacts.manifest import manifest_path
+from artifacts.manifest import manifest_path, read_manifest
 from tests.support.modelgen import write_model
 
 MM = Path(sys.executable).parent / "mm"
@@ -178,6 +178,56 @@ def test_every_volume_starts_with_its_index_manifest_and_restore(vols, model):
             for e in index["members"]:
                 assert {"path", "offset", "length", "blake3", "file_blake3", "file_sha256"} <= set(e)
                 assert e["blake3"] != "0" * 64
+
+
+def _syncs(tmp_path: Path, marker: str, *args) -> list[str]:
+    """The fsync/fdatasync calls `mm ARGS` makes on files whose path holds MARKER (strace -y names each fd's file)."""
+    trace = tmp_path / "syncs.strace"
+    r = subprocess.run(["strace", "-f", "-y", "-qq", "-e", "trace=fsync,fdatasync", "-o", str(trace), str(MM),
+                        *map(str, args)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return [line for line in trace.read_text().splitlines() if marker in line]
+
+
+def _synced_names(lines: list[str]) -> set[str]:
+    return {line.split("<", 1)[1].split(">", 1)[0].rsplit("/", 1)[-1] for line in lines}
+
+
+@pytest.fixture(scope="module")
+def strace_works() -> None:
+    if shutil.which("strace") is None or subprocess.run(["strace", "-o", os.devnull, "true"]).returncode != 0:
+        pytest.skip("strace cannot trace here (missing, or ptrace forbidden); `make tools` installs it")
+
+
+def test_every_volume_is_fsynced_before_it_gets_its_name(model, vols, tmp_path, strace_works):
+    lines = _syncs(tmp_path, ".tar.partial>", "bundle", model, "--out", tmp_path / "v", "--volume-size", VOLUME_SIZE)
+    assert _synced_names(lines) == {f".{v.name}.partial" for v in volumes_in(vols)}
+
+
+def test_bundle_no_sync_writes_the_same_volumes_without_any_fsync(model, vols, tmp_path, strace_works):
+    out = tmp_path / "v"
+    assert _syncs(tmp_path, ".tar.partial>", "bundle", model, "--out", out, "--volume-size", VOLUME_SIZE, "--no-sync") == []
+    assert [v.read_bytes() for v in volumes_in(out)] == [v.read_bytes() for v in volumes_in(vols)]
+
+
+def test_every_imported_file_is_fsynced_before_it_gets_its_name(model, vols, tmp_path, strace_works):
+    synced = _synced_names(_syncs(tmp_path, ".part>", "unbundle", vols, "--dest", tmp_path / "dest"))
+    files = read_manifest(manifest_path(model)).files
+    assert synced == {b3(f"model:{f.path}".encode())[:32] + ".part" for f in files}  # the partial names
+
+
+def test_unbundle_no_sync_imports_the_same_files_without_fsyncing_them(model, vols, tmp_path, strace_works):
+    dest = tmp_path / "dest"
+    assert _syncs(tmp_path, ".part>", "unbundle", vols, "--dest", dest, "--no-sync") == []
+    assert tree(dest) == tree(model)
+
+
+def test_no_sync_says_so_and_what_to_do_before_unplugging(model, tmp_path):
+    r = mm("bundle", model, "--out", tmp_path / "v", "--volume-size", VOLUME_SIZE, "--no-sync")
+    assert r.returncode == 0, r.stderr
+    assert "not synced (--no-sync): run `sync` or unmount" in r.stdout
+    js = mm("bundle", model, "--out", tmp_path / "v", "--volume-size", VOLUME_SIZE, "--no-sync", "--json")
+    assert json.loads(js.stdout)["synced"] is False
 
 
 def test_volume_size_is_decimal_unless_spelled_binary():

@@ -359,3 +359,26 @@ def test_progress_bar_shows_on_a_terminal_and_not_in_json(model):
     assert tty.returncode == 0 and "━" in tty.stdout and "OK" in tty.stdout
     js = subprocess.run(["script", "-qec", f"{MM} verify --json {model}", "/dev/null"], capture_output=True, text=True, timeout=120)
     assert js.returncode == 0 and "━" not in js.stdout and '"ok": true' in js.stdout
+
+
+def _expected(name: str, mib: int, algorithm: str = "blake3") -> verify_mod.Expected:
+    return verify_mod.Expected(path=name, size=mib << 20, algorithm=algorithm, digest="0" * 64)
+
+
+def test_shards_of_similar_size_are_hashed_one_per_core_and_the_odd_ones_on_all_cores():
+    shards = [_expected(f"model-{i}.safetensors", 5000 + i) for i in range(5)]  # 5 shards, 2 cores
+    draft, config = _expected("dspark/model.safetensors", 900), _expected("config.json", 0)
+    per_core, all_cores = verify_mod.hash_schedule([config, draft, *shards], jobs=2)
+    assert [e.path for e in per_core] == [f"model-{i}.safetensors" for i in (4, 3, 2, 1)] + ["config.json"]
+    assert [e.path for e in all_cores] == ["model-0.safetensors", "dspark/model.safetensors"]
+
+
+def test_a_round_of_very_unequal_files_is_not_hashed_one_per_core():
+    per_core, all_cores = verify_mod.hash_schedule([_expected("big", 8000), _expected("small", 2000)], jobs=2)
+    assert per_core == [] and [e.path for e in all_cores] == ["big", "small"]
+
+
+def test_hub_identities_are_always_hashed_one_per_core():
+    files = [_expected("a", 5000, "lfs-sha256"), _expected("b", 100, "lfs-sha256")]
+    per_core, all_cores = verify_mod.hash_schedule(files, jobs=2)
+    assert [e.path for e in per_core] == ["a", "b"] and all_cores == []

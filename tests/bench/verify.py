@@ -6,7 +6,7 @@ mm/b3sum and mm/sha256sum, and mm's peak RSS (the child's ru_maxrss). Then times
 on a repo of 10,000 small files, against `find -printf '%s'` (a bare size listing) and `b3sum --check`.
 
 Goal (issue 3): mm >= 0.9 x b3sum, >= 4 x sha256sum, peak RSS < 150 MB.
-Environment: MM_BENCH_GIB (default 4.5), MM_BENCH_ROUNDS (default 3), MM_BENCH_KEEP=1 keeps the data.
+Environment: MM_BENCH_GIB (default 8), MM_BENCH_ROUNDS (default 3), MM_BENCH_KEEP=1 keeps the data.
 """
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def interleaved(tools: dict[str, list[str]], cwd: Path, rounds: int) -> dict[str
 
 
 def main() -> None:
-    gib = float(os.environ.get("MM_BENCH_GIB", "4.5"))
+    gib = float(os.environ.get("MM_BENCH_GIB", "8"))
     rounds = int(os.environ.get("MM_BENCH_ROUNDS", "3"))
     WORK.mkdir(parents=True, exist_ok=True)
     model, total = build_shards(gib)
