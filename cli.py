@@ -42,47 +42,44 @@ atexit.register(gc.freeze)
 
 
 class _OnFirstUse:
-    """A module imported when first used, so each command loads only its own capability: huggingface_hub
-    and modelscope alone take ~0.5 s to import, which `mm verify` and `mm bundle` should not pay."""
+    """An object made when first used, so each command pays only for what it touches: huggingface_hub and
+    modelscope take ~0.5 s to import, which `mm verify` and `mm bundle` should not pay; rich's Console
+    ~45 ms, which `--json` never needs."""
 
-    def __init__(self, name: str):
-        self._name = name
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(importlib.import_module(self._name), attr)
-
-
-hub = _OnFirstUse("artifacts.hub")
-ms_mirror = _OnFirstUse("artifacts.mirror")
-mm_repair = _OnFirstUse("artifacts.repair")
-mm_bundle = _OnFirstUse("artifacts.bundle")
-mm_bundle_format = _OnFirstUse("artifacts.bundle_format")
-mm_bundle_verify = _OnFirstUse("artifacts.bundle_verify")
-mm_bundle_unpack = _OnFirstUse("artifacts.bundle_unpack")
-mm_launch = _OnFirstUse("artifacts.launch")
-mm_warmup = _OnFirstUse("artifacts.warmup")
-
-
-class _ConsoleOnFirstUse:
-    """A rich Console made when first printed to: rich costs ~45 ms of start-up that `--json` never needs."""
-
-    def __init__(self, stderr: bool):
-        self._stderr = stderr
+    def __init__(self, make: Callable[[], Any]):
+        self._make = make
 
     @functools.cached_property
-    def console(self) -> Console:
-        from rich.console import Console
-
-        stream = sys.stderr if self._stderr else sys.stdout
-        # soft_wrap: never break a line at 80 columns when output goes to a pipe or a file; tables get room too.
-        return Console(stderr=self._stderr, soft_wrap=True, width=None if stream.isatty() else 200)
+    def made(self) -> Any:
+        return self._make()
 
     def __getattr__(self, attr: str) -> Any:
-        return getattr(self.console, attr)
+        return getattr(self.made, attr)
 
 
-out = _ConsoleOnFirstUse(stderr=False)
-err = _ConsoleOnFirstUse(stderr=True)
+def _capability(module: str) -> _OnFirstUse:
+    return _OnFirstUse(lambda: importlib.import_module(module))
+
+
+def _console(stderr: bool) -> Console:
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    # soft_wrap: never break a line at 80 columns when output goes to a pipe or a file; tables get room too.
+    return Console(stderr=stderr, soft_wrap=True, width=None if stream.isatty() else 200)
+
+
+hub = _capability("artifacts.hub")
+ms_mirror = _capability("artifacts.mirror")
+mm_repair = _capability("artifacts.repair")
+mm_bundle = _capability("artifacts.bundle")
+mm_bundle_format = _capability("artifacts.bundle_format")
+mm_bundle_verify = _capability("artifacts.bundle_verify")
+mm_bundle_unpack = _capability("artifacts.bundle_unpack")
+mm_launch = _capability("artifacts.launch")
+mm_warmup = _capability("artifacts.warmup")
+out = _OnFirstUse(lambda: _console(stderr=False))
+err = _OnFirstUse(lambda: _console(stderr=True))
 
 
 def escape(text: str) -> str:
@@ -132,7 +129,7 @@ class RichProgress:
 def progress_for(json_out: bool) -> ProgressSink:
     if json_out or not err.is_terminal:
         return NULL_PROGRESS
-    return RichProgress(err.console)
+    return RichProgress(err.made)
 
 
 def to_jsonable(obj: Any) -> Any:

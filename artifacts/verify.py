@@ -327,8 +327,8 @@ def hash_schedule(files: list[Expected], jobs: int) -> tuple[list[Expected], lis
     while rounds + jobs <= len(big) and big[rounds].size <= ROUND_SPREAD * big[rounds + jobs - 1].size:
         rounds += jobs
     leftover = big[rounds:]
-    left_ids = {id(e) for e in leftover}
-    return sorted((e for e in files if id(e) not in left_ids), key=lambda e: -e.size), leftover
+    rest = set(leftover)
+    return sorted((e for e in files if e not in rest), key=lambda e: -e.size), leftover
 
 
 def _check_one(model_dir: Path, exp: Expected, threads: int, progress: ProgressSink) -> tuple[Problem | None, int]:
