@@ -10,18 +10,26 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+# A strict editable install links each package file into build/__editable__*; a new module or pin file needs a
+# re-install, so the stamp depends on the list of package files.
+PACKAGE_FILES := $(wildcard cli.py artifacts/*.py artifacts/*/*.py manifests/*.json)
+
+$(STAMP): setup.cfg pyproject.toml $(PACKAGE_FILES)
+	test -x $(BIN)/pip || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=strict
 	# SGLang's own argument parser, for the launch tests (no torch needed; tests stub what it imports)
 	$(BIN)/pip install -q --no-deps sglang==0.5.23 msgspec
 	touch $(STAMP)
 
-# Standard tools that tests and benchmarks use (b3sum, shellcheck, strace to see fsyncs); Debian packages.
+# Standard tools that tests and benchmarks use, all Debian packages: b3sum and sha256sum peers, shellcheck, strace (to
+# see fsyncs), the real OCI registry (docker-registry, distribution 2.8) and skopeo, ssh-keygen for signatures.
+TOOLS := b3sum shellcheck strace docker-registry skopeo ssh-keygen
+TOOL_PACKAGES := b3sum shellcheck strace docker-registry skopeo openssh-client
+
 tools:
-	@command -v b3sum >/dev/null && command -v shellcheck >/dev/null && command -v strace >/dev/null || \
-	  { apt-get update -qq && apt-get install -y -qq b3sum shellcheck strace >/dev/null; }
+	@for t in $(TOOLS); do command -v $$t >/dev/null || missing=1; done; \
+	  [ -z "$$missing" ] || { apt-get update -qq && apt-get install -y -qq $(TOOL_PACKAGES) >/dev/null; }
 
 demo: install
 	$(BIN)/python -m tests.support.demo
@@ -33,4 +41,4 @@ bench: install tools
 	$(BIN)/python -m tests.bench.run
 
 clean:
-	rm -rf $(VENV) demo-work bench-work
+	rm -rf $(VENV) build demo-work bench-work

@@ -6,13 +6,7 @@ error's code (see README.md, "Exit codes"); they never show a traceback.
 """
 from __future__ import annotations
 
-import gc
-
-gc.disable()  # no collections while the imports below run; see "start-up" after them
-
-import atexit
 import functools
-import importlib
 import json
 import sys
 import threading
@@ -23,42 +17,31 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from artifacts.errors import MMError, ProblemsFound
-from artifacts.fsutil import human_bytes
-from artifacts.manifest import export_sums_files
-from artifacts.pins import default_pin, pin_for_repo
-from artifacts.progress import NULL_PROGRESS, ProgressSink
-from artifacts.verify import VerifyReport, summary_counts, upstream_target, verify_dir, verify_upstream
+from .artifacts.errors import MMError, ProblemsFound
+from .artifacts.fsutil import human_bytes
+from .artifacts.manifest import export_sums_files
+from .artifacts.pins import default_pin, pin_for_repo
+from .artifacts.progress import NULL_PROGRESS, ProgressSink
+from .artifacts.verify import VerifyReport, summary_counts, upstream_target, verify_dir, verify_upstream
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # heavy modules are imported inside the commands that use them (start-up time)
     from rich.console import Console
 
-# Start-up is part of every command's time (an eighth of a 5 GB verify). What was imported lives as long
-# as the process, so it leaves the collector's sight; at exit everything does, so the interpreter's final
-# collections skip it. Measured: ~15 ms off the imports, ~25 ms off the exit.
-gc.freeze()
-gc.enable()
-atexit.register(gc.freeze)
+    from .artifacts import bundle as mm_bundle, bundle_format as mm_bundle_format, bundle_unpack as mm_bundle_unpack
+    from .artifacts import bundle_verify as mm_bundle_verify, hub, launch as mm_launch, mirror as ms_mirror
+    from .artifacts import repair as mm_repair, warmup as mm_warmup
 
 
-class _OnFirstUse:
-    """An object made when first used, so each command pays only for what it touches: huggingface_hub and
-    modelscope take ~0.5 s to import, which `mm verify` and `mm bundle` should not pay; rich's Console
-    ~45 ms, which `--json` never needs."""
-
-    def __init__(self, make: Callable[[], Any]):
-        self._make = make
+class _Consoles:
+    """rich Consoles made on first print: `--json` never imports rich (~45 ms of start-up)."""
 
     @functools.cached_property
-    def made(self) -> Any:
-        return self._make()
+    def out(self) -> Console:
+        return _console(stderr=False)
 
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.made, attr)
-
-
-def _capability(module: str) -> _OnFirstUse:
-    return _OnFirstUse(lambda: importlib.import_module(module))
+    @functools.cached_property
+    def err(self) -> Console:
+        return _console(stderr=True)
 
 
 def _console(stderr: bool) -> Console:
@@ -69,17 +52,19 @@ def _console(stderr: bool) -> Console:
     return Console(stderr=stderr, soft_wrap=True, width=None if stream.isatty() else 200)
 
 
-hub = _capability("artifacts.hub")
-ms_mirror = _capability("artifacts.mirror")
-mm_repair = _capability("artifacts.repair")
-mm_bundle = _capability("artifacts.bundle")
-mm_bundle_format = _capability("artifacts.bundle_format")
-mm_bundle_verify = _capability("artifacts.bundle_verify")
-mm_bundle_unpack = _capability("artifacts.bundle_unpack")
-mm_launch = _capability("artifacts.launch")
-mm_warmup = _capability("artifacts.warmup")
-out = _OnFirstUse(lambda: _console(stderr=False))
-err = _OnFirstUse(lambda: _console(stderr=True))
+_consoles = _Consoles()
+
+
+class _Lazy:
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(getattr(_consoles, self._name), attr)
+
+
+out = _Lazy("out")
+err = _Lazy("err")
 
 
 def escape(text: str) -> str:
@@ -129,7 +114,7 @@ class RichProgress:
 def progress_for(json_out: bool) -> ProgressSink:
     if json_out or not err.is_terminal:
         return NULL_PROGRESS
-    return RichProgress(err.made)
+    return RichProgress(_consoles.err)
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -195,14 +180,15 @@ def main() -> None:
 
 # --- fetch / manifest (issue 2) ----------------------------------------------------------------
 
-def _fetch_request(repo: str | None, revision: str | None, local_dir: Path | None, **options) -> "hub.FetchRequest":
+def _fetch_request(repo: str | None, revision: str | None, local_dir: Path | None, **options) -> hub.FetchRequest:
+    from .artifacts import hub
     pin = default_pin() if repo is None else pin_for_repo(repo)
     repo = repo or pin.repo_id
     revision = revision or (pin.revision if pin else "main")
     return hub.FetchRequest(repo_id=repo, revision=revision, local_dir=local_dir or Path(repo.split("/")[-1]), **options)
 
 
-def _render_fetch(result: "hub.FetchResult") -> None:
+def _render_fetch(result: hub.FetchResult) -> None:
     if result.revision_kind != "commit":
         moving = " (a moving branch)" if result.revision_kind == "branch" else ""
         out.print(f"Resolved {result.requested_revision}{moving} -> {result.commit}; the manifest pins this commit.")
@@ -226,7 +212,7 @@ def _render_fetch(result: "hub.FetchResult") -> None:
     out.print(f"DSpark draft ({result.draft_subfolder}): {draft}", highlight=False)
 
 
-def _fetch_exit_code(result: "hub.FetchResult") -> int:
+def _fetch_exit_code(result: hub.FetchResult) -> int:
     return max((f.exit_code for f in result.failed), default=0)
 
 
@@ -249,6 +235,7 @@ def fetch(repo, revision, local_dir, include, exclude, workers, source, mirror_o
 
     Resumes across runs; the token comes from HF_TOKEN or the stored login, the endpoint from HF_ENDPOINT.
     """
+    from .artifacts import hub
     req = _fetch_request(repo, revision, local_dir, include=tuple(include), exclude=tuple(exclude), workers=workers)
     req = _with_mirror_sources(req, source, mirror_only, pin_manifest)  # mirror (issue 4)
     result = hub.fetch(req, progress_for(json_out))
@@ -274,6 +261,7 @@ def manifest():
 @handles_errors
 def manifest_create(directory, repo, revision, offline, jobs, json_out):
     """Hash a directory another tool filled (e.g. `hf download`) and write DIR/.mm/manifest.json."""
+    from .artifacts import hub
     result = hub.manifest_for_local_dir(directory, repo, revision, offline=offline, jobs=jobs, progress=progress_for(json_out))
     if json_out:
         emit_json({"ok": True, "manifest_path": result.manifest_path, "checked_upstream": result.checked_upstream,
@@ -371,6 +359,7 @@ def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, json
 def repair(directory, jobs, workers, json_out):
     """Re-fetch only the files verify finds missing or corrupt (from the Hub, at the manifest's commit),
     then verify again. Good files are never touched. Exit 0 repaired, 1 problems remain."""
+    from .artifacts import repair as mm_repair
     report = mm_repair.repair_dir(directory, source=mm_repair.HubRepairSource(workers=workers), jobs=jobs, progress=progress_for(json_out))
     if json_out:
         emit_json({"ok": report.ok, "model_dir": report.model_dir, "source": report.source,
@@ -389,7 +378,8 @@ def repair(directory, jobs, workers, json_out):
 
 
 
-def _render_reconciliation(rec: "ms_mirror.Reconciliation") -> None:
+def _render_reconciliation(rec: ms_mirror.Reconciliation) -> None:
+    from .artifacts import mirror as ms_mirror
     from rich.table import Table
 
     table = Table(title=escape(f"{rec.label} vs {rec.repo_id}@{rec.revision[:12]} (pin from {rec.pin_origin})"))
@@ -407,7 +397,7 @@ def _render_reconciliation(rec: "ms_mirror.Reconciliation") -> None:
               + ("." if rec.complete else f"; from the Hub: {', '.join(rec.unsupplied())}"), highlight=False, markup=False)
 
 
-def _render_ranking(ranking: "ms_mirror.RevisionRanking") -> None:
+def _render_ranking(ranking: ms_mirror.RevisionRanking) -> None:
     from rich.table import Table
 
     table = Table(title=f"ModelScope {ranking.modelscope_id}: branches and tags by coverage of the pin")
@@ -421,8 +411,9 @@ def _render_ranking(ranking: "ms_mirror.RevisionRanking") -> None:
         _render_reconciliation(ranking.best)
 
 
-def _with_mirror_sources(req: "hub.FetchRequest", source: str, mirror_only: bool, pin_manifest: Path | None) -> "hub.FetchRequest":
+def _with_mirror_sources(req: hub.FetchRequest, source: str, mirror_only: bool, pin_manifest: Path | None) -> hub.FetchRequest:
     """`mm fetch --source modelscope[...]`: byte sources from the mirror for the files that match the pin."""
+    from .artifacts import mirror as ms_mirror
     if source == "hub":
         if mirror_only or pin_manifest:
             raise click.UsageError("--mirror-only and --pin-manifest need --source modelscope")
@@ -432,7 +423,7 @@ def _with_mirror_sources(req: "hub.FetchRequest", source: str, mirror_only: bool
                                 pin_manifest=pin_manifest)[0]
 
 
-def _reconciliation_json(rec: "ms_mirror.Reconciliation | None") -> dict | None:
+def _reconciliation_json(rec: ms_mirror.Reconciliation | None) -> dict | None:
     return None if rec is None else {**to_jsonable(rec), "complete": rec.complete, "label": rec.label}
 
 
@@ -458,6 +449,7 @@ def mirror_reconcile(repo, revision, modelscope_id, ms_revision, all_revisions, 
     Matches on path, size and content hash (sha256; git blob sha1 of the mirror's bytes for small non-LFS
     files). Exit 0 whatever the verdict; 4 when the mirror or the Hub cannot be listed.
     """
+    from .artifacts import mirror as ms_mirror
     if all_revisions and ms_revision:
         raise click.UsageError("--ms-revision and --all-revisions exclude each other")
     target = ms_mirror.target(repo, revision, modelscope_id)
@@ -507,6 +499,8 @@ def bundle():
 @handles_errors
 def bundle_create(directory, out_dir, volume_size, name, image, kernel_caches, cache_key, no_sync, json_out):
     """Write the model (and payloads) as self-describing tar volumes; a rerun resumes."""
+    from .artifacts import bundle as mm_bundle
+    from .artifacts import bundle_format as mm_bundle_format
     result = mm_bundle.create_bundle(directory, out_dir, mm_bundle_format.parse_size(volume_size), name=name, image=image,
                                      kernel_caches=tuple(kernel_caches), cache_key=mm_bundle.parse_cache_key(cache_key),
                                      progress=progress_for(json_out), sync=not no_sync)
@@ -534,6 +528,7 @@ def bundle_verify(volumes, json_out):
 
     Exit 0 when every volume given is OK (missing volumes are reported, not failed); 1 otherwise.
     """
+    from .artifacts import bundle_verify as mm_bundle_verify
     report = mm_bundle_verify.verify_volumes(list(volumes), progress=progress_for(json_out))
     if json_out:
         emit_json(report)
@@ -572,6 +567,7 @@ def unbundle(volumes, dest, image_dest, cache_dest, no_sync, json_out):
     Exit 0 imported (volumes may still be missing), 5 a volume or member was refused, 1 the final verify
     failed, 7 not enough space.
     """
+    from .artifacts import bundle_unpack as mm_bundle_unpack
     report = mm_bundle_unpack.unbundle(list(volumes), dest, image_dest=image_dest, cache_dest=cache_dest,
                                        progress=progress_for(json_out), sync=not no_sync)
     if json_out:
@@ -642,6 +638,7 @@ def recipe_options(fn: Callable) -> Callable:
 
 
 def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
+    from .artifacts import launch as mm_launch
     keys = ("hardware", "recipe", "engine", "gpus", "port", "tp", "context_length", "dspark", "image",
             "image_archive", "cache_root", "name")
     return mm_launch.LaunchOptions(**{k: kw[k] for k in keys}, **extra)
@@ -657,6 +654,7 @@ def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
 @handles_errors
 def launch(model_dir, expose, api_key_env, fmt, out, json_out, **kw):
     """Print (or write) the offline start for MODEL_DIR on the given hardware."""
+    from .artifacts import launch as mm_launch
     plan = mm_launch.plan_launch(model_dir, _launch_options(kw, expose=expose, api_key_env=api_key_env))
     text = mm_launch.render_script(plan) if fmt == "sh" else json.dumps(mm_launch.plan_document(plan), indent=2) + "\n"
     if out is not None:
@@ -683,6 +681,8 @@ def launch(model_dir, expose, api_key_env, fmt, out, json_out, **kw):
 @handles_errors
 def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
     """Start the server once so kernel caches compile, run the guide's checks, stop it, write a report."""
+    from .artifacts import launch as mm_launch
+    from .artifacts import warmup as mm_warmup
     plan = mm_launch.plan_launch(model_dir, _launch_options(kw))
     image_png = mm_warmup.read_image_file(image_file) if image_file else None
     result = mm_warmup.run_warmup(plan, timeout=timeout, image_png=image_png, gpu_info=gpu_info,

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.bundle import create_bundle
-from artifacts.bundle_verify import verify_volumes
-from artifacts.bundle_format import b3, find_volumes, open_volume, parse_size
-from artifacts.bundle_unpack import check_free_space, unbundle
-from artifacts.errors import BadInput, Refused
-from artifacts.hub import manifest_for_local_dir
-from artifacts.manifest import manifest_path, read_manifest
+from mm.artifacts.bundle import create_bundle
+from mm.artifacts.bundle_verify import verify_volumes
+from mm.artifacts.bundle_format import b3, find_volumes, open_volume, parse_size
+from mm.artifacts.bundle_unpack import check_free_space, unbundle
+from mm.artifacts.errors import BadInput, Refused
+from mm.artifacts.hub import manifest_for_local_dir
+from mm.artifacts.manifest import manifest_path, read_manifest
 from tests.support.modelgen import write_model
 
 MM = Path(sys.executable).parent / "mm"
@@ -396,7 +396,7 @@ def test_import_in_two_sittings_names_what_is_missing_and_does_not_rewrite(model
 
 
 def test_unbundle_refuses_when_free_space_is_short(tmp_path):
-    from artifacts.bundle_unpack import _Dest
+    from mm.artifacts.bundle_unpack import _Dest
 
     with pytest.raises(Refused, match="not enough free space"):
         check_free_space(_Dest(tmp_path / "dest", None, None), {"model": 10**18})

@@ -5,7 +5,7 @@ import json
 
 import click
 
-import cli
+from mm import cli
 
 
 def leaf_commands(group: click.Group, prefix: str = "mm") -> dict[str, click.Command]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.manifest import manifest_path, read_manifest
+from mm.artifacts.manifest import manifest_path, read_manifest
 
 MM = str(Path(sys.executable).parent / "mm")
 SHARD = "model-00002-of-00004.safetensors"

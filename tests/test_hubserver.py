@@ -14,7 +14,7 @@ from huggingface_hub import HfApi, hf_hub_download, snapshot_download
 from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError,
                                     RevisionNotFoundError)
 
-from artifacts.hashing import git_blob_sha1
+from mm.artifacts.hashing import git_blob_sha1
 from tests.support.gitrepo import lfs_object_path, make_model_repo, parse_lfs_pointer
 from tests.support.hubserver import HubServer
 

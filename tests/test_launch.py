@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli import main
-from artifacts.launch import EnvRef, LaunchOptions, load_catalog, plan_launch, recipes_path
-from artifacts.manifest import Manifest, entry_for_file, manifest_path, write_manifest
-from artifacts.pins import default_pin
+from mm.cli import main
+from mm.artifacts.launch import EnvRef, LaunchOptions, load_catalog, plan_launch, recipes_path
+from mm.artifacts.manifest import Manifest, entry_for_file, manifest_path, write_manifest
+from mm.artifacts.pins import default_pin
 from tests.support.modelgen import write_model
 
 MM = str(Path(sys.executable).parent / "mm")

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from artifacts.errors import BadInput
-from artifacts.manifest import FileEntry, Manifest, Upstream, export_sums, read_manifest, to_json, write_manifest
+from mm.artifacts.errors import BadInput
+from mm.artifacts.manifest import FileEntry, Manifest, Upstream, export_sums, read_manifest, to_json, write_manifest
 
 COMMIT = "ce7f4df87d2e05262f5775f373dac4772f134041"
 H64 = "ab" * 32
@@ -66,6 +66,6 @@ def test_sums_export_is_in_coreutils_format():
 
 
 def test_endpoint_credentials_are_never_recorded():
-    from artifacts.manifest import public_endpoint
+    from mm.artifacts.manifest import public_endpoint
 
     assert public_endpoint("https://user:hf_secret@hub.local:8443/x") == "https://hub.local:8443/x"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.hub import FetchRequest, fetch
-from artifacts.manifest import manifest_path, read_manifest
-from artifacts.mirror import DIFFERENT, EXTRA, IDENTICAL, MISSING, MirrorFile, PinFile, compare, list_mirror_files, ms_api
+from mm.artifacts.hub import FetchRequest, fetch
+from mm.artifacts.manifest import manifest_path, read_manifest
+from mm.artifacts.mirror import DIFFERENT, EXTRA, IDENTICAL, MISSING, MirrorFile, PinFile, compare, list_mirror_files, ms_api
 from tests.support.msserver import net_guard_env
 
 MS_ID = "MiniMax/MiniMax-M3.1-Flash"

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.errors import BadInput
-from artifacts.manifest import Manifest, manifest_path, read_manifest
-from artifacts.repair import repair_dir
-from artifacts.verify import verify_dir
+from mm.artifacts.errors import BadInput
+from mm.artifacts.manifest import Manifest, manifest_path, read_manifest
+from mm.artifacts.repair import repair_dir
+from mm.artifacts.verify import verify_dir
 
 MM = str(Path(sys.executable).parent / "mm")
 SHARD2 = "model-00002-of-00004.safetensors"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from artifacts.pins import default_pin
-from artifacts.warmup import tiny_png
-from cli import main
+from mm.artifacts.pins import default_pin
+from mm.artifacts.warmup import tiny_png
+from mm.cli import main
 from tests.support import fake_docker
 from tests.test_launch import HF_SECRET, SECRET, make_model_dir, script_tokens
 

@@ -19,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from artifacts.hashing import hash_file
-from artifacts.manifest import FileEntry, Manifest, manifest_path, write_manifest
+from mm.artifacts.hashing import hash_file
+from mm.artifacts.manifest import FileEntry, Manifest, manifest_path, write_manifest
 from tests.support.modelgen import write_model
 
 WORK = Path(__file__).resolve().parents[2] / "bench-work" / "bundle"

@@ -13,9 +13,9 @@ BENCHMARKS = ["fetch", "verify", "bundle"]
 def byte_compile_mm() -> None:
     """Time mm as installed: pip byte-compiles what it installs, but these machines set PYTHONDONTWRITEBYTECODE=1,
     so an editable mm would otherwise recompile its own modules on every start (~60 ms, more than its imports)."""
-    root = Path(__file__).resolve().parents[2]
-    compileall.compile_file(root / "cli.py", quiet=1)
-    compileall.compile_dir(root / "artifacts", quiet=1)
+    import mm.cli
+
+    compileall.compile_dir(Path(mm.cli.__file__).parent, quiet=1)  # the installed package (a link tree when editable)
 
 
 def main() -> int:

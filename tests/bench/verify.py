@@ -20,8 +20,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from artifacts.hashing import hash_file
-from artifacts.manifest import FileEntry, Manifest, export_sums, manifest_path, read_manifest, write_manifest
+from mm.artifacts.hashing import hash_file
+from mm.artifacts.manifest import FileEntry, Manifest, export_sums, manifest_path, read_manifest, write_manifest
 from tests.support.modelgen import write_model
 
 ROOT = Path(__file__).resolve().parents[2]
