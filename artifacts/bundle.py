@@ -41,10 +41,12 @@ from .fsutil import check_relpath, dir_lock, fsync_dir, human_bytes
 from .hashing import StreamHasher
 from .manifest import Manifest, export_sums, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
+from .untrusted import At, load_json, read_json_file
 
 MIN_PIECE = 64 * 1024
 CACHE_KEY_FILE = "mm-cache-key.json"
 CACHE_KEY_SCHEMA = "mm-cache-key/1"
+MAX_IMAGE_JSON = 16 * 1024 * 1024  # manifest.json / index.json of a docker save archive, a cache key
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -130,14 +132,25 @@ def image_info(image: Path) -> dict:
         with tarfile.open(image, "r:") as tf:
             names = {m.name: m for m in tf.getmembers() if m.isreg()}
             if "manifest.json" in names:
-                for entry in json.load(tf.extractfile(names["manifest.json"])):
-                    refs += [t for t in entry.get("RepoTags") or [] if t not in refs]
-                    config = str(entry.get("Config", ""))
+                where = f"{image}: manifest.json"
+                at = At(where)
+                for n, entry in enumerate(at.list(_member_json(tf, names["manifest.json"], where))):
+                    e_at = at.index(n)
+                    e_at.obj(entry)
+                    tags = e_at.get_list(entry, "RepoTags", [])
+                    refs += [t for j, t in enumerate(tags) if e_at.key("RepoTags").index(j).str(t, 1024) not in refs]
+                    config = e_at.get_str(entry, "Config", "", max_len=1024)
                     image_id = image_id or "sha256:" + config.rsplit("/", 1)[-1].removesuffix(".json")
             if "index.json" in names:
-                for m in json.load(tf.extractfile(names["index.json"])).get("manifests", []):
-                    ann = m.get("annotations") or {}
+                where = f"{image}: index.json"
+                at = At(where)
+                index = at.obj(_member_json(tf, names["index.json"], where))
+                for n, m in enumerate(at.get_list(index, "manifests", [])):
+                    m_at = at.key("manifests").index(n)
+                    ann = m_at.get_obj(m_at.obj(m), "annotations", {})
                     ref = ann.get("io.containerd.image.name") or ann.get("org.opencontainers.image.ref.name")
+                    if ref is not None:
+                        m_at.key("annotations").str(ref, 1024)
                     if ref and ref not in refs:
                         refs.append(ref)
             if "manifest.json" not in names and "index.json" not in names:
@@ -147,16 +160,20 @@ def image_info(image: Path) -> dict:
     return {"file": image.name, "size": image.stat().st_size, "refs": refs, "image_id": image_id}
 
 
+def _member_json(tf: tarfile.TarFile, info: tarfile.TarInfo, where: str) -> object:
+    if info.size > MAX_IMAGE_JSON:
+        raise BadInput(f"{where}: {info.size} bytes, more than the {MAX_IMAGE_JSON} allowed")
+    member = tf.extractfile(info)
+    return load_json(member.read() if member else b"", where, max_bytes=MAX_IMAGE_JSON)
+
+
 def kernel_cache_info(cache_dir: Path, label: str, cli_key: dict | None) -> tuple[dict, list[Source]]:
     if not cache_dir.is_dir():
         raise BadInput(f"{cache_dir}: kernel cache is not a directory")
     key = dict(cli_key) if cli_key else None
     key_file = cache_dir / CACHE_KEY_FILE
     if key_file.is_file():
-        try:
-            key = json.loads(key_file.read_text())
-        except (OSError, ValueError) as e:
-            raise BadInput(f"{key_file}: unreadable cache key ({e})") from None
+        key = read_json_file(key_file, what="cache key", max_bytes=MAX_IMAGE_JSON)
         if not isinstance(key, dict) or key.get("schema") != CACHE_KEY_SCHEMA:
             raise BadInput(f"{key_file}: not a cache key (expected schema {CACHE_KEY_SCHEMA!r})")
     sources = []

@@ -35,12 +35,14 @@ import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import blake3
 
 from .errors import BadInput
 from .fsutil import check_relpath
+from .untrusted import At, Malformed, load_json
 
 INDEX_SCHEMA = "mm-bundle-index/1"
 META = "MMBUNDLE"
@@ -58,6 +60,9 @@ KINDS = {"model": "model", "image": "payload/image", "kernel-cache": "payload/ke
 MAX_INDEX_BYTES = 256 * 1024 * 1024
 VOLUME_RE = re.compile(r"^(?P<name>.+)\.vol(?P<num>\d{3,})-of-(?P<count>\d{3,})\.tar$")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
+MAX_VOLUMES = 99_999  # volumes in one bundle
+MAX_SEGMENTS = 10**7  # pieces of one file
+MAX_VOLUME_SIZE = 10**18
 
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
           "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -66,11 +71,14 @@ _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
 
 def parse_size(text: str) -> int:
     """'4G' -> 4e9, '1.8T' -> 1.8e12, '750M', '4GiB' -> 2**32. Decimal unless spelled with 'i'."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text or "")
+    m = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([A-Za-z]*)\s*", text or "")
     unit = m.group(2).upper() if m else None
     if not m or unit not in _UNITS:
-        raise BadInput(f"volume size {text!r} is not a size (examples: 750M, 4G, 500G, 1.8T, 4GiB)")
-    return int(float(m.group(1)) * _UNITS[unit])
+        raise BadInput(f"volume size {text[:40]!r} is not a size (examples: 750M, 4G, 500G, 1.8T, 4GiB)")
+    size = int(Fraction(m.group(1)) * _UNITS[unit])  # exact: no float rounding, no overflow
+    if not 1 <= size <= MAX_VOLUME_SIZE:
+        raise BadInput(f"volume size {text[:40]!r} is out of range (1 byte to {MAX_VOLUME_SIZE // 10**15} PB)")
+    return size
 
 
 def index_member(volume: int) -> str:
@@ -191,52 +199,72 @@ def expected_meta(index: dict) -> set[str]:
 
 
 def check_index(doc: object, where: str) -> dict:
-    """Validate an index document's shape and every path it names; BadInput on anything off."""
+    """Validate an index document's shape, every value's type and range, and every path it names; BadInput on
+    anything off. Returns the document (its values are then known to have the types read below)."""
     if not isinstance(doc, dict) or doc.get("schema") != INDEX_SCHEMA:
         raise BadInput(f"{where}: not an mm bundle index (expected schema {INDEX_SCHEMA!r})")
+    at = At(where)
     try:
-        volume, volumes = int(doc["volume"]), int(doc["volumes"])
-        str(doc["bundle_id"]), str(doc["name"])
-        if not 1 <= volume <= volumes:
-            raise ValueError(f"volume {volume} of {volumes}")
-        for name in doc.get("meta", {}):
+        volumes = at.get_int(doc, "volumes", lo=1, hi=MAX_VOLUMES)
+        at.get_int(doc, "volume", lo=1, hi=volumes)
+        at.get_str(doc, "bundle_id", max_len=128, empty=False)
+        at.get_str(doc, "name", max_len=255, empty=False)
+        at.get_str(doc, "manifest_blake3", "", max_len=64)
+        meta = at.get_obj(doc, "meta", {})
+        at.key("meta").str_map(meta, max_len=64)
+        for name in meta:
             check_relpath(name, where)
             if not name.startswith(META + "/"):
-                raise ValueError(f"metadata member {name!r} outside {META}/")
-        for e in doc["members"]:
-            kind, path = e["kind"], e["path"]
+                raise at.key("meta").fail(f"metadata member {name!r} outside {META}/")
+        members = at.get_list(doc, "members")
+        for i, e in enumerate(members):
+            e_at = at.key("members").index(i)
+            e_at.obj(e)
+            kind = e_at.get_str(e, "kind", max_len=32)
             if kind not in KINDS:
-                raise ValueError(f"unknown kind {kind!r}")
-            check_relpath(path, where)
-            offset, length, size = int(e["offset"]), int(e["length"]), int(e["size"])
-            segment, segments = int(e["segment"]), int(e["segments"])
-            if min(offset, length, size) < 0 or offset + length > size or not 1 <= segment <= segments:
-                raise ValueError(f"{path}: offset/length/segment out of range")
-            if e["member"] != data_member(kind, path, segment, segments):
-                raise ValueError(f"member name {e['member']!r} does not match {kind} {path!r}")
-            if not HEX64.match(str(e["blake3"])):
-                raise ValueError(f"{path}: bad blake3")
-        _check_payloads(doc["payloads"], where)
+                raise e_at.key("kind").fail(f"unknown kind {kind!r}")
+            path = check_relpath(e_at.get_str(e, "path", max_len=4096), where)
+            size = e_at.get_int(e, "size")
+            offset = e_at.get_int(e, "offset", hi=size)
+            e_at.get_int(e, "length", hi=size - offset)
+            segments = e_at.get_int(e, "segments", lo=1, hi=MAX_SEGMENTS)
+            segment = e_at.get_int(e, "segment", lo=1, hi=segments)
+            if e_at.get_str(e, "member", max_len=8192) != data_member(kind, path, segment, segments):
+                raise e_at.key("member").fail(f"member name {e['member']!r} does not match {kind} {path!r}")
+            for digest in ("blake3", "file_blake3", "file_sha256"):
+                value = e_at.get_str(e, digest, "" if digest != "blake3" else At._REQUIRED, max_len=64)
+                if value and not HEX64.match(value):
+                    raise e_at.key(digest).fail("not a 64-hex digest")
+        _check_payloads(at.get_obj(doc, "payloads"), where, at.key("payloads"))
+    except Malformed as e:
+        raise BadInput(f"{where}: malformed index ({e.detail})") from None
     except BadInput as e:
         raise BadInput(f"{where}: index names an unsafe path ({e.message})") from None
-    except (KeyError, TypeError, ValueError) as e:
-        raise BadInput(f"{where}: malformed index ({e})") from None
     return doc
 
 
-def _check_payloads(payloads: dict, where: str) -> None:
+def _check_payloads(payloads: dict, where: str, at: At) -> None:
     """Payload names become paths at the destination: plain names, normalised relative paths, sizes."""
-    image = payloads.get("image")
+    image = at.get_obj(payloads, "image", None)
     if image is not None:
-        if "/" in check_relpath(str(image["file"]), where) or int(image["size"]) < 0:
-            raise ValueError(f"image file {image['file']!r} is not a plain file name")
-    for c in payloads.get("kernel_caches", []):
-        if "/" in check_relpath(str(c["label"]), where):
-            raise ValueError(f"kernel cache label {c['label']!r} is not a plain name")
-        for rel, size in c["files"]:
-            check_relpath(str(rel), where)
-            if int(size) < 0:
-                raise ValueError(f"kernel cache file {rel!r}: negative size")
+        i_at = at.key("image")
+        if "/" in check_relpath(i_at.get_str(image, "file", max_len=255), where):
+            raise i_at.key("file").fail(f"image file {image['file']!r} is not a plain file name")
+        i_at.get_int(image, "size")
+        for j, ref in enumerate(i_at.get_list(image, "refs", [])):
+            i_at.key("refs").index(j).str(ref, max_len=1024)
+    for n, c in enumerate(at.get_list(payloads, "kernel_caches", [])):
+        c_at = at.key("kernel_caches").index(n)
+        c_at.obj(c)
+        if "/" in check_relpath(c_at.get_str(c, "label", max_len=255), where):
+            raise c_at.key("label").fail(f"kernel cache label {c['label']!r} is not a plain name")
+        c_at.get_obj(c, "key", None)
+        for j, pair in enumerate(c_at.get_list(c, "files")):
+            f_at = c_at.key("files").index(j)
+            if len(f_at.list(pair)) != 2:
+                raise f_at.fail("expected [path, size]")
+            check_relpath(f_at.index(0).str(pair[0], max_len=4096), where)
+            f_at.index(1).int(pair[1])
 
 
 def open_volume(path: Path) -> Volume:
@@ -257,9 +285,9 @@ def open_volume(path: Path) -> Volume:
                 return vol
             vol.index_bytes = _read_member(tf, first, MAX_INDEX_BYTES)
             try:
-                doc = json.loads(vol.index_bytes)
-            except ValueError:
-                vol.refused.append(f"{name}: index {first.name} is not valid JSON")
+                doc = load_json(vol.index_bytes, f"{name}: {first.name}", max_bytes=MAX_INDEX_BYTES)
+            except Malformed as e:
+                vol.refused.append(f"{name}: index {first.name}: {e.detail}")
                 return vol
             vol.index = check_index(doc, f"{name}: {first.name}")
             if first.name != index_member(vol.number):

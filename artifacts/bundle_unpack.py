@@ -29,8 +29,9 @@ from .bundle_format import HASH_THREADS, KINDS, MANIFEST_MEMBER, ChunkPipe, Earl
 from .errors import BadInput, Refused
 from .fsutil import MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, dir_lock, fsync_dir, human_bytes, publish
 from .hashing import StreamHasher, blake3_file
-from .manifest import from_dict, manifest_path
+from .manifest import from_json, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
+from .untrusted import At, read_json_file
 
 STATE_DIR = f"{MM_DIR}/unbundle"
 PAYLOAD_PARTIAL = ".mm-partial"
@@ -88,9 +89,21 @@ class _State:
 
     def __init__(self, path: Path):
         self.path = path
-        self.doc = json.loads(path.read_text()) if path.is_file() else {}
+        self.doc = read_json_file(path, what="unbundle state") if path.is_file() else {}
+        at = At(str(path))
+        at.obj(self.doc)
         self.doc.setdefault("pieces", {})
         self.doc.setdefault("whole", {})
+        for file_key, pieces in at.get_obj(self.doc, "pieces").items():
+            for segment, piece in at.key("pieces").key(file_key).obj(pieces).items():
+                p_at = at.key("pieces").key(file_key).key(segment)
+                if len(p_at.list(piece)) != 3:
+                    raise p_at.fail("expected [offset, length, blake3]")
+                p_at.index(0).int(piece[0]), p_at.index(1).int(piece[1]), p_at.index(2).str(piece[2], max_len=64)
+        for file_key, whole in at.get_obj(self.doc, "whole").items():
+            at.key("whole").key(file_key).list(whole)
+        for n, volume in enumerate(at.get_list(self.doc, "done_volumes", [])):
+            at.key("done_volumes").index(n).int(volume)
 
     def pieces(self, key: str) -> dict:
         return self.doc["pieces"].setdefault(key, {})
@@ -190,7 +203,7 @@ def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, ca
         if first is None or not accepted:
             raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} given: "
                            + "; ".join(refused[:3]))
-        manifest = from_dict(json.loads(first.manifest_bytes), f"{first.path.name}: {MANIFEST_MEMBER}")
+        manifest = from_json(first.manifest_bytes, f"{first.path.name}: {MANIFEST_MEMBER}")
         files_by_path = manifest.by_path()
         for v in list(accepted):
             why = _check_entries(v, files_by_path)
@@ -241,8 +254,8 @@ def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, ca
 def _check_dest_manifest(dest: Path, manifest_bytes: bytes) -> None:
     existing = manifest_path(dest)
     if existing.is_file():
-        have = from_dict(json.loads(existing.read_text()), str(existing))
-        want = from_dict(json.loads(manifest_bytes), "bundle manifest")
+        have = read_manifest(existing)
+        want = from_json(manifest_bytes, "bundle manifest")
         if (have.repo_id, have.revision, have.files) != (want.repo_id, want.revision, want.files):
             raise Refused(f"{existing}: DEST already holds a different model ({have.repo_id}@{have.revision[:12]}); "
                           f"choose an empty --dest")

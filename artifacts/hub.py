@@ -39,6 +39,7 @@ from .hashing import Digests, StreamHasher
 from .manifest import (FileEntry, Manifest, Upstream, entry_for_file, entry_from_dict, manifest_path, public_endpoint,
                        read_manifest, write_manifest)
 from .progress import NULL_PROGRESS, ProgressSink
+from .untrusted import load_json
 
 CHUNK = 8 * 1024 * 1024
 WRITE_BATCH = 1024 * 1024
@@ -526,12 +527,13 @@ class _Journal:
         out: dict[str, FileEntry] = {}
         if not self.path.exists():
             return out
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        for line in self.path.read_bytes().splitlines():
             try:
-                entry = entry_from_dict(json.loads(line))
+                entry = entry_from_dict(load_json(line, str(self.path)))
+                check_relpath(entry.path, str(self.path))
                 out[entry.path] = entry
-            except (ValueError, KeyError, TypeError):
-                continue  # a line torn by a kill is simply not trusted
+            except BadInput:
+                continue  # a line torn by a kill (or not mm's) is simply not trusted
         return out
 
     def clear(self) -> None:

@@ -9,7 +9,6 @@ unless exposed with an API key read from the environment at run time.
 """
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from .errors import BadInput, ProblemsFound, Refused
 from .fsutil import atomic_write_text
 from .manifest import manifest_path, read_manifest
 from .pins import Pin, default_pin, manifests_dir
+from .untrusted import read_json_file
 
 RECIPES_SCHEMA = "mm-recipes/1"
 CONTAINER_MODELS = "/models"
@@ -135,10 +135,7 @@ def _from_pin(value, pin: Pin):
 
 def load_catalog(path: Path | None = None, pin: Pin | None = None) -> Catalog:
     path = Path(path or recipes_path())
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise BadInput(f"{path}: cannot read recipes: {e}") from None
+    doc = read_json_file(path, what="recipes file")
     if not isinstance(doc, dict) or doc.get("schema") != RECIPES_SCHEMA:
         raise BadInput(f"{path}: not a recipes file (expected schema {RECIPES_SCHEMA!r})")
     pin = pin or default_pin()
@@ -169,7 +166,7 @@ def load_catalog(path: Path | None = None, pin: Pin | None = None) -> Catalog:
             engines=engines, hardware=hardware, recipes=recipes,
             refusals={k: _value(v, str(path)) for k, v in doc["refusals"].items()},
         )
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         raise BadInput(f"{path}: malformed recipes file ({e!r})") from None
 
 

@@ -25,11 +25,15 @@ from urllib.parse import urlsplit, urlunsplit
 from .errors import BadInput
 from .fsutil import MM_DIR, atomic_write_text, check_relpath
 from .hashing import hash_file
+from .untrusted import At, load_json
 
 SCHEMA = "mm-manifest/1"
 MANIFEST_NAME = "manifest.json"
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
+UPSTREAM_KINDS = ("lfs-sha256", "git-blob-sha1")
+MAX_FILES = 1_000_000  # entries in one manifest
+MAX_MANIFEST_BYTES = 512 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -105,45 +109,57 @@ def write_manifest(manifest: Manifest, path: Path) -> None:
 def read_manifest(path: Path) -> Manifest:
     path = Path(path)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
     except FileNotFoundError:
         raise BadInput(f"{path}: no manifest here (run `mm fetch` or `mm manifest` first)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInput(f"{path}: cannot read manifest: {e}") from None
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{path}: manifest is not valid JSON (line {e.lineno}: {e.msg})") from None
-    return from_dict(doc, str(path))
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read manifest: {e.strerror or e}") from None
+    return from_json(data, str(path))
+
+
+def from_json(data: bytes | str, where: str) -> Manifest:
+    """A manifest from the bytes of a document read from WHERE (a file, a bundle member)."""
+    return from_dict(load_json(data, where, max_bytes=MAX_MANIFEST_BYTES, what="manifest"), where)
 
 
 def from_dict(doc: object, where: str) -> Manifest:
+    at = At(where)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise BadInput(f"{where}: not an mm manifest (expected schema {SCHEMA!r})")
-    try:
-        files = tuple(entry_from_dict(f) for f in doc["files"])
-        manifest = Manifest(
-            repo_id=str(doc["repo_id"]),
-            revision=str(doc["revision"]),
-            files=files,
-            repo_type=str(doc.get("repo_type", "model")),
-            requested_revision=doc.get("requested_revision"),
-            endpoint=doc.get("endpoint"),
-            created=str(doc.get("created", "")),
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise BadInput(f"{where}: malformed manifest entry ({e!r})") from None
+    files = at.get_list(doc, "files", max_len=MAX_FILES)
+    manifest = Manifest(
+        repo_id=at.get_str(doc, "repo_id", max_len=256),
+        revision=at.get_str(doc, "revision", max_len=64),
+        files=tuple(entry_from_dict(f, at.key("files").index(i)) for i, f in enumerate(files)),
+        repo_type=at.get_str(doc, "repo_type", "model", max_len=32),
+        requested_revision=at.get_str(doc, "requested_revision", None, max_len=256),
+        endpoint=at.get_str(doc, "endpoint", None, max_len=2048),
+        created=at.get_str(doc, "created", "", max_len=64),
+    )
     validate(manifest, where)
     return manifest
 
 
-def entry_from_dict(d: dict) -> FileEntry:
-    up = d.get("upstream")
+def entry_from_dict(d: object, at: At | None = None) -> FileEntry:
+    """One `files` entry, every field typed and bounded (AT names the document and the entry on failure)."""
+    at = at or At("manifest entry")
+    d = at.obj(d)
+    up = at.get_obj(d, "upstream", None)
+    if up is not None:
+        up_at = at.key("upstream")
+        kind = up_at.get_str(up, "kind", max_len=32)
+        if kind not in UPSTREAM_KINDS:
+            raise up_at.key("kind").fail(f"unknown upstream kind {kind!r} (expected {' or '.join(UPSTREAM_KINDS)})")
+        upstream = Upstream(kind=kind, value=up_at.get_str(up, "value", max_len=128))
+    else:
+        upstream = None
     return FileEntry(
-        path=str(d["path"]),
-        size=int(d["size"]),
-        blake3=str(d["blake3"]),
-        sha256=str(d["sha256"]),
-        upstream=Upstream(kind=str(up["kind"]), value=str(up["value"])) if up else None,
-        source=str(d.get("source", "hub")),
+        path=at.get_str(d, "path", max_len=4096, empty=False),
+        size=at.get_int(d, "size"),
+        blake3=at.get_str(d, "blake3", max_len=64),
+        sha256=at.get_str(d, "sha256", max_len=64),
+        upstream=upstream,
+        source=at.get_str(d, "source", "hub", max_len=512),
     )
 
 

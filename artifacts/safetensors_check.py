@@ -6,12 +6,13 @@ garbage or fails minutes into a start; these checks find that in milliseconds pe
 """
 from __future__ import annotations
 
-import json
 import os
 import struct
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
+
+from .untrusted import Malformed, load_json
 
 # Element width in bits, as safetensors' Rust Dtype::bitsize spells the header names.
 DTYPE_BITS = {
@@ -46,9 +47,9 @@ def read_header(path: Path) -> Header:
             raise StructureError(f"header length {n} does not fit in a file of {size} bytes")
         raw = f.read(n)
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StructureError(f"header ({n} bytes) is not valid JSON: {e}") from None
+        doc = load_json(raw, "header", max_bytes=MAX_HEADER)
+    except Malformed as e:
+        raise StructureError(f"header ({n} bytes): {e.detail}") from None
     if not isinstance(doc, dict):
         raise StructureError("header is not a JSON object")
     return Header(tensors=frozenset(_check_layout(doc, size - 8 - n)), data_bytes=size - 8 - n)
@@ -104,9 +105,9 @@ class IndexFault:
 def read_weight_map(path: Path) -> dict[str, str]:
     """tensor name -> shard file name from a *.safetensors.index.json; StructureError if malformed."""
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StructureError(f"index is not valid JSON: {e}") from None
+        doc = load_json(Path(path).read_bytes(), "index")
+    except Malformed as e:
+        raise StructureError(f"index: {e.detail}") from None
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise StructureError("index has no weight_map of tensor name -> shard file")

@@ -11,7 +11,6 @@ Never more threads than cores. Memory stays bounded whatever the model size (see
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import posixpath
 import stat
@@ -29,6 +28,7 @@ from .fsutil import MM_DIR, check_relpath, is_payload
 from .hashing import blake3_file, upstream_digest
 from .manifest import Manifest, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
+from .untrusted import Malformed, load_json
 from .safetensors_check import StructureError, index_faults, read_header, read_weight_map
 
 BIG_FILE = 64 * 1024 * 1024  # below this, a file is always hashed on one core (threads cost more than they save)
@@ -458,9 +458,11 @@ def _draft_problems(model_dir: Path, sizes: dict[str, int], broken: set[str]) ->
     if "config.json" not in sizes or "config.json" in broken:
         return []
     try:
-        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        return [Problem("config.json", "structure", f"not valid JSON: {e}")]
+        config = load_json((model_dir / "config.json").read_bytes(), "config.json")
+    except OSError as e:
+        return [Problem("config.json", "unreadable", f"cannot be read: {e.strerror or e}")]
+    except Malformed as e:
+        return [Problem("config.json", "structure", e.detail)]
     sub = draft_subfolder(config) if isinstance(config, dict) else None
     if sub is None or sub in broken:  # e.g. a symlink leaving the directory: reported as such
         return []

@@ -25,10 +25,12 @@ from .errors import BadInput, ProblemsFound, Refused
 from .fsutil import atomic_write_json
 from .launch import LaunchPlan, docker_run_argv
 from .progress import NULL_PROGRESS, ProgressSink
+from .untrusted import load_json
 
 REPORT_SCHEMA = "mm-warmup-report/1"
 CACHE_KEY_SCHEMA = "mm-cache-key/1"
 CACHE_KEY_NAME = "mm-cache-key.json"
+MAX_ANSWER = 16 * 1024 * 1024  # bytes of one chat answer the checks read
 REPORT_NAME = "mm-warmup-report.json"
 DSPARK_LINE = "DSpark draft found in the target checkpoint's dspark/ subfolder"
 NVFP4_BACKEND = re.compile(r"nvfp4_to_fp8 backend=(\S+)")
@@ -202,18 +204,22 @@ def chat(port: int, body: dict, timeout: float) -> dict:
                                      headers={"Content-Type": "application/json"}, method="POST")
     try:
         with _http.open(request, timeout=timeout) as response:
-            return json.loads(response.read())
+            answer = load_json(response.read(MAX_ANSWER + 1), request.full_url, max_bytes=MAX_ANSWER)
     except urllib.error.HTTPError as e:
-        raise ProblemsFound(f"HTTP {e.code}: {e.read()[:300].decode('utf-8', 'replace')}") from None
-    except (urllib.error.URLError, OSError, json.JSONDecodeError) as e:
+        raise ProblemsFound(f"HTTP {e.code}: {e.read(300).decode('utf-8', 'replace')}") from None
+    except (urllib.error.URLError, OSError) as e:
         raise ProblemsFound(f"no usable answer: {e}") from None
+    except BadInput as e:
+        raise ProblemsFound(f"no usable answer: {e.message}") from None
+    return answer if isinstance(answer, dict) else {}
 
 
 def _message(answer: dict) -> dict:
     try:
-        return answer["choices"][0]["message"]
+        message = answer["choices"][0]["message"]
     except (KeyError, IndexError, TypeError):
         return {}
+    return message if isinstance(message, dict) else {}
 
 
 # --- the guide's checks ----------------------------------------------------------------------
