@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import threading
 from collections import Counter
@@ -17,11 +18,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from .artifacts.errors import MMError, ProblemsFound
+from .artifacts.errors import BadInput, BadValue, MMError, ProblemsFound
 from .artifacts.fsutil import human_bytes
 from .artifacts.manifest import export_sums_files
 from .artifacts.pins import default_pin, pin_for_repo
 from .artifacts.progress import NULL_PROGRESS, ProgressSink
+from .artifacts.untrusted import printable
 from .artifacts.verify import VerifyReport, summary_counts, upstream_target, verify_dir, verify_upstream
 
 if TYPE_CHECKING:  # heavy modules are imported inside the commands that use them (start-up time)
@@ -61,6 +63,11 @@ class _Lazy:
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(getattr(_consoles, self._name), attr)
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """Console.print with control characters in text escaped (names from disks and servers are hostile)."""
+        getattr(_consoles, self._name).print(
+            *(printable(o, keep_newlines=True) if isinstance(o, str) else o for o in objects), **kwargs)
 
 
 out = _Lazy("out")
@@ -133,24 +140,103 @@ def emit_json(doc: Any) -> None:
     click.echo(json.dumps(to_jsonable(doc), indent=2))
 
 
+# Where each command writes: a full disk or a read-only file system is reported against this path.
+_WRITE_TARGETS = ("out_dir", "dest", "local_dir", "out", "directory", "model_dir")
+
+
+def _target_of(kwargs: dict) -> str | None:
+    for name in _WRITE_TARGETS:
+        if kwargs.get(name) is not None:
+            return str(kwargs[name])
+    return None
+
+
 def handles_errors(fn: Callable) -> Callable:
-    """Map user-facing errors to one line and the documented exit code."""
+    """Map every failure of a command to one line and its documented exit code (see `fail`)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except MMError as e:
-            json_out = kwargs.get("json_out")
-            if json_out:
-                emit_json({"ok": False, "error": e.message, "exit_code": e.exit_code, "kind": type(e).__name__})
-            err.print(f"mm: {e.message}", markup=False, highlight=False, soft_wrap=True)
-            sys.exit(e.exit_code)
-        except KeyboardInterrupt:
-            err.print("mm: interrupted", markup=False)
-            sys.exit(130)
+        except (SystemExit, click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except BaseException as e:  # KeyboardInterrupt included: it ends as "interrupted", exit 130
+            ctx = click.get_current_context(silent=True)
+            fail(e, ctx.command_path if ctx else "mm", bool(kwargs.get("json_out")), _target_of(kwargs))
 
     return wrapper
+
+
+def fail(exc: BaseException, operation: str, json_out: bool, target: str | None = None) -> None:
+    """Print EXC as one line (and a JSON document with --json) and exit with its documented code.
+
+    MMError: its message and code. OSError where it is the user's situation (a full disk: 7; a read-only,
+    forbidden, wrong-kind or too-long path: 3; a connection: 4). Anything else is a bug in mm: exit 70 with
+    the operation, the file when known and a bug-report hint; the traceback only with MM_DEBUG=1.
+    """
+    from .artifacts.errors import INTERNAL_ERROR
+    from .artifacts.oserrors import describe_os_error
+
+    kind = type(exc).__name__
+    if isinstance(exc, MMError):
+        code, message = exc.exit_code, exc.message
+    elif isinstance(exc, KeyboardInterrupt):
+        code, message = 130, "interrupted"
+    elif isinstance(exc, BrokenPipeError) and exc.filename is None:
+        _quiet_stdout()
+        sys.exit(141)  # the reader of our output went away (`mm verify DIR | head`): end as tools do, silently
+    elif isinstance(exc, OSError) and (described := describe_os_error(exc, target)) is not None:
+        code, message = described
+    else:
+        where = getattr(exc, "filename", None) or target
+        code = INTERNAL_ERROR
+        message = (f"internal error in `{operation}`{f' on {where}' if where else ''}: {kind}: "
+                   f"{printable(str(exc))[:300]}; this is a bug in mm, please report it with the command line "
+                   f"(MM_DEBUG=1 shows the traceback)")
+    if code == INTERNAL_ERROR and os.environ.get("MM_DEBUG") == "1":
+        import traceback
+        traceback.print_exception(exc)
+    if json_out:
+        emit_json({"ok": False, "error": message, "exit_code": code, "kind": kind})
+    err.print(f"mm: {printable(message)}", markup=False, highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def _quiet_stdout() -> None:
+    """stdout's reader is gone: point it at /dev/null so the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+# --- option values, checked where they are parsed (a bad value is a usage error: exit 2) -----------
+
+def _repo_id(ctx, param, value):
+    from .artifacts.untrusted import repo_id_problem
+    if value is not None and (problem := repo_id_problem(value)):
+        raise click.BadParameter(f"{printable(value)[:120]!r}: {problem}")
+    return value
+
+
+def _revision(ctx, param, value):
+    if value is not None and (not value.strip() or len(value) > 256 or not value.isprintable() or value != value.strip()):
+        raise click.BadParameter(f"{printable(value)[:60]!r}: expected a commit sha, branch or tag")
+    return value
+
+
+class VolumeSize(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        from .artifacts.bundle_format import parse_size
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except MMError as e:
+            self.fail(e.message, param, ctx)
 
 
 json_option = click.option("--json", "json_out", is_flag=True, help="Print one JSON document instead of text.")
@@ -172,7 +258,46 @@ class DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class MMGroup(click.Group):
+    """The top-level group: click's usage errors in mm's one-line format (exit 2), and a last guard so that
+    nothing, even outside a command, ends in a traceback or in exit 1."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        args = list(sys.argv[1:] if args is None else args)
+        json_out = "--json" in args
+        threading.excepthook = _thread_failed
+        try:
+            rv = super().main(args, prog_name=prog_name or "mm", complete_var=complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:
+            click.echo(e.ctx.get_help() if e.ctx else "", err=True)
+            sys.exit(e.exit_code)
+        except click.UsageError as e:
+            hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx else ""
+            fail(BadValue(f"{e.format_message()}{hint}"), "mm", json_out)
+        except click.ClickException as e:
+            fail(BadInput(e.format_message()), "mm", json_out)
+        except click.exceptions.Abort:
+            fail(KeyboardInterrupt(), "mm", json_out)
+        except SystemExit:
+            raise
+        except BaseException as e:
+            fail(e, "mm " + " ".join(a for a in args[:2] if not a.startswith("-")), json_out)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _thread_failed(hook_args) -> None:
+    """A worker thread died of an unexpected exception: one line, not Python's thread traceback."""
+    if hook_args.exc_type is SystemExit:
+        return
+    if os.environ.get("MM_DEBUG") == "1":
+        import traceback
+        traceback.print_exception(hook_args.exc_value)
+    err.print(f"mm: internal error in a worker thread: {hook_args.exc_type.__name__}: "
+              f"{printable(str(hook_args.exc_value))[:300]}; this is a bug in mm, please report it",
+              markup=False, highlight=False, soft_wrap=True)
+
+
+@click.group(cls=MMGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="mm")
 def main() -> None:
     """mm: fetch a pinned model revision, prove every byte, carry it across an air gap, start it offline."""
@@ -217,8 +342,9 @@ def _fetch_exit_code(result: hub.FetchResult) -> int:
 
 
 @main.command()
-@click.argument("repo", required=False)
-@click.option("--revision", "-r", help="Full or short commit, branch or tag. Default: the pin's revision (manifests/).")
+@click.argument("repo", required=False, callback=_repo_id)
+@click.option("--revision", "-r", callback=_revision,
+              help="Full or short commit, branch or tag. Default: the pin's revision (manifests/).")
 @click.option("--local-dir", type=click.Path(path_type=Path), help="Target directory. Default: ./<repo name>.")
 @click.option("--include", multiple=True, help="Only paths matching this glob (repeatable).")
 @click.option("--exclude", multiple=True, help="Skip paths matching this glob (repeatable).")
@@ -253,8 +379,9 @@ def manifest():
 
 @manifest.command("create")
 @click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--repo", required=True, help="The Hub repo the directory holds, e.g. MiniMaxAI/MiniMax-M3.1-Flash.")
-@click.option("--revision", required=True, help="Its revision (full sha when offline).")
+@click.option("--repo", required=True, callback=_repo_id,
+              help="The Hub repo the directory holds, e.g. MiniMaxAI/MiniMax-M3.1-Flash.")
+@click.option("--revision", required=True, callback=_revision, help="Its revision (full sha when offline).")
 @click.option("--offline", is_flag=True, help="Do not ask the Hub; record local hashes only.")
 @click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True)
 @json_option
@@ -327,8 +454,8 @@ def _problems_found(report: VerifyReport, what: str) -> None:
 @click.option("--jobs", type=click.IntRange(1, 256), help="Threads. Default: one per core.")
 @click.option("--upstream", is_flag=True, help="Check against the Hub's own identities (LFS sha256, git blob sha1), "
                                                "not the manifest; needs the Hub.")
-@click.option("--repo", help="With --upstream: the Hub repo. Default: the manifest's.")
-@click.option("--revision", help="With --upstream: the revision. Default: the manifest's commit.")
+@click.option("--repo", callback=_repo_id, help="With --upstream: the Hub repo. Default: the manifest's.")
+@click.option("--revision", callback=_revision, help="With --upstream: the revision. Default: the manifest's commit.")
 @json_option
 @handles_errors
 def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, json_out):
@@ -433,10 +560,10 @@ def mirror():
 
 
 @mirror.command("reconcile")
-@click.argument("repo", required=False)
-@click.option("--revision", "-r", help="The pinned Hub revision. Default: the pin's (manifests/).")
-@click.option("--modelscope-id", help="The mirror, OWNER/NAME on ModelScope. Default: the pin's.")
-@click.option("--ms-revision", help="Mirror branch or tag. Default: master (ModelScope's default branch).")
+@click.argument("repo", required=False, callback=_repo_id)
+@click.option("--revision", "-r", callback=_revision, help="The pinned Hub revision. Default: the pin's (manifests/).")
+@click.option("--modelscope-id", callback=_repo_id, help="The mirror, OWNER/NAME on ModelScope. Default: the pin's.")
+@click.option("--ms-revision", callback=_revision, help="Mirror branch or tag. Default: master (ModelScope's default branch).")
 @click.option("--all-revisions", is_flag=True, help="Rank every branch and tag of the mirror by how much of the pin it supplies.")
 @click.option("--pin-manifest", "manifest_file", type=click.Path(path_type=Path),
               help="Take the pin's hashes from this mm manifest instead of the Hub (offline from the Hub).")
@@ -482,7 +609,7 @@ def bundle():
 @bundle.command("create")
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Directory for the volume files.")
-@click.option("--volume-size", required=True,
+@click.option("--volume-size", required=True, type=VolumeSize(),
               help="Size of each volume, decimal as disks are sold: 750M, 4G (=4,000,000,000 bytes), 500G, 1.8T; "
                    "binary with 'i': 4GiB.")
 @click.option("--name", help="Bundle name used in volume file names. Default: <repo name>-<revision[:12]>.")
@@ -500,8 +627,7 @@ def bundle():
 def bundle_create(directory, out_dir, volume_size, name, image, kernel_caches, cache_key, no_sync, json_out):
     """Write the model (and payloads) as self-describing tar volumes; a rerun resumes."""
     from .artifacts import bundle as mm_bundle
-    from .artifacts import bundle_format as mm_bundle_format
-    result = mm_bundle.create_bundle(directory, out_dir, mm_bundle_format.parse_size(volume_size), name=name, image=image,
+    result = mm_bundle.create_bundle(directory, out_dir, volume_size, name=name, image=image,
                                      kernel_caches=tuple(kernel_caches), cache_key=mm_bundle.parse_cache_key(cache_key),
                                      progress=progress_for(json_out), sync=not no_sync)
     if json_out:
@@ -608,9 +734,14 @@ def _gpu_list(ctx, param, value):
     if value is None:
         return None
     try:
-        return tuple(int(g) for g in value.split(","))
+        gpus = tuple(int(g) for g in value.split(","))
     except ValueError:
-        raise click.BadParameter(f"{value!r}: expected GPU indices like 0,1,2,3") from None
+        gpus = ()
+    if not gpus or any(not 0 <= g < 1024 for g in gpus) or any(not g.strip().isdigit() for g in value.split(",")):
+        raise click.BadParameter(f"{printable(value)[:60]!r}: expected GPU indices like 0,1,2,3 (non-negative integers)")
+    if len(set(gpus)) != len(gpus):
+        raise click.BadParameter(f"{value!r}: a GPU is named twice")
+    return gpus
 
 
 def recipe_options(fn: Callable) -> Callable:
@@ -621,9 +752,11 @@ def recipe_options(fn: Callable) -> Callable:
         click.option("--recipe", default=None, help="balanced, low-latency, high-throughput, ... (default: the hardware's reference)."),
         click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True),
         click.option("--gpus", callback=_gpu_list, default=None, help="GPU indices, e.g. 0,1,2,3 (default: 0..N-1)."),
-        click.option("--port", type=int, default=30000, show_default=True),
-        click.option("--tp", type=int, default=None, help="Override the recipe's tensor parallel size (revalidate)."),
-        click.option("--context-length", type=int, default=None, help="Cap the context (refused above the recipe's limit)."),
+        click.option("--port", type=click.IntRange(1, 65535), default=30000, show_default=True),
+        click.option("--tp", type=click.IntRange(1, 1024), default=None,
+                     help="Override the recipe's tensor parallel size (revalidate)."),
+        click.option("--context-length", type=click.IntRange(1, 2**31 - 1), default=None,
+                     help="Cap the context (refused above the recipe's limit)."),
         click.option("--dspark", is_flag=True, help="Require DSpark speculative decoding (refused where the guide says it fails)."),
         click.option("--image", default=None, help="Engine image by digest (default: the pinned SGLang image)."),
         click.option("--image-archive", type=click.Path(path_type=Path), default=None,

@@ -36,7 +36,7 @@ from .bundle_format import (
     ChunkPipe, EarlyFlush, b3, data_member, index_member, member_bytes, open_volume, padded, payload_sums_member, render_json,
     tar_header, volume_filename,
 )
-from .errors import BadInput, IntegrityError
+from .errors import BadInput, BadValue, IntegrityError
 from .fsutil import check_relpath, dir_lock, fsync_dir, human_bytes
 from .hashing import StreamHasher
 from .manifest import Manifest, export_sums, manifest_path, read_manifest
@@ -197,7 +197,7 @@ def parse_cache_key(pairs: tuple[str, ...]) -> dict | None:
     for pair in pairs:
         k, sep, v = pair.partition("=")
         if not sep or not k:
-            raise BadInput(f"--cache-key {pair!r} is not KEY=VALUE (e.g. gpu=B300)")
+            raise BadValue(f"--cache-key {pair!r} is not KEY=VALUE (e.g. gpu=B300)")
         key[k] = v
     return key
 

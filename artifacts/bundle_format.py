@@ -40,7 +40,7 @@ from pathlib import Path
 
 import blake3
 
-from .errors import BadInput
+from .errors import BadInput, BadValue
 from .fsutil import check_relpath
 from .untrusted import At, Malformed, load_json
 
@@ -71,13 +71,15 @@ _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
 
 def parse_size(text: str) -> int:
     """'4G' -> 4e9, '1.8T' -> 1.8e12, '750M', '4GiB' -> 2**32. Decimal unless spelled with 'i'."""
-    m = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([A-Za-z]*)\s*", text or "")
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text or "")
     unit = m.group(2).upper() if m else None
     if not m or unit not in _UNITS:
-        raise BadInput(f"volume size {text[:40]!r} is not a size (examples: 750M, 4G, 500G, 1.8T, 4GiB)")
-    size = int(Fraction(m.group(1)) * _UNITS[unit])  # exact: no float rounding, no overflow
+        raise BadValue(f"volume size {text[:40]!r} is not a size (examples: 750M, 4G, 500G, 1.8T, 4GiB)")
+    number = m.group(1)
+    # exact arithmetic (no float rounding, no overflow); a number of more than 30 digits is out of range anyway
+    size = int(Fraction(number) * _UNITS[unit]) if len(number) <= 40 else MAX_VOLUME_SIZE + 1
     if not 1 <= size <= MAX_VOLUME_SIZE:
-        raise BadInput(f"volume size {text[:40]!r} is out of range (1 byte to {MAX_VOLUME_SIZE // 10**15} PB)")
+        raise BadValue(f"volume size {text[:40]!r} is out of range (1 byte to {MAX_VOLUME_SIZE // 10**15} PB)")
     return size
 
 

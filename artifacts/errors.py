@@ -4,12 +4,14 @@ The CLI prints `mm: <message>` on one line for these and never a traceback.
 Exit codes (documented in README.md):
   0  success
   1  problems found (verify/bundle verify found damage; a check failed)
-  2  usage error (bad option or argument; click's own code)
+  2  usage error (unknown option, missing argument, or an option/argument value that is malformed or out of range)
   3  bad input (a file, directory, manifest or volume is missing, unreadable or malformed)
   4  remote error (Hub or mirror unreachable, repo/revision/file not found, auth refused)
   5  integrity error (downloaded or imported bytes do not match the expected identity)
   6  busy (another mm process holds the directory's lock)
   7  refused (a combination the deployment guide says fails, or not enough disk)
+ 70  internal error: a bug in mm (an unexpected exception; one line, never a traceback unless MM_DEBUG=1)
+130  interrupted
 """
 from __future__ import annotations
 
@@ -24,6 +26,12 @@ class MMError(Exception):
 
 class ProblemsFound(MMError):
     exit_code = 1
+
+
+class BadValue(MMError):
+    """An option or argument value that is malformed or out of range (the same code as click's usage errors)."""
+
+    exit_code = 2
 
 
 class BadInput(MMError):
@@ -49,10 +57,14 @@ class Refused(MMError):
 EXIT_CODES = {
     0: "success",
     1: "problems found (verification found damage, or a check failed)",
-    2: "usage error (bad option or argument)",
+    2: "usage error (unknown option, missing argument, or an option or argument value that is malformed or out of range)",
     3: "bad input (missing, unreadable or malformed file, directory, manifest or volume)",
     4: "remote error (Hub or mirror unreachable; repo, revision or file not found; auth refused)",
     5: "integrity error (bytes do not match the expected identity)",
     6: "busy (another mm process holds the directory lock)",
     7: "refused (unsupported combination per the deployment guide, or not enough disk)",
+    70: "internal error: a bug in mm (please report it; MM_DEBUG=1 shows the traceback)",
+    130: "interrupted",
 }
+
+INTERNAL_ERROR = 70

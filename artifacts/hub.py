@@ -33,7 +33,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, filter_repo_objects, hf_raise_for_status, http_stream_backoff
 
-from .errors import BadInput, IntegrityError, MMError, Refused, RemoteError
+from .errors import BadInput, BadValue, IntegrityError, MMError, Refused, RemoteError
 from .fsutil import MM_DIR, check_relpath, dir_lock, human_bytes, payload_files, publish
 from .hashing import Digests, StreamHasher
 from .manifest import (FileEntry, Manifest, Upstream, entry_for_file, entry_from_dict, manifest_path, public_endpoint,
@@ -119,7 +119,7 @@ def resolve_revision(repo_id: str, revision: str, *, endpoint: str | None = None
     api = _api(endpoint, token)
     rev = revision.strip()
     if not rev:
-        raise BadInput("--revision: empty revision")
+        raise BadValue("--revision: empty revision")
     with hub_errors(repo_id, rev):
         refs = api.list_repo_refs(repo_id, repo_type=repo_type)
         for kind, group in (("branch", refs.branches), ("tag", refs.tags)):
@@ -566,7 +566,7 @@ def manifest_for_local_dir(local_dir: Path, repo_id: str, revision: str, *, endp
         except Unreachable as e:
             note = f"Hub not reachable ({e.message}); files hashed locally without upstream identities"
     if remote is None and not (HEX.match(commit) and len(commit) == 40):
-        raise BadInput(f"--revision {revision}: offline, only a full 40-hex commit can be recorded")
+        raise BadValue(f"--revision {revision}: offline, only a full 40-hex commit can be recorded")
     paths = payload_files(local_dir)
     if not paths:
         raise BadInput(f"{local_dir}: no files to record")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from .errors import BadInput, RemoteError
+from .errors import BadInput, BadValue, RemoteError
 from .hashing import git_blob_sha1
 from .hub import (FetchRequest, RemoteFile, Resolved, TransferCut, Unreachable, content_start, list_remote_files,
                   resolve_revision, select)
@@ -250,7 +250,7 @@ def parse_source(spec: str, default_modelscope_id: str) -> tuple[str, str]:
     """`modelscope`, `modelscope:OWNER/NAME` or `modelscope:OWNER/NAME@REV` -> (model id, revision)."""
     m = re.match(r"^modelscope(?::([^@/\s]+/[^@/\s]+))?(?:@([^@\s]+))?$", spec)
     if not m:
-        raise BadInput(f"--source {spec!r}: expected hub, modelscope, modelscope:OWNER/NAME or modelscope:OWNER/NAME@REV")
+        raise BadValue(f"--source {spec!r}: expected hub, modelscope, modelscope:OWNER/NAME or modelscope:OWNER/NAME@REV")
     return m[1] or default_modelscope_id, m[2] or DEFAULT_MS_REVISION
 
 

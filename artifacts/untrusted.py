@@ -120,6 +120,50 @@ def read_json_file(path: Path | str, *, what: str = "file", max_bytes: int = MAX
     return load_json(data, str(path), max_bytes=max_bytes, what=what)
 
 
+_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")
+
+
+def printable(text: str, keep_newlines: bool = False) -> str:
+    """TEXT safe for a terminal: control characters (ANSI escapes, newlines, DEL, C1), bidi overrides and
+    undecodable bytes of a file name (surrogate escapes) become visible escapes such as \\x1b or \\n."""
+    if text.isprintable() and not _BIDI.intersection(text):
+        return text
+    out = []
+    for c in text:
+        if c == "\n" and keep_newlines or c.isprintable() and c not in _BIDI or c == " ":
+            out.append(c)
+        elif c == "\n":
+            out.append("\\n")
+        elif c == "\t":
+            out.append("\\t")
+        elif c == "\r":
+            out.append("\\r")
+        elif "\udc80" <= c <= "\udcff":  # a byte that is not UTF-8 in a file name (os.fsdecode's surrogateescape)
+            out.append(f"\\x{ord(c) - 0xdc00:02x}")
+        elif ord(c) < 0x100:
+            out.append(f"\\x{ord(c):02x}")
+        else:
+            out.append(f"\\u{ord(c):04x}")
+    return "".join(out)
+
+
+REPO_ID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(?:/[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)?")
+MAX_REPO_ID = 96
+
+
+def repo_id_problem(value: str) -> str | None:
+    """Why VALUE is not a Hub (or ModelScope) repo id, OWNER/NAME or NAME, or None when it is one."""
+    if not value:
+        return "empty repo id"
+    if len(value) > MAX_REPO_ID:
+        return f"repo id of {len(value)} characters (at most {MAX_REPO_ID})"
+    if value.count("/") > 1:
+        return "a repo id is OWNER/NAME (one slash)"
+    if not REPO_ID.fullmatch(value) or "--" in value or ".." in value or value.endswith(".git"):
+        return "letters, digits, '-', '_' and '.' only, starting and ending with a letter or digit; no '--' or '..'"
+    return None
+
+
 _KINDS = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number", bool: "true or false"}
 
 

@@ -19,7 +19,7 @@ from mm.artifacts.bundle import create_bundle
 from mm.artifacts.bundle_verify import verify_volumes
 from mm.artifacts.bundle_format import b3, find_volumes, open_volume, parse_size
 from mm.artifacts.bundle_unpack import check_free_space, unbundle
-from mm.artifacts.errors import BadInput, Refused
+from mm.artifacts.errors import BadInput, BadValue, Refused
 from mm.artifacts.hub import manifest_for_local_dir
 from mm.artifacts.manifest import manifest_path, read_manifest
 from tests.support.modelgen import write_model
@@ -235,7 +235,7 @@ def test_volume_size_is_decimal_unless_spelled_binary():
     assert parse_size("1.8T") == 1_800_000_000_000
     assert parse_size("750M") == 750_000_000
     assert parse_size("4GiB") == 4 * 2**30
-    with pytest.raises(BadInput, match="'4Q'"):
+    with pytest.raises(BadValue, match="'4Q'"):
         parse_size("4Q")
 
 

@@ -249,7 +249,7 @@ def test_manifest_refuses_a_directory_that_differs_from_the_hub(run_mm, hub_env,
 def test_offline_manifest_needs_a_full_commit(run_mm, hub_env, model_repo, tmp_path):
     r = run_mm("manifest", str(model_repo.source_dirs[-1]), "--repo", model_repo.repo_id, "--revision", "main",
                "--offline", env=hub_env)
-    assert r.returncode == 3 and "full 40-hex commit" in r.stderr
+    assert r.returncode == 2 and "full 40-hex commit" in r.stderr
 
 
 def test_not_enough_disk_is_refused_before_downloading(run_mm, hub_env, model_repo, hub_server, tmp_path):
