@@ -373,13 +373,19 @@ class _Import:
             try:
                 for view in self.pipe.stream(v.path, info.offset_data, info.size, (h,)):
                     while view:
-                        n = os.pwrite(fd, view, pos)
+                        try:
+                            n = os.pwrite(fd, view, pos)
+                        except OSError as e:  # DEST is full or read-only: name it (the CLI maps the errno)
+                            e.filename = str(partial)
+                            raise
                         view, pos = view[n:], pos + n
                         flush.wrote(n)
             except EOFError:  # the volume shrank since it was scanned
                 return "truncated"
             except OSError as e:
-                raise BadInput(f"{v.path.name}: member {info.name!r}: copy to {partial} failed ({e})") from None
+                if e.filename is not None:
+                    raise
+                raise BadInput(f"{v.path.name}: member {info.name!r}: cannot be read ({e.strerror or e})") from None
             finally:
                 flush.wait()
             if self.sync:

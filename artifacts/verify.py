@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 import blake3
 
 from .errors import BadInput, Busy
-from .fsutil import MM_DIR, check_relpath, is_payload
+from .fsutil import MM_DIR, check_relpath, is_payload, lock_holder
 from .hashing import blake3_file, upstream_digest
 from .manifest import Manifest, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
@@ -197,7 +197,7 @@ def _no_writer(model_dir: Path) -> Iterator[None]:
             # fsutil.dir_lock records the holder's pid: our own caller (e.g. unbundle) may verify.
             held_elsewhere = os.pread(fd, 32, 0).strip() != str(os.getpid()).encode()
         if held_elsewhere:
-            raise Busy(f"{model_dir}: another mm process is writing this directory (lock {MM_DIR}/lock held); "
+            raise Busy(f"{model_dir}: verify cannot start: {lock_holder(fd, Path(model_dir) / MM_DIR / 'lock')}; "
                        f"verify when it has finished")
         yield
     finally:

@@ -153,7 +153,7 @@ def test_concurrent_fetch_into_the_same_directory_is_refused(run_mm, hub_env, bi
         _wait_for_partial(dest, minimum=1)
         r = run_mm("fetch", repo_id, "--revision", commit, "--local-dir", str(dest), env=hub_env)
         assert r.returncode == 6
-        assert "another mm fetch is running" in r.stderr and str(dest) in r.stderr
+        assert f"`mm fetch {repo_id} --revision {commit} --local-dir {dest}` (pid {first.pid}) is writing it" in r.stderr
     finally:
         first.kill()
         first.wait()
