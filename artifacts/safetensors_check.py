@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 
+from .hashing import lease
 from .untrusted import Malformed, load_json
 
 # Element width in bits, as safetensors' Rust Dtype::bitsize spells the header names.
@@ -67,11 +68,15 @@ def reference_rejects(path: Path) -> str | None:
     """Why `safetensors.safe_open` refuses PATH's header, or None when it opens it (data is not read)."""
     from safetensors import SafetensorError, safe_open  # the reference parser (Rust); loads numpy on first use
 
+    fd = os.open(path, os.O_RDONLY)
     try:
+        lease(fd)  # safe_open maps the file: hold truncation off while it reads the header (SIGBUS)
         with safe_open(str(path), framework="np"):
             return None
     except SafetensorError as e:
         return str(e).removeprefix("Error while deserializing header: ")[:300]
+    finally:
+        os.close(fd)
 
 
 def _check_layout(doc: dict, data_bytes: int) -> list[str]:

@@ -25,7 +25,7 @@ import blake3
 
 from .errors import BadInput, Busy
 from .fsutil import MM_DIR, check_relpath, is_payload, lock_holder
-from .hashing import blake3_file, upstream_digest
+from .hashing import ChangedDuringRead, blake3_file, upstream_digest
 from .manifest import Manifest, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import Malformed, load_json
@@ -44,7 +44,7 @@ _END = object()
 @dataclass(frozen=True)
 class Problem:
     path: str  # relative POSIX path in the model dir (or the manifest/index file)
-    kind: str  # "missing" | "size" | "hash" | "extra" | "empty" | "unreadable" | "symlink" | "structure" | "index" | "draft"
+    kind: str  # "missing" | "size" | "hash" | "extra" | "empty" | "unreadable" | "changed" | "symlink" | "structure" | "index" | "draft"
     detail: str  # expected vs found, one line
 
 
@@ -292,7 +292,7 @@ def _extra_problems(model_dir: Path, extras: list[str], missing: list[Expected],
 def _digest_matches(path: Path, exp: Expected) -> bool:
     try:
         return _digest(path, exp, blake3.blake3.AUTO, None) == exp.digest
-    except OSError:
+    except (OSError, ChangedDuringRead):
         return False
 
 
@@ -336,6 +336,9 @@ def _check_one(model_dir: Path, exp: Expected, threads: int, progress: ProgressS
         got = _digest(os.path.join(model_dir, exp.path), exp, threads, progress.advance)
     except OSError as e:
         return Problem(exp.path, "unreadable", f"cannot be read: {e.strerror or e}"), 0
+    except ChangedDuringRead:
+        return Problem(exp.path, "changed", "changed during verify (another process cut it or opened it for "
+                                            "writing while it was hashed); verify again when nothing writes it"), 0
     if got == exp.digest:
         return None, exp.size
     name = {"blake3": "blake3", "lfs-sha256": "sha256 (Hub LFS)", "git-blob-sha1": "git blob sha1 (Hub)"}[exp.algorithm]
