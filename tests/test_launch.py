@@ -331,8 +331,16 @@ def test_vllm_h200_uses_block_size_128_minimax_m3_parsers_and_fp8_kv_cache(model
     engine = tokens[tokens.index(VLLM_IMAGE) + 1:]
     assert engine == ["serve", "/models/MiniMax-M3.1-Flash", "--tensor-parallel-size", "8", "--kv-cache-dtype", "fp8",
                       "--block-size", "128", "--reasoning-parser", "minimax_m3", "--tool-call-parser", "minimax_m3",
-                      "--host", "0.0.0.0", "--port", "30000"]
+                      "--enable-auto-tool-choice", "--host", "0.0.0.0", "--port", "30000"]
     assert tokens[tokens.index("--entrypoint") + 1] == "vllm" and "REVALIDATE" in r.stdout
+
+
+@pytest.mark.parametrize("hardware", ["b300", "gb300", "b200", "gb200", "h200", "h100", "mi355x"])
+def test_every_vllm_line_with_a_tool_call_parser_enables_auto_tool_choice(model_dir, hardware):
+    r = mm("launch", model_dir, "--hardware", hardware, "--engine", "vllm", "--image", VLLM_IMAGE)
+    assert r.returncode == 0, r.stderr
+    tokens = script_tokens(r.stdout)
+    assert "--tool-call-parser" in tokens and "--enable-auto-tool-choice" in tokens
 
 
 def test_vllm_without_an_image_digest_is_a_bad_value(model_dir):
