@@ -23,7 +23,7 @@ from .artifacts.fsutil import human_bytes
 from .artifacts.manifest import export_sums_files
 from .artifacts.pins import default_pin, pin_for_repo
 from .artifacts.progress import NULL_PROGRESS, ProgressSink
-from .artifacts.untrusted import printable
+from .artifacts.untrusted import printable, redact
 from .artifacts.verify import VerifyReport, summary_counts, upstream_target, verify_dir, verify_upstream
 
 if TYPE_CHECKING:  # heavy modules are imported inside the commands that use them (start-up time)
@@ -67,7 +67,7 @@ class _Lazy:
     def print(self, *objects: Any, **kwargs: Any) -> None:
         """Console.print with control characters in text escaped (names from disks and servers are hostile)."""
         getattr(_consoles, self._name).print(
-            *(printable(o, keep_newlines=True) if isinstance(o, str) else o for o in objects), **kwargs)
+            *(printable(redact(o), keep_newlines=True) if isinstance(o, str) else o for o in objects), **kwargs)
 
 
 out = _Lazy("out")
@@ -137,7 +137,18 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def emit_json(doc: Any) -> None:
-    click.echo(json.dumps(to_jsonable(doc), indent=2))
+    click.echo(json.dumps(_redacted(to_jsonable(doc)), indent=2))
+
+
+def _redacted(obj: Any) -> Any:
+    """Every string of a JSON document without credentials (see untrusted.redact)."""
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, dict):
+        return {k: _redacted(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_redacted(v) for v in obj]
+    return obj
 
 
 # Where each command writes: a full disk or a read-only file system is reported against this path.
@@ -196,6 +207,7 @@ def fail(exc: BaseException, operation: str, json_out: bool, target: str | None 
     if code == INTERNAL_ERROR and os.environ.get("MM_DEBUG") == "1":
         import traceback
         traceback.print_exception(exc)
+    message = redact(message)
     if json_out:
         emit_json({"ok": False, "error": message, "exit_code": code, "kind": kind})
     err.print(f"mm: {printable(message)}", markup=False, highlight=False, soft_wrap=True)
@@ -333,8 +345,11 @@ def _render_fetch(result: hub.FetchResult) -> None:
     if len(sources) > 1 or "hub" not in sources and sources:
         out.print("Sources: " + ", ".join(f"{n} from {label}" for label, n in sources.most_common()), highlight=False)
     out.print(f"Manifest: {result.manifest_path}", highlight=False)
-    draft = "present" if result.draft_present else "MISSING"
-    out.print(f"DSpark draft ({result.draft_subfolder}): {draft}", highlight=False)
+    if result.draft_present or result.draft_listed:
+        draft = "present" if result.draft_present else "MISSING"
+        out.print(f"DSpark draft ({result.draft_subfolder}): {draft}", highlight=False)
+    else:
+        out.print(f"no DSpark draft ({result.draft_subfolder}) in this revision", highlight=False)
 
 
 def _fetch_exit_code(result: hub.FetchResult) -> int:

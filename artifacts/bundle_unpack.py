@@ -303,8 +303,13 @@ class _Import:
         self.places, self.state, self.targets, self.progress, self.sync = places, state, targets, progress, sync
         self.imported: list[str] = []
         self.corrupt: list[str] = []
-        self.skipped = 0
+        self.present: set[tuple[str, str]] = set()  # files found complete (counted once, however many pieces)
         self.pipe = ChunkPipe()
+
+    @property
+    def skipped(self) -> int:
+        """Files already in place, not members: a file split over three volumes counts once."""
+        return len(self.present)
 
     def volume(self, v: Volume) -> None:
         for member, why in sorted(v.damaged.items()):
@@ -324,8 +329,10 @@ class _Import:
         size, segments = int(e["size"]), int(e["segments"])
         skey = f"{key[0]}:{key[1]}"
         pieces = self.state.pieces(skey)
-        if _is_done(final, size) or str(e["segment"]) in pieces:
-            self.skipped += 1
+        if _is_done(final, size):
+            self.present.add(key)
+            return
+        if str(e["segment"]) in pieces:  # this piece is in place from an earlier sitting
             return
         partial = self.places.partial(*key)
         partial.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ import errno
 import fcntl
 import json
 import os
+import unicodedata
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -145,8 +146,16 @@ def _mm_command(argv: list[str]) -> str | None:
 
 def check_relpath(path: str, where: str = "manifest") -> str:
     """Return PATH if it is a safe, normalised, relative POSIX path; raise BadInput otherwise."""
-    if not path or any(c in path for c in "\\\x00\n\r"):
-        raise BadInput(f"{where}: invalid path {path!r} (empty, backslash or NUL)")
+    if not path:
+        raise BadInput(f"{where}: empty path")
+    bad = None if path.isprintable() and "\\" not in path else next(
+        (c for c in path if c == "\\" or unicodedata.category(c) in ("Cc", "Cs")), None)
+    if bad is not None and "\udc80" <= bad <= "\udcff":
+        raise BadInput(f"{where}: path {path!r} is not UTF-8 (byte {ord(bad) - 0xdc00:#04x}), which mm refuses in file names")
+    if bad is not None:
+        what = {"\\": "a backslash", "\x00": "a NUL byte", "\n": "a newline", "\r": "a carriage return",
+                "\t": "a tab"}.get(bad, f"the control character {bad!r}")
+        raise BadInput(f"{where}: path {path!r} holds {what}, which mm refuses in file names")
     if path.startswith("/"):
         raise BadInput(f"{where}: absolute path {path!r} is not allowed")
     # Plain string parts, not PurePosixPath: this runs once a manifest entry (10,000-file repos) at every load.

@@ -259,6 +259,7 @@ class FetchResult:
     seconds: float
     draft_present: bool
     draft_subfolder: str
+    draft_listed: bool = True  # the revision has files under draft_subfolder (fetched or not)
 
     @property
     def failed(self) -> list[FileOutcome]:
@@ -315,6 +316,7 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, draft_subfo
         seconds=time.monotonic() - started,
         draft_present=any(p.startswith(draft) and p.endswith(".safetensors") for p in entries),
         draft_subfolder=draft,
+        draft_listed=any(f.path.startswith(draft) for f in remote),
     )
 
 

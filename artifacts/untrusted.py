@@ -120,6 +120,18 @@ def read_json_file(path: Path | str, *, what: str = "file", max_bytes: int = MAX
     return load_json(data, str(path), max_bytes=max_bytes, what=what)
 
 
+_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@?#]*@")
+_SECRETS = re.compile(r"(?i)\b(bearer\s+|token=|api[_-]?key=|hf_)[A-Za-z0-9._~+/=-]{8,}")
+
+
+def redact(text: str) -> str:
+    """TEXT without credentials: user:password@ in URLs (HF_ENDPOINT=http://user:pw@host), bearer tokens,
+    token=/api_key= query values and Hugging Face tokens (hf_...). Applied to everything mm prints."""
+    if "@" not in text and not _SECRETS.search(text):
+        return text
+    return _SECRETS.sub(lambda m: m.group(1) + "***", _URL_CREDENTIALS.sub(r"\1", text))
+
+
 _BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")
 
 
