@@ -101,6 +101,10 @@ def hub_errors(repo_id: str, revision: str | None = None) -> Iterator[None]:
         raise RemoteError(f"{at}: Hub request failed: {_first_line(e)}") from None
     except httpx2.HTTPError as e:
         raise Unreachable(f"{at}: cannot reach the Hub at {public_endpoint(hub_endpoint())}: {type(e).__name__}: {_first_line(e)}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
+        # huggingface_hub parses the Hub's answers: one it cannot read is the server's fault, not mm's
+        raise RemoteError(f"{at}: the Hub at {public_endpoint(hub_endpoint())} answered something that is not a "
+                          f"Hub API answer ({type(e).__name__}: {_first_line(e)[:120]})") from None
 
 
 def _first_line(e: BaseException) -> str:

@@ -466,7 +466,9 @@ def _draft_problems(model_dir: Path, sizes: dict[str, int], broken: set[str]) ->
         return [Problem("config.json", "unreadable", f"cannot be read: {e.strerror or e}")]
     except Malformed as e:
         return [Problem("config.json", "structure", e.detail)]
-    sub = draft_subfolder(config) if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        return [Problem("config.json", "structure", "not a JSON object")]
+    sub = draft_subfolder(config)
     if sub is None or sub in broken:  # e.g. a symlink leaving the directory: reported as such
         return []
     inside = [rel for rel in sizes if rel.startswith(sub + "/")]
