@@ -498,6 +498,9 @@ def create_bundle(model_dir: Path, out_dir: Path, volume_size: int, name: str | 
     manifest = read_manifest(mpath)
     manifest_bytes = mpath.read_bytes()
     _refuse_if_quick_verify_fails(model_dir, manifest)
+    if unproven := manifest.unproven:
+        raise IntegrityError(f"{model_dir}: {len(unproven)} file(s) of the revision were never fetched and proven here "
+                      f"(e.g. {unproven[0].path}); run `mm repair {model_dir}` before bundling")
     name = name or f"{manifest.repo_id.rsplit('/', 1)[-1]}-{manifest.revision[:12]}"
     if not NAME_RE.match(name):
         raise BadInput(f"bundle name {name!r}: use letters, digits, '.', '_' and '-' only")

@@ -7,11 +7,14 @@ Schema `mm-manifest/1`:
   "revision": "<40-hex commit>", "requested_revision": "ce7f4df",
   "endpoint": "https://huggingface.co", "created": "2026-11-30T04:41:10Z",
   "files": [{"path": "model-00001-of-00004.safetensors", "size": 123,
-             "blake3": "...", "sha256": "...",
+             "blake3": "..." | null, "sha256": "..." | null,
              "upstream": {"kind": "lfs-sha256" | "git-blob-sha1", "value": "..."} | null,
              "source": "hub" | "modelscope:<id>@<rev>" | "local" | "bundle:<id>"}]
 }
 Files are sorted by path. Secrets never enter it (the endpoint is stored without credentials).
+The manifest describes the revision, not what happened to arrive: a file the fetch could not get is still
+listed, with its size and upstream identity and "blake3": null (not yet proven here), so verify, bundle and
+launch see it as missing (or, once it is there, check it against the upstream identity).
 """
 from __future__ import annotations
 
@@ -52,10 +55,20 @@ class Upstream:
 class FileEntry:
     path: str
     size: int
-    blake3: str
-    sha256: str
+    blake3: str | None  # None: listed by the revision but never proven here (a failed fetch)
+    sha256: str | None
     upstream: Upstream | None = None
     source: str = "hub"
+
+    @property
+    def proven(self) -> bool:
+        return self.blake3 is not None
+
+
+def expected_entry(path: str, size: int, upstream: Upstream) -> FileEntry:
+    """The entry of a file the revision lists but that was not fetched: size and upstream identity only."""
+    return FileEntry(path=path, size=size, blake3=None,
+                     sha256=upstream.value if upstream.kind == "lfs-sha256" else None, upstream=upstream, source="hub")
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,11 @@ class Manifest:
 
     def with_files(self, files: list[FileEntry] | tuple[FileEntry, ...]) -> "Manifest":
         return replace(self, files=tuple(sorted(files, key=lambda f: f.path)))
+
+    @property
+    def unproven(self) -> tuple[FileEntry, ...]:
+        """Files the revision lists that were never fetched and proven here."""
+        return tuple(f for f in self.files if not f.proven)
 
 
 def manifest_path(model_dir: Path) -> Path:
@@ -156,8 +174,8 @@ def entry_from_dict(d: object, at: At | None = None) -> FileEntry:
     return FileEntry(
         path=at.get_str(d, "path", max_len=4096, empty=False),
         size=at.get_int(d, "size"),
-        blake3=at.get_str(d, "blake3", max_len=64),
-        sha256=at.get_str(d, "sha256", max_len=64),
+        blake3=at.get_str(d, "blake3", None, max_len=64),
+        sha256=at.get_str(d, "sha256", None, max_len=64),
         upstream=upstream,
         source=at.get_str(d, "source", "hub", max_len=512),
     )
@@ -172,14 +190,20 @@ def validate(manifest: Manifest, where: str) -> None:
         if f.path in seen:
             raise BadInput(f"{where}: duplicate path {f.path!r}")
         seen.add(f.path)
-        if f.size < 0 or not HEX64.match(f.blake3) or not HEX64.match(f.sha256):
+        if f.size < 0 or any(d is not None and not HEX64.match(d) for d in (f.blake3, f.sha256)):
             raise BadInput(f"{where}: bad size or digest for {f.path!r}")
+        if f.blake3 is None and f.upstream is None:
+            raise BadInput(f"{where}: {f.path!r} has neither a blake3 nor an upstream identity to check it against")
 
 
 def export_sums(manifest: Manifest, algorithm: str) -> str:
     """Lines that `sha256sum -c` / `b3sum --check` accept, run from the model directory."""
     if algorithm not in ("sha256", "blake3"):
         raise BadInput(f"unknown checksum format {algorithm!r} (use sha256 or blake3)")
+    if unproven := manifest.unproven:
+        # a sums file without them would let `sha256sum -c` pass on an incomplete model
+        raise BadInput(f"{manifest.repo_id}@{manifest.revision[:12]}: {len(unproven)} file(s) of the revision were "
+                       f"never fetched here (e.g. {unproven[0].path}); run `mm repair DIR` first")
     lines = []
     for f in manifest.files:
         digest = f.sha256 if algorithm == "sha256" else f.blake3

@@ -95,7 +95,8 @@ def verify_dir(model_dir: Path, manifest: Manifest | None = None, *, quick: bool
     with _no_writer(model_dir):
         if manifest is None:
             manifest = read_manifest(manifest_file)
-        expected = [Expected(f.path, f.size, "blake3", f.blake3) for f in manifest.files]
+        expected = [Expected(f.path, f.size, "blake3", f.blake3) if f.blake3 is not None
+                    else Expected(f.path, f.size, f.upstream.kind, f.upstream.value) for f in manifest.files]
         return _verify(model_dir, expected, str(manifest_file), quick=quick, jobs=jobs, progress=progress,
                        ignore=_inside(model_dir, manifest_file))
 
