@@ -8,6 +8,8 @@ manifest.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
@@ -36,8 +38,8 @@ from huggingface_hub.utils import build_hf_headers, filter_repo_objects, hf_rais
 from .errors import BadInput, BadValue, IntegrityError, MMError, Refused, RemoteError
 from .fsutil import MM_DIR, check_relpath, dir_lock, human_bytes, payload_files, publish
 from .hashing import Digests, StreamHasher
-from .manifest import (FileEntry, Manifest, Upstream, entry_for_file, entry_from_dict, manifest_path, public_endpoint,
-                       read_manifest, write_manifest)
+from .manifest import (FileEntry, Manifest, Upstream, entry_for_file, entry_from_dict, expected_entry, manifest_path,
+                       public_endpoint, read_manifest, write_manifest)
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import load_json
 
@@ -273,19 +275,25 @@ class FetchResult:
 def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, draft_subfolder: str = "dspark/") -> FetchResult:
     started = time.monotonic()
     local_dir = Path(req.local_dir)
-    _prepare_dir(local_dir)
+    if local_dir.exists() and not local_dir.is_dir():
+        raise BadInput(f"{local_dir}: exists and is not a directory")
     resolved = req.resolved or resolve_revision(req.repo_id, req.revision, endpoint=req.endpoint, token=req.token,
                                                 repo_type=req.repo_type)
     remote = list(req.remote_files) if req.remote_files is not None else list_remote_files(
         req.repo_id, resolved.commit, endpoint=req.endpoint, token=req.token, repo_type=req.repo_type)
     planned = select(remote, req.include, req.exclude)
+    unlisted: list[FileOutcome] = []
     if req.only_paths is not None:
+        listed = {f.path for f in remote}
+        unlisted = [FileOutcome(p, 0, "failed", "hub", error=f"the Hub no longer lists it at {resolved.commit[:12]}; "
+                                                             f"it cannot be re-fetched", exit_code=RemoteError.exit_code)
+                    for p in sorted(req.only_paths - listed)]
         planned = [f for f in planned if f.path in req.only_paths]
-    if not planned:
+    if not planned and not unlisted:
         raise BadInput(f"{req.repo_id}@{resolved.commit[:12]}: no files match the include/exclude patterns")
     hub = HubSource(req.repo_id, resolved.commit, endpoint=req.endpoint, token=req.token, repo_type=req.repo_type)
 
-    with dir_lock(local_dir, "mm fetch"):
+    with _new_state_dir(local_dir), dir_lock(local_dir, "mm fetch"):
         known = _known_entries(local_dir)
         _clean_stale_partials(local_dir, planned)
         _check_free_space(local_dir, planned, known, req)
@@ -301,27 +309,68 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, draft_subfo
                 results = list(pool.map(one, planned))
         finally:
             progress.end()
-        # Entries proven earlier stay when the revision has the same content at that path, even if the file
-        # is gone now: the manifest records the revision, so a missing file stays expected (verify names it).
-        by_path = {f.path: f for f in remote}
-        entries = {p: e for p, e in known.items() if p in by_path and e.upstream == by_path[p].upstream}
-        entries.update({e.path: e for _, e in results if e is not None})
+        entries = _manifest_entries(local_dir, req, remote, planned, known, [e for _, e in results if e is not None])
         manifest = Manifest(repo_id=req.repo_id, revision=resolved.commit, files=(), repo_type=req.repo_type,
                             requested_revision=resolved.requested, endpoint=public_endpoint(hub.endpoint))
         write_manifest(manifest.with_files(list(entries.values())), manifest_path(local_dir))
         journal.clear()
 
-    outcomes = tuple(o for o, _ in results)
+    outcomes = tuple(o for o, _ in results) + tuple(unlisted)
     draft = draft_subfolder.rstrip("/") + "/"
     return FetchResult(
         repo_id=req.repo_id, requested_revision=resolved.requested, commit=resolved.commit,
         revision_kind=resolved.kind, local_dir=str(local_dir), manifest_path=str(manifest_path(local_dir)),
         files=outcomes, bytes_transferred=sum(o.bytes_transferred for o in outcomes),
         seconds=time.monotonic() - started,
-        draft_present=any(p.startswith(draft) and p.endswith(".safetensors") for p in entries),
+        draft_present=any(p.startswith(draft) and p.endswith(".safetensors") and e.proven for p, e in entries.items()),
         draft_subfolder=draft,
         draft_listed=any(f.path.startswith(draft) for f in remote),
     )
+
+
+def _manifest_entries(local_dir: Path, req: FetchRequest, remote: list[RemoteFile], planned: list[RemoteFile],
+                      known: Mapping[str, FileEntry], proven: list[FileEntry]) -> dict[str, FileEntry]:
+    """What the manifest records: the revision as selected, not what happened to arrive.
+
+    Every planned file has an entry: proven now, proven earlier with the same content, or (a file that could
+    not be fetched) its size and upstream identity only, so verify, bundle and launch see it as missing. A
+    repair (only_paths) starts from the manifest it repairs and never drops an entry of it.
+    """
+    by_path = {f.path: f for f in remote}
+    if req.only_paths is not None and manifest_path(local_dir).is_file():
+        entries = {e.path: e for e in read_manifest(manifest_path(local_dir)).files}
+    else:
+        # Entries proven earlier stay when the revision has the same content at that path, even if the file
+        # is gone now: the manifest records the revision, so a missing file stays expected (verify names it).
+        entries = {p: e for p, e in known.items() if p in by_path and e.upstream == by_path[p].upstream}
+    entries.update({e.path: e for e in proven})
+    for f in planned:
+        if f.path not in entries:
+            entries[f.path] = expected_entry(f.path, f.size, f.upstream)
+    return entries
+
+
+@contextmanager
+def _new_state_dir(local_dir: Path) -> Iterator[None]:
+    """Create LOCAL_DIR/.mm/partial for the run; a run that fails before writing anything leaves no empty
+    .mm/ (nor an empty LOCAL_DIR it created) behind."""
+    created_dir = not local_dir.exists()
+    created_state = not (local_dir / MM_DIR).exists()
+    _prepare_dir(local_dir)
+    try:
+        yield
+    except BaseException:
+        if created_state:
+            partial = local_dir / PARTIAL_DIR
+            with contextlib.suppress(OSError):
+                if not any(partial.iterdir()):
+                    partial.rmdir()
+                    for leftover in ("lock", "journal.jsonl"):
+                        (local_dir / MM_DIR / leftover).unlink(missing_ok=True)
+                    (local_dir / MM_DIR).rmdir()
+                    if created_dir:
+                        local_dir.rmdir()
+        raise
 
 
 def _prepare_dir(local_dir: Path) -> None:
@@ -330,6 +379,8 @@ def _prepare_dir(local_dir: Path) -> None:
     try:
         (local_dir / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)
     except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # a full disk: the CLI names it (exit 7)
         raise BadInput(f"{local_dir}: cannot create the download directory: {e.strerror}") from None
 
 
