@@ -614,6 +614,67 @@ def test_hub_garbage_api_answers(hub_server, hub_env, model_repo, tmp_path, answ
     fails_cleanly(r, 4, model_repo.repo_id)
 
 
+SHARD = "model-00002-of-00004.safetensors"
+
+
+@pytest.mark.parametrize("status", [404, 403])  # 5xx takes the same path after ~25 s of client retries
+def test_hub_a_file_that_fails_leaves_a_model_that_never_verifies(hub_server, hub_env, model_repo, tmp_path, status):
+    hub_server.fail_file[SHARD] = status
+    dest = tmp_path / "m"
+    r = run("fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", dest, env=hub_env)
+    assert r.returncode == 4 and "Traceback" not in r.stderr and SHARD in r.stderr, r.stderr
+    manifest = json.loads(manifest_path(dest).read_text())
+    assert len(manifest["files"]) == len(model_repo.files)  # the revision, not what arrived
+    entry = next(f for f in manifest["files"] if f["path"] == SHARD)
+    assert entry["blake3"] is None and entry["upstream"]["kind"] == "lfs-sha256"
+    r = run("verify", dest)
+    assert r.returncode == 1 and f"MISSING    {SHARD}" in r.stdout
+    fails_cleanly(run("bundle", dest, "--out", tmp_path / "out", "--volume-size", "1G"), 5, SHARD)
+    fails_cleanly(run("launch", dest, "--hardware", "b300"), 1)
+    fails_cleanly(run("manifest", "export", dest), 3, "never fetched")
+    hub_server.fail_file.clear()
+    r = run("repair", dest, env=hub_env)  # the Hub serves it again: repair completes the model
+    assert r.returncode == 0, r.stderr
+    assert run("verify", dest).returncode == 0
+
+
+def test_hub_repair_never_shrinks_the_manifest(hub_server, hub_env, model_repo, tmp_path):
+    dest = tmp_path / "m"
+    assert run("fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", dest, env=hub_env).returncode == 0
+    r = run("manifest", dest, "--repo", model_repo.repo_id, "--revision", model_repo.head, "--offline")
+    assert r.returncode == 0, r.stderr
+    before = json.loads(manifest_path(dest).read_text())["files"]
+    with open(dest / SHARD, "r+b") as f:
+        f.seek(1000)
+        f.write(b"\xff" * 16)
+    r = run("repair", dest, env=hub_env)
+    assert r.returncode == 0, r.stderr
+    after = json.loads(manifest_path(dest).read_text())["files"]
+    assert [f["path"] for f in after] == [f["path"] for f in before]
+    assert run("verify", dest).returncode == 0
+
+
+def test_hub_repair_of_a_file_the_hub_no_longer_lists_says_so(hub_server, hub_env, model_repo, tmp_path):
+    dest = tmp_path / "m"
+    assert run("fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", dest, env=hub_env).returncode == 0
+    doc = json.loads(manifest_path(dest).read_text())
+    doc["files"].append({"path": "gone.bin", "size": 3, "blake3": "0" * 64, "sha256": "0" * 64, "upstream": None})
+    manifest_path(dest).write_text(json.dumps(doc))
+    r = run("repair", dest, env=hub_env)
+    fails_cleanly(r, 4, "gone.bin", "no longer lists")
+    assert "include/exclude" not in r.stderr
+    assert "gone.bin" in [f["path"] for f in json.loads(manifest_path(dest).read_text())["files"]]
+
+
+def test_hub_a_fetch_that_fails_early_leaves_nothing(hub_server, hub_env, tmp_path):
+    dest = tmp_path / "m"
+    fails_cleanly(run("fetch", "no-such/repo", "--revision", "main", "--local-dir", dest, env=hub_env), 4)
+    assert not dest.exists()
+    dest.mkdir()
+    fails_cleanly(run("fetch", "no-such/repo", "--revision", "main", "--local-dir", dest, env=hub_env), 4)
+    assert list(dest.iterdir()) == []
+
+
 def test_zz_no_command_printed_a_traceback():
     """Every run of this module (it runs last) ended without a Python traceback."""
     if not RUNS:
