@@ -218,6 +218,8 @@ def check_index(doc: object, where: str) -> dict:
             check_relpath(name, where)
             if not name.startswith(META + "/"):
                 raise at.key("meta").fail(f"metadata member {name!r} outside {META}/")
+        volume_size = at.get_int(doc, "volume_size", 0)
+        capacity = volume_size * volumes if volume_size else None  # no file, piece or payload can exceed it
         members = at.get_list(doc, "members")
         for i, e in enumerate(members):
             e_at = at.key("members").index(i)
@@ -229,15 +231,23 @@ def check_index(doc: object, where: str) -> dict:
             size = e_at.get_int(e, "size")
             offset = e_at.get_int(e, "offset", hi=size)
             e_at.get_int(e, "length", hi=size - offset)
-            segments = e_at.get_int(e, "segments", lo=1, hi=MAX_SEGMENTS)
+            segments = e_at.get_int(e, "segments", lo=1, hi=min(MAX_SEGMENTS, volumes))
             segment = e_at.get_int(e, "segment", lo=1, hi=segments)
+            if segments == 1 and (offset, e["length"]) != (0, size):
+                raise e_at.fail(f"a whole file of {size} bytes stored as {e['length']} bytes at offset {offset}")
+            if volume_size and (e["length"] > volume_size or size > segments * volume_size):
+                raise e_at.fail(f"size {size} (length {e['length']}) cannot fit {segments} piece(s) of volumes of "
+                                f"{volume_size} bytes")
             if e_at.get_str(e, "member", max_len=8192) != data_member(kind, path, segment, segments):
                 raise e_at.key("member").fail(f"member name {e['member']!r} does not match {kind} {path!r}")
             for digest in ("blake3", "file_blake3", "file_sha256"):
                 value = e_at.get_str(e, digest, "" if digest != "blake3" else At._REQUIRED, max_len=64)
                 if value and not HEX64.match(value):
                     raise e_at.key(digest).fail("not a 64-hex digest")
-        _check_payloads(at.get_obj(doc, "payloads"), where, at.key("payloads"))
+        payload_bytes = _check_payloads(at.get_obj(doc, "payloads"), where, at.key("payloads"))
+        if capacity is not None and payload_bytes > capacity:
+            raise at.key("payloads").fail(f"payloads of {payload_bytes} bytes cannot fit {volumes} volume(s) of "
+                                          f"{volume_size} bytes")
     except Malformed as e:
         raise BadInput(f"{where}: malformed index ({e.detail})") from None
     except BadInput as e:
@@ -245,14 +255,16 @@ def check_index(doc: object, where: str) -> dict:
     return doc
 
 
-def _check_payloads(payloads: dict, where: str, at: At) -> None:
-    """Payload names become paths at the destination: plain names, normalised relative paths, sizes."""
+def _check_payloads(payloads: dict, where: str, at: At) -> int:
+    """Payload names become paths at the destination: plain names, normalised relative paths, sizes.
+    Returns the payloads' total size."""
+    total = 0
     image = at.get_obj(payloads, "image", None)
     if image is not None:
         i_at = at.key("image")
         if "/" in check_relpath(i_at.get_str(image, "file", max_len=255), where):
             raise i_at.key("file").fail(f"image file {image['file']!r} is not a plain file name")
-        i_at.get_int(image, "size")
+        total += i_at.get_int(image, "size")
         for j, ref in enumerate(i_at.get_list(image, "refs", [])):
             i_at.key("refs").index(j).str(ref, max_len=1024)
     for n, c in enumerate(at.get_list(payloads, "kernel_caches", [])):
@@ -266,7 +278,33 @@ def _check_payloads(payloads: dict, where: str, at: At) -> None:
             if len(f_at.list(pair)) != 2:
                 raise f_at.fail("expected [path, size]")
             check_relpath(f_at.index(0).str(pair[0], max_len=4096), where)
-            f_at.index(1).int(pair[1])
+            total += f_at.index(1).int(pair[1])
+    return total
+
+
+def entry_disagreements(vol: Volume, manifest) -> list[str]:
+    """Index entries that disagree with what they stand for: a model file with the manifest (path, size,
+    whole-file hashes), a payload with the payload records (name, size). Sizes in an index are never
+    trusted alone: what unbundle writes (and the free-space check counts) comes from the records."""
+    files = manifest.by_path() if manifest is not None else {}
+    payloads = vol.index.get("payloads", {}) if vol.index else {}
+    image = payloads.get("image")
+    caches = {f"{c['label']}/{rel}": size for c in payloads.get("kernel_caches", []) for rel, size in c["files"]}
+    problems = []
+    for e in vol.entries():
+        kind, path, size = e["kind"], e["path"], e["size"]
+        if kind == "model":
+            f = files.get(path)
+            if manifest is not None and f is None:
+                problems.append(f"member {e['member']!r} is not a file of the manifest")
+            elif f is not None and (f.size, f.blake3, f.sha256) != (size, e["file_blake3"], e["file_sha256"]):
+                problems.append(f"member {e['member']!r} says {size} bytes, the manifest {f.size} (or the hashes "
+                                f"differ)")
+        elif kind == "image" and (image is None or (image["file"], image["size"]) != (path, size)):
+            problems.append(f"member {e['member']!r} ({size} bytes) is not the image the payloads record")
+        elif kind == "kernel-cache" and caches.get(path) != size:
+            problems.append(f"member {e['member']!r} ({size} bytes) is not a kernel-cache file the payloads record")
+    return [f"{vol.path.name}: {p}" for p in problems]
 
 
 def open_volume(path: Path) -> Volume:

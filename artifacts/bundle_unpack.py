@@ -25,7 +25,8 @@ from pathlib import Path
 import blake3
 
 from .bundle_verify import conflicting_numbers, reference_bundle
-from .bundle_format import HASH_THREADS, KINDS, MANIFEST_MEMBER, ChunkPipe, EarlyFlush, Volume, b3, find_volumes, open_volume
+from .bundle_format import (HASH_THREADS, KINDS, MANIFEST_MEMBER, ChunkPipe, EarlyFlush, Volume, b3,
+                            entry_disagreements, find_volumes, open_volume)
 from .errors import BadInput, Refused
 from .fsutil import MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, dir_lock, fsync_dir, human_bytes, publish
 from .hashing import StreamHasher, blake3_file
@@ -174,19 +175,6 @@ def _still_needed(expected: dict, targets: dict, state: _State) -> dict[str, int
     return needed
 
 
-def _check_entries(v: Volume, manifest_files: dict) -> str | None:
-    """An index entry for a model file must agree with the manifest (path, size, whole-file hashes)."""
-    for e in v.entries():
-        if e["kind"] != "model":
-            continue
-        f = manifest_files.get(e["path"])
-        if f is None:
-            return f"{v.path.name}: member {e['member']!r} is not a file of the manifest; refused"
-        if (f.size, f.blake3, f.sha256) != (int(e["size"]), e["file_blake3"], e["file_sha256"]):
-            return f"{v.path.name}: member {e['member']!r} disagrees with the manifest (size or hash); refused"
-    return None
-
-
 def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, cache_dest: Path | None = None,
              progress: ProgressSink = NULL_PROGRESS, sync: bool = True) -> UnbundleReport:
     """sync=False skips the fsyncs of imported data (the final names still come only after the hashes match)."""
@@ -204,12 +192,10 @@ def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, ca
             raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} given: "
                            + "; ".join(refused[:3]))
         manifest = from_json(first.manifest_bytes, f"{first.path.name}: {MANIFEST_MEMBER}")
-        files_by_path = manifest.by_path()
         for v in list(accepted):
-            why = _check_entries(v, files_by_path)
-            if why:
+            if disagree := entry_disagreements(v, manifest):
                 accepted.remove(v)
-                refused.append(why)
+                refused.append(f"{disagree[0]}; refused")
         idx = first.index
         _check_dest_manifest(dest, first.manifest_bytes)
         places = _Dest(dest, image_dest, cache_dest)

@@ -11,8 +11,11 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bundle_format import HASH_THREADS, ChunkPipe, Volume, find_volumes, open_volume
+from .bundle_format import (HASH_THREADS, MANIFEST_MEMBER, ChunkPipe, Volume, entry_disagreements, find_volumes,
+                            open_volume)
+from .errors import BadInput
 from .hashing import StreamHasher
+from .manifest import from_json
 from .progress import NULL_PROGRESS, ProgressSink
 
 
@@ -66,6 +69,20 @@ def check_data(vol: Volume, pipe: ChunkPipe, progress: ProgressSink = NULL_PROGR
             vol.damaged[name] = "blake3 mismatch"
 
 
+def check_meaning(vol: Volume) -> None:
+    """What the volume says must make sense, not only hash right: its manifest parses (safe paths, typed
+    values) and every index entry agrees with the manifest and the payload records. Faults go to vol.refused
+    (unbundle would refuse the same)."""
+    if not vol.manifest_bytes or MANIFEST_MEMBER in vol.damaged:
+        return
+    try:
+        manifest = from_json(vol.manifest_bytes, f"{vol.path.name}: {MANIFEST_MEMBER}")
+    except BadInput as e:
+        vol.refused.append(e.message)
+        return
+    vol.refused += entry_disagreements(vol, manifest)
+
+
 def _span_b3(path: Path, info: tarfile.TarInfo, pipe: ChunkPipe, progress: ProgressSink) -> str:
     h = StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
     for view in pipe.stream(path, info.offset_data, info.size, (h,)):
@@ -84,6 +101,7 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
     try:
         for v in vols:
             if v.index is not None and not v.refused and v.bundle_id == ref:
+                check_meaning(v)
                 check_data(v, pipe, progress)
             verdicts.append(_verdict(v, ref, conflicts))
     finally:

@@ -309,6 +309,75 @@ def test_shape_bundle_index(vols, tmp_path, shape):
         assert r.returncode in (3, 5) and "Traceback" not in r.stderr, r.stderr
 
 
+# --- volume: crafted volumes whose hashes all match ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def pristine_image_vols(pristine, tmp_path_factory) -> Path:
+    """A bundle of the model plus a 1,000-byte image archive (docker save layout)."""
+    work = tmp_path_factory.mktemp("image")
+    image = work / "image.tar"
+    with tarfile.open(image, "w") as tf:
+        for name, data in (("manifest.json", b'[{"RepoTags": ["engine:1"], "Config": "blobs/sha256/ab.json"}]'),
+                           ("blob", os.urandom(1000))):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    create_bundle(pristine, work / "vols", VOLUME_SIZE, image=image)
+    return work / "vols"
+
+
+def _image_volume(vols_dir: Path) -> Path:
+    return next(v for v in sorted(vols_dir.glob("*.tar")) if any(
+        m.name.startswith("payload/image/") or m.name.startswith("segments/payload/image/")
+        for m in tarfile.open(v).getmembers()))
+
+
+@pytest.mark.parametrize("declared", [10**13, 10**15])
+def test_volume_an_entry_declaring_a_huge_size_is_never_ok(pristine_image_vols, tmp_path, declared):
+    shutil.copytree(pristine_image_vols, tmp_path / "vols")
+    vol = _image_volume(tmp_path / "vols")
+
+    def huge(index):
+        for e in index["members"]:
+            if e["kind"] == "image":
+                e["size"] = declared
+        index["payloads"]["image"]["size"] = declared
+        return index
+    set_index(vol, huge)
+    r = run("bundle", "verify", vol)
+    fails_cleanly(r, 1, vol.name)
+    assert r.stdout.split()[0] == "CORRUPT"
+    dest = tmp_path / "dest"
+    r = run("unbundle", *sorted((tmp_path / "vols").glob("*.tar")), "--dest", dest)
+    assert r.returncode in (3, 5) and "Traceback" not in r.stderr, r.stderr
+    big = [p for p in tmp_path.rglob("*") if p.is_file() and p.stat().st_size > 10**9]
+    assert big == []  # no sparse giant anywhere
+
+
+def test_volume_a_model_entry_that_disagrees_with_the_manifest(vols, tmp_path):
+    def shrink(index):
+        e = next(e for e in index["members"] if e["kind"] == "model" and e["segments"] == 1)
+        e["size"] = e["length"] = e["size"] - 1
+        return index
+    vol = next(v for v in vols if any(e["kind"] == "model" and e["segments"] == 1
+                                      for e in json.loads(tarfile.open(v).extractfile(tarfile.open(v).getmembers()[0]).read())["members"]))
+    set_index(vol, shrink)
+    r = run("bundle", "verify", vol)
+    fails_cleanly(r, 1, vol.name)
+
+
+def test_volume_an_embedded_manifest_with_a_parent_path(vols, tmp_path):
+    doc = json.loads(tarfile.open(vols[0]).extractfile("MMBUNDLE/manifest.json").read())
+    doc["files"][0]["path"] = "../escaped.safetensors"
+    for v in vols:
+        set_embedded_manifest(v, json.dumps(doc).encode())
+    r = run("bundle", "verify", *vols)
+    fails_cleanly(r, 1)
+    assert "OK" not in r.stdout.split() and "../escaped" in r.stdout
+    fails_cleanly(run("unbundle", *vols, "--dest", tmp_path / "dest"), 3, "escaped")
+    assert not (tmp_path / "escaped.safetensors").exists()
+
+
 # --- values: refused as usage errors, exit 2, one line --------------------------------------------
 
 VALUES = {
