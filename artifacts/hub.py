@@ -9,7 +9,6 @@ manifest.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import re
@@ -376,12 +375,7 @@ def _new_state_dir(local_dir: Path) -> Iterator[None]:
 def _prepare_dir(local_dir: Path) -> None:
     if local_dir.exists() and not local_dir.is_dir():
         raise BadInput(f"{local_dir}: exists and is not a directory")
-    try:
-        (local_dir / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise  # a full disk: the CLI names it (exit 7)
-        raise BadInput(f"{local_dir}: cannot create the download directory: {e.strerror}") from None
+    (local_dir / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)  # OSError: the CLI names the path and the errno
 
 
 def _known_entries(local_dir: Path) -> dict[str, FileEntry]:

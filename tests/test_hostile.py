@@ -744,6 +744,41 @@ def test_hub_a_fetch_that_fails_early_leaves_nothing(hub_server, hub_env, tmp_pa
     assert list(dest.iterdir()) == []
 
 
+@pytest.mark.parametrize("disk", ["too small", "out of inodes mid-run", "read-only"])
+def test_hub_fetch_onto_a_full_or_read_only_disk(hub_server, hub_env, model_repo, tmpfs, disk):
+    point = tmpfs("disk", size="256k" if disk == "too small" else "16m", inodes=8 if "inodes" in disk else None)
+    if disk == "read-only":
+        _read_only(point)
+    r = run("fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", point / "m", env=hub_env)
+    code, needle = {"read-only": (3, "read-only file system"), "too small": (7, "not enough free disk"),
+                    "out of inodes mid-run": (7, "no space left")}[disk]
+    fails_cleanly(r, code, str(point), needle)
+
+
+def test_race_two_unbundles_into_one_destination(vols, tmp_path):
+    dest = tmp_path / "dest"
+    env = {"MM_TEST_IO_CHUNK": "65536", "MM_TEST_IO_DELAY": "0.05"}
+    first = subprocess.Popen([str(MM), "unbundle", *map(str, vols), "--dest", str(dest), "--no-sync"],
+                             env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: _holds_lock(first.pid))
+        r = run("unbundle", *vols, "--dest", dest)
+    finally:
+        first.kill()
+        first.wait()
+    fails_cleanly(r, 6, "`mm unbundle", "is writing it")
+    r = run("unbundle", *vols, "--dest", dest)  # the killed run resumes
+    assert r.returncode == 0, r.stderr
+
+
+def test_hub_a_torn_or_hostile_journal_is_not_trusted(hub_server, hub_env, model_repo, tmp_path):
+    dest = tmp_path / "m"
+    (dest / ".mm").mkdir(parents=True)
+    (dest / ".mm" / "journal.jsonl").write_bytes(b'{"path": "../x", "size": 1e400}\n' + DEEP + b"\n\xff\xfe\n[1]\n")
+    r = run("fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", dest, env=hub_env)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
 def test_zz_no_command_printed_a_traceback():
     """Every run of this module (it runs last) ended without a Python traceback."""
     if not RUNS:
