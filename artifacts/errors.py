@@ -46,6 +46,12 @@ class Refused(MMError):
     exit_code = 7
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's text (clients put URLs, bodies and tracebacks after it)."""
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
 EXIT_CODES = {
     0: "success",
     1: "problems found (verification found damage, or a check failed)",

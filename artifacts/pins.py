@@ -80,3 +80,18 @@ def default_pin() -> Pin:
 
 def pin_for_repo(repo_id: str) -> Pin | None:
     return next((p for p in all_pins() if p.repo_id == repo_id), None)
+
+
+@dataclass(frozen=True)
+class Target:
+    repo_id: str
+    revision: str | None  # None: no revision given and no pin for the repo
+    pin: Pin | None
+
+
+def pinned_target(repo: str | None, revision: str | None) -> Target:
+    """The one place the pin fills in what the user left out: REPO (the default pin's when omitted) and
+    REVISION (the repo's pin's when omitted)."""
+    pin = default_pin() if repo is None else pin_for_repo(repo)
+    repo_id = repo or pin.repo_id
+    return Target(repo_id, revision or (pin.revision if pin else None), pin)

@@ -20,7 +20,7 @@ from mm.artifacts.bundle_verify import verify_volumes
 from mm.artifacts.bundle_format import b3, find_volumes, open_volume, parse_size
 from mm.artifacts.bundle_unpack import check_free_space, unbundle
 from mm.artifacts.errors import BadInput, Refused
-from mm.artifacts.hub import manifest_for_local_dir
+from mm.artifacts.adopt import manifest_for_local_dir
 from mm.artifacts.manifest import manifest_path, read_manifest
 from tests.support.modelgen import write_model
 

@@ -201,7 +201,7 @@ def test_stale_partial_files_are_cleaned(run_mm, hub_env, model_repo, tmp_path):
 def test_json_output_is_one_document(run_mm, hub_env, model_repo, tmp_path):
     r = fetch(run_mm, hub_env, model_repo, tmp_path / "m", "--json")
     doc = json.loads(r.stdout)
-    assert doc["ok"] is True and doc["draft_present"] is True
+    assert doc["ok"] is True and doc["draft"] == {"subfolder": "dspark/", "present": True}
     assert doc["commit"] == model_repo.commits[-1]
 
 

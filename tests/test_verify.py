@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mm.artifacts import verify as verify_mod
-from mm.artifacts.hub import manifest_for_local_dir
+from mm.artifacts.adopt import manifest_for_local_dir
 from mm.artifacts.manifest import Manifest, manifest_path
 from mm.artifacts.safetensors_check import StructureError, read_header
 from mm.artifacts.verify import verify_dir
