@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import BadInput, ProblemsFound, Refused
+from .errors import BadInput, Refused
 from .fsutil import atomic_write_text
 from .manifest import manifest_path, read_manifest
 from .pins import Pin, default_pin, manifests_dir
@@ -324,7 +324,7 @@ def check_model_dir(model_dir: Path, recipe: Recipe) -> tuple[str, str]:
 
     Returns (repo_id, revision) from the manifest.
     """
-    from .verify import verify_dir  # the verify engineer's module; imported here to keep launch light
+    from .verify import require_quick_verify  # imported here to keep launch light
 
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -339,11 +339,7 @@ def check_model_dir(model_dir: Path, recipe: Recipe) -> tuple[str, str]:
     if recipe.speculative and not (model_dir / "dspark").is_dir():
         raise Refused(f"{model_dir / 'dspark'}: missing, but recipe {recipe.id} uses DSpark (the draft lives in dspark/ "
                       f"at the same revision); fetch the pinned revision again: dspark/ is part of it")
-    report = verify_dir(model_dir, manifest, quick=True)
-    if not report.ok:
-        first = report.problems[0]
-        raise ProblemsFound(f"{model_dir}: quick verify found {len(report.problems)} problem(s), first {first.path}: "
-                            f"{first.kind} ({first.detail}); run `mm verify {model_dir}`")
+    require_quick_verify(model_dir, manifest, before="launching")
     return manifest.repo_id, manifest.revision
 
 
