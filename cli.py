@@ -634,7 +634,7 @@ def recipe_options(fn: Callable) -> Callable:
                      help="Image archive carried in the bundle; the script runs `docker load -i` when the image is absent."),
         click.option("--cache-root", type=click.Path(path_type=Path), default=None,
                      help="Host directory for kernel caches (default: DIR/../mm-kernel-cache/<recipe>)."),
-        click.option("--name", default="minimax-m3-1-flash", show_default=True, help="Container name."),
+        click.option("--name", default=None, help="Container name. Default: the pin's container_name (minimax-m3-1-flash)."),
     ]
     for option in reversed(options):
         fn = option(fn)

@@ -190,6 +190,15 @@ def test_output_says_whether_the_dspark_draft_is_present(run_mm, hub_env, model_
     assert "DSpark draft (dspark/): MISSING" in without.stdout
 
 
+def test_a_model_without_a_pinned_draft_prints_no_draft_line(run_mm, hub_env, big_repo, tmp_path):
+    repo_id, commit, _, _ = big_repo  # no pin names this repo, so no draft is expected
+    text = run_mm("fetch", repo_id, "--revision", commit, "--local-dir", str(tmp_path / "a"), env=hub_env)
+    assert text.returncode == 0, text.stderr
+    assert "draft" not in text.stdout.lower()
+    doc = run_mm("fetch", repo_id, "--revision", commit, "--local-dir", str(tmp_path / "a"), "--json", env=hub_env)
+    assert json.loads(doc.stdout)["draft"] is None
+
+
 def test_stale_partial_files_are_cleaned(run_mm, hub_env, model_repo, tmp_path):
     stale = tmp_path / "m" / ".mm" / "partial" / ("0" * 64 + ".part")
     stale.parent.mkdir(parents=True)
