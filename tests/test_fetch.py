@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from mm.artifacts.manifest import manifest_path, read_manifest
+from tests.support.run import mm_argv
 
-MM = str(Path(sys.executable).parent / "mm")
 SHARD = "model-00002-of-00004.safetensors"
 
 
@@ -108,7 +108,7 @@ def test_kill_9_then_rerun_resumes_with_range(run_mm, hub_env, big_repo, hub_ser
     repo_id, commit, big_file, size = big_repo
     dest = tmp_path / "m"
     hub_server.rate_limit = 2 * 1024 * 1024  # bytes/s, so the kill lands mid-file
-    proc = subprocess.Popen([MM, "fetch", repo_id, "--revision", commit, "--local-dir", str(dest), "--workers", "1"],
+    proc = subprocess.Popen(mm_argv("fetch", repo_id, "--revision", commit, "--local-dir", dest, "--workers", "1"),
                             env=hub_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     partial_bytes = _wait_for_partial(dest, minimum=size // 4)
     os.kill(proc.pid, signal.SIGKILL)
@@ -147,7 +147,7 @@ def test_concurrent_fetch_into_the_same_directory_is_refused(run_mm, hub_env, bi
     repo_id, commit, _, size = big_repo
     dest = tmp_path / "m"
     hub_server.rate_limit = 2 * 1024 * 1024
-    first = subprocess.Popen([MM, "fetch", repo_id, "--revision", commit, "--local-dir", str(dest)],
+    first = subprocess.Popen(mm_argv("fetch", repo_id, "--revision", commit, "--local-dir", dest),
                              env=hub_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for_partial(dest, minimum=1)
