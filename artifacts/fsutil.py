@@ -17,6 +17,7 @@ NON_PAYLOAD_PREFIXES = (".mm/", ".cache/huggingface/")
 
 
 def fsync_dir(path: Path) -> None:
+    """fsync PATH opened read-only: a directory after a rename in it, or a file written and closed."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -49,14 +50,6 @@ def atomic_write_json(path: Path, obj: object) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def publish(partial: Path, final: Path, sync: bool = True, mode: int | None = None) -> None:
     """The one atomic publish: a file fully written under a partial name (same filesystem) gets its final
     name: fsync it, set MODE, rename, fsync the directory. sync=False: the caller chose speed (--no-sync).
@@ -64,7 +57,7 @@ def publish(partial: Path, final: Path, sync: bool = True, mode: int | None = No
     Every writer of a final file goes through here (downloads, manifests, launch scripts, bundles).
     """
     if sync:
-        fsync_file(partial)
+        fsync_dir(partial)
     if mode is not None:
         os.chmod(partial, mode)
     final.parent.mkdir(parents=True, exist_ok=True)
