@@ -8,8 +8,9 @@ connections, hashing every byte in the pass that writes it (blake3, sha256, git 
 against the identity before the file gets its final name, the journal of files proven so far (a killed
 run does not re-hash them), the directory lock, parallel workers, progress and the free-space check.
 
-`download_file(local_dir, file, source, progress)` is the per-file loop: a function of the source, the
-file's identity and the partial state on disk. `Session.run` applies it to many files.
+`fetch_into(partial, file, source, progress)` is the per-file loop: a function of the source, the file's
+identity and its partial state on disk (`Partial`); `download_file` adds the final name, and `Session.run`
+applies it to many files in parallel. A multi-range download replaces fetch_into's loop, not its callers.
 """
 from __future__ import annotations
 
@@ -123,19 +124,40 @@ def partial_path(local_dir: Path, f: RemoteFile) -> Path:
     return local_dir / PARTIAL_DIR / f"{f.upstream.value}.part"
 
 
+@dataclass(frozen=True)
+class Partial:
+    """The partial state of one file on disk: where its bytes go, and how many a previous run kept."""
+
+    path: Path
+    have: int
+
+    @classmethod
+    def of(cls, local_dir: Path, f: RemoteFile) -> "Partial":
+        path = partial_path(local_dir, f)
+        have = path.stat().st_size if path.exists() else 0
+        if have > f.size:  # not this file's bytes: start over
+            path.unlink()
+            have = 0
+        return cls(path, have)
+
+
 def download_file(local_dir: Path, f: RemoteFile, source: Source, progress: ProgressSink = NULL_PROGRESS) -> Downloaded:
-    """Continue (or start) F's partial file from SOURCE, hash in the same pass, check F's identity, publish
-    it under its final name. Raises IntegrityError (bytes not F's; the partial is dropped) or RemoteError."""
-    partial = partial_path(local_dir, f)
-    have = partial.stat().st_size if partial.exists() else 0
-    if have > f.size:
-        partial.unlink()
-        have = 0
-    with open(partial, "ab") as out:
+    """F from SOURCE into LOCAL_DIR/F.path, continuing its partial file: fetch_into, then publish."""
+    partial = Partial.of(local_dir, f)
+    digests, received = fetch_into(partial, f, source, progress)
+    publish(partial.path, local_dir / f.path)
+    return Downloaded(digests, received, partial.have)
+
+
+def fetch_into(partial: Partial, f: RemoteFile, source: Source, progress: ProgressSink = NULL_PROGRESS) -> tuple[Digests, int]:
+    """The per-file loop, a function of (source, file identity, partial state): append SOURCE's bytes of F to
+    PARTIAL until F.size, hashing in the same pass (the kept bytes first), resuming cut connections; then check
+    F's identity. Returns (digests, bytes received). Raises IntegrityError (the partial is dropped) or RemoteError."""
+    with open(partial.path, "ab") as out:
         t = _Transfer(out, _new_hasher(f))
-        if have:
-            _hash_existing(partial, have, t.hasher)
-            progress.advance(have)
+        if partial.have:
+            _hash_existing(partial.path, partial.have, t.hasher)
+            progress.advance(partial.have)
         stalls = 0
         while t.hasher.size < f.size:
             before = t.hasher.size
@@ -149,12 +171,11 @@ def download_file(local_dir: Path, f: RemoteFile, source: Source, progress: Prog
                     raise RemoteError(f"{f.path}: transfer from {source.label} keeps breaking at byte {before} of {f.size}; run again to resume")
     digests = t.hasher.digests()
     if digests.size != f.size or not f.upstream.matches(digests.sha256, digests.git_sha1):
-        partial.unlink(missing_ok=True)
+        partial.path.unlink(missing_ok=True)
         got = digests.sha256 if f.lfs_sha256 else digests.git_sha1
         raise IntegrityError(f"{f.path}: bytes from {source.label} do not match the pinned revision "
                              f"({f.upstream.kind} expected {f.upstream.value[:16]}, got {str(got)[:16]}); not kept")
-    publish(partial, local_dir / f.path)
-    return Downloaded(digests, t.received, have)
+    return digests, t.received
 
 
 @dataclass
