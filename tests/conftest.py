@@ -6,7 +6,6 @@ import os
 import secrets
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np

@@ -8,7 +8,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
