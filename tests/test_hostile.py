@@ -28,11 +28,11 @@ import pytest
 
 from mm.artifacts.bundle import create_bundle
 from mm.artifacts.bundle_format import b3
-from mm.artifacts.hub import manifest_for_local_dir
+from mm.artifacts.adopt import manifest_for_local_dir
 from mm.artifacts.manifest import manifest_path
 from tests.support.modelgen import write_model
+from tests.support.run import mm_argv, run_mm
 
-MM = Path(sys.executable).parent / "mm"
 REPO = "MiniMaxAI/MiniMax-M3.1-Flash"
 COMMIT = "ce7f4df87d2e05262f5775f373dac4772f134041"
 VOLUME_SIZE = 400_000
@@ -41,11 +41,10 @@ RUNS: list[tuple[list[str], subprocess.CompletedProcess]] = []
 # --- helpers ------------------------------------------------------------------------------------
 
 
-def run(*args, env: dict | None = None, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    argv = [str(MM), *map(str, args)]
-    r = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout, cwd=cwd,
-                       env={**os.environ, "COLUMNS": "200", **(env or {})})
-    RUNS.append((argv, r))
+def run(*args, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """run_mm, recorded for the last test (no traceback in any run of this module)."""
+    r = run_mm(*args, extra_env={"COLUMNS": "200", **(env or {})}, timeout=timeout)
+    RUNS.append((mm_argv(*args), r))
     return r
 
 
@@ -482,7 +481,7 @@ def _holds_lock(pid: int) -> bool:
 
 def test_fetch_refused_while_verify_reads_names_the_verify(tmp_path):
     model = _big_sparse_model(tmp_path / "m")
-    verifier = subprocess.Popen([str(MM), "verify", str(model)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    verifier = subprocess.Popen(mm_argv("verify", str(model)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(lambda: _holds_lock(verifier.pid))
         r = run("manifest", model, "--repo", REPO, "--revision", COMMIT, "--offline")
@@ -494,7 +493,7 @@ def test_fetch_refused_while_verify_reads_names_the_verify(tmp_path):
 
 def test_a_file_cut_while_verify_hashes_it_is_named_as_changed(tmp_path):
     model = _big_sparse_model(tmp_path / "m")
-    verifier = subprocess.Popen([str(MM), "verify", str(model), "--jobs", "1"], stdout=subprocess.PIPE,
+    verifier = subprocess.Popen(mm_argv("verify", str(model), "--jobs", "1"), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     _wait_for(lambda: "LEASE" in Path("/proc/locks").read_text() and _holds_lock(verifier.pid))
     os.truncate(model / "big.bin", 4096)  # waits until verify lets go of the window it is hashing
@@ -507,7 +506,7 @@ def test_a_file_cut_by_a_writer_that_had_it_open_is_named_as_changed(tmp_path):
     model = _big_sparse_model(tmp_path / "m")
     fd = os.open(model / "big.bin", os.O_RDWR)  # open for writing: no lease can be granted, verify reads instead
     try:
-        verifier = subprocess.Popen([str(MM), "verify", str(model), "--jobs", "1"], stdout=subprocess.PIPE,
+        verifier = subprocess.Popen(mm_argv("verify", str(model), "--jobs", "1"), stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
         _wait_for(lambda: _holds_lock(verifier.pid))
         time.sleep(0.3)
@@ -522,7 +521,7 @@ def test_a_file_cut_by_a_writer_that_had_it_open_is_named_as_changed(tmp_path):
 def test_two_bundles_into_one_output_directory(model, tmp_path):
     out = tmp_path / "out"
     env = {"MM_TEST_IO_CHUNK": "65536", "MM_TEST_IO_DELAY": "0.05"}
-    first = subprocess.Popen([str(MM), "bundle", str(model), "--out", str(out), "--volume-size", "1G", "--no-sync"],
+    first = subprocess.Popen(mm_argv("bundle", str(model), "--out", str(out), "--volume-size", "1G", "--no-sync"),
                              env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(lambda: _holds_lock(first.pid))
@@ -758,7 +757,7 @@ def test_hub_fetch_onto_a_full_or_read_only_disk(hub_server, hub_env, model_repo
 def test_race_two_unbundles_into_one_destination(vols, tmp_path):
     dest = tmp_path / "dest"
     env = {"MM_TEST_IO_CHUNK": "65536", "MM_TEST_IO_DELAY": "0.05"}
-    first = subprocess.Popen([str(MM), "unbundle", *map(str, vols), "--dest", str(dest), "--no-sync"],
+    first = subprocess.Popen(mm_argv("unbundle", *map(str, vols), "--dest", str(dest), "--no-sync"),
                              env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(lambda: _holds_lock(first.pid))

@@ -1,0 +1,174 @@
+"""mm fetch: a pinned revision into a directory, every file proven, the manifest written.
+
+The flow: resolve the revision and list its files on the Hub (artifacts/hub.py), or take both from a
+source plan (the ModelScope mirror's reconciliation, artifacts/mirror.py); hand the files and their
+sources to the download engine (artifacts/download.py); write DIR/.mm/manifest.json from what the
+engine proved, under the engine's lock.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from .download import PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources
+from .errors import BadInput, RemoteError
+from .fsutil import MM_DIR
+from .hub import HubSource, Resolved, list_remote_files, resolve_revision, select
+from .manifest import FileEntry, Manifest, expected_entry, manifest_path, public_endpoint, read_manifest, write_manifest
+from .pins import pin_for_repo
+from .progress import NULL_PROGRESS, ProgressSink
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    """What to fetch and where: the repo, revision and file patterns, the directory, the Hub to ask."""
+
+    repo_id: str
+    revision: str
+    local_dir: Path
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    workers: int = 4
+    endpoint: str | None = None
+    token: str | None = field(default=None, repr=False)
+    repo_type: str = "model"
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """Decided before fetch by another source (the mirror): the pin's resolved commit and listing, and
+    which files come from which source. The rest come from the Hub; with HUB_FALLBACK a file a source
+    serves wrong is taken from the Hub too."""
+
+    resolved: Resolved
+    files: tuple[RemoteFile, ...]
+    by_path: Mapping[str, Source] = field(default_factory=dict)
+    hub_fallback: bool = True
+
+
+@dataclass(frozen=True)
+class DraftStatus:
+    subfolder: str  # the pin's draft.subfolder, e.g. "dspark/"
+    present: bool
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    repo_id: str
+    requested_revision: str
+    commit: str
+    revision_kind: str
+    local_dir: str
+    manifest_path: str
+    files: tuple[FileOutcome, ...]
+    bytes_transferred: int
+    seconds: float
+    draft: DraftStatus | None  # None: the pin names no draft (or there is no pin)
+
+    @property
+    def failed(self) -> list[FileOutcome]:
+        return [f for f in self.files if f.status == "failed"]
+
+
+def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: SourcePlan | None = None,
+          refetch: frozenset[str] | None = None) -> FetchResult:
+    """Fetch REQ. PLAN: sources decided beforehand (mirror). REFETCH: only these paths, downloaded again even
+    when a good-looking final file exists (repair's scope)."""
+    started = time.monotonic()
+    local_dir = Path(req.local_dir)
+    if local_dir.exists() and not local_dir.is_dir():
+        raise BadInput(f"{local_dir}: exists and is not a directory")
+    if plan is not None:
+        resolved, remote = plan.resolved, list(plan.files)
+    else:
+        resolved = resolve_revision(req.repo_id, req.revision, endpoint=req.endpoint, token=req.token,
+                                    repo_type=req.repo_type)
+        remote = list_remote_files(req.repo_id, resolved.commit, endpoint=req.endpoint, token=req.token,
+                                   repo_type=req.repo_type)
+    planned = select(remote, req.include, req.exclude)
+    unlisted: list[FileOutcome] = []
+    if refetch is not None:
+        listed = {f.path for f in remote}
+        unlisted = [FileOutcome(p, 0, "failed", "hub", error=f"the Hub no longer lists it at {resolved.commit[:12]}; "
+                                                             f"it cannot be re-fetched", error_kind=RemoteError)
+                    for p in sorted(refetch - listed)]
+        planned = [f for f in planned if f.path in refetch]
+    if not planned and not unlisted:
+        raise BadInput(f"{req.repo_id}@{resolved.commit[:12]}: no files match the include/exclude patterns")
+    hub = HubSource(req.repo_id, resolved.commit, endpoint=req.endpoint, token=req.token, repo_type=req.repo_type)
+    sources = Sources(default=hub, by_path=plan.by_path if plan else {},
+                      fallback=hub if plan is None or plan.hub_fallback else None, fallback_name="the Hub")
+
+    with _new_state_dir(local_dir), Session(local_dir, "mm fetch") as session:
+        results = session.run(planned, sources, refetch=refetch is not None, workers=req.workers, progress=progress,
+                              label=f"fetch {req.repo_id}@{resolved.commit[:12]}")
+        entries = _manifest_entries(local_dir, refetch, remote, planned, session.known,
+                                    [e for _, e in results if e is not None])
+        manifest = Manifest(repo_id=req.repo_id, revision=resolved.commit, files=(), repo_type=req.repo_type,
+                            requested_revision=resolved.requested, endpoint=public_endpoint(hub.endpoint))
+        write_manifest(manifest.with_files(list(entries.values())), manifest_path(local_dir))
+        session.finished()
+
+    outcomes = tuple(o for o, _ in results) + tuple(unlisted)
+    return FetchResult(
+        repo_id=req.repo_id, requested_revision=resolved.requested, commit=resolved.commit,
+        revision_kind=resolved.kind, local_dir=str(local_dir), manifest_path=str(manifest_path(local_dir)),
+        files=outcomes, bytes_transferred=sum(o.bytes_transferred for o in outcomes),
+        seconds=time.monotonic() - started, draft=_draft_status(req.repo_id, entries),
+    )
+
+
+def _manifest_entries(local_dir: Path, refetch: frozenset[str] | None, remote: list[RemoteFile],
+                      planned: list[RemoteFile], known: Mapping[str, FileEntry],
+                      proven: list[FileEntry]) -> dict[str, FileEntry]:
+    """What the manifest records: the revision as selected, not what happened to arrive.
+
+    Every planned file has an entry: proven now, proven earlier with the same content (even if the file is
+    gone now: verify names it missing), or, for a file that could not be fetched, its size and upstream
+    identity only (unproven), so verify, bundle and launch see it as missing. A repair (REFETCH) starts
+    from the manifest it repairs and never drops an entry of it.
+    """
+    by_path = {f.path: f for f in remote}
+    if refetch is not None and manifest_path(local_dir).is_file():
+        entries = {e.path: e for e in read_manifest(manifest_path(local_dir)).files}
+    else:
+        entries = {p: e for p, e in known.items() if p in by_path and e.upstream == by_path[p].upstream}
+    entries.update({e.path: e for e in proven})
+    for f in planned:
+        if f.path not in entries:
+            entries[f.path] = expected_entry(f.path, f.size, f.upstream)
+    return entries
+
+
+@contextmanager
+def _new_state_dir(local_dir: Path) -> Iterator[None]:
+    """A run that fails before anything was kept leaves no empty .mm/ (nor an empty LOCAL_DIR it created)."""
+    created_dir = not local_dir.exists()
+    created_state = not (local_dir / MM_DIR).exists()
+    try:
+        yield
+    except BaseException:
+        if created_state:
+            with suppress(OSError):
+                partial = local_dir / PARTIAL_DIR
+                if partial.is_dir() and not any(partial.iterdir()):
+                    partial.rmdir()
+                    for leftover in ("lock", "journal.jsonl"):
+                        (local_dir / MM_DIR / leftover).unlink(missing_ok=True)
+                    (local_dir / MM_DIR).rmdir()
+                    if created_dir:
+                        local_dir.rmdir()
+        raise
+
+
+def _draft_status(repo_id: str, entries: Mapping[str, FileEntry]) -> DraftStatus | None:
+    """Whether the pin's draft model (its draft.subfolder) has a safetensors file; None without one."""
+    pin = pin_for_repo(repo_id)
+    if pin is None or not pin.draft_subfolder:
+        return None
+    folder = pin.draft_subfolder.rstrip("/") + "/"
+    return DraftStatus(folder, any(p.startswith(folder) and p.endswith(".safetensors") and e.proven
+                                   for p, e in entries.items()))
