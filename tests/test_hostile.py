@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
@@ -421,29 +420,29 @@ def test_values_refused_with_json_give_one_document(case):
 
 # --- messages: hostile names, printed safely -------------------------------------------------------
 
-def test_ansi_escape_in_a_file_name_is_printed_escaped(model):
+def test_messages_ansi_escape_in_a_file_name_is_printed_escaped(model):
     (model / "\x1b[31mred\x1b[0m.bin").write_bytes(b"x")
     r = run("verify", model)
     assert r.returncode == 1 and "\x1b" not in r.stdout + r.stderr and "\\x1b[31mred" in r.stdout
 
 
-def test_newline_in_a_manifest_path_is_named_as_a_newline(model):
+def test_messages_newline_in_a_manifest_path_is_named_as_a_newline(model):
     _edit_manifest(model, lambda d: d["files"][0].__setitem__("path", "a\nb.safetensors"))
     fails_cleanly(run("verify", model), 3, "holds a newline")
 
 
-def test_a_directory_of_300_character_names_is_bad_input(tmp_path):
+def test_fs_a_directory_of_300_character_names_is_bad_input(tmp_path):
     fails_cleanly(run("verify", tmp_path / ("x" * 300)), 3)
     fails_cleanly(run("manifest", "export", tmp_path / ("x" * 300)), 3)
 
 
-def test_bundle_leaves_nothing_of_mm_on_the_output_media(model, tmp_path):
+def test_messages_bundle_leaves_nothing_of_mm_on_the_output_media(model, tmp_path):
     out = tmp_path / "media"
     assert run("bundle", model, "--out", out, "--volume-size", "1G").returncode == 0
     assert [p.name for p in out.iterdir()] == [p.name for p in out.glob("*.tar")] and not (out / ".mm").exists()
 
 
-def test_unbundle_counts_files_not_members_as_already_present(vols, tmp_path):
+def test_messages_unbundle_counts_files_not_members_as_already_present(vols, tmp_path):
     dest = tmp_path / "dest"
     assert run("unbundle", *vols, "--dest", dest).returncode == 0
     r = run("unbundle", *vols, "--dest", dest, "--json")
@@ -479,7 +478,7 @@ def _holds_lock(pid: int) -> bool:
                if len(line.split()) > 4 and line.split()[1] in ("FLOCK", "LEASE"))
 
 
-def test_fetch_refused_while_verify_reads_names_the_verify(tmp_path):
+def test_race_fetch_refused_while_verify_reads_names_the_verify(tmp_path):
     model = _big_sparse_model(tmp_path / "m")
     verifier = subprocess.Popen(mm_argv("verify", str(model)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -491,7 +490,7 @@ def test_fetch_refused_while_verify_reads_names_the_verify(tmp_path):
     fails_cleanly(r, 6, f"`mm verify {model}` (pid {verifier.pid}) is reading it")
 
 
-def test_a_file_cut_while_verify_hashes_it_is_named_as_changed(tmp_path):
+def test_race_a_file_cut_while_verify_hashes_it_is_named_as_changed(tmp_path):
     model = _big_sparse_model(tmp_path / "m")
     verifier = subprocess.Popen(mm_argv("verify", str(model), "--jobs", "1"), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
@@ -502,7 +501,7 @@ def test_a_file_cut_while_verify_hashes_it_is_named_as_changed(tmp_path):
     assert "CHANGED" in out and "big.bin" in out and "Traceback" not in err
 
 
-def test_a_file_cut_by_a_writer_that_had_it_open_is_named_as_changed(tmp_path):
+def test_race_a_file_cut_by_a_writer_that_had_it_open_is_named_as_changed(tmp_path):
     model = _big_sparse_model(tmp_path / "m")
     fd = os.open(model / "big.bin", os.O_RDWR)  # open for writing: no lease can be granted, verify reads instead
     try:
@@ -518,7 +517,7 @@ def test_a_file_cut_by_a_writer_that_had_it_open_is_named_as_changed(tmp_path):
     assert "CHANGED" in out and "Traceback" not in err
 
 
-def test_two_bundles_into_one_output_directory(model, tmp_path):
+def test_race_two_bundles_into_one_output_directory(model, tmp_path):
     out = tmp_path / "out"
     env = {"MM_TEST_IO_CHUNK": "65536", "MM_TEST_IO_DELAY": "0.05"}
     first = subprocess.Popen(mm_argv("bundle", str(model), "--out", str(out), "--volume-size", "1G", "--no-sync"),
@@ -697,7 +696,7 @@ def test_hub_a_file_that_fails_leaves_a_model_that_never_verifies(hub_server, hu
     assert entry["blake3"] is None and entry["upstream"]["kind"] == "lfs-sha256"
     r = run("verify", dest)
     assert r.returncode == 1 and f"MISSING    {SHARD}" in r.stdout
-    fails_cleanly(run("bundle", dest, "--out", tmp_path / "out", "--volume-size", "1G"), 5, SHARD)
+    fails_cleanly(run("bundle", dest, "--out", tmp_path / "out", "--volume-size", "1G"), 1, SHARD)
     fails_cleanly(run("launch", dest, "--hardware", "b300"), 1)
     fails_cleanly(run("manifest", "export", dest), 3, "never fetched")
     hub_server.fail_file.clear()
