@@ -777,6 +777,32 @@ def test_hub_a_torn_or_hostile_journal_is_not_trusted(hub_server, hub_env, model
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
 
 
+ANSWERS = {
+    "deep nesting": DEEP,
+    "message is a string": b'{"choices": [{"message": "hello"}]}',
+    "NaN": b'{"choices": [{"message": {"content": NaN}}]}',
+}
+
+
+@pytest.mark.parametrize("answer", sorted(ANSWERS))
+def test_json_warmup_server_answers(tmp_path, answer):
+    from tests.support import fake_docker
+    from tests.test_launch import make_model_dir
+    state = tmp_path / "docker-state"
+    fake_docker.install(tmp_path / "bin", state)
+    (tmp_path / "answer").write_bytes(ANSWERS[answer])
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    model_dir = make_model_dir(tmp_path / "models")
+    r = run("warmup", model_dir, "--hardware", "b300", "--port", port, "--cache-root", tmp_path / "cache",
+            "--timeout", "60", env={"PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+                                    "MM_API_KEY": "k", "NO_PROXY": "127.0.0.1",
+                                    "FAKE_SGLANG_ANSWER_FILE": str(tmp_path / "answer")})
+    fails_cleanly(r, 1)
+    assert "FAILED" in r.stdout
+
+
 def test_zz_no_command_printed_a_traceback():
     """Every run of this module (it runs last) ended without a Python traceback."""
     if not RUNS:

@@ -13,6 +13,7 @@ Behaviour for scenarios, from the environment (docker passes the caller's enviro
   FAKE_SGLANG_NVFP4_BACKEND=NAME   log `nvfp4_to_fp8 backend=NAME` (default qmul4)
   FAKE_SGLANG_REASONING_ALWAYS=1   return reasoning_content even with thinking disabled
   FAKE_GPU_INFO="NAME, CC, DRIVER" what nvidia-smi prints for each GPU (default a B300)
+  FAKE_SGLANG_ANSWER_FILE=PATH     answer every chat request with PATH's bytes, HTTP 200 (a hostile server)
 """
 from __future__ import annotations
 
@@ -226,6 +227,14 @@ def serve(name: str) -> None:
         def do_POST(self):
             if self.path != "/v1/chat/completions":
                 return self._send(404, {"error": "not found"})
+            if os.environ.get("FAKE_SGLANG_ANSWER_FILE"):
+                body = Path(os.environ["FAKE_SGLANG_ANSWER_FILE"]).read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if req.get("model") != model_path:
                 return self._send(404, {"error": f"model {req.get('model')!r} not served"})
