@@ -604,13 +604,13 @@ def unbundle(volumes, dest, image_dest, cache_dest, no_sync, json_out):
 
 
 
-def _gpu_list(ctx, param, value):
+def _int_list(ctx, param, value):
     if value is None:
         return None
     try:
         return tuple(int(g) for g in value.split(","))
     except ValueError:
-        raise click.BadParameter(f"{value!r}: expected GPU indices like 0,1,2,3") from None
+        raise click.BadParameter(f"{value!r}: expected numbers separated by commas, like 0,1,2,3") from None
 
 
 def recipe_options(fn: Callable) -> Callable:
@@ -620,8 +620,14 @@ def recipe_options(fn: Callable) -> Callable:
         click.option("--hardware", required=True, help="b300, gb300, b200, gb200, h200, h100 (vLLM), mi355x, mi350x."),
         click.option("--recipe", default=None, help="balanced, low-latency, high-throughput, ... (default: the hardware's reference)."),
         click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True),
-        click.option("--gpus", callback=_gpu_list, default=None, help="GPU indices, e.g. 0,1,2,3 (default: 0..N-1)."),
-        click.option("--port", type=int, default=30000, show_default=True),
+        click.option("--gpus", callback=_int_list, default=None,
+                     help="GPU indices, e.g. 0,1,2,3 (default: 0..N-1); more than one replica needs: one replica per group."),
+        click.option("--replicas", type=int, default=None,
+                     help="Servers behind the SGLang router (default: as many as --gpus holds; 1 keeps one server, no router)."),
+        click.option("--port", type=int, default=30000, show_default=True, help="The server's port; with replicas, the router's."),
+        click.option("--replica-ports", callback=_int_list, default=None,
+                     help="With replicas: their ports on 127.0.0.1 (default: --port+1, --port+2, ...)."),
+        click.option("--metrics-port", type=int, default=None, help="With replicas: the router's metrics port on 127.0.0.1 (default 29000)."),
         click.option("--tp", type=int, default=None, help="Override the recipe's tensor parallel size (revalidate)."),
         click.option("--context-length", type=int, default=None, help="Cap the context (refused above the recipe's limit)."),
         click.option("--dspark", is_flag=True, help="Require DSpark speculative decoding (refused where the guide says it fails)."),
@@ -640,7 +646,7 @@ def recipe_options(fn: Callable) -> Callable:
 def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
     from .artifacts import launch as mm_launch
     keys = ("hardware", "recipe", "engine", "gpus", "port", "tp", "context_length", "dspark", "image",
-            "image_archive", "cache_root", "name")
+            "image_archive", "cache_root", "name", "replicas", "replica_ports", "metrics_port")
     return mm_launch.LaunchOptions(**{k: kw[k] for k in keys}, **extra)
 
 
@@ -653,20 +659,23 @@ def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
 @json_option
 @handles_errors
 def launch(model_dir, expose, api_key_env, fmt, out, json_out, **kw):
-    """Print (or write) the offline start for MODEL_DIR on the given hardware."""
-    from .artifacts import launch as mm_launch
-    plan = mm_launch.plan_launch(model_dir, _launch_options(kw, expose=expose, api_key_env=api_key_env))
-    text = mm_launch.render_script(plan) if fmt == "sh" else json.dumps(mm_launch.plan_document(plan), indent=2) + "\n"
+    """Print (or write) the offline start for MODEL_DIR on the given hardware (replicas behind the router on a node)."""
+    from .artifacts import launch as mm_launch, router as mm_router
+    node = mm_router.plan_node(model_dir, _launch_options(kw, expose=expose, api_key_env=api_key_env))
+    doc = mm_router.node_document(node)
+    text = mm_router.render_node_script(node) if fmt == "sh" else json.dumps(doc, indent=2) + "\n"
     if out is not None:
         mm_launch.write_output(text, out, executable=fmt == "sh")
     if json_out:
-        emit_json({"ok": True, "out": str(out) if out else None, "format": fmt, "plan": mm_launch.plan_document(plan),
+        emit_json({"ok": True, "out": str(out) if out else None, "format": fmt, "plan": doc,
                    **({"script": text} if out is None and fmt == "sh" else {})})
         return
+    plan = node.first
     if out is None:
         click.echo(text, nl=False)
     else:
-        err.print(f"wrote {out} ({plan.recipe.id}, {plan.recipe.status})", markup=False, highlight=False)
+        err.print(f"wrote {out} ({plan.recipe.id}, {plan.recipe.status}, {len(node.replicas)} replica(s))",
+                  markup=False, highlight=False)
     for warning in plan.warnings:
         err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
 
