@@ -241,3 +241,78 @@ def test_node_scripts_pass_bash_n_and_shellcheck(model_dir, tmp_path):
         scripts.append(str(out))
     check = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout
+
+
+# --- the script itself, run against the stand-in docker ---------------------------------------------
+
+def free_ports(n: int) -> list[int]:
+    import socket
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def http(port: int, path: str, body: dict | None = None) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST" if body else "GET",
+                                     data=json.dumps(body).encode() if body else None,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with opener.open(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, {}
+    except (urllib.error.URLError, OSError):
+        return 0, {}  # nothing listening yet
+
+
+def test_node_script_starts_replicas_then_the_router_and_stopping_the_router_stops_them(model_dir, tmp_path):
+    import os
+    import time
+    from tests.support import fake_docker
+    state = tmp_path / "docker-state"
+    fake_docker.install(tmp_path / "bin", state)
+    router_port, a, b, metrics = free_ports(4)
+    out = tmp_path / "node.sh"
+    r = mm("launch", model_dir, "--hardware", "b300", "--gpus", EIGHT, "--port", router_port, "--replica-ports", f"{a},{b}",
+           "--metrics-port", metrics, "--cache-root", tmp_path / "cache", "--out", out)
+    assert r.returncode == 0, r.stderr
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", NO_PROXY="127.0.0.1")
+    script = subprocess.Popen(["bash", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(300):  # the router comes up only after both replicas answered /health
+            if http(router_port, "/health")[0] == 200:
+                break
+            assert script.poll() is None, script.communicate()
+            time.sleep(0.1)
+        assert http(a, "/health")[0] == http(b, "/health")[0] == 200
+        for _ in range(2):
+            code, answer = http(router_port, "/v1/chat/completions", {
+                "model": "/models/MiniMax-M3.1-Flash", "messages": [{"role": "user", "content": "hi"}]})
+            assert code == 200 and answer["choices"][0]["message"]["content"]
+        router_log = (state / "minimax-m3-1-flash-router.log").read_text()
+        assert f"routed /v1/chat/completions to http://127.0.0.1:{a}" in router_log
+        assert f"routed /v1/chat/completions to http://127.0.0.1:{b}" in router_log
+        # replica 0 compiled into the shared (cold) cache alone; replica 1 started after it and loaded the kernels
+        assert "compiled kernels into /root/.cache/minfer" in (state / "minimax-m3-1-flash-0.log").read_text()
+        assert "kernel cache hit: /root/.cache/minfer" in (state / "minimax-m3-1-flash-1.log").read_text()
+        subprocess.run([str(tmp_path / "bin" / "docker"), "stop", "minimax-m3-1-flash-router"], check=True,
+                       capture_output=True)
+        script.wait(timeout=60)
+    finally:
+        if script.poll() is None:
+            script.kill()
+    running = [subprocess.run([str(tmp_path / "bin" / "docker"), "inspect", "-f", "{{.State.Running}}", n],
+                              capture_output=True, text=True).stdout.strip()
+               for n in ("minimax-m3-1-flash-0", "minimax-m3-1-flash-1")]
+    assert running == ["false", "false"]  # stopped with the router, kept (stopped) for `mm diagnose --container`
+    calls = [json.loads(line) for line in (state / "calls.jsonl").read_text().splitlines()]
+    runs = [c[c.index("--name") + 1] for c in calls if c[0] == "run"]
+    assert runs == ["minimax-m3-1-flash-0", "minimax-m3-1-flash-1", "minimax-m3-1-flash-router"]
