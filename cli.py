@@ -716,5 +716,53 @@ def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
         raise ProblemsFound(result.error or f"warm-up checks failed: {failed}")
 
 
+@main.command()
+@click.argument("logfile", required=False, type=click.Path(path_type=Path))
+@click.option("--container", default=None, help="Read `docker logs NAME` and its mounts instead of a file.")
+@click.option("--answer", "answers", multiple=True, type=click.Path(path_type=Path),
+              help="A saved HTTP answer or request body (repeatable).")
+@click.option("--model-dir", type=click.Path(path_type=Path), default=None,
+              help="The model directory: adapt each fix to its recipe (with --hardware and the launch options).")
+@click.option("--hardware", default=None, help="With --model-dir: the hardware of the launch.")
+@click.option("--recipe", default=None)
+@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True)
+@click.option("--gpus", callback=_int_list, default=None)
+@click.option("--port", type=int, default=30000, show_default=True)
+@click.option("--cache-root", type=click.Path(path_type=Path), default=None)
+@click.option("--image", default=None)
+@click.option("--host-checks", is_flag=True, help="Also run the table's host checks for that recipe on this host.")
+@click.option("--gpu-info", default=None, help="'NAME, COMPUTE_CAP, DRIVER' lines for the GPU host check.")
+@json_option
+@handles_errors
+def diagnose(logfile, container, answers, model_dir, hardware, recipe, engine, gpus, port, cache_root, image,
+             host_checks, gpu_info, json_out):
+    """Match a server log (or a container's) against the guide's troubleshooting table; exit 1 when a row matches."""
+    from .artifacts import diagnose as mm_diagnose, launch as mm_launch
+    launch = (mm_launch.LaunchOptions(hardware=hardware, recipe=recipe, engine=engine, gpus=gpus, port=port,
+                                      cache_root=cache_root, image=image) if hardware else None)
+    result = mm_diagnose.run_diagnosis(mm_diagnose.DiagnoseRequest(
+        logfile=logfile, container=container, answers=tuple(answers), model_dir=model_dir, launch=launch,
+        host_checks=host_checks, gpu_info=gpu_info))
+    if json_out:
+        emit_json({"ok": result.ok, **to_jsonable(result)})
+    else:
+        _render_findings(result.findings)
+        verdict = (f"{len(result.findings)} row(s) of the guide's troubleshooting table match" if result.findings
+                   else "no row of the guide's troubleshooting table matches")
+        out.print(f"{verdict} ({result.lines_read} lines read{', recipe ' + result.recipe if result.recipe else ''})",
+                  markup=False, highlight=False)
+    if not result.ok:
+        sys.exit(ProblemsFound.exit_code)
+
+
+def _render_findings(findings) -> None:
+    for f in findings:
+        at = f" line {f.line_number}" if f.line_number else ""
+        out.print(f"[red]row {f.guide_row}[/] {escape(f.row)}: {escape(f.symptom)}")
+        out.print(f"  seen in {escape(f.where)}{at}: {escape(f.line)}", highlight=False)
+        out.print(f"  cause: {escape(f.cause)}", highlight=False)
+        out.print(f"  fix: {escape(f.fix)}", highlight=False)
+
+
 if __name__ == "__main__":
     main()
