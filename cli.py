@@ -690,13 +690,13 @@ def launch(model_dir, expose, api_key_env, fmt, out, json_out, **kw):
 @handles_errors
 def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
     """Start the server once so kernel caches compile, run the guide's checks, stop it, write a report."""
-    from .artifacts import launch as mm_launch
+    from .artifacts import router as mm_router
     from .artifacts import warmup as mm_warmup
-    plan = mm_launch.plan_launch(model_dir, _launch_options(kw))
+    node = mm_router.plan_node(model_dir, _launch_options(kw))
     image_png = mm_warmup.read_image_file(image_file) if image_file else None
-    result = mm_warmup.run_warmup(plan, timeout=timeout, image_png=image_png, gpu_info=gpu_info,
+    result = mm_warmup.run_warmup(node, timeout=timeout, image_png=image_png, gpu_info=gpu_info,
                                   progress=progress_for(json_out))
-    report_path = report or mm_warmup.default_report_path(plan)
+    report_path = report or mm_warmup.default_report_path(node.first)
     mm_warmup.write_report(result, report_path)
     if json_out:
         emit_json({"report": str(report_path), **to_jsonable(result)})
@@ -705,11 +705,15 @@ def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
         return
     for check in result.checks:
         mark = "[green]ok[/]" if check.ok else "[red]FAILED[/]"
-        out.print(f"{mark} {check.name}: {escape(check.detail)}")
+        where = f"{escape(check.target)}: " if check.target else ""
+        out.print(f"{mark} {where}{check.name}: {escape(check.detail)}")
     if result.log_tail:
-        err.print(f"last {len(result.log_tail)} log lines of {result.container}:", markup=False)
+        err.print(f"last {len(result.log_tail)} log lines of {', '.join(result.containers)}:", markup=False)
         for line in result.log_tail:
             err.print("  " + line, markup=False, highlight=False, soft_wrap=True)
+    if result.diagnosis:
+        out.print("the guide's troubleshooting table:")
+        _render_findings(result.diagnosis)
     out.print(f"report: {escape(str(report_path))}")
     if not result.ok:
         failed = ", ".join(f"{c.name} ({c.detail})" for c in result.failed)

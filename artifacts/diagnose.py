@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .errors import BadInput
-from .launch import LaunchPlan, _pairs
+from .launch import CACHE_KEY_NAME, LaunchPlan, _pairs
 from .pins import Pin, default_pin, manifests_dir
 
 SCHEMA = "mm-troubleshooting/1"
 SOURCES = ("log", "http", "container", "host")
 MAX_LINE = 400  # a matched line is quoted up to this many characters
-CACHE_KEY_NAME = "mm-cache-key.json"
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BadInput, Refused
-from .launch import (Catalog, EnvRef, LaunchOptions, LaunchPlan, Token, _wrap, check_combination,
+from .launch import (CACHE_KEY_NAME, Catalog, EnvRef, LaunchOptions, LaunchPlan, Token, _wrap, check_combination,
                      check_model_dir, choose_recipe, docker_run_argv, hicache_statement, load_catalog, plan_document,
                      plan_launch, render_script)
 
-CACHE_KEY_NAME = "mm-cache-key.json"  # written by `mm warmup` beside the caches (warmup.py)
 DEFAULT_HEALTH_TIMEOUT = 3600  # seconds the script waits for each replica's /health (a cold start compiles kernels)
 
 
