@@ -506,6 +506,15 @@ def render_script(plan: LaunchPlan) -> str:
         lines += [f"# REVALIDATE: {why}. Check this command against the upstream recipe before serving traffic.",
                   f"echo {shlex.quote(f'WARNING: {r.id}: command must be revalidated against the upstream recipe before serving traffic')} >&2",
                   ""]
+    lines += script_setup(plan, plan.api_key_env if plan.expose else None, "Published on all interfaces",
+                          "Kernel caches persist across starts (MSA, FlashInfer, Triton, DeepGEMM); `mm warmup` fills them.")
+    lines.append(_wrap(docker_run_argv(plan), plan.image))
+    return "\n".join(lines) + "\n"
+
+
+def script_setup(plan: LaunchPlan, api_key_env: str | None, exposed: str, caches: str) -> list[str]:
+    """The lines before the first `docker run`: load the image when absent, demand the API key, make the caches."""
+    lines = []
     if plan.image_archive:
         lines += ["# The image came with the bundle: load it once if this host does not have it yet.",
                   f"if ! docker image inspect {shlex.quote(plan.image)} >/dev/null 2>&1; then",
@@ -513,15 +522,13 @@ def render_script(plan: LaunchPlan) -> str:
                   "fi", ""]
     else:
         lines += [f"# If this host lacks the image: docker load -i <image archive from the bundle> (must provide {plan.image}).", ""]
-    if plan.expose:
-        lines += [f"# Published on all interfaces: clients must send Authorization: Bearer ${plan.api_key_env}.",
-                  f': "${{{plan.api_key_env}:?set {plan.api_key_env} to the API key clients must send (it is not stored in this script)}}"',
+    if api_key_env:
+        lines += [f"# {exposed}: clients must send Authorization: Bearer ${api_key_env}.",
+                  f': "${{{api_key_env}:?set {api_key_env} to the API key clients must send (it is not stored in this script)}}"',
                   ""]
     if plan.cache_mounts:
-        lines += ["# Kernel caches persist across starts (MSA, FlashInfer, Triton, DeepGEMM); `mm warmup` fills them.",
-                  "mkdir -p " + " ".join(shlex.quote(str(m.host)) for m in plan.cache_mounts), ""]
-    lines.append(_wrap(docker_run_argv(plan), plan.image))
-    return "\n".join(lines) + "\n"
+        lines += [f"# {caches}", "mkdir -p " + " ".join(shlex.quote(str(m.host)) for m in plan.cache_mounts), ""]
+    return lines
 
 
 def _wrap(argv: list[Token], image: str, exec_: bool = True) -> str:

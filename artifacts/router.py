@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .errors import BadInput, Refused
 from .launch import (CACHE_KEY_NAME, Catalog, EnvRef, LaunchOptions, LaunchPlan, Token, _wrap, check_combination,
-                     check_model_dir, choose_recipe, docker_run_argv, hicache_statement, load_catalog, plan_document,
+                     check_model_dir, choose_recipe, docker_run_argv, hicache_statement, load_catalog, plan_document, script_setup,
                      plan_launch, render_script)
 
 DEFAULT_HEALTH_TIMEOUT = 3600  # seconds the script waits for each replica's /health (a cold start compiles kernels)
@@ -194,20 +194,8 @@ def render_node_script(node: NodePlan) -> str:
                   ""]
     if hicache:
         lines += [f"echo {shlex.quote(hicache)} >&2", ""]
-    if first.image_archive:
-        lines += ["# The image came with the bundle: load it once if this host does not have it yet.",
-                  f"if ! docker image inspect {shlex.quote(first.image)} >/dev/null 2>&1; then",
-                  f"  docker load -i {shlex.quote(str(first.image_archive))}",
-                  "fi", ""]
-    else:
-        lines += [f"# If this host lacks the image: docker load -i <image archive from the bundle> (must provide {first.image}).", ""]
-    if router.expose:
-        lines += [f"# The router is published on all interfaces: clients must send Authorization: Bearer ${router.api_key_env}.",
-                  f': "${{{router.api_key_env}:?set {router.api_key_env} to the API key clients must send (it is not stored in this script)}}"',
-                  ""]
-    if first.cache_mounts:
-        lines += ["# Kernel caches persist across starts and are shared by the replicas; `mm warmup` fills them.",
-                  "mkdir -p " + " ".join(shlex.quote(str(m.host)) for m in first.cache_mounts), ""]
+    lines += script_setup(first, router.api_key_env, "The router is published on all interfaces",
+                          "Kernel caches persist across starts and are shared by the replicas; `mm warmup` fills them.")
     names = " ".join(shlex.quote(p.name) for p in node.replicas)
     lines += [
         f"REPLICAS=({names})",

@@ -343,14 +343,20 @@ def run_warmup(target: LaunchPlan | NodePlan, *, timeout: float = 3600, image_pn
     finally:
         stop_container(name)
 
+    return _finish(plan, cache_key, ready_after, checks, error, tail, diagnosis, started, container=name, port=plan.port,
+                   containers=(name,))
+
+
+def _finish(plan: LaunchPlan, cache_key: CacheKey, ready_after: float | None, checks: list[Check], error: str | None,
+            tail: tuple[str, ...], diagnosis: tuple[Finding, ...], started: str, **where) -> WarmupReport:
+    """Record the cache key once the caches were filled (the first server answered /health); build the report."""
     if ready_after is not None and plan.cache_root is not None:
         atomic_write_json(plan.cache_root / CACHE_KEY_NAME, _schema_first(asdict(cache_key)))
-    ok = error is None and all(c.ok for c in checks)
-    return WarmupReport(ok=ok, recipe=plan.recipe.id, status=plan.recipe.status, image=plan.image, container=name,
-                        port=plan.port, cache_root=str(plan.cache_root) if plan.cache_root else None,
+    return WarmupReport(ok=error is None and all(c.ok for c in checks), recipe=plan.recipe.id, status=plan.recipe.status,
+                        image=plan.image, cache_root=str(plan.cache_root) if plan.cache_root else None,
                         cache_key=cache_key, ready_after_s=None if ready_after is None else round(ready_after, 1),
                         checks=tuple(checks), error=error, log_tail=tail, started=started, finished=_now(),
-                        containers=(name,), diagnosis=diagnosis)
+                        diagnosis=diagnosis, **where)
 
 
 def cache_snapshot(root: Path | None) -> dict[str, tuple[int, int]]:
@@ -439,14 +445,8 @@ def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes |
         for name in reversed(started_names):  # the router first
             stop_container(name)
 
-    if ready_after is not None and first.cache_root is not None:
-        atomic_write_json(first.cache_root / CACHE_KEY_NAME, _schema_first(asdict(cache_key)))
-    ok = error is None and all(c.ok for c in checks)
-    return WarmupReport(ok=ok, recipe=first.recipe.id, status=first.recipe.status, image=first.image, container=router_name,
-                        port=router.port, cache_root=str(first.cache_root) if first.cache_root else None,
-                        cache_key=cache_key, ready_after_s=None if ready_after is None else round(ready_after, 1),
-                        checks=tuple(checks), error=error, log_tail=tail, started=started, finished=_now(),
-                        replicas=len(node.replicas), containers=tuple(names) + (router_name,), diagnosis=diagnosis)
+    return _finish(first, cache_key, ready_after, checks, error, tail, diagnosis, started, container=router_name,
+                   port=router.port, replicas=len(node.replicas), containers=tuple(names) + (router_name,))
 
 
 def default_report_path(plan: LaunchPlan) -> Path:

@@ -11,20 +11,10 @@ import pytest
 
 from mm.artifacts.launch import EnvRef, LaunchOptions, load_catalog
 from mm.artifacts.router import plan_node
-from tests.test_launch import (PIN, QUARK_REPO, REPO_ROOT, ROCM_IMAGE, SECRET, assert_no_secrets, make_model_dir, mm,
-                               sglang_parse)
+from tests.test_launch import (PIN, QUARK_REPO, REPO_ROOT, ROCM_IMAGE, SECRET, assert_no_secrets, mm, model_dir,  # noqa: F401
+                               quark_dir, sglang_parse)
 
 EIGHT = "0,1,2,3,4,5,6,7"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return make_model_dir(tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture(scope="module")
-def quark_dir(tmp_path_factory) -> Path:
-    return make_model_dir(tmp_path_factory.mktemp("quark"), repo_id=QUARK_REPO, draft=False)
 
 
 def commands(script: str) -> list[list[str]]:

@@ -5,25 +5,12 @@ import json
 import os
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from mm.cli import main
-from tests.support import fake_docker
-from tests.test_launch import HF_SECRET, SECRET, make_model_dir
+from tests.test_launch import HF_SECRET, SECRET
 from tests.test_launch_node import EIGHT, free_ports
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return make_model_dir(tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture
-def docker(tmp_path) -> Path:
-    state = tmp_path / "docker-state"
-    fake_docker.install(tmp_path / "bin", state)
-    return state
+from tests.test_warmup import docker, model_dir  # noqa: F401  (fixtures)
 
 
 def warmup(model_dir: Path, docker: Path, *args, **fake_env):

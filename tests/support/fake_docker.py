@@ -167,38 +167,37 @@ def _kill(pid: int) -> None:
     os.killpg(pid, signal.SIGKILL)
 
 
-def cmd_stop(args: list[str]) -> int:
+def _each_container(args: list[str], act) -> int:
+    """Run ACT(name, path) for every container named in ARGS, like docker: one error line per unknown name."""
     code = 0
     for name in [a for a in args if not a.startswith("-")]:
         path = _container(name)
         if not path.exists():
             print(f"Error response from daemon: No such container: {name}", file=sys.stderr)
             code = 1
-            continue
-        _kill(json.loads(path.read_text())["pid"])
-        print(name)
+        elif act(name, path):
+            print(name)
+        else:
+            code = 1
     return code
 
 
+def cmd_stop(args: list[str]) -> int:
+    return _each_container(args, lambda name, path: _kill(json.loads(path.read_text())["pid"]) or True)
+
+
 def cmd_rm(args: list[str]) -> int:
-    code = 0
-    for name in [a for a in args if not a.startswith("-")]:
-        path = _container(name)
-        if not path.exists():
-            print(f"Error response from daemon: No such container: {name}", file=sys.stderr)
-            code = 1
-            continue
+    def remove(name: str, path: Path) -> bool:
         pid = json.loads(path.read_text())["pid"]
         if _alive(pid):
             if "-f" not in args:
                 print("Error response from daemon: cannot remove a running container", file=sys.stderr)
-                code = 1
-                continue
+                return False
             _kill(pid)
         path.unlink()
         (_state() / f"{name}.log").unlink(missing_ok=True)
-        print(name)
-    return code
+        return True
+    return _each_container(args, remove)
 
 
 # --- the fake SGLang server -------------------------------------------------------------------
