@@ -206,6 +206,15 @@ def _arg(command: list[str], flag: str) -> str | None:
     return command[command.index(flag) + 1] if flag in command else None
 
 
+class _JSONHandler(BaseHTTPRequestHandler):
+    def _send_bytes(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
 def serve(name: str) -> None:
     opts = json.loads(_container(name).read_text())["opts"] if _container(name).exists() else None
     for _ in range(50):  # `run` writes the state file right after starting us
@@ -249,17 +258,12 @@ def serve(name: str) -> None:
     never_ready = os.environ.get("FAKE_SGLANG_NEVER_READY") == "1"
     reasoning_always = os.environ.get("FAKE_SGLANG_REASONING_ALWAYS") == "1"
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(_JSONHandler):
         def log_message(self, fmt, *args):
             log("http: " + fmt % args)
 
         def _send(self, code: int, doc: dict) -> None:
-            body = json.dumps(doc).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self._send_bytes(code, json.dumps(doc).encode())
 
         def do_GET(self):
             if self.path == "/health":
@@ -312,16 +316,11 @@ def serve_router(opts: dict, log) -> None:
     turn = itertools.cycle(workers)
     log(f"router: policy={_arg(command, '--policy')} workers={','.join(workers)} host={_arg(command, '--host')}")
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(_JSONHandler):
         def log_message(self, fmt, *args):
             log("http: " + fmt % args)
 
-        def _send(self, code: int, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+        _send = _JSONHandler._send_bytes
 
         def do_GET(self):
             self._send(200, b"{}") if self.path == "/health" else self._send(404, b'{"error": "not found"}')
