@@ -306,3 +306,30 @@ def test_node_script_starts_replicas_then_the_router_and_stopping_the_router_sto
     calls = [json.loads(line) for line in (state / "calls.jsonl").read_text().splitlines()]
     runs = [c[c.index("--name") + 1] for c in calls if c[0] == "run"]
     assert runs == ["minimax-m3-1-flash-0", "minimax-m3-1-flash-1", "minimax-m3-1-flash-router"]
+
+
+def test_node_script_stops_when_a_replica_dies_and_leaves_it_for_mm_diagnose(model_dir, tmp_path):
+    import os
+    from click.testing import CliRunner
+    from mm.cli import main
+    from tests.support import fake_docker
+    fake_docker.install(tmp_path / "bin", tmp_path / "docker-state")
+    router_port, a, b, metrics = free_ports(4)
+    out = tmp_path / "node.sh"
+    r = mm("launch", model_dir, "--hardware", "b300", "--gpus", EIGHT, "--port", router_port, "--replica-ports", f"{a},{b}",
+           "--metrics-port", metrics, "--cache-root", tmp_path / "cache", "--out", out)
+    assert r.returncode == 0, r.stderr
+    path = f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    env = dict(os.environ, PATH=path, NO_PROXY="127.0.0.1", FAKE_SGLANG_EXIT_AFTER_LOG="1",
+               FAKE_SGLANG_LOG_LINES="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB")
+    done = subprocess.run(["bash", str(out)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert ("mm: minimax-m3-1-flash-0 exited before /health answered; read its log: "
+            "mm diagnose --container minimax-m3-1-flash-0") in done.stderr
+    calls = [json.loads(line) for line in (tmp_path / "docker-state" / "calls.jsonl").read_text().splitlines()]
+    assert [c[c.index("--name") + 1] for c in calls if c[0] == "run"] == ["minimax-m3-1-flash-0"]  # cold cache: alone
+    diagnosis = CliRunner().invoke(main, ["diagnose", "--container", "minimax-m3-1-flash-0", "--json", "--model-dir",
+                                          str(model_dir), "--hardware", "b300", "--cache-root", str(tmp_path / "cache")],
+                                   env={"PATH": path})
+    assert diagnosis.exit_code == 1
+    assert [f["row"] for f in json.loads(diagnosis.stdout)["findings"]] == ["cuda-oom"]
