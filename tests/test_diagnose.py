@@ -8,12 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
 from mm.artifacts.diagnose import hicache_fits, host_findings, load_table
 from mm.artifacts.launch import LaunchOptions
 from mm.artifacts.router import plan_node
-from mm.cli import main
 from tests.support import fake_docker
 from tests.test_launch import PIN, ROCM_IMAGE, make_model_dir
 
@@ -55,11 +52,15 @@ def model_dir(tmp_path_factory) -> Path:
     return make_model_dir(tmp_path_factory.mktemp("models"))
 
 
+def run_mm(*args, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """The installed `mm` in a real subprocess."""
+    import sys
+    return subprocess.run([str(Path(sys.executable).parent / "mm"), *map(str, args)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(extra_env or {})})
+
+
 def diagnose(*args, env: dict | None = None):
-    result = CliRunner().invoke(main, ["diagnose", *map(str, args)], env=env)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
+    return run_mm("diagnose", *args, extra_env=env)
 
 
 def test_the_table_holds_every_row_of_the_guides_troubleshooting_table_with_sources():
@@ -81,7 +82,7 @@ def test_each_rows_synthetic_input_gives_exactly_that_row(row, tmp_path):
     log = tmp_path / f"{row}.log"
     log.write_text("[2026-11-09 10:00:00] starting\n" + ROW_INPUTS[row] + "\n[2026-11-09 10:00:02] exiting\n")
     result = diagnose(log, "--json")
-    assert result.exit_code == 1, result.output
+    assert result.returncode == 1, result.stdout + result.stderr
     doc = json.loads(result.stdout)
     assert [f["row"] for f in doc["findings"]] == [row]
     finding = doc["findings"][0]
@@ -93,21 +94,21 @@ def test_a_clean_log_matches_nothing_with_or_without_the_recipe(model_dir, tmp_p
     log = tmp_path / "clean.log"
     log.write_text(CLEAN_LOG)
     plain = diagnose(log)
-    assert plain.exit_code == 0 and "no row of the guide's troubleshooting table matches (8 lines read)" in plain.stdout
+    assert plain.returncode == 0 and "no row of the guide's troubleshooting table matches (8 lines read)" in plain.stdout
     with_recipe = diagnose(log, "--model-dir", model_dir, "--hardware", "b300", "--json")
-    assert with_recipe.exit_code == 0 and json.loads(with_recipe.stdout)["findings"] == []
+    assert with_recipe.returncode == 0 and json.loads(with_recipe.stdout)["findings"] == []
 
 
 def test_the_ready_line_without_any_nvfp4_line_is_the_slow_path_only_where_the_recipe_expects_qmul4(model_dir, tmp_path):
     log = tmp_path / "no-nvfp4.log"
     log.write_text("\n".join(line for line in CLEAN_LOG.splitlines() if "nvfp4" not in line) + "\n")
-    assert diagnose(log).exit_code == 0  # recipe unknown: absence proves nothing
+    assert diagnose(log).returncode == 0  # recipe unknown: absence proves nothing
     b300 = diagnose(log, "--model-dir", model_dir, "--hardware", "b300", "--json")
-    assert b300.exit_code == 1
+    assert b300.returncode == 1
     assert [(f["row"], f["line"]) for f in json.loads(b300.stdout)["findings"]] == [
         ("nvfp4-slow-path", "[2026-11-09 10:02:10] The server is fired up and ready to roll!")]
     rocm = diagnose(log, "--model-dir", model_dir, "--hardware", "mi355x", "--image", ROCM_IMAGE)
-    assert rocm.exit_code == 0  # no qmul4 line is expected on ROCm
+    assert rocm.returncode == 0  # no qmul4 line is expected on ROCm
 
 
 def test_parsers_missing_from_server_args_is_the_raw_token_row(tmp_path):
@@ -133,17 +134,17 @@ def test_text_output_names_the_row_the_line_the_cause_and_the_fix(tmp_path):
     log = tmp_path / "x.log"
     log.write_text(ROW_INPUTS["dspark-needs-blackwell"] + "\n")
     result = diagnose(log)
-    assert result.exit_code == 1
+    assert result.returncode == 1
     assert "row 5 dspark-needs-blackwell" in result.stdout and "line 1: ValueError: M3.1 NVFP4 DSPARK" in result.stdout
     assert "cause: DSpark is enabled on a non-Blackwell" in result.stdout and "fix: use the H200 recipe" in result.stdout
 
 
 def test_bad_input_is_one_line_and_exit_3(tmp_path):
     missing = diagnose(tmp_path / "nope.log")
-    assert missing.exit_code == 3 and f"{tmp_path / 'nope.log'}: cannot read" in missing.stderr
+    assert missing.returncode == 3 and f"{tmp_path / 'nope.log'}: cannot read" in missing.stderr
     nothing = diagnose("--json")
-    assert nothing.exit_code == 3 and json.loads(nothing.stdout)["ok"] is False
-    assert diagnose("--model-dir", tmp_path, "--answer", tmp_path / "x").exit_code == 3
+    assert nothing.returncode == 3 and json.loads(nothing.stdout)["ok"] is False
+    assert diagnose("--model-dir", tmp_path, "--answer", tmp_path / "x").returncode == 3
 
 
 # --- a container, through the stand-in docker ------------------------------------------------------
@@ -169,7 +170,7 @@ def test_diagnose_container_reads_docker_logs_and_finds_a_missing_kernel_cache_m
             time.sleep(0.05)
         result = diagnose("--container", "guide-quickstart", "--json", env=env)
         doc = json.loads(result.stdout)
-        assert result.exit_code == 1
+        assert result.returncode == 1
         assert [(f["row"], f["source"]) for f in doc["findings"]] == [("kernel-cache-not-persisted", "container"),
                                                                          ("cuda-oom", "log")]
         assert "no mount at /root/.cache/minfer" in doc["findings"][0]["line"]
@@ -179,7 +180,7 @@ def test_diagnose_container_reads_docker_logs_and_finds_a_missing_kernel_cache_m
     finally:
         subprocess.run([str(docker), "rm", "-f", "guide-quickstart"], capture_output=True, env={**os.environ, **env})
     gone = diagnose("--container", "guide-quickstart", env=env)
-    assert gone.exit_code == 3 and "docker logs failed" in gone.stderr
+    assert gone.returncode == 3 and "docker logs failed" in gone.stderr
 
 
 # --- host checks, for mm doctor ------------------------------------------------------------------
@@ -197,7 +198,7 @@ def test_host_checks_give_their_rows(model_dir, tmp_path):
     assert host_findings(plan, gpu_info="NVIDIA B300 SXM6 AC, 10.3, 590.48.01") == ()
     cli = diagnose("--host-checks", "--model-dir", model_dir, "--hardware", "b300", "--cache-root", cache,
                    "--gpu-info", "NVIDIA H200, 9.0, 580.65.06", "--json")
-    assert cli.exit_code == 1 and [f["row"] for f in json.loads(cli.stdout)["findings"]] == ["dspark-needs-blackwell"]
+    assert cli.returncode == 1 and [f["row"] for f in json.loads(cli.stdout)["findings"]] == ["dspark-needs-blackwell"]
 
 
 def test_host_check_finds_damaged_weights(model_dir, tmp_path):
@@ -234,9 +235,9 @@ def test_a_single_server_warmup_that_dies_reports_the_rows_its_log_matches(model
         port = s.getsockname()[1]
     env = {"PATH": f"{docker.parent}{os.pathsep}{os.environ['PATH']}", "NO_PROXY": "127.0.0.1",
            "FAKE_SGLANG_LOG_LINES": ROW_INPUTS["cuda-oom"], "FAKE_SGLANG_EXIT_AFTER_LOG": "1"}
-    result = CliRunner().invoke(main, ["warmup", str(model_dir), "--hardware", "b300", "--port", str(port),
-                                       "--cache-root", str(tmp_path / "cache")], env=env)
-    assert result.exit_code == 1
+    result = run_mm("warmup", model_dir, "--hardware", "b300", "--port", port, "--cache-root", tmp_path / "cache",
+                    extra_env=env)
+    assert result.returncode == 1
     report = json.loads((tmp_path / "cache" / "mm-warmup-report.json").read_text())
     assert [f["row"] for f in report["diagnosis"]] == ["cuda-oom", "health-failing"]
     assert "exited before /health answered" in report["diagnosis"][1]["line"]

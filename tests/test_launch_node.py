@@ -310,9 +310,8 @@ def test_node_script_starts_replicas_then_the_router_and_stopping_the_router_sto
 
 def test_node_script_stops_when_a_replica_dies_and_leaves_it_for_mm_diagnose(model_dir, tmp_path):
     import os
-    from click.testing import CliRunner
-    from mm.cli import main
     from tests.support import fake_docker
+    from tests.test_diagnose import run_mm
     fake_docker.install(tmp_path / "bin", tmp_path / "docker-state")
     router_port, a, b, metrics = free_ports(4)
     out = tmp_path / "node.sh"
@@ -328,8 +327,7 @@ def test_node_script_stops_when_a_replica_dies_and_leaves_it_for_mm_diagnose(mod
             "mm diagnose --container minimax-m3-1-flash-0") in done.stderr
     calls = [json.loads(line) for line in (tmp_path / "docker-state" / "calls.jsonl").read_text().splitlines()]
     assert [c[c.index("--name") + 1] for c in calls if c[0] == "run"] == ["minimax-m3-1-flash-0"]  # cold cache: alone
-    diagnosis = CliRunner().invoke(main, ["diagnose", "--container", "minimax-m3-1-flash-0", "--json", "--model-dir",
-                                          str(model_dir), "--hardware", "b300", "--cache-root", str(tmp_path / "cache")],
-                                   env={"PATH": path})
-    assert diagnosis.exit_code == 1
+    diagnosis = run_mm("diagnose", "--container", "minimax-m3-1-flash-0", "--json", "--model-dir", model_dir,
+                       "--hardware", "b300", "--cache-root", tmp_path / "cache", extra_env={"PATH": path})
+    assert diagnosis.returncode == 1
     assert [f["row"] for f in json.loads(diagnosis.stdout)["findings"]] == ["cuda-oom"]

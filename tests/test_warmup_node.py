@@ -5,10 +5,8 @@ import json
 import os
 from pathlib import Path
 
-from click.testing import CliRunner
-
-from mm.cli import main
 from tests.test_launch import HF_SECRET, SECRET
+from tests.test_diagnose import run_mm
 from tests.test_launch_node import EIGHT, free_ports
 from tests.test_warmup import docker, model_dir  # noqa: F401  (fixtures)
 
@@ -18,11 +16,9 @@ def warmup(model_dir: Path, docker: Path, *args, **fake_env):
     env = {"PATH": f"{docker.parent / 'bin'}{os.pathsep}{os.environ['PATH']}", "MM_API_KEY": SECRET, "HF_TOKEN": HF_SECRET,
            "NO_PROXY": "127.0.0.1", **fake_env}
     cache = docker.parent / "cache"
-    result = CliRunner().invoke(main, ["warmup", str(model_dir), "--hardware", "b300", "--gpus", EIGHT, "--port", str(router),
-                                       "--replica-ports", f"{a},{b}", "--metrics-port", str(metrics),
-                                       "--cache-root", str(cache), "--json", *map(str, args)], env=env)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
+    result = run_mm("warmup", model_dir, "--hardware", "b300", "--gpus", EIGHT, "--port", router,
+                    "--replica-ports", f"{a},{b}", "--metrics-port", metrics, "--cache-root", cache, "--json", *args,
+                    extra_env=env)
     return result, cache, (router, a, b)
 
 
@@ -35,7 +31,7 @@ NAMES = ("mm-warmup-sglang-b300-balanced-0", "mm-warmup-sglang-b300-balanced-1",
 
 def test_warmup_of_two_replicas_and_the_router_runs_the_guides_checks_on_each_and_through_the_router(model_dir, docker):
     result, cache, (router, a, b) = warmup(model_dir, docker)
-    assert result.exit_code == 0, result.output
+    assert result.returncode == 0, result.stdout + result.stderr
     doc = json.loads(result.stdout)
     assert doc["ok"] is True and doc["replicas"] == 2 and doc["containers"] == list(NAMES) and doc["port"] == router
     checks = by_target(doc)
@@ -64,7 +60,7 @@ def test_warmup_of_two_replicas_and_the_router_runs_the_guides_checks_on_each_an
 
 def test_a_replica_that_compiles_again_fails_the_from_cache_check(model_dir, docker):
     result, cache, _ = warmup(model_dir, docker, FAKE_SGLANG_ALWAYS_COMPILE="1")
-    assert result.exit_code == 1
+    assert result.returncode == 1
     doc = json.loads(result.stdout)
     check = by_target(doc)[(NAMES[1], "from-cache")]
     assert check["ok"] is False and "compiled again" in check["detail"] and "fake-kernel.bin" in check["detail"]
@@ -73,7 +69,7 @@ def test_a_replica_that_compiles_again_fails_the_from_cache_check(model_dir, doc
 
 def test_a_failed_warmup_reports_the_troubleshooting_rows_its_logs_match(model_dir, docker):
     result, cache, _ = warmup(model_dir, docker, FAKE_SGLANG_NVFP4_BACKEND="triton_fallback")
-    assert result.exit_code == 1
+    assert result.returncode == 1
     doc = json.loads(result.stdout)
     assert {f["row"] for f in doc["diagnosis"]} == {"nvfp4-slow-path"}
     finding = doc["diagnosis"][0]
