@@ -258,7 +258,8 @@ def node_document(node: NodePlan) -> dict:
     return {
         "recipe": first.recipe.id, "status": first.recipe.status, "repo_id": first.repo_id, "revision": first.revision,
         "image": first.image, "replica_count": len(node.replicas), "hicache": hicache_statement(first, len(node.replicas)),
-        "replicas": [plan_document(p) for p in node.replicas],
+        "replicas": [{**plan_document(p), "docker_argv": [str(t) for t in docker_run_argv(p, detach=True)]}
+                     for p in node.replicas],
         "router": {"name": router.name, "image": router.image, "host": router.host, "port": router.port,
                    "metrics_port": router.metrics_port, "worker_urls": list(router.worker_urls), "policy": router.policy,
                    "expose": router.expose, "api_key_env": router.api_key_env,

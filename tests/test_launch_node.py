@@ -156,6 +156,8 @@ def test_format_json_describes_every_container(model_dir):
     assert doc["router"]["worker_urls"] == ["http://127.0.0.1:30001", "http://127.0.0.1:30002"]
     assert doc["router"]["docker_argv"][:3] == ["docker", "run", "--name"]
     assert [p["port"] for p in doc["replicas"]] == [30001, 30002]
+    script_runs = commands(mm("launch", model_dir, "--hardware", "b300", "--gpus", EIGHT).stdout)
+    assert [p["docker_argv"] for p in doc["replicas"]] + [doc["router"]["docker_argv"]] == script_runs
     assert doc["router"]["source"] == "recipes engines.sglang.router"
 
 
