@@ -243,3 +243,13 @@ def test_a_single_server_warmup_that_dies_reports_the_rows_its_log_matches(model
     assert "exited before /health answered" in report["diagnosis"][1]["line"]
     assert "--mem-fraction-static 0.8 and --chunked-prefill-size 32768" in report["diagnosis"][0]["fix"]
     assert "the guide's troubleshooting table:" in result.stdout and "row 4 cuda-oom" in result.stdout
+
+
+def test_a_saved_answer_is_read_beside_the_log(tmp_path):
+    log, answer = tmp_path / "clean.log", tmp_path / "answer.json"
+    log.write_text(CLEAN_LOG)
+    answer.write_text(ROW_INPUTS["thinking-type-400"] + "\n")
+    result = diagnose(log, "--answer", answer, "--json")
+    doc = json.loads(result.stdout)
+    assert result.returncode == 1 and doc["inputs"] == [str(log), str(answer)]
+    assert [(f["row"], f["where"], f["line_number"]) for f in doc["findings"]] == [("thinking-type-400", str(answer), 1)]
