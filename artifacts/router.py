@@ -23,8 +23,8 @@ from pathlib import Path
 
 from .errors import BadInput, Refused
 from .launch import (CACHE_KEY_NAME, Catalog, EnvRef, LaunchOptions, LaunchPlan, Token, _wrap, check_combination,
-                     check_model_dir, choose_recipe, docker_run_argv, hicache_statement, load_catalog, plan_document, script_setup,
-                     plan_launch, render_script)
+                     check_model_dir, choose_recipe, docker_run_argv, hicache_statement, load_catalog, plan_document,
+                     plan_launch, read_identity, render_script, script_setup)
 
 DEFAULT_HEALTH_TIMEOUT = 3600  # seconds the script waits for each replica's /health (a cold start compiles kernels)
 
@@ -109,11 +109,8 @@ def plan_node(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = No
     catalog = catalog or load_catalog()
     recipe = choose_recipe(catalog, opts)
     model_dir = Path(model_dir).resolve()
-    if check_dir:
-        identity = check_model_dir(model_dir, recipe)
-    else:
-        from .launch import read_identity
-        identity = read_identity(model_dir, recipe)
+    opts = dataclasses.replace(opts, name=opts.name or catalog.pin.container_name)
+    identity = check_model_dir(model_dir, recipe, catalog.pin) if check_dir else read_identity(model_dir, recipe)
     replicas, gpu_sets = split_gpus(catalog, opts)
     if replicas == 1:
         return NodePlan((plan_launch(model_dir, dataclasses.replace(opts, gpus=gpu_sets[0]), catalog, identity),), None)

@@ -12,6 +12,7 @@ from mm.artifacts.diagnose import hicache_fits, host_findings, load_table
 from mm.artifacts.launch import LaunchOptions
 from mm.artifacts.router import plan_node
 from tests.support import fake_docker
+from tests.support.run import run_mm
 from tests.test_launch import PIN, ROCM_IMAGE, make_model_dir
 
 # Each row's synthetic input: a server log line or a saved HTTP answer / request body, as it would be seen.
@@ -50,13 +51,6 @@ INFO:     127.0.0.1:50312 - "GET /health HTTP/1.1" 200 OK
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     return make_model_dir(tmp_path_factory.mktemp("models"))
-
-
-def run_mm(*args, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    """The installed `mm` in a real subprocess."""
-    import sys
-    return subprocess.run([str(Path(sys.executable).parent / "mm"), *map(str, args)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **(extra_env or {})})
 
 
 def diagnose(*args, env: dict | None = None):

@@ -313,7 +313,7 @@ def test_node_script_starts_replicas_then_the_router_and_stopping_the_router_sto
 def test_node_script_stops_when_a_replica_dies_and_leaves_it_for_mm_diagnose(model_dir, tmp_path):
     import os
     from tests.support import fake_docker
-    from tests.test_diagnose import run_mm
+    from tests.support.run import run_mm
     fake_docker.install(tmp_path / "bin", tmp_path / "docker-state")
     router_port, a, b, metrics = free_ports(4)
     out = tmp_path / "node.sh"

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from tests.test_launch import HF_SECRET, SECRET
-from tests.test_diagnose import run_mm
+from tests.support.run import run_mm
 from tests.test_launch_node import EIGHT, free_ports
 from tests.test_warmup import docker, model_dir  # noqa: F401  (fixtures)
 
