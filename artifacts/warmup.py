@@ -21,14 +21,13 @@ import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .cachekey import CacheKey, write_cache_key
 from .errors import BadInput, ProblemsFound, Refused
 from .fsutil import atomic_write_json
 from .launch import LaunchPlan, docker_run_argv
 from .progress import NULL_PROGRESS, ProgressSink
 
 REPORT_SCHEMA = "mm-warmup-report/1"
-CACHE_KEY_SCHEMA = "mm-cache-key/1"
-CACHE_KEY_NAME = "mm-cache-key.json"
 REPORT_NAME = "mm-warmup-report.json"
 DSPARK_LINE = "DSpark draft found in the target checkpoint's dspark/ subfolder"
 NVFP4_BACKEND = re.compile(r"nvfp4_to_fp8 backend=(\S+)")
@@ -46,17 +45,6 @@ class Check:
     name: str
     ok: bool
     detail: str
-
-
-@dataclass(frozen=True)
-class CacheKey:
-    gpu: str
-    compute_capability: str
-    driver: str
-    image: str
-    recipe: str
-    gpu_count: int
-    schema: str = CACHE_KEY_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -316,7 +304,7 @@ def run_warmup(plan: LaunchPlan, *, timeout: float = 3600, image_png: bytes | No
         stop_container(name)
 
     if ready_after is not None and plan.cache_root is not None:
-        atomic_write_json(plan.cache_root / CACHE_KEY_NAME, _schema_first(asdict(cache_key)))
+        write_cache_key(plan.cache_root, cache_key)
     ok = error is None and all(c.ok for c in checks)
     return WarmupReport(ok=ok, recipe=plan.recipe.id, status=plan.recipe.status, image=plan.image, container=name,
                         port=plan.port, cache_root=str(plan.cache_root) if plan.cache_root else None,
