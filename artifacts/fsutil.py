@@ -5,11 +5,12 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
-from .errors import BadInput, Busy
+from .errors import BadInput, Busy, Refused
 
 MM_DIR = ".mm"
 # Files that tools put beside the weights; never payload.
@@ -59,6 +60,42 @@ def publish(tmp: Path, final: Path, sync: bool = True) -> None:
     os.replace(tmp, final)
     if sync:
         fsync_dir(final.parent)
+
+
+def close_file(fd: int, sync: bool = True) -> None:
+    """fsync (unless sync=False) and close a file descriptor; it is closed even when the fsync fails."""
+    try:
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish_fd(fd: int, tmp: Path, final: Path, sync: bool = True) -> None:
+    """The file written through FD at TMP: fsync and close it, then give it its final name."""
+    close_file(fd, sync)
+    publish(tmp, final, sync)
+
+
+def require_free_space(needs: Iterable[tuple[Path, int]], what: str) -> None:
+    """Refuse up front (exit 7) rather than fail hours later with a full disk.
+
+    NEEDS: (path where bytes will be written, bytes still to write); paths on one file system are added up,
+    and a path not created yet is judged by its nearest existing parent.
+    """
+    by_device: dict[int, tuple[Path, int]] = {}
+    for path, need in needs:
+        probe = Path(path)
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        dev = probe.stat().st_dev
+        seen = by_device.get(dev, (probe, 0))
+        by_device[dev] = (seen[0], seen[1] + need)
+    for probe, need in by_device.values():
+        free = shutil.disk_usage(probe).free
+        if need > free:
+            raise Refused(f"{probe}: not enough free disk: {what} needs {human_bytes(need)} more, "
+                          f"{human_bytes(free)} free")
 
 
 @contextmanager

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,8 +32,8 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, filter_repo_objects, hf_raise_for_status, http_stream_backoff
 
-from .errors import BadInput, IntegrityError, MMError, Refused, RemoteError
-from .fsutil import MM_DIR, check_relpath, dir_lock, human_bytes, payload_files, publish
+from .errors import BadInput, IntegrityError, MMError, RemoteError
+from .fsutil import MM_DIR, check_relpath, dir_lock, payload_files, publish, require_free_space
 from .hashing import Digests, StreamHasher
 from .manifest import (FileEntry, Manifest, Upstream, entry_for_file, entry_from_dict, manifest_path, public_endpoint,
                        read_manifest, write_manifest)
@@ -352,9 +351,7 @@ def _check_free_space(local_dir: Path, planned: Sequence[RemoteFile], known: Map
             continue
         partial = _partial_path(local_dir, f)
         needed += f.size - (partial.stat().st_size if partial.exists() else 0)
-    free = shutil.disk_usage(local_dir).free
-    if needed > free:
-        raise Refused(f"{local_dir}: not enough free disk: {human_bytes(needed)} to download, {human_bytes(free)} free")
+    require_free_space([(local_dir, needed)], "the download")
 
 
 def _partial_path(local_dir: Path, f: RemoteFile) -> Path:
