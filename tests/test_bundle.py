@@ -15,14 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.bundle import create_bundle
-from mm.artifacts.bundle_verify import verify_volumes
-from mm.artifacts.bundle_format import b3, find_volumes, open_volume, parse_size
-from mm.artifacts.bundle_unpack import check_free_space, unbundle
+from mm.artifacts.bundle.check import verify_volumes
+from mm.artifacts.bundle.format import b3, parse_size
+from mm.artifacts.bundle.pack import create_bundle
+from mm.artifacts.bundle.unpack import Outcome, Places, check_free_space, unbundle
+from mm.artifacts.bundle.volume import find_volumes, open_volume
 from mm.artifacts.errors import BadInput, Refused
 from mm.artifacts.hub import manifest_for_local_dir
 from mm.artifacts.manifest import manifest_path, read_manifest
 from tests.support.modelgen import write_model
+from tests.support.slowio import slow_io_env
 
 MM = Path(sys.executable).parent / "mm"
 VOLUME_SIZE = 500_000  # smaller than every shard: shards are split across volumes
@@ -298,22 +300,22 @@ def test_flipped_byte_is_named_by_verify_and_refused_by_unbundle_while_the_rest_
     vs = copy_volumes(vols, out)
     victim = vs[-1]  # holds whole small files after the last shard piece
     vol = open_volume(victim)
-    target = next(e for e in vol.entries() if e["segments"] == 1)
-    info = vol.data[target["member"]]
+    target = next(e for e in vol.entries() if e.segments == 1)
+    info = vol.data[target.member]
     data = bytearray(victim.read_bytes())
     data[info.offset_data + info.size // 2] ^= 0x01
     victim.write_bytes(bytes(data))
 
     r = mm("bundle", "verify", out)
     assert r.returncode == 1
-    assert f"CORRUPT  {victim}" in r.stdout and target["member"] in r.stdout
+    assert f"CORRUPT  {victim}" in r.stdout and target.member in r.stdout
     assert r.stdout.count("OK ") == len(vs) - 1
 
     dest = tmp_path / "dest"
     r = mm("unbundle", out, "--dest", dest)
     assert r.returncode == 5
-    assert victim.name in r.stderr and target["member"] in r.stderr
-    assert not (dest / target["path"]).exists()
+    assert victim.name in r.stderr and target.member in r.stderr
+    assert not (dest / target.path).exists()
     good = tree(model)
     imported = {k: v for k, v in tree(dest).items() if k != ".mm/manifest.json" and not k.startswith(".mm/unbundle")}
     assert imported and all(good[k] == v for k, v in imported.items())
@@ -349,7 +351,7 @@ def test_truncated_volume_is_refused_by_unbundle_while_the_rest_imports(model, v
     with open(vs[-1], "r+b") as f:
         f.truncate(vs[-1].stat().st_size - 3000)
     report = unbundle([out], tmp_path / "dest")
-    assert report.exit_code == 5 and not report.complete
+    assert report.outcome is Outcome.REFUSED and not report.complete
     assert report.corrupt and all(vs[-1].name in line for line in report.corrupt)
     good = tree(model)
     assert all(good[k] == v for k, v in tree(tmp_path / "dest").items() if not k.startswith(".mm/unbundle"))
@@ -396,10 +398,8 @@ def test_import_in_two_sittings_names_what_is_missing_and_does_not_rewrite(model
 
 
 def test_unbundle_refuses_when_free_space_is_short(tmp_path):
-    from mm.artifacts.bundle_unpack import _Dest
-
-    with pytest.raises(Refused, match="not enough free space"):
-        check_free_space(_Dest(tmp_path / "dest", None, None), {"model": 10**18})
+    with pytest.raises(Refused, match="not enough free disk"):
+        check_free_space(Places(tmp_path / "dest"), {"model": 10**18})
 
 
 def test_unbundle_refuses_a_dest_holding_another_model(vols, other_vols, tmp_path):
@@ -432,7 +432,7 @@ def test_hostile_member_is_refused_and_nothing_outside_dest_changes(case, vols, 
     sentinel.write_text("original")
     before = sorted(p.name for p in tmp_path.iterdir())
     report = unbundle([out], tmp_path / "dest")
-    assert report.exit_code == 5
+    assert report.outcome is Outcome.REFUSED
     assert any(crafted.name in line and repr(info.name) in line for line in report.refused)
     assert sentinel.read_text() == "original"
     assert not Path("/tmp/mm-bundle-test-absolute-sentinel").exists()
@@ -462,7 +462,7 @@ def test_index_path_escaping_dest_is_refused(vols, tmp_path):
     rewrite_volume(vols / vs[-1].name, vs[-1], edit_index=escape)
     (tmp_path / "sentinel.txt").write_text("original")
     report = unbundle([out], tmp_path / "dest")
-    assert report.exit_code == 5
+    assert report.outcome is Outcome.REFUSED
     assert any(vs[-1].name in line and "unsafe path" in line for line in report.refused)
     assert (tmp_path / "sentinel.txt").read_text() == "original"
 
@@ -494,15 +494,12 @@ def test_two_different_volumes_claiming_the_same_number_are_both_refused(vols, t
     twin = out / ("twin-" + vs[1].name)
     rewrite_volume(vols / vs[1].name, twin, edit_index=lambda doc: doc.update(note="forged"))
     report = unbundle([out], tmp_path / "dest")
-    assert report.exit_code == 5
+    assert report.outcome is Outcome.REFUSED
     claims = [line for line in report.refused if "claims volume 2" in line]
     assert len(claims) == 2 and {twin.name, vs[1].name} <= set(" ".join(claims).replace(",", " ").split())
 
 
 # --- kill -9 ----------------------------------------------------------------------------------------
-
-SLOW = {"MM_TEST_IO_CHUNK": "4096", "MM_TEST_IO_DELAY": "0.003"}
-
 
 def _kill_when(proc: subprocess.Popen, ready) -> None:
     deadline = time.monotonic() + 60
@@ -518,7 +515,7 @@ def test_kill_9_during_bundle_then_rerun_gives_the_same_volumes(model, vols, tmp
     out = tmp_path / "vols"
     out.mkdir()
     proc = subprocess.Popen([str(MM), "bundle", str(model), "--out", str(out), "--volume-size", str(VOLUME_SIZE)],
-                            env={**os.environ, **SLOW}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env={**os.environ, **slow_io_env(tmp_path)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _kill_when(proc, lambda: any(".vol002-" in p.name and p.name.endswith(".partial") for p in out.iterdir())
                and len(volumes_in(out)) == 1)  # volume 1 published (its fsync runs beside volume 2's writing)
     assert len(volumes_in(out)) == 1  # only the finished volume has a final name
@@ -532,7 +529,7 @@ def test_kill_9_during_bundle_then_rerun_gives_the_same_volumes(model, vols, tmp
 def test_kill_9_during_unbundle_then_rerun_completes(model, vols, tmp_path):
     dest = tmp_path / "dest"
     partials = dest / ".mm" / "unbundle" / "partial"
-    proc = subprocess.Popen([str(MM), "unbundle", str(vols), "--dest", str(dest)], env={**os.environ, **SLOW},
+    proc = subprocess.Popen([str(MM), "unbundle", str(vols), "--dest", str(dest)], env={**os.environ, **slow_io_env(tmp_path)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _kill_when(proc, lambda: (dest / "config.json").exists() and partials.is_dir() and any(partials.iterdir()))
     good = tree(model)
