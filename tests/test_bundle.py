@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 
 from mm.artifacts.bundle.check import verify_volumes
+from mm.artifacts.bundle.payloads import PAYLOAD_KINDS
 from mm.artifacts.bundle.format import b3, parse_size
 from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.bundle.unpack import Outcome, Places, check_free_space, unbundle
 from mm.artifacts.bundle.volume import find_volumes, open_volume
+from mm.artifacts.cachekey import CacheKey, write_cache_key
 from mm.artifacts.errors import BadInput, Refused
 from mm.artifacts.hub import manifest_for_local_dir
 from mm.artifacts.manifest import manifest_path, read_manifest
@@ -477,6 +479,46 @@ def test_index_payload_name_escaping_dest_is_refused(vols, tmp_path):
     assert "unsafe path" in report.verdicts[0].problems[0] and vs[0].name in report.verdicts[0].problems[0]
 
 
+MALFORMED = {
+    "offset as a string": lambda doc: doc["members"][-1].update(offset="0"),
+    "negative length": lambda doc: doc["members"][-1].update(length=-1),
+    "segment zero": lambda doc: doc["members"][-1].update(segment=0),
+    "blake3 not hex": lambda doc: doc["members"][-1].update(blake3="zz" * 32),
+    "members not a list": lambda doc: doc.update(members={"a": 1}),
+    "member not an object": lambda doc: doc["members"].append(["model/x", 1]),
+    "volume as a bool": lambda doc: doc.update(volume=True),
+    "kernel caches not a list": lambda doc: doc["payloads"].update(kernel_caches="x"),
+    "cache key not an object": lambda doc: doc["payloads"].update(
+        kernel_caches=[{"label": "c", "key": "gpu=B300", "files": []}]),
+    "image size negative": lambda doc: doc["payloads"].update(image={"file": "i.tar", "size": -5, "refs": []}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_index_is_refused_naming_the_volume_without_a_traceback(case, vols, tmp_path):
+    out = tmp_path / "vols"
+    vs = copy_volumes(vols, out)
+    rewrite_volume(vols / vs[-1].name, vs[-1], edit_index=MALFORMED[case])
+    report = verify_volumes([vs[-1]])
+    assert report.verdicts[0].status == "CORRUPT"
+    assert report.verdicts[0].problems[0].startswith(f"{vs[-1].name}: MMBUNDLE/index-vol")
+    assert "malformed index" in report.verdicts[0].problems[0] or "unsafe path" in report.verdicts[0].problems[0]
+    r = mm("unbundle", out, "--dest", tmp_path / "dest")
+    assert r.returncode == 5 and "Traceback" not in r.stderr
+    assert any(line.startswith(f"refused: {vs[-1].name}: ") for line in r.stderr.splitlines())
+
+
+def test_unbundle_json_names_the_outcome_and_its_exit_code(vols, tmp_path):
+    out = tmp_path / "vols"
+    vs = copy_volumes(vols, out)
+    rewrite_volume(vols / vs[-1].name, vs[-1], extra=[HOSTILE["device"]])
+    r = mm("unbundle", out, "--dest", tmp_path / "dest", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 5 and (doc["outcome"], doc["exit_code"], doc["ok"]) == ("refused", 5, False)
+    r = mm("unbundle", vols, "--dest", tmp_path / "clean", "--json")
+    assert r.returncode == 0 and (json.loads(r.stdout)["outcome"], json.loads(r.stdout)["exit_code"]) == ("imported", 0)
+
+
 def test_index_size_disagreeing_with_tar_header_is_refused(vols, tmp_path):
     out = tmp_path / "vols"
     vs = copy_volumes(vols, out)
@@ -576,6 +618,24 @@ def test_image_and_kernel_cache_payloads_round_trip(model, payload_bundle, tmp_p
     assert f"docker load -i {tmp_path / 'images' / 'sglang.tar'}" in doc["next_commands"]
     assert any(f"{caches / 'minfer'}:/root/.cache/minfer" in c for c in doc["next_commands"])
     assert doc["verify"]["ok"] is True
+
+
+def test_the_cache_key_warmup_writes_is_the_key_bundle_carries(model, tmp_path):
+    cache = kernel_cache(tmp_path / "minfer", keyed=False)
+    key = CacheKey(gpu="NVIDIA B300", compute_capability="10.3", driver="590.44",
+                   image="lmsysorg/sglang@sha256:" + "6" * 64, recipe="balanced", gpu_count=4)
+    write_cache_key(cache, key)  # what `mm warmup` does once the caches are compiled
+    result = create_bundle(model, tmp_path / "vols", "2M", payloads={"kernel-cache": [cache]})
+    assert result.payloads["kernel_caches"] == [{"label": "minfer", "key": key.document(), "files": 3}]
+    assert not result.notes
+
+
+def test_every_payload_kind_has_its_options_and_its_own_place(model):
+    bundle_help, unbundle_help = mm("bundle", "create", "--help").stdout, mm("unbundle", "--help").stdout
+    for k in PAYLOAD_KINDS:
+        assert k.source_option in bundle_help and k.dest_option in unbundle_help
+    prefixes = [k.prefix for k in PAYLOAD_KINDS]
+    assert len(set(prefixes)) == len(prefixes) and all(p.startswith("payload/") for p in prefixes)
 
 
 def test_standard_tools_restore_following_restore_txt(model, payload_bundle, tmp_path):
