@@ -11,18 +11,15 @@ A volume's index is hostile until parse_index accepts it: every type, range, pat
 """
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 
 from ..errors import BadInput
 from ..fsutil import check_relpath
+from .fields import digest, integer, record, string
 from .format import MANIFEST_MEMBER, META, data_member, index_member
 from .payloads import PREFIXES, Payloads, parse_payloads, payloads_document
 
 INDEX_SCHEMA = "mm-bundle-index/1"
-HEX64 = re.compile(r"^[0-9a-f]{64}$")
-
-
 @dataclass(frozen=True)
 class Entry:
     """One member of a volume: a whole file, or one piece (segment) of a file split across volumes."""
@@ -78,39 +75,15 @@ class Index:
         return doc
 
 
-def _int(raw: dict, key: str, low: int = 0) -> int:
-    value = raw[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{key} {value!r} is not an integer >= {low}")
-    return value
-
-
-def _str(raw: dict, key: str) -> str:
-    value = raw[key]
-    if not isinstance(value, str):
-        raise ValueError(f"{key} {value!r} is not a string")
-    return value
-
-
-def _hex(raw: dict, key: str, optional: bool = False) -> str | None:
-    value = raw.get(key) if optional else raw[key]
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or not HEX64.match(value):
-        raise ValueError(f"{key} {value!r} is not a 64-digit hex digest")
-    return value
-
-
 def _entry(raw: object, where: str) -> Entry:
-    if not isinstance(raw, dict):
-        raise ValueError("a member record is not an object")
-    kind, path = _str(raw, "kind"), _str(raw, "path")
+    raw = record(raw, "a member record")
+    kind, path = string(raw, "kind"), string(raw, "path")
     if kind not in PREFIXES:
         raise ValueError(f"unknown kind {kind!r}")
     check_relpath(path, where)
-    e = Entry(_str(raw, "member"), kind, path, _int(raw, "offset"), _int(raw, "length"), _int(raw, "size"),
-              _int(raw, "segment", 1), _int(raw, "segments", 1), _hex(raw, "blake3"),
-              _hex(raw, "file_blake3", optional=True), _hex(raw, "file_sha256", optional=True))
+    e = Entry(string(raw, "member"), kind, path, integer(raw, "offset"), integer(raw, "length"), integer(raw, "size"),
+              integer(raw, "segment", 1), integer(raw, "segments", 1), digest(raw, "blake3"),
+              digest(raw, "file_blake3", optional=True), digest(raw, "file_sha256", optional=True))
     if e.offset + e.length > e.size or e.segment > e.segments:
         raise ValueError(f"{path}: offset/length/segment out of range")
     if e.member != data_member(kind, path, e.segment, e.segments):
@@ -123,7 +96,7 @@ def parse_index(doc: object, where: str) -> Index:
     if not isinstance(doc, dict) or doc.get("schema") != INDEX_SCHEMA:
         raise BadInput(f"{where}: not an mm bundle index (expected schema {INDEX_SCHEMA!r})")
     try:
-        volume, volumes = _int(doc, "volume", 1), _int(doc, "volumes", 1)
+        volume, volumes = integer(doc, "volume", 1), integer(doc, "volumes", 1)
         if volume > volumes:
             raise ValueError(f"volume {volume} of {volumes}")
         meta = doc.get("meta", {})
@@ -133,12 +106,12 @@ def parse_index(doc: object, where: str) -> Index:
             check_relpath(name, where)
             if not name.startswith(META + "/"):
                 raise ValueError(f"metadata member {name!r} outside {META}/")
-            _hex(meta, name)
+            digest(meta, name)
         members = doc["members"]
         if not isinstance(members, list):
             raise ValueError("members is not a list")
-        return Index(_str(doc, "bundle_id"), _str(doc, "name"), volume, volumes, _int(doc, "volume_size"),
-                     _str(doc, "repo_id"), _str(doc, "revision"), _hex(doc, "manifest_blake3"), dict(meta),
+        return Index(string(doc, "bundle_id"), string(doc, "name"), volume, volumes, integer(doc, "volume_size"),
+                     string(doc, "repo_id"), string(doc, "revision"), digest(doc, "manifest_blake3"), dict(meta),
                      parse_payloads(doc["payloads"], where), tuple(_entry(e, where) for e in members))
     except BadInput as e:
         raise BadInput(f"{where}: index names an unsafe path ({e.message})") from None

@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 from ..cachekey import check_cache_key, read_cache_key
 from ..errors import BadInput
 from ..fsutil import check_relpath
+from .fields import integer, plain_name, record, string
 
 MODEL_KIND = "model"  # the model's own files: not a payload, but members of the same index
 MODEL_PREFIX = "model"
@@ -41,20 +42,6 @@ class Collected:
     records: tuple
     files: tuple[PayloadFile, ...]
     notes: tuple[str, ...] = ()
-
-
-def _str(raw: dict, key: str) -> str:
-    value = raw[key]
-    if not isinstance(value, str):
-        raise ValueError(f"{key} is not a string")
-    return value
-
-
-def _size(raw: dict, key: str = "size") -> int:
-    value = raw[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{key} {value!r} is not a size")
-    return value
 
 
 # --- the container image: one `docker save` archive ---------------------------------------------
@@ -86,18 +73,15 @@ class ImagePayload:
 
     @classmethod
     def parse(cls, raw: object, where: str) -> ImagePayload:
-        if not isinstance(raw, dict):
-            raise ValueError("image record is not an object")
-        file = _str(raw, "file")
-        if "/" in check_relpath(file, where):
-            raise ValueError(f"image file {file!r} is not a plain file name")
+        raw = record(raw, "image record")
+        file = plain_name(raw, "file", where, "image file")
         refs = raw.get("refs", [])
         if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
             raise ValueError("image refs are not a list of strings")
         image_id = raw.get("image_id")
         if image_id is not None and not isinstance(image_id, str):
             raise ValueError("image_id is not a string")
-        return cls(file, _size(raw), tuple(refs), image_id)
+        return cls(file, integer(raw, "size"), tuple(refs), image_id)
 
     @classmethod
     def collect(cls, paths: list[Path], cache_key: dict | None) -> Collected:
@@ -170,22 +154,17 @@ class KernelCachePayload:
 
     @classmethod
     def parse(cls, raw: object, where: str) -> KernelCachePayload:
-        if not isinstance(raw, dict):
-            raise ValueError("kernel cache record is not an object")
-        label = _str(raw, "label")
-        if "/" in check_relpath(label, where):
-            raise ValueError(f"kernel cache label {label!r} is not a plain name")
+        raw = record(raw, "kernel cache record")
+        label = plain_name(raw, "label", where, "kernel cache label")
         files = raw["files"]
         if not isinstance(files, list):
             raise ValueError(f"kernel cache {label!r}: files is not a list")
         entries = []
         for item in files:
-            if not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], str):
+            if not isinstance(item, list) or len(item) != 2:
                 raise ValueError(f"kernel cache {label!r}: file record {item!r} is not [path, size]")
-            check_relpath(item[0], where)
-            if not isinstance(item[1], int) or isinstance(item[1], bool) or item[1] < 0:
-                raise ValueError(f"kernel cache file {item[0]!r}: size {item[1]!r} is not a size")
-            entries.append((item[0], item[1]))
+            rel = check_relpath(string({"path": item[0]}, "path"), where)
+            entries.append((rel, integer({"size": item[1]}, "size")))
         return cls(label, check_cache_key(raw.get("key"), label), tuple(entries))
 
     @classmethod
@@ -301,21 +280,23 @@ def parse_payloads(raw: object, where: str) -> Payloads:
     return out
 
 
-def payloads_document(payloads: Payloads, render: str = "to_index") -> dict:
-    """Payloads in their index shape (or in any other per-record rendering: summary, ...)."""
+def _by_index_key(payloads: Payloads, render: Callable[[PayloadKind, object], object]) -> dict:
+    """Payloads in the index's shape, each record rendered by RENDER(kind, record)."""
     doc: dict = {}
     for k in PAYLOAD_KINDS:
-        items = [getattr(r, render)() for r in payloads.get(k.kind, ())]
+        items = [render(k, r) for r in payloads.get(k.kind, ())]
         doc[k.index_key] = items if k.many else (items[0] if items else None)
     return doc
+
+
+def payloads_document(payloads: Payloads, render: str = "to_index") -> dict:
+    """Payloads as the index holds them (or in another per-record rendering without arguments: summary)."""
+    return _by_index_key(payloads, lambda k, r: getattr(r, render)())
 
 
 def payloads_placed(payloads: Payloads, roots: dict[str, Path]) -> dict:
-    doc: dict = {}
-    for k in PAYLOAD_KINDS:
-        items = [r.placed(roots[k.kind]) for r in payloads.get(k.kind, ())]
-        doc[k.index_key] = items if k.many else (items[0] if items else None)
-    return doc
+    """Payloads as unbundle placed them: each record with its path at the destination."""
+    return _by_index_key(payloads, lambda k, r: r.placed(roots[k.kind]))
 
 
 def next_commands(payloads: Payloads, roots: dict[str, Path]) -> list[str]:
