@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from mm.artifacts.bundle.check import verify_volumes
+from mm.artifacts.bundle import payloads
 from mm.artifacts.bundle.payloads import PAYLOAD_KINDS
 from mm.artifacts.bundle.format import b3, parse_size
 from mm.artifacts.bundle.pack import create_bundle
@@ -628,6 +629,26 @@ def test_the_cache_key_warmup_writes_is_the_key_bundle_carries(model, tmp_path):
     result = create_bundle(model, tmp_path / "vols", "2M", payloads={"kernel-cache": [cache]})
     assert result.payloads["kernel_caches"] == [{"label": "minfer", "key": key.document(), "files": 3}]
     assert not result.notes
+
+
+def test_a_new_payload_kind_is_one_table_entry(model, tmp_path, monkeypatch):
+    wheels = payloads.PayloadKind("wheelhouse", "wheelhouses", True, payloads.KernelCachePayload,
+                                  "--wheelhouse", "wheels to carry", "--wheel-dest", "wheelhouse", "where wheels go")
+    monkeypatch.setattr(payloads, "PAYLOAD_KINDS", (*payloads.PAYLOAD_KINDS, wheels))
+    monkeypatch.setattr(payloads, "BY_KIND", {**payloads.BY_KIND, wheels.kind: wheels})
+    monkeypatch.setitem(payloads.PREFIXES, wheels.kind, wheels.prefix)
+    house = tmp_path / "wheels"
+    house.mkdir()
+    (house / "mm-0.1.0-py3-none-any.whl").write_bytes(os.urandom(30_000))
+    result = create_bundle(model, tmp_path / "vols", "2M", payloads={"wheelhouse": [house]})
+    assert result.payloads["wheelhouses"] == [{"label": "wheels", "key": None, "files": 1}]
+    vol = volumes_in(tmp_path / "vols")[-1]
+    assert "payload/wheelhouse/wheels/mm-0.1.0-py3-none-any.whl" in tarfile.open(vol).getnames()
+    report = unbundle([tmp_path / "vols"], tmp_path / "dest")
+    assert report.ok and report.complete
+    placed = tmp_path / "dest.payload" / "wheelhouse" / "wheels"
+    assert tree(placed) == tree(house) and report.payloads["wheelhouses"][0]["path"] == str(placed)
+    assert not (tmp_path / "dest.payload" / "wheelhouse" / ".mm-partial").exists()
 
 
 def test_every_payload_kind_has_its_options_and_its_own_place(model):

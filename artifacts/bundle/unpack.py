@@ -34,8 +34,7 @@ from .check import conflicting_numbers, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
 from .format import MANIFEST_MEMBER, b3, file_member
 from .index import Entry
-from .payloads import (MODEL_KIND, PAYLOAD_KINDS, PayloadKind, files_expected, next_commands, payload_roots,
-                       payloads_placed)
+from .payloads import MODEL_KIND, PayloadKind, files_expected, next_commands, payload_roots, payloads_placed
 from .volume import Volume, find_volumes, open_volume
 
 STATE_DIR = f"{MM_DIR}/unbundle"
@@ -77,7 +76,8 @@ class Places:
 
     def __init__(self, dest: Path, payload_dests: dict[str, Path | None] | None = None):
         self.dest = dest
-        self.roots = {MODEL_KIND: dest, **payload_roots(dest, payload_dests)}
+        self.payload_roots = payload_roots(dest, payload_dests)
+        self.roots = {MODEL_KIND: dest, **self.payload_roots}
 
     def final(self, kind: str, path: str) -> Path:
         check_relpath(path, f"{kind} path")
@@ -98,8 +98,8 @@ class Places:
 
     def clean_partials(self) -> None:
         shutil.rmtree(self.dest / STATE_DIR, ignore_errors=True)
-        for k in PAYLOAD_KINDS:
-            shutil.rmtree(self.partial_dir(k.kind), ignore_errors=True)
+        for kind in self.payload_roots:
+            shutil.rmtree(self.partial_dir(kind), ignore_errors=True)
 
 
 class _State:
@@ -236,7 +236,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
             if outcome is Outcome.IMPORTED and not verify_doc["ok"]:
                 outcome = Outcome.VERIFY_FAILED
             places.clean_partials()
-        roots = {k.kind: places.roots[k.kind] for k in PAYLOAD_KINDS}
+        roots = places.payload_roots
         return UnbundleReport(outcome is Outcome.IMPORTED, outcome, complete, ref, idx.name, str(dest), idx.volumes,
                               [v.path.name for v in accepted], refused, missing, run.imported, run.skipped,
                               run.corrupt, waiting, payloads_placed(idx.payloads, roots),
