@@ -2,8 +2,8 @@
 checkable on its own (check.py) and importable in any order (unpack.py).
 
 The volume format is described in format.py and index.py; what rides beside the model in payloads.py.
-Writing reads each source byte once: the bytes are
-hashed (blake3 of each piece, and of the whole file against the manifest) on their way into the volume.
+Writing reads each source byte once: the bytes are hashed (blake3 of each piece, and of the whole file
+against the manifest) on their way into the volume.
 A volume is written under a temporary name, fsynced and renamed, so a killed run leaves only whole
 volumes; the rerun keeps those that still verify and continues with the rest. With sync=False (a staging
 disk copied from with other tools) volumes are renamed without fsync: the rerun still re-checks every
@@ -43,7 +43,7 @@ from .format import (
     index_member, member_bytes, padded, parse_size, payload_sums_member, render_json, tar_header, volume_filename,
 )
 from .index import Entry, Index
-from .payloads import MODEL_KIND, Payloads, collect_payloads, payloads_document, restore_hints
+from .payloads import MODEL_KIND, MODEL_PREFIX, PAYLOAD_ROOT, Payloads, collect_payloads, payloads_document, restore_hints
 from .volume import open_volume
 
 MIN_PIECE = 64 * 1024
@@ -125,7 +125,7 @@ class BundleResult:
 
 def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volume_size: int, name: str,
                 payloads: Payloads, payload_sources: list[Source]) -> Plan:
-    sources = [Source("model", f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files]
+    sources = [Source(MODEL_KIND, f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files]
     sources += payload_sources
     id_doc = {"name": name, "volume_size": volume_size, "manifest": b3(manifest_bytes),
               "payloads": payloads_document(payloads),
@@ -211,7 +211,8 @@ def restore_text(plan: Plan) -> bytes:
         "",
         "Without mm (POSIX sh, tar, cat, sha256sum only): copy all volume files into one directory, cd",
         "there, and run the lines between the markers (e.g. save them as restore.sh and run `sh restore.sh`).",
-        "The model ends up in ./restore/model, payloads in ./restore/payload; sha256sum -c checks every byte.",
+        f"The model ends up in ./restore/{MODEL_PREFIX}, payloads in ./restore/{PAYLOAD_ROOT}; sha256sum -c checks "
+        "every byte.",
         "",
         "--- begin restore script ---",
         "set -e",
@@ -230,7 +231,7 @@ def restore_text(plan: Plan) -> bytes:
         lines.append(f"cat {' '.join(q(p.member) for p in pieces)} > {q(target)}")
     if split:
         lines.append("rm -r segments")
-    lines.append(f"(cd model && sha256sum -c ../{SUMS_MEMBER})")
+    lines.append(f"(cd {MODEL_PREFIX} && sha256sum -c ../{SUMS_MEMBER})")
     payload_sums = [payload_sums_member(n) for n in range(1, plan.count + 1) if _payload_ends(plan, n)]
     if payload_sums:
         lines.append(f"cat {' '.join(payload_sums)} | sha256sum -c -")
