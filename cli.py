@@ -589,7 +589,8 @@ def unbundle(volumes, dest, no_sync, json_out, **kw):
                       Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),
                       Outcome.VERIFY_FAILED: (ProblemsFound.exit_code, "final verify found problems")}[report.outcome]
     if json_out:
-        emit_json({**to_jsonable(report), "exit_code": exit_code})
+        doc = to_jsonable(report)
+        emit_json({"ok": doc.pop("ok"), "exit_code": exit_code, **doc})
     else:
         for line in report.refused + report.corrupt:
             err.print(f"refused: {line}", markup=False, highlight=False, soft_wrap=True)
