@@ -5,7 +5,6 @@ import errno
 import fcntl
 import json
 import os
-import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -83,6 +82,8 @@ def require_free_space(needs: Iterable[tuple[Path, int]], what: str) -> None:
     NEEDS: (path where bytes will be written, bytes still to write); paths on one file system are added up,
     and a path not created yet is judged by its nearest existing parent.
     """
+    import shutil  # here: it pulls in bz2/lzma/zlib, ~6 ms of every start-up
+
     by_device: dict[int, tuple[Path, int]] = {}
     for path, need in needs:
         probe = Path(path)

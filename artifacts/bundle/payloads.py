@@ -14,11 +14,9 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import Callable, NamedTuple
 
-from ..cachekey import check_cache_key, read_cache_key
 from ..errors import BadInput
 from ..fsutil import check_relpath
 from .fields import integer, plain_name, record, string
@@ -26,10 +24,10 @@ from .fields import integer, plain_name, record, string
 MODEL_KIND = "model"  # the model's own files: not a payload, but members of the same index
 MODEL_PREFIX = "model"
 PAYLOAD_ROOT = "payload"  # under the restore directory of RESTORE.txt
+PAYLOAD_PARTIAL = ".mm-partial"  # partial files of an unfinished import, under each payload kind's root
 
 
-@dataclass(frozen=True)
-class PayloadFile:
+class PayloadFile(NamedTuple):
     """One file to carry: PATH under the kind's root (at the destination and in the tar), read from SRC."""
 
     path: str
@@ -37,8 +35,9 @@ class PayloadFile:
     size: int
 
 
-@dataclass(frozen=True)
-class Collected:
+class Collected(NamedTuple):
+    """What a kind's collect() found: index records, files to carry, notes for the user."""
+
     records: tuple
     files: tuple[PayloadFile, ...]
     notes: tuple[str, ...] = ()
@@ -46,8 +45,7 @@ class Collected:
 
 # --- the container image: one `docker save` archive ---------------------------------------------
 
-@dataclass(frozen=True)
-class ImagePayload:
+class ImagePayload(NamedTuple):
     file: str
     size: int
     refs: tuple[str, ...]
@@ -123,8 +121,7 @@ def image_info(image: Path) -> ImagePayload:
 
 # --- kernel caches: directories of compiled kernels, each with its key ---------------------------
 
-@dataclass(frozen=True)
-class KernelCachePayload:
+class KernelCachePayload(NamedTuple):
     label: str
     key: dict | None
     entries: tuple[tuple[str, int], ...]  # (path under the cache, size); "files" in the index
@@ -165,6 +162,8 @@ class KernelCachePayload:
                 raise ValueError(f"kernel cache {label!r}: file record {item!r} is not [path, size]")
             rel = check_relpath(string({"path": item[0]}, "path"), where)
             entries.append((rel, integer({"size": item[1]}, "size")))
+        from ..cachekey import check_cache_key  # here: the CLI imports this table at start-up
+
         return cls(label, check_cache_key(raw.get("key"), label), tuple(entries))
 
     @classmethod
@@ -186,6 +185,8 @@ class KernelCachePayload:
 def _kernel_cache(cache_dir: Path, label: str, cli_key: dict | None) -> tuple[KernelCachePayload, list[PayloadFile]]:
     if not cache_dir.is_dir():
         raise BadInput(f"{cache_dir}: kernel cache is not a directory")
+    from ..cachekey import read_cache_key  # here: the CLI imports this table at start-up
+
     key = read_cache_key(cache_dir) or (dict(cli_key) if cli_key else None)
     found = []
     for dirpath, dirnames, filenames in os.walk(cache_dir):
@@ -202,8 +203,7 @@ def _kernel_cache(cache_dir: Path, label: str, cli_key: dict | None) -> tuple[Ke
 
 # --- the table ------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class PayloadKind:
+class PayloadKind(NamedTuple):
     kind: str  # the "kind" of its members in the index
     index_key: str  # its key under the index's "payloads"
     many: bool  # several records (a list in the index) or at most one (a record or null)
@@ -213,8 +213,6 @@ class PayloadKind:
     dest_option: str  # `mm unbundle` option naming where it goes
     dest_default: str  # directory under DEST.payload/ when dest_option is not given
     dest_help: str
-
-    PARTIAL: ClassVar[str] = ".mm-partial"  # partial files of an unfinished import, under the kind's root
 
     @property
     def prefix(self) -> str:

@@ -34,7 +34,7 @@ from .check import conflicting_numbers, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
 from .format import MANIFEST_MEMBER, b3, file_member
 from .index import Entry
-from .payloads import MODEL_KIND, PayloadKind, files_expected, next_commands, payload_roots, payloads_placed
+from .payloads import MODEL_KIND, PAYLOAD_PARTIAL, files_expected, next_commands, payload_roots, payloads_placed
 from .volume import Volume, find_volumes, open_volume
 
 STATE_DIR = f"{MM_DIR}/unbundle"
@@ -91,7 +91,7 @@ class Places:
     def partial_dir(self, kind: str) -> Path:
         if kind == MODEL_KIND:
             return self.dest / STATE_DIR / "partial"
-        return self.roots[kind] / PayloadKind.PARTIAL
+        return self.roots[kind] / PAYLOAD_PARTIAL
 
     def partial(self, kind: str, path: str) -> Path:
         return self.partial_dir(kind) / (b3(f"{kind}:{path}".encode())[:32] + ".part")
