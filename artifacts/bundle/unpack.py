@@ -25,8 +25,8 @@ from pathlib import Path
 import blake3
 
 from ..errors import BadInput, Refused
-from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, close_file, dir_lock, fsync_dir,
-                      publish, require_free_space)
+from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, dir_lock, fsync_dir, publish,
+                      require_free_space)
 from ..hashing import StreamHasher, blake3_file
 from ..manifest import from_dict, manifest_path
 from ..progress import NULL_PROGRESS, ProgressSink
@@ -327,7 +327,6 @@ class _Import:
         fd = os.open(partial, flags, 0o644)
         h = StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
         flush = EarlyFlush(fd, enabled=self.sync)
-        synced = False
         try:
             if os.fstat(fd).st_size != size:
                 os.ftruncate(fd, size)
@@ -344,9 +343,9 @@ class _Import:
                 raise BadInput(f"{v.path.name}: member {info.name!r}: copy to {partial} failed ({e})") from None
             finally:
                 flush.wait()
-            synced = self.sync
         finally:
-            close_file(fd, synced)
-        if self.sync:
+            os.close(fd)
+        if self.sync:  # a piece recorded in the state must survive a crash
+            fsync_dir(partial)
             fsync_dir(partial.parent)
         return h.digests().blake3
