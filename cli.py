@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from .artifacts.errors import MMError, ProblemsFound
+from .artifacts.bundle.payloads import PAYLOAD_KINDS
+from .artifacts.errors import IntegrityError, MMError, ProblemsFound
 from .artifacts.fsutil import human_bytes
 from .artifacts.manifest import export_sums_files
 from .artifacts.pins import pinned_target
@@ -27,8 +28,7 @@ from .artifacts.verify import VerifyReport, summary_counts, upstream_target, ver
 if TYPE_CHECKING:  # heavy modules are imported inside the commands that use them (start-up time)
     from rich.console import Console
 
-    from .artifacts import bundle as mm_bundle, bundle_format as mm_bundle_format, bundle_unpack as mm_bundle_unpack
-    from .artifacts import bundle_verify as mm_bundle_verify, fetch as mm_fetch, launch as mm_launch, mirror as ms_mirror
+    from .artifacts import fetch as mm_fetch, launch as mm_launch, mirror as ms_mirror
     from .artifacts import repair as mm_repair, warmup as mm_warmup
 
 
@@ -478,6 +478,26 @@ def mirror_reconcile(repo, revision, modelscope_id, ms_revision, all_revisions, 
 
 
 
+def payload_options(side: str) -> Callable:
+    """One option per payload kind (artifacts/bundle/payloads.py): what `mm bundle` carries (side "source")
+    or where `mm unbundle` puts it (side "dest")."""
+    def apply(fn: Callable) -> Callable:
+        for k in reversed(PAYLOAD_KINDS):
+            if side == "source":
+                option = click.option(k.source_option, k.source_param, multiple=k.many, type=click.Path(path_type=Path),
+                                      help=k.source_help)
+            else:
+                option = click.option(k.dest_option, k.dest_param, type=click.Path(path_type=Path), help=k.dest_help)
+            fn = option(fn)
+        return fn
+    return apply
+
+
+def _payload_sources(kw: dict) -> dict[str, list[Path]]:
+    values = {k.kind: kw.pop(k.source_param) for k in PAYLOAD_KINDS}
+    return {kind: list(v) if isinstance(v, tuple) else ([v] if v else []) for kind, v in values.items()}
+
+
 @main.group(cls=DefaultGroup, default="create")
 def bundle():
     """Pack a model into volumes (`mm bundle DIR --out OUT --volume-size 500G`) or check them (`mm bundle verify VOL...`)."""
@@ -490,9 +510,7 @@ def bundle():
               help="Size of each volume, decimal as disks are sold: 750M, 4G (=4,000,000,000 bytes), 500G, 1.8T; "
                    "binary with 'i': 4GiB.")
 @click.option("--name", help="Bundle name used in volume file names. Default: <repo name>-<revision[:12]>.")
-@click.option("--image", type=click.Path(path_type=Path), help="A `docker save` archive to carry along.")
-@click.option("--kernel-cache", "kernel_caches", multiple=True, type=click.Path(path_type=Path),
-              help="A kernel-cache directory to carry (repeatable). Its key comes from mm-cache-key.json inside it.")
+@payload_options("source")
 @click.option("--cache-key", "cache_key", multiple=True, metavar="KEY=VALUE",
               help="Key for kernel caches without mm-cache-key.json (gpu=, compute_capability=, driver=, image=, "
                    "recipe=); repeatable. Without either the cache is bundled as unkeyed.")
@@ -501,15 +519,14 @@ def bundle():
                    "every volume before keeping it; flush (`sync`, unmount) before unplugging the disk.")
 @json_option
 @handles_errors
-def bundle_create(directory, out_dir, volume_size, name, image, kernel_caches, cache_key, no_sync, json_out):
+def bundle_create(directory, out_dir, volume_size, name, cache_key, no_sync, json_out, **kw):
     """Write the model (and payloads) as self-describing tar volumes; a rerun resumes."""
-    from .artifacts import bundle as mm_bundle
-    from .artifacts import bundle_format as mm_bundle_format
-    result = mm_bundle.create_bundle(directory, out_dir, mm_bundle_format.parse_size(volume_size), name=name, image=image,
-                                     kernel_caches=tuple(kernel_caches), cache_key=mm_bundle.parse_cache_key(cache_key),
-                                     progress=progress_for(json_out), sync=not no_sync)
-    if json_out:
-        emit_json(result)
+    from .artifacts.bundle.pack import create_bundle
+    result = create_bundle(directory, out_dir, volume_size, name=name, payloads=_payload_sources(kw), cache_key=cache_key,
+                           progress=progress_for(json_out), sync=not no_sync)
+    if json_out:  # each payload kind under its own key, beside the rest
+        emit_json({key: value for field_name, v in to_jsonable(result).items()
+                   for key, value in (v.items() if field_name == "payloads" else [(field_name, v)])})
         return
     for note in result.notes:
         err.print(f"note: {note}", markup=False)
@@ -532,8 +549,8 @@ def bundle_verify(volumes, json_out):
 
     Exit 0 when every volume given is OK (missing volumes are reported, not failed); 1 otherwise.
     """
-    from .artifacts import bundle_verify as mm_bundle_verify
-    report = mm_bundle_verify.verify_volumes(list(volumes), progress=progress_for(json_out))
+    from .artifacts.bundle.check import verify_volumes
+    report = verify_volumes(list(volumes), progress=progress_for(json_out))
     if json_out:
         emit_json(report)
     else:
@@ -557,25 +574,27 @@ def bundle_verify(volumes, json_out):
 @main.command()
 @click.argument("volumes", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--dest", required=True, type=click.Path(path_type=Path), help="The model directory to fill.")
-@click.option("--image-dest", type=click.Path(path_type=Path), help="Where the image archive goes. Default: DEST.payload/image.")
-@click.option("--cache-dest", type=click.Path(path_type=Path),
-              help="Where kernel caches go (one directory per cache). Default: DEST.payload/kernel-cache.")
+@payload_options("dest")
 @click.option("--no-sync", "no_sync", is_flag=True,
               help="Do not fsync imported files (a scratch copy): files are still named only once their hashes match, "
                    "and the final verify still runs; a crash can lose what the page cache held.")
 @json_option
 @handles_errors
-def unbundle(volumes, dest, image_dest, cache_dest, no_sync, json_out):
+def unbundle(volumes, dest, no_sync, json_out, **kw):
     """Import volumes (files or directories, any order, some now and the rest later) into DEST, then verify.
 
     Exit 0 imported (volumes may still be missing), 5 a volume or member was refused, 1 the final verify
     failed, 7 not enough space.
     """
-    from .artifacts import bundle_unpack as mm_bundle_unpack
-    report = mm_bundle_unpack.unbundle(list(volumes), dest, image_dest=image_dest, cache_dest=cache_dest,
-                                       progress=progress_for(json_out), sync=not no_sync)
+    from .artifacts.bundle.unpack import Outcome, unbundle as import_volumes
+    report = import_volumes(list(volumes), dest, payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS},
+                            progress=progress_for(json_out), sync=not no_sync)
+    exit_code, why = {Outcome.IMPORTED: (0, ""),
+                      Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),
+                      Outcome.VERIFY_FAILED: (ProblemsFound.exit_code, "final verify found problems")}[report.outcome]
     if json_out:
-        emit_json(report)
+        doc = to_jsonable(report)
+        emit_json({"ok": doc.pop("ok"), "exit_code": exit_code, **doc})
     else:
         for line in report.refused + report.corrupt:
             err.print(f"refused: {line}", markup=False, highlight=False, soft_wrap=True)
@@ -596,11 +615,10 @@ def unbundle(volumes, dest, image_dest, cache_dest, no_sync, json_out):
         if not report.synced:
             out.print(f"not synced (--no-sync): run `sync` before relying on {dest} surviving a crash",
                       highlight=False, markup=False, soft_wrap=True)
-    if report.exit_code:
+    if exit_code:
         if not json_out:
-            why = "volumes or members refused" if report.exit_code == 5 else "final verify found problems"
             err.print(f"mm: unbundle {dest}: {why}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(report.exit_code)
+        sys.exit(exit_code)
 
 
 # --- launch / warmup (issue 6) -----------------------------------------------------------------

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .errors import BadInput
-from .launch import CACHE_KEY_NAME, LaunchPlan, _pairs
+from .cachekey import FILE_NAME as CACHE_KEY_FILE
+from .launch import LaunchPlan, _pairs
 from .pins import Pin, default_pin, manifests_dir
 
 SCHEMA = "mm-troubleshooting/1"
@@ -253,7 +254,7 @@ def container_log_and_mounts(name: str, docker: str = "docker") -> tuple[str, li
 def _kernel_cache_warm(plan: LaunchPlan, gpu_info: str | None) -> str | None:
     if plan.cache_root is None:
         return None
-    key = plan.cache_root / CACHE_KEY_NAME
+    key = plan.cache_root / CACHE_KEY_FILE
     if key.is_file():
         return None
     return f"{key}: missing, so the next start compiles every kernel (run `mm warmup` with the same recipe)"

@@ -24,7 +24,6 @@ RECIPES_SCHEMA = "mm-recipes/1"
 CONTAINER_MODELS = "/models"
 DEFAULT_PORT = 30000
 DEFAULT_API_KEY_ENV = "MM_API_KEY"
-CACHE_KEY_NAME = "mm-cache-key.json"  # `mm warmup` writes it beside the caches it filled
 ROCM_MAX_TP_KEY = "rocm_max_tp"
 IMAGE_BY_DIGEST = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

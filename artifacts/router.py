@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BadInput, Refused
-from .launch import (CACHE_KEY_NAME, Catalog, EnvRef, LaunchOptions, LaunchPlan, Token, _wrap, check_combination,
+from .cachekey import FILE_NAME as CACHE_KEY_FILE
+from .launch import (Catalog, EnvRef, LaunchOptions, LaunchPlan, Token, _wrap, check_combination,
                      check_model_dir, choose_recipe, docker_run_argv, hicache_statement, load_catalog, plan_document,
                      plan_launch, read_identity, render_script, script_setup)
 
@@ -228,7 +229,7 @@ def render_node_script(node: NodePlan) -> str:
         'docker rm -f "$ROUTER" "${REPLICAS[@]}" >/dev/null 2>&1 || true',
         "",
     ]
-    cold = (f"[ ! -f {shlex.quote(str(first.cache_root / CACHE_KEY_NAME))} ]" if first.cache_root else None)
+    cold = (f"[ ! -f {shlex.quote(str(first.cache_root / CACHE_KEY_FILE))} ]" if first.cache_root else None)
     for i, p in enumerate(node.replicas):
         argv = docker_run_argv(p, detach=True)
         lines.append(f"# Replica {i}")

@@ -22,15 +22,15 @@ import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .cachekey import FILE_NAME as CACHE_KEY_FILE, CacheKey, write_cache_key
 from .diagnose import Finding, diagnose
 from .errors import BadInput, ProblemsFound, Refused
 from .fsutil import atomic_write_json
-from .launch import CACHE_KEY_NAME, LaunchPlan, docker_run_argv
+from .launch import LaunchPlan, docker_run_argv
 from .progress import NULL_PROGRESS, ProgressSink
 from .router import NodePlan, router_docker_argv
 
 REPORT_SCHEMA = "mm-warmup-report/1"
-CACHE_KEY_SCHEMA = "mm-cache-key/1"
 REPORT_NAME = "mm-warmup-report.json"
 DSPARK_LINE = "DSpark draft found in the target checkpoint's dspark/ subfolder"
 RAW_TOKENS = re.compile(r"</?mm:think>|\]<\]minimax\[>\[")  # what the minimax-m3 parsers take out of content
@@ -50,17 +50,6 @@ class Check:
     ok: bool
     detail: str
     target: str | None = None  # with replicas: the container (a replica or the router) the check ran against
-
-
-@dataclass(frozen=True)
-class CacheKey:
-    gpu: str
-    compute_capability: str
-    driver: str
-    image: str
-    recipe: str
-    gpu_count: int
-    schema: str = CACHE_KEY_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -351,7 +340,7 @@ def _finish(plan: LaunchPlan, cache_key: CacheKey, ready_after: float | None, ch
             tail: tuple[str, ...], diagnosis: tuple[Finding, ...], started: str, **where) -> WarmupReport:
     """Record the cache key once the caches were filled (the first server answered /health); build the report."""
     if ready_after is not None and plan.cache_root is not None:
-        atomic_write_json(plan.cache_root / CACHE_KEY_NAME, _schema_first(asdict(cache_key)))
+        write_cache_key(plan.cache_root, cache_key)
     return WarmupReport(ok=error is None and all(c.ok for c in checks), recipe=plan.recipe.id, status=plan.recipe.status,
                         image=plan.image, cache_root=str(plan.cache_root) if plan.cache_root else None,
                         cache_key=cache_key, ready_after_s=None if ready_after is None else round(ready_after, 1),
@@ -364,7 +353,7 @@ def cache_snapshot(root: Path | None) -> dict[str, tuple[int, int]]:
     if root is None or not root.is_dir():
         return {}
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name not in (CACHE_KEY_NAME, REPORT_NAME)}
+            if p.is_file() and p.name not in (CACHE_KEY_FILE, REPORT_NAME)}
 
 
 def _from_cache_check(before: dict, after: dict, name: str) -> Check:
