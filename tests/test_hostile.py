@@ -25,12 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.bundle import create_bundle
-from mm.artifacts.bundle_format import b3
 from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.bundle.format import b3
+from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.manifest import manifest_path
 from tests.support.modelgen import write_model
 from tests.support.run import mm_argv, run_mm
+from tests.support.slowio import slow_io_env
 
 REPO = "MiniMaxAI/MiniMax-M3.1-Flash"
 COMMIT = "ce7f4df87d2e05262f5775f373dac4772f134041"
@@ -320,7 +321,7 @@ def pristine_image_vols(pristine, tmp_path_factory) -> Path:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
-    create_bundle(pristine, work / "vols", VOLUME_SIZE, image=image)
+    create_bundle(pristine, work / "vols", VOLUME_SIZE, payloads={"image": [image]})
     return work / "vols"
 
 
@@ -519,7 +520,7 @@ def test_race_a_file_cut_by_a_writer_that_had_it_open_is_named_as_changed(tmp_pa
 
 def test_race_two_bundles_into_one_output_directory(model, tmp_path):
     out = tmp_path / "out"
-    env = {"MM_TEST_IO_CHUNK": "65536", "MM_TEST_IO_DELAY": "0.05"}
+    env = slow_io_env(tmp_path, chunk=65536, delay=0.05)
     first = subprocess.Popen(mm_argv("bundle", str(model), "--out", str(out), "--volume-size", "1G", "--no-sync"),
                              env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -755,7 +756,7 @@ def test_hub_fetch_onto_a_full_or_read_only_disk(hub_server, hub_env, model_repo
 
 def test_race_two_unbundles_into_one_destination(vols, tmp_path):
     dest = tmp_path / "dest"
-    env = {"MM_TEST_IO_CHUNK": "65536", "MM_TEST_IO_DELAY": "0.05"}
+    env = slow_io_env(tmp_path, chunk=65536, delay=0.05)
     first = subprocess.Popen(mm_argv("unbundle", *map(str, vols), "--dest", str(dest), "--no-sync"),
                              env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

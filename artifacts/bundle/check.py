@@ -11,12 +11,14 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bundle_format import (HASH_THREADS, MANIFEST_MEMBER, ChunkPipe, Volume, entry_disagreements, find_volumes,
-                            open_volume)
-from .errors import BadInput
-from .hashing import StreamHasher
-from .manifest import from_json
-from .progress import NULL_PROGRESS, ProgressSink
+from ..errors import BadInput
+from ..hashing import StreamHasher
+from ..manifest import from_json
+from ..progress import NULL_PROGRESS, ProgressSink
+from .copyio import HASH_THREADS, ChunkPipe
+from .format import MANIFEST_MEMBER
+from .index import disagreements
+from .volume import Volume, find_volumes, open_volume
 
 
 @dataclass(frozen=True)
@@ -60,19 +62,21 @@ def conflicting_numbers(vols: list[Volume], bundle_id: str | None) -> dict[int, 
 def check_data(vol: Volume, pipe: ChunkPipe, progress: ProgressSink = NULL_PROGRESS) -> None:
     """Hash every member the index lists; record mismatches in vol.damaged."""
     for e in vol.entries():
-        info = vol.data.get(e["member"])
-        if info is not None and _span_b3(vol.path, info, pipe, progress) != e["blake3"]:
-            vol.damaged[e["member"]] = "blake3 mismatch"
-    for name, want in vol.index.get("meta", {}).items():
+        info = vol.data.get(e.member)
+        if info is not None and _span_b3(vol.path, info, pipe, progress) != e.blake3:
+            vol.damaged[e.member] = "blake3 mismatch"
+    for name, want in vol.index.meta.items():
         info = vol.meta.get(name)
         if info is not None and _span_b3(vol.path, info, pipe, progress) != want:
             vol.damaged[name] = "blake3 mismatch"
 
 
-def check_meaning(vol: Volume) -> None:
+def check_meaning(vol: Volume, reference: Volume | None = None) -> None:
     """What the volume says must make sense, not only hash right: its manifest parses (safe paths, typed
-    values) and every index entry agrees with the manifest and the payload records. Faults go to vol.refused
-    (unbundle would refuse the same)."""
+    values), every index entry agrees with the manifest and the payload records, and what is bundle-wide
+    agrees with REFERENCE (another volume of the bundle). Faults go to vol.refused (unbundle refuses the same)."""
+    if reference is not None and reference is not vol and (field := vol.index.differs_from(reference.index)):
+        vol.refused.append(f"{vol.path.name}: its index's {field} differs from {reference.path.name}'s")
     if not vol.manifest_bytes or MANIFEST_MEMBER in vol.damaged:
         return
     try:
@@ -80,7 +84,7 @@ def check_meaning(vol: Volume) -> None:
     except BadInput as e:
         vol.refused.append(e.message)
         return
-    vol.refused += entry_disagreements(vol, manifest)
+    vol.refused += [f"{vol.path.name}: {p}" for p in disagreements(vol.index, manifest)]
 
 
 def _span_b3(path: Path, info: tarfile.TarInfo, pipe: ChunkPipe, progress: ProgressSink) -> str:
@@ -98,21 +102,23 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
     progress.begin(total, "bundle verify")
     verdicts = []
     pipe = ChunkPipe()
+    reference = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
+                      and MANIFEST_MEMBER not in v.damaged), None)
     try:
         for v in vols:
             if v.index is not None and not v.refused and v.bundle_id == ref:
-                check_meaning(v)
+                check_meaning(v, reference)
                 check_data(v, pipe, progress)
             verdicts.append(_verdict(v, ref, conflicts))
     finally:
         pipe.close()
     progress.end()
     ref_vol = next((v for v in vols if v.bundle_id == ref and v.index), None)
-    count = int(ref_vol.index["volumes"]) if ref_vol else None
+    count = ref_vol.index.volumes if ref_vol else None
     present = {v.number for v in vols if v.bundle_id == ref and v.index}
     missing = sorted(set(range(1, (count or 0) + 1)) - present)
     return BundleVerifyReport(all(x.status == "OK" for x in verdicts), ref,
-                              ref_vol.index["name"] if ref_vol else None, count, verdicts, missing)
+                              ref_vol.index.name if ref_vol else None, count, verdicts, missing)
 
 
 def _verdict(v: Volume, ref: str | None, conflicts: dict[int, list[Volume]]) -> VolumeVerdict:
@@ -123,8 +129,8 @@ def _verdict(v: Volume, ref: str | None, conflicts: dict[int, list[Volume]]) -> 
         problems.append(f"{v.path.name}: claims volume {v.number}, as does {', '.join(others)} with a different index")
     if v.index is not None and v.bundle_id != ref:
         status = "FOREIGN"
-        problems.insert(0, f"{v.path.name}: belongs to bundle {v.bundle_id} ({v.index.get('name')}), not {ref}")
+        problems.insert(0, f"{v.path.name}: belongs to bundle {v.bundle_id} ({v.index.name}), not {ref}")
     else:
         status = "CORRUPT" if problems else "OK"
-    idx = v.index or {}
-    return VolumeVerdict(str(v.path), status, v.bundle_id, idx.get("volume"), idx.get("volumes"), problems)
+    return VolumeVerdict(str(v.path), status, v.bundle_id, v.index.volume if v.index else None,
+                         v.index.volumes if v.index else None, problems)
