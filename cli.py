@@ -240,6 +240,15 @@ def _revision(ctx, param, value):
     return value
 
 
+def _cache_key_pairs(ctx, param, value):
+    from .artifacts.cachekey import parse_cache_key
+    try:
+        parse_cache_key(value)
+    except MMError as e:
+        raise click.BadParameter(e.message) from None
+    return value
+
+
 class VolumeSize(click.ParamType):
     name = "SIZE"
 
@@ -650,7 +659,7 @@ def bundle():
                    "binary with 'i': 4GiB.")
 @click.option("--name", help="Bundle name used in volume file names. Default: <repo name>-<revision[:12]>.")
 @payload_options("source")
-@click.option("--cache-key", "cache_key", multiple=True, metavar="KEY=VALUE",
+@click.option("--cache-key", "cache_key", multiple=True, metavar="KEY=VALUE", callback=_cache_key_pairs,
               help="Key for kernel caches without mm-cache-key.json (gpu=, compute_capability=, driver=, image=, "
                    "recipe=); repeatable. Without either the cache is bundled as unkeyed.")
 @click.option("--no-sync", "no_sync", is_flag=True,
@@ -765,9 +774,9 @@ def unbundle(volumes, dest, no_sync, json_out, **kw):
 
 
 
-def _int_list(lo: int, hi: int, what: str, example: str) -> Callable:
-    """A click callback for a comma-separated list of integers in [LO, HI] (GPU indices, ports); a value named
-    twice is judged by the plan, which knows what it collides with."""
+def _int_list(lo: int, hi: int, what: str, example: str, distinct: str = "") -> Callable:
+    """A click callback for a comma-separated list of integers in [LO, HI] (GPU indices, ports); with
+    DISTINCT, a value named twice is refused saying why (ports: the plan names what they collide with)."""
 
     def parse(ctx, param, value):
         if value is None:
@@ -776,12 +785,14 @@ def _int_list(lo: int, hi: int, what: str, example: str) -> Callable:
         numbers = tuple(int(p) for p in parts if p.strip().isdigit() and len(p.strip()) <= 6)
         if len(numbers) != len(parts) or any(not lo <= n <= hi for n in numbers):
             raise click.BadParameter(f"{printable(value)[:60]!r}: expected {what} like {example} (integers {lo} to {hi})")
+        if distinct and len(set(numbers)) != len(numbers):
+            raise click.BadParameter(f"{value}: {distinct}")
         return numbers
 
     return parse
 
 
-_gpu_list = _int_list(0, 1023, "GPU indices", "0,1,2,3")
+_gpu_list = _int_list(0, 1023, "GPU indices", "0,1,2,3", distinct="a GPU is listed twice (no GPU may serve two replicas)")
 _port_list = _int_list(1, 65535, "ports", "30001,30002")
 
 

@@ -264,8 +264,10 @@ def read_log(path: Path) -> str:
 def container_log_and_mounts(name: str, docker: str = "docker") -> tuple[str, list[dict]]:
     """`docker logs NAME` (stdout and stderr) and its mounts from `docker inspect`."""
     try:
-        logs = subprocess.run([docker, "logs", name], capture_output=True, text=True, timeout=120)
-        inspect = subprocess.run([docker, "inspect", "-f", "{{json .Mounts}}", name], capture_output=True, text=True,
+        logs = subprocess.run([docker, "logs", name], capture_output=True, encoding="utf-8",
+                              errors="replace", timeout=120)  # a log holds whatever the server wrote
+        inspect = subprocess.run([docker, "inspect", "-f", "{{json .Mounts}}", name], capture_output=True,
+                                 encoding="utf-8", errors="replace",
                                  timeout=60)
     except FileNotFoundError:
         raise BadInput("docker: not found on PATH (--container reads `docker logs`)") from None

@@ -103,7 +103,8 @@ def data_uri(png: bytes) -> str:
 
 def _docker(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout)
+        return subprocess.run([DOCKER, *args], capture_output=True, encoding="utf-8", errors="replace",
+                              timeout=timeout)  # logs hold whatever the server wrote
     except FileNotFoundError:
         raise BadInput("docker: not found on PATH (warm-up starts the server with docker)") from None
     except subprocess.TimeoutExpired:

@@ -294,6 +294,16 @@ INDEX_SHAPES = {
         {"label": "c", "key": None, "files": [["a"]]}]}},
     "image size is a string": lambda i: {**i, "payloads": {"image": {"file": "x.tar", "size": "9", "refs": []},
                                                              "kernel_caches": []}},
+    "kernel cache key nested": lambda i: {**i, "payloads": {"image": None, "kernel_caches": [
+        {"label": "c", "key": {"schema": "mm-cache-key/1", "gpu": {"a": [1]}}, "files": []}]}},
+    "volume_size 0": lambda i: {**i, "volume_size": 0},
+    "bundle_id of a megabyte": lambda i: {**i, "bundle_id": "x" * 2**20},
+    "whole file stored short": lambda i: {**i, "members": [
+        {**e, "size": e["size"] + 1} if e["segments"] == 1 else e for e in i["members"]]},
+    "piece larger than a volume": lambda i: {**i, "volume_size": 1000},
+    "segments beyond the volumes": lambda i: {**i, "members": [
+        {**e, "segments": 10**6} if e["segments"] > 1 else e for e in i["members"]] if any(
+        e["segments"] > 1 for e in i["members"]) else [{**i["members"][0], "segments": 10**6}]},
 }
 
 
@@ -365,6 +375,25 @@ def test_volume_a_model_entry_that_disagrees_with_the_manifest(vols, tmp_path):
     fails_cleanly(r, 1, vol.name)
 
 
+def test_volume_whose_payload_records_differ_from_the_rest_of_its_bundle(pristine_image_vols, tmp_path):
+    """Every hash matches, every entry agrees with its own index: but its bundle-wide records are not the
+    bundle's (another image reference), so neither bundle verify nor unbundle takes it."""
+    shutil.copytree(pristine_image_vols, tmp_path / "vols")
+    all_vols = sorted((tmp_path / "vols").glob("*.tar"))
+    assert len(all_vols) > 1
+    odd = all_vols[-1]
+
+    def other_refs(index):
+        index["payloads"]["image"]["refs"] = ["evil:1"]
+        return index
+    set_index(odd, other_refs)
+    r = run("bundle", "verify", *all_vols)
+    fails_cleanly(r, 1, odd.name)
+    assert "payloads differs" in r.stdout and r.stdout.count("CORRUPT") == 1, r.stdout
+    r = run("unbundle", *all_vols, "--dest", tmp_path / "dest")
+    assert r.returncode == 5 and "payloads differs" in r.stdout + r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_volume_an_embedded_manifest_with_a_parent_path(vols, tmp_path):
     doc = json.loads(tarfile.open(vols[0]).extractfile("MMBUNDLE/manifest.json").read())
     doc["files"][0]["path"] = "../escaped.safetensors"
@@ -405,6 +434,15 @@ VALUES = {
     "missing argument": ["verify"],
     "unknown command": ["no-such-command"],
     "--format xml": ["launch", "/tmp", "--hardware", "b300", "--format", "xml"],
+    "--replicas 0": ["launch", "/tmp", "--hardware", "b300", "--replicas", "0"],
+    "--replicas -2": ["launch", "/tmp", "--hardware", "b300", "--replicas", "-2"],
+    "--replica-ports 0,70000": ["launch", "/tmp", "--hardware", "b300", "--replica-ports", "0,70000"],
+    "--replica-ports a,b": ["launch", "/tmp", "--hardware", "b300", "--replica-ports", "a,b"],
+    "--metrics-port 0": ["launch", "/tmp", "--hardware", "b300", "--metrics-port", "0"],
+    "warmup --replicas 0": ["warmup", "/tmp", "--hardware", "b300", "--replicas", "0"],
+    "diagnose --gpus -1": ["diagnose", "/tmp/x.log", "--gpus", "-1"],
+    "diagnose --port 0": ["diagnose", "/tmp/x.log", "--port", "0"],
+    "--cache-key without =": ["bundle", "/tmp", "--out", "/tmp/x", "--volume-size", "1G", "--cache-key", "gpu"],
 }
 
 
@@ -782,6 +820,7 @@ ANSWERS = {
     "deep nesting": DEEP,
     "message is a string": b'{"choices": [{"message": "hello"}]}',
     "NaN": b'{"choices": [{"message": {"content": NaN}}]}',
+    "reasoning is a number": b'{"choices": [{"message": {"content": "x", "reasoning_content": 5}}]}',
 }
 
 
@@ -802,6 +841,131 @@ def test_json_warmup_server_answers(tmp_path, answer):
                                     "FAKE_SGLANG_ANSWER_FILE": str(tmp_path / "answer")})
     fails_cleanly(r, 1)
     assert "FAILED" in r.stdout
+
+
+TABLE_SHAPES = {
+    "rows is an object": lambda t: {**t, "rows": {}},
+    "a row is a list": lambda t: {**t, "rows": [[1]]},
+    "guide row is a string": lambda t: {**t, "rows": [{**t["rows"][0], "guide": {**t["rows"][0]["guide"],
+                                                                                 "value": {"row": "1"}}}]},
+    "a pattern that does not compile": lambda t: {**t, "rows": [{**t["rows"][0], "detect": [
+        {"source": "log", "pattern": "(", "pattern_source": "x"}]}]},
+    "a pattern of a megabyte": lambda t: {**t, "rows": [{**t["rows"][0], "detect": [
+        {"source": "log", "pattern": "a" * 2**20, "pattern_source": "x"}]}]},
+    "a fix naming an unknown placeholder": lambda t: {**t, "rows": [{**t["rows"][0], "fix_here": "run {nope}"}]},
+    "a fix naming an attribute": lambda t: {**t, "rows": [{**t["rows"][0], "fix_here": "{port.__class__}"}]},
+    "change is a list": lambda t: {**t, "rows": [{**t["rows"][0], "change": []}]},
+}
+
+
+@pytest.mark.parametrize("bad", sorted(set(MALFORMED) - {"empty"}) + sorted(TABLE_SHAPES))
+def test_json_troubleshooting_table(tmp_path, bad):
+    """The table `mm diagnose` and warm-up read: malformed or of the wrong shape, one line naming the file."""
+    from mm.artifacts.diagnose import load_table, table_path
+    from mm.artifacts.errors import BadInput
+    table = tmp_path / "table.json"
+    if bad in TABLE_SHAPES:
+        table.write_text(json.dumps(TABLE_SHAPES[bad](json.loads(table_path().read_text()))))
+    else:
+        table.write_bytes(MALFORMED[bad])
+    with pytest.raises(BadInput) as caught:
+        load_table(table)
+    assert caught.value.message.startswith(str(table)) and "\n" not in caught.value.message
+    assert len(caught.value.message) < 1000
+
+
+def test_json_the_table_placeholders_are_the_plans_fields(tmp_path):
+    """What load_table lets a fix name is exactly what a plan supplies (so no shown fix can fail)."""
+    from mm.artifacts.diagnose import FIX_FIELDS, load_table, plan_context
+    from mm.artifacts.launch import LaunchOptions, plan_launch
+    from tests.test_launch import make_model_dir
+    assert load_table().rows
+    plan = plan_launch(make_model_dir(tmp_path), LaunchOptions(hardware="b300"))
+    assert set(plan_context(plan)) == FIX_FIELDS
+
+
+@pytest.mark.parametrize("inspect", ["deep nesting", "a list of strings", "not JSON", "log not UTF-8"])
+def test_json_docker_answers_for_diagnose(tmp_path, inspect):
+    """`mm diagnose --container`: whatever `docker inspect` (or the log) holds, the log is still diagnosed."""
+    answer = {"deep nesting": DEEP, "a list of strings": b'["x", 1]', "not JSON": b"\xff{", "log not UTF-8": b"[]"}[inspect]
+    bad_byte = "\\377 " if inspect == "log not UTF-8" else ""
+    (tmp_path / "inspect.out").write_bytes(answer)
+    docker = tmp_path / "bin" / "docker"
+    docker.parent.mkdir()
+    docker.write_text("#!/bin/sh\n"
+                      "case \"$1\" in\n"
+                      f"  logs) printf '{bad_byte}torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\\n' ;;\n"
+                      f"  inspect) cat {tmp_path / 'inspect.out'} ;;\n"
+                      "esac\n")
+    docker.chmod(0o755)
+    r = run("diagnose", "--container", "c", env={"PATH": f"{docker.parent}{os.pathsep}{os.environ['PATH']}"})
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "out of memory" in r.stdout.lower(), r.stdout
+
+
+# --- guard: an unexpected exception anywhere is one line, exit 70 ----------------------------------
+
+FAULT = '''\
+"""sitecustomize installed by tests: {module}.{attr} raises an exception mm does not expect."""
+import importlib
+
+module = importlib.import_module("{module}")
+
+
+def _fault(*args, **kwargs):
+    raise ZeroDivisionError("injected by the test")
+
+
+setattr(module, "{attr}", _fault)
+'''
+
+
+def fault_env(directory: Path, module: str, attr: str) -> dict[str, str]:
+    """Environment for an mm subprocess in which MODULE.ATTR raises (a sitecustomize on PYTHONPATH)."""
+    directory = directory / "fault"
+    directory.mkdir(exist_ok=True)
+    (directory / "sitecustomize.py").write_text(FAULT.format(module=module, attr=attr))
+    return {"PYTHONPATH": str(directory)}
+
+
+GUARDED = {
+    "verify": ("mm.artifacts.verify", "verify_dir", lambda m, t: ["verify", m], "mm verify"),
+    "bundle": ("mm.artifacts.bundle.pack", "create_bundle",
+               lambda m, t: ["bundle", m, "--out", t / "out", "--volume-size", "1G"], "mm bundle create"),
+    "bundle verify": ("mm.artifacts.bundle.check", "verify_volumes", lambda m, t: ["bundle", "verify", m],
+                      "mm bundle verify"),
+    "unbundle": ("mm.artifacts.bundle.unpack", "unbundle", lambda m, t: ["unbundle", m, "--dest", t / "d"],
+                 "mm unbundle"),
+    "launch --replicas": ("mm.artifacts.router", "plan_node",
+                          lambda m, t: ["launch", m, "--hardware", "b300", "--replicas", "2"], "mm launch"),
+    "warmup": ("mm.artifacts.router", "plan_node", lambda m, t: ["warmup", m, "--hardware", "b300"], "mm warmup"),
+    "diagnose": ("mm.artifacts.diagnose", "run_diagnosis", lambda m, t: ["diagnose", t / "x.log"], "mm diagnose"),
+    "manifest export": ("mm.artifacts.manifest", "export_sums_files", lambda m, t: ["manifest", "export", m],
+                        "mm manifest export"),
+}
+
+
+@pytest.mark.parametrize("command", sorted(GUARDED))
+def test_guard_an_unexpected_exception_is_one_line_exit_70(model, tmp_path, command):
+    module, attr, argv, operation = GUARDED[command]
+    (tmp_path / "x.log").write_text("nothing\n")
+    r = run(*argv(model, tmp_path), env=fault_env(tmp_path, module, attr))
+    fails_cleanly(r, 70, f"internal error in `{operation}`", "ZeroDivisionError: injected by the test",
+                  "this is a bug in mm")
+
+
+def test_guard_with_json_gives_one_document_exit_70(model, tmp_path):
+    r = run("diagnose", tmp_path / "x.log", "--json",
+            env=fault_env(tmp_path, "mm.artifacts.diagnose", "run_diagnosis"))
+    doc = json.loads(r.stdout)
+    assert r.returncode == 70 and doc["exit_code"] == 70 and doc["kind"] == "ZeroDivisionError"
+    assert "Traceback" not in r.stderr
+
+
+def test_guard_mm_debug_shows_the_traceback(model, tmp_path):
+    env = {**fault_env(tmp_path, "mm.artifacts.verify", "verify_dir"), "MM_DEBUG": "1"}
+    r = run_mm("verify", model, extra_env=env)  # not recorded: this one is meant to show a traceback
+    assert r.returncode == 70 and "Traceback" in r.stderr and "ZeroDivisionError" in r.stderr
 
 
 def test_zz_no_command_printed_a_traceback():
