@@ -1,0 +1,370 @@
+"""mm pull REF --local-dir DIR, and mm inspect REF: a ModelPack artifact from an OCI registry, proven on arrival.
+
+The tag is resolved to a digest once; everything after uses that digest (a tag moved meanwhile cannot mix two
+revisions). mm's manifest comes first (its own layer, cross-checked with the layers); then each file's blob is
+streamed into DIR/.mm/partial/<sha256>.part (continued with Range after a kill), hashed in the pass that writes
+it (sha256 against the layer digest, blake3 against the manifest), and named only when both match. The same
+lock, free-space check, journal and atomic names as `mm fetch`; it ends with the quick verify.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import httpx2
+
+from ..errors import BadInput, IntegrityError, MMError, Refused, RemoteError
+from ..fsutil import MM_DIR, dir_lock, human_bytes, publish
+from ..hashing import StreamHasher
+from ..manifest import FileEntry, Manifest, manifest_path, write_manifest
+from ..progress import NULL_PROGRESS, ProgressSink
+from . import modelpack
+from .client import Client, Credentials, Reference, Transport, parse_reference
+
+WRITE_BATCH = 1024 * 1024
+CUT_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class PulledFile:
+    path: str
+    size: int
+    digest: str
+    status: str  # "downloaded" | "present" | "failed"
+    bytes_transferred: int = 0
+    resumed_from: int = 0
+    error: str | None = None
+    exit_code: int = 0
+
+
+@dataclass(frozen=True)
+class PullReport:
+    reference: str
+    digest: str  # the manifest digest the tag resolved to
+    source: str  # oci:REF@DIGEST, as recorded in the manifest
+    repo_id: str
+    revision: str
+    local_dir: str
+    manifest_path: str
+    files: tuple[PulledFile, ...]
+    removed: tuple[str, ...]  # files of an earlier pull that this artifact does not have
+    bytes_transferred: int
+    seconds: float
+    verify_problems: tuple[str, ...]
+    draft_present: bool
+
+    @property
+    def failed(self) -> list[PulledFile]:
+        return [f for f in self.files if f.status == "failed"]
+
+
+@dataclass(frozen=True)
+class InspectReport:
+    reference: str
+    digest: str
+    artifact_type: str
+    repo_id: str | None
+    revision: str | None
+    annotations: dict
+    config: dict
+    files: tuple[dict, ...]  # path, size, media_type, digest
+    total_bytes: int
+    mm_manifest: bool
+    signed: bool | None  # None: no signature scheme is known for this artifact
+
+
+@dataclass(frozen=True)
+class Resolved:
+    ref: Reference
+    digest: str
+    parsed: modelpack.Parsed
+    config: dict
+    manifest: Manifest | None  # mm's, from its layer (None for an artifact another tool pushed)
+
+
+def resolve(client: Client, ref: Reference) -> Resolved:
+    """The manifest (tag -> digest, once), the config and mm's manifest; all checked."""
+    import json
+
+    data, _, digest = client.get_manifest(ref)
+    where = str(ref.at(digest))
+    parsed = modelpack.parse(data, where)
+    try:
+        config = json.loads(client.read_blob(parsed.config.digest, 4 * 1024 * 1024))
+    except ValueError:
+        raise BadInput(f"{where}: config blob is not JSON") from None
+    manifest = None
+    if parsed.mm_layer is not None:
+        mm_bytes = client.read_blob(parsed.mm_layer.digest, modelpack.MAX_MM_MANIFEST)
+        manifest = modelpack.restored_manifest(parsed, mm_bytes, where)
+    return Resolved(ref, digest, parsed, config if isinstance(config, dict) else {}, manifest)
+
+
+def _require_tag_or_digest(ref: Reference, text: str) -> None:
+    if not ref.tag and not ref.digest:
+        raise BadInput(f"{text}: give a tag or a digest (mm push tags with the short revision, e.g. {text}:ce7f4df87d2e)")
+
+
+def inspect(reference: str, credentials: Credentials | None = None, transport: Transport = Transport()) -> InspectReport:
+    ref = parse_reference(reference)
+    _require_tag_or_digest(ref, reference)
+    with Client(ref, credentials, transport) as client:
+        r = resolve(client, ref)
+    types = {layer.path: layer.media_type for layer in r.parsed.files}
+    files = tuple({"path": layer.path, "size": layer.size, "media_type": types[layer.path], "digest": layer.digest}
+                  for layer in sorted(r.parsed.files, key=lambda x: x.path))
+    descriptor = r.config.get("descriptor") if isinstance(r.config.get("descriptor"), dict) else {}
+    return InspectReport(
+        reference=str(ref), digest=r.digest, artifact_type=modelpack.ARTIFACT_TYPE,
+        repo_id=r.manifest.repo_id if r.manifest else descriptor.get("name"),
+        revision=r.manifest.revision if r.manifest else r.parsed.annotations.get(modelpack.REVISION),
+        annotations=r.parsed.annotations, config=r.config.get("config") or {}, files=files,
+        total_bytes=r.parsed.total_bytes, mm_manifest=r.manifest is not None, signed=None)
+
+
+def pull(reference: str, local_dir: Path, credentials: Credentials | None = None, transport: Transport = Transport(),
+         workers: int = 4, progress: ProgressSink = NULL_PROGRESS, draft_subfolder: str = "dspark/") -> PullReport:
+    from ..verify import verify_dir
+
+    started = time.monotonic()
+    local_dir = Path(local_dir)
+    ref = parse_reference(reference)
+    _require_tag_or_digest(ref, reference)
+    if local_dir.exists() and not local_dir.is_dir():
+        raise BadInput(f"{local_dir}: exists and is not a directory")
+    with Client(ref, credentials, transport) as client:
+        r = resolve(client, ref)
+        if r.manifest is None:
+            raise BadInput(f"{ref.at(r.digest)}: no mm manifest layer ({modelpack.MM_MANIFEST}); mm pulls what mm "
+                           f"pushed, so that every file has its blake3 and the Hub's identity")
+        source = f"oci:{ref.at(r.digest)}"
+        try:
+            (local_dir / PARTIAL).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise BadInput(f"{local_dir}: cannot create the download directory: {e.strerror}") from None
+        with dir_lock(local_dir, "mm pull"):
+            journal = Journal(local_dir / JOURNAL)
+            known = _known(local_dir, journal)
+            layers = {layer.path: layer for layer in r.parsed.files}
+            wanted = r.manifest.files
+            _clean_partials(local_dir, {layers[f.path].digest for f in wanted})
+            _check_free_space(local_dir, wanted, known)
+            progress.begin(sum(f.size for f in wanted), f"pull {ref.repository}@{r.digest[7:19]}")
+
+            def one(entry: FileEntry) -> tuple[PulledFile, FileEntry | None]:
+                return _pull_file(client, local_dir, entry, layers[entry.path].digest, known, source, progress, journal)
+
+            try:
+                with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+                    results = list(pool.map(one, wanted))
+            finally:
+                progress.end()
+            got = {e.path: e for _, e in results if e is not None}
+            removed = _remove_other_revision(local_dir, known, r.manifest)
+            if len(got) == len(wanted):
+                write_manifest(r.manifest.with_files(list(got.values())), manifest_path(local_dir))
+                journal.clear()
+    outcomes = tuple(o for o, _ in results)
+    problems: tuple[str, ...] = ()
+    if not any(o.status == "failed" for o in outcomes):
+        report = verify_dir(local_dir, quick=True)
+        problems = tuple(f"{p.kind} {p.path}: {p.detail}" for p in report.problems)
+    draft = draft_subfolder.rstrip("/") + "/"
+    return PullReport(
+        reference=str(ref), digest=r.digest, source=source, repo_id=r.manifest.repo_id, revision=r.manifest.revision,
+        local_dir=str(local_dir), manifest_path=str(manifest_path(local_dir)), files=outcomes, removed=removed,
+        bytes_transferred=sum(o.bytes_transferred for o in outcomes), seconds=time.monotonic() - started,
+        verify_problems=problems,
+        draft_present=any(f.path.startswith(draft) and f.path.endswith(".safetensors") for f in r.manifest.files))
+
+
+PARTIAL = f"{MM_DIR}/partial"
+JOURNAL = f"{MM_DIR}/journal.jsonl"
+
+
+def _partial(local_dir: Path, digest: str) -> Path:
+    # keyed by content: a partial is never continued with another blob's bytes (fetch keys by the same sha256)
+    return local_dir / PARTIAL / f"{digest.split(':', 1)[1]}.part"
+
+
+def _known(local_dir: Path, journal: "Journal") -> dict[str, FileEntry]:
+    from ..manifest import read_manifest
+    entries: dict[str, FileEntry] = {}
+    path = manifest_path(local_dir)
+    if path.exists():
+        try:
+            entries.update(read_manifest(path).by_path())
+        except BadInput:
+            pass  # rewritten from what this run proves
+    entries.update(journal.entries())
+    return entries
+
+
+def _present(local_dir: Path, entry: FileEntry, known: dict[str, FileEntry]) -> FileEntry | None:
+    have = known.get(entry.path)
+    final = local_dir / entry.path
+    if (have and have.sha256 == entry.sha256 and have.blake3 == entry.blake3 and have.size == entry.size
+            and final.is_file() and final.stat().st_size == entry.size):
+        return have
+    return None
+
+
+def _clean_partials(local_dir: Path, digests: set[str]) -> None:
+    keep = {_partial(local_dir, d).name for d in digests}
+    for p in (local_dir / PARTIAL).iterdir():
+        if p.name not in keep and p.suffix == ".part":
+            p.unlink(missing_ok=True)
+
+
+def _check_free_space(local_dir: Path, wanted, known) -> None:
+    needed = 0
+    for f in wanted:
+        if _present(local_dir, f, known):
+            continue
+        partial = _partial(local_dir, f"sha256:{f.sha256}")
+        needed += f.size - (partial.stat().st_size if partial.exists() else 0)
+    free = shutil.disk_usage(local_dir).free
+    if needed > free:
+        raise Refused(f"{local_dir}: not enough free disk: {human_bytes(needed)} to download, {human_bytes(free)} free")
+
+
+def _remove_other_revision(local_dir: Path, known: dict[str, FileEntry], manifest: Manifest) -> tuple[str, ...]:
+    """Files an earlier manifest recorded that this artifact does not have: a pull leaves one revision, not two.
+    Files mm never recorded are left alone (verify reports them as extra)."""
+    keep = manifest.by_path()
+    removed = []
+    for path in sorted(set(known) - set(keep)):
+        try:
+            (local_dir / path).unlink()
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            continue
+    return tuple(removed)
+
+
+def _pull_file(client: Client, local_dir: Path, entry: FileEntry, digest: str, known: dict[str, FileEntry],
+               source: str, progress: ProgressSink, journal: "Journal") -> tuple[PulledFile, FileEntry | None]:
+    if _present(local_dir, entry, known):
+        progress.advance(entry.size)
+        return PulledFile(entry.path, entry.size, digest, "present"), known[entry.path]
+    try:
+        transferred, resumed = _download(client, local_dir, entry, digest, progress)
+    except MMError as e:
+        return PulledFile(entry.path, entry.size, digest, "failed", error=e.message, exit_code=e.exit_code), None
+    got = replace(entry, source=source)
+    journal.append(got)
+    return PulledFile(entry.path, entry.size, digest, "downloaded", transferred, resumed), got
+
+
+def _download(client: Client, local_dir: Path, entry: FileEntry, digest: str, progress: ProgressSink) -> tuple[int, int]:
+    partial = _partial(local_dir, digest)
+    have = partial.stat().st_size if partial.exists() else 0
+    if have > entry.size:
+        partial.unlink()
+        have = 0
+    hasher = StreamHasher(sha256=True)
+    received = 0
+    with open(partial, "ab") as out:
+        if have:
+            _hash_existing(partial, have, hasher)
+            progress.advance(have)
+        stalls = 0
+        while hasher.size < entry.size:
+            before = hasher.size
+            try:
+                with client.stream_blob(digest, hasher.size) as (start, chunks):
+                    if start != hasher.size:  # the registry ignored the range: start over
+                        out.seek(0)
+                        out.truncate()
+                        progress.advance(-hasher.size)
+                        hasher = StreamHasher(sha256=True)
+                    batch = bytearray()
+                    try:
+                        for chunk in chunks:
+                            if hasher.size + len(batch) + len(chunk) > entry.size:
+                                raise IntegrityError(f"{entry.path}: the registry sent more than the layer's {entry.size} "
+                                                     f"bytes for {digest}; not kept")
+                            batch += chunk
+                            if len(batch) >= WRITE_BATCH:
+                                out.write(batch)
+                                hasher.update(batch)
+                                received += len(batch)
+                                progress.advance(len(batch))
+                                batch = bytearray()
+                    finally:
+                        if batch and hasher.size + len(batch) <= entry.size:
+                            out.write(batch)
+                            hasher.update(batch)
+                            received += len(batch)
+                            progress.advance(len(batch))
+            except httpx2.TransportError:
+                pass  # cut mid-body: what arrived is kept, ask again from there
+            if hasher.size == before:
+                stalls += 1
+                if stalls > CUT_RETRIES:
+                    raise RemoteError(f"{entry.path}: transfer of {digest} keeps breaking at byte {before} of "
+                                      f"{entry.size}; run again to resume")
+        out.flush()
+        os.fsync(out.fileno())
+    d = hasher.digests()
+    if d.sha256 != digest.split(":", 1)[1]:
+        partial.unlink(missing_ok=True)
+        raise IntegrityError(f"{entry.path}: blob {digest} from {client.ref.registry} does not match its digest "
+                             f"(got sha256:{str(d.sha256)[:16]}...); not kept")
+    if d.blake3 != entry.blake3:
+        partial.unlink(missing_ok=True)
+        raise IntegrityError(f"{entry.path}: blake3 {d.blake3[:16]} disagrees with the pulled mm manifest "
+                             f"({entry.blake3[:16]}); not kept")
+    publish(partial, local_dir / entry.path)
+    return received, have
+
+
+def _hash_existing(partial: Path, length: int, hasher: StreamHasher) -> None:
+    with open(partial, "rb") as src:
+        while length:
+            chunk = src.read(min(8 * 1024 * 1024, length))
+            if not chunk:
+                break
+            hasher.update(chunk)
+            length -= len(chunk)
+
+
+class Journal:
+    """Files proven during a run (appended, fsynced), so a killed pull neither downloads nor hashes them again."""
+
+    def __init__(self, path: Path):
+        import threading
+        self.path = path
+        self._lock = threading.Lock()
+
+    def append(self, entry: FileEntry) -> None:
+        import json
+        from dataclasses import asdict
+        line = json.dumps(asdict(entry)) + "\n"
+        with self._lock, open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def entries(self) -> dict[str, FileEntry]:
+        import json
+        from ..manifest import entry_from_dict
+        out: dict[str, FileEntry] = {}
+        if not self.path.exists():
+            return out
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = entry_from_dict(json.loads(line))
+                out[entry.path] = entry
+            except (ValueError, KeyError, TypeError):
+                continue
+        return out
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
