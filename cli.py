@@ -679,7 +679,7 @@ def _render_inspect(report) -> None:
         out.print(f"config: {fields}", markup=False, highlight=False, soft_wrap=True)
     for f in report.files:
         kind = f["media_type"].rsplit(".model.", 1)[-1]
-        out.print(f"{human_bytes(f['size']):>10}  {kind:<18} {f['path']}", markup=False, highlight=False, soft_wrap=True)
+        out.print(f"{human_bytes(f['size']):>10}  {kind:<22} {f['path']}", markup=False, highlight=False, soft_wrap=True)
     signed = {None: "unknown (no signature scheme for OCI artifacts yet)", True: "yes", False: "no"}[report.signed]
     out.print(f"{len(report.files)} files, {human_bytes(report.total_bytes)}; mm manifest: "
               f"{'yes' if report.mm_manifest else 'no'}; signed: {signed}", markup=False, highlight=False, soft_wrap=True)
