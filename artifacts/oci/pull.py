@@ -8,14 +8,14 @@ lock, free-space check, journal and atomic names as `mm fetch`; it ends with the
 """
 from __future__ import annotations
 
+import http.client
+import mmap
 import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import httpx2
 
 from ..errors import BadInput, IntegrityError, MMError, Refused, RemoteError
 from ..fsutil import MM_DIR, dir_lock, human_bytes, publish
@@ -25,7 +25,7 @@ from ..progress import NULL_PROGRESS, ProgressSink
 from . import modelpack
 from .client import Client, Credentials, Reference, Transport, parse_reference
 
-WRITE_BATCH = 1024 * 1024
+BUFFER = 4 * 1024 * 1024  # one page-aligned receive buffer per worker
 CUT_RETRIES = 5
 
 
@@ -263,6 +263,10 @@ def _pull_file(client: Client, local_dir: Path, entry: FileEntry, digest: str, k
 
 
 def _download(client: Client, local_dir: Path, entry: FileEntry, digest: str, progress: ProgressSink) -> tuple[int, int]:
+    """Continue (or start) the blob's partial file, hash every byte in the pass that writes it, check, publish.
+
+    Bytes are read straight into one page-aligned buffer (BUFFER), then written and hashed from it: no copy
+    in Python, memory bounded by the buffer whatever the file size."""
     partial = _partial(local_dir, digest)
     have = partial.stat().st_size if partial.exists() else 0
     if have > entry.size:
@@ -270,7 +274,10 @@ def _download(client: Client, local_dir: Path, entry: FileEntry, digest: str, pr
         have = 0
     hasher = StreamHasher(sha256=True)
     received = 0
-    with open(partial, "ab") as out:
+    buf = mmap.mmap(-1, BUFFER)
+    view = memoryview(buf)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
         if have:
             _hash_existing(partial, have, hasher)
             progress.advance(have)
@@ -278,40 +285,46 @@ def _download(client: Client, local_dir: Path, entry: FileEntry, digest: str, pr
         while hasher.size < entry.size:
             before = hasher.size
             try:
-                with client.stream_blob(digest, hasher.size) as (start, chunks):
+                with client.open_blob(digest, hasher.size) as (start, body):
                     if start != hasher.size:  # the registry ignored the range: start over
-                        out.seek(0)
-                        out.truncate()
+                        os.ftruncate(fd, 0)
                         progress.advance(-hasher.size)
                         hasher = StreamHasher(sha256=True)
-                    batch = bytearray()
-                    try:
-                        for chunk in chunks:
-                            if hasher.size + len(batch) + len(chunk) > entry.size:
-                                raise IntegrityError(f"{entry.path}: the registry sent more than the layer's {entry.size} "
-                                                     f"bytes for {digest}; not kept")
-                            batch += chunk
-                            if len(batch) >= WRITE_BATCH:
-                                out.write(batch)
-                                hasher.update(batch)
-                                received += len(batch)
-                                progress.advance(len(batch))
-                                batch = bytearray()
-                    finally:
-                        if batch and hasher.size + len(batch) <= entry.size:
-                            out.write(batch)
-                            hasher.update(batch)
-                            received += len(batch)
-                            progress.advance(len(batch))
-            except httpx2.TransportError:
-                pass  # cut mid-body: what arrived is kept, ask again from there
+                    while True:
+                        filled, cut = 0, None
+                        try:
+                            while filled < BUFFER:
+                                n = body.readinto(view[filled:])
+                                if not n:
+                                    break
+                                filled += n
+                        except (OSError, http.client.HTTPException) as e:
+                            cut = e  # keep what arrived, then ask again from there
+                        if hasher.size + filled > entry.size:
+                            raise IntegrityError(f"{entry.path}: the registry sent more than the layer's {entry.size} "
+                                                 f"bytes for {digest}; not kept")
+                        if filled:
+                            piece = view[:filled]
+                            _write_all(fd, piece)
+                            hasher.update(piece)
+                            piece.release()
+                            received += filled
+                            progress.advance(filled)
+                        if cut is not None or filled < BUFFER:
+                            break
+            except RemoteError:
+                if hasher.size == before:
+                    raise
             if hasher.size == before:
                 stalls += 1
                 if stalls > CUT_RETRIES:
                     raise RemoteError(f"{entry.path}: transfer of {digest} keeps breaking at byte {before} of "
                                       f"{entry.size}; run again to resume")
-        out.flush()
-        os.fsync(out.fileno())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        view.release()
+        buf.close()
     d = hasher.digests()
     if d.sha256 != digest.split(":", 1)[1]:
         partial.unlink(missing_ok=True)
@@ -323,6 +336,12 @@ def _download(client: Client, local_dir: Path, entry: FileEntry, digest: str, pr
                              f"({entry.blake3[:16]}); not kept")
     publish(partial, local_dir / entry.path)
     return received, have
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while len(data):
+        n = os.write(fd, data)
+        data = data[n:]
 
 
 def _hash_existing(partial: Path, length: int, hasher: StreamHasher) -> None:
