@@ -286,6 +286,7 @@ def test_a_pull_killed_before_the_tag_moved_finishes_on_the_new_revision_only(re
         _wait_for_partial(dest, slow, 256 * 1024)
         slow.send_signal(signal.SIGKILL)
         slow.wait()
+        proxy.drop_connections()
     assert mm(tmp_path, "push", model_b, ref).returncode == 0
     assert mm(tmp_path, "pull", ref, "--local-dir", dest).returncode == 0
     assert tree(dest) == tree(model_b)
@@ -320,6 +321,7 @@ def test_pull_killed_then_rerun_resumes_and_fetches_only_the_missing_part(regist
         _wait_for_partial(dest, proc, 2 * 1024 * 1024)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        proxy.drop_connections()
         missing = total - _bytes_on_disk(dest, model_a)
         assert 0 < missing < total
         proxy.rate = None
@@ -345,6 +347,8 @@ def test_push_killed_mid_upload_then_rerun_sends_only_what_the_registry_lacks(tm
             time.sleep(0.02)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        proxy.drop_connections()
+        time.sleep(0.5)  # the registry finishes with what reached it
         missing = missing_bytes(reg, "kill/push", manifest_path(model))
         assert missing > 0
         proxy.rate = None
@@ -371,6 +375,7 @@ def test_push_killed_between_chunks_resumes_from_the_registry_offset(tmp_path):
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)  # during the pause after a whole chunk
         proc.wait()
+        proxy.drop_connections()
         held = 1024 * 1024  # one chunk went in
         missing = missing_bytes(reg, "kill/chunks", manifest_path(model)) - held
         proxy.reset()

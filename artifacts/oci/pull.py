@@ -25,7 +25,7 @@ from ..progress import NULL_PROGRESS, ProgressSink
 from . import modelpack
 from .client import Client, Credentials, Reference, Transport, parse_reference
 
-BUFFER = 4 * 1024 * 1024  # one page-aligned receive buffer per worker
+BUFFER = 1024 * 1024  # one page-aligned receive buffer per worker; what a kill can lose of a file
 CUT_RETRIES = 5
 
 

@@ -5,7 +5,8 @@
         proxy.sent       # bytes clients sent upstream (request lines, headers, bodies)
         proxy.received   # bytes upstream sent back to clients
         proxy.rate = 2_000_000   # bytes/second per connection and direction (None: full speed)
-        proxy.reset()
+        proxy.reset()            # counters to zero
+        proxy.drop_connections() # after killing a client: nothing it left in flight is forwarded or counted
 
 It forwards bytes untouched (the Host header too, so the registry's upload URLs point back at the proxy).
 """
@@ -37,6 +38,18 @@ class CountingProxy:
     def reset(self) -> None:
         with self._lock:
             self.sent = self.received = 0
+
+    def drop_connections(self) -> None:
+        """Close every open connection (after a client was killed: what its socket still held is not
+        forwarded, and not counted, later)."""
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
 
     def _count(self, upstream: bool, n: int) -> None:
         with self._lock:
@@ -76,7 +89,8 @@ class CountingProxy:
             except OSError:
                 client.close()
                 continue
-            self._conns += [client, upstream]
+            with self._lock:
+                self._conns += [client, upstream]
             threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
 
