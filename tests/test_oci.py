@@ -444,3 +444,36 @@ def test_wrong_or_missing_credentials_exit_4_and_no_secret_anywhere(auth_registr
     for d in (tmp_path / "d", tmp_path / "d2"):
         assert not any(wrong.encode() in p.read_bytes() for p in d.rglob("*") if p.is_file())
     assert wrong not in auth_registry.log_text()  # nor in what the registry logged of our requests
+
+
+def test_bearer_token_auth_from_the_registry_challenge(model_a, tmp_path):
+    from tests.support.tokenserver import TokenServer
+    password = "tok-pw-" + os.urandom(6).hex()
+    with TokenServer(tmp_path / "token", {"robot": password}) as ts, Registry(token=ts) as reg:
+        ref = f"{reg.host}/bearer/flash:t"
+        proc = mm(tmp_path, "push", model_a, ref, "--username", "robot", "--password-stdin", input=password + "\n")
+        assert proc.returncode == 0, proc.stderr
+        assert ts.auth_seen >= 1  # the credentials went to the token service, the registry saw only tokens
+        dest = tmp_path / "pulled"
+        proc = mm(tmp_path, "pull", ref, "--local-dir", dest, "--username", "robot", "--password-stdin", input=password + "\n")
+        assert proc.returncode == 0, proc.stderr
+        assert tree(dest) == tree(model_a)
+        wrong = mm(tmp_path, "inspect", ref, "--username", "robot", "--password-stdin", input="not-" + password + "\n")
+        assert wrong.returncode == 4 and "refused the credentials" in wrong.stderr
+        assert password not in wrong.stdout + wrong.stderr + reg.log_text()
+        anonymous = mm(tmp_path, "inspect", ref)  # a token without access: the registry still says no
+        assert anonymous.returncode == 4 and "Traceback" not in anonymous.stderr
+
+
+def test_https_with_ca_file_and_refused_with_the_wrong_ca(model_a, tmp_path):
+    from tests.support.tokenserver import self_signed
+    other_ca, _ = self_signed(tmp_path / "other", name="other")
+    with Registry(tls=True) as reg:
+        ref = f"{reg.host}/tls/flash:t"
+        proc = mm(tmp_path, "push", model_a, ref, "--ca-file", reg.ca_path)
+        assert proc.returncode == 0, proc.stderr
+        dest = tmp_path / "pulled"
+        assert mm(tmp_path, "pull", ref, "--local-dir", dest, "--ca-file", reg.ca_path).returncode == 0
+        assert tree(dest) == tree(model_a)
+        refused = mm(tmp_path, "pull", ref, "--local-dir", tmp_path / "d2", "--ca-file", other_ca)
+        assert refused.returncode == 4 and f"https://{reg.host}" in refused.stderr and "Traceback" not in refused.stderr

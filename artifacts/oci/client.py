@@ -194,10 +194,8 @@ class Client:
 
     def __init__(self, ref: Reference, credentials: Credentials | None = None, transport: Transport = Transport(),
                  push: bool = False, mount_from: str | None = None):
-        if not transport.plain_http and not is_loopback(ref.registry):
-            scheme = "https"
-        else:
-            scheme = "http"
+        # HTTPS unless told otherwise or on loopback; a CA file means HTTPS, loopback included
+        scheme = "https" if transport.ca_file or not (transport.plain_http or is_loopback(ref.registry)) else "http"
         self.ref = ref
         self.base = f"{scheme}://{ref.registry}"
         self.credentials = credentials
