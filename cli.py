@@ -629,6 +629,14 @@ def _registry_access(ref_text: str, username: str | None, password_stdin: bool, 
     return creds, oci_client.Transport(plain_http=plain_http, ca_file=ca_file)
 
 
+def _transfer_summary(items, nbytes: int, seconds: float) -> tuple[Counter, str]:
+    """Counts by status, and "(bytes, rate[, N resumed])" for a push or pull report's blobs or files."""
+    resumed = sum(1 for item in items if item.resumed_from)
+    rate = nbytes / seconds if seconds else 0
+    return Counter(item.status for item in items), \
+        f"({human_bytes(nbytes)}, {human_bytes(rate)}/s{f', {resumed} resumed' if resumed else ''})"
+
+
 @main.command()
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.argument("reference")
@@ -660,12 +668,10 @@ def push(directory, reference, username, password_stdin, plain_http, ca_file, wo
         return
     for note in report.notes:
         err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
-    counts = Counter(b.status for b in report.blobs)
-    resumed = sum(1 for b in report.blobs if b.resumed_from)
-    rate = report.bytes_sent / report.seconds if report.seconds else 0
+    counts, moved = _transfer_summary(report.blobs, report.bytes_sent, report.seconds)
     out.print(f"pushed {report.reference} ({report.repo_id}@{report.revision[:12]}): {counts['uploaded']} uploaded "
-              f"({human_bytes(report.bytes_sent)}, {human_bytes(rate)}/s{f', {resumed} resumed' if resumed else ''}), "
-              f"{counts['present']} already there, {counts['mounted']} mounted", markup=False, highlight=False, soft_wrap=True)
+              f"{moved}, {counts['present']} already there, {counts['mounted']} mounted", markup=False, highlight=False,
+              soft_wrap=True)
     out.print(f"digest: {report.digest}", markup=False, highlight=False)
     out.print(f"pull with: mm pull {report.reference.rsplit(':', 1)[0]}@{report.digest} --local-dir DIR",
               markup=False, highlight=False, soft_wrap=True)
@@ -713,11 +719,8 @@ def pull(reference, local_dir, list_only, username, password_stdin, plain_http, 
         sys.exit(code)
     for f in report.failed:
         err.print(f"FAILED {f.path}: {f.error}", markup=False, highlight=False, soft_wrap=True)
-    counts = Counter(f.status for f in report.files)
-    resumed = sum(1 for f in report.files if f.resumed_from)
-    rate = report.bytes_transferred / report.seconds if report.seconds else 0
-    out.print(f"{report.source}: {report.repo_id}@{report.revision[:12]}: {counts['downloaded']} downloaded "
-              f"({human_bytes(report.bytes_transferred)}, {human_bytes(rate)}/s{f', {resumed} resumed' if resumed else ''}), "
+    counts, moved = _transfer_summary(report.files, report.bytes_transferred, report.seconds)
+    out.print(f"{report.source}: {report.repo_id}@{report.revision[:12]}: {counts['downloaded']} downloaded {moved}, "
               f"{counts['present']} already present, {counts['failed']} failed", markup=False, highlight=False, soft_wrap=True)
     if report.removed:
         out.print(f"removed {len(report.removed)} file(s) of the earlier revision: {', '.join(report.removed[:5])}",

@@ -164,8 +164,9 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
             finally:
                 progress.end()
             got = {e.path: e for _, e in results if e is not None}
-            removed = _remove_other_revision(local_dir, known, r.manifest)
-            if len(got) == len(wanted):
+            removed: tuple[str, ...] = ()
+            if len(got) == len(wanted):  # complete: the directory now holds this revision and nothing of another
+                removed = _remove_other_revision(local_dir, known, r.manifest)
                 write_manifest(r.manifest.with_files(list(got.values())), manifest_path(local_dir))
                 journal.clear()
     outcomes = tuple(o for o, _ in results)

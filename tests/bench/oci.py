@@ -50,7 +50,7 @@ def make_model(root: Path, gib: float) -> Path:
 
 def curl_push(reg: Registry, repo: str, model: Path) -> list[str]:
     """One curl command that PUTs every file as a monolithic blob upload, PARALLEL at a time."""
-    args = [peer_bin("curl"), "-sS", "--fail", "--parallel", "--parallel-max", str(PARALLEL),
+    args = [peer_bin("curl"), "-sS", "--no-progress-meter", "--fail", "--parallel", "--parallel-max", str(PARALLEL),
             "-H", "Content-Type: application/octet-stream"]
     for f in read_manifest(manifest_path(model)).files:
         req = urllib.request.Request(f"{reg.url}/v2/{repo}/blobs/uploads/", method="POST")
@@ -61,7 +61,7 @@ def curl_push(reg: Registry, repo: str, model: Path) -> list[str]:
 
 
 def curl_pull(reg: Registry, repo: str, model: Path, dest: Path) -> list[str]:
-    args = [peer_bin("curl"), "-sS", "--fail", "--parallel", "--parallel-max", str(PARALLEL)]
+    args = [peer_bin("curl"), "-sS", "--no-progress-meter", "--fail", "--parallel", "--parallel-max", str(PARALLEL)]
     for i, f in enumerate(read_manifest(manifest_path(model)).files):
         args += ["-o", str(dest / f"blob-{i}"), f"{reg.url}/v2/{repo}/blobs/sha256:{f.sha256}"]
     return args
