@@ -477,3 +477,17 @@ def test_https_with_ca_file_and_refused_with_the_wrong_ca(model_a, tmp_path):
         assert tree(dest) == tree(model_a)
         refused = mm(tmp_path, "pull", ref, "--local-dir", tmp_path / "d2", "--ca-file", other_ca)
         assert refused.returncode == 4 and f"https://{reg.host}" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_files_with_the_same_bytes_share_one_blob_and_both_arrive(registry, tmp_path):
+    model = make_model(tmp_path / "m", seed=17, revision=REV_A, shard_bytes=256 * 1024)
+    shutil.copyfile(model / "model-00001-of-00003.safetensors", model / "dspark" / "copy-of-shard-1.safetensors")
+    (model / "dspark" / "generation_config.json").write_bytes((model / "generation_config.json").read_bytes())
+    manifest_for_local_dir(model, REPO_ID, REV_A, offline=True)
+    ref = f"{registry.host}/dupes/model:t"
+    pushed = json.loads(mm(tmp_path, "push", model, ref, "--json").stdout)
+    assert len({b["digest"] for b in pushed["blobs"]}) == len(pushed["blobs"])  # each blob sent once
+    dest = tmp_path / "pulled"
+    proc = mm(tmp_path, "pull", ref, "--local-dir", dest, "--workers", "8")
+    assert proc.returncode == 0, proc.stderr
+    assert tree(dest) == tree(model)

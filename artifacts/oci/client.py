@@ -293,9 +293,11 @@ class Client:
     def _send(self, method: str, url: str, *, headers: dict | None = None, content=None, auth: bool = True,
               stream: bool = False) -> httpx2.Response:
         hdrs = dict(headers or {})
-        if auth and self._auth_header:
+        target = self.url(url)
+        # credentials go to the registry only, never to another host an upload URL (Location) may name
+        if auth and self._auth_header and urlsplit(target).netloc == urlsplit(self.base).netloc:
             hdrs["Authorization"] = self._auth_header
-        request = self._http.build_request(method, self.url(url), headers=hdrs, content=content)
+        request = self._http.build_request(method, target, headers=hdrs, content=content)
         try:
             return self._http.send(request, stream=stream)
         except httpx2.HTTPError as e:

@@ -155,12 +155,18 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
             _check_free_space(local_dir, wanted, known)
             progress.begin(sum(f.size for f in wanted), f"pull {ref.repository}@{r.digest[7:19]}")
 
-            def one(entry: FileEntry) -> tuple[PulledFile, FileEntry | None]:
-                return _pull_file(client, local_dir, entry, layers[entry.path].digest, known, source, progress, journal)
+            # files with the same bytes share one blob and one partial: one worker takes them all, in turn
+            groups: dict[str, list[FileEntry]] = {}
+            for entry in wanted:
+                groups.setdefault(layers[entry.path].digest, []).append(entry)
+
+            def one(group: list[FileEntry]) -> list[tuple[PulledFile, FileEntry | None]]:
+                return [_pull_file(client, local_dir, entry, layers[entry.path].digest, known, source, progress, journal)
+                        for entry in group]
 
             try:
                 with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-                    results = list(pool.map(one, wanted))
+                    results = [r for rs in pool.map(one, sorted(groups.values(), key=lambda g: -g[0].size)) for r in rs]
             finally:
                 progress.end()
             got = {e.path: e for _, e in results if e is not None}
@@ -169,7 +175,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
                 removed = _remove_other_revision(local_dir, known, r.manifest)
                 write_manifest(r.manifest.with_files(list(got.values())), manifest_path(local_dir))
                 journal.clear()
-    outcomes = tuple(o for o, _ in results)
+    outcomes = tuple(sorted((o for o, _ in results), key=lambda o: o.path))
     problems: tuple[str, ...] = ()
     if not any(o.status == "failed" for o in outcomes):
         report = verify_dir(local_dir, quick=True)

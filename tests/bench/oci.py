@@ -128,22 +128,22 @@ def fan_out(work: Path, reg: Registry, env: dict) -> None:
             shutil.rmtree(d, ignore_errors=True)
         since = len(reg.log_text())
         start = time.perf_counter()
-        procs = [subprocess.Popen([mm, "pull", ref, "--local-dir", str(d), "--json"], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for d in dests]
-        peaks = []
+        # /usr/bin/time for each child's own peak RSS (see tests.bench.common.run_measured)
+        procs = [subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", str(d) + ".rss", mm, "pull", ref, "--local-dir",
+                                   str(d), "--json"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                 for d in dests]
         for p in procs:
-            _, status, usage = os.wait4(p.pid, 0)
-            p.returncode = os.waitstatus_to_exitcode(status)
-            if p.returncode != 0:
+            if p.wait() != 0:
                 raise RuntimeError(f"mm pull failed: {p.stderr.read().decode()[-500:]}")
-            peaks.append(usage.ru_maxrss * 1024)
         wall = time.perf_counter() - start
+        peaks = [int(Path(str(d) + ".rss").read_text().split()[-1]) * 1024 for d in dests]
         time.sleep(0.2)  # the access log line follows the response
         per_puller = served(reg, "fanout/model", since) / k / size
         print(f"  K={k}: wall {wall:6.2f} s, aggregate {k * size / wall / 1e9:5.2f} GB/s, registry served "
               f"{per_puller:.3f}x the artifact per puller, peak RSS {max(peaks) / 2**20:.0f} MiB", flush=True)
         for d in dests:
             shutil.rmtree(d, ignore_errors=True)
+            Path(str(d) + ".rss").unlink(missing_ok=True)
 
 
 def main() -> None:
