@@ -33,7 +33,7 @@ OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 MANIFEST_ACCEPT = ", ".join((OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST))
 MAX_MANIFEST = 4 * 1024 * 1024  # what distribution accepts for a manifest; a larger answer is not a manifest
-SEND_PIECE = 1024 * 1024
+SENDFILE_SLICE = 8 * 1024 * 1024  # progress is reported after each slice
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 REPOSITORY = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
@@ -181,12 +181,19 @@ def _challenge(header: str) -> tuple[str, dict[str, str]]:
 def _registry_error(resp: httpx2.Response) -> str:
     """The registry's own error code and message (distribution's JSON errors), one short line."""
     try:
-        errors = json.loads(resp.read()[:65536]).get("errors") or []
-        first = errors[0]
+        body = resp.read()[:65536]
+    except httpx2.HTTPError:
+        body = b""
+    return _error_text(resp.status_code, body)
+
+
+def _error_text(status: int, body: bytes) -> str:
+    try:
+        first = (json.loads(body).get("errors") or [])[0]
         text = f"{first.get('code', '')}: {first.get('message', '')}".strip(": ")
-    except (ValueError, AttributeError, IndexError, TypeError, httpx2.HTTPError):
+    except (ValueError, AttributeError, IndexError, TypeError):
         text = ""
-    return f"HTTP {resp.status_code}" + (f" {text[:200]}" if text else "")
+    return f"HTTP {status}" + (f" {text[:200]}" if text else "")
 
 
 class Client:
@@ -479,41 +486,82 @@ class Client:
             offset = 0  # distribution says 0-0 for an empty upload too
         return offset, resp.headers.get("Location") or location
 
+    def send_file(self, method: str, url: str, headers: dict, path: Path, start: int, length: int,
+                  on_bytes: Callable[[int], None] | None = None) -> tuple[int, dict[str, str], bytes]:
+        """METHOD with LENGTH bytes of PATH from START as the body, sent with sendfile (the kernel copies the file
+        to the socket: no pass through Python, no buffer) on a plain http.client connection. Returns (status,
+        headers, body). A 401 (token expired) logs in again and sends once more."""
+        import http.client
+
+        self.ping()
+        target = self.url(url)
+        parts = urlsplit(target)
+        for attempt in (1, 2):
+            hdrs = {"User-Agent": "mm (model-artifact manager)", "Content-Length": str(length), **headers}
+            if self._auth_header and parts.netloc == urlsplit(self.base).netloc:
+                hdrs["Authorization"] = self._auth_header
+            if parts.scheme == "https":
+                conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=self._timeout,
+                                                   context=self._ssl or ssl.create_default_context())
+            else:
+                conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=self._timeout)
+            try:
+                conn.putrequest(method, parts.path + (f"?{parts.query}" if parts.query else ""), skip_accept_encoding=True)
+                for k, v in hdrs.items():
+                    conn.putheader(k, v)
+                conn.endheaders()
+                with open(path, "rb") as f:
+                    pos, left = start, length
+                    while left:
+                        n = conn.sock.sendfile(f, pos, min(left, SENDFILE_SLICE))
+                        if not n:
+                            raise BadInput(f"{path}: file shrank while it was being pushed")
+                        pos += n
+                        left -= n
+                        if on_bytes is not None:
+                            on_bytes(n)
+                resp = conn.getresponse()
+                body = resp.read(65536)
+                status, rheaders = resp.status, {k.lower(): v for k, v in resp.getheaders()}
+            except (OSError, http.client.HTTPException) as e:
+                raise RemoteError(f"{self._where()}: upload to {parts.scheme}://{parts.netloc} cut "
+                                  f"({type(e).__name__}); run again to resume") from None
+            finally:
+                conn.close()
+            if status == 401 and attempt == 1:
+                with self._lock:
+                    self._login(rheaders.get("www-authenticate", ""))
+                continue
+            if status == 401:
+                raise RemoteError(f"{self._where()}: the registry refused the credentials"
+                                  + (f" from {self.credentials.origin}" if self.credentials else " (anonymous)"))
+            return status, rheaders, body
+        raise AssertionError("unreachable")
+
     def patch(self, location: str, path: Path, start: int, length: int,
               on_bytes: Callable[[int], None] | None = None) -> tuple[int, str]:
         """Send LENGTH bytes of PATH from START as one chunk; returns (registry's new offset, next URL)."""
-        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(length),
-                   "Content-Range": f"{start}-{start + length - 1}"}
-        resp = self.request("PATCH", location, headers=headers, body=lambda: file_body(path, start, length, on_bytes))
-        resp.read()
-        if resp.status_code != 202:
-            raise RemoteError(f"{self.ref.name}: chunk upload at byte {start} refused ({_registry_error(resp)})")
-        m = re.match(r"^(?:bytes=)?0-(\d+)$", resp.headers.get("Range", "").strip())
-        return (int(m.group(1)) + 1 if m else start + length), resp.headers.get("Location") or location
+        headers = {"Content-Type": "application/octet-stream", "Content-Range": f"{start}-{start + length - 1}"}
+        status, rheaders, body = self.send_file("PATCH", location, headers, path, start, length, on_bytes)
+        if status != 202:
+            raise RemoteError(f"{self.ref.name}: chunk upload at byte {start} refused ({_error_text(status, body)})")
+        m = re.match(r"^(?:bytes=)?0-(\d+)$", rheaders.get("range", "").strip())
+        return (int(m.group(1)) + 1 if m else start + length), rheaders.get("location") or location
 
-    def finish_upload(self, location: str, digest: str, body: Callable[[], object] | None, length: int) -> None:
-        """PUT the upload closed with its digest; BODY (a factory) sends the last LENGTH bytes, or none."""
+    def finish_upload(self, location: str, digest: str, data: bytes = b"", path: Path | None = None, length: int = 0,
+                      on_bytes: Callable[[int], None] | None = None) -> None:
+        """PUT the upload closed with its digest; the body is DATA, or LENGTH bytes of PATH (a whole small file)."""
         sep = "&" if "?" in location else "?"
-        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(length)}
-        resp = self.request("PUT", f"{location}{sep}{urlencode({'digest': digest})}", headers=headers, body=body)
-        resp.read()
-        if resp.status_code not in (201, 204):
-            raise RemoteError(f"{self.ref.name}: upload of {digest} not accepted ({_registry_error(resp)})")
-
-
-def file_body(path: Path, start: int, length: int, on_bytes: Callable[[int], None] | None = None) -> Iterator[bytes]:
-    """LENGTH bytes of PATH from START as a request body, 1 MiB at a time (never the whole file in memory)."""
-    with open(path, "rb") as f:
-        pos, left = start, length
-        while left:
-            piece = os.pread(f.fileno(), min(SEND_PIECE, left), pos)
-            if not piece:
-                raise BadInput(f"{path}: file shrank while it was being pushed")
-            pos += len(piece)
-            left -= len(piece)
-            if on_bytes is not None:
-                on_bytes(len(piece))
-            yield piece
+        url = f"{location}{sep}{urlencode({'digest': digest})}"
+        headers = {"Content-Type": "application/octet-stream"}
+        if path is not None:
+            status, _, body = self.send_file("PUT", url, headers, path, 0, length, on_bytes)
+        else:
+            resp = self.request("PUT", url, headers={**headers, "Content-Length": str(len(data))},
+                                body=(lambda: data) if data else None)
+            status, body = resp.status_code, resp.read()
+        if status not in (201, 204):
+            raise RemoteError(f"{self.ref.name}: upload of {digest} not accepted ({_error_text(status, body)})")
 
 
 def _short(e: BaseException) -> str:

@@ -21,7 +21,7 @@ from ..fsutil import MM_DIR, atomic_write_text, human_bytes
 from ..manifest import manifest_path, read_manifest, to_json
 from ..progress import NULL_PROGRESS, ProgressSink
 from . import modelpack
-from .client import OCI_MANIFEST, Client, Credentials, Transport, file_body, parse_reference
+from .client import OCI_MANIFEST, Client, Credentials, Transport, parse_reference
 
 DEFAULT_CHUNK = 64 * 1024 * 1024
 STATE_DIR = f"{MM_DIR}/oci-push"
@@ -151,12 +151,12 @@ def _push_blob(client: Client, state: "_StateDir", options: PushOptions, progres
         location = client.start_upload()
     progress.advance(offset)
     if isinstance(data, bytes):
-        client.finish_upload(location, digest, lambda: data, len(data))
+        client.finish_upload(location, digest, data)
         progress.advance(size)
         return BlobOutcome(path, digest, size, "uploaded", len(data))
     sent = 0
     if offset == 0 and size <= options.chunk_size:
-        client.finish_upload(location, digest, _file_body(data, 0, size, progress), size)
+        client.finish_upload(location, digest, path=data, length=size, on_bytes=progress.advance)
         return BlobOutcome(path, digest, size, "uploaded", size)
     while offset < size:
         length = min(options.chunk_size, size - offset)
@@ -168,13 +168,9 @@ def _push_blob(client: Client, state: "_StateDir", options: PushOptions, progres
         offset = new_offset
         state.save(digest, location)
         _test_pause()
-    client.finish_upload(location, digest, None, 0)
+    client.finish_upload(location, digest)
     state.forget(digest)
     return BlobOutcome(path, digest, size, "uploaded", sent, resumed_from)
-
-
-def _file_body(path: Path, start: int, length: int, progress: ProgressSink):
-    return lambda: file_body(path, start, length, progress.advance)
 
 
 def _test_pause() -> None:
