@@ -1,5 +1,5 @@
-"""A small OCI distribution-spec client: httpx2 (the HTTP stack huggingface_hub already brings) for the API and
-uploads, the standard library's http.client for blob downloads (read straight into mm's own buffer).
+"""A small OCI distribution-spec client: httpx2 (the HTTP stack huggingface_hub already brings) for the API, the
+standard library's http.client for blob bodies (uploads with sendfile, downloads read into mm's own buffer).
 
 What mm needs and oras-py lacks (README, "Why not oras-py"): blobs stream from and to disk (never whole in
 memory), chunked uploads (PATCH + Content-Range) that resume from the offset the registry reports, cross-
