@@ -491,3 +491,41 @@ def test_files_with_the_same_bytes_share_one_blob_and_both_arrive(registry, tmp_
     proc = mm(tmp_path, "pull", ref, "--local-dir", dest, "--workers", "8")
     assert proc.returncode == 0, proc.stderr
     assert tree(dest) == tree(model)
+
+
+def test_max_blob_size_refuses_before_anything_is_sent(registry, model_a, tmp_path):
+    proc = mm(tmp_path, "push", model_a, f"{registry.host}/limits/flash:t", "--max-blob-size", "1M")
+    assert proc.returncode == 7
+    assert "--max-blob-size" in proc.stderr and "model-00001-of-00003.safetensors" in proc.stderr
+    with pytest.raises(urllib.error.HTTPError):
+        registry_manifest(registry, "limits/flash", "t")
+    assert mm(tmp_path, "push", model_a, f"{registry.host}/limits/flash:t", "--password-stdin", input="x\n").returncode == 2
+
+
+def test_an_artifact_without_mm_manifest_is_listed_but_not_pulled(registry, tmp_path):
+    """A ModelPack artifact another tool pushed: mm shows it, and refuses to pull it (no blake3 to prove files by)."""
+    import hashlib
+
+    def put_blob(data: bytes) -> str:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        req = urllib.request.Request(f"{registry.url}/v2/other/tool/blobs/uploads/", method="POST")
+        with urllib.request.urlopen(req) as resp:
+            location = resp.headers["Location"]
+        put = urllib.request.Request(f"{location}&digest={digest}", data=data, method="PUT",
+                                     headers={"Content-Type": "application/octet-stream"})
+        urllib.request.urlopen(put).close()
+        return digest
+
+    weights, config = b"\x00" * 1000, b'{"descriptor":{"name":"x"},"config":{},"modelfs":{"type":"layers","diffIds":[]}}'
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "artifactType": modelpack.ARTIFACT_TYPE,
+                "config": {"mediaType": modelpack.CONFIG, "digest": put_blob(config), "size": len(config)},
+                "layers": [{"mediaType": modelpack.WEIGHT, "digest": put_blob(weights), "size": len(weights),
+                            "annotations": {modelpack.FILEPATH: "model.safetensors"}}]}
+    req = urllib.request.Request(f"{registry.url}/v2/other/tool/manifests/v1", data=json.dumps(manifest).encode(),
+                                 method="PUT", headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
+    urllib.request.urlopen(req).close()
+    listing = mm(tmp_path, "inspect", f"{registry.host}/other/tool:v1", "--json")
+    assert listing.returncode == 0 and json.loads(listing.stdout)["mm_manifest"] is False
+    proc = mm(tmp_path, "pull", f"{registry.host}/other/tool:v1", "--local-dir", tmp_path / "d")
+    assert proc.returncode == 3 and "no mm manifest layer" in proc.stderr
