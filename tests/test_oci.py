@@ -529,3 +529,28 @@ def test_an_artifact_without_mm_manifest_is_listed_but_not_pulled(registry, tmp_
     assert listing.returncode == 0 and json.loads(listing.stdout)["mm_manifest"] is False
     proc = mm(tmp_path, "pull", f"{registry.host}/other/tool:v1", "--local-dir", tmp_path / "d")
     assert proc.returncode == 3 and "no mm manifest layer" in proc.stderr
+
+
+def test_a_second_pull_into_a_directory_being_pulled_is_refused(registry, pushed_a, tmp_path):
+    from mm.artifacts.fsutil import dir_lock
+    dest = tmp_path / "pulled"
+    with dir_lock(dest, "mm pull"):  # as a running pull holds it
+        proc = mm(tmp_path, "pull", pushed_a, "--local-dir", dest)
+    assert proc.returncode == 6 and str(dest) in proc.stderr
+
+
+def test_not_enough_disk_is_refused_before_downloading(registry, pushed_a, tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        with CountingProxy("127.0.0.1", registry.port) as proxy:
+            proc = mm(tmp_path, "pull", pushed_a.replace(registry.host, proxy.host), "--local-dir", small / "m")
+            assert proc.returncode == 7, proc.stderr
+            assert "not enough free disk" in proc.stderr and str(small / "m") in proc.stderr
+            assert proxy.received < 256 * 1024  # the manifests only, no file
+        assert not [p for p in (small / "m").rglob("*") if p.is_file() and ".mm" not in p.parts]
+    finally:
+        subprocess.run(["umount", str(small)])
