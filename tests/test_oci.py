@@ -7,22 +7,21 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from mm.artifacts.hub import manifest_for_local_dir
+from mm.artifacts.adopt import manifest_for_local_dir
 from mm.artifacts.manifest import manifest_path, read_manifest
 from mm.artifacts.oci import modelpack
 from mm.artifacts.oci.client import Client, Transport, parse_reference
 from tests.support.countproxy import CountingProxy
 from tests.support.modelgen import write_model
 from tests.support.registry import Registry
+from tests.support.run import mm_argv, run_mm
 
-MM = str(Path(sys.executable).parent / "mm")
 REPO_ID = "MiniMaxAI/MiniMax-M3.1-Flash"
 REV_A = "ce7f4df87d2e05262f5775f373dac4772f134041"
 REV_B = "54e4e69dfc45aa11bb22cc33dd44ee55ff667788"
@@ -51,8 +50,7 @@ def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def mm(tmp_path: Path, *args, input: str | None = None, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([MM, *map(str, args)], capture_output=True, text=True, input=input, timeout=180,
-                          env=env_for(tmp_path, **env))
+    return run_mm(*args, env=env_for(tmp_path, **env), input=input, timeout=180)
 
 
 def registry_manifest(reg: Registry, repo: str, ref: str, auth: str | None = None) -> dict:
@@ -215,7 +213,8 @@ def test_push_refuses_a_directory_whose_quick_verify_fails(registry, tmp_path):
     shard.write_bytes(shard.read_bytes()[:-10])
     proc = mm(tmp_path, "push", model, f"{registry.host}/broken/model:x")
     assert proc.returncode == 1
-    assert "verify --quick" in proc.stderr and "model-00002-of-00003.safetensors" in proc.stderr
+    assert "quick verify found" in proc.stderr and "model-00002-of-00003.safetensors" in proc.stderr
+    assert "before pushing" in proc.stderr
     with pytest.raises(urllib.error.HTTPError):
         registry_manifest(registry, "broken/model", "x")
 
@@ -281,7 +280,7 @@ def test_a_pull_killed_before_the_tag_moved_finishes_on_the_new_revision_only(re
     assert mm(tmp_path, "push", model_a, ref).returncode == 0
     dest = tmp_path / "pulled"
     with CountingProxy("127.0.0.1", registry.port, rate=2_000_000) as proxy:
-        slow = subprocess.Popen([MM, "pull", f"{proxy.host}/moving2/flash:stable", "--local-dir", dest, "--workers", "1"],
+        slow = subprocess.Popen(mm_argv("pull", f"{proxy.host}/moving2/flash:stable", "--local-dir", dest, "--workers", "1"),
                                 env=env_for(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_for_partial(dest, slow, 256 * 1024)
         slow.send_signal(signal.SIGKILL)
@@ -316,7 +315,7 @@ def test_pull_killed_then_rerun_resumes_and_fetches_only_the_missing_part(regist
     total = sum(len(b) for b in tree(model_a).values())
     with CountingProxy("127.0.0.1", registry.port, rate=3_000_000) as proxy:
         ref = pushed_a.replace(registry.host, proxy.host)
-        proc = subprocess.Popen([MM, "pull", ref, "--local-dir", dest], env=env_for(tmp_path),
+        proc = subprocess.Popen(mm_argv("pull", ref, "--local-dir", dest), env=env_for(tmp_path),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_for_partial(dest, proc, 2 * 1024 * 1024)
         proc.send_signal(signal.SIGKILL)
@@ -339,7 +338,7 @@ def test_push_killed_mid_upload_then_rerun_sends_only_what_the_registry_lacks(tm
     model = make_model(tmp_path / "m", seed=15, revision=REV_A)
     with Registry() as reg, CountingProxy("127.0.0.1", reg.port, rate=4_000_000) as proxy:
         ref = f"{proxy.host}/kill/push:t"
-        proc = subprocess.Popen([MM, "push", model, ref, "--chunk-size", "1MiB"], env=env_for(tmp_path),
+        proc = subprocess.Popen(mm_argv("push", model, ref, "--chunk-size", "1MiB"), env=env_for(tmp_path),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while proxy.sent < 4 * 1024 * 1024 and time.monotonic() < deadline:
@@ -366,7 +365,7 @@ def test_push_killed_between_chunks_resumes_from_the_registry_offset(tmp_path):
     state = model / ".mm" / "oci-push"
     with Registry() as reg, CountingProxy("127.0.0.1", reg.port) as proxy:
         ref = f"{proxy.host}/kill/chunks:t"
-        proc = subprocess.Popen([MM, "push", model, ref, "--chunk-size", "1MiB", "--workers", "1"],
+        proc = subprocess.Popen(mm_argv("push", model, ref, "--chunk-size", "1MiB", "--workers", "1"),
                                 env=env_for(tmp_path, MM_TEST_OCI_CHUNK_PAUSE="3"),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60

@@ -17,9 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..download import JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, known_entries, partial_path, prepare_dir
 from ..errors import BadInput, IntegrityError, MMError, Refused, RemoteError
-from ..fsutil import MM_DIR, dir_lock, human_bytes, publish
-from ..hashing import StreamHasher
+from ..fsutil import dir_lock, human_bytes, publish
+from ..hashing import SLICE, StreamHasher, mapped_windows
 from ..manifest import FileEntry, Manifest, manifest_path, write_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
 from . import modelpack
@@ -134,24 +135,19 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
     local_dir = Path(local_dir)
     ref = parse_reference(reference)
     _require_tag_or_digest(ref, reference)
-    if local_dir.exists() and not local_dir.is_dir():
-        raise BadInput(f"{local_dir}: exists and is not a directory")
     with Client(ref, credentials, transport) as client:
         r = resolve(client, ref)
         if r.manifest is None:
             raise BadInput(f"{ref.at(r.digest)}: no mm manifest layer ({modelpack.MM_MANIFEST}); mm pulls what mm "
                            f"pushed, so that every file has its blake3 and the Hub's identity")
         source = f"oci:{ref.at(r.digest)}"
-        try:
-            (local_dir / PARTIAL).mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise BadInput(f"{local_dir}: cannot create the download directory: {e.strerror}") from None
+        prepare_dir(local_dir)
         with dir_lock(local_dir, "mm pull"):
             journal = Journal(local_dir / JOURNAL)
-            known = _known(local_dir, journal)
+            known = known_entries(local_dir)
             layers = {layer.path: layer for layer in r.parsed.files}
             wanted = r.manifest.files
-            _clean_partials(local_dir, {layers[f.path].digest for f in wanted})
+            _clean_partials(local_dir, wanted)
             _check_free_space(local_dir, wanted, known)
             progress.begin(sum(f.size for f in wanted), f"pull {ref.repository}@{r.digest[7:19]}")
 
@@ -189,26 +185,10 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
         draft_present=any(f.path.startswith(draft) and f.path.endswith(".safetensors") for f in r.manifest.files))
 
 
-PARTIAL = f"{MM_DIR}/partial"
-JOURNAL = f"{MM_DIR}/journal.jsonl"
-
-
-def _partial(local_dir: Path, digest: str) -> Path:
-    # keyed by content: a partial is never continued with another blob's bytes (fetch keys by the same sha256)
-    return local_dir / PARTIAL / f"{digest.split(':', 1)[1]}.part"
-
-
-def _known(local_dir: Path, journal: "Journal") -> dict[str, FileEntry]:
-    from ..manifest import read_manifest
-    entries: dict[str, FileEntry] = {}
-    path = manifest_path(local_dir)
-    if path.exists():
-        try:
-            entries.update(read_manifest(path).by_path())
-        except BadInput:
-            pass  # rewritten from what this run proves
-    entries.update(journal.entries())
-    return entries
+def _blob_file(entry: FileEntry) -> RemoteFile:
+    """The engine's view of a layer: its identity is the sha256 (the layer digest), so its partial file is
+    DIR/.mm/partial/<sha256>.part, where `mm fetch` keeps the same bytes' partial too."""
+    return RemoteFile(entry.path, entry.size, blob_id=entry.sha256, lfs_sha256=entry.sha256)
 
 
 def _present(local_dir: Path, entry: FileEntry, known: dict[str, FileEntry]) -> FileEntry | None:
@@ -220,9 +200,9 @@ def _present(local_dir: Path, entry: FileEntry, known: dict[str, FileEntry]) -> 
     return None
 
 
-def _clean_partials(local_dir: Path, digests: set[str]) -> None:
-    keep = {_partial(local_dir, d).name for d in digests}
-    for p in (local_dir / PARTIAL).iterdir():
+def _clean_partials(local_dir: Path, wanted: tuple[FileEntry, ...]) -> None:
+    keep = {partial_path(local_dir, _blob_file(f)).name for f in wanted}
+    for p in (local_dir / PARTIAL_DIR).iterdir():
         if p.name not in keep and p.suffix == ".part":
             p.unlink(missing_ok=True)
 
@@ -232,7 +212,7 @@ def _check_free_space(local_dir: Path, wanted, known) -> None:
     for f in wanted:
         if _present(local_dir, f, known):
             continue
-        partial = _partial(local_dir, f"sha256:{f.sha256}")
+        partial = partial_path(local_dir, _blob_file(f))
         needed += f.size - (partial.stat().st_size if partial.exists() else 0)
     free = shutil.disk_usage(local_dir).free
     if needed > free:
@@ -274,11 +254,8 @@ def _download(client: Client, local_dir: Path, entry: FileEntry, digest: str, pr
 
     Bytes are read straight into one page-aligned buffer (BUFFER), then written and hashed from it: no copy
     in Python, memory bounded by the buffer whatever the file size."""
-    partial = _partial(local_dir, digest)
-    have = partial.stat().st_size if partial.exists() else 0
-    if have > entry.size:
-        partial.unlink()
-        have = 0
+    state = Partial.of(local_dir, _blob_file(entry))
+    partial, have = state.path, state.have
     hasher = StreamHasher(sha256=True)
     received = 0
     buf = mmap.mmap(-1, BUFFER)
@@ -287,7 +264,8 @@ def _download(client: Client, local_dir: Path, entry: FileEntry, digest: str, pr
     writeback = _Writeback(fd, have)
     try:
         if have:
-            _hash_existing(partial, have, hasher)
+            for piece in mapped_windows(partial, SLICE):  # what a killed run kept, hashed again
+                hasher.update(piece)
             progress.advance(have)
         stalls = 0
         while hasher.size < entry.size:
@@ -329,7 +307,6 @@ def _download(client: Client, local_dir: Path, entry: FileEntry, digest: str, pr
                 if stalls > CUT_RETRIES:
                     raise RemoteError(f"{entry.path}: transfer of {digest} keeps breaking at byte {before} of "
                                       f"{entry.size}; run again to resume")
-        os.fsync(fd)
     finally:
         os.close(fd)
         view.release()
@@ -343,7 +320,7 @@ def _download(client: Client, local_dir: Path, entry: FileEntry, digest: str, pr
         partial.unlink(missing_ok=True)
         raise IntegrityError(f"{entry.path}: blake3 {d.blake3[:16]} disagrees with the pulled mm manifest "
                              f"({entry.blake3[:16]}); not kept")
-    publish(partial, local_dir / entry.path)
+    publish(partial, local_dir / entry.path)  # fsync, rename, fsync the directory
     return received, have
 
 
@@ -374,48 +351,3 @@ def _write_all(fd: int, data: memoryview) -> None:
     while len(data):
         n = os.write(fd, data)
         data = data[n:]
-
-
-def _hash_existing(partial: Path, length: int, hasher: StreamHasher) -> None:
-    with open(partial, "rb") as src:
-        while length:
-            chunk = src.read(min(8 * 1024 * 1024, length))
-            if not chunk:
-                break
-            hasher.update(chunk)
-            length -= len(chunk)
-
-
-class Journal:
-    """Files proven during a run (appended, fsynced), so a killed pull neither downloads nor hashes them again."""
-
-    def __init__(self, path: Path):
-        import threading
-        self.path = path
-        self._lock = threading.Lock()
-
-    def append(self, entry: FileEntry) -> None:
-        import json
-        from dataclasses import asdict
-        line = json.dumps(asdict(entry)) + "\n"
-        with self._lock, open(self.path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
-
-    def entries(self) -> dict[str, FileEntry]:
-        import json
-        from ..manifest import entry_from_dict
-        out: dict[str, FileEntry] = {}
-        if not self.path.exists():
-            return out
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                entry = entry_from_dict(json.loads(line))
-                out[entry.path] = entry
-            except (ValueError, KeyError, TypeError):
-                continue
-        return out
-
-    def clear(self) -> None:
-        self.path.unlink(missing_ok=True)

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BadInput, ProblemsFound, Refused, RemoteError
+from ..errors import BadInput, Refused, RemoteError
 from ..fsutil import MM_DIR, atomic_write_text, human_bytes
 from ..manifest import manifest_path, read_manifest, to_json
 from ..progress import NULL_PROGRESS, ProgressSink
@@ -65,7 +65,7 @@ class PushOptions:
 
 def push(model_dir: Path, reference: str, options: PushOptions = PushOptions(),
          progress: ProgressSink = NULL_PROGRESS) -> PushReport:
-    from ..verify import verify_dir
+    from ..verify import require_quick_verify
 
     started = time.monotonic()
     model_dir = Path(model_dir)
@@ -73,11 +73,7 @@ def push(model_dir: Path, reference: str, options: PushOptions = PushOptions(),
     if ref.digest:
         raise BadInput(f"{reference}: push takes a tag (or none: the short revision), not a digest")
     manifest = read_manifest(manifest_path(model_dir))
-    report = verify_dir(model_dir, manifest, quick=True)
-    if report.problems:
-        first = report.problems[0]
-        raise ProblemsFound(f"{model_dir}: `mm verify --quick` found {len(report.problems)} problem(s), first "
-                            f"{first.kind} {first.path}: {first.detail}; repair before pushing")
+    require_quick_verify(model_dir, manifest, before="pushing")
     if options.chunk_size < 1024 * 1024:
         raise BadInput(f"--chunk-size {options.chunk_size}: at least 1 MiB")
     notes = []

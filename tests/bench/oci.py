@@ -25,7 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from mm.artifacts.hub import manifest_for_local_dir
+from mm.artifacts.adopt import manifest_for_local_dir
 from mm.artifacts.manifest import manifest_path, read_manifest
 from tests.bench.common import bench_dir, peer_bin, run_measured
 from tests.support.modelgen import write_model
