@@ -425,15 +425,16 @@ class Client:
         finally:
             conn.close()
 
-    def _raw_get(self, url: str, headers: dict) -> tuple["http.client.HTTPConnection", "http.client.HTTPResponse"]:
-        import http.client
-
-        parts = urlsplit(url)
+    def _connection(self, parts) -> "http.client.HTTPConnection":
+        """A new http.client connection for a blob body (one per transfer; the API calls pool theirs in httpx)."""
         if parts.scheme == "https":
-            conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=self._timeout,
+            return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=self._timeout,
                                                context=self._ssl or ssl.create_default_context())
-        else:
-            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=self._timeout)
+        return http.client.HTTPConnection(parts.hostname, parts.port, timeout=self._timeout)
+
+    def _raw_get(self, url: str, headers: dict) -> tuple["http.client.HTTPConnection", "http.client.HTTPResponse"]:
+        parts = urlsplit(url)
+        conn = self._connection(parts)
         try:
             conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""), headers=headers)
             return conn, conn.getresponse()
@@ -491,8 +492,6 @@ class Client:
         """METHOD with LENGTH bytes of PATH from START as the body, sent with sendfile (the kernel copies the file
         to the socket: no pass through Python, no buffer) on a plain http.client connection. Returns (status,
         headers, body). A 401 (token expired) logs in again and sends once more."""
-        import http.client
-
         self.ping()
         target = self.url(url)
         parts = urlsplit(target)
@@ -500,11 +499,7 @@ class Client:
             hdrs = {"User-Agent": "mm (model-artifact manager)", "Content-Length": str(length), **headers}
             if self._auth_header and parts.netloc == urlsplit(self.base).netloc:
                 hdrs["Authorization"] = self._auth_header
-            if parts.scheme == "https":
-                conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=self._timeout,
-                                                   context=self._ssl or ssl.create_default_context())
-            else:
-                conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=self._timeout)
+            conn = self._connection(parts)
             try:
                 conn.putrequest(method, parts.path + (f"?{parts.query}" if parts.query else ""), skip_accept_encoding=True)
                 for k, v in hdrs.items():
