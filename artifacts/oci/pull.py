@@ -11,15 +11,14 @@ from __future__ import annotations
 import http.client
 import mmap
 import os
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..download import JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, known_entries, partial_path, prepare_dir
-from ..errors import BadInput, IntegrityError, MMError, Refused, RemoteError
-from ..fsutil import dir_lock, human_bytes, publish
+from ..errors import BadInput, IntegrityError, MMError, RemoteError
+from ..fsutil import dir_lock, publish, require_free_space
 from ..hashing import SLICE, StreamHasher, mapped_windows
 from ..manifest import FileEntry, Manifest, manifest_path, write_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
@@ -214,9 +213,7 @@ def _check_free_space(local_dir: Path, wanted, known) -> None:
             continue
         partial = partial_path(local_dir, _blob_file(f))
         needed += f.size - (partial.stat().st_size if partial.exists() else 0)
-    free = shutil.disk_usage(local_dir).free
-    if needed > free:
-        raise Refused(f"{local_dir}: not enough free disk: {human_bytes(needed)} to download, {human_bytes(free)} free")
+    require_free_space([(local_dir, needed)], "the pull")
 
 
 def _remove_other_revision(local_dir: Path, known: dict[str, FileEntry], manifest: Manifest) -> tuple[str, ...]:
