@@ -79,6 +79,24 @@ def missing_bytes(reg: Registry, repo: str, manifest_file: Path) -> int:
     return missing
 
 
+def put_blob(reg: Registry, repo: str, data: bytes) -> str:
+    """One monolithic upload (POST, then PUT with the digest), as another tool would; returns the digest."""
+    import hashlib
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    with urllib.request.urlopen(urllib.request.Request(f"{reg.url}/v2/{repo}/blobs/uploads/", method="POST")) as resp:
+        location = resp.headers["Location"]
+    put = urllib.request.Request(f"{location}&digest={digest}", data=data, method="PUT",
+                                 headers={"Content-Type": "application/octet-stream"})
+    urllib.request.urlopen(put).close()
+    return digest
+
+
+def put_manifest(reg: Registry, repo: str, tag: str, doc: dict) -> None:
+    req = urllib.request.Request(f"{reg.url}/v2/{repo}/manifests/{tag}", data=json.dumps(doc).encode(), method="PUT",
+                                 headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
+    urllib.request.urlopen(req).close()
+
+
 @pytest.fixture(scope="module")
 def model_a(tmp_path_factory) -> Path:
     return make_model(tmp_path_factory.mktemp("oci-a") / "MiniMax-M3.1-Flash", seed=11, revision=REV_A)
@@ -134,6 +152,15 @@ def test_artifact_has_modelpack_media_types_and_annotations(registry, model_a, p
     assert config["config"]["architecture"] == "MiniMaxM3ForCausalLM"
     assert "float8_e4m3" in config["config"]["precision"].split(",")
     assert config["descriptor"]["revision"] == REV_A and config["descriptor"]["name"] == REPO_ID
+    # the spec's config schema allows no other keys (schema/config-schema.json: additionalProperties false)
+    assert set(config) == {"descriptor", "config", "modelfs"}
+    assert set(config["descriptor"]) <= {"createdAt", "authors", "family", "name", "docURL", "sourceURL", "datasetsURL",
+                                         "version", "revision", "vendor", "licenses", "title", "description"}
+    assert set(config["config"]) <= {"architecture", "format", "paramSize", "precision", "quantization", "capabilities"}
+    spec_precisions = {"float32", "float64", "float16", "bfloat16", "float8_e4m3", "float8_e5m2", "complex32",
+                       "complex64", "complex128", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                       "uint64", "bool"}  # docs/config.md
+    assert set(config["config"]["precision"].split(",")) <= spec_precisions
 
 
 def test_skopeo_reads_the_manifest(registry, pushed_a):
@@ -207,6 +234,19 @@ def test_push_mounts_blobs_from_another_repository(registry, model_a, pushed_a, 
     assert tree(dest) == tree(model_a)
 
 
+def test_push_sends_the_manifest_after_every_blob(registry, model_a, tmp_path):
+    """A tag never names a blob the registry does not have yet: the registry's access log shows the order."""
+    since = len(registry.log_text())
+    assert mm(tmp_path, "push", model_a, f"{registry.host}/order/flash:t", "--chunk-size", "1MiB").returncode == 0
+    time.sleep(0.2)  # the access log line follows the response
+    log = registry.log_text()[since:]
+    blob_puts = [i for i, line in enumerate(log.splitlines()) if '"PUT /v2/order/flash/blobs/uploads/' in line]
+    manifest_puts = [i for i, line in enumerate(log.splitlines()) if '"PUT /v2/order/flash/manifests/t ' in line]
+    files = len(read_manifest(manifest_path(model_a)).files)
+    assert len(blob_puts) >= files + 1 and len(manifest_puts) == 1  # every file, the mm manifest, the config
+    assert max(blob_puts) < manifest_puts[0]
+
+
 def test_push_refuses_a_directory_whose_quick_verify_fails(registry, tmp_path):
     model = make_model(tmp_path / "m", seed=13, revision=REV_A, shard_bytes=256 * 1024)
     shard = model / "model-00002-of-00003.safetensors"
@@ -253,6 +293,46 @@ def test_a_blob_corrupted_in_the_registry_is_refused_and_named(tmp_path):
     assert not (dest / entry.path).exists()
     assert not list((dest / ".mm" / "partial").glob("*.part"))
     assert not manifest_path(dest).exists()
+
+
+def test_a_file_whose_blake3_disagrees_with_the_pulled_mm_manifest_is_refused_and_named(registry, pushed_a, tmp_path):
+    """The registry's sha256 is right, mm's manifest layer says another blake3: the file is not named."""
+    doc = registry_manifest(registry, "minimax/flash", REV_A[:12])
+    mm_layer = next(layer for layer in doc["layers"] if layer["mediaType"] == modelpack.MM_MANIFEST)
+    mm_doc = json.loads(registry_blob(registry, "minimax/flash", mm_layer["digest"]))
+    victim = next(f for f in mm_doc["files"] if f["path"] == "model-00002-of-00003.safetensors")
+    victim["blake3"] = "0" * 64
+    data = json.dumps(mm_doc).encode()
+    mm_layer.update(digest=put_blob(registry, "minimax/flash", data), size=len(data))
+    put_manifest(registry, "minimax/flash", "wrong-blake3", doc)
+    dest = tmp_path / "pulled"
+    proc = mm(tmp_path, "pull", f"{registry.host}/minimax/flash:wrong-blake3", "--local-dir", dest)
+    assert proc.returncode == 5, proc.stderr
+    assert "model-00002-of-00003.safetensors: blake3" in proc.stderr and "disagrees with the pulled mm manifest" in proc.stderr
+    assert not (dest / victim["path"]).exists()
+    assert (dest / "model-00001-of-00003.safetensors").is_file()  # the others arrived and were proven
+    assert not list((dest / ".mm" / "partial").glob("*.part"))
+    assert not manifest_path(dest).exists()
+
+
+def test_a_layer_path_outside_the_directory_is_refused_before_anything_is_written(registry, tmp_path):
+    weights = b"\x01" * 4096
+    config = b'{"descriptor":{"name":"x"},"config":{},"modelfs":{"type":"layers","diffIds":[]}}'
+    doc = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+           "artifactType": modelpack.ARTIFACT_TYPE,
+           "config": {"mediaType": modelpack.CONFIG, "digest": put_blob(registry, "hostile/paths", config),
+                      "size": len(config)},
+           "layers": [{"mediaType": modelpack.WEIGHT, "digest": put_blob(registry, "hostile/paths", weights),
+                       "size": len(weights), "annotations": {modelpack.FILEPATH: "../escape.safetensors"}}]}
+    put_manifest(registry, "hostile/paths", "v1", doc)
+    dest = tmp_path / "inner" / "pulled"
+    for args in (("pull", f"{registry.host}/hostile/paths:v1", "--local-dir", dest),
+                 ("inspect", f"{registry.host}/hostile/paths:v1")):
+        proc = mm(tmp_path, *args)
+        assert proc.returncode == 3, proc.stderr
+        assert proc.stderr.startswith("mm: ") and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+        assert "'../escape.safetensors'" in proc.stderr and "escapes the directory" in proc.stderr
+    assert not (tmp_path / "inner" / "escape.safetensors").exists() and not dest.exists()
 
 
 def test_tag_moved_between_pulls_does_not_mix_revisions(registry, model_a, model_b, tmp_path):
@@ -403,6 +483,25 @@ def test_login_with_password_stdin_pushes_and_pulls(auth_registry, model_a, tmp_
     assert not any(password.encode() in p.read_bytes() for p in dest.rglob("*") if p.is_file())
 
 
+def test_a_successful_login_leaves_the_password_in_no_output_state_or_log(auth_registry, model_a, tmp_path):
+    (user, password), = auth_registry.users.items()
+    ref = f"{auth_registry.host}/private/quiet:t"
+    outputs = []
+    for args in (("push", model_a, ref, "--chunk-size", "1MiB"), ("pull", ref, "--local-dir", tmp_path / "d"),
+                 ("inspect", ref)):
+        for extra in ((), ("--json",)):
+            proc = mm(tmp_path, *args, *extra, "--username", user, "--password-stdin", input=password + "\n")
+            assert proc.returncode == 0, proc.stderr
+            outputs.append(proc.stdout + proc.stderr)
+    encoded = base64.b64encode(f"{user}:{password}".encode()).decode()
+    for text in outputs + [auth_registry.log_text()]:
+        assert password not in text and encoded not in text
+    for root in (model_a / ".mm", tmp_path / "d"):
+        for p in root.rglob("*"):
+            if p.is_file():
+                assert password.encode() not in p.read_bytes() and encoded.encode() not in p.read_bytes(), p
+
+
 def test_credentials_come_from_the_docker_config_or_registry_auth_file(auth_registry, model_a, tmp_path):
     (user, password), = auth_registry.users.items()
     auth = base64.b64encode(f"{user}:{password}".encode()).decode()
@@ -503,27 +602,15 @@ def test_max_blob_size_refuses_before_anything_is_sent(registry, model_a, tmp_pa
 
 def test_an_artifact_without_mm_manifest_is_listed_but_not_pulled(registry, tmp_path):
     """A ModelPack artifact another tool pushed: mm shows it, and refuses to pull it (no blake3 to prove files by)."""
-    import hashlib
-
-    def put_blob(data: bytes) -> str:
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        req = urllib.request.Request(f"{registry.url}/v2/other/tool/blobs/uploads/", method="POST")
-        with urllib.request.urlopen(req) as resp:
-            location = resp.headers["Location"]
-        put = urllib.request.Request(f"{location}&digest={digest}", data=data, method="PUT",
-                                     headers={"Content-Type": "application/octet-stream"})
-        urllib.request.urlopen(put).close()
-        return digest
-
     weights, config = b"\x00" * 1000, b'{"descriptor":{"name":"x"},"config":{},"modelfs":{"type":"layers","diffIds":[]}}'
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
                 "artifactType": modelpack.ARTIFACT_TYPE,
-                "config": {"mediaType": modelpack.CONFIG, "digest": put_blob(config), "size": len(config)},
-                "layers": [{"mediaType": modelpack.WEIGHT, "digest": put_blob(weights), "size": len(weights),
+                "config": {"mediaType": modelpack.CONFIG, "digest": put_blob(registry, "other/tool", config),
+                           "size": len(config)},
+                "layers": [{"mediaType": modelpack.WEIGHT, "digest": put_blob(registry, "other/tool", weights),
+                            "size": len(weights),
                             "annotations": {modelpack.FILEPATH: "model.safetensors"}}]}
-    req = urllib.request.Request(f"{registry.url}/v2/other/tool/manifests/v1", data=json.dumps(manifest).encode(),
-                                 method="PUT", headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
-    urllib.request.urlopen(req).close()
+    put_manifest(registry, "other/tool", "v1", manifest)
     listing = mm(tmp_path, "inspect", f"{registry.host}/other/tool:v1", "--json")
     assert listing.returncode == 0 and json.loads(listing.stdout)["mm_manifest"] is False
     proc = mm(tmp_path, "pull", f"{registry.host}/other/tool:v1", "--local-dir", tmp_path / "d")
