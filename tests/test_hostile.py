@@ -903,6 +903,110 @@ def test_json_docker_answers_for_diagnose(tmp_path, inspect):
     assert "out of memory" in r.stdout.lower(), r.stdout
 
 
+# --- oci: what a registry, a token service and an auth file hold ----------------------------------
+
+def _oci_env(tmp_path: Path, **extra) -> dict[str, str]:
+    env = {"DOCKER_CONFIG": str(tmp_path / "docker-config"), "NO_PROXY": "127.0.0.1,localhost",
+           "no_proxy": "127.0.0.1,localhost", "REGISTRY_AUTH_FILE": "", **extra}
+    return env
+
+
+def _put(registry, repo: str, kind: str, tag: str, data: bytes | None = None, doc: dict | None = None) -> str:
+    import hashlib
+    import urllib.request
+    if kind == "blob":
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        with urllib.request.urlopen(urllib.request.Request(f"{registry.url}/v2/{repo}/blobs/uploads/",
+                                                           method="POST")) as resp:
+            location = resp.headers["Location"]
+        urllib.request.urlopen(urllib.request.Request(f"{location}&digest={digest}", data=data, method="PUT",
+                                                      headers={"Content-Type": "application/octet-stream"})).close()
+        return digest
+    urllib.request.urlopen(urllib.request.Request(
+        f"{registry.url}/v2/{repo}/manifests/{tag}", data=json.dumps(doc).encode(), method="PUT",
+        headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})).close()
+    return tag
+
+
+OCI_BLOBS = {"config blob deep": ("config", DEEP), "config blob 1e400": ("config", MALFORMED["huge-float"]),
+             "mm manifest layer deep": ("mm", DEEP), "mm manifest layer of the wrong shape": ("mm", b'{"files": 7}')}
+
+
+@pytest.mark.parametrize("case", sorted(OCI_BLOBS))
+def test_oci_a_hostile_artifact_is_refused_in_one_line(registry, tmp_path, case):
+    from mm.artifacts.oci import modelpack
+    which, bad = OCI_BLOBS[case]
+    repo = "hostile/" + case.replace(" ", "-").replace(".", "")
+    good_config = b'{"descriptor":{"name":"x"},"config":{},"modelfs":{"type":"layers","diffIds":[]}}'
+    config = bad if which == "config" else good_config
+    layers = []
+    if which == "mm":
+        layers.append({"mediaType": modelpack.MM_MANIFEST, "digest": _put(registry, repo, "blob", "", bad),
+                       "size": len(bad)})
+    doc = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+           "artifactType": modelpack.ARTIFACT_TYPE,
+           "config": {"mediaType": modelpack.CONFIG, "digest": _put(registry, repo, "blob", "", config),
+                      "size": len(config)}, "layers": layers}
+    _put(registry, repo, "manifest", "v1", doc=doc)
+    for args in (("pull", f"{registry.host}/{repo}:v1", "--local-dir", tmp_path / "d"),
+                 ("inspect", f"{registry.host}/{repo}:v1")):
+        fails_cleanly(run(*args, env=_oci_env(tmp_path)), 3, f"{registry.host}/{repo}")
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("bad", SOME)
+def test_oci_registry_auth_file(registry, tmp_path, bad):
+    auth = tmp_path / "auth.json"
+    auth.write_bytes(MALFORMED[bad])
+    r = run("inspect", f"{registry.host}/any/thing:v1", env=_oci_env(tmp_path, REGISTRY_AUTH_FILE=str(auth)))
+    if bad == "wrong-shape":  # a list holds no entry for this registry: anonymous, and the registry has no such tag
+        assert r.returncode == 4 and "Traceback" not in r.stderr, r.stderr
+    else:
+        fails_cleanly(r, 3, str(auth))
+
+
+TOKEN_ANSWERS = {"deep": DEEP, "not JSON": b"\xff", "token with a newline": b'{"token": "abc\\r\\nX-Evil: 1"}',
+                 "token is a list": b'{"token": ["a"]}', "token of 2 MB": b'{"token": "' + b"a" * 2_000_000 + b'"}'}
+
+
+@pytest.mark.parametrize("answer", sorted(TOKEN_ANSWERS))
+def test_oci_a_hostile_token_service_is_a_remote_error(tmp_path, answer):
+    """A registry that asks for a bearer token from a service answering garbage: exit 4, one line."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            if self.path.startswith("/token"):
+                body = TOKEN_ANSWERS[answer]
+                self.send_response(200)
+            else:
+                body = b'{"errors": [{"code": "UNAUTHORIZED", "message": "x"}]}'
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="http://127.0.0.1:{self.server.server_port}/token",'
+                                                     f'service="fake"')
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_HEAD = do_GET
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        r = run("inspect", f"127.0.0.1:{server.server_port}/a/b:v1", env=_oci_env(tmp_path))
+    finally:
+        server.shutdown()
+        server.server_close()
+    fails_cleanly(r, 4, "token")
+    assert "X-Evil" not in r.stderr
+
+
 # --- guard: an unexpected exception anywhere is one line, exit 70 ----------------------------------
 
 FAULT = '''\

@@ -22,6 +22,7 @@ from ..fsutil import dir_lock, publish, require_free_space
 from ..hashing import SLICE, StreamHasher, mapped_windows
 from ..manifest import FileEntry, Manifest, manifest_path, write_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
+from ..untrusted import load_json
 from . import modelpack
 from .client import Client, Credentials, Reference, Transport, parse_reference
 
@@ -88,15 +89,11 @@ class Resolved:
 
 def resolve(client: Client, ref: Reference) -> Resolved:
     """The manifest (tag -> digest, once), the config and mm's manifest; all checked."""
-    import json
-
     data, _, digest = client.get_manifest(ref)
     where = str(ref.at(digest))
     parsed = modelpack.parse(data, where)
-    try:
-        config = json.loads(client.read_blob(parsed.config.digest, 4 * 1024 * 1024))
-    except ValueError:
-        raise BadInput(f"{where}: config blob is not JSON") from None
+    config = load_json(client.read_blob(parsed.config.digest, 4 * 1024 * 1024), f"{where} config blob",
+                       what="config blob")
     manifest = None
     if parsed.mm_layer is not None:
         mm_bytes = client.read_blob(parsed.mm_layer.digest, modelpack.MAX_MM_MANIFEST)
