@@ -905,7 +905,9 @@ def pull(reference, local_dir, list_only, username, password_stdin, plain_http, 
         for problem in report.verify_problems:
             out.print(f"  {problem}", markup=False, highlight=False, soft_wrap=True)
         out.print(f"Manifest: {report.manifest_path}", markup=False, highlight=False, soft_wrap=True)
-        out.print(f"DSpark draft (dspark/): {'present' if report.draft_present else 'MISSING'}", markup=False, highlight=False)
+        if report.draft_subfolder:  # the pin names a draft model (as fetch says it)
+            out.print(f"DSpark draft ({report.draft_subfolder}): {'present' if report.draft_present else 'MISSING'}",
+                      markup=False, highlight=False)
     if code:
         if not report.failed:
             err.print(f"mm: {report.local_dir}: quick verify after pull found problems", markup=False, highlight=False)

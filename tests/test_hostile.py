@@ -1007,6 +1007,17 @@ def test_oci_a_hostile_token_service_is_a_remote_error(tmp_path, answer):
     assert "X-Evil" not in r.stderr
 
 
+def test_oci_pulling_a_model_that_never_had_a_draft_prints_no_draft_line(registry, tmp_path):
+    other = tmp_path / "other"
+    write_model(other, shards=1, shard_bytes=64 * 1024, draft=False)
+    manifest_for_local_dir(other, "someone/plain-model", COMMIT, offline=True)
+    ref = f"{registry.host}/hostile/plain-model:v1"
+    assert run("push", other, ref, env=_oci_env(tmp_path)).returncode == 0
+    r = run("pull", ref, "--local-dir", tmp_path / "pulled", env=_oci_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "DSpark" not in r.stdout and "MISSING" not in r.stdout, r.stdout
+
+
 # --- guard: an unexpected exception anywhere is one line, exit 70 ----------------------------------
 
 FAULT = '''\

@@ -57,6 +57,7 @@ class PullReport:
     seconds: float
     verify_problems: tuple[str, ...]
     draft_present: bool
+    draft_subfolder: str | None = None  # the pin's draft subfolder; None: the model's pin names no draft (or no pin)
 
     @property
     def failed(self) -> list[PulledFile]:
@@ -124,7 +125,8 @@ def inspect(reference: str, credentials: Credentials | None = None, transport: T
 
 
 def pull(reference: str, local_dir: Path, credentials: Credentials | None = None, transport: Transport = Transport(),
-         workers: int = 4, progress: ProgressSink = NULL_PROGRESS, draft_subfolder: str = "dspark/") -> PullReport:
+         workers: int = 4, progress: ProgressSink = NULL_PROGRESS, draft_subfolder: str | None = None) -> PullReport:
+    """DRAFT_SUBFOLDER: where the draft model lives; default the pin's (none for a model that never had one)."""
     from ..verify import verify_dir
 
     started = time.monotonic()
@@ -172,13 +174,19 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
     if not any(o.status == "failed" for o in outcomes):
         report = verify_dir(local_dir, quick=True)
         problems = tuple(f"{p.kind} {p.path}: {p.detail}" for p in report.problems)
-    draft = draft_subfolder.rstrip("/") + "/"
+    if draft_subfolder is None:
+        from ..pins import pin_for_repo
+        pin = pin_for_repo(r.manifest.repo_id)
+        draft_subfolder = pin.draft_subfolder if pin is not None else None
+    draft = (draft_subfolder or "").rstrip("/") + "/"
     return PullReport(
         reference=str(ref), digest=r.digest, source=source, repo_id=r.manifest.repo_id, revision=r.manifest.revision,
         local_dir=str(local_dir), manifest_path=str(manifest_path(local_dir)), files=outcomes, removed=removed,
         bytes_transferred=sum(o.bytes_transferred for o in outcomes), seconds=time.monotonic() - started,
         verify_problems=problems,
-        draft_present=any(f.path.startswith(draft) and f.path.endswith(".safetensors") for f in r.manifest.files))
+        draft_present=bool(draft_subfolder) and any(f.path.startswith(draft) and f.path.endswith(".safetensors")
+                                                     for f in r.manifest.files),
+        draft_subfolder=draft if draft_subfolder else None)
 
 
 def _blob_file(entry: FileEntry) -> RemoteFile:
