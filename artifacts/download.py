@@ -65,8 +65,8 @@ class Source(Protocol):
     label: str  # recorded as the manifest entry's "source" and shown in reports
 
     def stream(self, path: str, offset: int) -> ContextManager[tuple[int, Iterator[bytes]]]:
-        """Open PATH at byte OFFSET; yield (start, chunks), start being the offset actually honoured
-        (0 when the source ignored the offset). Raise TransferCut when the body breaks mid-way (what
+        """Open PATH at byte OFFSET; yield (start, chunks), start being the offset the body really starts at
+        (0 when the source ignored the offset; the engine uses the bytes at their true offset). Raise TransferCut when the body breaks mid-way (what
         arrived is kept and the engine asks again from there), RemoteError when the source refuses."""
 
 
@@ -158,17 +158,18 @@ def fetch_into(partial: Partial, f: RemoteFile, source: Source, progress: Progre
         if partial.have:
             _hash_existing(partial.path, partial.have, t.hasher)
             progress.advance(partial.have)
-        stalls = 0
+        stalls, why = 0, ""
         while t.hasher.size < f.size:
             before = t.hasher.size
             try:
                 _receive(source, f, t, progress)
-            except TransferCut:
-                pass
-            if t.hasher.size == before:
+            except TransferCut as e:
+                why = e.message
+            if t.hasher.size == before:  # every answer that brings no new byte counts: the retries are bounded
                 stalls += 1
                 if stalls > CUT_RETRIES:
-                    raise RemoteError(f"{f.path}: transfer from {source.label} keeps breaking at byte {before} of {f.size}; run again to resume")
+                    raise RemoteError(f"{f.path}: transfer from {source.label} keeps breaking at byte {before} of "
+                                      f"{f.size}{f' ({why})' if why else ''}; run again to resume")
     digests = t.hasher.digests()
     if digests.size != f.size or not f.upstream.matches(digests.sha256, digests.git_sha1):
         partial.path.unlink(missing_ok=True)
@@ -197,14 +198,18 @@ def _receive(source: Source, f: RemoteFile, t: _Transfer, progress: ProgressSink
     breaks, so every byte that arrived is kept for the next attempt.
     """
     with source.stream(f.path, t.hasher.size) as (start, chunks):
-        if start != t.hasher.size:  # the source ignored the offset: start over
-            t.out.seek(0)
-            t.out.truncate()
-            progress.advance(-t.hasher.size)
-            t.hasher = _new_hasher(f)
+        have = t.hasher.size
+        if start > have:  # a body from further on than asked: the bytes between are missing, nothing here is usable
+            raise TransferCut(f"{f.path}: {source.label} answered from byte {start}, asked from {have}")
+        skip = have - start  # a body from earlier (a 200, or a 206 starting before the offset): those bytes are kept already
         batch = bytearray()
         try:
             for chunk in chunks:
+                if skip:
+                    if len(chunk) <= skip:
+                        skip -= len(chunk)
+                        continue
+                    chunk, skip = chunk[skip:], 0
                 if t.hasher.size + len(batch) + len(chunk) > f.size:
                     raise IntegrityError(f"{f.path}: {source.label} sent more than the listed {f.size} bytes; not kept")
                 batch += chunk
