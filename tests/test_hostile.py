@@ -724,7 +724,8 @@ SHARD = "model-00002-of-00004.safetensors"
 
 
 @pytest.mark.parametrize("status", [404, 403])  # 5xx takes the same path after ~25 s of client retries
-def test_hub_a_file_that_fails_leaves_a_model_that_never_verifies(hub_server, hub_env, model_repo, tmp_path, status):
+def test_hub_a_file_that_fails_leaves_a_model_that_never_verifies(hub_server, hub_env, model_repo, tmp_path, status,
+                                                                  registry):
     hub_server.fail_file[SHARD] = status
     dest = tmp_path / "m"
     r = run("fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", dest, env=hub_env)
@@ -737,6 +738,8 @@ def test_hub_a_file_that_fails_leaves_a_model_that_never_verifies(hub_server, hu
     assert r.returncode == 1 and f"MISSING    {SHARD}" in r.stdout
     fails_cleanly(run("bundle", dest, "--out", tmp_path / "out", "--volume-size", "1G"), 1, SHARD)
     fails_cleanly(run("launch", dest, "--hardware", "b300"), 1)
+    fails_cleanly(run("launch", dest, "--hardware", "b300", "--replicas", "2"), 1)
+    fails_cleanly(run("push", dest, f"{registry.host}/hostile/incomplete:t", env=_oci_env(tmp_path)), 1)
     fails_cleanly(run("manifest", "export", dest), 3, "never fetched")
     hub_server.fail_file.clear()
     r = run("repair", dest, env=hub_env)  # the Hub serves it again: repair completes the model
