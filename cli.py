@@ -228,9 +228,11 @@ def _fetch_exit_code(result: hub.FetchResult) -> int:
 @click.option("--mirror-only", is_flag=True, help="With --source modelscope: nothing from the Hub; fail naming the files the mirror cannot supply.")
 @click.option("--pin-manifest", type=click.Path(path_type=Path),
               help="With --source modelscope: the pin's identities from this mm manifest, for when the Hub is unreachable.")
+@click.option("--sign-with", type=click.Path(path_type=Path),
+              help="Sign the manifest at the end (as `mm sign DIR --key KEY`) when every file was fetched.")
 @json_option
 @handles_errors
-def fetch(repo, revision, local_dir, include, exclude, workers, source, mirror_only, pin_manifest, json_out):
+def fetch(repo, revision, local_dir, include, exclude, workers, source, mirror_only, pin_manifest, sign_with, json_out):
     """Download a pinned revision, verify every file against the Hub, write the manifest.
 
     Resumes across runs; the token comes from HF_TOKEN or the stored login, the endpoint from HF_ENDPOINT.
@@ -238,11 +240,21 @@ def fetch(repo, revision, local_dir, include, exclude, workers, source, mirror_o
     from .artifacts import hub
     req = _fetch_request(repo, revision, local_dir, include=tuple(include), exclude=tuple(exclude), workers=workers)
     req = _with_mirror_sources(req, source, mirror_only, pin_manifest)  # mirror (issue 4)
+    if sign_with is not None and not Path(sign_with).exists():  # before the download, not after it
+        raise MMError(f"{sign_with}: no such key file (give a private key, or KEY.pub with its key in ssh-agent)")
     result = hub.fetch(req, progress_for(json_out))
+    signed = None
+    if sign_with is not None and not result.failed:
+        from .artifacts import signing
+        signed = signing.sign_manifest(req.local_dir, sign_with)
     if json_out:
-        emit_json({"ok": not result.failed, **to_jsonable(result)})
+        emit_json({"ok": not result.failed, **to_jsonable(result), "signed": to_jsonable(signed)})
     else:
         _render_fetch(result)
+        if signed:
+            _render_signed(signed)
+        elif sign_with is not None:
+            err.print("not signed: some files failed", markup=False)
     sys.exit(_fetch_exit_code(result))
 
 
@@ -329,25 +341,109 @@ def _problems_found(report: VerifyReport, what: str) -> None:
                                                "not the manifest; needs the Hub.")
 @click.option("--repo", help="With --upstream: the Hub repo. Default: the manifest's.")
 @click.option("--revision", help="With --upstream: the revision. Default: the manifest's commit.")
+@click.option("--allowed-signers", type=click.Path(path_type=Path),
+              help="Check the manifest's SSH signature (.mm/manifest.json.sig) against this allowed_signers file "
+                   "first (an unsigned or wrongly signed manifest: exit 5), then every byte.")
+@click.option("--identity", help="With --allowed-signers: the signer identity (principal) to require.")
 @json_option
 @handles_errors
-def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, json_out):
+def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, allowed_signers, identity, json_out):
     """Check every byte of DIR against its manifest, every file present and nothing extra, every
-    safetensors shard and index sound. Exit 0 all good, 1 problems found, 3 could not run."""
+    safetensors shard and index sound. Exit 0 all good, 1 problems found, 3 could not run, 5 bad signature."""
     progress = progress_for(json_out)
+    signature = None
+    if identity and not allowed_signers:
+        raise click.UsageError("--identity needs --allowed-signers")
     if upstream:
+        if allowed_signers:
+            raise click.UsageError("--allowed-signers checks the manifest; --upstream does not use it")
         repo_id, rev = upstream_target(directory, manifest_file, repo, revision)
         report = verify_upstream(directory, repo_id, rev, quick=quick, jobs=jobs, progress=progress)
     else:
         if repo or revision:
             raise click.UsageError("--repo and --revision only apply with --upstream")
-        report = verify_dir(directory, quick=quick, jobs=jobs, progress=progress, manifest_file=manifest_file)
+        manifest_obj = None
+        if allowed_signers:
+            signature, manifest_obj = _checked_signature(directory, allowed_signers, identity, manifest_file)
+            if not json_out:
+                _render_signature(signature)
+        report = verify_dir(directory, manifest_obj, quick=quick, jobs=jobs, progress=progress,
+                            manifest_file=manifest_file)
     if json_out:
-        emit_json(_verify_doc(report))
+        emit_json({**_verify_doc(report), **({"signature": to_jsonable(signature)} if signature else {})})
         sys.exit(0 if report.ok else ProblemsFound.exit_code)
     _render_verify(report)
     if not report.ok:
         _problems_found(report, "found")
+
+
+def _checked_signature(directory: Path, allowed_signers: Path, identity: str | None, manifest_file: Path | None = None):
+    """(SignatureReport, the Manifest parsed from exactly the bytes whose signature was checked)."""
+    from .artifacts import signing
+    from .artifacts.manifest import from_dict
+    report, data = signing.verify_dir_signature(directory, allowed_signers, identity, manifest_file)
+    try:
+        doc = json.loads(data)
+    except ValueError as e:
+        raise MMError(f"{report.signature_path}: signed manifest is not valid JSON ({e})") from None
+    return report, from_dict(doc, str(report.signature_path).removesuffix(".sig"))
+
+
+def _render_signature(report) -> None:
+    out.print(f"signature: good, {report.describe()}, allowed by {report.allowed_signers}",
+              markup=False, highlight=False, soft_wrap=True)
+
+
+def _signature_options(fn: Callable) -> Callable:
+    """--require-signature / --allowed-signers / --identity for commands that consume a manifest."""
+    options = [
+        click.option("--require-signature", is_flag=True,
+                     help="Refuse (exit 5), before writing anything, a manifest that is unsigned or not signed by a "
+                          "key in --allowed-signers."),
+        click.option("--allowed-signers", type=click.Path(path_type=Path),
+                     help="OpenSSH allowed_signers file for the manifest's signature (namespace mm-manifest); "
+                          "given alone, a signature present must verify and an unsigned manifest is noted."),
+        click.option("--identity", help="With --allowed-signers: the signer identity (principal) to require."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _signature_policy(require_signature: bool, allowed_signers: Path | None, identity: str | None) -> bool:
+    """True when a signature must be checked; usage errors for options that make no sense together."""
+    if require_signature and not allowed_signers:
+        raise click.UsageError("--require-signature needs --allowed-signers FILE")
+    if identity and not allowed_signers:
+        raise click.UsageError("--identity needs --allowed-signers")
+    return bool(allowed_signers)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--key", required=True, type=click.Path(path_type=Path),
+              help="SSH key for `ssh-keygen -Y sign`: a private key file, or KEY.pub whose key ssh-agent holds "
+                   "(keys with a passphrase, hardware keys).")
+@json_option
+@handles_errors
+def sign(directory, key, json_out):
+    """Sign DIR/.mm/manifest.json with ssh-keygen (namespace mm-manifest), writing .mm/manifest.json.sig.
+
+    mm never reads the private key: ssh-keygen does, or ssh-agent signs (SSH_AUTH_SOCK)."""
+    from .artifacts import signing
+    result = signing.sign_manifest(directory, key)
+    if json_out:
+        emit_json({"ok": True, **to_jsonable(result)})
+        return
+    _render_signed(result)
+
+
+def _render_signed(result) -> None:
+    from .artifacts import signing
+    out.print(f"signed {result.manifest_path} with {result.key_type} key {result.fingerprint}: "
+              f"{result.signature_path}", markup=False, highlight=False, soft_wrap=True)
+    out.print("check without mm: cd DIR/.mm && " + signing.verify_command(), markup=False, highlight=False,
+              soft_wrap=True)
 
 
 @main.command()
@@ -650,18 +746,20 @@ def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
 @click.option("--api-key-env", default="MM_API_KEY", show_default=True, help="Environment variable holding the API key (with --expose).")
 @click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Write it here atomically (a script gets mode 0755, a JSON plan 0644).")
+@_signature_options
 @json_option
 @handles_errors
-def launch(model_dir, expose, api_key_env, fmt, out, json_out, **kw):
+def launch(model_dir, expose, api_key_env, fmt, out, require_signature, allowed_signers, identity, json_out, **kw):
     """Print (or write) the offline start for MODEL_DIR on the given hardware."""
     from .artifacts import launch as mm_launch
+    signature = _launch_signature(model_dir, require_signature, allowed_signers, identity, json_out)
     plan = mm_launch.plan_launch(model_dir, _launch_options(kw, expose=expose, api_key_env=api_key_env))
     text = mm_launch.render_script(plan) if fmt == "sh" else json.dumps(mm_launch.plan_document(plan), indent=2) + "\n"
     if out is not None:
         mm_launch.write_output(text, out, executable=fmt == "sh")
     if json_out:
         emit_json({"ok": True, "out": str(out) if out else None, "format": fmt, "plan": mm_launch.plan_document(plan),
-                   **({"script": text} if out is None and fmt == "sh" else {})})
+                   "signature": to_jsonable(signature), **({"script": text} if out is None and fmt == "sh" else {})})
         return
     if out is None:
         click.echo(text, nl=False)
@@ -669,6 +767,23 @@ def launch(model_dir, expose, api_key_env, fmt, out, json_out, **kw):
         err.print(f"wrote {out} ({plan.recipe.id}, {plan.recipe.status})", markup=False, highlight=False)
     for warning in plan.warnings:
         err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers: Path | None, identity: str | None,
+                      json_out: bool):
+    """Check the model's manifest signature before anything is planned or written (exit 5 when refused)."""
+    from .artifacts import signing
+    if not _signature_policy(require_signature, allowed_signers, identity):
+        return None
+    if not require_signature and not signing.signature_path(model_dir).is_file():
+        if not json_out:
+                err.print(f"note: {signing.signature_path(model_dir)}: manifest not signed (add --require-signature "
+                      f"to refuse unsigned models)", markup=False, highlight=False, soft_wrap=True)
+        return None
+    report, _ = signing.verify_dir_signature(model_dir, allowed_signers, identity)
+    if not json_out:
+        err.print(f"signature: good, {report.describe()}", markup=False, highlight=False, soft_wrap=True)
+    return report
 
 
 @main.command()
