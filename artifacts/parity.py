@@ -1,0 +1,319 @@
+"""Reed-Solomon parity over bundle volumes: the code, the stripe layout, encoding, and rebuilding lost volumes.
+
+The code: pyeclib's `isa_l_rs_cauchy` (ISA-L's Cauchy Reed-Solomon; the pyeclib wheel bundles liberasurecode
+and ISA-L), systematic, any M of the K+M volumes can be lost. Chosen over zfec because it is faster at both
+ends on these machines (k=10, m=2, 1 MiB stripes, one thread: encode ~4 GB/s, rebuild of one volume several
+GB/s once glibc stops returning every 1 MiB buffer to the kernel; zfec ~0.9 GB/s encode, ~1.3 GB/s decode of
+one) and because the wheel needs nothing else installed. The parity bytes depend on the code, so the parity
+index records it and a volume made with another code is refused, not misread.
+
+Layout: K data volumes are byte strings of different lengths L1..LK (whole volume files, tar headers and all,
+so a lost volume is rebuilt byte-identical). Stripe j is bytes [j*S, (j+1)*S) of every data volume, zeros
+past a volume's end (virtual padding: nothing is written). Each of the M parity streams holds one S-byte
+chunk per stripe: NSTRIPES*S bytes, NSTRIPES = ceil(max(Li) / S).
+
+pyeclib works on fragments with an 80-byte header that depends only on (fragment index, sizes, code): the
+headers are taken once from an encoding of zeros and put in front of chunks read from the volumes. pyeclib
+aborts the process on a malformed fragment, so it is only ever given fragments built here.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+import blake3
+
+from .errors import BadInput, IntegrityError
+
+CODEC = "isa_l_rs_cauchy"
+FRAGMENT_HEADER = 80
+STRIPE = 1024 * 1024
+MAX_TOTAL = 32  # k + m: ISA-L's Cauchy matrix and pyeclib allow more, but a bundle needs no more
+_malloc_tuned = False
+
+
+class NotRecoverable(IntegrityError):
+    """More volumes lost than the parity present can rebuild; the message names what would be enough."""
+
+
+def _tune_malloc() -> None:
+    """Keep glibc from mmap/munmap-ing every 1 MiB fragment pyeclib allocates: the page faults of fresh
+    mappings cost 5-10x the coding itself (measured: encode 0.5 GB/s -> 4 GB/s)."""
+    global _malloc_tuned
+    if _malloc_tuned:
+        return
+    _malloc_tuned = True
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, 32 * 1024 * 1024)   # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 128 * 1024 * 1024)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):  # not glibc: slower, still correct
+        pass
+
+
+class Code:
+    """Systematic RS(k, m) over S-byte chunks: encode k data chunks to m parity chunks, rebuild any m."""
+
+    def __init__(self, k: int, m: int, stripe: int = STRIPE):
+        if k < 1 or m < 1 or k + m > MAX_TOTAL:
+            raise BadInput(f"parity: {k} data and {m} parity volumes; at most {MAX_TOTAL} volumes in all")
+        if stripe <= 0 or stripe % 64:
+            raise BadInput(f"parity: stripe size {stripe} is not a positive multiple of 64")
+        try:
+            from pyeclib.ec_iface import ECDriver, ECDriverError
+        except ImportError as e:  # pragma: no cover - an install_requires dependency
+            raise BadInput(f"parity needs pyeclib (pip install pyeclib): {e}") from None
+        _tune_malloc()
+        self.k, self.m, self.stripe = k, m, stripe
+        try:
+            self._driver = ECDriver(k=k, m=m, ec_type=CODEC)
+        except ECDriverError as e:
+            raise BadInput(f"parity: the {CODEC} code is not available in this pyeclib ({e})") from None
+        zero = self._driver.encode(bytes(k * stripe))
+        if any(len(f) != stripe + FRAGMENT_HEADER for f in zero):  # pragma: no cover - pyeclib changed its framing
+            raise BadInput(f"parity: pyeclib frames a {stripe}-byte chunk unexpectedly; this version is not supported")
+        self._headers = [bytes(f[:FRAGMENT_HEADER]) for f in zero]
+
+    def encode(self, data: bytes) -> list[memoryview]:
+        """DATA is the k chunks of one stripe back to back (k*S bytes); returns the m parity chunks."""
+        frags = self._driver.encode(data)
+        return [memoryview(f)[FRAGMENT_HEADER:] for f in frags[self.k:]]
+
+    def rebuild(self, chunks: dict[int, bytes], missing: list[int]) -> dict[int, memoryview]:
+        """CHUNKS: k chunks by index (0..k-1 data, k..k+m-1 parity); returns the chunks of MISSING."""
+        if len(chunks) < self.k:
+            raise NotRecoverable(f"parity: {len(chunks)} chunks of a stripe, {self.k} needed")
+        frags = [self._headers[i] + bytes(chunks[i]) for i in sorted(chunks)[: self.k]]
+        out = self._driver.reconstruct(frags, list(missing))
+        return {i: memoryview(f)[FRAGMENT_HEADER:] for i, f in zip(missing, out)}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """K data volumes of LENGTHS, M parity streams, stripes of STRIPE bytes."""
+
+    k: int
+    m: int
+    stripe: int
+    lengths: tuple[int, ...]
+
+    def __post_init__(self):
+        if len(self.lengths) != self.k or any(n < 0 for n in self.lengths):
+            raise BadInput(f"parity: {len(self.lengths)} data volume lengths for {self.k} data volumes")
+
+    @property
+    def nstripes(self) -> int:
+        return max(1, -(-max(self.lengths) // self.stripe))
+
+    @property
+    def parity_length(self) -> int:
+        return self.nstripes * self.stripe
+
+    def length(self, index: int) -> int:
+        """Real bytes of stream INDEX (0..k-1 data volumes, k..k+m-1 parity)."""
+        return self.lengths[index] if index < self.k else self.parity_length
+
+
+class Source(Protocol):
+    """Bytes of one stream: pread(offset, n) returns up to n bytes (fewer at its end)."""
+
+    def pread(self, offset: int, n: int) -> bytes: ...
+
+
+class FileSource:
+    """A stream stored in a file from OFFSET on (a whole volume, or a parity member inside a tar)."""
+
+    def __init__(self, path: Path, offset: int = 0, size: int | None = None):
+        self.path, self.offset = Path(path), offset
+        self._fd = os.open(self.path, os.O_RDONLY)
+        self.size = size if size is not None else os.fstat(self._fd).st_size - offset
+
+    def pread(self, offset: int, n: int) -> bytes:
+        n = max(0, min(n, self.size - offset))
+        return os.pread(self._fd, n, self.offset + offset) if n else b""
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _chunk(src: Source, offset: int, stripe: int, length: int) -> bytes:
+    """S bytes of a stream at OFFSET, zeros past its LENGTH (a short read of a cut file reads as zeros too:
+    the whole-stream blake3 catches it)."""
+    want = max(0, min(stripe, length - offset))
+    data = src.pread(offset, want) if want else b""
+    return data if len(data) == stripe else data + bytes(stripe - len(data))
+
+
+def _pipelined(produce: Callable[[int], object], count: int, depth: int = 2):
+    """Yield produce(0..count-1) computed one ahead in a helper thread (preads and blake3 release the GIL)."""
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            for j in range(count):
+                if stop.is_set():
+                    return
+                ready.put((j, produce(j)))
+            ready.put(None)
+        except BaseException as e:  # handed to the consumer
+            ready.put(e)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():
+            try:
+                ready.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        worker.join()
+
+
+@dataclass(frozen=True)
+class EncodeResult:
+    data_blake3: list[str]    # whole data volume, its real length
+    parity_blake3: list[str]  # whole parity stream, NSTRIPES*S bytes
+
+
+def encode(layout: Layout, sources: list[Source], sinks: list[Callable[[memoryview], None]],
+           on_bytes: Callable[[int], None] | None = None, code: Code | None = None) -> EncodeResult:
+    """Read the K data streams stripe by stripe (once), write the M parity streams to SINKS in order."""
+    code = code or Code(layout.k, layout.m, layout.stripe)
+    if len(sources) != layout.k or len(sinks) != layout.m:
+        raise BadInput(f"parity: {len(sources)} sources and {len(sinks)} sinks for k={layout.k}, m={layout.m}")
+    S = layout.stripe
+    data_h = [blake3.blake3() for _ in range(layout.k)]
+    par_h = [blake3.blake3() for _ in range(layout.m)]
+
+    def read_stripe(j: int) -> bytes:
+        parts = []
+        for i, src in enumerate(sources):
+            c = _chunk(src, j * S, S, layout.lengths[i])
+            real = max(0, min(S, layout.lengths[i] - j * S))
+            if real:
+                data_h[i].update(memoryview(c)[:real])
+            parts.append(c)
+        return b"".join(parts)
+
+    for _, data in _pipelined(read_stripe, layout.nstripes):
+        for p, chunk in enumerate(code.encode(data)):
+            sinks[p](chunk)
+            par_h[p].update(chunk)
+        if on_bytes:
+            on_bytes(len(data))
+    return EncodeResult([h.hexdigest() for h in data_h], [h.hexdigest() for h in par_h])
+
+
+def choose_inputs(layout: Layout, present: set[int], want: set[int]) -> list[int]:
+    """K streams to rebuild WANT from: data volumes first (fewer GF multiplications), then parity."""
+    usable = sorted(present - want)
+    if len(usable) < layout.k:
+        raise NotRecoverable(describe_shortfall(layout, present, want))
+    data = [i for i in usable if i < layout.k]
+    return (data + [i for i in usable if i >= layout.k])[: layout.k]
+
+
+def describe_shortfall(layout: Layout, present: set[int], want: set[int]) -> str:
+    lost = sorted(set(range(layout.k + layout.m)) - (present - want))
+    lost_data = [i + 1 for i in lost if i < layout.k]
+    lost_par = [i - layout.k + 1 for i in lost if i >= layout.k]
+    short = layout.k - len(present - want)
+    names = [f"volume {n}" for n in lost_data] + [f"parity {n}" for n in lost_par]
+    return (f"{len(lost)} of {layout.k + layout.m} volumes lost or damaged ({', '.join(names)}); parity rebuilds at "
+            f"most {layout.m}: bring back any {short} of them")
+
+
+@dataclass(frozen=True)
+class RebuildResult:
+    inputs: list[int]
+    input_blake3: dict[int, str]   # whole stream of each input used (its real length)
+    output_blake3: dict[int, str]  # whole rebuilt stream (its real length)
+
+
+def rebuild(layout: Layout, inputs: dict[int, Source], want: list[int], sinks: dict[int, Callable[[memoryview], None]],
+            on_bytes: Callable[[int], None] | None = None, code: Code | None = None) -> RebuildResult:
+    """Rebuild the streams WANT (indexes as in Layout.length) from K of INPUTS; each sink gets exactly the
+    stream's real length. Callers compare the returned digests with the ones recorded at encoding: a damaged
+    input shows as an input digest that differs (and a rebuilt stream that does)."""
+    code = code or Code(layout.k, layout.m, layout.stripe)
+    use = choose_inputs(layout, set(inputs), set(want))
+    S = layout.stripe
+    in_h = {i: blake3.blake3() for i in use}
+    out_h = {i: blake3.blake3() for i in want}
+
+    def read_stripe(j: int) -> dict[int, bytes]:
+        chunks = {}
+        for i in use:
+            c = _chunk(inputs[i], j * S, S, layout.length(i))
+            real = max(0, min(S, layout.length(i) - j * S))
+            if real:
+                in_h[i].update(memoryview(c)[:real])
+            chunks[i] = c
+        return chunks
+
+    for j, chunks in _pipelined(read_stripe, layout.nstripes):
+        for i, chunk in code.rebuild(chunks, list(want)).items():
+            real = max(0, min(S, layout.length(i) - j * S))
+            if real:
+                view = chunk[:real]
+                sinks[i](view)
+                out_h[i].update(view)
+                if on_bytes:
+                    on_bytes(real)
+    return RebuildResult(use, {i: h.hexdigest() for i, h in in_h.items()}, {i: h.hexdigest() for i, h in out_h.items()})
+
+
+def ranges(numbers: list[int]) -> str:
+    """[1, 2, 3, 7] -> '1-3, 7'."""
+    out, run = [], []
+    for n in sorted(numbers):
+        if run and n == run[-1] + 1:
+            run.append(n)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [n]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)
+
+
+def recoverability(k: int, m: int, missing: list[int], damaged: list[int], bad_parity: list[int]) -> tuple[bool, str]:
+    """(recoverable, sentence) for `mm bundle verify` and unbundle: MISSING and DAMAGED are 1-based data volume
+    numbers, BAD_PARITY 1-based parity volume numbers that are missing or damaged.
+    E.g. "volumes 3 and 7 missing: recoverable with parity 1-2"."""
+    lost = sorted(set(missing) | set(damaged))
+    if not lost:
+        return True, "no data volume missing or damaged"
+    good_parity = [p for p in range(1, m + 1) if p not in bad_parity]
+    parts = []
+    for nums, what in ((sorted(missing), "missing"), (sorted(set(damaged) - set(missing)), "damaged")):
+        if nums:
+            parts.append(f"{'volume' if len(nums) == 1 else 'volumes'} {_and([str(n) for n in nums])} {what}")
+    head = ", ".join(parts)
+    if len(lost) <= len(good_parity):
+        return True, f"{head}: recoverable with parity {ranges(good_parity[:len(lost)])}"
+    need = len(lost) - len(good_parity)
+    have = f"only parity {ranges(good_parity)} usable" if good_parity else "no usable parity volume"
+    others = [f"volume {n}" for n in lost] + [f"parity {p}" for p in sorted(bad_parity)]
+    return False, (f"{head}: NOT recoverable ({have}); bring back any {need} of: {', '.join(others)}")
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
