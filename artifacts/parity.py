@@ -247,14 +247,15 @@ class RebuildResult:
 
 
 def rebuild(layout: Layout, inputs: dict[int, Source], want: list[int], sinks: dict[int, Callable[[memoryview], None]],
-            on_bytes: Callable[[int], None] | None = None, code: Code | None = None) -> RebuildResult:
+            on_bytes: Callable[[int], None] | None = None, code: Code | None = None,
+            hash_inputs: bool = False) -> RebuildResult:
     """Rebuild the streams WANT (indexes as in Layout.length) from K of INPUTS; each sink gets exactly the
-    stream's real length. Callers compare the returned digests with the ones recorded at encoding: a damaged
-    input shows as an input digest that differs (and a rebuilt stream that does)."""
+    stream's real length. Callers compare the returned output digests with the ones recorded at encoding; when
+    one differs, an input was damaged: HASH_INPUTS=True (a second, slower run) names it by its digest."""
     code = code or Code(layout.k, layout.m, layout.stripe)
     use = choose_inputs(layout, set(inputs), set(want))
     S = layout.stripe
-    in_h = {i: blake3.blake3() for i in use}
+    in_h = {i: blake3.blake3() for i in use} if hash_inputs else {}
     out_h = {i: blake3.blake3() for i in want}
 
     def read_stripe(j: int) -> dict[int, bytes]:
@@ -262,7 +263,7 @@ def rebuild(layout: Layout, inputs: dict[int, Source], want: list[int], sinks: d
         for i in use:
             c = _chunk(inputs[i], j * S, S, layout.length(i))
             real = max(0, min(S, layout.length(i) - j * S))
-            if real:
+            if real and hash_inputs:
                 in_h[i].update(memoryview(c)[:real])
             chunks[i] = c
         return chunks

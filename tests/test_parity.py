@@ -71,7 +71,7 @@ def test_a_damaged_input_shows_in_its_digest_and_the_output():
     inputs = {0: BytesSource(data[0]), 1: BytesSource(bytes(bad)), 3: BytesSource(data[3]), 4: BytesSource(data[4]),
               5: BytesSource(parity[0])}
     out = bytearray()
-    result = rebuild(layout, inputs, [2], {2: out.extend})
+    result = rebuild(layout, inputs, [2], {2: out.extend}, hash_inputs=True)
     assert result.input_blake3[1] != enc.data_blake3[1] and result.input_blake3[0] == enc.data_blake3[0]
 
 
