@@ -34,7 +34,7 @@ from .bundle_format import END_OF_ARCHIVE, MANIFEST_MEMBER, META, PLACEHOLDER, b
 from .errors import BadInput, IntegrityError
 from .fsutil import check_relpath, fsync_dir
 from .hashing import StreamHasher
-from .parity import CODEC, STRIPE, Code, FileSource, Layout, NotRecoverable, encode, rebuild
+from .parity import CODEC, STRIPE, FileSource, Layout, NotRecoverable, encode, rebuild
 from .progress import NULL_PROGRESS, ProgressSink
 
 PARITY_SCHEMA = "mm-bundle-parity/1"
@@ -123,8 +123,8 @@ def parse_parity_index(doc: object, where: str) -> ParityIndex:
         raise BadInput(f"{where}: not an mm parity index (expected schema {PARITY_SCHEMA!r})")
     try:
         parity, parities, volumes = _int(doc, "parity", 1), _int(doc, "parities", 1), _int(doc, "volumes", 1)
-        stripe = _int(doc, "stripe", 512)
-        if parity > parities or volumes + parities > 32 or stripe % 512 or stripe > 64 * 1024 * 1024:
+        stripe = _int(doc, "stripe", 64)
+        if parity > parities or volumes + parities > 32 or stripe % 64 or stripe > 64 * 1024 * 1024:
             raise ValueError(f"parity {parity} of {parities} over {volumes} volumes, stripe {stripe}")
         meta = doc["meta"]
         if not isinstance(meta, dict):
@@ -323,7 +323,6 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
     k = len(data_paths)
     sizes = tuple(os.stat(p).st_size for p in data_paths)
     layout = Layout(k, parities, stripe, sizes)
-    code = Code(k, parities, stripe)
     wanted = sorted(only) if only else list(range(1, parities + 1))
     meta_digests = {member: b3(data) for member, data in meta}
 
@@ -356,7 +355,7 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
         sinks = [files[p][3].write if p in files else _discard for p in range(1, parities + 1)]
         sources = [FileSource(path) for path in data_paths]
         try:
-            result = encode(layout, sources, sinks, on_bytes=progress.advance, code=code)
+            result = encode(layout, sources, sinks, on_bytes=progress.advance)
         finally:
             for s in sources:
                 s.close()

@@ -96,7 +96,9 @@ class Code:
 
 @dataclass(frozen=True)
 class Layout:
-    """K data volumes of LENGTHS, M parity streams, stripes of STRIPE bytes."""
+    """K data volumes of LENGTHS, M parity streams, stripes of STRIPE bytes; the last stripe is only as long as
+    the longest volume needs (rounded up to 64 bytes), so a parity volume is never more than 63 bytes longer
+    than the longest data volume's bytes."""
 
     k: int
     m: int
@@ -112,12 +114,35 @@ class Layout:
         return max(1, -(-max(self.lengths) // self.stripe))
 
     @property
+    def tail(self) -> int:
+        """Size of the last stripe's chunks."""
+        left = max(self.lengths) - (self.nstripes - 1) * self.stripe
+        return max(64, -(-left // 64) * 64)
+
+    def chunk(self, j: int) -> int:
+        return self.stripe if j < self.nstripes - 1 else self.tail
+
+    @property
     def parity_length(self) -> int:
-        return self.nstripes * self.stripe
+        return (self.nstripes - 1) * self.stripe + self.tail
 
     def length(self, index: int) -> int:
         """Real bytes of stream INDEX (0..k-1 data volumes, k..k+m-1 parity)."""
         return self.lengths[index] if index < self.k else self.parity_length
+
+
+class Codes:
+    """The Code for each chunk size a layout uses (the stripe, and the shorter last stripe)."""
+
+    def __init__(self, layout: Layout):
+        self._layout = layout
+        self._codes: dict[int, Code] = {}
+
+    def __call__(self, j: int) -> Code:
+        size = self._layout.chunk(j)
+        if size not in self._codes:
+            self._codes[size] = Code(self._layout.k, self._layout.m, size)
+        return self._codes[size]
 
 
 class Source(Protocol):
@@ -143,7 +168,7 @@ class FileSource:
 
 
 def _chunk(src: Source, offset: int, stripe: int, length: int) -> bytes:
-    """S bytes of a stream at OFFSET, zeros past its LENGTH (a short read of a cut file reads as zeros too:
+    """STRIPE bytes of a stream at OFFSET, zeros past its LENGTH (a short read of a cut file reads as zeros too:
     the whole-stream blake3 catches it)."""
     want = max(0, min(stripe, length - offset))
     data = src.pread(offset, want) if want else b""
@@ -192,9 +217,9 @@ class EncodeResult:
 
 
 def encode(layout: Layout, sources: list[Source], sinks: list[Callable[[memoryview], None]],
-           on_bytes: Callable[[int], None] | None = None, code: Code | None = None) -> EncodeResult:
+           on_bytes: Callable[[int], None] | None = None) -> EncodeResult:
     """Read the K data streams stripe by stripe (once), write the M parity streams to SINKS in order."""
-    code = code or Code(layout.k, layout.m, layout.stripe)
+    codes = Codes(layout)
     if len(sources) != layout.k or len(sinks) != layout.m:
         raise BadInput(f"parity: {len(sources)} sources and {len(sinks)} sinks for k={layout.k}, m={layout.m}")
     S = layout.stripe
@@ -203,16 +228,17 @@ def encode(layout: Layout, sources: list[Source], sinks: list[Callable[[memoryvi
 
     def read_stripe(j: int) -> bytes:
         parts = []
+        size = layout.chunk(j)
         for i, src in enumerate(sources):
-            c = _chunk(src, j * S, S, layout.lengths[i])
-            real = max(0, min(S, layout.lengths[i] - j * S))
+            c = _chunk(src, j * S, size, layout.lengths[i])
+            real = max(0, min(size, layout.lengths[i] - j * S))
             if real:
                 data_h[i].update(memoryview(c)[:real])
             parts.append(c)
         return b"".join(parts)
 
-    for _, data in _pipelined(read_stripe, layout.nstripes):
-        for p, chunk in enumerate(code.encode(data)):
+    for j, data in _pipelined(read_stripe, layout.nstripes):
+        for p, chunk in enumerate(codes(j).encode(data)):
             sinks[p](chunk)
             par_h[p].update(chunk)
         if on_bytes:
@@ -247,12 +273,11 @@ class RebuildResult:
 
 
 def rebuild(layout: Layout, inputs: dict[int, Source], want: list[int], sinks: dict[int, Callable[[memoryview], None]],
-            on_bytes: Callable[[int], None] | None = None, code: Code | None = None,
-            hash_inputs: bool = False) -> RebuildResult:
+            on_bytes: Callable[[int], None] | None = None, hash_inputs: bool = False) -> RebuildResult:
     """Rebuild the streams WANT (indexes as in Layout.length) from K of INPUTS; each sink gets exactly the
     stream's real length. Callers compare the returned output digests with the ones recorded at encoding; when
     one differs, an input was damaged: HASH_INPUTS=True (a second, slower run) names it by its digest."""
-    code = code or Code(layout.k, layout.m, layout.stripe)
+    codes = Codes(layout)
     use = choose_inputs(layout, set(inputs), set(want))
     S = layout.stripe
     in_h = {i: blake3.blake3() for i in use} if hash_inputs else {}
@@ -260,17 +285,18 @@ def rebuild(layout: Layout, inputs: dict[int, Source], want: list[int], sinks: d
 
     def read_stripe(j: int) -> dict[int, bytes]:
         chunks = {}
+        size = layout.chunk(j)
         for i in use:
-            c = _chunk(inputs[i], j * S, S, layout.length(i))
-            real = max(0, min(S, layout.length(i) - j * S))
+            c = _chunk(inputs[i], j * S, size, layout.length(i))
+            real = max(0, min(size, layout.length(i) - j * S))
             if real and hash_inputs:
                 in_h[i].update(memoryview(c)[:real])
             chunks[i] = c
         return chunks
 
     for j, chunks in _pipelined(read_stripe, layout.nstripes):
-        for i, chunk in code.rebuild(chunks, list(want)).items():
-            real = max(0, min(S, layout.length(i) - j * S))
+        for i, chunk in codes(j).rebuild(chunks, list(want)).items():
+            real = max(0, min(layout.chunk(j), layout.length(i) - j * S))
             if real:
                 view = chunk[:real]
                 sinks[i](view)

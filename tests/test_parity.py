@@ -37,7 +37,7 @@ def encoded(data: list[bytes]) -> tuple[Layout, list[bytes], object]:
 def test_parity_streams_are_nstripes_long_and_hashes_are_of_the_real_bytes():
     data = volumes()
     layout, parity, result = encoded(data)
-    assert layout.nstripes == 6 and all(len(p) == 6 * S for p in parity)
+    assert layout.nstripes == 6 and layout.tail == 4096 and all(len(p) == 6 * S for p in parity)
     assert result.data_blake3 == [blake3.blake3(d).hexdigest() for d in data]
     assert result.parity_blake3 == [blake3.blake3(p).hexdigest() for p in parity]
 
@@ -48,6 +48,17 @@ def test_virtual_padding_matches_explicit_zero_padding():
     padded = [d + bytes(6 * S - len(d)) for d in data]
     _, parity_padded, _ = encoded(padded)
     assert parity == parity_padded
+
+
+def test_the_last_stripe_is_only_as_long_as_the_longest_volume_needs():
+    data = [d[:2 * S + 100] for d in volumes()]
+    layout, parity, _ = encoded(data)
+    assert layout.nstripes == 3 and layout.tail == 128 and layout.parity_length == 2 * S + 128
+    assert all(len(p) == 2 * S + 128 for p in parity)
+    inputs = {i: BytesSource(s) for i, s in enumerate(data + parity) if i not in (0, 6)}
+    out = bytearray()
+    rebuild(layout, inputs, [0], {0: out.extend})
+    assert bytes(out) == data[0]
 
 
 @pytest.mark.parametrize("lost", [c for n in (1, 2) for c in itertools.combinations(range(K + M), n)])
