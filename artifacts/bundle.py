@@ -32,14 +32,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .bundle_format import (
-    END_OF_ARCHIVE, HASH_THREADS, INDEX_SCHEMA, KINDS, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SUMS_MEMBER,
+    END_OF_ARCHIVE, HASH_THREADS, INDEX_SCHEMA, KINDS, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER,
     ChunkPipe, EarlyFlush, b3, data_member, index_member, member_bytes, open_volume, padded, payload_sums_member, render_json,
     tar_header, volume_filename,
 )
+from .bundle_parity import parity_filename, parity_volume_bytes, write_parity_volumes
 from .errors import BadInput, IntegrityError
 from .fsutil import check_relpath, dir_lock, fsync_dir, human_bytes
 from .hashing import StreamHasher
 from .manifest import Manifest, export_sums, manifest_path, read_manifest
+from .parity import STRIPE
 from .progress import NULL_PROGRESS, ProgressSink
 
 MIN_PIECE = 64 * 1024
@@ -91,10 +93,23 @@ class Plan:
     payloads: dict
     volumes: list[list[Piece]]
     mtime: int
+    signature: bytes | None = None  # .mm/manifest.json.sig, carried in every volume
+    parity: int = 0  # parity volumes (bundle_parity.py)
+    stripe: int = STRIPE
 
     @property
     def count(self) -> int:
         return len(self.volumes)
+
+    def parity_meta(self, restore: bytes) -> list[tuple[str, bytes]]:
+        """Metadata members a parity volume carries besides its index and the manifest."""
+        return [*([(SIG_MEMBER, self.signature)] if self.signature else []), (RESTORE_MEMBER, restore)]
+
+    def parity_volume_bytes(self) -> int:
+        files = [volume_filename(self.name, n, self.count) for n in range(1, self.count + 1)]
+        return parity_volume_bytes(self.name, self.bundle_id, self.manifest_bytes, self.parity_meta(restore_text(self)),
+                                   self.mtime, files, [volume_bytes(self, n) for n in range(1, self.count + 1)],
+                                   self.parity, self.stripe)
 
 
 @dataclass(frozen=True)
@@ -118,6 +133,8 @@ class BundleResult:
     kernel_caches: list[dict]
     notes: list[str] = field(default_factory=list)
     synced: bool = True  # every volume fsynced before it got its name
+    parity_volumes: list[VolumeResult] = field(default_factory=list)
+    signed: bool = False  # the manifest's signature travels in every volume
 
 
 # --- inputs -----------------------------------------------------------------------------------
@@ -188,19 +205,26 @@ def parse_cache_key(pairs: tuple[str, ...]) -> dict | None:
 # --- planning ---------------------------------------------------------------------------------
 
 def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volume_size: int, name: str,
-                payloads: dict, payload_sources: list[Source]) -> Plan:
+                payloads: dict, payload_sources: list[Source], signature: bytes | None = None, parity: int = 0,
+                stripe: int = STRIPE) -> Plan:
     sources = [Source("model", f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files]
     sources += payload_sources
     id_doc = {"name": name, "volume_size": volume_size, "manifest": b3(manifest_bytes), "payloads": payloads,
               "stamps": [[s.kind, s.path, s.size, _mtime_ns(s)] for s in payload_sources]}
+    if signature:
+        id_doc["signature"] = b3(signature)
+    if parity:
+        id_doc["parity"] = [parity, stripe]
     bundle_id = b3(json.dumps(id_doc, sort_keys=True).encode())[:32]
     mtime = _manifest_mtime(manifest)
     sums = export_sums(manifest, "sha256").encode()
     reserve = 8192 + member_bytes(MANIFEST_MEMBER, len(manifest_bytes)) + member_bytes(SUMS_MEMBER, len(sums))
     for _ in range(32):
         plan = Plan(bundle_id, name, volume_size, manifest, manifest_bytes, payloads,
-                    _place(sources, volume_size, volume_size - reserve - END_OF_ARCHIVE), mtime)
-        excess = max(volume_bytes(plan, n) for n in range(1, plan.count + 1)) - volume_size
+                    _place(sources, volume_size, volume_size - reserve - END_OF_ARCHIVE), mtime, signature, parity,
+                    stripe)
+        largest = max(volume_bytes(plan, n) for n in range(1, plan.count + 1))
+        excess = max(largest, plan.parity_volume_bytes() if parity else 0) - volume_size
         if excess <= 0:
             return plan
         reserve += padded(excess) + 4096
@@ -273,6 +297,7 @@ def restore_text(plan: Plan) -> bytes:
         "",
         "With mm:   mm bundle verify VOLUMES...   then   mm unbundle VOLUMES... --dest DIR",
         "",
+        *_parity_notes(plan),
         "Without mm (POSIX sh, tar, cat, sha256sum only): copy all volume files into one directory, cd",
         "there, and run the lines between the markers (e.g. save them as restore.sh and run `sh restore.sh`).",
         "The model ends up in ./restore/model, payloads in ./restore/payload; sha256sum -c checks every byte.",
@@ -299,6 +324,12 @@ def restore_text(plan: Plan) -> bytes:
     if payload_sums:
         lines.append(f"cat {' '.join(payload_sums)} | sha256sum -c -")
     lines.append("--- end restore script ---")
+    if plan.signature:
+        from .signing import verify_command
+        lines += ["", "The manifest is signed (SSH signature, namespace mm-manifest). Check it with OpenSSH alone, with",
+                  "your site's allowed_signers file and the signer's identity, after the restore script ran:",
+                  f"  cd restore/MMBUNDLE && {verify_command()}",
+                  "(mm does the same: mm unbundle ... --require-signature --allowed-signers FILE)"]
     if plan.payloads.get("image"):
         img = plan.payloads["image"]
         lines += ["", f"Container image {', '.join(img['refs']) or img['image_id']}: "
@@ -308,6 +339,18 @@ def restore_text(plan: Plan) -> bytes:
                   f"mount restore/payload/kernel-cache/{c['label']} into the container, "
                   f"e.g. -v \"$PWD/restore/payload/kernel-cache/{c['label']}:/root/.cache/{c['label']}\""]
     return ("\n".join(lines) + "\n").encode()
+
+
+def _parity_notes(plan: Plan) -> list[str]:
+    if not plan.parity:
+        return []
+    first = parity_filename(plan.name, 1, plan.parity)
+    return [f"Parity: {plan.parity} parity volume(s) named {first.replace('.par001', '.parNNN')} (Reed-Solomon,",
+            f"pyeclib isa_l_rs_cauchy) rebuild any {plan.parity} lost or damaged volume(s). A complete set of data",
+            "volumes needs no mm and no parity (the script below). Rebuilding needs mm: `mm unbundle` does it",
+            "by itself when given the parity volumes; `mm bundle repair-volume VOLUMES... --out DIR` writes lost",
+            "volume files back, byte-identical; `mm bundle verify` says what is recoverable.",
+            ""]
 
 
 def _payload_ends(plan: Plan, n: int) -> list[Piece]:
@@ -324,13 +367,16 @@ def meta_members(plan: Plan, n: int, digests: dict, restore: bytes) -> list[tupl
                  for p in ends]
         extra.append((payload_sums_member(n), ("\n".join(lines) + "\n").encode()))
     meta = {SUMS_MEMBER: b3(sums), RESTORE_MEMBER: b3(restore)}
+    if plan.signature:
+        meta[SIG_MEMBER] = b3(plan.signature)
     meta.update({name: (b3(data) if digests else PLACEHOLDER) for name, data in extra})
     m = plan.manifest
     index = {"schema": INDEX_SCHEMA, "bundle_id": plan.bundle_id, "name": plan.name, "volume": n,
              "volumes": plan.count, "volume_size": plan.volume_size, "repo_id": m.repo_id, "revision": m.revision,
              "manifest_blake3": b3(plan.manifest_bytes), "meta": meta, "payloads": plan.payloads,
              "members": [_entry(p, digests) for p in plan.volumes[n - 1]]}
-    return [(index_member(n), render_json(index)), (MANIFEST_MEMBER, plan.manifest_bytes), (SUMS_MEMBER, sums),
+    sig = [(SIG_MEMBER, plan.signature)] if plan.signature else []
+    return [(index_member(n), render_json(index)), (MANIFEST_MEMBER, plan.manifest_bytes), *sig, (SUMS_MEMBER, sums),
             (RESTORE_MEMBER, restore), *extra]
 
 
@@ -469,11 +515,17 @@ def _keep_volume(plan: Plan, n: int, final: Path, hashers: _Hashers, pipe: Chunk
 
 def create_bundle(model_dir: Path, out_dir: Path, volume_size: int, name: str | None = None,
                   image: Path | None = None, kernel_caches: tuple[Path, ...] = (), cache_key: dict | None = None,
-                  progress: ProgressSink = NULL_PROGRESS, sync: bool = True) -> BundleResult:
+                  progress: ProgressSink = NULL_PROGRESS, sync: bool = True, parity: int = 0,
+                  stripe: int = STRIPE) -> BundleResult:
+    """PARITY > 0 adds that many Reed-Solomon parity volumes (bundle_parity.py), computed over the data volume
+    files once they are written; STRIPE is the code's stripe size (tests use small ones)."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     mpath = manifest_path(model_dir)
     manifest = read_manifest(mpath)
     manifest_bytes = mpath.read_bytes()
+    signature = _signature_to_carry(model_dir, manifest_bytes)
+    if parity < 0:
+        raise BadInput(f"--parity {parity}: must be 0 or more")
     _refuse_if_quick_verify_fails(model_dir, manifest)
     name = name or f"{manifest.repo_id.rsplit('/', 1)[-1]}-{manifest.revision[:12]}"
     if not NAME_RE.match(name):
@@ -498,20 +550,47 @@ def create_bundle(model_dir: Path, out_dir: Path, volume_size: int, name: str | 
             notes.append(f"kernel cache {cache} has no {CACHE_KEY_FILE} and no --cache-key: bundled as unkeyed")
         payloads["kernel_caches"].append(info)
         payload_sources += srcs
-    plan = plan_bundle(manifest, manifest_bytes, model_dir, volume_size, name, payloads, payload_sources)
+    plan = plan_bundle(manifest, manifest_bytes, model_dir, volume_size, name, payloads, payload_sources,
+                       signature=signature, parity=parity, stripe=stripe)
+    if parity and plan.count + parity > 32:
+        raise BadInput(f"--parity {parity}: {plan.count} data volumes plus {parity} parity volumes is more than 32; "
+                       f"choose a larger --volume-size")
     out_dir.mkdir(parents=True, exist_ok=True)
     total = sum(p.length for v in plan.volumes for p in v)
+    parity_results: list[VolumeResult] = []
     with dir_lock(out_dir, "mm bundle"):
         progress.begin(total, f"bundle {name}")
         results = _write_all(plan, out_dir, progress, sync)
         progress.end()
-    ours = {Path(v.path).name for v in results}
-    for stale in sorted(out_dir.glob(f"{name}.vol*-of-*.tar")):
+        if parity:
+            data_paths = [Path(v.path) for v in results]
+            progress.begin(sum(p.stat().st_size for p in data_paths), f"parity {name}")
+            written = write_parity_volumes(out_dir, name=name, bundle_id=plan.bundle_id, manifest_bytes=manifest_bytes,
+                                           meta=plan.parity_meta(restore_text(plan)), mtime=plan.mtime,
+                                           data_paths=data_paths, parities=parity, stripe=stripe, sync=sync,
+                                           progress=progress)
+            progress.end()
+            parity_results = [VolumeResult(r.number, r.path, r.size, False) for r in written]
+    ours = {Path(v.path).name for v in results + parity_results}
+    for stale in sorted([*out_dir.glob(f"{name}.vol*-of-*.tar"), *out_dir.glob(f"{name}.par*-of-*.tar")]):
         if stale.name not in ours:
             notes.append(f"{stale}: a volume of an earlier, different bundle run; remove it before copying the disks")
     return BundleResult(True, plan.bundle_id, name, str(out_dir), volume_size, results, total,
                         payloads["image"], [{k: c[k] for k in ("label", "key")} | {"files": len(c["files"])}
-                                            for c in payloads["kernel_caches"]], notes, synced=sync)
+                                            for c in payloads["kernel_caches"]], notes, synced=sync,
+                        parity_volumes=parity_results, signed=signature is not None)
+
+
+def _signature_to_carry(model_dir: Path, manifest_bytes: bytes) -> bytes | None:
+    """The model's manifest signature, if it has one; a signature that does not match the manifest never travels."""
+    from .signing import check_signature_matches, signature_path
+
+    sig_path = signature_path(model_dir)
+    if not sig_path.is_file():
+        return None
+    signature = sig_path.read_bytes()
+    check_signature_matches(manifest_bytes, signature, str(sig_path))
+    return signature
 
 
 def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink, sync: bool) -> list[VolumeResult]:

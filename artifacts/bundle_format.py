@@ -5,6 +5,7 @@ so that a volume alone says what the bundle is even when the rest of it is damag
 
   MMBUNDLE/index-volNNN.json   this volume's index (schema mm-bundle-index/1, below)
   MMBUNDLE/manifest.json       the model's manifest, byte for byte
+  MMBUNDLE/manifest.json.sig   its SSH signature (namespace mm-manifest), when the model is signed
   MMBUNDLE/SHA256SUMS          `sha256sum -c` lines for the model files (run inside the restored model dir)
   MMBUNDLE/RESTORE.txt         how to restore with tar, cat and sha256sum alone
   MMBUNDLE/payload-volNNN.sha256  sha256 lines of payload files whose last byte is in this volume (if any)
@@ -45,6 +46,7 @@ from .fsutil import check_relpath
 INDEX_SCHEMA = "mm-bundle-index/1"
 META = "MMBUNDLE"
 MANIFEST_MEMBER = f"{META}/manifest.json"
+SIG_MEMBER = f"{META}/manifest.json.sig"  # the manifest's SSH signature, when the model is signed (signing.py)
 SUMS_MEMBER = f"{META}/SHA256SUMS"
 RESTORE_MEMBER = f"{META}/RESTORE.txt"
 PLACEHOLDER = "0" * 64
@@ -57,6 +59,7 @@ END_OF_ARCHIVE = 2 * BLOCK
 KINDS = {"model": "model", "image": "payload/image", "kernel-cache": "payload/kernel-cache"}
 MAX_INDEX_BYTES = 256 * 1024 * 1024
 VOLUME_RE = re.compile(r"^(?P<name>.+)\.vol(?P<num>\d{3,})-of-(?P<count>\d{3,})\.tar$")
+PARITY_RE = re.compile(r"^(?P<name>.+)\.par(?P<num>\d{3,})-of-(?P<count>\d{3,})\.tar$")  # bundle_parity.py
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
@@ -149,7 +152,8 @@ def find_volumes(sources: list[Path]) -> list[Path]:
     for src in sources:
         src = Path(src)
         if src.is_dir():
-            found += sorted(p for p in src.iterdir() if VOLUME_RE.match(p.name) and p.is_file())
+            found += sorted(p for p in src.iterdir() if (VOLUME_RE.match(p.name) or PARITY_RE.match(p.name))
+                            and p.is_file())
         elif src.is_file():
             found.append(src)
         else:

@@ -30,7 +30,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .bundle_format import END_OF_ARCHIVE, MANIFEST_MEMBER, META, PLACEHOLDER, b3, padded, render_json, tar_header
+from .bundle_format import (
+    END_OF_ARCHIVE, MANIFEST_MEMBER, META, PARITY_RE, PLACEHOLDER, b3, padded, render_json, tar_header,
+)
 from .errors import BadInput, IntegrityError
 from .fsutil import check_relpath, fsync_dir
 from .hashing import StreamHasher
@@ -38,7 +40,6 @@ from .parity import CODEC, STRIPE, FileSource, Layout, NotRecoverable, encode, r
 from .progress import NULL_PROGRESS, ProgressSink
 
 PARITY_SCHEMA = "mm-bundle-parity/1"
-PARITY_RE = re.compile(r"^(?P<name>.+)\.par(?P<num>\d{3,})-of-(?P<count>\d{3,})\.tar$")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 
@@ -314,6 +315,39 @@ class ParityResult:
     size: int
 
 
+def _parity_index(name: str, bundle_id: str, manifest_bytes: bytes, meta: list[tuple[str, bytes]], parity: int,
+                  parities: int, layout: Layout, files: list[str], data_b3: list[str], par_b3: list[str]) -> bytes:
+    return render_json(ParityIndex(
+        bundle_id, name, parity, parities, layout.k, CODEC, layout.stripe, b3(manifest_bytes),
+        {member: b3(data) for member, data in meta}, parity_data_member(parity),
+        tuple(Stream(i, layout.lengths[i - 1], data_b3[i - 1], files[i - 1]) for i in range(1, layout.k + 1)),
+        tuple(Stream(q, layout.parity_length, par_b3[q - 1]) for q in range(1, parities + 1))).to_doc())
+
+
+def _head(index: bytes, parity: int, manifest_bytes: bytes, meta: list[tuple[str, bytes]], layout: Layout,
+          mtime: int) -> tuple[bytes, int]:
+    """The parity volume's bytes before the parity stream, and where the index data starts in them."""
+    out, patch_at = bytearray(), 0
+    for member, data in [(parity_index_member(parity), index), (MANIFEST_MEMBER, manifest_bytes), *meta]:
+        out += tar_header(member, len(data), mtime)
+        if member == parity_index_member(parity):
+            patch_at = len(out)
+        out += data
+        out += bytes(padded(len(data)) - len(data))
+    out += tar_header(parity_data_member(parity), layout.parity_length, mtime)
+    return bytes(out), patch_at
+
+
+def parity_volume_bytes(name: str, bundle_id: str, manifest_bytes: bytes, meta: list[tuple[str, bytes]], mtime: int,
+                        files: list[str], sizes: list[int], parities: int, stripe: int = STRIPE) -> int:
+    """The size a parity volume will have, before anything is written (bundle planning keeps it on the media)."""
+    layout = Layout(len(sizes), parities, stripe, tuple(sizes))
+    zeros = [PLACEHOLDER] * max(len(sizes), parities)
+    index = _parity_index(name, bundle_id, manifest_bytes, meta, parities, parities, layout, files, zeros, zeros)
+    head, _ = _head(index, parities, manifest_bytes, meta, layout, mtime)
+    return len(head) + padded(layout.parity_length) + END_OF_ARCHIVE
+
+
 def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_bytes: bytes, meta: list[tuple[str, bytes]],
                          mtime: int, data_paths: list[Path], parities: int, stripe: int = STRIPE, sync: bool = True,
                          progress: ProgressSink = NULL_PROGRESS, only: set[int] | None = None) -> list[ParityResult]:
@@ -322,66 +356,52 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
     every parity volume. ONLY: write just these parity numbers (repair-volume), the rest is computed and dropped."""
     k = len(data_paths)
     sizes = tuple(os.stat(p).st_size for p in data_paths)
+    files = [Path(p).name for p in data_paths]
     layout = Layout(k, parities, stripe, sizes)
     wanted = sorted(only) if only else list(range(1, parities + 1))
-    meta_digests = {member: b3(data) for member, data in meta}
-
-    def index_for(p: int, data_b3: list[str], par_b3: list[str]) -> bytes:
-        return render_json(ParityIndex(
-            bundle_id, name, p, parities, k, CODEC, stripe, b3(manifest_bytes), meta_digests, parity_data_member(p),
-            tuple(Stream(i, sizes[i - 1], data_b3[i - 1], Path(data_paths[i - 1]).name) for i in range(1, k + 1)),
-            tuple(Stream(q, layout.parity_length, par_b3[q - 1]) for q in range(1, parities + 1))).to_doc())
-
     zeros = [PLACEHOLDER] * max(k, parities)
-    files = {}
+    opened: dict[int, tuple] = {}
     try:
         for p in wanted:
             final = Path(out_dir) / parity_filename(name, p, parities)
             tmp = final.with_name(f".{final.name}.partial")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            files[p] = (fd, tmp, final)
             w = _Appender(fd)
-            index = index_for(p, zeros, zeros)
-            members = [(parity_index_member(p), index), (MANIFEST_MEMBER, manifest_bytes), *meta]
-            patch_at = 0
-            for member, data in members:
-                w.write(tar_header(member, len(data), mtime))
-                if member == parity_index_member(p):
-                    patch_at = w.pos
-                w.write(data)
-                w.pad()
-            w.write(tar_header(parity_data_member(p), layout.parity_length, mtime))
-            files[p] = (fd, tmp, final, w, patch_at)
-        sinks = [files[p][3].write if p in files else _discard for p in range(1, parities + 1)]
+            opened[p] = (fd, tmp, final, w, 0)
+            head, patch_at = _head(_parity_index(name, bundle_id, manifest_bytes, meta, p, parities, layout, files,
+                                                 zeros, zeros), p, manifest_bytes, meta, layout, mtime)
+            w.write(head)
+            opened[p] = (fd, tmp, final, w, patch_at)
+        sinks = [opened[p][3].write if p in opened else _discard for p in range(1, parities + 1)]
         sources = [FileSource(path) for path in data_paths]
         try:
             result = encode(layout, sources, sinks, on_bytes=progress.advance)
         finally:
-            for s in sources:
-                s.close()
-        if any(d != s for d, s in zip(sizes, (os.stat(p).st_size for p in data_paths))):
+            for src in sources:
+                src.close()
+        if sizes != tuple(os.stat(p).st_size for p in data_paths):
             raise IntegrityError(f"{out_dir}: a data volume changed size while parity was computed; run again")
         results = []
         for p in wanted:
-            fd, tmp, final, w, patch_at = files[p]
-            w.pad()
-            w.write(bytes(END_OF_ARCHIVE))
-            os.pwrite(fd, index_for(p, result.data_blake3, result.parity_blake3), patch_at)
-            if sync:
-                os.fsync(fd)
-            os.close(fd)
-            files[p] = None
+            fd, tmp, final, w, patch_at = opened.pop(p)
+            try:
+                w.pad()
+                w.write(bytes(END_OF_ARCHIVE))
+                os.pwrite(fd, _parity_index(name, bundle_id, manifest_bytes, meta, p, parities, layout, files,
+                                            result.data_blake3, result.parity_blake3), patch_at)
+                if sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
             os.replace(tmp, final)
             results.append(ParityResult(p, str(final), w.pos))
         if sync:
             fsync_dir(Path(out_dir))
         return results
-    except BaseException:
-        for entry in files.values():
-            if entry:
-                os.close(entry[0])
-                Path(entry[1]).unlink(missing_ok=True)
-        raise
+    finally:
+        for fd, tmp, *_ in opened.values():
+            os.close(fd)
+            Path(tmp).unlink(missing_ok=True)
 
 
 def _discard(_view) -> None:

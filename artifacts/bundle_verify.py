@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .bundle_format import HASH_THREADS, ChunkPipe, Volume, find_volumes, open_volume
+from .bundle_parity import ParityVolume, check_parity_volume, is_parity_volume, open_parity_volume
+from .parity import recoverability
 from .hashing import StreamHasher
 from .progress import NULL_PROGRESS, ProgressSink
 
@@ -24,6 +26,7 @@ class VolumeVerdict:
     volume: int | None
     volumes: int | None
     problems: list[str]
+    kind: str = "data"  # data | parity
 
 
 @dataclass
@@ -34,6 +37,10 @@ class BundleVerifyReport:
     volumes: int | None
     verdicts: list[VolumeVerdict]
     missing: list[int]
+    parities: int | None = None  # parity volumes the bundle has (known when one of them is given)
+    parity_missing: list[int] | None = None
+    recoverable: bool | None = None  # with parity given: can the missing/damaged data volumes be rebuilt
+    recovery: str | None = None  # e.g. "volumes 3 and 7 missing: recoverable with parity 1-2"
 
 
 def reference_bundle(vols: list[Volume], preferred: str | None = None) -> str | None:
@@ -73,11 +80,22 @@ def _span_b3(path: Path, info: tarfile.TarInfo, pipe: ChunkPipe, progress: Progr
     return h.digests().blake3
 
 
+def split_volumes(paths: list[Path]) -> tuple[list[Volume], list[ParityVolume]]:
+    """Data volumes and parity volumes among PATHS, each opened (headers and metadata only)."""
+    data, parity = [], []
+    for p in paths:
+        if is_parity_volume(p):
+            parity.append(open_parity_volume(p))
+        else:
+            data.append(open_volume(p))
+    return data, parity
+
+
 def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) -> BundleVerifyReport:
-    vols = [open_volume(p) for p in find_volumes(sources)]
-    ref = reference_bundle(vols)
+    vols, pvols = split_volumes(find_volumes(sources))
+    ref = reference_bundle(vols) or reference_bundle(pvols)
     conflicts = conflicting_numbers(vols, ref)
-    total = sum(i.size for v in vols for i in v.data.values())
+    total = sum(i.size for v in vols for i in v.data.values()) + sum(pv.data.size for pv in pvols if pv.data)
     progress.begin(total, "bundle verify")
     verdicts = []
     pipe = ChunkPipe()
@@ -86,15 +104,42 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
             if v.index is not None and not v.refused and v.bundle_id == ref:
                 check_data(v, pipe, progress)
             verdicts.append(_verdict(v, ref, conflicts))
+        for pv in pvols:
+            if pv.bundle_id == ref:
+                check_parity_volume(pv, progress)
+            verdicts.append(_parity_verdict(pv, ref))
     finally:
         pipe.close()
     progress.end()
     ref_vol = next((v for v in vols if v.bundle_id == ref and v.index), None)
-    count = int(ref_vol.index["volumes"]) if ref_vol else None
+    ref_par = next((pv for pv in pvols if pv.bundle_id == ref and pv.index), None)
+    count = int(ref_vol.index["volumes"]) if ref_vol else (ref_par.index.volumes if ref_par else None)
     present = {v.number for v in vols if v.bundle_id == ref and v.index}
     missing = sorted(set(range(1, (count or 0) + 1)) - present)
-    return BundleVerifyReport(all(x.status == "OK" for x in verdicts), ref,
-                              ref_vol.index["name"] if ref_vol else None, count, verdicts, missing)
+    name = ref_vol.index["name"] if ref_vol else (ref_par.index.name if ref_par else None)
+    report = BundleVerifyReport(all(x.status == "OK" for x in verdicts), ref, name, count, verdicts, missing)
+    if ref_par is not None:
+        m = ref_par.index.parities
+        good_parity = {x.volume for x in verdicts if x.kind == "parity" and x.status == "OK"}
+        given_parity = {x.volume for x in verdicts if x.kind == "parity" and x.bundle_id == ref}
+        damaged = sorted({x.volume for x in verdicts if x.kind == "data" and x.status == "CORRUPT" and x.volume})
+        report.parities = m
+        report.parity_missing = sorted(set(range(1, m + 1)) - given_parity)
+        report.recoverable, report.recovery = recoverability(
+            count, m, missing, damaged, sorted(set(range(1, m + 1)) - good_parity))
+    return report
+
+
+def _parity_verdict(pv: ParityVolume, ref: str | None) -> VolumeVerdict:
+    problems = list(pv.refused) + [f"{pv.path.name}: member {m!r}: {why}" for m, why in sorted(pv.damaged.items())]
+    if pv.index is not None and pv.bundle_id != ref:
+        status = "FOREIGN"
+        problems.insert(0, f"{pv.path.name}: parity of bundle {pv.bundle_id} ({pv.index.name}), not {ref}")
+    else:
+        status = "CORRUPT" if problems else "OK"
+    idx = pv.index
+    return VolumeVerdict(str(pv.path), status, pv.bundle_id, idx.parity if idx else None,
+                         idx.parities if idx else None, problems, "parity")
 
 
 def _verdict(v: Volume, ref: str | None, conflicts: dict[int, list[Volume]]) -> VolumeVerdict:
