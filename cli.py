@@ -591,15 +591,18 @@ def bundle():
 @click.option("--no-sync", "no_sync", is_flag=True,
               help="Do not fsync the volumes (a staging disk you copy from with other tools). A rerun still re-checks "
                    "every volume before keeping it; flush (`sync`, unmount) before unplugging the disk.")
+@click.option("--parity", type=click.IntRange(0, 31), default=0, show_default=True,
+              help="Reed-Solomon parity volumes to add: any that many lost or damaged volumes can be rebuilt "
+                   "(e.g. 2 for ten data volumes).")
 @json_option
 @handles_errors
-def bundle_create(directory, out_dir, volume_size, name, image, kernel_caches, cache_key, no_sync, json_out):
+def bundle_create(directory, out_dir, volume_size, name, image, kernel_caches, cache_key, no_sync, parity, json_out):
     """Write the model (and payloads) as self-describing tar volumes; a rerun resumes."""
     from .artifacts import bundle as mm_bundle
     from .artifacts import bundle_format as mm_bundle_format
     result = mm_bundle.create_bundle(directory, out_dir, mm_bundle_format.parse_size(volume_size), name=name, image=image,
                                      kernel_caches=tuple(kernel_caches), cache_key=mm_bundle.parse_cache_key(cache_key),
-                                     progress=progress_for(json_out), sync=not no_sync)
+                                     progress=progress_for(json_out), sync=not no_sync, parity=parity)
     if json_out:
         emit_json(result)
         return
@@ -607,6 +610,12 @@ def bundle_create(directory, out_dir, volume_size, name, image, kernel_caches, c
         err.print(f"note: {note}", markup=False)
     for v in result.volumes:
         out.print(f"{'kept ' if v.kept else 'wrote'} {v.path} ({human_bytes(v.size)})", highlight=False, markup=False, soft_wrap=True)
+    for v in result.parity_volumes:
+        out.print(f"wrote {v.path} ({human_bytes(v.size)}, parity {v.number} of {len(result.parity_volumes)})",
+                  highlight=False, markup=False, soft_wrap=True)
+    if result.signed:
+        out.print("the manifest's signature travels in every volume (MMBUNDLE/manifest.json.sig)",
+                  highlight=False, markup=False, soft_wrap=True)
     out.print(f"bundle {result.name} (id {result.bundle_id}): {len(result.volumes)} volume(s), "
               f"{human_bytes(result.total_bytes)} of data. Check the disks with: mm bundle verify {result.out}",
               highlight=False, markup=False, soft_wrap=True)
@@ -630,7 +639,8 @@ def bundle_verify(volumes, json_out):
         emit_json(report)
     else:
         for v in report.verdicts:
-            out.print(f"{v.status:<8} {v.path}" + (f"  (volume {v.volume} of {v.volumes})" if v.volume else ""),
+            what = "parity" if v.kind == "parity" else "volume"
+            out.print(f"{v.status:<8} {v.path}" + (f"  ({what} {v.volume} of {v.volumes})" if v.volume else ""),
                       highlight=False, markup=False, soft_wrap=True)
             for problem in v.problems:
                 out.print(f"         {problem}", highlight=False, markup=False, soft_wrap=True)
@@ -640,10 +650,45 @@ def bundle_verify(volumes, json_out):
         else:
             out.print(f"bundle {report.name} ({report.bundle_id}): {report.volumes} volume(s); missing: {missing}",
                       highlight=False, markup=False, soft_wrap=True)
+            if report.parities:
+                gone = ", ".join(str(n) for n in report.parity_missing) or "none"
+                out.print(f"parity: {report.parities} volume(s); missing: {gone}", highlight=False, markup=False,
+                          soft_wrap=True)
+            if report.recovery:
+                out.print(report.recovery, highlight=False, markup=False, soft_wrap=True)
     if not report.ok:
         bad = [f"{Path(v.path).name} {v.status}" for v in report.verdicts if v.status != "OK"]
         err.print(f"mm: bundle verify: {', '.join(bad)}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(ProblemsFound.exit_code)
+
+
+@bundle.command("repair-volume")
+@click.argument("volumes", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(path_type=Path),
+              help="Where rebuilt volume files go. Default: beside the first volume given.")
+@click.option("--no-sync", "no_sync", is_flag=True, help="Do not fsync the rebuilt volumes.")
+@json_option
+@handles_errors
+def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
+    """Write lost or damaged volume files back from the others and the parity volumes, byte-identical.
+
+    Every volume given is checked first; a rebuilt data volume gets its name only when its whole-file blake3 is
+    the one the parity index records. Exit 0 repaired (or nothing to repair), 1 too many volumes lost (the
+    message says which would be enough), 3 no usable parity volume."""
+    from .artifacts import bundle_verify as mm_bundle_verify
+    report = mm_bundle_verify.repair_volumes(list(volumes), out_dir, sync=not no_sync, progress=progress_for(json_out))
+    if json_out:
+        emit_json(report)
+        return
+    for note in report.notes:
+        err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    for path in report.rebuilt:
+        out.print(f"rebuilt  {path} (byte-identical, blake3 checked)", highlight=False, markup=False, soft_wrap=True)
+    for path in report.parity_rewritten:
+        out.print(f"rewrote  {path} (parity)", highlight=False, markup=False, soft_wrap=True)
+    if not report.rebuilt and not report.parity_rewritten:
+        out.print(f"bundle {report.name}: nothing to repair ({len(report.intact)} data volume(s) intact)",
+                  highlight=False, markup=False, soft_wrap=True)
 
 
 @main.command()
@@ -655,22 +700,40 @@ def bundle_verify(volumes, json_out):
 @click.option("--no-sync", "no_sync", is_flag=True,
               help="Do not fsync imported files (a scratch copy): files are still named only once their hashes match, "
                    "and the final verify still runs; a crash can lose what the page cache held.")
+@_signature_options
 @json_option
 @handles_errors
-def unbundle(volumes, dest, image_dest, cache_dest, no_sync, json_out):
+def unbundle(volumes, dest, image_dest, cache_dest, no_sync, require_signature, allowed_signers, identity, json_out):
     """Import volumes (files or directories, any order, some now and the rest later) into DEST, then verify.
 
     Exit 0 imported (volumes may still be missing), 5 a volume or member was refused, 1 the final verify
     failed, 7 not enough space.
     """
     from .artifacts import bundle_unpack as mm_bundle_unpack
+    _signature_policy(require_signature, allowed_signers, identity)
     report = mm_bundle_unpack.unbundle(list(volumes), dest, image_dest=image_dest, cache_dest=cache_dest,
-                                       progress=progress_for(json_out), sync=not no_sync)
+                                       progress=progress_for(json_out), sync=not no_sync,
+                                       allowed_signers=allowed_signers, identity=identity,
+                                       require_signature=require_signature)
     if json_out:
         emit_json(report)
     else:
+        if report.signature:
+            s = report.signature
+            out.print(f"signature: good, signed by {s['identity']} ({s['key_type']} key {s['fingerprint']})",
+                      highlight=False, markup=False, soft_wrap=True)
+        elif allowed_signers:
+            err.print("note: the bundle's manifest is not signed", markup=False, highlight=False, soft_wrap=True)
         for line in report.refused + report.corrupt:
             err.print(f"refused: {line}", markup=False, highlight=False, soft_wrap=True)
+        for note in report.notes:
+            err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+        if report.rebuilt:
+            out.print(f"rebuilt from parity {', '.join(map(str, report.parity_used))}: volume(s) "
+                      f"{', '.join(map(str, report.rebuilt))} (each checked whole, then imported)",
+                      highlight=False, markup=False, soft_wrap=True)
+        if report.recovery:
+            out.print(report.recovery, highlight=False, markup=False, soft_wrap=True)
         out.print(f"{len(report.imported)} file(s) imported, {report.skipped} already present, from "
                   f"{len(report.used)} volume(s) of {report.name} ({report.bundle_id}).", highlight=False, markup=False, soft_wrap=True)
         if report.complete:

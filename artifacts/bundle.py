@@ -41,7 +41,7 @@ from .errors import BadInput, IntegrityError
 from .fsutil import check_relpath, dir_lock, fsync_dir, human_bytes
 from .hashing import StreamHasher
 from .manifest import Manifest, export_sums, manifest_path, read_manifest
-from .parity import STRIPE
+from .parity import CODEC, STRIPE
 from .progress import NULL_PROGRESS, ProgressSink
 
 MIN_PIECE = 64 * 1024
@@ -375,6 +375,8 @@ def meta_members(plan: Plan, n: int, digests: dict, restore: bytes) -> list[tupl
              "volumes": plan.count, "volume_size": plan.volume_size, "repo_id": m.repo_id, "revision": m.revision,
              "manifest_blake3": b3(plan.manifest_bytes), "meta": meta, "payloads": plan.payloads,
              "members": [_entry(p, digests) for p in plan.volumes[n - 1]]}
+    if plan.parity:  # a data volume alone says how many parity volumes exist and how to make them again
+        index["parity"] = {"parities": plan.parity, "stripe": plan.stripe, "code": CODEC}
     sig = [(SIG_MEMBER, plan.signature)] if plan.signature else []
     return [(index_member(n), render_json(index)), (MANIFEST_MEMBER, plan.manifest_bytes), *sig, (SUMS_MEMBER, sums),
             (RESTORE_MEMBER, restore), *extra]

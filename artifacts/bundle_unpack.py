@@ -24,9 +24,13 @@ from pathlib import Path
 
 import blake3
 
-from .bundle_verify import conflicting_numbers, reference_bundle
-from .bundle_format import HASH_THREADS, KINDS, MANIFEST_MEMBER, ChunkPipe, EarlyFlush, Volume, b3, find_volumes, open_volume
-from .errors import BadInput, Refused
+from .bundle_verify import conflicting_numbers, reference_bundle, split_volumes
+from .bundle_format import (
+    HASH_THREADS, KINDS, MANIFEST_MEMBER, SIG_MEMBER, ChunkPipe, EarlyFlush, Volume, b3, find_volumes, io_settings,
+    open_volume,
+)
+from .bundle_parity import ParityVolume, parity_set, rebuild_data_volumes
+from .errors import BadInput, IntegrityError, Refused
 from .fsutil import MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, dir_lock, fsync_dir, human_bytes, publish
 from .hashing import StreamHasher, blake3_file
 from .manifest import from_dict, manifest_path
@@ -57,6 +61,10 @@ class UnbundleReport:
     verify: dict | None = None
     notes: list[str] = field(default_factory=list)
     synced: bool = True  # every imported file fsynced before it got its name
+    rebuilt: list[int] = field(default_factory=list)  # data volumes rebuilt from parity (and imported)
+    parity_used: list[int] = field(default_factory=list)
+    recovery: str | None = None  # why lost volumes could not be rebuilt yet, and what would be enough
+    signature: dict | None = None  # the checked manifest signature (identity, key fingerprint)
 
 
 class _Dest:
@@ -174,11 +182,53 @@ def _check_entries(v: Volume, manifest_files: dict) -> str | None:
     return None
 
 
+def _meta_bytes(v: Volume, member: str, limit: int = 64 * 1024) -> bytes | None:
+    """A small metadata member's bytes, if present, within LIMIT, and matching the blake3 in the volume's index."""
+    info = v.meta.get(member)
+    want = (v.index or {}).get("meta", {}).get(member)
+    if info is None or want is None or info.size > limit:
+        return None
+    with open(v.path, "rb") as f:
+        f.seek(info.offset_data)
+        data = f.read(info.size)
+    return data if len(data) == info.size and b3(data) == want else None
+
+
+def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | None, require: bool):
+    """The bundle's manifest signature, checked with ssh-keygen before anything is written; (report, bytes)."""
+    from .signing import verify_manifest_signature
+
+    ref = reference_bundle(vols)
+    first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
+                  and MANIFEST_MEMBER not in v.damaged), None)
+    if first is None:
+        raise BadInput("no usable volume to check the manifest signature in")
+    sig = _meta_bytes(first, SIG_MEMBER)
+    if sig is None and SIG_MEMBER in (first.index or {}).get("meta", {}):
+        raise IntegrityError(f"{first.path.name}: member {SIG_MEMBER!r} is damaged; refused")
+    if sig is None and not require:
+        return None, first.manifest_bytes
+    report = verify_manifest_signature(first.manifest_bytes, sig, allowed_signers, identity,
+                                       where=f"{first.path.name}: {MANIFEST_MEMBER}",
+                                       signature_where=f"{first.path.name}: {SIG_MEMBER}")
+    return report, first.manifest_bytes
+
+
 def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, cache_dest: Path | None = None,
-             progress: ProgressSink = NULL_PROGRESS, sync: bool = True) -> UnbundleReport:
-    """sync=False skips the fsyncs of imported data (the final names still come only after the hashes match)."""
+             progress: ProgressSink = NULL_PROGRESS, sync: bool = True, allowed_signers: Path | None = None,
+             identity: str | None = None, require_signature: bool = False) -> UnbundleReport:
+    """sync=False skips the fsyncs of imported data (the final names still come only after the hashes match).
+
+    ALLOWED_SIGNERS: the manifest's signature is checked (ssh-keygen) before anything is written; with
+    REQUIRE_SIGNATURE an unsigned bundle is refused too (IntegrityError, exit 5). Parity volumes among SOURCES
+    rebuild data volumes that are missing or damaged (bundle_parity.py); each rebuilt volume is checked whole
+    against the parity index, then imported like any other (every member against its blake3, every file against
+    the manifest)."""
     dest = Path(dest)
-    vols = [open_volume(p) for p in find_volumes(sources)]
+    vols, pvols = split_volumes(find_volumes(sources))
+    signature, signed_manifest = None, None
+    if allowed_signers is not None:
+        signature, signed_manifest = check_signature(vols, allowed_signers, identity, require_signature)
     dest.mkdir(parents=True, exist_ok=True)
     with dir_lock(dest, "mm unbundle"):
         state = _State(dest / STATE_DIR / "state.json")
@@ -198,6 +248,8 @@ def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, ca
                 accepted.remove(v)
                 refused.append(why)
         idx = first.index
+        if signed_manifest is not None and first.manifest_bytes != signed_manifest:
+            raise IntegrityError(f"{first.path.name}: carries another manifest than the one whose signature was checked")
         _check_dest_manifest(dest, first.manifest_bytes)
         places = _Dest(dest, image_dest, cache_dest)
         expected = _files_expected(manifest, idx["payloads"])
@@ -207,6 +259,7 @@ def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, ca
                           "manifest_blake3": idx["manifest_blake3"]})
         if not manifest_path(dest).is_file():
             atomic_write_bytes(manifest_path(dest), first.manifest_bytes)
+        _restore_signature(dest, first)
         state.save()
         run = _Import(places, state, targets, progress, sync)
         total = sum(int(e["length"]) for v in accepted for e in v.entries())
@@ -219,13 +272,18 @@ def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, ca
                     done_vols.add(v.number)
                 state.doc["done_volumes"] = sorted(done_vols)
                 state.save()
+            progress.end()
+            rebuilt, parity_used, recovery, parity_notes = [], [], None, []
+            if pvols and any(not _is_done(targets[key], size) for key, size in expected.items()):
+                rebuilt, parity_used, recovery, parity_notes = _rebuild_from_parity(
+                    dest, ref, accepted, pvols, run, state, int(idx["volumes"]), sync, progress)
         finally:
             run.pipe.close()
-        progress.end()
         waiting = sorted(f"{KINDS[k]}/{p}" for (k, p), size in expected.items() if not _is_done(targets[(k, p)], size))
         missing = sorted(set(range(1, int(idx["volumes"]) + 1)) - set(state.doc["done_volumes"]))
         complete = not waiting
         verify_doc = None
+        refused += [n for n in parity_notes if n.endswith("refused")]
         exit_code = 5 if (refused or run.corrupt) else 0
         if complete:
             verify_doc = _final_verify(dest, progress)
@@ -235,7 +293,68 @@ def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, ca
         return UnbundleReport(exit_code == 0, exit_code, complete, ref, idx["name"], str(dest), int(idx["volumes"]),
                               [v.path.name for v in accepted], refused, missing, run.imported, run.skipped,
                               run.corrupt, waiting, payloads, _next_commands(payloads, complete), verify_doc,
-                              synced=sync)
+                              notes=[n for n in parity_notes if not n.endswith("refused")], synced=sync,
+                              rebuilt=rebuilt, parity_used=parity_used, recovery=recovery,
+                              signature=_signature_doc(signature))
+
+
+def _signature_doc(report) -> dict | None:
+    if report is None:
+        return None
+    return {"identity": report.identity, "key_type": report.key_type, "fingerprint": report.fingerprint,
+            "namespace": report.namespace, "allowed_signers": report.allowed_signers}
+
+
+def _restore_signature(dest: Path, first: Volume) -> None:
+    """Put the manifest's signature back beside the manifest (DEST/.mm/manifest.json.sig)."""
+    from .signing import signature_path
+
+    sig = _meta_bytes(first, SIG_MEMBER)
+    if sig is not None and not signature_path(dest).is_file():
+        atomic_write_bytes(signature_path(dest), sig)
+
+
+def _rebuild_from_parity(dest: Path, ref: str, accepted: list[Volume], pvols: list[ParityVolume], run: "_Import",
+                         state: "_State", count: int, sync: bool, progress: ProgressSink):
+    """Rebuild the data volumes not yet imported whole (missing, or with a damaged member) from the intact data
+    volumes given and the parity volumes, import them, delete them. Returns (rebuilt numbers, parity numbers
+    used, why not when it cannot yet, notes)."""
+    from .parity import FileSource, NotRecoverable
+
+    usable, notes = parity_set(pvols, ref)
+    lost = sorted(set(range(1, count + 1)) - set(state.doc.get("done_volumes", [])))
+    if not usable or not lost:
+        return [], [], None, notes
+    if usable[0].index.volumes != count:
+        return [], [], None, notes + [f"{usable[0].path.name}: parity over {usable[0].index.volumes} data volumes, "
+                                      f"the bundle has {count}; refused"]
+    intact = {v.number: v for v in accepted if v.number not in lost}
+    sources = {n: FileSource(v.path) for n, v in intact.items()}
+    out_dir = dest / STATE_DIR / "rebuilt"
+    try:
+        progress.begin(sum(usable[0].index.data[n - 1].size for n in lost), f"rebuild volume(s) {lost}")
+        rebuilt = rebuild_data_volumes(usable, sources, lost, out_dir, sync=sync, progress=progress,
+                                       delay=io_settings()[1])
+        progress.end()
+    except NotRecoverable as e:
+        progress.end()
+        return [], [], f"cannot rebuild yet: {e.message}", notes
+    finally:
+        for src in sources.values():
+            src.close()
+    names = {v.number: v.path.name for v in accepted}
+    for n, path in sorted(rebuilt.items()):
+        v = open_volume(path)
+        if v.refused or v.damaged or v.bundle_id != ref or v.number != n:
+            raise IntegrityError(f"{path.name}: rebuilt from parity but does not open as volume {n} of {ref}")
+        run.volume(v)
+        if n in names:  # its damaged members are now imported from the rebuilt copy
+            run.corrupt = [c for c in run.corrupt if not c.startswith(f"{names[n]}: ")]
+            notes.append(f"{names[n]}: damaged; rebuilt from parity and imported")
+        state.doc["done_volumes"] = sorted(set(state.doc.get("done_volumes", [])) | {n})
+        state.save()
+        path.unlink()
+    return sorted(rebuilt), [pv.number for pv in usable], None, notes
 
 
 def _check_dest_manifest(dest: Path, manifest_bytes: bytes) -> None:

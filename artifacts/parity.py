@@ -29,7 +29,7 @@ from typing import Callable, Protocol
 
 import blake3
 
-from .errors import BadInput, IntegrityError
+from .errors import BadInput, ProblemsFound
 
 CODEC = "isa_l_rs_cauchy"
 FRAGMENT_HEADER = 80
@@ -38,8 +38,8 @@ MAX_TOTAL = 32  # k + m: ISA-L's Cauchy matrix and pyeclib allow more, but a bun
 _malloc_tuned = False
 
 
-class NotRecoverable(IntegrityError):
-    """More volumes lost than the parity present can rebuild; the message names what would be enough."""
+class NotRecoverable(ProblemsFound):
+    """More volumes lost than the parity present can rebuild (exit 1); the message names what would be enough."""
 
 
 def _tune_malloc() -> None:
