@@ -270,6 +270,8 @@ def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, ca
                 done_vols = set(state.doc.setdefault("done_volumes", []))
                 if not any(v.path.name in c for c in run.corrupt):
                     done_vols.add(v.number)
+                    if pvols or idx.get("parity"):
+                        _Skeleton.save(dest, v)
                 state.doc["done_volumes"] = sorted(done_vols)
                 state.save()
             progress.end()
@@ -330,6 +332,10 @@ def _rebuild_from_parity(dest: Path, ref: str, accepted: list[Volume], pvols: li
                                       f"the bundle has {count}; refused"]
     intact = {v.number: v for v in accepted if v.number not in lost}
     sources = {n: FileSource(v.path) for n, v in intact.items()}
+    for n in sorted(set(state.doc.get("done_volumes", [])) - set(intact)):  # imported in an earlier sitting
+        skeleton = _Skeleton.load(dest, n, run)
+        if skeleton is not None:
+            sources[n] = skeleton
     out_dir = dest / STATE_DIR / "rebuilt"
     try:
         progress.begin(sum(usable[0].index.data[n - 1].size for n in lost), f"rebuild volume(s) {lost}")
@@ -348,6 +354,7 @@ def _rebuild_from_parity(dest: Path, ref: str, accepted: list[Volume], pvols: li
         if v.refused or v.damaged or v.bundle_id != ref or v.number != n:
             raise IntegrityError(f"{path.name}: rebuilt from parity but does not open as volume {n} of {ref}")
         run.volume(v)
+        _Skeleton.save(dest, v)
         if n in names:  # its damaged members are now imported from the rebuilt copy
             run.corrupt = [c for c in run.corrupt if not c.startswith(f"{names[n]}: ")]
             notes.append(f"{names[n]}: damaged; rebuilt from parity and imported")
@@ -402,6 +409,86 @@ def _next_commands(payloads: dict, complete: bool) -> list[str]:
         cmds.append(f"docker run ... -v {c['path']}:/root/.cache/{c['label']} ...   "
                     f"# kernel cache {c['label']}, key {json.dumps(c['key']) if c['key'] else 'unkeyed'}")
     return cmds
+
+
+class _Skeleton:
+    """A data volume imported earlier, read back from what it left in DEST: the bytes that are not member data
+    (tar headers, metadata, padding) are kept at import in DEST/.mm/unbundle/skeleton/, member data is read from
+    the imported file (or the partial file of a split one). A parity rebuild in a later sitting uses it in place
+    of a disk no longer at hand; what it gives is checked by the rebuilt volume's whole-file blake3."""
+
+    def __init__(self, size: int, regions: list, literal: bytes, files: dict, run: "_Import"):
+        self.size, self.regions, self.literal, self.files, self.run = size, regions, literal, files, run
+        self.starts = [r[0] for r in regions]
+
+    @staticmethod
+    def save(dest: Path, v: Volume) -> None:
+        spans = sorted((info.offset_data, info.size, e["kind"], e["path"], int(e["offset"]))
+                       for e in v.entries() if (info := v.data.get(e["member"])) is not None)
+        size = os.stat(v.path).st_size
+        regions, literal, pos = [], bytearray(), 0
+        with open(v.path, "rb") as f:
+            for start, length, kind, path, file_offset in [*spans, (size, 0, None, None, 0)]:
+                if start > pos:
+                    f.seek(pos)
+                    gap = f.read(start - pos)
+                    regions.append([pos, len(gap), "lit", len(literal)])
+                    literal += gap
+                if length:
+                    regions.append([start, length, "file", kind, path, file_offset])
+                pos = start + length
+        where = dest / STATE_DIR / "skeleton"
+        where.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(where / f"vol{v.number:03d}.bin", bytes(literal))
+        atomic_write_json(where / f"vol{v.number:03d}.json", {"size": size, "regions": regions})
+
+    @classmethod
+    def load(cls, dest: Path, n: int, run: "_Import") -> "_Skeleton | None":
+        where = dest / STATE_DIR / "skeleton"
+        try:
+            doc = json.loads((where / f"vol{n:03d}.json").read_text())
+            literal = (where / f"vol{n:03d}.bin").read_bytes()
+            return cls(int(doc["size"]), doc["regions"], literal, {}, run)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _file(self, kind: str, path: str) -> int | None:
+        if (kind, path) not in self.files:
+            final = self.run.targets.get((kind, path))
+            partial = self.run.places.partial(kind, path)
+            found = final if final is not None and final.is_file() else partial
+            try:
+                self.files[(kind, path)] = os.open(found, os.O_RDONLY)
+            except OSError:
+                self.files[(kind, path)] = None
+        return self.files[(kind, path)]
+
+    def pread(self, offset: int, n: int) -> bytes:
+        import bisect
+
+        out = bytearray()
+        end = min(offset + n, self.size)
+        i = max(0, bisect.bisect_right(self.starts, offset) - 1)
+        while offset < end and i < len(self.regions):
+            r = self.regions[i]
+            start, length = r[0], r[1]
+            take = min(end, start + length) - offset
+            if take > 0:
+                rel = offset - start
+                if r[2] == "lit":
+                    out += self.literal[r[3] + rel:r[3] + rel + take]
+                else:
+                    fd = self._file(r[3], r[4])
+                    data = os.pread(fd, take, r[5] + rel) if fd is not None else b""
+                    out += data + bytes(take - len(data))  # a missing file reads as zeros: the blake3 check fails
+                offset += take
+            i += 1
+        return bytes(out)
+
+    def close(self) -> None:
+        for fd in self.files.values():
+            if fd is not None:
+                os.close(fd)
 
 
 class _Import:

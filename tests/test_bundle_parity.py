@@ -237,18 +237,24 @@ def test_a_rebuild_killed_mid_way_is_finished_by_a_rerun(vols, model, tmp_path):
     assert tree(dest) == tree(model)
 
 
-def test_sittings_rebuild_once_enough_volumes_are_there(vols, model, tmp_path):
+def test_sittings_rebuild_once_enough_volumes_have_arrived(vols, model, tmp_path):
+    """Disks 1 and 2 arrive and go back; later 3, 5 and a parity disk arrive, 4 is lost: 4 is rebuilt from what
+    1 and 2 left in DEST, 3, 5 and the parity."""
     dest = tmp_path / "dest"
-    first = tmp_path / "sitting1"
+    vs, ps = data_volumes(vols), parity_volumes(vols)
+    first, second = tmp_path / "sitting1", tmp_path / "sitting2"
     first.mkdir()
-    for p in data_volumes(vols)[:2]:
+    second.mkdir()
+    for p in vs[:2] + ps[:1]:
         shutil.copy2(p, first / p.name)
     r = mm("unbundle", first, "--dest", dest)
     assert r.returncode == 0 and "still missing: volume(s) 3, 4, 5" in r.stdout
-    data_volumes(vols)[3].unlink()  # volume 4 is lost on the way
-    r = mm("unbundle", vols, "--dest", dest)
+    assert "cannot rebuild yet" in r.stdout
+    for p in (vs[2], vs[4], ps[0]):
+        shutil.copy2(p, second / p.name)
+    r = mm("unbundle", second, "--dest", dest)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "volume(s) 4" in r.stdout and tree(dest) == tree(model)
+    assert "rebuilt from parity 1: volume(s) 4" in r.stdout and tree(dest) == tree(model)
 
 
 def test_small_stripes_many_per_volume_rebuild_exactly(model, tmp_path):
