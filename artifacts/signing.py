@@ -148,18 +148,22 @@ def sign_manifest(model_dir: Path, key: Path) -> SignResult:
     from .manifest import from_dict, manifest_path  # a manifest that does not parse is not signed
 
     mpath = manifest_path(model_dir)
-    try:
-        data = mpath.read_bytes()
-    except FileNotFoundError:
-        raise BadInput(f"{mpath}: no manifest here (run `mm fetch` or `mm manifest` first)") from None
-    except OSError as e:
-        raise BadInput(f"{mpath}: cannot read manifest: {e}") from None
+    data = _manifest_bytes(mpath)
     _parse_manifest(data, str(mpath), from_dict)
     sig = sign_bytes(data, key, str(mpath))
     info = read_signature_info(sig, str(key))
     out = signature_path(model_dir)
     atomic_write_bytes(out, sig)
     return SignResult(str(mpath), str(out), info.key_type, info.fingerprint)
+
+
+def _manifest_bytes(mpath: Path) -> bytes:
+    try:
+        return mpath.read_bytes()
+    except FileNotFoundError:
+        raise BadInput(f"{mpath}: no manifest here (run `mm fetch` or `mm manifest` first)") from None
+    except OSError as e:
+        raise BadInput(f"{mpath}: cannot read manifest: {e}") from None
 
 
 def _parse_manifest(data: bytes, where: str, from_dict) -> None:
@@ -240,12 +244,7 @@ def verify_dir_signature(model_dir: Path, allowed_signers: Path, identity: str |
     from .manifest import manifest_path
 
     mpath = Path(manifest_file) if manifest_file else manifest_path(model_dir)
-    try:
-        data = mpath.read_bytes()
-    except FileNotFoundError:
-        raise BadInput(f"{mpath}: no manifest here (run `mm fetch` or `mm manifest` first)") from None
-    except OSError as e:
-        raise BadInput(f"{mpath}: cannot read manifest: {e}") from None
+    data = _manifest_bytes(mpath)
     spath = Path(str(mpath) + SIG_SUFFIX)
     try:
         sig = spath.read_bytes() if spath.is_file() else None

@@ -19,9 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from mm.artifacts.hashing import hash_file
-from mm.artifacts.manifest import FileEntry, Manifest, manifest_path, write_manifest
-from tests.support.modelgen import write_model
+from tests.bench.common import make_bench_model
 
 WORK = Path(__file__).resolve().parents[2] / "bench-work" / "bundle"
 MM = Path(sys.executable).parent / "mm"
@@ -32,16 +30,7 @@ ROUNDS = int(os.environ.get("MM_BENCH_ROUNDS", "2"))
 
 
 def _make_model(root: Path) -> int:
-    if manifest_path(root).is_file():
-        return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and ".mm" not in p.parts)
-    files = write_model(root, shards=SHARDS, shard_bytes=SHARD_BYTES)
-    entries = []
-    for f in files:
-        d = hash_file(root / f, blake3_threads=-1)
-        entries.append(FileEntry(f, d.size, d.blake3, d.sha256, None, "local"))
-    write_manifest(Manifest("MiniMaxAI/MiniMax-M3.1-Flash", "ce7f4df87d2e05262f5775f373dac4772f134041",
-                            tuple(entries)), manifest_path(root))
-    return sum(e.size for e in entries)
+    return make_bench_model(root, SHARDS, SHARD_BYTES)
 
 
 def _run(cmd: list[str]) -> tuple[float, int]:

@@ -61,3 +61,21 @@ def start_hub_server(root: Path, shards: int, shard_bytes: int) -> Iterator[tupl
         proc.terminate()
         proc.wait()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def make_bench_model(root: Path, shards: int, shard_bytes: int) -> int:
+    """A MiniMax-shaped model of SHARDS x SHARD_BYTES with its manifest (kept if already there); its payload bytes."""
+    from mm.artifacts.hashing import hash_file
+    from mm.artifacts.manifest import FileEntry, Manifest, manifest_path, write_manifest
+    from tests.support.modelgen import write_model
+
+    if manifest_path(root).is_file():
+        return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and ".mm" not in p.parts)
+    files = write_model(root, shards=shards, shard_bytes=shard_bytes)
+    entries = []
+    for f in files:
+        d = hash_file(root / f, blake3_threads=-1)
+        entries.append(FileEntry(f, d.size, d.blake3, d.sha256, None, "local"))
+    write_manifest(Manifest("MiniMaxAI/MiniMax-M3.1-Flash", "ce7f4df87d2e05262f5775f373dac4772f134041",
+                            tuple(entries)), manifest_path(root))
+    return sum(e.size for e in entries)
