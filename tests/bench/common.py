@@ -79,3 +79,15 @@ def make_bench_model(root: Path, shards: int, shard_bytes: int) -> int:
     write_manifest(Manifest("MiniMaxAI/MiniMax-M3.1-Flash", "ce7f4df87d2e05262f5775f373dac4772f134041",
                             tuple(entries)), manifest_path(root))
     return sum(e.size for e in entries)
+
+
+def run_timed(cmd: list[str], stats: Path) -> tuple[float, int]:
+    """Wall seconds and peak RSS (bytes) of one command measured by /usr/bin/time, a small parent: Linux carries
+    a parent's peak RSS into a forked child's rusage, and a benchmark process may have held large buffers."""
+    start = time.perf_counter()
+    proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(stats), *cmd], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
+    return seconds, int(stats.read_text().split()[-1]) * 1024

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.bench.common import bench_dir, make_bench_model, run_measured
+from tests.bench.common import bench_dir, make_bench_model, run_timed
 
 MM = Path(sys.executable).parent / "mm"
 SHARDS = int(os.environ.get("MM_BENCH_PARITY_SHARDS", "4"))
@@ -51,7 +51,8 @@ def main() -> None:
             out = work / f"vols-{label}"
             shutil.rmtree(out, ignore_errors=True)
             subprocess.run(["sync"], check=True)
-            s, peak = run_measured([str(MM), "bundle", str(src), "--out", str(out), "--volume-size", volume_size, *extra])
+            s, peak = run_timed([str(MM), "bundle", str(src), "--out", str(out), "--volume-size", volume_size, *extra],
+                                work / "time.txt")
             rows[label].append(s)
             if "parity" in label:
                 rss["bundle --parity 2"] = max(rss["bundle --parity 2"], peak)
@@ -66,7 +67,7 @@ def main() -> None:
         rows["rebuild"].append(s)
         assert (vols / lost.name).read_bytes() == keep.read_bytes(), "rebuilt volume differs"
         (vols / lost.name).unlink()
-        s, peak = run_measured([str(MM), "bundle", "repair-volume", str(vols), "--no-sync"])
+        s, peak = run_timed([str(MM), "bundle", "repair-volume", str(vols), "--no-sync"], work / "time.txt")
         rows["repair-volume"].append(s)
         rss["repair-volume"] = max(rss["repair-volume"], peak)
         assert (vols / lost.name).read_bytes() == keep.read_bytes(), "repaired volume differs"
