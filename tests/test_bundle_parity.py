@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
@@ -22,19 +21,18 @@ from mm.artifacts.bundle_format import open_volume
 from mm.artifacts.bundle_unpack import unbundle
 from mm.artifacts.bundle_verify import repair_volumes, verify_volumes
 from mm.artifacts.errors import ProblemsFound
-from mm.artifacts.hub import manifest_for_local_dir
+from mm.artifacts.adopt import manifest_for_local_dir
 from tests.support.modelgen import write_model
-from tests.test_signing import keys  # noqa: F401  (fixture)
+from tests.support.run import mm_argv, run_mm
 
-MM = Path(sys.executable).parent / "mm"
 VOLUME_SIZE = 500_000
 REVISION = "ce7f4df87d2e05262f5775f373dac4772f134041"
 
 
 def mm(*args, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The real mm (tests.support.run), without the caller's ssh-agent."""
     base = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
-    return subprocess.run([str(MM), *map(str, args)], capture_output=True, text=True, env={**base, **(env or {})},
-                          timeout=120)
+    return run_mm(*args, env=base, extra_env=env)
 
 
 def make_model(root: Path, seed: int = 0) -> Path:
@@ -222,7 +220,7 @@ def test_a_rebuild_killed_mid_way_is_finished_by_a_rerun(vols, model, tmp_path):
     data_volumes(vols)[1].unlink()
     dest = tmp_path / "dest"
     env = {"MM_TEST_IO_DELAY": "0.05", "MM_TEST_IO_CHUNK": "65536"}
-    proc = subprocess.Popen([str(MM), "unbundle", str(vols), "--dest", str(dest)], env={**os.environ, **env},
+    proc = subprocess.Popen(mm_argv("unbundle", vols, "--dest", dest), env={**os.environ, **env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     rebuilt_dir = dest / ".mm" / "unbundle" / "rebuilt"
     deadline = time.time() + 60
@@ -280,7 +278,7 @@ def test_not_recoverable_is_problems_found(vols):
 # --- signatures in bundles ------------------------------------------------------------------------
 
 @pytest.fixture
-def signed_bundle(model, keys, tmp_path) -> Path:  # noqa: F811
+def signed_bundle(model, keys, tmp_path) -> Path:
     src = tmp_path / "signed-model"
     shutil.copytree(model, src)
     assert mm("sign", src, "--key", keys["alice"]).returncode == 0
@@ -291,7 +289,7 @@ def signed_bundle(model, keys, tmp_path) -> Path:  # noqa: F811
     return out
 
 
-def test_the_signature_travels_in_every_volume_and_unbundle_restores_it(signed_bundle, keys, tmp_path, model):  # noqa: F811
+def test_the_signature_travels_in_every_volume_and_unbundle_restores_it(signed_bundle, keys, tmp_path, model):
     for p in data_volumes(signed_bundle) + parity_volumes(signed_bundle):
         with tarfile.open(p) as tf:
             assert "MMBUNDLE/manifest.json.sig" in tf.getnames(), p.name
@@ -305,14 +303,14 @@ def test_the_signature_travels_in_every_volume_and_unbundle_restores_it(signed_b
     assert mm("verify", dest, "--allowed-signers", keys["allowed"]).returncode == 0
 
 
-def test_unbundle_require_signature_refuses_unsigned_before_writing(bundled, keys, tmp_path):  # noqa: F811
+def test_unbundle_require_signature_refuses_unsigned_before_writing(bundled, keys, tmp_path):
     dest = tmp_path / "dest"
     r = mm("unbundle", bundled, "--dest", dest, "--require-signature", "--allowed-signers", keys["allowed"])
     assert r.returncode == 5 and "not signed" in r.stderr
     assert not dest.exists()
 
 
-def test_unbundle_refuses_a_signer_not_allowed_before_writing(model, keys, tmp_path):  # noqa: F811
+def test_unbundle_refuses_a_signer_not_allowed_before_writing(model, keys, tmp_path):
     src = tmp_path / "m"
     shutil.copytree(model, src)
     assert mm("sign", src, "--key", keys["mallory"]).returncode == 0
@@ -324,7 +322,7 @@ def test_unbundle_refuses_a_signer_not_allowed_before_writing(model, keys, tmp_p
     assert not dest.exists()
 
 
-def test_bundle_refuses_a_signature_the_manifest_no_longer_matches(model, keys, tmp_path):  # noqa: F811
+def test_bundle_refuses_a_signature_the_manifest_no_longer_matches(model, keys, tmp_path):
     src = tmp_path / "m"
     shutil.copytree(model, src)
     assert mm("sign", src, "--key", keys["alice"]).returncode == 0
@@ -334,7 +332,7 @@ def test_bundle_refuses_a_signature_the_manifest_no_longer_matches(model, keys, 
     assert r.returncode == 5 and "changed after it was signed" in r.stderr
 
 
-def test_restore_txt_signature_line_runs_with_tar_and_ssh_keygen_alone(signed_bundle, keys, tmp_path):  # noqa: F811
+def test_restore_txt_signature_line_runs_with_tar_and_ssh_keygen_alone(signed_bundle, keys, tmp_path):
     work = tmp_path / "restore-here"
     work.mkdir()
     for p in data_volumes(signed_bundle):

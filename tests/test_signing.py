@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,41 +16,25 @@ import pytest
 
 from mm.artifacts import signing
 from mm.artifacts.errors import IntegrityError
-from mm.artifacts.hub import manifest_for_local_dir
+from mm.artifacts.adopt import manifest_for_local_dir
 from mm.artifacts.manifest import manifest_path
 from tests.support.modelgen import write_model
+from tests.support.run import run_mm
+from tests.support.sshkeys import BOB_PASSPHRASE, keygen
 
-MM = Path(sys.executable).parent / "mm"
 REPO = "MiniMaxAI/MiniMax-M3.1-Flash"
 COMMIT = "ce7f4df87d2e05262f5775f373dac4772f134041"
 README = Path(__file__).resolve().parent.parent / "README.md"
-BOB_PASSPHRASE = "correct horse battery staple"
 
 
-def mm(*args, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def mm(*args, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The real mm (tests.support.run), without the caller's ssh-agent: a test that wants one passes ENV."""
     base = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
-    return subprocess.run([str(MM), *map(str, args)], capture_output=True, text=True, env={**base, **(env or {})},
-                          timeout=120, cwd=cwd)
-
-
-def keygen(*args: str, cwd: Path | None = None, input: bytes | None = None, env: dict | None = None):
-    return subprocess.run(["ssh-keygen", *args], capture_output=True, cwd=cwd, input=input,
-                          stdin=None if input is not None else subprocess.DEVNULL, env=env, timeout=60)
+    return run_mm(*args, env=base, extra_env=env)
 
 
 def fingerprint(pub: Path) -> str:
     return keygen("-l", "-f", str(pub)).stdout.decode().split()[1]
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("keys")
-    for name, passphrase in (("alice", ""), ("bob", BOB_PASSPHRASE), ("mallory", "")):
-        r = keygen("-q", "-t", "ed25519", "-N", passphrase, "-C", name, "-f", str(d / name))
-        assert r.returncode == 0, r.stderr
-    lines = [f"{who}@example.com {' '.join((d / f'{who}.pub').read_text().split()[:2])}" for who in ("alice", "bob")]
-    (d / "allowed_signers").write_text("\n".join(lines) + "\n")
-    return {"dir": d, "allowed": d / "allowed_signers", **{n: d / n for n in ("alice", "bob", "mallory")}}
 
 
 @pytest.fixture(scope="module")
