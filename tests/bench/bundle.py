@@ -16,10 +16,9 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tests.bench.common import make_bench_model
+from tests.bench.common import make_bench_model, run_timed
 
 WORK = Path(__file__).resolve().parents[2] / "bench-work" / "bundle"
 MM = Path(sys.executable).parent / "mm"
@@ -34,16 +33,9 @@ def _make_model(root: Path) -> int:
 
 
 def _run(cmd: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (KiB) of one command, measured by /usr/bin/time (a small parent: Linux
-    carries a parent's peak RSS into a forked child's rusage, and this process held a 1 GiB shard)."""
-    stats = WORK / "time.txt"
-    t = time.perf_counter()
-    proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(stats), *cmd], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE)
-    seconds = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise SystemExit(f"bench: {' '.join(cmd)} failed: {proc.stderr.decode()[-500:]}")
-    return seconds, int(stats.read_text().split()[-1])
+    """Wall seconds and peak RSS (KiB) of one command (common.run_timed: measured by /usr/bin/time)."""
+    seconds, peak = run_timed(cmd, WORK / "time.txt")
+    return seconds, peak // 1024
 
 
 def _files(root: Path) -> list[str]:

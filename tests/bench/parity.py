@@ -88,7 +88,7 @@ def main() -> None:
           f"({lost_bytes * 10 / best / 1e6:.0f} MB/s read)   goal >= 300 MB/s")
     best = min(rows["repair-volume"])
     print(f"  mm bundle repair-volume (checks every volume first) {lost_bytes / best / 1e6:6.0f} MB/s of volume")
-    print(f"  peak RSS " + ", ".join(f"mm {k} {v / 2**20:.0f} MB" for k, v in rss.items()) + "   goal < 150 MB")
+    print("  peak RSS " + ", ".join(f"mm {k} {v / 2**20:.0f} MB" for k, v in rss.items()) + "   goal < 150 MB")
     if not os.environ.get("MM_BENCH_KEEP"):
         shutil.rmtree(work, ignore_errors=True)
 
