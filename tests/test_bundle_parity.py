@@ -4,6 +4,7 @@ The bundle under test has k=5 small data volumes and m=2 parity volumes (volume 
 """
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
@@ -16,14 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.bundle import create_bundle
-from mm.artifacts.bundle_format import open_volume
-from mm.artifacts.bundle_unpack import unbundle
-from mm.artifacts.bundle_verify import repair_volumes, verify_volumes
+from mm.artifacts.bundle.check import verify_volumes
+from mm.artifacts.bundle.pack import create_bundle
+from mm.artifacts.bundle.repair import repair_volumes
+from mm.artifacts.bundle.unpack import Outcome, unbundle
+from mm.artifacts.bundle.volume import open_volume
 from mm.artifacts.errors import ProblemsFound
 from mm.artifacts.adopt import manifest_for_local_dir
 from tests.support.modelgen import write_model
 from tests.support.run import mm_argv, run_mm
+from tests.support.slowio import slow_stripes_env
 
 VOLUME_SIZE = 500_000
 REVISION = "ce7f4df87d2e05262f5775f373dac4772f134041"
@@ -134,7 +137,7 @@ def test_every_single_and_pair_lost_is_rebuilt_and_repaired_byte_identical(bundl
         if i not in lost:
             shutil.copy2(p, disks / p.name)
     report = unbundle([disks], tmp_path / "dest", sync=False)
-    assert report.exit_code == 0 and report.complete, (report.refused, report.corrupt, report.recovery)
+    assert report.outcome is Outcome.IMPORTED and report.complete, (report.refused, report.corrupt, report.recovery)
     assert tree(tmp_path / "dest") == tree(model)
     assert report.rebuilt == sorted(i + 1 for i in lost if i < 5)
     fixed = repair_volumes([disks], sync=False)
@@ -216,22 +219,27 @@ def test_parity_of_another_bundle_is_refused(vols, tmp_path):
     assert "still missing: volume(s) 1" in r.stdout
 
 
-def test_a_rebuild_killed_mid_way_is_finished_by_a_rerun(vols, model, tmp_path):
-    data_volumes(vols)[1].unlink()
+def test_a_rebuild_killed_mid_way_is_finished_by_a_rerun(model, tmp_path):
+    """kill -9 while a lost volume is being rebuilt (4 KiB stripes, a pause after each: ~120 stripes to go);
+    the partial rebuilt volume never gets a name, and the rerun rebuilds it and completes."""
+    vols = tmp_path / "vols"
+    create_bundle(model, vols, VOLUME_SIZE, parity=2, stripe=4096, sync=False)
+    lost = data_volumes(vols)[1]
+    lost.unlink()
     dest = tmp_path / "dest"
-    env = {"MM_TEST_IO_DELAY": "0.05", "MM_TEST_IO_CHUNK": "65536"}
-    proc = subprocess.Popen(mm_argv("unbundle", vols, "--dest", dest), env={**os.environ, **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     rebuilt_dir = dest / ".mm" / "unbundle" / "rebuilt"
+    proc = subprocess.Popen(mm_argv("unbundle", vols, "--dest", dest), env={**os.environ, **slow_stripes_env(tmp_path)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
-    while time.time() < deadline and not (rebuilt_dir.is_dir() and any(rebuilt_dir.iterdir())):
+    while time.time() < deadline and proc.poll() is None and not (
+            rebuilt_dir.is_dir() and any(p.name.endswith(".partial") for p in rebuilt_dir.iterdir())):
         time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert any(rebuilt_dir.iterdir()), "the rebuild never started"
+    assert [p.name for p in rebuilt_dir.iterdir()] == [f".{lost.name}.partial"]  # killed mid-rebuild, nothing named
     r = mm("unbundle", vols, "--dest", dest)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "rebuilt from parity" in r.stdout
+    assert "rebuilt from parity 1, 2: volume(s) 2" in r.stdout
     assert tree(dest) == tree(model)
 
 
@@ -347,3 +355,40 @@ def test_restore_txt_signature_line_runs_with_tar_and_ssh_keygen_alone(signed_bu
     r = subprocess.run(["sh", "-c", line], cwd=work, capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     assert 'Good "mm-manifest" signature for alice@example.com' in r.stdout + r.stderr
+
+
+# --- hostile parity volumes -----------------------------------------------------------------------------
+
+def rewrite_parity_index(volume: Path, change) -> None:
+    """Rewrite VOLUME (a parity volume) with its index document changed by CHANGE, every other member as it was."""
+    with tarfile.open(volume) as tf:
+        members = [(info, tf.extractfile(info).read()) for info in tf.getmembers()]
+    doc = json.loads(members[0][1])
+    change(doc)
+    data = json.dumps(doc).encode()
+    members[0][0].size = len(data)
+    members[0] = (members[0][0], data)
+    tmp = volume.with_name(volume.name + ".new")
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tf:
+        for info, body in members:
+            tf.addfile(info, io.BytesIO(body))
+    tmp.replace(volume)
+
+
+def test_a_parity_index_naming_a_file_outside_the_bundle_is_refused_and_nothing_is_written(vols, tmp_path):
+    for p in parity_volumes(vols):
+        rewrite_parity_index(p, lambda doc: doc["data"][0].update(file="notes.txt"))
+    data_volumes(vols)[0].unlink()
+    r = mm("bundle", "verify", parity_volumes(vols)[0])
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "malformed parity index (data volume 1 is named 'notes.txt'" in r.stdout
+    r = mm("bundle", "repair-volume", vols, "--out", tmp_path / "out")
+    assert r.returncode == 3 and "no usable parity volume" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out" / "notes.txt").exists() and not (vols / "notes.txt").exists()
+
+
+def test_a_parity_index_with_a_huge_stripe_is_refused(vols):
+    p = parity_volumes(vols)[0]
+    rewrite_parity_index(p, lambda doc: doc.update(stripe=1 << 30))
+    r = mm("bundle", "verify", p)
+    assert r.returncode == 1 and "malformed parity index (stripe 1073741824 is not a multiple of 64 up to" in r.stdout

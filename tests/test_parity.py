@@ -1,4 +1,4 @@
-"""The erasure code and stripe layout on their own (artifacts/parity.py): real pyeclib, bytes compared exactly."""
+"""The erasure code and stripe layout on their own (artifacts/bundle/parity.py): real pyeclib, bytes compared exactly."""
 from __future__ import annotations
 
 import itertools
@@ -7,7 +7,8 @@ import random
 import blake3
 import pytest
 
-from mm.artifacts.parity import Code, Layout, NotRecoverable, choose_inputs, encode, ranges, rebuild, recoverability
+from mm.artifacts.bundle.check import ranges, recoverability
+from mm.artifacts.bundle.parity import Code, Layout, NotRecoverable, choose_inputs, encode, rebuild
 
 K, M, S = 5, 2, 4096
 

@@ -95,11 +95,13 @@ def main() -> None:
 
 def _rebuild_in_process(vols: Path, lost_name: str) -> float:
     """Wall seconds of rebuild_data_volumes alone, volumes opened and judged beforehand (as unbundle has them)."""
-    from mm.artifacts.bundle_parity import open_parity_volume, parity_set, rebuild_data_volumes
-    from mm.artifacts.parity import FileSource
+    from mm.artifacts.bundle.check import parity_set
+    from mm.artifacts.bundle.parity import FileSource
+    from mm.artifacts.bundle.unpack import rebuild_data_volumes
+    from mm.artifacts.bundle.volume import open_volume
 
-    pvols, _ = parity_set([open_parity_volume(p) for p in sorted(vols.glob("*.par*-of-*.tar"))], None)
-    index = pvols[0].index
+    pvols = parity_set([open_volume(p) for p in sorted(vols.glob("*.par*-of-*.tar"))], None).usable
+    index = pvols[0].parity
     lost = next(d.number for d in index.data if d.file == lost_name)
     sources = {d.number: FileSource(vols / d.file) for d in index.data if d.number != lost}
     t = time.perf_counter()

@@ -1,4 +1,5 @@
-"""Reed-Solomon parity over bundle volumes: the code, the stripe layout, encoding, and rebuilding lost volumes.
+"""Reed-Solomon parity over byte streams (the bundle's data volume files): the code, the stripe layout, encoding,
+and rebuilding lost streams. Nothing here knows about tar or the index (pack, unpack and check do).
 
 The code: pyeclib's `isa_l_rs_cauchy` (ISA-L's Cauchy Reed-Solomon; the pyeclib wheel bundles liberasurecode
 and ISA-L), systematic, any M of the K+M volumes can be lost. Chosen over zfec because it is faster at both
@@ -18,8 +19,6 @@ aborts the process on a malformed fragment, so it is only ever given fragments b
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +26,12 @@ from typing import Callable, Protocol
 
 import blake3
 
-from .errors import BadInput, ProblemsFound
+from ..errors import BadInput, ProblemsFound
 
 CODEC = "isa_l_rs_cauchy"
 FRAGMENT_HEADER = 80
 STRIPE = 1024 * 1024
+MAX_STRIPE = 4 * 1024 * 1024  # a stripe of each of up to MAX_TOTAL streams is held at once: memory stays bounded
 MAX_TOTAL = 32  # k + m: ISA-L's Cauchy matrix and pyeclib allow more, but a bundle needs no more
 _malloc_tuned = False
 
@@ -47,6 +47,9 @@ def _tune_malloc() -> None:
     if _malloc_tuned:
         return
     _malloc_tuned = True
+    import ctypes  # here: only a parity run pays for it
+    import ctypes.util
+
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.mallopt(-3, 4194304)   # M_MMAP_THRESHOLD
@@ -280,43 +283,3 @@ def rebuild(layout: Layout, inputs: dict[int, Source], want: list[int], sinks: d
     for j, chunks in _stripes(read_stripe, layout.nstripes):
         emit(j, codes(j).rebuild(chunks, list(want)))
     return RebuildResult(use, {i: h.hexdigest() for i, h in in_h.items()}, {i: h.hexdigest() for i, h in out_h.items()})
-
-
-def ranges(numbers: list[int]) -> str:
-    """[1, 2, 3, 7] -> '1-3, 7'."""
-    out, run = [], []
-    for n in sorted(numbers):
-        if run and n == run[-1] + 1:
-            run.append(n)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [n]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ", ".join(out)
-
-
-def recoverability(k: int, m: int, missing: list[int], damaged: list[int], bad_parity: list[int]) -> tuple[bool, str]:
-    """(recoverable, sentence) for `mm bundle verify` and unbundle: MISSING and DAMAGED are 1-based data volume
-    numbers, BAD_PARITY 1-based parity volume numbers that are missing or damaged.
-    E.g. "volumes 3 and 7 missing: recoverable with parity 1-2"."""
-    lost = sorted(set(missing) | set(damaged))
-    if not lost:
-        return True, "no data volume missing or damaged"
-    good_parity = [p for p in range(1, m + 1) if p not in bad_parity]
-    parts = []
-    for nums, what in ((sorted(missing), "missing"), (sorted(set(damaged) - set(missing)), "damaged")):
-        if nums:
-            parts.append(f"{'volume' if len(nums) == 1 else 'volumes'} {_and([str(n) for n in nums])} {what}")
-    head = ", ".join(parts)
-    if len(lost) <= len(good_parity):
-        return True, f"{head}: recoverable with parity {ranges(good_parity[:len(lost)])}"
-    need = len(lost) - len(good_parity)
-    have = f"only parity {ranges(good_parity)} usable" if good_parity else "no usable parity volume"
-    others = [f"volume {n}" for n in lost] + [f"parity {p}" for p in sorted(bad_parity)]
-    return False, (f"{head}: NOT recoverable ({have}); bring back any {need} of: {', '.join(others)}")
-
-
-def _and(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

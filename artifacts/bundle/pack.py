@@ -1,8 +1,9 @@
 """mm bundle: pack a verified model (plus optional payloads) into tar volumes sized to the media, each volume
-checkable on its own (bundle_verify.py) and importable in any order (bundle_unpack.py).
+checkable on its own (check.py) and importable in any order (unpack.py).
 
-The volume format is described in bundle_format.py. Writing reads each source byte once: the bytes are
-hashed (blake3 of each piece, and of the whole file against the manifest) on their way into the volume.
+The volume format is described in format.py and index.py; what rides beside the model in payloads.py.
+Writing reads each source byte once: the bytes are hashed (blake3 of each piece, and of the whole file
+against the manifest) on their way into the volume.
 A volume is written under a temporary name, fsynced and renamed, so a killed run leaves only whole
 volumes; the rerun keeps those that still verify and continues with the rest. With sync=False (a staging
 disk copied from with other tools) volumes are renamed without fsync: the rerun still re-checks every
@@ -14,8 +15,13 @@ Decisions where the issue is silent:
   than MIN_PIECE is left, in which case it starts in the next volume.
 - Payload files (image archive, kernel caches) have no manifest: their whole-file sha256 and blake3 are
   computed while they are written and recorded in the index of the volume holding their last byte.
-- A kernel cache's key comes from `mm-cache-key.json` inside it, else from `--cache-key KEY=VALUE`; with
-  neither it is bundled as unkeyed and the result says so.
+- A kernel cache's key comes from `mm-cache-key.json` inside it (cachekey.py), else from `--cache-key
+  KEY=VALUE`; with neither it is bundled as unkeyed and the result says so.
+- A signed model (.mm/manifest.json.sig, signing.py) has its signature carried in every volume, data and parity;
+  a signature that no longer matches the manifest is refused, never carried.
+- `--parity M` adds M parity volumes (format.py, index.py ParityIndex, parity.py the code): once the data volumes
+  are written, their files are read back once, stripe by stripe, and the parity streams written beside them.
+  A parity volume is planned like a data volume: no larger than --volume-size.
 """
 from __future__ import annotations
 
@@ -24,30 +30,31 @@ import json
 import os
 import re
 import shlex
-import tarfile
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
-from .bundle_format import (
-    END_OF_ARCHIVE, HASH_THREADS, INDEX_SCHEMA, KINDS, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER,
-    ChunkPipe, EarlyFlush, b3, data_member, index_member, member_bytes, open_volume, padded, payload_sums_member, render_json,
-    tar_header, volume_filename,
+from ..cachekey import parse_cache_key
+from ..errors import BadInput, IntegrityError
+from ..fsutil import dir_lock, human_bytes, publish_fd
+from ..hashing import StreamHasher
+from ..manifest import Manifest, export_sums, manifest_path, read_manifest
+from ..progress import NULL_PROGRESS, ProgressSink
+from ..verify import require_quick_verify
+from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
+from .format import (
+    END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3, data_member,
+    file_member, index_member, member_bytes, padded, parity_data_member, parity_filename, parity_index_member,
+    parse_size, payload_sums_member, render_json, tar_header, volume_filename,
 )
-from .bundle_parity import parity_filename, parity_volume_bytes, write_parity_volumes
-from .errors import BadInput, IntegrityError
-from .fsutil import check_relpath, dir_lock, fsync_dir, human_bytes
-from .hashing import StreamHasher
-from .manifest import Manifest, export_sums, manifest_path, read_manifest
-from .parity import CODEC, STRIPE
-from .verify import require_quick_verify
-from .progress import NULL_PROGRESS, ProgressSink
+from .index import Entry, Index, ParityIndex, ParityNote, Stream
+from .parity import CODEC, MAX_TOTAL, STRIPE, FileSource, Layout, encode
+from .payloads import MODEL_KIND, MODEL_PREFIX, PAYLOAD_ROOT, Payloads, collect_payloads, payloads_document, restore_hints
+from .volume import open_volume
 
 MIN_PIECE = 64 * 1024
-CACHE_KEY_FILE = "mm-cache-key.json"
-CACHE_KEY_SCHEMA = "mm-cache-key/1"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -91,19 +98,23 @@ class Plan:
     volume_size: int
     manifest: Manifest
     manifest_bytes: bytes
-    payloads: dict
+    payloads: Payloads
     volumes: list[list[Piece]]
     mtime: int
     signature: bytes | None = None  # .mm/manifest.json.sig, carried in every volume
-    parity: int = 0  # parity volumes (bundle_parity.py)
+    parity: int = 0  # parity volumes
     stripe: int = STRIPE
 
     @property
     def count(self) -> int:
         return len(self.volumes)
 
+    @property
+    def parity_note(self) -> ParityNote | None:
+        return ParityNote(self.parity, self.stripe, CODEC) if self.parity else None
+
     def parity_meta(self, restore: bytes) -> list[tuple[str, bytes]]:
-        """Metadata members a parity volume carries besides its index and the manifest."""
+        """Metadata members of a parity volume after its index and the manifest."""
         return [*([(SIG_MEMBER, self.signature)] if self.signature else []), (RESTORE_MEMBER, restore)]
 
     def parity_volume_bytes(self) -> int:
@@ -130,87 +141,22 @@ class BundleResult:
     volume_size: int
     volumes: list[VolumeResult]
     total_bytes: int
-    image: dict | None
-    kernel_caches: list[dict]
+    payloads: dict  # per payload kind (its index key): what was carried, in short
     notes: list[str] = field(default_factory=list)
     synced: bool = True  # every volume fsynced before it got its name
     parity_volumes: list[VolumeResult] = field(default_factory=list)
     signed: bool = False  # the manifest's signature travels in every volume
 
 
-# --- inputs -----------------------------------------------------------------------------------
-
-def image_info(image: Path) -> dict:
-    """The references a `docker save` archive holds (manifest.json RepoTags, index.json names) and its config."""
-    refs: list[str] = []
-    image_id = None
-    try:
-        with tarfile.open(image, "r:") as tf:
-            names = {m.name: m for m in tf.getmembers() if m.isreg()}
-            if "manifest.json" in names:
-                for entry in json.load(tf.extractfile(names["manifest.json"])):
-                    refs += [t for t in entry.get("RepoTags") or [] if t not in refs]
-                    config = str(entry.get("Config", ""))
-                    image_id = image_id or "sha256:" + config.rsplit("/", 1)[-1].removesuffix(".json")
-            if "index.json" in names:
-                for m in json.load(tf.extractfile(names["index.json"])).get("manifests", []):
-                    ann = m.get("annotations") or {}
-                    ref = ann.get("io.containerd.image.name") or ann.get("org.opencontainers.image.ref.name")
-                    if ref and ref not in refs:
-                        refs.append(ref)
-            if "manifest.json" not in names and "index.json" not in names:
-                raise BadInput(f"{image}: not a `docker save` archive (no manifest.json or index.json inside)")
-    except (tarfile.TarError, OSError, ValueError, AttributeError) as e:
-        raise BadInput(f"{image}: cannot read the image archive ({e})") from None
-    return {"file": image.name, "size": image.stat().st_size, "refs": refs, "image_id": image_id}
-
-
-def kernel_cache_info(cache_dir: Path, label: str, cli_key: dict | None) -> tuple[dict, list[Source]]:
-    if not cache_dir.is_dir():
-        raise BadInput(f"{cache_dir}: kernel cache is not a directory")
-    key = dict(cli_key) if cli_key else None
-    key_file = cache_dir / CACHE_KEY_FILE
-    if key_file.is_file():
-        try:
-            key = json.loads(key_file.read_text())
-        except (OSError, ValueError) as e:
-            raise BadInput(f"{key_file}: unreadable cache key ({e})") from None
-        if not isinstance(key, dict) or key.get("schema") != CACHE_KEY_SCHEMA:
-            raise BadInput(f"{key_file}: not a cache key (expected schema {CACHE_KEY_SCHEMA!r})")
-    sources = []
-    for dirpath, dirnames, filenames in os.walk(cache_dir):
-        dirnames.sort()
-        for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
-            p = Path(dirpath, name)
-            rel = p.relative_to(cache_dir).as_posix()
-            if p.is_symlink() or not p.is_file():
-                raise BadInput(f"{p}: kernel cache holds a symlink or special file; only regular files can be bundled")
-            check_relpath(f"{label}/{rel}", str(cache_dir))
-            sources.append(Source("kernel-cache", f"{label}/{rel}", p, p.stat().st_size))
-    files = [[s.path.split("/", 1)[1], s.size] for s in sources]
-    return {"label": label, "key": key, "files": files}, sources
-
-
-def parse_cache_key(pairs: tuple[str, ...]) -> dict | None:
-    if not pairs:
-        return None
-    key: dict[str, str] = {"schema": CACHE_KEY_SCHEMA}
-    for pair in pairs:
-        k, sep, v = pair.partition("=")
-        if not sep or not k:
-            raise BadInput(f"--cache-key {pair!r} is not KEY=VALUE (e.g. gpu=B300)")
-        key[k] = v
-    return key
-
-
 # --- planning ---------------------------------------------------------------------------------
 
 def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volume_size: int, name: str,
-                payloads: dict, payload_sources: list[Source], signature: bytes | None = None, parity: int = 0,
+                payloads: Payloads, payload_sources: list[Source], signature: bytes | None = None, parity: int = 0,
                 stripe: int = STRIPE) -> Plan:
-    sources = [Source("model", f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files]
+    sources = [Source(MODEL_KIND, f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files]
     sources += payload_sources
-    id_doc = {"name": name, "volume_size": volume_size, "manifest": b3(manifest_bytes), "payloads": payloads,
+    id_doc = {"name": name, "volume_size": volume_size, "manifest": b3(manifest_bytes),
+              "payloads": payloads_document(payloads),
               "stamps": [[s.kind, s.path, s.size, _mtime_ns(s)] for s in payload_sources]}
     if signature:
         id_doc["signature"] = b3(signature)
@@ -278,14 +224,13 @@ def _place(sources: list[Source], volume_size: int, room: int) -> list[list[Piec
 
 # --- rendering the metadata members -----------------------------------------------------------
 
-def _entry(p: Piece, digests: dict) -> dict:
+def _entry(p: Piece, digests: dict) -> Entry:
     s = p.source
     whole = digests.get(s.key, (PLACEHOLDER, PLACEHOLDER)) if p.is_last else (None, None)
-    if s.kind == "model":
+    if s.kind == MODEL_KIND:
         whole = (s.blake3, s.sha256)
-    return {"member": p.member, "kind": s.kind, "path": s.path, "offset": p.offset, "length": p.length,
-            "size": s.size, "segment": p.segment, "segments": p.segments,
-            "blake3": digests.get(p.member, PLACEHOLDER), "file_blake3": whole[0], "file_sha256": whole[1]}
+    return Entry(p.member, s.kind, s.path, p.offset, p.length, s.size, p.segment, p.segments,
+                 digests.get(p.member, PLACEHOLDER), whole[0], whole[1])
 
 
 def restore_text(plan: Plan) -> bytes:
@@ -301,7 +246,8 @@ def restore_text(plan: Plan) -> bytes:
         *_parity_notes(plan),
         "Without mm (POSIX sh, tar, cat, sha256sum only): copy all volume files into one directory, cd",
         "there, and run the lines between the markers (e.g. save them as restore.sh and run `sh restore.sh`).",
-        "The model ends up in ./restore/model, payloads in ./restore/payload; sha256sum -c checks every byte.",
+        f"The model ends up in ./restore/{MODEL_PREFIX}, payloads in ./restore/{PAYLOAD_ROOT}; sha256sum -c checks "
+        "every byte.",
         "",
         "--- begin restore script ---",
         "set -e",
@@ -315,30 +261,24 @@ def restore_text(plan: Plan) -> bytes:
             if p.segments > 1:
                 split.setdefault(p.source.key, []).append(p)
     for (kind, path), pieces in split.items():
-        target = f"{KINDS[kind]}/{path}"
+        target = file_member(kind, path)
         lines.append(f"mkdir -p {q(target.rsplit('/', 1)[0])}")
         lines.append(f"cat {' '.join(q(p.member) for p in pieces)} > {q(target)}")
     if split:
         lines.append("rm -r segments")
-    lines.append(f"(cd model && sha256sum -c ../{SUMS_MEMBER})")
+    lines.append(f"(cd {MODEL_PREFIX} && sha256sum -c ../{SUMS_MEMBER})")
     payload_sums = [payload_sums_member(n) for n in range(1, plan.count + 1) if _payload_ends(plan, n)]
     if payload_sums:
         lines.append(f"cat {' '.join(payload_sums)} | sha256sum -c -")
     lines.append("--- end restore script ---")
     if plan.signature:
-        from .signing import verify_command
+        from ..signing import verify_command
         lines += ["", "The manifest is signed (SSH signature, namespace mm-manifest). Check it with OpenSSH alone, with",
                   "your site's allowed_signers file and the signer's identity, after the restore script ran:",
                   f"  cd restore/MMBUNDLE && {verify_command()}",
                   "(mm does the same: mm unbundle ... --require-signature --allowed-signers FILE)"]
-    if plan.payloads.get("image"):
-        img = plan.payloads["image"]
-        lines += ["", f"Container image {', '.join(img['refs']) or img['image_id']}: "
-                  f"docker load -i restore/payload/image/{img['file']}"]
-    for c in plan.payloads.get("kernel_caches", []):
-        lines += ["", f"Kernel cache {c['label']} (key: {json.dumps(c['key']) if c['key'] else 'unkeyed'}): "
-                  f"mount restore/payload/kernel-cache/{c['label']} into the container, "
-                  f"e.g. -v \"$PWD/restore/payload/kernel-cache/{c['label']}:/root/.cache/{c['label']}\""]
+    for hint in restore_hints(plan.payloads):
+        lines += ["", hint]
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -347,7 +287,7 @@ def _parity_notes(plan: Plan) -> list[str]:
         return []
     first = parity_filename(plan.name, 1, plan.parity)
     return [f"Parity: {plan.parity} parity volume(s) named {first.replace('.par001', '.parNNN')} (Reed-Solomon,",
-            f"pyeclib isa_l_rs_cauchy) rebuild any {plan.parity} lost or damaged volume(s). A complete set of data",
+            f"pyeclib {CODEC}) rebuild any {plan.parity} lost or damaged volume(s). A complete set of data",
             "volumes needs no mm and no parity (the script below). Rebuilding needs mm: `mm unbundle` does it",
             "by itself when given the parity volumes; `mm bundle repair-volume VOLUMES... --out DIR` writes lost",
             "volume files back, byte-identical; `mm bundle verify` says what is recoverable.",
@@ -355,7 +295,7 @@ def _parity_notes(plan: Plan) -> list[str]:
 
 
 def _payload_ends(plan: Plan, n: int) -> list[Piece]:
-    return [p for p in plan.volumes[n - 1] if p.source.kind != "model" and p.is_last]
+    return [p for p in plan.volumes[n - 1] if p.source.kind != MODEL_KIND and p.is_last]
 
 
 def meta_members(plan: Plan, n: int, digests: dict, restore: bytes) -> list[tuple[str, bytes]]:
@@ -364,23 +304,19 @@ def meta_members(plan: Plan, n: int, digests: dict, restore: bytes) -> list[tupl
     extra = []
     ends = _payload_ends(plan, n)
     if ends:
-        lines = [f"{digests.get(p.source.key, (PLACEHOLDER, PLACEHOLDER))[1]}  {KINDS[p.source.kind]}/{p.source.path}"
+        lines = [f"{digests.get(p.source.key, (PLACEHOLDER, PLACEHOLDER))[1]}  {file_member(*p.source.key)}"
                  for p in ends]
         extra.append((payload_sums_member(n), ("\n".join(lines) + "\n").encode()))
     meta = {SUMS_MEMBER: b3(sums), RESTORE_MEMBER: b3(restore)}
-    if plan.signature:
-        meta[SIG_MEMBER] = b3(plan.signature)
+    sig = [(SIG_MEMBER, plan.signature)] if plan.signature else []
+    meta.update({name: b3(data) for name, data in sig})
     meta.update({name: (b3(data) if digests else PLACEHOLDER) for name, data in extra})
     m = plan.manifest
-    index = {"schema": INDEX_SCHEMA, "bundle_id": plan.bundle_id, "name": plan.name, "volume": n,
-             "volumes": plan.count, "volume_size": plan.volume_size, "repo_id": m.repo_id, "revision": m.revision,
-             "manifest_blake3": b3(plan.manifest_bytes), "meta": meta, "payloads": plan.payloads,
-             "members": [_entry(p, digests) for p in plan.volumes[n - 1]]}
-    if plan.parity:  # a data volume alone says how many parity volumes exist and how to make them again
-        index["parity"] = {"parities": plan.parity, "stripe": plan.stripe, "code": CODEC}
-    sig = [(SIG_MEMBER, plan.signature)] if plan.signature else []
-    return [(index_member(n), render_json(index)), (MANIFEST_MEMBER, plan.manifest_bytes), *sig, (SUMS_MEMBER, sums),
-            (RESTORE_MEMBER, restore), *extra]
+    index = Index(plan.bundle_id, plan.name, n, plan.count, plan.volume_size, m.repo_id, m.revision,
+                  b3(plan.manifest_bytes), meta, plan.payloads, tuple(_entry(p, digests) for p in plan.volumes[n - 1]),
+                  plan.parity_note)
+    return [(index_member(n), render_json(index.to_doc())), (MANIFEST_MEMBER, plan.manifest_bytes), *sig,
+            (SUMS_MEMBER, sums), (RESTORE_MEMBER, restore), *extra]
 
 
 def volume_bytes(plan: Plan, n: int) -> int:
@@ -421,7 +357,7 @@ class _Hashers:
 
     def start(self, pieces: list[Piece]) -> dict:
         return {p.source.key: (self.files[p.source.key].copy() if p.segment > 1 else
-                               StreamHasher(sha256=p.source.kind != "model", blake3_threads=HASH_THREADS)) for p in pieces}
+                               StreamHasher(sha256=p.source.kind != MODEL_KIND, blake3_threads=HASH_THREADS)) for p in pieces}
 
 
 class _SourceMismatch(IntegrityError):
@@ -460,7 +396,7 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
             w.pad()
             if p.is_last:
                 got = whole.digests()
-                if p.source.kind == "model" and got.blake3 != p.source.blake3:
+                if p.source.kind == MODEL_KIND and got.blake3 != p.source.blake3:
                     raise _SourceMismatch(f"{p.source.src}: content does not match the manifest (blake3); "
                                           f"run `mm verify` and repair before bundling", p.source.key)
                 digests[p.source.key] = (got.blake3, got.sha256)
@@ -474,18 +410,6 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
         os.unlink(tmp)
         raise
     return working, fd
-
-
-def _publish_volume(fd: int, tmp: Path, final: Path, sync: bool) -> None:
-    """fsync, then give the volume its final name (runs while the next volume is being written)."""
-    try:
-        if sync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, final)
-    if sync:
-        fsync_dir(final.parent)
 
 
 def _piece_hashers(p: Piece, working: dict) -> tuple[StreamHasher, StreamHasher]:
@@ -503,7 +427,7 @@ def _keep_volume(plan: Plan, n: int, final: Path, hashers: _Hashers, pipe: Chunk
     if vol.refused or vol.damaged or vol.bundle_id != plan.bundle_id or vol.number != n:
         return None
     planned = [(p.member, p.offset, p.length) for p in plan.volumes[n - 1]]
-    if [(e["member"], e["offset"], e["length"]) for e in vol.entries()] != planned:
+    if [(e.member, e.offset, e.length) for e in vol.entries()] != planned:
         return None
     working = hashers.start(plan.volumes[n - 1])
     for p, e in zip(plan.volumes[n - 1], vol.entries()):
@@ -511,53 +435,37 @@ def _keep_volume(plan: Plan, n: int, final: Path, hashers: _Hashers, pipe: Chunk
         whole, piece_hash = _piece_hashers(p, working)
         for view in pipe.stream(final, info.offset_data, info.size, {whole, piece_hash}):
             progress.advance(len(view))
-        if piece_hash.digests().blake3 != e["blake3"]:
+        if piece_hash.digests().blake3 != e.blake3:
             return None
     return working
 
 
-def create_bundle(model_dir: Path, out_dir: Path, volume_size: int, name: str | None = None,
-                  image: Path | None = None, kernel_caches: tuple[Path, ...] = (), cache_key: dict | None = None,
+def create_bundle(model_dir: Path, out_dir: Path, volume_size: int | str, name: str | None = None,
+                  payloads: dict[str, Sequence[Path]] | None = None, cache_key: Sequence[str] = (),
                   progress: ProgressSink = NULL_PROGRESS, sync: bool = True, parity: int = 0,
                   stripe: int = STRIPE) -> BundleResult:
-    """PARITY > 0 adds that many Reed-Solomon parity volumes (bundle_parity.py), computed over the data volume
-    files once they are written; STRIPE is the code's stripe size (tests use small ones)."""
+    """Bundle MODEL_DIR into OUT_DIR. PAYLOADS: payload kind -> paths to carry (payloads.PAYLOAD_KINDS);
+    CACHE_KEY: `KEY=VALUE` pairs for kernel caches without a key of their own. PARITY > 0 adds that many
+    Reed-Solomon parity volumes; STRIPE is the code's stripe size (tests use small ones)."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
+    volume_size = parse_size(volume_size)
+    if parity < 0:
+        raise BadInput(f"--parity {parity}: must be 0 or more")
     mpath = manifest_path(model_dir)
     manifest = read_manifest(mpath)
     manifest_bytes = mpath.read_bytes()
     signature = _signature_to_carry(model_dir, manifest_bytes)
-    if parity < 0:
-        raise BadInput(f"--parity {parity}: must be 0 or more")
     require_quick_verify(model_dir, manifest, before="bundling")
     name = name or f"{manifest.repo_id.rsplit('/', 1)[-1]}-{manifest.revision[:12]}"
     if not NAME_RE.match(name):
         raise BadInput(f"bundle name {name!r}: use letters, digits, '.', '_' and '-' only")
-    payloads: dict = {"image": None, "kernel_caches": []}
-    payload_sources: list[Source] = []
-    notes = []
-    if image is not None:
-        image = Path(image)
-        if not image.is_file():
-            raise BadInput(f"{image}: no such image archive")
-        payloads["image"] = image_info(image)
-        payload_sources.append(Source("image", image.name, image, image.stat().st_size))
-    labels: Counter = Counter()
-    for cache in kernel_caches:
-        cache = Path(cache)
-        label = cache.resolve().name or "kernel-cache"
-        labels[label] += 1
-        label = label if labels[label] == 1 else f"{label}-{labels[label]}"
-        info, srcs = kernel_cache_info(cache, label, cache_key)
-        if info["key"] is None:
-            notes.append(f"kernel cache {cache} has no {CACHE_KEY_FILE} and no --cache-key: bundled as unkeyed")
-        payloads["kernel_caches"].append(info)
-        payload_sources += srcs
-    plan = plan_bundle(manifest, manifest_bytes, model_dir, volume_size, name, payloads, payload_sources,
+    records, files, notes = collect_payloads(dict(payloads or {}), parse_cache_key(tuple(cache_key)))
+    payload_sources = [Source(kind, f.path, f.src, f.size) for kind, f in files]
+    plan = plan_bundle(manifest, manifest_bytes, model_dir, volume_size, name, records, payload_sources,
                        signature=signature, parity=parity, stripe=stripe)
-    if parity and plan.count + parity > 32:
-        raise BadInput(f"--parity {parity}: {plan.count} data volumes plus {parity} parity volumes is more than 32; "
-                       f"choose a larger --volume-size")
+    if parity and plan.count + parity > MAX_TOTAL:
+        raise BadInput(f"--parity {parity}: {plan.count} data volumes plus {parity} parity volumes is more than "
+                       f"{MAX_TOTAL}; choose a larger --volume-size")
     out_dir.mkdir(parents=True, exist_ok=True)
     total = sum(p.length for v in plan.volumes for p in v)
     parity_results: list[VolumeResult] = []
@@ -573,20 +481,19 @@ def create_bundle(model_dir: Path, out_dir: Path, volume_size: int, name: str | 
                                            data_paths=data_paths, parities=parity, stripe=stripe, sync=sync,
                                            progress=progress)
             progress.end()
-            parity_results = [VolumeResult(r.number, r.path, r.size, False) for r in written]
+            parity_results = [VolumeResult(n, str(path), path.stat().st_size, False) for n, path in written]
     ours = {Path(v.path).name for v in results + parity_results}
     for stale in sorted([*out_dir.glob(f"{name}.vol*-of-*.tar"), *out_dir.glob(f"{name}.par*-of-*.tar")]):
         if stale.name not in ours:
             notes.append(f"{stale}: a volume of an earlier, different bundle run; remove it before copying the disks")
     return BundleResult(True, plan.bundle_id, name, str(out_dir), volume_size, results, total,
-                        payloads["image"], [{k: c[k] for k in ("label", "key")} | {"files": len(c["files"])}
-                                            for c in payloads["kernel_caches"]], notes, synced=sync,
-                        parity_volumes=parity_results, signed=signature is not None)
+                        payloads_document(records, "summary"), notes, synced=sync, parity_volumes=parity_results,
+                        signed=signature is not None)
 
 
 def _signature_to_carry(model_dir: Path, manifest_bytes: bytes) -> bytes | None:
     """The model's manifest signature, if it has one; a signature that does not match the manifest never travels."""
-    from .signing import check_signature_matches, signature_path
+    from ..signing import check_signature_matches, signature_path
 
     sig_path = signature_path(model_dir)
     if not sig_path.is_file():
@@ -611,7 +518,7 @@ def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink, sync: bool) ->
                     if not kept:
                         tmp = final.with_name(f".{final.name}.partial")
                         working, fd = _write_volume(plan, n, tmp, hashers, pipe, progress, restore, sync)
-                        pending.append(publisher.submit(_publish_volume, fd, tmp, final, sync))
+                        pending.append(publisher.submit(publish_fd, fd, tmp, final, sync))  # beside the next volume
                     hashers.files.update(working)
                     results.append(VolumeResult(n, str(final), volume_bytes(plan, n), kept))
             finally:
@@ -625,3 +532,93 @@ def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink, sync: bool) ->
     finally:
         pipe.close()
     return results
+
+
+# --- parity volumes ---------------------------------------------------------------------------------
+
+def _parity_index(name: str, bundle_id: str, manifest_bytes: bytes, meta: list[tuple[str, bytes]], parity: int,
+                  parities: int, layout: Layout, files: list[str], data_b3: list[str], par_b3: list[str]) -> bytes:
+    return render_json(ParityIndex(
+        bundle_id, name, parity, parities, layout.k, CODEC, layout.stripe, b3(manifest_bytes),
+        {member: b3(data) for member, data in meta}, parity_data_member(parity),
+        tuple(Stream(i, layout.lengths[i - 1], data_b3[i - 1], files[i - 1]) for i in range(1, layout.k + 1)),
+        tuple(Stream(q, layout.parity_length, par_b3[q - 1]) for q in range(1, parities + 1))).to_doc())
+
+
+def _parity_head(index: bytes, parity: int, manifest_bytes: bytes, meta: list[tuple[str, bytes]], layout: Layout,
+                 mtime: int) -> tuple[bytes, int]:
+    """A parity volume's bytes before its parity stream, and where the index's data starts in them."""
+    out, patch_at = bytearray(), 0
+    for member, data in [(parity_index_member(parity), index), (MANIFEST_MEMBER, manifest_bytes), *meta]:
+        out += tar_header(member, len(data), mtime)
+        if member == parity_index_member(parity):
+            patch_at = len(out)
+        out += data + bytes(padded(len(data)) - len(data))
+    out += tar_header(parity_data_member(parity), layout.parity_length, mtime)
+    return bytes(out), patch_at
+
+
+def parity_volume_bytes(name: str, bundle_id: str, manifest_bytes: bytes, meta: list[tuple[str, bytes]], mtime: int,
+                        files: list[str], sizes: list[int], parities: int, stripe: int = STRIPE) -> int:
+    """The size a parity volume will have, before anything is written (planning keeps it within the media)."""
+    layout = Layout(len(sizes), parities, stripe, tuple(sizes))
+    zeros = [PLACEHOLDER] * max(len(sizes), parities)
+    index = _parity_index(name, bundle_id, manifest_bytes, meta, parities, parities, layout, files, zeros, zeros)
+    head, _ = _parity_head(index, parities, manifest_bytes, meta, layout, mtime)
+    return len(head) + padded(layout.parity_length) + END_OF_ARCHIVE
+
+
+def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_bytes: bytes, meta: list[tuple[str, bytes]],
+                         mtime: int, data_paths: list[Path], parities: int, stripe: int = STRIPE, sync: bool = True,
+                         progress: ProgressSink = NULL_PROGRESS, only: set[int] | None = None) -> list[tuple[int, Path]]:
+    """Read the data volume files DATA_PATHS (in volume order) once, stripe by stripe, and write PARITIES parity
+    volumes to OUT_DIR (temporary names, published once complete). META: metadata members after the index and
+    the manifest (the signature, RESTORE.txt), the same in every parity volume. ONLY: write just these parity
+    numbers (repair-volume); the others are computed and dropped. Returns (number, path) of each written."""
+    out_dir = Path(out_dir)
+    sizes = tuple(os.stat(p).st_size for p in data_paths)
+    files = [Path(p).name for p in data_paths]
+    layout = Layout(len(data_paths), parities, stripe, sizes)
+    wanted = sorted(only) if only else list(range(1, parities + 1))
+    zeros = [PLACEHOLDER] * max(len(sizes), parities)
+    opened: dict[int, tuple[_Writer, Path, Path, int]] = {}
+    try:
+        for p in wanted:
+            final = out_dir / parity_filename(name, p, parities)
+            tmp = final.with_name(f".{final.name}.partial")
+            w = _Writer(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), sync)
+            opened[p] = (w, tmp, final, 0)
+            head, patch_at = _parity_head(_parity_index(name, bundle_id, manifest_bytes, meta, p, parities, layout,
+                                                        files, zeros, zeros), p, manifest_bytes, meta, layout, mtime)
+            w.write(head)
+            opened[p] = (w, tmp, final, patch_at)
+        sinks = [opened[p][0].write if p in opened else _discard for p in range(1, parities + 1)]
+        sources = [FileSource(path) for path in data_paths]
+        try:
+            result = encode(layout, sources, sinks, on_bytes=progress.advance)
+        finally:
+            for src in sources:
+                src.close()
+        if sizes != tuple(os.stat(p).st_size for p in data_paths):
+            raise IntegrityError(f"{out_dir}: a data volume changed size while parity was computed; run again")
+        written = []
+        for p in wanted:
+            w, tmp, final, patch_at = opened[p]
+            w.pad()
+            w.write(bytes(END_OF_ARCHIVE))
+            os.pwrite(w.fd, _parity_index(name, bundle_id, manifest_bytes, meta, p, parities, layout, files,
+                                          result.data_blake3, result.parity_blake3), patch_at)
+            w.flush.wait()
+            del opened[p]
+            publish_fd(w.fd, tmp, final, sync)
+            written.append((p, final))
+        return written
+    finally:
+        for w, tmp, _, _ in opened.values():
+            w.flush.wait()
+            os.close(w.fd)
+            tmp.unlink(missing_ok=True)
+
+
+def _discard(_view) -> None:
+    pass

@@ -1,0 +1,636 @@
+"""mm unbundle: import volumes (any order, any number of sittings) into a model directory, safely.
+
+Nothing from a volume is trusted until checked: the tar headers are judged first (volume.open_volume);
+every target path is derived from the typed index (never from the tar member name), validated, and kept
+inside its destination; data is read from the volume at the validated member offset and written by this
+code (tarfile never extracts). A hostile or damaged volume is named with the member at fault.
+
+State between sittings lives in DEST/.mm/unbundle/state.json (which pieces of split files are in place).
+Files are written under partial names (DEST/.mm/unbundle/partial/..., or <payload root>/.mm-partial/...)
+and given their final name only when their whole-file blake3 matches the manifest (payloads: the index of
+the volume holding their last byte). A file already at its final name with the right size is not rewritten.
+
+The report says how the import went (Outcome: imported, refused, verify-failed); the CLI maps that to the
+exit status. Not enough free space raises Refused before anything is written.
+
+Signatures: with --allowed-signers the manifest's signature (MMBUNDLE/manifest.json.sig) is checked with
+ssh-keygen before anything is written (signing.py); with --require-signature an unsigned bundle is refused too.
+The signature is put back beside the manifest (DEST/.mm/manifest.json.sig).
+
+Parity: parity volumes among the sources rebuild the data volumes not imported whole (missing, or with a damaged
+member) once enough volumes are at hand (parity.py decodes; rebuild_data_volumes writes each under a temporary
+name in DEST/.mm/unbundle/rebuilt/ and names it only when its whole-file blake3 is the one the parity index
+records); a rebuilt volume is then judged and imported like any other and deleted. Data volumes imported in an
+earlier sitting still count: their skeleton (every byte that is not member data) is kept at import, and the
+member bytes are read back from the imported files (_Skeleton).
+"""
+from __future__ import annotations
+
+import bisect
+import enum
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import blake3
+
+from ..errors import BadInput, IntegrityError, Refused
+from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, dir_lock, fsync_dir, publish,
+                      publish_fd, require_free_space)
+from ..hashing import StreamHasher, blake3_file
+from ..manifest import from_dict, manifest_path
+from ..progress import NULL_PROGRESS, ProgressSink
+from .check import conflicting_numbers, parity_set, reference_bundle
+from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
+from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member
+from .index import Entry
+from .parity import FileSource, NotRecoverable, rebuild
+from .payloads import MODEL_KIND, PAYLOAD_PARTIAL, files_expected, next_commands, payload_roots, payloads_placed
+from .volume import Volume, find_volumes, meta_bytes, open_volume, split_volumes
+
+STATE_DIR = f"{MM_DIR}/unbundle"
+
+
+class Outcome(str, enum.Enum):
+    """How an unbundle run ended (the CLI maps it to the exit status)."""
+
+    IMPORTED = "imported"  # everything given was imported (volumes may still be missing)
+    REFUSED = "refused"  # a volume or member was refused or did not match its hash; the rest was imported
+    VERIFY_FAILED = "verify-failed"  # the last volume is in, and the final full verify found problems
+
+
+@dataclass
+class UnbundleReport:
+    ok: bool
+    outcome: Outcome
+    complete: bool
+    bundle_id: str | None
+    name: str | None
+    dest: str
+    volumes: int | None
+    used: list[str]
+    refused: list[str]
+    missing_volumes: list[int]
+    imported: list[str]
+    skipped: int
+    corrupt: list[str]
+    waiting: list[str]
+    payloads: dict
+    next_commands: list[str]
+    verify: dict | None = None
+    notes: list[str] = field(default_factory=list)
+    synced: bool = True  # every imported file fsynced before it got its name
+    rebuilt: list[int] = field(default_factory=list)  # data volumes rebuilt from parity (and imported)
+    parity_used: list[int] = field(default_factory=list)
+    recovery: str | None = None  # why lost volumes could not be rebuilt yet, and what would be enough
+    signature: dict | None = None  # the checked manifest signature (identity, key fingerprint)
+
+
+class Places:
+    """Where each kind of file goes, and its partial name; every path is checked to stay inside its root."""
+
+    def __init__(self, dest: Path, payload_dests: dict[str, Path | None] | None = None):
+        self.dest = dest
+        self.payload_roots = payload_roots(dest, payload_dests)
+        self.roots = {MODEL_KIND: dest, **self.payload_roots}
+
+    def final(self, kind: str, path: str) -> Path:
+        check_relpath(path, f"{kind} path")
+        root = self.roots[kind]
+        target = root / path
+        for parent in [*reversed(target.relative_to(root).parents)][1:] + [target.relative_to(root)]:
+            if (root / parent).is_symlink():
+                raise BadInput(f"{root / parent}: is a symlink inside the destination; refusing to write through it")
+        return target
+
+    def partial_dir(self, kind: str) -> Path:
+        if kind == MODEL_KIND:
+            return self.dest / STATE_DIR / "partial"
+        return self.roots[kind] / PAYLOAD_PARTIAL
+
+    def partial(self, kind: str, path: str) -> Path:
+        return self.partial_dir(kind) / (b3(f"{kind}:{path}".encode())[:32] + ".part")
+
+    def clean_partials(self) -> None:
+        shutil.rmtree(self.dest / STATE_DIR, ignore_errors=True)
+        for kind in self.payload_roots:
+            shutil.rmtree(self.partial_dir(kind), ignore_errors=True)
+
+
+class _State:
+    """Pieces of split files already in place, by file; written atomically after every piece."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.doc = json.loads(path.read_text()) if path.is_file() else {}
+        except (OSError, ValueError) as e:
+            raise BadInput(f"{path}: unreadable unbundle state ({e}); remove it to start the import over") from None
+        if not isinstance(self.doc, dict):
+            raise BadInput(f"{path}: not an unbundle state; remove it to start the import over")
+        self.doc.setdefault("pieces", {})
+        self.doc.setdefault("whole", {})
+
+    def pieces(self, key: str) -> dict:
+        return self.doc["pieces"].setdefault(key, {})
+
+    def bytes_in_place(self, key: str) -> int:
+        return sum(int(p[1]) for p in self.doc["pieces"].get(key, {}).values())
+
+    def save(self) -> None:
+        atomic_write_json(self.path, self.doc)
+
+
+def _is_done(target: Path, size: int) -> bool:
+    return target.is_file() and not target.is_symlink() and target.stat().st_size == size
+
+
+def check_free_space(places: Places, remaining: dict[str, int]) -> None:
+    """REMAINING: bytes still to write by kind of destination."""
+    require_free_space([(places.roots[kind], need) for kind, need in remaining.items()], "the bundle")
+
+
+def _judge_volumes(vols: list[Volume], ref: str | None, manifest_b3: str | None) -> tuple[list[Volume], list[str]]:
+    conflicts = conflicting_numbers(vols, ref)
+    accepted, refused = [], []
+    for v in vols:
+        if v.refused:
+            refused += v.refused
+        elif v.bundle_id != ref:
+            refused.append(f"{v.path.name}: belongs to bundle {v.bundle_id} ({v.index.name}), not {ref}; refused")
+        elif v.number in conflicts:
+            others = ", ".join(o.path.name for o in conflicts[v.number] if o is not v)
+            refused.append(f"{v.path.name}: claims volume {v.number}, as does {others} with a different index; "
+                           f"both refused")
+        elif manifest_b3 and v.index.manifest_blake3 != manifest_b3:
+            refused.append(f"{v.path.name}: carries a different manifest than the rest of bundle {ref}; refused")
+        else:
+            accepted.append(v)
+    return accepted, refused
+
+
+def _still_needed(expected: dict, targets: dict, state: _State) -> dict[str, int]:
+    """Bytes still to write, by kind of destination (files not yet final, less pieces already in place)."""
+    needed: dict[str, int] = {}
+    for key, size in expected.items():
+        left = 0 if _is_done(targets[key], size) else size - state.bytes_in_place(f"{key[0]}:{key[1]}")
+        needed[key[0]] = needed.get(key[0], 0) + left
+    return needed
+
+
+def _check_entries(v: Volume, manifest_files: dict) -> str | None:
+    """An index entry for a model file must agree with the manifest (path, size, whole-file hashes)."""
+    for e in v.entries():
+        if e.kind != MODEL_KIND:
+            continue
+        f = manifest_files.get(e.path)
+        if f is None:
+            return f"{v.path.name}: member {e.member!r} is not a file of the manifest; refused"
+        if (f.size, f.blake3, f.sha256) != (e.size, e.file_blake3, e.file_sha256):
+            return f"{v.path.name}: member {e.member!r} disagrees with the manifest (size or hash); refused"
+    return None
+
+
+def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | None, require: bool):
+    """The bundle's manifest signature, checked with ssh-keygen before anything is written: (report or None when
+    unsigned and not required, the manifest bytes whose signature was checked)."""
+    from ..signing import verify_manifest_signature
+
+    ref = reference_bundle(vols)
+    first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
+                  and MANIFEST_MEMBER not in v.damaged), None)
+    if first is None:
+        raise BadInput("no usable volume to check the manifest signature in")
+    sig = meta_bytes(first, SIG_MEMBER)
+    if sig is None and SIG_MEMBER in first.index.meta:
+        raise IntegrityError(f"{first.path.name}: member {SIG_MEMBER!r} is damaged; refused")
+    if sig is None and not require:
+        return None, first.manifest_bytes
+    report = verify_manifest_signature(first.manifest_bytes, sig, allowed_signers, identity,
+                                       where=f"{first.path.name}: {MANIFEST_MEMBER}",
+                                       signature_where=f"{first.path.name}: {SIG_MEMBER}")
+    return report, first.manifest_bytes
+
+
+def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | None] | None = None,
+             progress: ProgressSink = NULL_PROGRESS, sync: bool = True, allowed_signers: Path | None = None,
+             identity: str | None = None, require_signature: bool = False) -> UnbundleReport:
+    """Import the volumes in SOURCES into DEST; PAYLOAD_DESTS: payload kind -> its destination (default
+    DEST.payload/<kind dir>). sync=False skips the fsyncs of imported data (the final names still come only
+    after the hashes match). ALLOWED_SIGNERS: check the manifest's signature first (IntegrityError, nothing
+    written, when it is not good; with REQUIRE_SIGNATURE when there is none either)."""
+    dest = Path(dest)
+    vols, pvols = split_volumes([open_volume(p) for p in find_volumes(sources)])
+    signature, signed_manifest = None, None
+    if allowed_signers is not None:
+        signature, signed_manifest = check_signature(vols, allowed_signers, identity, require_signature)
+    dest.mkdir(parents=True, exist_ok=True)
+    with dir_lock(dest, "mm unbundle"):
+        state = _State(dest / STATE_DIR / "state.json")
+        ref = reference_bundle(vols, state.doc.get("bundle_id"))
+        first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
+                      and MANIFEST_MEMBER not in v.damaged), None)
+        manifest_b3 = state.doc.get("manifest_blake3") or (first.index.manifest_blake3 if first else None)
+        accepted, refused = _judge_volumes(vols, ref, manifest_b3)
+        if first is None or not accepted:
+            raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} given: "
+                           + "; ".join(refused[:3]))
+        manifest = from_dict(json.loads(first.manifest_bytes), f"{first.path.name}: {MANIFEST_MEMBER}")
+        files_by_path = manifest.by_path()
+        for v in list(accepted):
+            why = _check_entries(v, files_by_path)
+            if why:
+                accepted.remove(v)
+                refused.append(why)
+        idx = first.index
+        if signed_manifest is not None and first.manifest_bytes != signed_manifest:
+            raise IntegrityError(f"{first.path.name}: carries another manifest than the one whose signature was checked")
+        _check_dest_manifest(dest, first.manifest_bytes)
+        places = Places(dest, payload_dests)
+        expected = {**{(MODEL_KIND, f.path): f.size for f in manifest.files}, **files_expected(idx.payloads)}
+        targets = {key: places.final(*key) for key in expected}
+        check_free_space(places, _still_needed(expected, targets, state))
+        state.doc.update({"bundle_id": ref, "name": idx.name, "volumes": idx.volumes,
+                          "manifest_blake3": idx.manifest_blake3})
+        if not manifest_path(dest).is_file():
+            atomic_write_bytes(manifest_path(dest), first.manifest_bytes)
+        _restore_signature(dest, first)
+        state.save()
+        run = _Import(places, state, targets, progress, sync)
+        total = sum(e.length for v in accepted for e in v.entries())
+        progress.begin(total, f"unbundle {idx.name}")
+        try:
+            for v in sorted(accepted, key=lambda v: v.number):
+                run.volume(v)
+                done_vols = set(state.doc.setdefault("done_volumes", []))
+                if not any(v.path.name in c for c in run.corrupt):
+                    done_vols.add(v.number)
+                    if pvols or idx.parity:
+                        _Skeleton.save(dest, v)
+                state.doc["done_volumes"] = sorted(done_vols)
+                state.save()
+            progress.end()
+            rebuild_report = _Rebuilt()
+            if pvols and any(not _is_done(targets[key], size) for key, size in expected.items()):
+                rebuild_report = _rebuild_from_parity(dest, ref, accepted, pvols, run, state, idx.volumes, sync,
+                                                      progress, lambda v: _judge_rebuilt(v, ref, manifest_b3,
+                                                                                         files_by_path))
+                refused += rebuild_report.refused
+        finally:
+            run.pipe.close()
+        waiting = sorted(file_member(*key) for key, size in expected.items() if not _is_done(targets[key], size))
+        missing = sorted(set(range(1, idx.volumes + 1)) - set(state.doc["done_volumes"]))
+        complete = not waiting
+        verify_doc = None
+        outcome = Outcome.REFUSED if (refused or run.corrupt) else Outcome.IMPORTED
+        if complete:
+            verify_doc = _final_verify(dest, progress)
+            if outcome is Outcome.IMPORTED and not verify_doc["ok"]:
+                outcome = Outcome.VERIFY_FAILED
+            places.clean_partials()
+        roots = places.payload_roots
+        return UnbundleReport(outcome is Outcome.IMPORTED, outcome, complete, ref, idx.name, str(dest), idx.volumes,
+                              [v.path.name for v in accepted], refused, missing, run.imported, run.skipped,
+                              run.corrupt, waiting, payloads_placed(idx.payloads, roots),
+                              next_commands(idx.payloads, roots) if complete else [], verify_doc,
+                              notes=rebuild_report.notes, synced=sync, rebuilt=rebuild_report.volumes,
+                              parity_used=rebuild_report.parity_used, recovery=rebuild_report.recovery,
+                              signature=_signature_doc(signature))
+
+
+def _signature_doc(report) -> dict | None:
+    if report is None:
+        return None
+    return {"identity": report.identity, "key_type": report.key_type, "fingerprint": report.fingerprint,
+            "namespace": report.namespace, "allowed_signers": report.allowed_signers}
+
+
+def _restore_signature(dest: Path, first: Volume) -> None:
+    """Put the manifest's signature back beside the manifest (DEST/.mm/manifest.json.sig)."""
+    from ..signing import signature_path
+
+    sig = meta_bytes(first, SIG_MEMBER)
+    if sig is not None and not signature_path(dest).is_file():
+        atomic_write_bytes(signature_path(dest), sig)
+
+
+# --- parity: rebuilding lost data volumes -------------------------------------------------------------
+
+@dataclass
+class _Rebuilt:
+    volumes: list[int] = field(default_factory=list)  # data volume numbers rebuilt and imported
+    parity_used: list[int] = field(default_factory=list)
+    recovery: str | None = None  # why not (yet), and what would be enough
+    refused: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _judge_rebuilt(v: Volume, ref: str, manifest_b3: str | None, files_by_path: dict) -> str | None:
+    """A rebuilt volume is judged as any other before a byte of it is imported."""
+    if v.refused or v.damaged or v.index is None:
+        return f"{v.path.name}: rebuilt from parity but does not open as a whole volume; refused"
+    _, refused = _judge_volumes([v], ref, manifest_b3)
+    return refused[0] if refused else _check_entries(v, files_by_path)
+
+
+def _rebuild_from_parity(dest: Path, ref: str, accepted: list[Volume], pvols: list[Volume], run: _Import,
+                         state: _State, count: int, sync: bool, progress: ProgressSink, judge) -> _Rebuilt:
+    """Rebuild the data volumes not yet imported whole (missing, or with a damaged member) from the intact data
+    volumes given (or what earlier sittings left in DEST) and the parity volumes; import them, delete them."""
+    pset = parity_set(pvols, ref)
+    out = _Rebuilt(refused=list(pset.refused), notes=list(pset.unused))
+    lost = sorted(set(range(1, count + 1)) - set(state.doc.get("done_volumes", [])))
+    if not pset.usable or not lost:
+        return out
+    pindex = pset.usable[0].parity
+    if pindex.volumes != count:
+        out.refused.append(f"{pset.usable[0].path.name}: parity over {pindex.volumes} data volumes, the bundle has "
+                           f"{count}; refused")
+        return out
+    intact = {v.number: v for v in accepted if v.number not in lost}
+    sources: dict[int, object] = {n: FileSource(v.path) for n, v in intact.items()}
+    for n in sorted(set(state.doc.get("done_volumes", [])) - set(intact)):  # imported in an earlier sitting
+        skeleton = _Skeleton.load(dest, n, run)
+        if skeleton is not None:
+            sources[n] = skeleton
+    try:
+        progress.begin(sum(pindex.data[n - 1].size for n in lost), f"rebuild volume(s) {', '.join(map(str, lost))}")
+        rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / "rebuilt", sync, progress)
+    except NotRecoverable as e:
+        out.recovery = f"cannot rebuild yet: {e.message}"
+        return out
+    finally:
+        progress.end()
+        for src in sources.values():
+            src.close()
+    names = {v.number: v.path.name for v in accepted}
+    for n, path in sorted(rebuilt.items()):
+        v = open_volume(path)
+        why = judge(v)
+        if why:
+            out.refused.append(why)
+            path.unlink()
+            continue
+        run.volume(v)
+        _Skeleton.save(dest, v)
+        if n in names:  # its damaged members are now imported from the rebuilt copy
+            run.corrupt = [c for c in run.corrupt if not c.startswith(f"{names[n]}: ")]
+            out.notes.append(f"{names[n]}: damaged; rebuilt from parity and imported")
+        state.doc["done_volumes"] = sorted(set(state.doc.get("done_volumes", [])) | {n})
+        state.save()
+        path.unlink()
+        out.volumes.append(n)
+    out.parity_used = [pv.number for pv in pset.usable]
+    return out
+
+
+def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: list[int], out_dir: Path,
+                         sync: bool = True, progress: ProgressSink = NULL_PROGRESS) -> dict[int, Path]:
+    """Rebuild data volumes WANT (numbers) from the good DATA sources (number -> parity.Source) and the parity
+    volumes PVOLS (parity_set's usable), each into OUT_DIR under its own file name: written under a temporary
+    name, named only when its whole-file blake3 is the one the parity index records. Raises NotRecoverable naming
+    what would be enough; IntegrityError naming the damaged input when the result does not match."""
+    if not pvols:
+        raise NotRecoverable("no usable parity volume")
+    index = pvols[0].parity
+    layout, k = index.layout, index.layout.k
+    inputs = {n - 1: src for n, src in data.items()}
+    opened = []
+    for pv in pvols:
+        info = pv.data[pv.parity.member]
+        opened.append(FileSource(pv.path, info.offset_data, info.size))
+        inputs[k + pv.number - 1] = opened[-1]
+    want_idx = [n - 1 for n in want]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outs: dict[int, tuple[int, Path, Path]] = {}
+    try:
+        for i in want_idx:
+            final = out_dir / index.data[i].file
+            tmp = out_dir / f".{index.data[i].file}.partial"
+            outs[i] = (os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), tmp, final)
+
+        def sink(fd: int):
+            def write(view) -> None:
+                view = memoryview(view)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+            return write
+
+        result = rebuild(layout, inputs, want_idx, {i: sink(outs[i][0]) for i in want_idx}, on_bytes=progress.advance)
+        bad = [i for i in want_idx if result.output_blake3[i] != index.data[i].blake3]
+        if bad:
+            checked = rebuild(layout, inputs, want_idx, {i: _discard for i in want_idx}, hash_inputs=True)
+            damaged = [(f"volume {i + 1}" if i < k else f"parity {i - k + 1}") for i, d in checked.input_blake3.items()
+                       if d != (index.data[i].blake3 if i < k else index.streams[i - k].blake3)]
+            raise IntegrityError(f"rebuilt volume(s) {', '.join(str(i + 1) for i in bad)} do not match the bundle "
+                                 f"(blake3): damaged input(s): {', '.join(damaged) or 'unknown'}; nothing written")
+        done = {}
+        for i in want_idx:
+            fd, tmp, final = outs.pop(i)
+            publish_fd(fd, tmp, final, sync)
+            done[i + 1] = final
+        return done
+    finally:
+        for src in opened:
+            src.close()
+        for fd, tmp, _ in outs.values():
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+
+
+def _discard(_view) -> None:
+    pass
+
+
+class _Skeleton:
+    """A data volume imported earlier, read back from what it left in DEST: the bytes that are not member data
+    (tar headers, metadata, padding: a few KB) are kept at import in DEST/.mm/unbundle/skeleton/, member data is
+    read from the imported file (or the partial file of a split one). A parity rebuild in a later sitting uses it
+    in place of a disk no longer at hand; what it gives is checked by the rebuilt volume's whole-file blake3."""
+
+    def __init__(self, size: int, regions: list, literal: bytes, run: _Import):
+        self.size, self.regions, self.literal, self.run = size, regions, literal, run
+        self.starts = [r[0] for r in regions]
+        self.files: dict[tuple[str, str], int | None] = {}
+
+    @staticmethod
+    def save(dest: Path, v: Volume) -> None:
+        spans = sorted((info.offset_data, info.size, e.kind, e.path, e.offset)
+                       for e in v.entries() if (info := v.data.get(e.member)) is not None)
+        size = os.stat(v.path).st_size
+        regions, literal, pos = [], bytearray(), 0
+        with open(v.path, "rb") as f:
+            for start, length, kind, path, file_offset in [*spans, (size, 0, None, None, 0)]:
+                if start > pos:
+                    f.seek(pos)
+                    gap = f.read(start - pos)
+                    regions.append([pos, len(gap), "lit", len(literal)])
+                    literal += gap
+                if length:
+                    regions.append([start, length, "file", kind, path, file_offset])
+                pos = start + length
+        where = dest / STATE_DIR / "skeleton"
+        where.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(where / f"vol{v.number:03d}.bin", bytes(literal))
+        atomic_write_json(where / f"vol{v.number:03d}.json", {"size": size, "regions": regions})
+
+    @classmethod
+    def load(cls, dest: Path, n: int, run: _Import) -> _Skeleton | None:
+        """None when it is missing or unreadable (the volume then counts as lost)."""
+        where = dest / STATE_DIR / "skeleton"
+        try:
+            doc = json.loads((where / f"vol{n:03d}.json").read_text())
+            literal = (where / f"vol{n:03d}.bin").read_bytes()
+            regions = doc["regions"]
+            if not isinstance(regions, list) or not all(isinstance(r, list) and len(r) >= 4 for r in regions):
+                return None
+            return cls(int(doc["size"]), regions, literal, run)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _file(self, kind: str, path: str) -> int | None:
+        if (kind, path) not in self.files:
+            final = self.run.targets.get((kind, path))
+            found = final if final is not None and final.is_file() else self.run.places.partial(kind, path)
+            try:
+                self.files[(kind, path)] = os.open(found, os.O_RDONLY)
+            except (OSError, BadInput):
+                self.files[(kind, path)] = None
+        return self.files[(kind, path)]
+
+    def pread(self, offset: int, n: int) -> bytes:
+        out = bytearray()
+        end = min(offset + n, self.size)
+        i = max(0, bisect.bisect_right(self.starts, offset) - 1)
+        while offset < end and i < len(self.regions):
+            r = self.regions[i]
+            start, length = r[0], r[1]
+            take = min(end, start + length) - offset
+            if take > 0:
+                rel = offset - start
+                if r[2] == "lit":
+                    out += self.literal[r[3] + rel:r[3] + rel + take]
+                else:
+                    fd = self._file(r[3], r[4])
+                    data = os.pread(fd, take, r[5] + rel) if fd is not None else b""
+                    out += data + bytes(take - len(data))  # a missing file reads as zeros: the blake3 check fails
+                offset += take
+            i += 1
+        return bytes(out)
+
+    def close(self) -> None:
+        for fd in self.files.values():
+            if fd is not None:
+                os.close(fd)
+
+
+def _check_dest_manifest(dest: Path, manifest_bytes: bytes) -> None:
+    existing = manifest_path(dest)
+    if existing.is_file():
+        have = from_dict(json.loads(existing.read_text()), str(existing))
+        want = from_dict(json.loads(manifest_bytes), "bundle manifest")
+        if (have.repo_id, have.revision, have.files) != (want.repo_id, want.revision, want.files):
+            raise Refused(f"{existing}: DEST already holds a different model ({have.repo_id}@{have.revision[:12]}); "
+                          f"choose an empty --dest")
+
+
+def _final_verify(dest: Path, progress: ProgressSink) -> dict:
+    from ..verify import verify_dir  # the verify capability (issue 3)
+
+    report = verify_dir(dest, progress=progress)
+    return {"ok": report.ok, "files_checked": report.files_checked, "bytes_checked": report.bytes_checked,
+            "problems": [f"{p.path}: {p.kind}: {p.detail}" for p in report.problems]}
+
+
+class _Import:
+    def __init__(self, places: Places, state: _State, targets: dict, progress: ProgressSink, sync: bool):
+        self.places, self.state, self.targets, self.progress, self.sync = places, state, targets, progress, sync
+        self.imported: list[str] = []
+        self.corrupt: list[str] = []
+        self.skipped = 0
+        self.pipe = ChunkPipe()
+
+    def volume(self, v: Volume) -> None:
+        for member, why in sorted(v.damaged.items()):
+            self.corrupt.append(f"{v.path.name}: member {member!r}: {why}")
+        for e in v.entries():
+            info = v.data.get(e.member)
+            if info is not None:
+                self.member(v, e, info)
+            self.progress.advance(e.length)
+
+    def member(self, v: Volume, e: Entry, info) -> None:
+        final = self.targets.get(e.key)
+        if final is None:
+            self.corrupt.append(f"{v.path.name}: member {e.member!r} is not listed in the bundle's payloads; refused")
+            return
+        skey = f"{e.kind}:{e.path}"
+        pieces = self.state.pieces(skey)
+        if _is_done(final, e.size) or str(e.segment) in pieces:
+            self.skipped += 1
+            return
+        partial = self.places.partial(*e.key)
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        got = self._copy(v, info, partial, e.offset, e.size, fresh=e.whole)
+        if got != e.blake3:
+            self.corrupt.append(f"{v.path.name}: member {e.member!r}: blake3 mismatch; not imported")
+            if e.whole:
+                partial.unlink(missing_ok=True)
+            return
+        if not e.whole:
+            if e.file_blake3:
+                self.state.doc["whole"][skey] = [e.file_blake3, e.file_sha256]
+            pieces[str(e.segment)] = [e.offset, e.length, got]
+            self.state.save()
+            if len(pieces) < e.segments:
+                return
+        want = e.file_blake3 if e.whole else self.state.doc["whole"].get(skey, [None])[0]
+        have = got if e.whole else blake3_file(partial, threads=blake3.blake3.AUTO)
+        if have != want:
+            self.corrupt.append(f"{v.path.name}: {file_member(*e.key)}: assembled file does not match its "
+                                f"blake3; not imported")
+            partial.unlink(missing_ok=True)
+            self.state.doc["pieces"].pop(skey, None)
+            self.state.doc["whole"].pop(skey, None)
+            self.state.save()
+            return
+        publish(partial, final, sync=self.sync)
+        self.imported.append(file_member(*e.key))
+        if not e.whole:
+            self.state.doc["pieces"].pop(skey, None)
+            self.state.doc["whole"].pop(skey, None)
+            self.state.save()
+
+    def _copy(self, v: Volume, info, partial: Path, offset: int, size: int, fresh: bool) -> str:
+        """Write the member's bytes at OFFSET of the partial file, hashing them; fsynced unless told not to.
+        Returns the blake3."""
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if fresh else 0)
+        fd = os.open(partial, flags, 0o644)
+        h = StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
+        flush = EarlyFlush(fd, enabled=self.sync)
+        try:
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, size)
+            pos = offset
+            try:
+                for view in self.pipe.stream(v.path, info.offset_data, info.size, (h,)):
+                    while view:
+                        n = os.pwrite(fd, view, pos)
+                        view, pos = view[n:], pos + n
+                        flush.wrote(n)
+            except EOFError:  # the volume shrank since it was scanned
+                return "truncated"
+            except OSError as e:
+                raise BadInput(f"{v.path.name}: member {info.name!r}: copy to {partial} failed ({e})") from None
+            finally:
+                flush.wait()
+        finally:
+            os.close(fd)
+        if self.sync:  # a piece recorded in the state must survive a crash
+            fsync_dir(partial)
+            fsync_dir(partial.parent)
+        return h.digests().blake3
