@@ -239,7 +239,7 @@ def test_a_rebuild_killed_mid_way_is_finished_by_a_rerun(model, tmp_path):
     assert [p.name for p in rebuilt_dir.iterdir()] == [f".{lost.name}.partial"]  # killed mid-rebuild, nothing named
     r = mm("unbundle", vols, "--dest", dest)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "rebuilt from parity 1, 2: volume(s) 2" in r.stdout
+    assert "rebuilt from parity 1: volume(s) 2" in r.stdout
     assert tree(dest) == tree(model)
 
 
@@ -392,3 +392,40 @@ def test_a_parity_index_with_a_huge_stripe_is_refused(vols):
     rewrite_parity_index(p, lambda doc: doc.update(stripe=1 << 30))
     r = mm("bundle", "verify", p)
     assert r.returncode == 1 and "malformed parity index (stripe 1073741824 is not a multiple of 64 up to" in r.stdout
+
+
+def test_a_sitting_of_parity_volumes_alone_rebuilds_the_last_lost_volume(vols, model, tmp_path):
+    """Disks 1-4 arrive and go back, disk 5 is lost; a later sitting brings the parity disk alone."""
+    dest = tmp_path / "dest"
+    vs, ps = data_volumes(vols), parity_volumes(vols)
+    first, second = tmp_path / "sitting1", tmp_path / "sitting2"
+    first.mkdir()
+    second.mkdir()
+    for p in vs[:4]:
+        shutil.copy2(p, first / p.name)
+    r = mm("unbundle", first, "--dest", dest)
+    assert r.returncode == 0 and "still missing: volume(s) 5" in r.stdout
+    shutil.copy2(ps[1], second / ps[1].name)
+    r = mm("unbundle", second, "--dest", dest)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rebuilt from parity 2: volume(s) 5" in r.stdout and tree(dest) == tree(model)
+
+
+def test_a_damaged_parity_stream_is_left_out_and_the_other_parity_rebuilds(vols, model, tmp_path):
+    flip_byte_in_member(parity_volumes(vols)[0], "parity/")
+    data_volumes(vols)[2].unlink()
+    r = mm("unbundle", vols, "--dest", tmp_path / "dest")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "note: parity 1: damaged (its bytes do not match the parity index); left out of the rebuild" in r.stderr
+    assert "rebuilt from parity 2: volume(s) 3" in r.stdout and tree(tmp_path / "dest") == tree(model)
+
+
+def test_parity_of_another_bundle_is_refused_even_when_nothing_needs_rebuilding(vols, tmp_path):
+    other = make_model(tmp_path / "other", seed=7)
+    out = tmp_path / "other-vols"
+    assert mm("bundle", other, "--out", out, "--volume-size", VOLUME_SIZE, "--parity", "1",
+              "--no-sync").returncode == 0
+    foreign = parity_volumes(out)[0]
+    r = mm("unbundle", *data_volumes(vols), foreign, "--dest", tmp_path / "dest")
+    assert r.returncode == 5 and f"refused: {foreign.name}: parity of bundle" in r.stderr
+    assert "verify" in r.stdout  # the bundle's own volumes were all imported

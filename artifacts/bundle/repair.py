@@ -65,7 +65,10 @@ def repair_volumes(sources: list[Path], out_dir: Path | None = None, sync: bool 
         inputs = {n: FileSource(v.path) for n, v in good.items()}
         try:
             progress.begin(sum(index.data[n - 1].size for n in lost), "rebuild")
-            rebuilt = rebuild_data_volumes(pset.usable, inputs, lost, out, sync=sync, progress=progress)
+            result = rebuild_data_volumes(pset.usable, inputs, lost, out, sync=sync, progress=progress)
+            rebuilt = result.files
+            notes += [f"{what}: damaged (its bytes do not match the parity index); left out of the rebuild"
+                      for what in result.left_out]
         finally:
             progress.end()
             for src in inputs.values():

@@ -33,6 +33,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import blake3
 
@@ -42,11 +43,11 @@ from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_relpa
 from ..hashing import StreamHasher, blake3_file
 from ..manifest import from_dict, manifest_path
 from ..progress import NULL_PROGRESS, ProgressSink
-from .check import conflicting_numbers, parity_set, reference_bundle
+from .check import ParitySet, conflicting_numbers, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
 from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member
-from .index import Entry
-from .parity import FileSource, NotRecoverable, rebuild
+from .index import Entry, Index, parse_index
+from .parity import FileSource, NotRecoverable, describe_shortfall, rebuild
 from .payloads import MODEL_KIND, PAYLOAD_PARTIAL, files_expected, next_commands, payload_roots, payloads_placed
 from .volume import Volume, find_volumes, meta_bytes, open_volume, split_volumes
 
@@ -195,7 +196,8 @@ def _check_entries(v: Volume, manifest_files: dict) -> str | None:
 
 def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | None, require: bool):
     """The bundle's manifest signature, checked with ssh-keygen before anything is written: (report or None when
-    unsigned and not required, the manifest bytes whose signature was checked)."""
+    unsigned and not required, the manifest bytes whose signature was checked). VOLS: data volumes first, then
+    parity volumes (they carry the manifest and its signature too)."""
     from ..signing import verify_manifest_signature
 
     ref = reference_bundle(vols)
@@ -204,7 +206,7 @@ def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | N
     if first is None:
         raise BadInput("no usable volume to check the manifest signature in")
     sig = meta_bytes(first, SIG_MEMBER)
-    if sig is None and SIG_MEMBER in first.index.meta:
+    if sig is None and SIG_MEMBER in first.described.meta:
         raise IntegrityError(f"{first.path.name}: member {SIG_MEMBER!r} is damaged; refused")
     if sig is None and not require:
         return None, first.manifest_bytes
@@ -225,7 +227,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
     vols, pvols = split_volumes([open_volume(p) for p in find_volumes(sources)])
     signature, signed_manifest = None, None
     if allowed_signers is not None:
-        signature, signed_manifest = check_signature(vols, allowed_signers, identity, require_signature)
+        signature, signed_manifest = check_signature(vols + pvols, allowed_signers, identity, require_signature)
     dest.mkdir(parents=True, exist_ok=True)
     with dir_lock(dest, "mm unbundle"):
         state = _State(dest / STATE_DIR / "state.json")
@@ -234,20 +236,27 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
                       and MANIFEST_MEMBER not in v.damaged), None)
         manifest_b3 = state.doc.get("manifest_blake3") or (first.index.manifest_blake3 if first else None)
         accepted, refused = _judge_volumes(vols, ref, manifest_b3)
-        if first is None or not accepted:
-            raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} given: "
-                           + "; ".join(refused[:3]))
-        manifest = from_dict(json.loads(first.manifest_bytes), f"{first.path.name}: {MANIFEST_MEMBER}")
+        if first is not None and accepted:
+            idx, manifest_bytes, where = first.index, first.manifest_bytes, f"{first.path.name}: {MANIFEST_MEMBER}"
+        else:  # parity volumes only: the bundle's index from an earlier sitting, when it left one
+            earlier = _earlier_index(dest, ref) if pvols else None
+            if earlier is None:
+                raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} given: "
+                               + "; ".join(refused[:3]))
+            idx, manifest_bytes, where = earlier
+            first = next((pv for pv in pvols if pv.bundle_id == ref and not pv.refused), None)
+        manifest = from_dict(json.loads(manifest_bytes), where)
         files_by_path = manifest.by_path()
         for v in list(accepted):
             why = _check_entries(v, files_by_path)
             if why:
                 accepted.remove(v)
                 refused.append(why)
-        idx = first.index
-        if signed_manifest is not None and first.manifest_bytes != signed_manifest:
-            raise IntegrityError(f"{first.path.name}: carries another manifest than the one whose signature was checked")
-        _check_dest_manifest(dest, first.manifest_bytes)
+        pset = parity_set(pvols, ref)
+        refused += pset.refused
+        if signed_manifest is not None and manifest_bytes != signed_manifest:
+            raise IntegrityError(f"{where}: another manifest than the one whose signature was checked")
+        _check_dest_manifest(dest, manifest_bytes)
         places = Places(dest, payload_dests)
         expected = {**{(MODEL_KIND, f.path): f.size for f in manifest.files}, **files_expected(idx.payloads)}
         targets = {key: places.final(*key) for key in expected}
@@ -255,8 +264,10 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         state.doc.update({"bundle_id": ref, "name": idx.name, "volumes": idx.volumes,
                           "manifest_blake3": idx.manifest_blake3})
         if not manifest_path(dest).is_file():
-            atomic_write_bytes(manifest_path(dest), first.manifest_bytes)
+            atomic_write_bytes(manifest_path(dest), manifest_bytes)
         _restore_signature(dest, first)
+        if first is not None and not first.is_parity and (pvols or idx.parity):  # for a sitting of parity volumes only
+            atomic_write_bytes(dest / STATE_DIR / "index.json", first.index_bytes)
         state.save()
         run = _Import(places, state, targets, progress, sync)
         total = sum(e.length for v in accepted for e in v.entries())
@@ -272,11 +283,10 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
                 state.doc["done_volumes"] = sorted(done_vols)
                 state.save()
             progress.end()
-            rebuild_report = _Rebuilt()
-            if pvols and any(not _is_done(targets[key], size) for key, size in expected.items()):
-                rebuild_report = _rebuild_from_parity(dest, ref, accepted, pvols, run, state, idx.volumes, sync,
-                                                      progress, lambda v: _judge_rebuilt(v, ref, manifest_b3,
-                                                                                         files_by_path))
+            rebuild_report = _Rebuilt(notes=list(pset.unused))
+            if pset.usable and any(not _is_done(targets[key], size) for key, size in expected.items()):
+                rebuild_report = _rebuild_from_parity(dest, accepted, pset, run, state, idx.volumes, sync, progress,
+                                                      lambda v: _judge_rebuilt(v, ref, manifest_b3, files_by_path))
                 refused += rebuild_report.refused
         finally:
             run.pipe.close()
@@ -307,10 +317,26 @@ def _signature_doc(report) -> dict | None:
             "namespace": report.namespace, "allowed_signers": report.allowed_signers}
 
 
-def _restore_signature(dest: Path, first: Volume) -> None:
+def _earlier_index(dest: Path, ref: str | None) -> tuple[Index, bytes, str] | None:
+    """(the bundle's data index, the manifest bytes, where) as an earlier sitting of bundle REF left them in DEST,
+    or None. Read back as hostile as a volume's: parsed, and the manifest checked against its blake3."""
+    path = dest / STATE_DIR / "index.json"
+    try:
+        idx = parse_index(json.loads(path.read_bytes()), str(path))
+        manifest_bytes = manifest_path(dest).read_bytes()
+    except (OSError, ValueError, BadInput):
+        return None
+    if idx.bundle_id != ref or b3(manifest_bytes) != idx.manifest_blake3:
+        return None
+    return idx, manifest_bytes, str(manifest_path(dest))
+
+
+def _restore_signature(dest: Path, first: Volume | None) -> None:
     """Put the manifest's signature back beside the manifest (DEST/.mm/manifest.json.sig)."""
     from ..signing import signature_path
 
+    if first is None:
+        return
     sig = meta_bytes(first, SIG_MEMBER)
     if sig is not None and not signature_path(dest).is_file():
         atomic_write_bytes(signature_path(dest), sig)
@@ -335,12 +361,12 @@ def _judge_rebuilt(v: Volume, ref: str, manifest_b3: str | None, files_by_path: 
     return refused[0] if refused else _check_entries(v, files_by_path)
 
 
-def _rebuild_from_parity(dest: Path, ref: str, accepted: list[Volume], pvols: list[Volume], run: _Import,
-                         state: _State, count: int, sync: bool, progress: ProgressSink, judge) -> _Rebuilt:
+def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, run: _Import, state: _State, count: int,
+                         sync: bool, progress: ProgressSink, judge) -> _Rebuilt:
     """Rebuild the data volumes not yet imported whole (missing, or with a damaged member) from the intact data
-    volumes given (or what earlier sittings left in DEST) and the parity volumes; import them, delete them."""
-    pset = parity_set(pvols, ref)
-    out = _Rebuilt(refused=list(pset.refused), notes=list(pset.unused))
+    volumes given (or what earlier sittings left in DEST) and the usable parity volumes; import them (each judged
+    by JUDGE first), delete them."""
+    out = _Rebuilt(notes=list(pset.unused))
     lost = sorted(set(range(1, count + 1)) - set(state.doc.get("done_volumes", [])))
     if not pset.usable or not lost:
         return out
@@ -358,6 +384,8 @@ def _rebuild_from_parity(dest: Path, ref: str, accepted: list[Volume], pvols: li
     try:
         progress.begin(sum(pindex.data[n - 1].size for n in lost), f"rebuild volume(s) {', '.join(map(str, lost))}")
         rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / "rebuilt", sync, progress)
+        out.notes += [f"{what}: damaged (its bytes do not match the parity index); left out of the rebuild"
+                      for what in rebuilt.left_out]
     except NotRecoverable as e:
         out.recovery = f"cannot rebuild yet: {e.message}"
         return out
@@ -366,7 +394,7 @@ def _rebuild_from_parity(dest: Path, ref: str, accepted: list[Volume], pvols: li
         for src in sources.values():
             src.close()
     names = {v.number: v.path.name for v in accepted}
-    for n, path in sorted(rebuilt.items()):
+    for n, path in sorted(rebuilt.files.items()):
         v = open_volume(path)
         why = judge(v)
         if why:
@@ -382,16 +410,24 @@ def _rebuild_from_parity(dest: Path, ref: str, accepted: list[Volume], pvols: li
         state.save()
         path.unlink()
         out.volumes.append(n)
-    out.parity_used = [pv.number for pv in pset.usable]
+    out.parity_used = rebuilt.parity_used
     return out
 
 
+class RebuiltVolumes(NamedTuple):
+    files: dict[int, Path]  # data volume number -> the rebuilt file
+    parity_used: list[int]  # parity volumes the rebuild read
+    left_out: list[str]  # inputs found damaged and left out ("parity 1", "volume 3")
+
+
 def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: list[int], out_dir: Path,
-                         sync: bool = True, progress: ProgressSink = NULL_PROGRESS) -> dict[int, Path]:
+                         sync: bool = True, progress: ProgressSink = NULL_PROGRESS) -> RebuiltVolumes:
     """Rebuild data volumes WANT (numbers) from the good DATA sources (number -> parity.Source) and the parity
     volumes PVOLS (parity_set's usable), each into OUT_DIR under its own file name: written under a temporary
     name, named only when its whole-file blake3 is the one the parity index records. Raises NotRecoverable naming
-    what would be enough; IntegrityError naming the damaged input when the result does not match."""
+    what would be enough. An input whose bytes are not those the parity index records (a damaged parity stream,
+    a bad byte between members of a data volume) shows as a result that does not match: it is found by hashing
+    the inputs, left out, and the rebuild runs again from the others."""
     if not pvols:
         raise NotRecoverable("no usable parity volume")
     index = pvols[0].parity
@@ -420,20 +456,38 @@ def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: lis
                     view = view[n:]
             return write
 
-        result = rebuild(layout, inputs, want_idx, {i: sink(outs[i][0]) for i in want_idx}, on_bytes=progress.advance)
-        bad = [i for i in want_idx if result.output_blake3[i] != index.data[i].blake3]
-        if bad:
-            checked = rebuild(layout, inputs, want_idx, {i: _discard for i in want_idx}, hash_inputs=True)
-            damaged = [(f"volume {i + 1}" if i < k else f"parity {i - k + 1}") for i, d in checked.input_blake3.items()
-                       if d != (index.data[i].blake3 if i < k else index.streams[i - k].blake3)]
-            raise IntegrityError(f"rebuilt volume(s) {', '.join(str(i + 1) for i in bad)} do not match the bundle "
-                                 f"(blake3): damaged input(s): {', '.join(damaged) or 'unknown'}; nothing written")
+        def expected(i: int) -> str:
+            return index.data[i].blake3 if i < k else index.streams[i - k].blake3
+
+        def named(i: int) -> str:
+            return f"volume {i + 1}" if i < k else f"parity {i - k + 1}"
+
+        damaged: set[int] = set()
+        while True:  # an input found damaged is left out and the rebuild run again while enough are left
+            usable = {i: src for i, src in inputs.items() if i not in damaged}
+            result = rebuild(layout, usable, want_idx, {i: sink(outs[i][0]) for i in want_idx},
+                             on_bytes=progress.advance)
+            bad = [i for i in want_idx if result.output_blake3[i] != index.data[i].blake3]
+            if not bad:
+                break
+            checked = rebuild(layout, usable, want_idx, {i: _discard for i in want_idx}, hash_inputs=True)
+            found = {i for i, d in checked.input_blake3.items() if d != expected(i)}
+            if not found:
+                raise IntegrityError(f"rebuilt volume(s) {', '.join(str(i + 1) for i in bad)} do not match the "
+                                     f"bundle (blake3), and no input shows damage; nothing written")
+            damaged |= found
+            if len(inputs) - len(damaged) < k:
+                raise NotRecoverable(f"damaged input(s) {', '.join(map(named, sorted(damaged)))} left out: "
+                                     f"{describe_shortfall(layout, set(inputs) - damaged, set(want_idx))}")
+            for fd, _, _ in outs.values():
+                os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)
         done = {}
         for i in want_idx:
             fd, tmp, final = outs.pop(i)
             publish_fd(fd, tmp, final, sync)
             done[i + 1] = final
-        return done
+        return RebuiltVolumes(done, [i - k + 1 for i in result.inputs if i >= k], [named(i) for i in sorted(damaged)])
     finally:
         for src in opened:
             src.close()
