@@ -20,12 +20,10 @@ import click
 from .artifacts.bundle.payloads import PAYLOAD_KINDS
 from .artifacts.errors import IntegrityError, MMError, ProblemsFound
 from .artifacts.fsutil import human_bytes
-from .artifacts.manifest import export_sums_files
-from .artifacts.pins import pinned_target
 from .artifacts.progress import NULL_PROGRESS, ProgressSink
-from .artifacts.verify import VerifyReport, summary_counts, upstream_target, verify_dir, verify_upstream
 
-if TYPE_CHECKING:  # heavy modules are imported inside the commands that use them (start-up time)
+if TYPE_CHECKING:  # library modules are imported inside the commands that use them (start-up time)
+    from .artifacts.verify import VerifyReport
     from rich.console import Console
 
     from .artifacts import fetch as mm_fetch, launch as mm_launch, mirror as ms_mirror
@@ -184,6 +182,7 @@ def main() -> None:
 
 def _fetch_request(repo: str | None, revision: str | None, local_dir: Path | None, **options) -> mm_fetch.FetchRequest:
     from .artifacts import fetch as mm_fetch
+    from .artifacts.pins import pinned_target
     t = pinned_target(repo, revision)
     return mm_fetch.FetchRequest(repo_id=t.repo_id, revision=t.revision or "main",
                                  local_dir=local_dir or Path(t.repo_id.split("/")[-1]), **options)
@@ -297,6 +296,7 @@ def manifest_create(directory, repo, revision, offline, jobs, json_out):
 @handles_errors
 def manifest_export(directory, fmt, json_out):
     """Write SHA256SUMS / B3SUMS into DIR/.mm/ for `sha256sum -c` and `b3sum --check` (run from DIR)."""
+    from .artifacts.manifest import export_sums_files
     written = export_sums_files(directory, ("sha256", "blake3") if fmt == "both" else (fmt,))
     if json_out:
         emit_json({"ok": True, "written": written})
@@ -311,11 +311,13 @@ def manifest_export(directory, fmt, json_out):
 
 
 def _verify_doc(report: VerifyReport) -> dict:
+    from .artifacts.verify import summary_counts
     return {"ok": report.ok, **to_jsonable(report), "bytes_per_second": report.bytes_per_second,
             "counts": summary_counts(report.problems)}
 
 
 def _counts_text(report: VerifyReport) -> str:
+    from .artifacts.verify import summary_counts
     return ", ".join(f"{n} {kind}" for kind, n in sorted(summary_counts(report.problems).items()))
 
 
@@ -353,6 +355,7 @@ def _problems_found(report: VerifyReport, what: str) -> None:
 def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, allowed_signers, identity, json_out):
     """Check every byte of DIR against its manifest, every file present and nothing extra, every
     safetensors shard and index sound. Exit 0 all good, 1 problems found, 3 could not run, 5 bad signature."""
+    from .artifacts.verify import upstream_target, verify_dir, verify_upstream
     progress = progress_for(json_out)
     signature = None
     if identity and not allowed_signers:
@@ -518,6 +521,7 @@ def _mirror_plan(req: mm_fetch.FetchRequest, source: str, mirror_only: bool,
             raise click.UsageError("--mirror-only and --pin-manifest need --source modelscope")
         return None
     from .artifacts import mirror as ms_mirror
+    from .artifacts.pins import pinned_target
     pin = pinned_target(req.repo_id, req.revision).pin
     return ms_mirror.plan_fetch(req, source, pin.modelscope_id if pin else None, mirror_only=mirror_only,
                                 pin_manifest=pin_manifest)[0]
