@@ -153,6 +153,27 @@ def ms_env(hub_env, ms_server, tmp_path) -> dict[str, str]:
 # --- end mirror ---
 
 
+# --- OCI registry (issue 14) ---
+from tests.support.registry import Registry  # noqa: E402
+
+REGISTRY_USER, REGISTRY_PASSWORD = "mm-tester", "pw-" + secrets.token_hex(12)
+
+
+@pytest.fixture(scope="session")
+def registry():
+    """The session's anonymous docker-registry (distribution 2.8) on 127.0.0.1; use a repository name of your own."""
+    with Registry() as reg:
+        yield reg
+
+
+@pytest.fixture(scope="session")
+def auth_registry():
+    """The session's htpasswd docker-registry: user REGISTRY_USER, password REGISTRY_PASSWORD (reg.users)."""
+    with Registry(users={REGISTRY_USER: REGISTRY_PASSWORD}) as reg:
+        yield reg
+# --- end OCI registry ---
+
+
 # --- signatures (issue 15) ---
 from tests.support.sshkeys import make_keys  # noqa: E402
 
