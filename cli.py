@@ -870,7 +870,8 @@ def _render_inspect(report) -> None:
     for f in report.files:
         kind = f["media_type"].rsplit(".model.", 1)[-1]
         out.print(f"{human_bytes(f['size']):>10}  {kind:<22} {f['path']}", markup=False, highlight=False, soft_wrap=True)
-    signed = {None: "unknown (no signature scheme for OCI artifacts yet)", True: "yes", False: "no"}[report.signed]
+    signed = {None: "unknown (not pushed by mm)", True: "yes (check with mm pull --allowed-signers FILE)",
+              False: "no"}[report.signed]
     out.print(f"{len(report.files)} files, {human_bytes(report.total_bytes)}; mm manifest: "
               f"{'yes' if report.mm_manifest else 'no'}; signed: {signed}", markup=False, highlight=False, soft_wrap=True)
 
@@ -881,14 +882,18 @@ def _render_inspect(report) -> None:
 @click.option("--list", "list_only", is_flag=True, help="Show the artifact's files, sizes and revision; download nothing.")
 @registry_options
 @click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Blobs downloaded in parallel.")
+@_signature_options
 @json_option
 @handles_errors
-def pull(reference, local_dir, list_only, username, password_stdin, plain_http, ca_file, workers, json_out):
+def pull(reference, local_dir, list_only, username, password_stdin, plain_http, ca_file, workers, require_signature,
+         allowed_signers, identity, json_out):
     """Pull a ModelPack artifact that mm pushed, proving every byte (sha256 and blake3) before naming a file.
 
     The tag is resolved to a digest once; resumes across runs; ends with the quick verify (exit 1 if it fails).
+    With --allowed-signers the manifest's signature is checked before anything is written (exit 5 if not good).
     """
     from .artifacts.oci import pull as oci_pull
+    _signature_policy(require_signature, allowed_signers, identity)
     creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
     if list_only:
         report = oci_pull.inspect(reference, creds, transport)
@@ -896,11 +901,18 @@ def pull(reference, local_dir, list_only, username, password_stdin, plain_http, 
         return
     if local_dir is None:
         raise click.UsageError("--local-dir is required (or --list)")
-    report = oci_pull.pull(reference, local_dir, creds, transport, workers=workers, progress=progress_for(json_out))
+    report = oci_pull.pull(reference, local_dir, creds, transport, workers=workers, progress=progress_for(json_out),
+                           allowed_signers=allowed_signers, identity=identity, require_signature=require_signature)
     code = max((f.exit_code for f in report.failed), default=0) or (ProblemsFound.exit_code if report.verify_problems else 0)
     if json_out:
         emit_json({"ok": code == 0, **to_jsonable(report)})
         sys.exit(code)
+    if report.signature:
+        s = report.signature
+        out.print(f"signature: good, signed by {s['identity']} ({s['key_type']} key {s['fingerprint']})",
+                  highlight=False, markup=False, soft_wrap=True)
+    elif allowed_signers:
+        err.print("note: the artifact's manifest is not signed", markup=False, highlight=False, soft_wrap=True)
     for f in report.failed:
         err.print(f"FAILED {f.path}: {f.error}", markup=False, highlight=False, soft_wrap=True)
     counts, moved = _transfer_summary(report.files, report.bytes_transferred, report.seconds)
