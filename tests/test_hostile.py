@@ -106,10 +106,10 @@ def rewrite_volume(vol: Path, change) -> None:
     vol.write_bytes(buf.getvalue())
 
 
-def set_index(vol: Path, edit) -> None:
-    """Replace VOL's index with EDIT(index dict) -> dict or bytes."""
+def set_index(vol: Path, edit, prefix: str = "MMBUNDLE/index-vol") -> None:
+    """Replace VOL's index (or, with PREFIX MMBUNDLE/index-par, a parity volume's) with EDIT(index dict) -> dict or bytes."""
     def change(name, data, index):
-        if name.startswith("MMBUNDLE/index-vol"):
+        if name.startswith(prefix):
             new = edit(json.loads(data))
             return new if isinstance(new, bytes) else json.dumps(new).encode()
         return data
@@ -316,6 +316,47 @@ def test_shape_bundle_index(vols, tmp_path, shape):
     if shape in ("payloads is a list", "volume 1e400", "member is a list"):
         r = run("unbundle", vols[0], "--dest", tmp_path / "dest")
         assert r.returncode in (3, 5) and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.fixture(scope="module")
+def pristine_parity_vols(pristine, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("parity")
+    create_bundle(pristine, out, VOLUME_SIZE, parity=1)
+    return out
+
+
+PARITY_SHAPES = {
+    **{bad: (lambda raw: lambda i: raw)(MALFORMED[bad]) for bad in SOME},
+    "data is an object": lambda i: {**i, "data": {}},
+    "a data size of 10^13": lambda i: {**i, "data": [{**d, "size": 10**13} for d in i["data"]]},
+    "parities 10^6": lambda i: {**i, "parities": 10**6},
+    "a name of a megabyte": lambda i: {**i, "name": "n" * 2**20},
+}
+
+
+@pytest.mark.parametrize("shape", sorted(PARITY_SHAPES))
+def test_volume_a_hostile_parity_index(pristine_parity_vols, tmp_path, shape):
+    shutil.copytree(pristine_parity_vols, tmp_path / "vols")
+    all_vols = sorted((tmp_path / "vols").glob("*.tar"))
+    par = next(v for v in all_vols if ".par" in v.name)
+    set_index(par, PARITY_SHAPES[shape], prefix="MMBUNDLE/index-par")
+    r = run("bundle", "verify", *all_vols)
+    fails_cleanly(r, 1, par.name)
+    data = [v for v in all_vols if v != par]
+    data[0].unlink()  # a volume lost: the hostile parity volume is all there is to rebuild it from
+    r = run("unbundle", *data[1:], par, "--dest", tmp_path / "dest")
+    assert r.returncode in (3, 5) and "Traceback" not in r.stderr, r.stderr
+    r = run("bundle", "repair-volume", *data[1:], par)
+    assert r.returncode in (1, 3, 5) and "Traceback" not in r.stderr, r.stderr
+    big = [p for p in tmp_path.rglob("*") if p.is_file() and p.stat().st_size > 10**8]
+    assert big == []
+
+
+@pytest.mark.parametrize("bad", SOME)
+def test_json_a_manifest_to_sign(model, keys, bad):
+    manifest_path(model).write_bytes(MALFORMED[bad])
+    fails_cleanly(run("sign", model, "--key", keys["alice"]), 3, str(manifest_path(model)))
+    assert not (manifest_path(model).parent / "manifest.json.sig").exists()
 
 
 # --- volume: crafted volumes whose hashes all match ----------------------------------------------
@@ -1111,6 +1152,11 @@ GUARDED = {
     "diagnose": ("mm.artifacts.diagnose", "run_diagnosis", lambda m, t: ["diagnose", t / "x.log"], "mm diagnose"),
     "manifest export": ("mm.artifacts.manifest", "export_sums_files", lambda m, t: ["manifest", "export", m],
                         "mm manifest export"),
+    "bundle repair-volume": ("mm.artifacts.bundle.repair", "repair_volumes",
+                             lambda m, t: ["bundle", "repair-volume", m], "mm bundle repair-volume"),
+    "pull": ("mm.artifacts.oci.pull", "pull", lambda m, t: ["pull", "127.0.0.1:1/a/b:v1", "--local-dir", t / "p"],
+             "mm pull"),
+    "sign": ("mm.artifacts.signing", "sign_manifest", lambda m, t: ["sign", m, "--key", t / "k"], "mm sign"),
 }
 
 
