@@ -1,15 +1,19 @@
 """Hostile and broken input, faults and full disks: every path ends in the documented outcome (issue 11).
 
 Families (each parametrized; the count of cases is what pytest collects here):
-  json      malformed JSON of every kind of file mm reads, through the commands that read it
+  json      malformed JSON of every kind of file mm reads, through the commands that read it (the troubleshooting
+            table, docker's answers and a manifest to sign included)
   shape     well-formed JSON of the wrong shape (the cases the issue lists)
-  volume    crafted bundle volumes
-  hub       a fault-injecting Hub (a file that 404s or 500s, garbage API answers, credentials in HF_ENDPOINT)
+  volume    crafted bundle volumes (data and parity)
+  hub       a fault-injecting Hub (a file that 404s or 500s, garbage API answers, credentials in HF_ENDPOINT), and
+            sources answering Range requests from the wrong byte
   fs        full (ENOSPC) and read-only file systems on small tmpfs mounts (root only), wrong kinds of path,
             names too long
   race      concurrent runs, a file cut while verify hashes it
-  values    option values refused as usage errors (exit 2)
+  values    option values refused as usage errors (exit 2), launch-node and diagnose options included
   messages  what mm prints about hostile names
+  oci       hostile registry artifacts, token services and auth files; a model that never had a draft
+  guard     an unexpected exception injected into each command family: one line, exit 70
 Every run goes through `run`, which records it; the last test asserts that none printed a traceback.
 """
 from __future__ import annotations
