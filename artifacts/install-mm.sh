@@ -90,6 +90,28 @@ PY
 set_dir="$wheelhouse/$set_name"
 lock="$set_dir/requirements.lock"
 
+# Every wheel's bytes against the lock first, so that damage names its file before any installer runs.
+"$py" - "$set_dir" "$lock" <<'PY' || exit 5
+import glob, hashlib, os, sys
+set_dir, lock = sys.argv[1:]
+pinned = {}
+for line in open(lock):
+    spec, _, digest = line.strip().partition(" --hash=sha256:")
+    pinned[digest] = spec
+seen = set()
+for path in sorted(glob.glob(os.path.join(set_dir, "*.whl"))):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    if h.hexdigest() not in pinned:
+        sys.exit("install-mm.sh: %s: sha256 %s is not in %s (damaged in transit?)" % (path, h.hexdigest(), lock))
+    seen.add(h.hexdigest())
+missing = sorted(spec for digest, spec in pinned.items() if digest not in seen)
+if missing:
+    sys.exit("install-mm.sh: %s: no wheel for %s" % (set_dir, ", ".join(missing)))
+PY
+
 [ ! -e "$dest" ] || [ -z "$(ls -A "$dest" 2>/dev/null)" ] || [ -x "$dest/bin/python" ] ||
   die 3 "$dest: exists and is not a virtual environment; name another directory"
 
@@ -101,20 +123,13 @@ install_pip() {  # returns 10 when this python3 cannot make a venv with pip (the
 }
 
 install_uv() {
-  # The uv wheel is checked against the lock before its binary is taken out and run.
-  "$py" - "$set_dir" "$lock" "$tmp/uv" <<'PY' || return 1
-import glob, hashlib, os, sys, zipfile
-set_dir, lock, out = sys.argv[1:]
-pins = {}
-for line in open(lock):
-    spec, _, digest = line.strip().partition(" --hash=sha256:")
-    pins[spec.split("==")[0]] = digest
+  # Every wheel was checked against the lock above; the binary comes out of the uv wheel with python3's zipfile.
+  "$py" - "$set_dir" "$tmp/uv" <<'PY' || return 1
+import glob, os, sys, zipfile
+set_dir, out = sys.argv[1:]
 wheels = glob.glob(os.path.join(set_dir, "uv-*.whl"))
 if len(wheels) != 1:
     sys.exit("install-mm.sh: no uv wheel in " + set_dir)
-data = open(wheels[0], "rb").read()
-if hashlib.sha256(data).hexdigest() != pins.get("uv"):
-    sys.exit("install-mm.sh: %s: sha256 differs from %s" % (wheels[0], lock))
 with zipfile.ZipFile(wheels[0]) as zf:
     name = next(n for n in zf.namelist() if n.endswith(".data/scripts/uv"))
     with zf.open(name) as src, open(out, "wb") as dst:

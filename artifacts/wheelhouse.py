@@ -137,15 +137,25 @@ def package_files() -> dict[str, bytes]:
     return files
 
 
+def _mm_distribution() -> importlib.metadata.Distribution:
+    """The installed mm's .dist-info (a checkout's stray mm.egg-info on sys.path has no METADATA)."""
+    for dist in importlib.metadata.distributions(name="mm"):
+        if dist.read_text("METADATA") and dist.read_text("entry_points.txt"):
+            return dist
+    raise BadInput("mm's installed metadata (METADATA, entry_points.txt) is missing; reinstall mm")
+
+
+def mm_version() -> str:
+    return _mm_distribution().version
+
+
 def build_mm_wheel(dest_dir: Path) -> Path:
     """Write mm-<version>-py3-none-any.whl into DEST_DIR from the installed package and its metadata."""
-    dist = importlib.metadata.distribution("mm")
+    dist = _mm_distribution()
     version = dist.version
     info = f"mm-{version}.dist-info"
     metadata = dist.read_text("METADATA")
     entry_points = dist.read_text("entry_points.txt")
-    if not metadata or not entry_points:
-        raise BadInput("mm's installed metadata (METADATA, entry_points.txt) is missing; reinstall mm")
     members = dict(package_files())
     members[f"{info}/METADATA"] = metadata.encode()
     members[f"{info}/entry_points.txt"] = entry_points.encode()
@@ -322,7 +332,7 @@ def build_wheelhouse(out: Path, targets: list[Target], progress: ProgressSink = 
                     shutil.rmtree(cache / target.name, ignore_errors=True)
                     shutil.copytree(work / target.name, cache / target.name)
         shutil.rmtree(work / "_mm")
-        dist_version = importlib.metadata.version("mm")
+        dist_version = mm_version()
         index = {"schema": SCHEMA, "mm_version": dist_version, "glibc_min": "%d.%d" % GLIBC_MIN,
                  "install": f"sh {INSTALL_SCRIPT} [DIR]",
                  "sets": [{"name": s.name, "machine": s.machine, "python": s.python, "lock": s.lock,

@@ -154,3 +154,35 @@ def ms_env(hub_env, ms_server, tmp_path) -> dict[str, str]:
     log = Path(guard["MM_TEST_NET_LOG"])
     assert not log.exists(), f"a subprocess tried to leave loopback: {log.read_text()}"
 # --- end mirror ---
+
+
+# --- air gap (issue 12) ---
+@pytest.fixture(scope="session")
+def wheelhouse_dir(tmp_path_factory) -> Path:
+    """OUT of `build_wheelhouse` for this host's machine and the other one (x86_64, aarch64), this Python:
+    install-mm.sh + wheelhouse/. Built once a session; downloaded sets are kept in a cache directory that
+    later builds copy from (the same mm wheel bytes), so the suite downloads each set once."""
+    from mm.artifacts import wheelhouse
+
+    out = tmp_path_factory.mktemp("wheelhouse")
+    host = wheelhouse.host_target()
+    other = "aarch64" if host.machine == "x86_64" else "x86_64"
+    targets = wheelhouse.targets_for((host.machine, other), (host.python,))
+    wheelhouse.build_wheelhouse(out, targets, cache=wheelhouse_cache(tmp_path_factory))
+    return out
+
+
+def wheelhouse_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.getbasetemp() / "wheel-sets-cache"
+
+
+@pytest.fixture
+def bare_python(tmp_path) -> Path:
+    """A directory holding `python3`: this interpreter's base CPython (no venv) run as `python3 -I`."""
+    bin_dir = tmp_path / "bare-bin"
+    bin_dir.mkdir()
+    base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {base} -I "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+    return bin_dir
+# --- end air gap ---
