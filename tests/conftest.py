@@ -7,6 +7,7 @@ import secrets
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -185,4 +186,31 @@ def bare_python(tmp_path) -> Path:
     (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {base} -I "$@"\n')
     (bin_dir / "python3").chmod(0o755)
     return bin_dir
+@dataclass
+class PinnedImage:
+    registry: "Registry"
+    image: "TestImage"
+    repo: str  # host:port/lmsysorg/sglang
+    ref: str  # repo@sha256:<index digest>: what the pin names
+
+
+@pytest.fixture(scope="session")
+def pinned_image(tmp_path_factory):
+    """The session's docker-registry on 127.0.0.1 holding a two-platform test image (built by hand as an OCI
+    layout, pushed with skopeo), named by its index digest like the pin names lmsysorg/sglang."""
+    from tests.support.oci_image import build_layout, push
+    from tests.support.registry import Registry
+
+    layout = build_layout(tmp_path_factory.mktemp("oci") / "layout")
+    with Registry(tmp_path_factory.mktemp("image-registry")) as reg:
+        repo = f"{reg.host}/lmsysorg/sglang"
+        yield PinnedImage(reg, layout, repo, push(layout, repo))
+
+
+@pytest.fixture(scope="session")
+def other_image(tmp_path_factory):
+    """Another two-platform image (different bytes), as an OCI layout: for 'wrong image' tests."""
+    from tests.support.oci_image import build_layout
+
+    return build_layout(tmp_path_factory.mktemp("oci-other") / "layout", salt="other")
 # --- end air gap ---
