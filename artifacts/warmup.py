@@ -122,12 +122,22 @@ def parse_gpu_info(text: str) -> tuple[str, str, str, int]:
     return rows[0][0], rows[0][1], rows[0][2], len(rows)
 
 
-def query_gpus(plan: LaunchPlan) -> str:
+def local_image(plan: LaunchPlan) -> str:
+    """How this host has the plan's image (the same search as the start script): the pinned reference, else the
+    image ID `mm image save` recorded (the classic store drops repo digests on `docker load`)."""
+    for ref in (plan.image, plan.image_id):
+        if ref and _docker(["image", "inspect", ref]).returncode == 0:
+            return ref
+    ident = plan.image + (f" (image ID {plan.image_id})" if plan.image_id else "")
+    raise BadInput(f"image {ident} is not on this host: docker load -i {plan.archive_hint}")
+
+
+def query_gpus(plan: LaunchPlan, image: str | None = None) -> str:
     """Ask the pinned image's nvidia-smi for the selected GPUs (what the cache key records)."""
     if plan.hardware.vendor != "nvidia":
         raise BadInput(f"{plan.hardware.name}: pass --gpu-info 'NAME, GFX/COMPUTE, DRIVER' (nvidia-smi is NVIDIA only)")
-    argv = ["run", "--rm", "--gpus", '"device=%s"' % ",".join(map(str, plan.gpus)), "--entrypoint", "nvidia-smi",
-            plan.image, "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"]
+    argv = ["run", "--rm", "--pull", "never", "--gpus", '"device=%s"' % ",".join(map(str, plan.gpus)),
+            "--entrypoint", "nvidia-smi", image or plan.image, "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"]
     done = _docker(argv)
     if done.returncode != 0:
         raise ProblemsFound(f"docker run nvidia-smi failed ({done.returncode}): {_last_line(done.stderr)}")
@@ -285,13 +295,14 @@ def run_warmup(plan: LaunchPlan, *, timeout: float = 3600, image_png: bytes | No
     if plan.expose:
         raise BadInput("warm-up publishes on 127.0.0.1 only; leave out --expose")
     started = _now()
-    gpu, cc, driver, count = parse_gpu_info(gpu_info if gpu_info is not None else query_gpus(plan))
+    image = local_image(plan)
+    gpu, cc, driver, count = parse_gpu_info(gpu_info if gpu_info is not None else query_gpus(plan, image))
     check_gpu_family(plan, gpu, cc)
     cache_key = CacheKey(gpu=gpu, compute_capability=cc, driver=driver, image=plan.image, recipe=plan.recipe.id, gpu_count=count)
     name = warmup_name(plan)
     _docker(["rm", "-f", name])  # a warm-up killed earlier may have left its container behind
     extra_env = (("SGLANG_WARMUP_TIMEOUT", FIRST_START_WARMUP_TIMEOUT),) if plan.recipe.engine == "sglang" else ()
-    argv = [str(t) for t in docker_run_argv(plan, detach=True, name=name, extra_env=extra_env)]
+    argv = [str(t) for t in docker_run_argv(plan, detach=True, name=name, extra_env=extra_env, image=image)]
     progress.note(f"starting {plan.recipe.id} as container {name}")
     done = _docker(argv[1:])
     if done.returncode != 0:
