@@ -744,5 +744,29 @@ def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
         raise ProblemsFound(result.error or f"warm-up checks failed: {failed}")
 
 
+@main.command()
+@recipe_options
+@json_option
+@handles_errors
+def doctor(model_dir, json_out, **kw):
+    """Will this host start MODEL_DIR with this recipe? GPUs, driver, docker, the image by identity, port, /dev/shm,
+    host memory, cache disk and key, the model. One line per check with its fix; exit 1 when a check fails."""
+    from .artifacts import doctor as mm_doctor
+    report = mm_doctor.run_doctor(model_dir, _launch_options(kw), default_pin().cuda_runtime)
+    if json_out:
+        emit_json({"ok": report.ok, **to_jsonable(report), "counts": report.counts})
+    else:
+        marks = {"ok": "[green]ok  [/]", "warn": "[yellow]WARN[/]", "fail": "[red]FAIL[/]"}
+        for c in report.checks:
+            fix = f" -> fix: {escape(c.fix)}" if c.fix and c.status != "ok" else ""
+            out.print(f"{marks[c.status]} {c.name}: {escape(c.detail)}{fix}", highlight=False, soft_wrap=True)
+        n = report.counts
+        verdict = "ready to start" if report.ok else "NOT ready"
+        out.print(f"doctor {escape(report.model_dir)} ({report.recipe}): {n['ok']} ok, {n['warn']} warning(s), "
+                  f"{n['fail']} failed: {verdict}", highlight=False, soft_wrap=True)
+    if not report.ok:
+        sys.exit(ProblemsFound.exit_code)
+
+
 if __name__ == "__main__":
     main()

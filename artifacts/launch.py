@@ -359,11 +359,19 @@ def check_model_dir(model_dir: Path, recipe: Recipe) -> tuple[str, str]:
     return manifest.repo_id, manifest.revision
 
 
-def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = None) -> LaunchPlan:
+def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = None,
+                check_model: bool = True) -> LaunchPlan:
+    """CHECK_MODEL=False (mm doctor, which reports the model's state as checks of its own): take the repo and
+    revision from the manifest when there is one, and do not verify."""
     catalog = catalog or load_catalog()
     recipe = choose_recipe(catalog, opts)
     model_dir = Path(model_dir).resolve()
-    repo_id, revision = check_model_dir(model_dir, recipe)  # the model directory first, then the request
+    if check_model:
+        repo_id, revision = check_model_dir(model_dir, recipe)  # the model directory first, then the request
+    else:
+        mpath = manifest_path(model_dir)
+        m = read_manifest(mpath) if mpath.is_file() else None
+        repo_id, revision = (m.repo_id, m.revision) if m else (recipe.weights_repo, catalog.pin.revision)
     check_combination(catalog, recipe, opts)
     engine = catalog.engines[recipe.engine]
     hw = catalog.hardware[recipe.hardware]

@@ -29,6 +29,7 @@ class Pin:
     draft_subfolder: str | None
     size_bytes_approx: int | None
     sources: dict[str, str]
+    cuda_runtime: str | None = None  # the pinned image's CUDA runtime (the host driver must support it)
 
 
 def _value(doc: dict, key: str, where: Path):
@@ -57,6 +58,7 @@ def load_pin_file(path: Path) -> Pin:
         draft_subfolder=draft.get("subfolder"),
         size_bytes_approx=_value(doc, "size_bytes_approx", path),
         sources={k: v["source"] for k, v in doc.items() if isinstance(v, dict) and "source" in v},
+        cuda_runtime=_value(doc, "cuda_runtime", path),
     )
 
 
