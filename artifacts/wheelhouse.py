@@ -354,6 +354,7 @@ def build_wheelhouse(out: Path, targets: list[Target], progress: ProgressSink = 
     tmp.write_text(install_script_text())
     tmp.chmod(0o755)
     os.replace(tmp, script)
+    normalize_mtimes(out)
     return WheelhouseReport(out, dist_version, "%d.%d" % GLIBC_MIN, sets, time.monotonic() - started)
 
 
@@ -403,3 +404,34 @@ def check_wheelhouse(wheelhouse: Path) -> list[str]:
             elif path.stat().st_size != w["size"] or _sha256(path) != w["sha256"]:
                 problems.append(f"{path}: bytes differ from wheelhouse.json")
     return problems
+
+
+# --- the bundle payload ----------------------------------------------------------------------------------
+
+FIXED_MTIME = 315532800  # 1980-01-01: a rebuilt wheelhouse with the same bytes keeps a rerun's bundle id
+
+
+def normalize_mtimes(out: Path) -> None:
+    """Give every file under OUT (install-mm.sh, wheelhouse/) one fixed mtime: same bytes, same stamps."""
+    for path in [Path(out) / INSTALL_SCRIPT, *(Path(out) / WHEELHOUSE_DIR).rglob("*")]:
+        if path.is_file():
+            os.utime(path, (FIXED_MTIME, FIXED_MTIME))
+
+
+def payload_files(out: Path) -> tuple[dict, list[tuple[str, Path, int]]]:
+    """What a bundle carries from OUT (`build_wheelhouse`'s, or `mm bundle --only-mm --out OUT`): the record
+    (mm version, sets, files) and (path under the kind's root, source, size), install-mm.sh first."""
+    out = Path(out)
+    if not (out / INSTALL_SCRIPT).is_file():
+        raise BadInput(f"{out}: no {INSTALL_SCRIPT}; give a directory written by `mm bundle --only-mm --out DIR`")
+    doc = read_index(out / WHEELHOUSE_DIR)
+    problems = check_wheelhouse(out / WHEELHOUSE_DIR)
+    if problems:
+        raise IntegrityError(f"{problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    files = [(INSTALL_SCRIPT, out / INSTALL_SCRIPT), (f"{WHEELHOUSE_DIR}/{INDEX_NAME}", out / WHEELHOUSE_DIR / INDEX_NAME)]
+    for s in doc["sets"]:
+        files += [(f"{WHEELHOUSE_DIR}/{s['name']}/{w['file']}", out / WHEELHOUSE_DIR / s["name"] / w["file"])
+                  for w in s["wheels"]]
+        files.append((f"{WHEELHOUSE_DIR}/{s['lock']}", out / WHEELHOUSE_DIR / s["lock"]))
+    record = {"mm_version": str(doc["mm_version"]), "sets": [str(s["name"]) for s in doc["sets"]]}
+    return record, [(rel, src, src.stat().st_size) for rel, src in files]
