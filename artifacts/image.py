@@ -294,8 +294,8 @@ def read_archive(archive: Path) -> list[ArchiveImage]:
                 index = _parse_json(_read_member(tf, "index.json", where), where)
                 images = []
                 for entry in index.get("manifests", []):
-                    if not isinstance(entry, dict):
-                        continue
+                    if not isinstance(entry, dict) or not DIGEST.match(str(entry.get("digest"))):
+                        continue  # `docker save` (classic) names its images here without digests
                     ann = entry.get("annotations") or {}
                     name = ann.get("io.containerd.image.name") or ""
                     digests = [f"{name.split('@')[0]}@{entry.get('digest')}"] if name else []

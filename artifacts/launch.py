@@ -423,7 +423,8 @@ def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = 
         if ":" in str(m.host) or "," in str(m.host):
             raise BadInput(f"{m.host}: docker -v cannot mount a path containing ':' or ','; move or link it")
     engine_argv = _engine_argv(engine, recipe, tp, opts, container_model)
-    image_record, image_id = find_image_record(image, model_dir, opts.image_archive)
+    image_record, image_id, image_warnings = find_image_record(image, model_dir, opts.image_archive)
+    warnings += image_warnings
     return LaunchPlan(
         recipe=recipe, hardware=hw, model_dir=model_dir, repo_id=repo_id, revision=revision,
         container_model_path=container_model, image=image,
@@ -436,25 +437,32 @@ def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = 
     )
 
 
-def find_image_record(image: str, model_dir: Path, archive: Path | None) -> tuple[Path | None, str | None]:
+def find_image_record(image: str, model_dir: Path, archive: Path | None) -> tuple[Path | None, str | None, list[str]]:
     """The `mm image save` record for IMAGE: beside --image-archive, else in the unbundled payload
-    (DIR.payload/image/, `mm unbundle`'s default). Returns (record, image ID) or (None, None)."""
+    (DIR.payload/image/, `mm unbundle`'s default). Returns (record, image ID, warnings) or (None, None, warnings);
+    the warnings name a payload archive that is not IMAGE (carried with --allow-other-image) or has no record."""
     from .image import read_record  # here: only a plan with an archive or a payload needs it
 
+    warnings: list[str] = []
     if archive is not None:
         candidates = [Path(archive).with_name(Path(archive).name + IMAGE_RECORD_SUFFIX)]
     else:
         payload = model_dir.with_name(model_dir.name + ".payload") / "image"
         candidates = sorted(payload.glob("*" + IMAGE_RECORD_SUFFIX)) if payload.is_dir() else []
+        for tar in sorted(payload.glob("*.tar")) if payload.is_dir() else []:
+            if not tar.with_name(tar.name + IMAGE_RECORD_SUFFIX).is_file():
+                warnings.append(f"{tar}: no {IMAGE_RECORD_SUFFIX} record beside it; not proven to be {image}")
     for path in candidates:
         if path.is_file():
             record = read_record(path)
             if record.chain.reference == image:
-                return path.resolve(), record.chain.config
+                return path.resolve(), record.chain.config, warnings
             if archive is not None:
                 raise Refused(f"{path}: records {record.chain.reference}, not the image this plan runs ({image}); "
                               f"pass the archive of {image} (mm image save)")
-    return None, None
+            warnings.append(f"{path.with_name(record.archive)} is {record.chain.reference}, not the image this plan "
+                            f"runs ({image})")
+    return None, None, warnings
 
 
 def _engine_argv(engine: Engine, recipe: Recipe, tp: int, opts: LaunchOptions, model_path: str) -> list[Token]:

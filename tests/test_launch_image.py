@@ -148,3 +148,15 @@ def test_warmup_finds_the_loaded_image_by_its_recorded_id_on_the_classic_store(p
     image_id = pinned_image.image.platforms["linux/amd64"].config
     started = [c for c in runs(tmp_path) if "-d" in c]
     assert len(started) == 1 and image_id in started[0] and started[0][started[0].index("--pull") + 1] == "never"
+
+
+def test_a_bundled_archive_of_another_image_is_named_in_the_script(pinned_image, saved, model, tmp_path):
+    """Carried with `mm bundle --allow-other-image`: the start script says so."""
+    payload = model.with_name(model.name + ".payload") / "image"
+    payload.mkdir(parents=True)
+    shutil.copy(saved, payload / saved.name)
+    shutil.copy(mm_image.record_path(saved), payload / mm_image.record_path(saved).name)
+    other_ref = pinned_image.repo + "@sha256:" + "0" * 64
+    script = script_for(model, other_ref, tmp_path).read_text()
+    assert f"# Warning: {payload / saved.name} is {pinned_image.ref}, not the image this plan runs ({other_ref})" in script
+    assert "image_id=''" in script
