@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .errors import BadInput, IntegrityError, Refused, RemoteError
 from .fsutil import atomic_write_json, fsync_dir
+from .hashing import upstream_digest
 
 RECORD_SCHEMA = "mm-image/1"
 RECORD_SUFFIX = ".mm-image.json"
@@ -336,11 +337,7 @@ class SaveReport:
 
 
 def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return upstream_digest(path, "lfs-sha256")  # the file's sha256, memory bounded
 
 
 def save_image(ref: str, out: Path, platform: str, fmt: str = "docker-archive", tls_verify: bool = True,

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from .errors import BadInput, IntegrityError, RemoteError
 from .fsutil import fsync_dir
+from .hashing import upstream_digest
 from .progress import NULL_PROGRESS, ProgressSink
 
 SCHEMA = "mm-wheelhouse/1"
@@ -244,11 +245,7 @@ class WheelhouseReport:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return upstream_digest(path, "lfs-sha256")  # the file's sha256, memory bounded
 
 
 def _pip_download(target: Target, requirements: list[str], dest: Path) -> None:
