@@ -621,7 +621,8 @@ def image_save(reference, platform_, out_file, fmt, insecure_registry, json_out)
     from .artifacts import image as mm_image
     ref = reference or default_pin().image
     platform = mm_image.parse_platform(platform_) if platform_ else mm_image.host_platform()
-    report = mm_image.save_image(ref, out_file, platform, fmt, tls_verify=not insecure_registry)
+    report = mm_image.save_image(ref, out_file, platform, fmt, tls_verify=not insecure_registry,
+                                 show_progress=not json_out and err.is_terminal)
     if json_out:
         emit_json({"ok": True, **to_jsonable(report)})
         return

@@ -90,11 +90,17 @@ class Chain:
         return f"{self.repo}@{self.pinned}"
 
 
-def _skopeo(args: list[str], what: str, timeout: float = 120) -> bytes:
+def _skopeo(args: list[str], what: str, timeout: float = 120, show_progress: bool = False) -> bytes:
+    """Run skopeo; SHOW_PROGRESS (a terminal): its own per-layer progress bars go to the terminal."""
     if shutil.which("skopeo") is None:
         raise BadInput("skopeo: not installed; mm reads registries with skopeo (Debian package `skopeo`; `make tools`)")
     try:
-        proc = subprocess.run(["skopeo", *args], capture_output=True, timeout=timeout)
+        if show_progress:
+            proc = subprocess.run(["skopeo", *[a for a in args if a != "--quiet"]], stdout=subprocess.DEVNULL,
+                                  stderr=None, timeout=timeout)
+            proc.stderr = b""
+        else:
+            proc = subprocess.run(["skopeo", *args], capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise RemoteError(f"{what}: the registry did not answer within {timeout:.0f} s") from None
     if proc.returncode != 0:
@@ -341,7 +347,7 @@ def _file_sha256(path: Path) -> str:
 
 
 def save_image(ref: str, out: Path, platform: str, fmt: str = "docker-archive", tls_verify: bool = True,
-               timeout: float = 3600) -> SaveReport:
+               timeout: float = 3600, show_progress: bool = False) -> SaveReport:
     """Copy REF's PLATFORM image by digest to OUT (temporary name, checked, fsynced, renamed) plus its record."""
     if fmt not in FORMATS:
         raise BadInput(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
@@ -357,7 +363,8 @@ def save_image(ref: str, out: Path, platform: str, fmt: str = "docker-archive", 
     try:
         dest = f"{fmt}:{tmp}:{tag}" if fmt == "docker-archive" else f"{fmt}:{tmp}:{tag.rsplit(':', 1)[1]}"
         _skopeo(["copy", "--quiet", f"--src-tls-verify={'true' if tls_verify else 'false'}",
-                 f"docker://{chain.repo}@{chain.platform_manifest}", dest], f"skopeo copy {chain.reference}", timeout)
+                 f"docker://{chain.repo}@{chain.platform_manifest}", dest], f"skopeo copy {chain.reference}", timeout,
+                show_progress)
         held = {img.config for img in read_archive(tmp)}
         if held != {chain.config}:
             raise IntegrityError(f"{out}: skopeo wrote config {', '.join(sorted(held))}, not {chain.config}")

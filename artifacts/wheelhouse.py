@@ -264,7 +264,8 @@ def _pip_download(target: Target, requirements: list[str], dest: Path) -> None:
         if "No module named pip" in proc.stderr:
             raise BadInput(f"{sys.executable}: has no pip; the wheelhouse is built with `python -m pip download`")
         raise RemoteError(f"pip download for {target.name} (from the index pip is configured for): "
-                          f"{' '.join(lines) or 'failed'}")
+                          f"{' '.join(lines) or 'failed'}; without an index, give --wheelhouse DIR (from "
+                          f"`mm bundle --only-mm`) or --no-mm")
 
 
 def _wheel_name_version(filename: str) -> tuple[str, str]:
