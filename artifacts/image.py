@@ -96,7 +96,7 @@ def _skopeo(args: list[str], what: str, timeout: float = 120, show_progress: boo
         raise BadInput("skopeo: not installed; mm reads registries with skopeo (Debian package `skopeo`; `make tools`)")
     try:
         if show_progress:
-            proc = subprocess.run(["skopeo", *[a for a in args if a != "--quiet"]], stdout=subprocess.DEVNULL,
+            proc = subprocess.run(["skopeo", *[a for a in args if a != "--quiet"]], stdout=2,  # its progress: to the terminal
                                   stderr=None, timeout=timeout)
             proc.stderr = b""
         else:
