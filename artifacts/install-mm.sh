@@ -115,11 +115,15 @@ PY
 [ ! -e "$dest" ] || [ -z "$(ls -A "$dest" 2>/dev/null)" ] || [ -x "$dest/bin/python" ] ||
   die 3 "$dest: exists and is not a virtual environment; name another directory"
 
+# An existing mm-venv is upgraded in place: every wheel of the lock is installed again (same version, new bytes too).
+reinstall=
+[ -x "$dest/bin/mm" ] && reinstall=yes
+
 install_pip() {  # returns 10 when this python3 cannot make a venv with pip (then uv takes over)
   "$py" -m venv "$dest" >"$tmp/venv.log" 2>&1 || return 10
   [ -x "$dest/bin/pip" ] || return 10
   PIP_CONFIG_FILE=/dev/null "$dest/bin/python" -m pip --isolated install --quiet --disable-pip-version-check \
-    --no-input --no-cache-dir --no-index --find-links "$set_dir" --require-hashes -r "$lock"
+    --no-input --no-cache-dir --no-index --find-links "$set_dir" --require-hashes -r "$lock" ${reinstall:+--force-reinstall}
 }
 
 install_uv() {
@@ -136,9 +140,9 @@ with zipfile.ZipFile(wheels[0]) as zf:
         dst.write(src.read())
 os.chmod(out, 0o755)
 PY
-  "$tmp/uv" --no-config venv --quiet --offline --python "$(command -v "$py")" "$dest" &&
+  "$tmp/uv" --no-config venv --quiet --offline --allow-existing --python "$(command -v "$py")" "$dest" &&
     "$tmp/uv" --no-config pip install --quiet --offline --no-index --find-links "$set_dir" --require-hashes \
-      -r "$lock" --python "$dest/bin/python"
+      -r "$lock" --python "$dest/bin/python" ${reinstall:+--reinstall}
 }
 
 case $with in

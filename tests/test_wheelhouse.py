@@ -162,3 +162,16 @@ def test_no_pip_download_needed_when_the_set_is_cached(wheelhouse_dir, tmp_path_
     report = wheelhouse.build_wheelhouse(tmp_path / "out", [HOST], cache=wheelhouse_cache(tmp_path_factory))
     assert [s.name for s in report.sets] == [HOST.name]
     assert os.listdir(tmp_path / "out" / "wheelhouse" / HOST.name) == os.listdir(wheelhouse_dir / "wheelhouse" / HOST.name)
+
+
+def test_install_again_into_the_same_directory_upgrades_in_place(wheelhouse_dir, bare_python, tmp_path):
+    for _ in range(2):
+        proc = run_install(wheelhouse_dir / "install-mm.sh", tmp_path, bare_python, "venv", MM_INSTALL_WITH="uv")
+        assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "venv" / "bin" / "mm").is_file()
+    other = tmp_path / "not-a-venv"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    refused = run_install(wheelhouse_dir / "install-mm.sh", tmp_path, bare_python, str(other), MM_INSTALL_WITH="uv")
+    assert refused.returncode == 3 and "exists and is not a virtual environment" in refused.stderr
+    assert (other / "notes.txt").read_text() == "mine"
