@@ -28,6 +28,7 @@ from .errors import BadInput
 from .fsutil import human_bytes
 from .launch import LaunchOptions, LaunchPlan, plan_launch
 from .manifest import manifest_path, read_manifest
+from .pins import Pin
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 CACHE_KEY_FILE = "mm-cache-key.json"
@@ -350,7 +351,7 @@ def cache_key_check(plan: LaunchPlan, gpus: list[Gpu]) -> Check:
 
 # --- the model ----------------------------------------------------------------------------------------------
 
-def model_checks(plan: LaunchPlan) -> list[Check]:
+def model_checks(plan: LaunchPlan, draft_dir: str | None) -> list[Check]:
     from .verify import verify_dir
 
     model_dir = plan.model_dir
@@ -366,26 +367,26 @@ def model_checks(plan: LaunchPlan) -> list[Check]:
             first = report.problems[0]
             checks.append(Check("model", FAIL, f"verify --quick: {len(report.problems)} problem(s), first {first.path}: "
                                                f"{first.kind} ({first.detail})", f"mm verify {model_dir}; mm repair or unbundle again"))
-    if plan.uses_dspark:
-        draft = model_dir / "dspark"
+    if plan.uses_dspark and draft_dir:
+        draft = model_dir / draft_dir
         if draft.is_dir():
             checks.append(Check("dspark draft", OK, f"{draft} present ({plan.recipe.id} uses DSpark)"))
         else:
             checks.append(Check("dspark draft", FAIL, f"{draft} missing; {plan.recipe.id} uses DSpark",
-                                "unbundle the pinned revision again: dspark/ is part of it"))
+                                f"unbundle the pinned revision again: {draft_dir}/ is part of it"))
     return checks
 
 
-def run_doctor(model_dir: Path, opts: LaunchOptions, cuda_runtime: str | None) -> DoctorReport:
+def run_doctor(model_dir: Path, opts: LaunchOptions, pin: Pin) -> DoctorReport:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise BadInput(f"{model_dir}: not a directory")
     plan = plan_launch(model_dir, opts, check_model=False)
     report = DoctorReport(str(plan.model_dir), plan.recipe.id, plan.image)
-    gchecks, gpus = gpu_checks(plan, cuda_runtime)
+    gchecks, gpus = gpu_checks(plan, pin.cuda_runtime)
     report.checks += gchecks
     dchecks, _found = docker_checks(plan)
     report.checks += dchecks
     report.checks += [port_check(plan), shm_check(), memory_check(plan), disk_check(plan), cache_key_check(plan, gpus)]
-    report.checks += model_checks(plan)
+    report.checks += model_checks(plan, pin.draft_dir)
     return report

@@ -139,12 +139,12 @@ def test_warmup_finds_the_loaded_image_by_its_recorded_id_on_the_classic_store(p
     state = tmp_path / "docker-state"
     fake_docker.install(tmp_path / "bin", state, store="classic")
     missing, _ = warmup(model, state, unused_port, "--image", pinned_image.ref, "--image-archive", saved)
-    assert missing.exit_code == 3
+    assert missing.returncode == 3
     assert f"is not on this host: docker load -i {saved.resolve()}" in missing.stderr
     env = docker_with(tmp_path, "classic")
     assert docker(env, "load", "-i", str(saved)).returncode == 0
     result, _ = warmup(model, state, unused_port, "--image", pinned_image.ref, "--image-archive", saved)
-    assert result.exit_code == 0, result.output
+    assert result.returncode == 0, result.stdout + result.stderr
     image_id = pinned_image.image.platforms["linux/amd64"].config
     started = [c for c in runs(tmp_path) if "-d" in c]
     assert len(started) == 1 and image_id in started[0] and started[0][started[0].index("--pull") + 1] == "never"
