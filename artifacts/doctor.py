@@ -7,14 +7,18 @@ options) and checks what that start needs from the host:
             no minimum driver version, so none is invented here)
   docker    present and answering; the image present by identity (pinned reference, else the image ID
             `mm image save` recorded); the NVIDIA container runtime usable (the image's own nvidia-smi sees the GPUs)
-  host      the port free on 127.0.0.1, /dev/shm (the start uses --ipc=host), host memory for HiCache recipes
-            (--hicache-size is per rank), free disk for the kernel caches
+  host      every port the start binds free on 127.0.0.1 (with replicas: theirs, the router's and its metrics),
+            /dev/shm (the start uses --ipc=host), host memory for HiCache recipes (launch.hicache_host_gb and
+            diagnose.hicache_fits: --hicache-size is per rank, times the replicas), free disk for the kernel caches
   caches    the kernel caches' key (mm-cache-key.json) against this GPU, driver, image and recipe
   model     `verify --quick`, dspark/ present when the recipe uses DSpark
+The checks `mm diagnose --host-checks` also runs (kernel cache warm, GPU family, model complete) come from the
+troubleshooting table through diagnose.host_findings, with the table's fix for this plan.
 Status: ok, warn (the start works but something costs time), fail (the start will not work). Exit 1 on any fail.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -24,14 +28,13 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cachekey import FILE_NAME as CACHE_KEY_FILE
 from .errors import BadInput
 from .fsutil import human_bytes
-from .launch import LaunchOptions, LaunchPlan, plan_launch
-from .manifest import manifest_path, read_manifest
+from .launch import LaunchOptions, LaunchPlan, hicache_host_gb
 from .pins import Pin
 
 OK, WARN, FAIL = "ok", "warn", "fail"
-CACHE_KEY_FILE = "mm-cache-key.json"
 SHM_GUIDE = 32 * 10**9  # the guide's --shm-size 32g; with --ipc=host the host's /dev/shm is what the server gets
 CACHE_DISK_MARGIN = 20 * 10**9  # mm's margin for compiled kernels (the guide publishes no figure)
 # The GPU product token each hardware name stands for (nvidia-smi's name holds it as one word).
@@ -253,15 +256,21 @@ def _nvidia_runtime_check(plan: LaunchPlan, image: str | None, info: dict) -> Ch
 
 # --- host ------------------------------------------------------------------------------------------------
 
-def port_check(plan: LaunchPlan) -> Check:
-    host = "0.0.0.0" if plan.expose else "127.0.0.1"
-    with socket.socket() as s:
-        try:
-            s.bind((host, plan.port))
-        except OSError as e:
-            return Check("port", FAIL, f"{host}:{plan.port} is in use ({e.strerror})",
-                         "stop what listens there, or pass --port to mm launch (and mm doctor)")
-    return Check("port", OK, f"{host}:{plan.port} is free")
+def port_checks(ports: list[tuple[str, int]], expose: bool) -> list[Check]:
+    """Each (what, port) the start binds: the router or single server on 0.0.0.0 with --expose, else 127.0.0.1."""
+    checks = []
+    for what, port in ports:
+        host = "0.0.0.0" if expose and what in ("port", "router port") else "127.0.0.1"
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                checks.append(Check(what, FAIL, f"{host}:{port} is in use ({e.strerror})",
+                                    "stop what listens there, or pass another port to mm launch (and mm doctor): "
+                                    "--port, --replica-ports, --metrics-port"))
+                continue
+        checks.append(Check(what, OK, f"{host}:{port} is free"))
+    return checks
 
 
 def shm_check(path: str = "/dev/shm") -> Check:
@@ -290,26 +299,26 @@ def meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
     return out
 
 
-def memory_check(plan: LaunchPlan) -> Check:
+def memory_check(plan: LaunchPlan, replicas: int) -> Check:
+    """Host memory for HiCache: the node's total as launch states it (hicache_host_gb: per rank x ranks x
+    replicas), judged by diagnose.hicache_fits against MemTotal."""
+    from .diagnose import hicache_fits
+
     mem = meminfo()
     total, avail = mem.get("MemTotal", 0), mem.get("MemAvailable", 0)
-    argv = [str(t) for t in plan.engine_argv]
-    if "--enable-hierarchical-cache" not in argv:
+    if "--enable-hierarchical-cache" not in [str(t) for t in plan.engine_argv]:
         return Check("host memory", OK, f"{human_bytes(total)} ({human_bytes(avail)} available); no HiCache in this recipe")
-    tp_flag = next((f for f in ("--tp", "--tensor-parallel-size") if f in argv), None)
-    ranks = int(argv[argv.index(tp_flag) + 1]) if tp_flag else len(plan.gpus)
-    if "--hicache-size" in argv:
-        per_rank = float(argv[argv.index("--hicache-size") + 1]) * 10**9
-        need = per_rank * ranks
-        if avail < need:
-            return Check("host memory", FAIL,
-                         f"HiCache takes {human_bytes(per_rank)} per rank x {ranks} ranks = {human_bytes(need)}; "
-                         f"{human_bytes(avail)} available of {human_bytes(total)}",
-                         "add host memory, or use a recipe without HiCache (e.g. --recipe low-latency)")
-        return Check("host memory", OK, f"HiCache {human_bytes(need)} ({ranks} ranks) fits in {human_bytes(avail)} available")
-    fact = next((f for f in plan.recipe.facts if "memory" in f.lower()), "size host memory before enabling HiCache")
-    return Check("host memory", WARN, f"HiCache at its default ratio ({fact}); {human_bytes(avail)} available of "
-                                      f"{human_bytes(total)}", "compare with the recipe's figure before starting")
+    need = hicache_host_gb(plan, replicas)
+    if need is None:
+        fact = next((f for f in plan.recipe.facts if "memory" in f.lower()), "size host memory before enabling HiCache")
+        return Check("host memory", WARN, f"HiCache at its default ratio ({fact}); {human_bytes(avail)} available of "
+                                          f"{human_bytes(total)}", "compare with the recipe's figure before starting")
+    short = hicache_fits(plan, replicas, total / 1e9 if total else None)
+    if short:
+        return Check("host memory", FAIL, short, "add host memory, fewer replicas, or a recipe without HiCache "
+                                                 "(e.g. --recipe low-latency)")
+    return Check("host memory", OK, f"HiCache {need:,.0f} GB for {replicas} replica(s) (--hicache-size is per rank) "
+                                    f"fits in {human_bytes(total)} ({human_bytes(avail)} available now)")
 
 
 def disk_check(plan: LaunchPlan) -> Check:
@@ -327,11 +336,14 @@ def disk_check(plan: LaunchPlan) -> Check:
     return Check("cache disk", OK, f"{human_bytes(free)} free for the kernel caches under {root}")
 
 
-def cache_key_check(plan: LaunchPlan, gpus: list[Gpu]) -> Check:
+def cache_key_check(plan: LaunchPlan, gpus: list[Gpu], findings: dict) -> Check:
     if plan.cache_root is None:
         return Check("kernel cache key", OK, "this recipe mounts no kernel caches")
     path = Path(plan.cache_root) / CACHE_KEY_FILE
     slow = "the first start compiles every kernel (long; `mm warmup` does it ahead of traffic)"
+    cold = findings.get("kernel_cache_warm")
+    if cold is not None:  # the troubleshooting table's row, with its fix for this plan
+        return Check("kernel cache key", WARN, f"{cold.line} (row {cold.guide_row}: {cold.cause})", cold.fix)
     if not path.is_file():
         return Check("kernel cache key", WARN, f"no {path}: {slow}", f"mm warmup ... --cache-root {plan.cache_root}")
     try:
@@ -351,24 +363,16 @@ def cache_key_check(plan: LaunchPlan, gpus: list[Gpu]) -> Check:
 
 # --- the model ----------------------------------------------------------------------------------------------
 
-def model_checks(plan: LaunchPlan, draft_dir: str | None) -> list[Check]:
-    from .verify import verify_dir
-
-    model_dir = plan.model_dir
-    mpath = manifest_path(model_dir)
+def model_checks(plan: LaunchPlan, draft_dir: str | None, findings: dict) -> list[Check]:
+    """The model's quick verify is the troubleshooting table's model_dir_complete check (diagnose)."""
+    incomplete = findings.get("model_dir_complete")
     checks = []
-    if not mpath.is_file():
-        checks.append(Check("model", FAIL, f"{mpath}: no manifest", f"mm unbundle VOLUMES --dest {model_dir}"))
+    if incomplete is not None:
+        checks.append(Check("model", FAIL, incomplete.line, incomplete.fix))
     else:
-        report = verify_dir(model_dir, read_manifest(mpath), quick=True)
-        if report.ok:
-            checks.append(Check("model", OK, f"verify --quick: {report.files_checked} files, sizes and headers good"))
-        else:
-            first = report.problems[0]
-            checks.append(Check("model", FAIL, f"verify --quick: {len(report.problems)} problem(s), first {first.path}: "
-                                               f"{first.kind} ({first.detail})", f"mm verify {model_dir}; mm repair or unbundle again"))
+        checks.append(Check("model", OK, f"verify --quick of {plan.model_dir}: sizes and headers good"))
     if plan.uses_dspark and draft_dir:
-        draft = model_dir / draft_dir
+        draft = plan.model_dir / draft_dir
         if draft.is_dir():
             checks.append(Check("dspark draft", OK, f"{draft} present ({plan.recipe.id} uses DSpark)"))
         else:
@@ -378,15 +382,32 @@ def model_checks(plan: LaunchPlan, draft_dir: str | None) -> list[Check]:
 
 
 def run_doctor(model_dir: Path, opts: LaunchOptions, pin: Pin) -> DoctorReport:
+    from .diagnose import host_findings
+    from .router import plan_node
+
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise BadInput(f"{model_dir}: not a directory")
-    plan = plan_launch(model_dir, opts, check_model=False)
+    node = plan_node(model_dir, opts, check_dir=False)  # the model's state is a check of its own here
+    plan = node.first
+    every_gpu = dataclasses.replace(plan, gpus=tuple(g for p in node.replicas for g in p.gpus))
     report = DoctorReport(str(plan.model_dir), plan.recipe.id, plan.image)
-    gchecks, gpus = gpu_checks(plan, pin.cuda_runtime)
+    gchecks, gpus = gpu_checks(every_gpu, pin.cuda_runtime)
     report.checks += gchecks
-    dchecks, _found = docker_checks(plan)
+    gpu_info = "\n".join(f"{g.name}, {g.compute_capability}, {g.driver}" for g in gpus) or None
+    findings = {f.where: f for f in host_findings(plan, gpu_info)}
+    family = findings.get("gpu_family")
+    if family is not None:
+        report.checks.append(Check("gpu family", FAIL, f"{family.line}: {family.cause}", family.fix))
+    dchecks, _found = docker_checks(every_gpu)
     report.checks += dchecks
-    report.checks += [port_check(plan), shm_check(), memory_check(plan), disk_check(plan), cache_key_check(plan, gpus)]
-    report.checks += model_checks(plan, pin.draft_dir)
+    if node.router is None:
+        ports = [("port", plan.port)]
+    else:
+        ports = ([("router port", node.router.port)] + [(f"replica {i} port", p.port) for i, p in enumerate(node.replicas)]
+                 + [("router metrics port", node.router.metrics_port)])
+    report.checks += port_checks(ports, plan.expose or bool(node.router and node.router.expose))
+    report.checks += [shm_check(), memory_check(plan, len(node.replicas)), disk_check(plan),
+                      cache_key_check(plan, gpus, findings)]
+    report.checks += model_checks(plan, pin.draft_dir, findings)
     return report

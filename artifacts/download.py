@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -25,8 +24,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, ContextManager, Iterator, Mapping, Protocol, Sequence
 
-from .errors import BadInput, IntegrityError, MMError, Refused, RemoteError
-from .fsutil import MM_DIR, dir_lock, human_bytes, publish
+from .errors import BadInput, IntegrityError, MMError, RemoteError
+from .fsutil import MM_DIR, dir_lock, publish, require_free_space
 from .hashing import Digests, StreamHasher
 from .manifest import FileEntry, Upstream, entry_from_dict, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
@@ -324,9 +323,7 @@ class Session:
                 continue
             partial = partial_path(self.local_dir, f)
             needed += f.size - (partial.stat().st_size if partial.exists() else 0)
-        free = shutil.disk_usage(self.local_dir).free
-        if needed > free:
-            raise Refused(f"{self.local_dir}: not enough free disk: {human_bytes(needed)} to download, {human_bytes(free)} free")
+        require_free_space([(self.local_dir, needed)], "the download")
 
 
 def _failed(f: RemoteFile, source: Source, e: MMError) -> tuple[FileOutcome, None]:

@@ -381,6 +381,27 @@ def save_image(ref: str, out: Path, platform: str, fmt: str = "docker-archive", 
     return SaveReport(out, record_path(out), fmt, size, digest, tag, chain, time.monotonic() - started)
 
 
+def write_record_for(archive: Path, proof: "Proof") -> Path:
+    """The record `mm image save` would have written, for an archive proven against the registry (`mm bundle
+    --image` on a connected host): the start script needs the image ID on the offline side."""
+    archive = Path(archive)
+    fmt = "oci-archive" if _is_oci(archive) else "docker-archive"
+    record = ImageRecord(proof.record, archive.name, fmt, archive.stat().st_size, _file_sha256(archive), None,
+                         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    try:
+        atomic_write_json(record_path(archive), record.to_json())
+    except OSError as e:
+        raise BadInput(f"{record_path(archive)}: cannot write the image record beside the archive ({e.strerror}); "
+                       f"write the archive with `mm image save` where it can be") from None
+    return record_path(archive)
+
+
+def _is_oci(archive: Path) -> bool:
+    with tarfile.open(archive, "r:") as tf:
+        names = set(tf.getnames())
+    return "index.json" in names and "manifest.json" not in names
+
+
 # --- proving an archive is the pinned image ------------------------------------------------------------
 
 @dataclass
@@ -398,7 +419,7 @@ class Proof:
 
 
 def prove_archive(archive: Path, ref: str, tls_verify: bool = True, record: Path | None = None,
-                  resolve_timeout: float = 20) -> Proof:
+                  resolve_timeout: float = 20, registry: bool = True) -> Proof:
     """Is ARCHIVE the image REF pins? Its config blob's sha256 must be the config digest the chain gives.
 
     The chain comes from the registry when it answers, else from the record `mm image save` wrote beside the
@@ -414,6 +435,8 @@ def prove_archive(archive: Path, ref: str, tls_verify: bool = True, record: Path
     chains: list[Chain] = []
     how = "registry"
     try:
+        if not registry:
+            raise RemoteError("not asked (record only)")
         chains = [resolve_chain(ref, p, tls_verify, resolve_timeout) for p in platforms]
     except (RemoteError, Refused) as e:
         if rec is None:

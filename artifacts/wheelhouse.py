@@ -433,3 +433,16 @@ def payload_files(out: Path) -> tuple[dict, list[tuple[str, Path, int]]]:
         files.append((f"{WHEELHOUSE_DIR}/{s['lock']}", out / WHEELHOUSE_DIR / s["lock"]))
     record = {"mm_version": str(doc["mm_version"]), "sets": [str(s["name"]) for s in doc["sets"]]}
     return record, [(rel, src, src.stat().st_size) for rel, src in files]
+
+
+BUNDLE_WORK = ".mm-wheelhouse"  # under `mm bundle --out`: the wheelhouse it builds (build/) and its set cache (sets/)
+
+
+def bundle_wheelhouse(out_dir: Path, platforms: tuple[str, ...] = (), pythons: tuple[str, ...] = (),
+                      progress: ProgressSink = NULL_PROGRESS) -> Path:
+    """The wheelhouse `mm bundle` carries by default, built under OUT_DIR/.mm-wheelhouse/build. Sets downloaded
+    by an earlier run (same mm wheel, byte for byte) are copied from OUT_DIR/.mm-wheelhouse/sets, so a rerun
+    downloads nothing and, with the same bytes and fixed mtimes, keeps the bundle id (its volumes are kept)."""
+    work = Path(out_dir) / BUNDLE_WORK
+    build_wheelhouse(work / "build", targets_for(tuple(platforms), tuple(pythons)), progress, cache=work / "sets")
+    return work / "build"

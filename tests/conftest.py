@@ -18,6 +18,10 @@ from tests.support.gitrepo import ModelRepo, commit_dir, make_commits_with_share
 from tests.support.hubserver import HubServer
 from tests.support.run import run_mm as _run_mm
 
+# `mm bundle` carries mm's wheelhouse by default (pip download from the package index); tests that are not about
+# it bundle without (tests/test_airgap.py and test_wheelhouse.py ask for it with MM_BUNDLE_NO_MM=0).
+os.environ["MM_BUNDLE_NO_MM"] = "1"
+
 BIG_FILE = "model.safetensors"
 BIG_BYTES = 8 * 1024 * 1024  # big enough that a rate-limited download can be killed mid-file
 

@@ -117,7 +117,7 @@ def main() -> int:
     offline.update(HF_HUB_OFFLINE="1")
     say("The Hub is gone from here on. mm bundle: volumes sized to the media, each checkable on its own")
     volumes = WORK / "volumes"
-    run([MM, "bundle", model, "--out", volumes, "--volume-size", "3M", "--name", "minimax"], offline)
+    run([MM, "bundle", model, "--out", volumes, "--volume-size", "3M", "--name", "minimax", "--no-mm"], offline)
     run(["ls", "-l", volumes], offline)
     say("mm bundle verify at the destination, before import (one disk not yet arrived)")
     vols = sorted(volumes.glob("*.tar"))
