@@ -545,9 +545,9 @@ def bundle_create(directory, out_dir, volume_size, name, cache_key, no_mm, only_
     from .artifacts.errors import BadInput
     sources = _payload_sources(kw)
     if only_mm:
-        if directory or volume_size or any(sources.values()) or no_mm:
+        if directory or volume_size or any(sources.values()):
             raise BadInput("--only-mm writes only install-mm.sh and wheelhouse/ into --out: give no model directory, "
-                           "--volume-size, payload or --no-mm")
+                           "--volume-size or payload")
         report = wheelhouse.build_wheelhouse(out_dir, wheelhouse.targets_for(target_platforms, target_pythons),
                                              progress_for(json_out))
         if json_out:

@@ -609,7 +609,7 @@ def test_image_and_kernel_cache_payloads_round_trip(model, payload_bundle, tmp_p
     assert (tmp_path / "images" / "sglang.tar").read_bytes() == image.read_bytes()
     caches = tmp_path / "model.payload" / "kernel-cache"  # beside the model by default
     assert tree(caches / "minfer") == tree(keyed) and tree(caches / "flashinfer") == tree(unkeyed)
-    assert any(c.startswith(f"docker load -i {tmp_path / 'images' / 'sglang.tar'} && docker image inspect")
+    assert any(c.startswith(f"docker load -i {tmp_path / 'images' / 'sglang.tar'}   # NOT proven")  # --allow-other-image
                for c in doc["next_commands"])
     assert any(f"{caches / 'minfer'}:/root/.cache/minfer" in c for c in doc["next_commands"])
     assert doc["verify"]["ok"] is True

@@ -81,10 +81,11 @@ class ImagePayload(NamedTuple):
 
     def next_command(self, root: Path) -> str:
         load = f"docker load -i {root / self.file}"
+        if not self.proven:
+            return f"{load}   # NOT proven to be the pinned image {self.pinned or ''} (--allow-other-image)".rstrip()
         if not self.image_id:
             return load
-        what = f"the pinned {self.pinned}" if self.proven else "NOT the pinned image (--allow-other-image)"
-        return f"{load} && docker image inspect --format '{{{{.Id}}}}' {self.image_id}   # the loaded ID: {what}"
+        return f"{load} && docker image inspect --format '{{{{.Id}}}}' {self.image_id}   # the loaded ID: the pinned {self.pinned}"
 
     def restore_hint(self, restored: str) -> str:
         other = "" if self.proven else " (NOT proven to be the pinned image: bundled with --allow-other-image)"
