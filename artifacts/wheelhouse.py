@@ -268,6 +268,68 @@ def _pip_download(target: Target, requirements: list[str], dest: Path) -> None:
                           f"`mm bundle --only-mm`) or --no-mm")
 
 
+def marker_environment(target: Target) -> dict[str, str]:
+    """The PEP 508 marker values of a CPython of TARGET's version on Linux on TARGET's machine."""
+    return {"python_version": target.python, "python_full_version": f"{target.python}.0", "os_name": "posix",
+            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": target.machine,
+            "platform_python_implementation": "CPython", "implementation_name": "cpython",
+            "implementation_version": f"{target.python}.0", "platform_release": "", "platform_version": ""}
+
+
+def _requires(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+        text = zf.read(meta).decode("utf-8", "replace")
+    head = text.split("\n\n", 1)[0]
+    return [line.split(":", 1)[1].strip() for line in head.splitlines() if line.startswith("Requires-Dist:")]
+
+
+def unmet_requirements(target: Target, set_dir: Path) -> tuple[list[str], set[str]]:
+    """(requirements no wheel in SET_DIR satisfies, names of the wheels the target needs), with every marker
+    evaluated for TARGET: pip download evaluates markers for the Python running it, not --python-version."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    env = marker_environment(target)
+    wheels = {_wheel_name_version(w.name)[0]: w for w in set_dir.glob("*.whl")}
+    versions = {name: _wheel_name_version(w.name)[1] for name, w in wheels.items()}
+    roots = ["mm", *EXTRA_WHEELS]
+    todo = [(canonicalize_name(r), frozenset()) for r in roots]
+    seen: set[tuple[str, frozenset]] = set()
+    unmet: list[str] = []
+    while todo:
+        name, extras = todo.pop()
+        if (name, extras) in seen:
+            continue
+        seen.add((name, extras))
+        if name not in wheels:
+            continue
+        for line in _requires(wheels[name]):
+            req = Requirement(line)
+            if req.marker and not any(req.marker.evaluate({**env, "extra": e}) for e in (extras or {""})):
+                continue
+            dep = canonicalize_name(req.name)
+            if dep not in wheels or not req.specifier.contains(versions[dep], prereleases=True):
+                unmet.append(str(req).split(";")[0].strip())
+            else:
+                todo.append((dep, frozenset(req.extras)))
+    return sorted(set(unmet)), {n for n, _ in seen if n in wheels}
+
+
+def complete_for_target(target: Target, set_dir: Path, rounds: int = 5) -> None:
+    """Download what TARGET's markers need and pip skipped (e.g. exceptiongroup on 3.10 when pip runs on 3.11),
+    and drop what only the running Python's markers wanted; IntegrityError if it does not settle."""
+    for _ in range(rounds):
+        unmet, needed = unmet_requirements(target, set_dir)
+        if not unmet:
+            for w in set_dir.glob("*.whl"):
+                if _wheel_name_version(w.name)[0] not in needed:
+                    w.unlink()
+            return
+        _pip_download(target, unmet, set_dir)
+    raise IntegrityError(f"{set_dir}: the wheels for {target.name} still miss {', '.join(unmet)}")
+
+
 def _wheel_name_version(filename: str) -> tuple[str, str]:
     from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -281,6 +343,7 @@ def build_set(target: Target, mm_wheel: Path, set_dir: Path) -> WheelSet:
     shutil.copy2(mm_wheel, set_dir / mm_wheel.name)
     # pip resolves mm's dependencies from the wheel's own metadata, exactly as the install will.
     _pip_download(target, [str(set_dir / mm_wheel.name), *EXTRA_WHEELS], set_dir)
+    complete_for_target(target, set_dir)
     bad = misfits(set_dir, target)
     if bad:
         raise IntegrityError(f"{set_dir}: {', '.join(bad)}: no tag a CPython {target.python} on {target.machine} "

@@ -132,20 +132,62 @@ def test_only_mm_refuses_a_model_directory(tmp_path):
     assert r.returncode == 3 and "--only-mm writes only install-mm.sh and wheelhouse/" in r.stderr
 
 
-def test_only_mm_for_aarch64_and_several_pythons_writes_one_locked_set_each(tmp_path):
-    pythons = ("3.10", "3.12")
-    r = run_mm("bundle", "--only-mm", "--out", tmp_path / "tools", "--target-platform", "linux/arm64",
-               *[a for p in pythons for a in ("--target-python", p)], "--json", timeout=900)
+@pytest.fixture(scope="module")
+def tools(tmp_path_factory) -> Path:
+    """`mm bundle --only-mm` for amd64 and arm64 x CPython 3.10 and 3.12 (neither is the Python running pip)."""
+    out = tmp_path_factory.mktemp("tools")
+    r = run_mm("bundle", "--only-mm", "--out", out, "--target-platform", "linux/amd64", "--target-platform",
+               "linux/arm64", "--target-python", "3.10", "--target-python", "3.12", timeout=900)
     assert r.returncode == 0, r.stderr
-    house = tmp_path / "tools" / "wheelhouse"
-    doc = wheelhouse.read_index(house)
-    assert [s["name"] for s in doc["sets"]] == ["linux-aarch64-cp310", "linux-aarch64-cp312"]
-    assert wheelhouse.check_wheelhouse(house) == []
-    for p in pythons:  # every wheel has a tag an aarch64 CPython of that version accepts
-        assert wheelhouse.misfits(house / Target("aarch64", p).name, Target("aarch64", p)) == []
-    blake3 = [next(w["file"] for w in s["wheels"] if w["name"] == "blake3") for s in doc["sets"]]
-    assert "cp310" in blake3[0] and "cp312" in blake3[1] and "aarch64" in blake3[0]
-    assert (tmp_path / "tools" / "install-mm.sh").is_file()
+    return out
+
+
+def test_only_mm_writes_one_locked_set_per_platform_and_python(tools):
+    doc = wheelhouse.read_index(tools / "wheelhouse")
+    assert [s["name"] for s in doc["sets"]] == ["linux-x86_64-cp310", "linux-x86_64-cp312", "linux-aarch64-cp310",
+                                                "linux-aarch64-cp312"]
+    assert wheelhouse.check_wheelhouse(tools / "wheelhouse") == [] and (tools / "install-mm.sh").is_file()
+    blake3 = {s["name"]: next(w["file"] for w in s["wheels"] if w["name"] == "blake3") for s in doc["sets"]}
+    assert "cp310-cp310" in blake3["linux-aarch64-cp310"] and "cp312-cp312" in blake3["linux-aarch64-cp312"]
+    assert "aarch64" in blake3["linux-aarch64-cp310"] and "x86_64" in blake3["linux-x86_64-cp310"]
+
+
+@pytest.mark.parametrize("python", ["3.10", "3.12"])
+def test_every_aarch64_wheel_fits_an_aarch64_cpython_of_that_version(tools, python):
+    target = Target("aarch64", python)
+    assert wheelhouse.misfits(tools / "wheelhouse" / target.name, target) == []
+
+
+def test_each_set_meets_its_own_pythons_markers_not_the_one_pip_ran_on(tools):
+    """pip download evaluates markers for the Python running it; anyio needs exceptiongroup below 3.11 only."""
+    for name, python in (("linux-aarch64-cp310", "3.10"), ("linux-aarch64-cp312", "3.12")):
+        target = Target("aarch64", python)
+        assert wheelhouse.unmet_requirements(target, tools / "wheelhouse" / name)[0] == []
+    names = {s["name"]: {w["name"] for w in s["wheels"]} for s in wheelhouse.read_index(tools / "wheelhouse")["sets"]}
+    assert "exceptiongroup" in names["linux-aarch64-cp310"] and "exceptiongroup" not in names["linux-aarch64-cp312"]
+
+
+def other_cpython(version: str) -> str | None:
+    """A CPython VERSION that runs (pyenv's own, or one on PATH that is not a pyenv shim)."""
+    pyenv = sorted(Path(os.path.expanduser("~/.pyenv/versions")).glob(f"{version}.*/bin/python{version}"))
+    for candidate in [str(p) for p in pyenv] + [shutil.which(f"python{version}") or ""]:
+        if candidate and subprocess.run([candidate, "-c", ""], capture_output=True).returncode == 0:
+            return candidate
+    return None
+
+
+@pytest.mark.parametrize("python", ["3.10", "3.12"])
+def test_install_into_another_cpython_from_its_own_set(tools, python, tmp_path):
+    interpreter = other_cpython(python)
+    if interpreter is None or HOST.machine != "x86_64":
+        pytest.skip(f"no CPython {python} on this x86_64 host to install into")
+    done = subprocess.run(["sh", str(tools / "install-mm.sh"), str(tmp_path / "venv")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHON": interpreter,
+                               "MM_INSTALL_WITH": "uv"})
+    assert done.returncode == 0, done.stderr
+    assert f"(linux-x86_64-cp{python.replace('.', '')}, with uv, offline)" in done.stdout
+    assert subprocess.run([str(tmp_path / "venv" / "bin" / "mm"), "--version"], capture_output=True).returncode == 0
 
 
 # --- the image by identity in the bundle ----------------------------------------------------------------
