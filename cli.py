@@ -20,12 +20,10 @@ import click
 from .artifacts.bundle.payloads import PAYLOAD_KINDS
 from .artifacts.errors import IntegrityError, MMError, ProblemsFound
 from .artifacts.fsutil import human_bytes
-from .artifacts.manifest import export_sums_files
-from .artifacts.pins import default_pin, pinned_target
 from .artifacts.progress import NULL_PROGRESS, ProgressSink
-from .artifacts.verify import VerifyReport, summary_counts, upstream_target, verify_dir, verify_upstream
 
-if TYPE_CHECKING:  # heavy modules are imported inside the commands that use them (start-up time)
+if TYPE_CHECKING:  # library modules are imported inside the commands that use them (start-up time)
+    from .artifacts.verify import VerifyReport
     from rich.console import Console
 
     from .artifacts import fetch as mm_fetch, launch as mm_launch, mirror as ms_mirror
@@ -184,6 +182,7 @@ def main() -> None:
 
 def _fetch_request(repo: str | None, revision: str | None, local_dir: Path | None, **options) -> mm_fetch.FetchRequest:
     from .artifacts import fetch as mm_fetch
+    from .artifacts.pins import pinned_target
     t = pinned_target(repo, revision)
     return mm_fetch.FetchRequest(repo_id=t.repo_id, revision=t.revision or "main",
                                  local_dir=local_dir or Path(t.repo_id.split("/")[-1]), **options)
@@ -285,6 +284,7 @@ def manifest_create(directory, repo, revision, offline, jobs, json_out):
 @handles_errors
 def manifest_export(directory, fmt, json_out):
     """Write SHA256SUMS / B3SUMS into DIR/.mm/ for `sha256sum -c` and `b3sum --check` (run from DIR)."""
+    from .artifacts.manifest import export_sums_files
     written = export_sums_files(directory, ("sha256", "blake3") if fmt == "both" else (fmt,))
     if json_out:
         emit_json({"ok": True, "written": written})
@@ -299,11 +299,13 @@ def manifest_export(directory, fmt, json_out):
 
 
 def _verify_doc(report: VerifyReport) -> dict:
+    from .artifacts.verify import summary_counts
     return {"ok": report.ok, **to_jsonable(report), "bytes_per_second": report.bytes_per_second,
             "counts": summary_counts(report.problems)}
 
 
 def _counts_text(report: VerifyReport) -> str:
+    from .artifacts.verify import summary_counts
     return ", ".join(f"{n} {kind}" for kind, n in sorted(summary_counts(report.problems).items()))
 
 
@@ -337,6 +339,7 @@ def _problems_found(report: VerifyReport, what: str) -> None:
 def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, json_out):
     """Check every byte of DIR against its manifest, every file present and nothing extra, every
     safetensors shard and index sound. Exit 0 all good, 1 problems found, 3 could not run."""
+    from .artifacts.verify import upstream_target, verify_dir, verify_upstream
     progress = progress_for(json_out)
     if upstream:
         repo_id, rev = upstream_target(directory, manifest_file, repo, revision)
@@ -422,6 +425,7 @@ def _mirror_plan(req: mm_fetch.FetchRequest, source: str, mirror_only: bool,
             raise click.UsageError("--mirror-only and --pin-manifest need --source modelscope")
         return None
     from .artifacts import mirror as ms_mirror
+    from .artifacts.pins import pinned_target
     pin = pinned_target(req.repo_id, req.revision).pin
     return ms_mirror.plan_fetch(req, source, pin.modelscope_id if pin else None, mirror_only=mirror_only,
                                 pin_manifest=pin_manifest)[0]
@@ -696,6 +700,7 @@ def image_save(reference, platform_, out_file, fmt, insecure_registry, json_out)
     """Write REFERENCE (default: the pinned engine image) for one platform to FILE by digest, with skopeo, and the
     chain pinned digest -> platform manifest -> config (image ID) -> layers in FILE.mm-image.json beside it."""
     from .artifacts import image as mm_image
+    from .artifacts.pins import default_pin
     ref = reference or default_pin().image
     platform = mm_image.parse_platform(platform_) if platform_ else mm_image.host_platform()
     report = mm_image.save_image(ref, out_file, platform, fmt, tls_verify=not insecure_registry,
@@ -712,6 +717,157 @@ def image_save(reference, platform_, out_file, fmt, insecure_registry, json_out)
                  f"record    {report.record}",
                  f"next: mm bundle MODEL_DIR --image {report.archive} ...  (the bundle proves it is the pinned image)"):
         out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+# --- OCI registry: push / pull / inspect (issue 14) -------------------------------------------
+
+def registry_options(fn: Callable) -> Callable:
+    """Auth and transport options shared by push, pull and inspect. The password only ever comes from stdin."""
+    for option in reversed([
+        click.option("--username", help="Registry user (with --password-stdin). Default: ~/.docker/config.json, or "
+                                        "REGISTRY_AUTH_FILE; else anonymous."),
+        click.option("--password-stdin", is_flag=True, help="Read the password (or token) from standard input."),
+        click.option("--plain-http", is_flag=True, help="Plain HTTP to a registry that is not on loopback (loopback always is)."),
+        click.option("--ca-file", type=click.Path(path_type=Path, dir_okay=False),
+                     help="PEM CA bundle for the registry's HTTPS certificate. Default: the system's CAs."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _registry_access(ref_text: str, username: str | None, password_stdin: bool, plain_http: bool, ca_file: Path | None):
+    from .artifacts.oci import client as oci_client
+    ref = oci_client.parse_reference(ref_text)
+    password = None
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+        if not password:
+            raise click.UsageError("--password-stdin: nothing on standard input")
+    if password_stdin and not username:
+        raise click.UsageError("--password-stdin needs --username")
+    creds = oci_client.load_credentials(ref.registry, username, password)
+    return creds, oci_client.Transport(plain_http=plain_http, ca_file=ca_file)
+
+
+def _transfer_summary(items, nbytes: int, seconds: float) -> tuple[Counter, str]:
+    """Counts by status, and "(bytes, rate[, N resumed])" for a push or pull report's blobs or files."""
+    resumed = sum(1 for item in items if item.resumed_from)
+    rate = nbytes / seconds if seconds else 0
+    return Counter(item.status for item in items), \
+        f"({human_bytes(nbytes)}, {human_bytes(rate)}/s{f', {resumed} resumed' if resumed else ''})"
+
+
+@main.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("reference")
+@registry_options
+@click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Blobs uploaded in parallel.")
+@click.option("--chunk-size", default="64MiB", show_default=True, help="Upload big blobs in chunks of this size (PATCH).")
+@click.option("--mount-from", metavar="REPOSITORY", help="Another repository of the same registry holding some of the "
+                                                         "blobs: mount them instead of uploading.")
+@click.option("--max-blob-size", help="Refuse (exit 7, nothing pushed) a file above this size: the registry's single-blob "
+                                      "limit (e.g. 100G for distribution on S3 with default parts, 20G for Kraken).")
+@json_option
+@handles_errors
+def push(directory, reference, username, password_stdin, plain_http, ca_file, workers, chunk_size, mount_from,
+         max_blob_size, json_out):
+    """Push a verified model directory to an OCI registry as a CNCF ModelPack artifact.
+
+    REFERENCE is host[:port]/repository[:tag]; the tag defaults to the manifest's short revision. Refuses
+    (exit 1) a directory whose `mm verify --quick` fails. A rerun skips what the registry has and resumes uploads.
+    """
+    from .artifacts.bundle.format import parse_size
+    from .artifacts.oci import push as oci_push
+    creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
+    options = oci_push.PushOptions(credentials=creds, transport=transport, workers=workers,
+                                   chunk_size=parse_size(chunk_size), mount_from=mount_from,
+                                   max_blob_size=parse_size(max_blob_size) if max_blob_size else None)
+    report = oci_push.push(directory, reference, options, progress_for(json_out))
+    if json_out:
+        emit_json({"ok": True, **to_jsonable(report)})
+        return
+    for note in report.notes:
+        err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    counts, moved = _transfer_summary(report.blobs, report.bytes_sent, report.seconds)
+    out.print(f"pushed {report.reference} ({report.repo_id}@{report.revision[:12]}): {counts['uploaded']} uploaded "
+              f"{moved}, {counts['present']} already there, {counts['mounted']} mounted", markup=False, highlight=False,
+              soft_wrap=True)
+    out.print(f"digest: {report.digest}", markup=False, highlight=False)
+    out.print(f"pull with: mm pull {report.reference.rsplit(':', 1)[0]}@{report.digest} --local-dir DIR",
+              markup=False, highlight=False, soft_wrap=True)
+
+
+def _render_inspect(report) -> None:
+    out.print(f"{report.reference} -> {report.digest}", markup=False, highlight=False, soft_wrap=True)
+    out.print(f"model: {report.repo_id or '?'} revision {report.revision or '?'}", markup=False, highlight=False)
+    fields = ", ".join(f"{k} {v}" for k, v in report.config.items() if isinstance(v, str))
+    if fields:
+        out.print(f"config: {fields}", markup=False, highlight=False, soft_wrap=True)
+    for f in report.files:
+        kind = f["media_type"].rsplit(".model.", 1)[-1]
+        out.print(f"{human_bytes(f['size']):>10}  {kind:<22} {f['path']}", markup=False, highlight=False, soft_wrap=True)
+    signed = {None: "unknown (no signature scheme for OCI artifacts yet)", True: "yes", False: "no"}[report.signed]
+    out.print(f"{len(report.files)} files, {human_bytes(report.total_bytes)}; mm manifest: "
+              f"{'yes' if report.mm_manifest else 'no'}; signed: {signed}", markup=False, highlight=False, soft_wrap=True)
+
+
+@main.command()
+@click.argument("reference")
+@click.option("--local-dir", type=click.Path(path_type=Path), help="Target directory (required unless --list).")
+@click.option("--list", "list_only", is_flag=True, help="Show the artifact's files, sizes and revision; download nothing.")
+@registry_options
+@click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Blobs downloaded in parallel.")
+@json_option
+@handles_errors
+def pull(reference, local_dir, list_only, username, password_stdin, plain_http, ca_file, workers, json_out):
+    """Pull a ModelPack artifact that mm pushed, proving every byte (sha256 and blake3) before naming a file.
+
+    The tag is resolved to a digest once; resumes across runs; ends with the quick verify (exit 1 if it fails).
+    """
+    from .artifacts.oci import pull as oci_pull
+    creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
+    if list_only:
+        report = oci_pull.inspect(reference, creds, transport)
+        emit_json(report) if json_out else _render_inspect(report)
+        return
+    if local_dir is None:
+        raise click.UsageError("--local-dir is required (or --list)")
+    report = oci_pull.pull(reference, local_dir, creds, transport, workers=workers, progress=progress_for(json_out))
+    code = max((f.exit_code for f in report.failed), default=0) or (ProblemsFound.exit_code if report.verify_problems else 0)
+    if json_out:
+        emit_json({"ok": code == 0, **to_jsonable(report)})
+        sys.exit(code)
+    for f in report.failed:
+        err.print(f"FAILED {f.path}: {f.error}", markup=False, highlight=False, soft_wrap=True)
+    counts, moved = _transfer_summary(report.files, report.bytes_transferred, report.seconds)
+    out.print(f"{report.source}: {report.repo_id}@{report.revision[:12]}: {counts['downloaded']} downloaded {moved}, "
+              f"{counts['present']} already present, {counts['failed']} failed", markup=False, highlight=False, soft_wrap=True)
+    if report.removed:
+        out.print(f"removed {len(report.removed)} file(s) of the earlier revision: {', '.join(report.removed[:5])}",
+                  markup=False, highlight=False, soft_wrap=True)
+    if not report.failed:
+        verdict = "OK" if not report.verify_problems else f"{len(report.verify_problems)} problem(s)"
+        out.print(f"verify --quick {report.local_dir}: {verdict}", markup=False, highlight=False, soft_wrap=True)
+        for problem in report.verify_problems:
+            out.print(f"  {problem}", markup=False, highlight=False, soft_wrap=True)
+        out.print(f"Manifest: {report.manifest_path}", markup=False, highlight=False, soft_wrap=True)
+        out.print(f"DSpark draft (dspark/): {'present' if report.draft_present else 'MISSING'}", markup=False, highlight=False)
+    if code:
+        if not report.failed:
+            err.print(f"mm: {report.local_dir}: quick verify after pull found problems", markup=False, highlight=False)
+        sys.exit(code)
+
+
+@main.command()
+@click.argument("reference")
+@registry_options
+@json_option
+@handles_errors
+def inspect(reference, username, password_stdin, plain_http, ca_file, json_out):
+    """Show a registry artifact's files, sizes, revision and signature status (same as `mm pull --list`)."""
+    from .artifacts.oci import pull as oci_pull
+    creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
+    report = oci_pull.inspect(reference, creds, transport)
+    emit_json(report) if json_out else _render_inspect(report)
 
 
 # --- launch / warmup (issue 6) -----------------------------------------------------------------
@@ -843,6 +999,7 @@ def doctor(model_dir, json_out, **kw):
     """Will this host start MODEL_DIR with this recipe? GPUs, driver, docker, the image by identity, port, /dev/shm,
     host memory, cache disk and key, the model. One line per check with its fix; exit 1 when a check fails."""
     from .artifacts import doctor as mm_doctor
+    from .artifacts.pins import default_pin
     report = mm_doctor.run_doctor(model_dir, _launch_options(kw), default_pin())
     if json_out:
         emit_json({"ok": report.ok, **to_jsonable(report), "counts": report.counts})

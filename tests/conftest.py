@@ -216,3 +216,23 @@ def other_image(tmp_path_factory):
 
     return build_layout(tmp_path_factory.mktemp("oci-other") / "layout", salt="other")
 # --- end air gap ---
+
+# --- OCI registry (issue 14) ---
+from tests.support.registry import Registry  # noqa: E402
+
+REGISTRY_USER, REGISTRY_PASSWORD = "mm-tester", "pw-" + secrets.token_hex(12)
+
+
+@pytest.fixture(scope="session")
+def registry():
+    """The session's anonymous docker-registry (distribution 2.8) on 127.0.0.1; use a repository name of your own."""
+    with Registry() as reg:
+        yield reg
+
+
+@pytest.fixture(scope="session")
+def auth_registry():
+    """The session's htpasswd docker-registry: user REGISTRY_USER, password REGISTRY_PASSWORD (reg.users)."""
+    with Registry(users={REGISTRY_USER: REGISTRY_PASSWORD}) as reg:
+        yield reg
+# --- end OCI registry ---

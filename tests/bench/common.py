@@ -27,15 +27,21 @@ def peer_bin(name: str) -> str:
 
 
 def run_measured(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> tuple[float, int]:
-    """Run CMD to completion; return its wall seconds and its own peak RSS in bytes (wait4, this child only)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.read().decode()[-500:]}")
-    return seconds, usage.ru_maxrss * 1024
+    """Run CMD to completion; return its wall seconds and its own peak RSS in bytes.
+
+    RSS comes from /usr/bin/time (GNU time), not from our own wait4: a child forked from this (large) process
+    carries our RSS into its ru_maxrss until it execs.
+    """
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("r", prefix="mm-bench-rss-") as rss:
+        start = time.perf_counter()
+        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss.name, *cmd], env=env, cwd=cwd,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        seconds = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
+        return seconds, int(rss.read().split()[-1]) * 1024
 
 
 @contextmanager

@@ -10,6 +10,10 @@
     with Registry(users={"alice": "s3cret"}) as reg:   # htpasswd basic auth (realm "mm-test")
         ...
 
+    with TokenServer(tmp, users) as ts, Registry(token=ts) as reg:   # Bearer tokens (tests/support/tokenserver.py)
+    with Registry(tls=True) as reg:   # HTTPS with a self-signed certificate for 127.0.0.1: reg.url is https://,
+        reg.ca_path                   # and reg.ca_path the PEM to trust
+
 Each instance gets a fresh temporary directory (config.yml, htpasswd, storage, registry.log) under `root`
 (default: a new `tempfile.mkdtemp`, removed on exit; a given root is left in place) and a free port. The
 context manager returns once `GET /v2/` answers (200, or 401 with auth). The process is stopped (SIGTERM, then
@@ -22,6 +26,7 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -49,13 +54,16 @@ class Registry:
     """A docker-registry process on 127.0.0.1:<free port>; see the module docstring."""
 
     def __init__(self, root: Path | None = None, *, users: dict[str, str] | None = None,
-                 start_timeout: float = 20.0):
+                 start_timeout: float = 20.0, token=None, tls: bool = False):
         self._own_root = root is None
         self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="mm-registry-"))
         self.users = dict(users or {})
         self.port = free_port()
         self.host = f"{HOST}:{self.port}"
-        self.url = f"http://{self.host}"
+        self.token = token
+        self.tls = tls
+        self.ca_path: Path | None = None
+        self.url = f"{'https' if tls else 'http'}://{self.host}"
         self.storage = self.root / "storage"
         self.config_path = self.root / "config.yml"
         self.log_path = self.root / "registry.log"
@@ -79,6 +87,14 @@ class Registry:
             htpasswd = self.root / "htpasswd"
             htpasswd.write_text("".join(htpasswd_line(u, p) + "\n" for u, p in self.users.items()))
             config["auth"] = {"htpasswd": {"realm": "mm-test", "path": str(htpasswd)}}
+        if self.token is not None:
+            config["auth"] = {"token": {"realm": self.token.realm, "service": self.token.service,
+                                        "issuer": self.token.issuer, "rootcertbundle": str(self.token.cert_path)}}
+        if self.tls:
+            from tests.support.tokenserver import self_signed
+            cert, key = self_signed(self.root / "tls", HOST, name="registry")
+            self.ca_path = cert
+            config["http"]["tls"] = {"certificate": str(cert), "key": str(key)}
         # YAML is a superset of JSON: no YAML library needed.
         self.config_path.write_text(json.dumps(config, indent=2) + "\n")
 
@@ -109,11 +125,12 @@ class Registry:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"docker-registry exited with {self.proc.returncode}:\n{self.log_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(self.url + "/v2/", timeout=2) as resp:
+                context = ssl.create_default_context(cafile=str(self.ca_path)) if self.tls else None
+                with urllib.request.urlopen(self.url + "/v2/", timeout=2, context=context) as resp:
                     if resp.status == 200:
                         return self
             except urllib.error.HTTPError as err:
-                if err.code == 401 and self.users:
+                if err.code == 401 and (self.users or self.token is not None):
                     return self
             except OSError:
                 pass
