@@ -117,6 +117,41 @@ def test_the_image_is_proven_against_the_pinned_reference_and_its_record_travels
     assert "payload/image/sglang.tar.mm-image.json" in [m for v in volumes(connected.out) for m in members(v)]
 
 
+def test_bundle_verify_names_a_damaged_wheel_in_volume_1(connected, tmp_path):
+    first = volumes(connected.out)[0]
+    copy = tmp_path / first.name
+    shutil.copy(first, copy)
+    with tarfile.open(copy) as tf:
+        wheel = next(m for m in tf.getmembers() if m.name.startswith("payload/mm/wheelhouse/") and m.name.endswith(".whl"))
+    with open(copy, "r+b") as f:  # one byte inside the wheel's data
+        f.seek(wheel.offset_data + wheel.size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    r = run_mm("bundle", "verify", copy)
+    assert r.returncode == 1
+    assert f"CORRUPT  {copy}" in r.stdout and f"member {wheel.name!r}: blake3 mismatch" in r.stdout
+
+
+def test_bundle_proves_the_image_offline_from_its_mm_image_save_record(pinned_image, tmp_path, unused_port):
+    model = make_model_dir(tmp_path / "models")
+    archive = tmp_path / "sglang.tar"
+    mm_image.save_image(pinned_image.ref, archive, "linux/amd64", tls_verify=False)
+    offline_ref = pinned_image.ref.replace(pinned_image.registry.host, f"127.0.0.1:{unused_port}")
+    record = json.loads(mm_image.record_path(archive).read_text())
+    record["reference"] = offline_ref  # the same pin, its registry now out of reach
+    mm_image.record_path(archive).write_text(json.dumps(record))
+    r = run_mm("bundle", model, "--out", tmp_path / "v", "--volume-size", "2M", "--image", archive,
+               "--image-ref", offline_ref, "--insecure-registry", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)["image"]
+    assert doc["proven"] is True and doc["image_id"] == pinned_image.image.platforms["linux/amd64"].config
+    mm_image.record_path(archive).unlink()
+    r = run_mm("bundle", model, "--out", tmp_path / "w", "--volume-size", "2M", "--image", archive,
+               "--image-ref", offline_ref, "--insecure-registry")
+    assert r.returncode == 3 and "no record sglang.tar.mm-image.json beside it" in r.stderr
+
+
 def test_no_mm_leaves_mm_out(tmp_path):
     model = make_model_dir(tmp_path / "models")
     r = run_mm("bundle", model, "--out", tmp_path / "v", "--volume-size", "2M", "--no-mm", "--json",
