@@ -31,7 +31,7 @@ from pathlib import Path
 from .cachekey import FILE_NAME as CACHE_KEY_FILE
 from .errors import BadInput
 from .fsutil import human_bytes
-from .launch import LaunchOptions, LaunchPlan, hicache_host_gb
+from .launch import LaunchOptions, LaunchPlan, hicache_host_gb, image_candidates, image_identity
 from .pins import Pin
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -218,14 +218,15 @@ def docker_checks(plan: LaunchPlan) -> tuple[list[Check], str | None]:
         doc = {}
     checks = [Check("docker", OK, f"Docker {doc.get('ServerVersion', '?')} answering")]
     found = None
-    for ref, how in ((plan.image, "by its pinned reference"), (plan.image_id, "by the image ID mm image save recorded "
-                                                                              "(the repo digest did not survive the load)")):
-        if ref and (done := _run(["docker", "image", "inspect", ref])) is not None and done.returncode == 0:
+    for ref in image_candidates(plan):  # the start script's search
+        if (done := _run(["docker", "image", "inspect", ref])) is not None and done.returncode == 0:
             found = ref
-            checks.append(Check("image", OK, f"{plan.image} present {how}" + (f": {ref}" if ref != plan.image else "")))
+            how = ("by its pinned reference" if ref == plan.image else "by the image ID mm image save recorded (the "
+                   f"repo digest did not survive the load): {ref}")
+            checks.append(Check("image", OK, f"{plan.image} present {how}"))
             break
     if found is None:
-        ident = plan.image + (f" (image ID {plan.image_id})" if plan.image_id else "")
+        ident = image_identity(plan)
         tag = _image_tag(plan)
         other = _run(["docker", "image", "inspect", "--format", "{{.Id}}", tag]) if tag else None
         if other is not None and other.returncode == 0:

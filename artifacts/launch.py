@@ -558,6 +558,17 @@ def render_script(plan: LaunchPlan) -> str:
 IMAGE_VAR = EnvRef("image")  # how the script found the image on this host (image_lines); every docker run uses it
 
 
+def image_candidates(plan: LaunchPlan) -> tuple[str, ...]:
+    """What the image may be called on this host, in the order the start script tries (image_lines): the pinned
+    reference, else the image ID `mm image save` recorded. `mm warmup` and `mm doctor` search the same way."""
+    return (plan.image,) + ((plan.image_id,) if plan.image_id else ())
+
+
+def image_identity(plan: LaunchPlan) -> str:
+    """The image as messages name it: the pinned reference and, when recorded, its image ID."""
+    return plan.image + (f" (image ID {plan.image_id})" if plan.image_id else "")
+
+
 def script_setup(plan: LaunchPlan, api_key_env: str | None, exposed: str, caches: str) -> list[str]:
     """The lines before the first `docker run`: demand the API key, find (or load) the image by identity, make the
     caches. Every `docker run` after them names the image as IMAGE_VAR."""
@@ -587,7 +598,7 @@ def image_lines(plan: LaunchPlan) -> list[str]:
              "  else return 1",
              "  fi",
              "}"]
-    ident = f"{plan.image}" + (f" (image ID {plan.image_id})" if plan.image_id else "")
+    ident = image_identity(plan)
     if plan.image_archive:
         archive = q(str(plan.image_archive))
         lines += ["if ! find_image; then",

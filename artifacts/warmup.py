@@ -26,7 +26,7 @@ from .cachekey import FILE_NAME as CACHE_KEY_FILE, CacheKey, write_cache_key
 from .diagnose import Finding, diagnose
 from .errors import BadInput, ProblemsFound, Refused
 from .fsutil import atomic_write_json
-from .launch import LaunchPlan, docker_run_argv
+from .launch import LaunchPlan, docker_run_argv, image_candidates, image_identity
 from .progress import NULL_PROGRESS, ProgressSink
 from .router import NodePlan, router_docker_argv
 
@@ -121,11 +121,10 @@ def parse_gpu_info(text: str) -> tuple[str, str, str, int]:
 def local_image(plan: LaunchPlan) -> str:
     """How this host has the plan's image (the same search as the start script): the pinned reference, else the
     image ID `mm image save` recorded (the classic store drops repo digests on `docker load`)."""
-    for ref in (plan.image, plan.image_id):
-        if ref and _docker(["image", "inspect", ref]).returncode == 0:
+    for ref in image_candidates(plan):
+        if _docker(["image", "inspect", ref]).returncode == 0:
             return ref
-    ident = plan.image + (f" (image ID {plan.image_id})" if plan.image_id else "")
-    raise BadInput(f"image {ident} is not on this host: docker load -i {plan.archive_hint}")
+    raise BadInput(f"image {image_identity(plan)} is not on this host: docker load -i {plan.archive_hint}")
 
 
 def query_gpus(plan: LaunchPlan, image: str | None = None) -> str:
