@@ -133,6 +133,19 @@ def test_bundle_verify_names_a_damaged_wheel_in_volume_1(connected, tmp_path):
     assert f"CORRUPT  {copy}" in r.stdout and f"member {wheel.name!r}: blake3 mismatch" in r.stdout
 
 
+def test_bundle_resolves_the_chain_itself_for_an_archive_without_a_record_and_carries_one(pinned_image, tmp_path):
+    model = make_model_dir(tmp_path / "models")
+    archive = containerd_save_archive(pinned_image.image, pinned_image.repo, tmp_path / "sglang.tar")  # no record
+    r = run_mm("bundle", model, "--out", tmp_path / "v", "--volume-size", "2M", "--image", archive,
+               "--image-ref", pinned_image.ref, "--insecure-registry", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["image"]["proven"] is True
+    record = mm_image.read_record(mm_image.record_path(archive))  # written from the registry's chain
+    assert record.chain.reference == pinned_image.ref and record.format == "oci-archive"
+    assert record.chain.config in {p.config for p in pinned_image.image.platforms.values()}
+    assert "payload/image/sglang.tar.mm-image.json" in [m for v in volumes(tmp_path / "v") for m in members(v)]
+
+
 def test_bundle_proves_the_image_offline_from_its_mm_image_save_record(pinned_image, tmp_path, unused_port):
     model = make_model_dir(tmp_path / "models")
     archive = tmp_path / "sglang.tar"
