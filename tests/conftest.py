@@ -236,3 +236,14 @@ def auth_registry():
     with Registry(users={REGISTRY_USER: REGISTRY_PASSWORD}) as reg:
         yield reg
 # --- end OCI registry ---
+
+
+# --- signatures (issue 15) ---
+from tests.support.sshkeys import make_keys  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def keys(tmp_path_factory) -> dict[str, Path]:
+    """SSH keys made by the real ssh-keygen: alice and bob (passphrase) allowed, mallory not (support/sshkeys.py)."""
+    return make_keys(tmp_path_factory.mktemp("keys"))
+# --- end signatures ---

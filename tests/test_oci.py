@@ -640,3 +640,54 @@ def test_not_enough_disk_is_refused_before_downloading(registry, pushed_a, tmp_p
         assert not [p for p in (small / "m").rglob("*") if p.is_file() and ".mm" not in p.parts]
     finally:
         subprocess.run(["umount", str(small)])
+
+
+# --- signed models (issue 15) -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pushed_signed(registry, model_a, keys, tmp_path_factory) -> str:
+    """Model A signed by alice, pushed to <registry>/minimax/signed."""
+    work = tmp_path_factory.mktemp("push-signed")
+    src = work / "model"
+    shutil.copytree(model_a, src)
+    assert mm(work, "sign", src, "--key", keys["alice"]).returncode == 0
+    proc = mm(work, "push", src, f"{registry.host}/minimax/signed", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["reference"]
+
+
+def test_push_of_a_signed_model_carries_the_signature_layer_and_inspect_says_signed(registry, pushed_signed,
+                                                                                    pushed_a, tmp_path):
+    doc = registry_manifest(registry, "minimax/signed", REV_A[:12])
+    sig = [layer for layer in doc["layers"] if layer["mediaType"] == modelpack.MM_SIGNATURE]
+    assert len(sig) == 1 and sig[0]["annotations"]["org.cncf.model.filepath"] == ".mm/manifest.json.sig"
+    assert registry_blob(registry, "minimax/signed", sig[0]["digest"]).startswith(b"-----BEGIN SSH SIGNATURE-----")
+    assert json.loads(mm(tmp_path, "inspect", pushed_signed, "--json").stdout)["signed"] is True
+    assert json.loads(mm(tmp_path, "inspect", pushed_a, "--json").stdout)["signed"] is False
+
+
+def test_pull_require_signature_checks_the_signer_before_writing(pushed_signed, model_a, keys, tmp_path):
+    dest = tmp_path / "dest"
+    r = mm(tmp_path, "pull", pushed_signed, "--local-dir", dest, "--require-signature",
+           "--allowed-signers", keys["allowed"])
+    assert r.returncode == 0, r.stderr
+    assert "signature: good, signed by alice@example.com (ssh-ed25519 key SHA256:" in r.stdout
+    assert tree(dest) == tree(model_a)
+
+
+def test_pull_require_signature_refuses_an_unsigned_artifact_before_writing(pushed_a, keys, tmp_path):
+    dest = tmp_path / "dest"
+    r = mm(tmp_path, "pull", pushed_a, "--local-dir", dest, "--require-signature", "--allowed-signers", keys["allowed"])
+    assert r.returncode == 5 and "not signed" in r.stderr
+    assert not dest.exists()
+
+
+def test_pull_refuses_a_signer_not_in_allowed_signers_before_writing(registry, model_a, keys, tmp_path):
+    src = tmp_path / "model"
+    shutil.copytree(model_a, src)
+    assert mm(tmp_path, "sign", src, "--key", keys["mallory"]).returncode == 0
+    ref = json.loads(mm(tmp_path, "push", src, f"{registry.host}/minimax/mallory", "--json").stdout)["reference"]
+    dest = tmp_path / "dest"
+    r = mm(tmp_path, "pull", ref, "--local-dir", dest, "--require-signature", "--allowed-signers", keys["allowed"])
+    assert r.returncode == 5 and "does not allow" in r.stderr
+    assert not dest.exists()

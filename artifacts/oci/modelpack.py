@@ -5,7 +5,9 @@ An mm model directory becomes one OCI image manifest:
   one raw layer per file (no tar, no compression), media type by role (weight / weight.config / doc / code),
   annotations org.cncf.model.filepath and org.cncf.model.file.metadata+json,
   plus one layer holding mm's own manifest (media type MM_MANIFEST), so a pull restores `.mm/manifest.json`
-  with blake3 and the Hub's identities; the Hub repo and revision also go in the manifest's annotations.
+  with blake3 and the Hub's identities; the Hub repo and revision also go in the manifest's annotations;
+  and, for a signed model, one layer holding the manifest's SSH signature (MM_SIGNATURE, signing.py) over the
+  mm manifest layer's exact bytes, so `mm pull --require-signature` can check it before writing anything.
 Digests are each file's sha256, already in mm's manifest: nothing is hashed again. The output is
 deterministic (constant file metadata), so pushing the same directory twice gives the same digest.
 """
@@ -28,6 +30,7 @@ DOC = "application/vnd.cncf.model.doc.v1.raw"
 CODE = "application/vnd.cncf.model.code.v1.raw"
 RAW_TYPES = frozenset({WEIGHT, WEIGHT_CONFIG, DOC, CODE, "application/vnd.cncf.model.dataset.v1.raw"})
 MM_MANIFEST = "application/vnd.mm.manifest.v1+json"
+MM_SIGNATURE = "application/vnd.mm.manifest.sig.v1"  # an armored SSHSIG (ssh-keygen -Y sign, namespace mm-manifest)
 FILEPATH = "org.cncf.model.filepath"
 FILE_METADATA = "org.cncf.model.file.metadata+json"
 UNTESTED = "org.cncf.model.file.mediatype.untested"
@@ -36,6 +39,7 @@ REVISION = "org.opencontainers.image.revision"
 TITLE = "org.opencontainers.image.title"
 CREATED = "org.opencontainers.image.created"
 MM_MANIFEST_PATH = f"{MM_DIR}/{MANIFEST_NAME}"
+MM_SIGNATURE_PATH = f"{MM_MANIFEST_PATH}.sig"
 MAX_MM_MANIFEST = 256 * 1024 * 1024
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".onnx", ".ckpt", ".h5", ".msgpack", ".nemo")
@@ -87,6 +91,7 @@ class Artifact:
     manifest: bytes
     manifest_digest: str
     mm_manifest: bytes  # the mm manifest layer's bytes (small, in memory)
+    signature: bytes | None = None  # the signature layer's bytes, when the model is signed
 
 
 def _file_metadata(path: str, size: int) -> str:
@@ -137,8 +142,10 @@ def _dtypes(path: Path) -> set[str]:
     return {v["dtype"] for k, v in doc.items() if k != "__metadata__" and isinstance(v, dict) and "dtype" in v}
 
 
-def build(model_dir: Path, manifest: Manifest, mm_manifest: bytes, config_fields: dict[str, str]) -> Artifact:
-    """The ModelPack artifact for MODEL_DIR, from its manifest (digests are the recorded sha256s)."""
+def build(model_dir: Path, manifest: Manifest, mm_manifest: bytes, config_fields: dict[str, str],
+          signature: bytes | None = None) -> Artifact:
+    """The ModelPack artifact for MODEL_DIR, from its manifest (digests are the recorded sha256s); SIGNATURE (over
+    MM_MANIFEST's bytes) adds its own layer."""
     layers, descriptors = [], []
     for f in manifest.files:
         mt, tested = media_type(f.path)
@@ -152,6 +159,11 @@ def build(model_dir: Path, manifest: Manifest, mm_manifest: bytes, config_fields
     layers.append(mm_layer)
     descriptors.append(mm_layer.descriptor({FILEPATH: MM_MANIFEST_PATH,
                                             FILE_METADATA: _file_metadata(MM_MANIFEST_PATH, len(mm_manifest))}))
+    if signature is not None:
+        sig_layer = Layer(MM_SIGNATURE, _sha256(signature), len(signature), MM_SIGNATURE_PATH)
+        layers.append(sig_layer)
+        descriptors.append(sig_layer.descriptor({FILEPATH: MM_SIGNATURE_PATH,
+                                                 FILE_METADATA: _file_metadata(MM_SIGNATURE_PATH, len(signature))}))
     source = f"{(manifest.endpoint or 'https://huggingface.co').rstrip('/')}/{manifest.repo_id}"
     descriptor = {"name": manifest.repo_id, "revision": manifest.revision, "sourceURL": source}
     if manifest.created:
@@ -167,7 +179,7 @@ def build(model_dir: Path, manifest: Manifest, mm_manifest: bytes, config_fields
            "layers": descriptors, "annotations": annotations}
     manifest_bytes = json.dumps(doc, separators=(",", ":")).encode()
     return Artifact(tuple(layers), config_bytes, _sha256(config_bytes), manifest_bytes, _sha256(manifest_bytes),
-                    mm_manifest)
+                    mm_manifest, signature)
 
 
 # --- reading an artifact (hostile until parsed) ----------------------------------------------------
@@ -178,6 +190,7 @@ class Parsed:
     mm_layer: Layer | None
     config: Layer
     annotations: dict[str, str]
+    sig_layer: Layer | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -199,13 +212,18 @@ def parse(data: bytes, where: str) -> Parsed:
     raw_layers = doc.get("layers")
     if not isinstance(raw_layers, list):
         raise BadInput(f"{where}: manifest has no layer list")
-    files, mm_layer, seen = [], None, set()
+    files, mm_layer, sig_layer, seen = [], None, None, set()
     for i, raw in enumerate(raw_layers):
         layer = _layer(raw, where, f"layer {i}")
         if layer.media_type == MM_MANIFEST:
             if mm_layer is not None:
                 raise BadInput(f"{where}: two mm manifest layers")
             mm_layer = layer
+            continue
+        if layer.media_type == MM_SIGNATURE:
+            if sig_layer is not None:
+                raise BadInput(f"{where}: two mm signature layers")
+            sig_layer = layer
             continue
         if layer.media_type not in RAW_TYPES:
             raise BadInput(f"{where}: layer {i} ({layer.path or layer.digest}) has media type {layer.media_type!r}; "
@@ -218,7 +236,7 @@ def parse(data: bytes, where: str) -> Parsed:
         seen.add(layer.path)
         files.append(layer)
     annotations = doc.get("annotations") if isinstance(doc.get("annotations"), dict) else {}
-    return Parsed(tuple(files), mm_layer, config, {str(k): str(v) for k, v in annotations.items()})
+    return Parsed(tuple(files), mm_layer, config, {str(k): str(v) for k, v in annotations.items()}, sig_layer)
 
 
 def _layer(raw: object, where: str, what: str) -> Layer:

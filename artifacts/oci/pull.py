@@ -5,6 +5,10 @@ revisions). mm's manifest comes first (its own layer, cross-checked with the lay
 streamed into DIR/.mm/partial/<sha256>.part (continued with Range after a kill), hashed in the pass that writes
 it (sha256 against the layer digest, blake3 against the manifest), and named only when both match. The same
 lock, free-space check, journal and atomic names as `mm fetch`; it ends with the quick verify.
+With --allowed-signers, the signature layer (a signed model's, modelpack.MM_SIGNATURE) is checked over the mm
+manifest layer's exact bytes with ssh-keygen before anything is written (signing.py); --require-signature refuses
+an unsigned artifact too. The pulled manifest records the registry as each file's source, so it is no longer the
+signed bytes: the signature is checked at pull and reported, not stored beside it (sign again with `mm sign`).
 """
 from __future__ import annotations
 
@@ -56,6 +60,7 @@ class PullReport:
     seconds: float
     verify_problems: tuple[str, ...]
     draft_present: bool
+    signature: dict | None = None  # the checked signature (identity, key type, fingerprint), with --allowed-signers
 
     @property
     def failed(self) -> list[PulledFile]:
@@ -74,7 +79,7 @@ class InspectReport:
     files: tuple[dict, ...]  # path, size, media_type, digest
     total_bytes: int
     mm_manifest: bool
-    signed: bool | None  # None: no signature scheme is known for this artifact
+    signed: bool | None  # None: not pushed by mm (no mm manifest layer), so no signature scheme is known
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,8 @@ class Resolved:
     parsed: modelpack.Parsed
     config: dict
     manifest: Manifest | None  # mm's, from its layer (None for an artifact another tool pushed)
+    mm_bytes: bytes | None = None  # the mm manifest layer's exact bytes
+    signature: bytes | None = None  # the signature layer's bytes, when there is one
 
 
 def resolve(client: Client, ref: Reference) -> Resolved:
@@ -97,11 +104,14 @@ def resolve(client: Client, ref: Reference) -> Resolved:
         config = json.loads(client.read_blob(parsed.config.digest, 4 * 1024 * 1024))
     except ValueError:
         raise BadInput(f"{where}: config blob is not JSON") from None
-    manifest = None
+    manifest, mm_bytes, signature = None, None, None
     if parsed.mm_layer is not None:
         mm_bytes = client.read_blob(parsed.mm_layer.digest, modelpack.MAX_MM_MANIFEST)
         manifest = modelpack.restored_manifest(parsed, mm_bytes, where)
-    return Resolved(ref, digest, parsed, config if isinstance(config, dict) else {}, manifest)
+    if parsed.sig_layer is not None:
+        from ..signing import MAX_SIG_BYTES
+        signature = client.read_blob(parsed.sig_layer.digest, MAX_SIG_BYTES)
+    return Resolved(ref, digest, parsed, config if isinstance(config, dict) else {}, manifest, mm_bytes, signature)
 
 
 def _require_tag_or_digest(ref: Reference, text: str) -> None:
@@ -123,11 +133,16 @@ def inspect(reference: str, credentials: Credentials | None = None, transport: T
         repo_id=r.manifest.repo_id if r.manifest else descriptor.get("name"),
         revision=r.manifest.revision if r.manifest else r.parsed.annotations.get(modelpack.REVISION),
         annotations=r.parsed.annotations, config=r.config.get("config") or {}, files=files,
-        total_bytes=r.parsed.total_bytes, mm_manifest=r.manifest is not None, signed=None)
+        total_bytes=r.parsed.total_bytes, mm_manifest=r.manifest is not None,
+        signed=(r.parsed.sig_layer is not None) if r.manifest is not None else None)
 
 
 def pull(reference: str, local_dir: Path, credentials: Credentials | None = None, transport: Transport = Transport(),
-         workers: int = 4, progress: ProgressSink = NULL_PROGRESS, draft_subfolder: str = "dspark/") -> PullReport:
+         workers: int = 4, progress: ProgressSink = NULL_PROGRESS, draft_subfolder: str = "dspark/",
+         allowed_signers: Path | None = None, identity: str | None = None,
+         require_signature: bool = False) -> PullReport:
+    """ALLOWED_SIGNERS: check the artifact's manifest signature before anything is written (IntegrityError when
+    it is not good; with REQUIRE_SIGNATURE when there is none either)."""
     from ..verify import verify_dir
 
     started = time.monotonic()
@@ -140,6 +155,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
             raise BadInput(f"{ref.at(r.digest)}: no mm manifest layer ({modelpack.MM_MANIFEST}); mm pulls what mm "
                            f"pushed, so that every file has its blake3 and the Hub's identity")
         source = f"oci:{ref.at(r.digest)}"
+        checked = _check_signature(r, allowed_signers, identity, require_signature)
         prepare_dir(local_dir)
         with dir_lock(local_dir, "mm pull"):
             journal = Journal(local_dir / JOURNAL)
@@ -181,7 +197,20 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
         local_dir=str(local_dir), manifest_path=str(manifest_path(local_dir)), files=outcomes, removed=removed,
         bytes_transferred=sum(o.bytes_transferred for o in outcomes), seconds=time.monotonic() - started,
         verify_problems=problems,
-        draft_present=any(f.path.startswith(draft) and f.path.endswith(".safetensors") for f in r.manifest.files))
+        draft_present=any(f.path.startswith(draft) and f.path.endswith(".safetensors") for f in r.manifest.files),
+        signature=checked)
+
+
+def _check_signature(r: Resolved, allowed_signers: Path | None, identity: str | None, require: bool) -> dict | None:
+    if allowed_signers is None or (r.signature is None and not require):
+        return None
+    from ..signing import verify_manifest_signature
+
+    where = f"{r.ref.at(r.digest)}: {modelpack.MM_MANIFEST_PATH}"
+    report = verify_manifest_signature(r.mm_bytes, r.signature, allowed_signers, identity, where=where,
+                                       signature_where=f"{r.ref.at(r.digest)}: {modelpack.MM_SIGNATURE_PATH}")
+    return {"identity": report.identity, "key_type": report.key_type, "fingerprint": report.fingerprint,
+            "namespace": report.namespace, "allowed_signers": report.allowed_signers}
 
 
 def _blob_file(entry: FileEntry) -> RemoteFile:

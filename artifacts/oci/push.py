@@ -86,8 +86,9 @@ def push(model_dir: Path, reference: str, options: PushOptions = PushOptions(),
         notes.append("a file is larger than 20 GB: some registries (Kraken) advise against such blobs; "
                      "see --max-blob-size")
     tag = ref.tag or manifest.revision[:12]
-    artifact = modelpack.build(model_dir, manifest, to_json(manifest).encode(),
-                               modelpack.model_config_fields(model_dir, manifest))
+    mm_bytes, signature = _signed_manifest(model_dir, to_json(manifest).encode())
+    artifact = modelpack.build(model_dir, manifest, mm_bytes, modelpack.model_config_fields(model_dir, manifest),
+                               signature)
     state = _StateDir(model_dir, ref.registry, ref.repository)
     sizes = {layer.digest: layer.size for layer in artifact.layers}
     total = sum(sizes.values()) + len(artifact.config)
@@ -100,7 +101,8 @@ def push(model_dir: Path, reference: str, options: PushOptions = PushOptions(),
             if layer.digest in seen:  # two files with the same bytes: one blob
                 continue
             seen.add(layer.digest)
-            data = artifact.mm_manifest if layer.media_type == modelpack.MM_MANIFEST else model_dir / layer.path
+            data = {modelpack.MM_MANIFEST: artifact.mm_manifest, modelpack.MM_SIGNATURE: artifact.signature}.get(
+                layer.media_type) or model_dir / layer.path
             jobs.append((layer.path, layer.digest, layer.size, data))
         jobs.append(("(config)", artifact.config_digest, len(artifact.config), artifact.config))
         # big blobs first: the run ends when the last big one does, not after a tail of small ones
@@ -122,6 +124,20 @@ def push(model_dir: Path, reference: str, options: PushOptions = PushOptions(),
                       revision=manifest.revision, blobs=tuple(outcomes), total_bytes=total,
                       bytes_sent=sum(o.bytes_sent for o in outcomes), seconds=time.monotonic() - started,
                       notes=tuple(notes))
+
+
+def _signed_manifest(model_dir: Path, rendered: bytes) -> tuple[bytes, bytes | None]:
+    """(the mm manifest layer's bytes, the signature layer's bytes or None). A signed model's layer is the manifest
+    file's exact bytes (what the signature covers); a signature that no longer matches them is refused."""
+    from ..signing import check_signature_matches, signature_path
+
+    sig_path = signature_path(model_dir)
+    if not sig_path.is_file():
+        return rendered, None
+    data = manifest_path(model_dir).read_bytes()
+    signature = sig_path.read_bytes()
+    check_signature_matches(data, signature, str(sig_path))
+    return data, signature
 
 
 def _push_blob(client: Client, state: "_StateDir", options: PushOptions, progress: ProgressSink,

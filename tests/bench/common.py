@@ -67,3 +67,33 @@ def start_hub_server(root: Path, shards: int, shard_bytes: int) -> Iterator[tupl
         proc.terminate()
         proc.wait()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def make_bench_model(root: Path, shards: int, shard_bytes: int) -> int:
+    """A MiniMax-shaped model of SHARDS x SHARD_BYTES with its manifest (kept if already there); its payload bytes."""
+    from mm.artifacts.hashing import hash_file
+    from mm.artifacts.manifest import FileEntry, Manifest, manifest_path, write_manifest
+    from tests.support.modelgen import write_model
+
+    if manifest_path(root).is_file():
+        return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and ".mm" not in p.parts)
+    files = write_model(root, shards=shards, shard_bytes=shard_bytes)
+    entries = []
+    for f in files:
+        d = hash_file(root / f, blake3_threads=-1)
+        entries.append(FileEntry(f, d.size, d.blake3, d.sha256, None, "local"))
+    write_manifest(Manifest("MiniMaxAI/MiniMax-M3.1-Flash", "ce7f4df87d2e05262f5775f373dac4772f134041",
+                            tuple(entries)), manifest_path(root))
+    return sum(e.size for e in entries)
+
+
+def run_timed(cmd: list[str], stats: Path) -> tuple[float, int]:
+    """Wall seconds and peak RSS (bytes) of one command measured by /usr/bin/time, a small parent: Linux carries
+    a parent's peak RSS into a forked child's rusage, and a benchmark process may have held large buffers."""
+    start = time.perf_counter()
+    proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(stats), *cmd], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
+    return seconds, int(stats.read_text().split()[-1]) * 1024
