@@ -251,6 +251,26 @@ def test_json_image_archive(model, tmp_path, member, bad):
     fails_cleanly(r, 3, str(image))
 
 
+@pytest.mark.parametrize("bad", SOME + ["nan"])
+def test_json_image_record_beside_an_archive(model, tmp_path, bad):
+    """`mm image save`'s record crosses the air gap with the archive: launch reads it hostile."""
+    archive = tmp_path / "engine.tar"
+    archive.write_bytes(b"\0" * 1024)
+    (tmp_path / "engine.tar.mm-image.json").write_bytes(MALFORMED[bad])
+    r = run("launch", model, "--hardware", "b300", "--image-archive", archive)
+    fails_cleanly(r, 3, str(tmp_path / "engine.tar.mm-image.json"))
+
+
+@pytest.mark.parametrize("bad", sorted(MALFORMED))
+def test_json_wheelhouse_index(tmp_path, bad):
+    from mm.artifacts.errors import BadInput
+    from mm.artifacts.wheelhouse import INDEX_NAME, read_index
+    (tmp_path / INDEX_NAME).write_bytes(MALFORMED[bad])
+    with pytest.raises(BadInput) as caught:
+        read_index(tmp_path)
+    assert caught.value.message.startswith(str(tmp_path / INDEX_NAME)) and "\n" not in caught.value.message
+
+
 # --- shape: well-formed JSON of the wrong shape ---------------------------------------------------
 
 def _edit_manifest(model: Path, edit) -> None:
