@@ -238,6 +238,14 @@ def _revision(ctx, param, value):
     return value
 
 
+def _seconds(ctx, param, value):
+    """A duration in seconds: finite, positive, at most a week (click's FloatRange lets NaN through)."""
+    import math
+    if value is not None and not (math.isfinite(value) and 0 < value <= 7 * 24 * 3600):
+        raise click.BadParameter(f"{value}: expected seconds, more than 0 and at most {7 * 24 * 3600}")
+    return value
+
+
 def _cache_key_pairs(ctx, param, value):
     from .artifacts.cachekey import parse_cache_key
     try:
@@ -1309,7 +1317,8 @@ def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers:
 
 @main.command()
 @recipe_options
-@click.option("--timeout", type=float, default=3600, show_default=True, help="Seconds to wait for /health (a first start compiles kernels).")
+@click.option("--timeout", type=float, default=3600, show_default=True, callback=_seconds,
+              help="Seconds to wait for /health (a first start compiles kernels).")
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="JSON report path (default: <cache root>/mm-warmup-report.json).")
 @click.option("--image-file", type=click.Path(path_type=Path), default=None, help="Local PNG for the image check (default: a tiny PNG made in code).")
 @click.option("--gpu-info", default=None, help="'NAME, COMPUTE_CAP, DRIVER' for the cache key instead of asking nvidia-smi (required on AMD).")

@@ -32,6 +32,7 @@ import pytest
 from mm.artifacts.adopt import manifest_for_local_dir
 from mm.artifacts.bundle.format import b3
 from mm.artifacts.bundle.pack import create_bundle
+from mm.artifacts.bundle.payloads import CollectOptions
 from mm.artifacts.manifest import manifest_path
 from tests.support.modelgen import write_model
 from tests.support.run import mm_argv, run_mm
@@ -392,11 +393,13 @@ def pristine_image_vols(pristine, tmp_path_factory) -> Path:
     image = work / "image.tar"
     with tarfile.open(image, "w") as tf:
         for name, data in (("manifest.json", b'[{"RepoTags": ["engine:1"], "Config": "blobs/sha256/ab.json"}]'),
+                           ("blobs/sha256/ab.json", b'{"architecture": "amd64", "os": "linux"}'),
                            ("blob", os.urandom(1000))):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
-    create_bundle(pristine, work / "vols", VOLUME_SIZE, payloads={"image": [image]})
+    create_bundle(pristine, work / "vols", VOLUME_SIZE, payloads={"image": [image]},
+                  collect=CollectOptions(allow_other_image=True))  # not the pinned image: carried as such
     return work / "vols"
 
 
@@ -505,6 +508,8 @@ VALUES = {
     "--replica-ports a,b": ["launch", "/tmp", "--hardware", "b300", "--replica-ports", "a,b"],
     "--metrics-port 0": ["launch", "/tmp", "--hardware", "b300", "--metrics-port", "0"],
     "warmup --replicas 0": ["warmup", "/tmp", "--hardware", "b300", "--replicas", "0"],
+    "warmup --timeout nan": ["warmup", "/tmp", "--hardware", "b300", "--timeout", "nan"],
+    "warmup --timeout -5": ["warmup", "/tmp", "--hardware", "b300", "--timeout", "-5"],
     "diagnose --gpus -1": ["diagnose", "/tmp/x.log", "--gpus", "-1"],
     "diagnose --port 0": ["diagnose", "/tmp/x.log", "--port", "0"],
     "--cache-key without =": ["bundle", "/tmp", "--out", "/tmp/x", "--volume-size", "1G", "--cache-key", "gpu"],
