@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import ContextManager, Iterator, Mapping, Protocol, Sequence
+from urllib.parse import urljoin, urlsplit
 
 import httpx2
 from huggingface_hub import HfApi, constants, hf_hub_url
@@ -31,7 +32,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import build_hf_headers, filter_repo_objects, hf_raise_for_status, http_stream_backoff
+from huggingface_hub.utils import build_hf_headers, filter_repo_objects, get_session, hf_raise_for_status
 
 from .errors import BadInput, IntegrityError, MMError, Refused, RemoteError
 from .fsutil import MM_DIR, check_relpath, dir_lock, human_bytes, payload_files, publish
@@ -39,13 +40,14 @@ from .hashing import Digests, StreamHasher
 from .manifest import (FileEntry, Manifest, Upstream, entry_for_file, entry_from_dict, manifest_path, public_endpoint,
                        read_manifest, write_manifest)
 from .progress import NULL_PROGRESS, ProgressSink
+from .ranges import DEFAULT_CONNECTIONS, Connections, RangedJob, RetryLater, TransferStats, clear_state, state_path
+from . import ranges
 
-CHUNK = 8 * 1024 * 1024
-WRITE_BATCH = 1024 * 1024
 HEX = re.compile(r"^[0-9a-f]+$")
 PARTIAL_DIR = f"{MM_DIR}/partial"
 JOURNAL = f"{MM_DIR}/journal.jsonl"
-CUT_RETRIES = 5  # a connection cut mid-file is resumed in-process this many times before giving up
+MAX_REDIRECTS = 5
+XET_HASH = re.compile(r"^[0-9a-f]{64}$")
 
 
 # --- what the Hub says -----------------------------------------------------------------------
@@ -64,6 +66,7 @@ class RemoteFile:
     size: int
     blob_id: str
     lfs_sha256: str | None = None
+    xet_hash: str | None = None  # the Hub's Xet hash of a Xet-backed file (recorded; lfs_sha256 is what is checked)
 
     @property
     def upstream(self) -> Upstream:
@@ -161,8 +164,10 @@ def list_remote_files(repo_id: str, commit: str, *, endpoint: str | None = None,
     files = []
     for e in entries:
         check_relpath(e.path, f"{repo_id}@{commit[:12]} listing")
+        xet = getattr(e, "xet_hash", None)
         files.append(RemoteFile(path=e.path, size=int(e.size), blob_id=e.blob_id,
-                                lfs_sha256=e.lfs.sha256 if e.lfs else None))
+                                lfs_sha256=e.lfs.sha256 if e.lfs else None,
+                                xet_hash=xet if isinstance(xet, str) and XET_HASH.match(xet) else None))
     return sorted(files, key=lambda f: f.path)
 
 
@@ -176,30 +181,145 @@ def select(files: Sequence[RemoteFile], include: Sequence[str] = (), exclude: Se
 class FileSource(Protocol):
     label: str  # recorded as the manifest entry's "source"
 
-    def stream(self, path: str, offset: int) -> ContextManager[tuple[int, Iterator[bytes]]]:
-        """Open PATH at OFFSET; yield (start, chunks), start being the offset actually honoured."""
+    def stream(self, path: str, start: int, end: int | None = None) -> ContextManager[tuple[int, Iterator[bytes]]]:
+        """Bytes [START, END) of PATH (END None: to the end); yield (offset the body really starts at, chunks).
+        See ranges.RangeSource: RetryLater for what may pass, RemoteError for what will not."""
 
 
 class HubSource:
+    """Files of one commit from the Hub, by ranges.
+
+    The first request for a file follows the Hub's redirect (CDN or Xet bridge, a signed URL) and the
+    location is kept for the file's other ranges; the token goes only to the Hub's own origin. A signed URL
+    that has expired (403/410, or any 4xx, from the other origin) is dropped and the file resolved again.
+    429 (with Retry-After), 408 and 5xx are RetryLater: the engine retries that range with backoff."""
+
     def __init__(self, repo_id: str, commit: str, *, endpoint: str | None = None, token: str | None = None,
                  repo_type: str = "model"):
         self.repo_id, self.commit, self.repo_type = repo_id, commit, repo_type
         self.endpoint = hub_endpoint(endpoint)
-        self._headers = build_hf_headers(token=token, library_name="mm")
+        self._hub_headers = build_hf_headers(token=token, library_name="mm")
+        self._hub_headers["Accept-Encoding"] = "identity"  # byte offsets must be offsets into the file itself
+        self._cdn_headers = {k: v for k, v in self._hub_headers.items() if k.lower() not in ("authorization", "cookie")}
+        self._lock = threading.Lock()
+        self._located: dict[str, str] = {}  # path -> signed URL on another origin
+        self._locating: dict[str, threading.Event] = {}
         self.label = "hub"
 
+    def _start_url(self, path: str) -> tuple[str, bool]:
+        """Where to ask for PATH: the kept signed URL, else the Hub (first asker resolves, the others wait)."""
+        with self._lock:
+            if path in self._located:
+                return self._located[path], False
+            event = self._locating.get(path)
+            if event is None:
+                self._locating[path] = threading.Event()
+                return hf_hub_url(self.repo_id, path, revision=self.commit, repo_type=self.repo_type,
+                                  endpoint=self.endpoint), True
+        event.wait(timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
+        with self._lock:
+            if path in self._located:
+                return self._located[path], False
+        return hf_hub_url(self.repo_id, path, revision=self.commit, repo_type=self.repo_type, endpoint=self.endpoint), False
+
+    def _settle(self, path: str, location: str | None) -> None:
+        with self._lock:
+            if location is not None:
+                self._located[path] = location
+            event = self._locating.pop(path, None)
+        if event is not None:
+            event.set()
+
+    def _forget(self, path: str, url: str) -> None:
+        with self._lock:
+            if self._located.get(path) == url:
+                del self._located[path]
+
+    def _on_hub(self, url: str) -> bool:
+        return _origin(url) == _origin(self.endpoint)
+
     @contextmanager
-    def stream(self, path: str, offset: int) -> Iterator[tuple[int, Iterator[bytes]]]:
-        url = hf_hub_url(self.repo_id, path, revision=self.commit, repo_type=self.repo_type, endpoint=self.endpoint)
-        headers = dict(self._headers)
-        if offset:
-            headers["Range"] = f"bytes={offset}-"
+    def stream(self, path: str, start: int, end: int | None = None) -> Iterator[tuple[int, Iterator[bytes]]]:
+        url, resolving = self._start_url(path)
+        rng = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if start or end is not None else {}
+        session = get_session()
+        try:
+            for _ in range(MAX_REDIRECTS + 1):
+                headers = {**(self._hub_headers if self._on_hub(url) else self._cdn_headers), **rng}
+                try:
+                    request = session.build_request("GET", url, headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
+                    response = session.send(request, stream=True, follow_redirects=False)
+                except httpx2.TransportError as e:
+                    raise RetryLater(f"{path}: cannot reach {_where(url)}: {type(e).__name__}", "connect") from None
+                try:
+                    if response.has_redirect_location:
+                        url = urljoin(url, response.headers["Location"])
+                        continue
+                    if resolving:
+                        resolving = False
+                        self._settle(path, None if self._on_hub(url) else url)
+                    self._check(response, path, url)
+                    yield content_start(response.status_code, response.headers.get("Content-Range")), _body(response, path)
+                    return
+                finally:
+                    response.close()
+            raise RemoteError(f"{self.repo_id}@{self.commit[:12]}: {path}: more than {MAX_REDIRECTS} redirects")
+        finally:
+            if resolving:
+                self._settle(path, None)
+
+    def _check(self, response: httpx2.Response, path: str, url: str) -> None:
+        status = response.status_code
+        if status in (200, 206):
+            return
+        where = f"{path}: {_where(url)} answered {status}"
+        if status == 429:
+            raise RetryLater(f"{where} (rate limited)", "429", _retry_after(response.headers.get("Retry-After")))
+        if status == 408 or status >= 500:
+            raise RetryLater(where, f"{status}", _retry_after(response.headers.get("Retry-After")))
+        if not self._on_hub(url):  # an expired or revoked signed URL: resolve the file again
+            self._forget(path, url)
+            raise RetryLater(f"{where} (signed URL expired or refused; resolving again)", "expired", after=0)
+        response.read()
         with hub_errors(self.repo_id, self.commit[:12]):
-            with http_stream_backoff("GET", url, headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
-                                     retry_on_status_codes=(408, 429, 500, 502, 503, 504)) as response:
-                hf_raise_for_status(response)
-                # iter_bytes() without a size hands over bytes as they arrive: nothing buffered is lost on a cut.
-                yield content_start(response.status_code, response.headers.get("Content-Range")), response.iter_bytes()
+            hf_raise_for_status(response)
+        raise RemoteError(where)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+
+
+def _where(url: str) -> str:
+    """An origin to name in a message: never a path, query string (signatures) or credentials."""
+    scheme, host, port = _origin(url)
+    return f"{scheme}://{host}:{port}"
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        from email.utils import parsedate_to_datetime
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def _body(response: httpx2.Response, path: str) -> Iterator[bytes]:
+    # iter_bytes() without a size hands over bytes as they arrive: nothing buffered is lost on a cut.
+    received = 0
+    try:
+        for chunk in response.iter_bytes():
+            received += len(chunk)
+            yield chunk
+    except httpx2.TransportError as e:
+        raise TransferCut(f"{path}: transfer cut ({type(e).__name__}) after {received} bytes of this response") from None
 
 
 def content_start(status: int, content_range: str | None) -> int:
@@ -220,7 +340,8 @@ class FetchRequest:
     local_dir: Path
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    workers: int = 4
+    workers: int | None = None  # files at once; default: up to `connections`
+    connections: int = DEFAULT_CONNECTIONS  # connections at once, over all files (ranges of one file, or many files)
     endpoint: str | None = None
     token: str | None = field(default=None, repr=False)
     repo_type: str = "model"
@@ -243,6 +364,8 @@ class FileOutcome:
     error: str | None = None
     exit_code: int = 0
     note: str | None = None
+    ranges: int = 0  # range requests that delivered bytes
+    connections: int = 0  # most connections the file used at once
 
 
 @dataclass(frozen=True)
@@ -258,6 +381,7 @@ class FetchResult:
     seconds: float
     draft_present: bool
     draft_subfolder: str
+    transfer: dict = field(default_factory=dict)  # connections (budget, most used), requests, retries by reason
 
     @property
     def failed(self) -> list[FileOutcome]:
@@ -283,15 +407,26 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, draft_subfo
         known = _known_entries(local_dir)
         _clean_stale_partials(local_dir, planned)
         _check_free_space(local_dir, planned, known, req)
-        progress.begin(sum(f.size for f in planned), f"fetch {req.repo_id}@{resolved.commit[:12]}")
+        label = f"fetch {req.repo_id}@{resolved.commit[:12]}"
+        total = sum(f.size for f in planned)
+        progress.begin(total, f"{label} 0/{len(planned)} files")
         journal = _Journal(local_dir / JOURNAL)
+        connections = Connections(req.connections)
+        stats = TransferStats(retry_budget=max(64, 16 * req.connections))
+        finished = [0]
+        count_lock = threading.Lock()
 
         def one(f: RemoteFile) -> tuple[FileOutcome, FileEntry | None]:
             source = req.sources.get(f.path, hub)
-            return _fetch_file(local_dir, f, source, hub, known, req, progress, journal)
+            try:
+                return _fetch_file(local_dir, f, source, hub, known, req, progress, journal, connections, stats)
+            finally:
+                with count_lock:
+                    finished[0] += 1
+                    progress.begin(total, f"{label} {finished[0]}/{len(planned)} files")
 
         try:
-            with ThreadPoolExecutor(max_workers=max(1, req.workers)) as pool:
+            with ThreadPoolExecutor(max_workers=max(1, req.workers or req.connections)) as pool:
                 results = list(pool.map(one, planned))
         finally:
             progress.end()
@@ -314,6 +449,7 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, draft_subfo
         seconds=time.monotonic() - started,
         draft_present=any(p.startswith(draft) and p.endswith(".safetensors") for p in entries),
         draft_subfolder=draft,
+        transfer={"connections": req.connections, "connections_used": connections.peak, **stats.report()},
     )
 
 
@@ -351,7 +487,7 @@ def _check_free_space(local_dir: Path, planned: Sequence[RemoteFile], known: Map
         if _is_present(local_dir, f, known) and not (req.refetch and req.only_paths is not None):
             continue
         partial = _partial_path(local_dir, f)
-        needed += f.size - (partial.stat().st_size if partial.exists() else 0)
+        needed += f.size - (ranges.load_state(partial, f.size, f.upstream.value).done if partial.exists() else 0)
     free = shutil.disk_usage(local_dir).free
     if needed > free:
         raise Refused(f"{local_dir}: not enough free disk: {human_bytes(needed)} to download, {human_bytes(free)} free")
@@ -363,7 +499,7 @@ def _partial_path(local_dir: Path, f: RemoteFile) -> Path:
 
 
 def _clean_stale_partials(local_dir: Path, planned: Sequence[RemoteFile]) -> None:
-    keep = {_partial_path(local_dir, f).name for f in planned}
+    keep = {p.name for f in planned for p in (_partial_path(local_dir, f), state_path(_partial_path(local_dir, f)))}
     for p in (local_dir / PARTIAL_DIR).iterdir():
         if p.name not in keep:
             p.unlink(missing_ok=True)
@@ -378,14 +514,15 @@ def _is_present(local_dir: Path, f: RemoteFile, known: Mapping[str, FileEntry]) 
 
 
 def _fetch_file(local_dir: Path, f: RemoteFile, source: FileSource, hub: FileSource, known: Mapping[str, FileEntry],
-                req: FetchRequest, progress: ProgressSink, journal: "_Journal") -> tuple[FileOutcome, FileEntry | None]:
+                req: FetchRequest, progress: ProgressSink, journal: "_Journal", connections: Connections,
+                stats: TransferStats) -> tuple[FileOutcome, FileEntry | None]:
     if not (req.refetch and req.only_paths is not None):
         entry = _is_present(local_dir, f, known)
         if entry is not None:
             progress.advance(f.size)
             return FileOutcome(f.path, f.size, "present", entry.source), entry
     try:
-        return _fetch_from(local_dir, f, source, progress, journal)
+        return _fetch_from(local_dir, f, source, progress, journal, connections, stats)
     except IntegrityError as e:
         if source is hub or not req.hub_fallback:
             return _failed(f, source, e)
@@ -393,119 +530,53 @@ def _fetch_file(local_dir: Path, f: RemoteFile, source: FileSource, hub: FileSou
     except (RemoteError, BadInput) as e:
         return _failed(f, source, e)
     try:
-        outcome, entry = _fetch_from(local_dir, f, hub, progress, journal)
+        outcome, entry = _fetch_from(local_dir, f, hub, progress, journal, connections, stats)
         return replace(outcome, note=rejected), entry
     except (IntegrityError, RemoteError, BadInput) as e:
         return _failed(f, hub, e)
 
 
 def _fetch_from(local_dir: Path, f: RemoteFile, source: FileSource, progress: ProgressSink,
-                journal: "_Journal") -> tuple[FileOutcome, FileEntry]:
-    digests, transferred, resumed = _download(local_dir, f, source, progress)
-    entry = FileEntry(path=f.path, size=digests.size, blake3=digests.blake3, sha256=digests.sha256 or "",
-                      upstream=f.upstream, source=source.label)
+                journal: "_Journal", connections: Connections, stats: TransferStats) -> tuple[FileOutcome, FileEntry]:
+    done = _download(local_dir, f, source, progress, connections, stats)
+    d = done.digests
+    entry = FileEntry(path=f.path, size=d.size, blake3=d.blake3, sha256=d.sha256 or "", upstream=f.upstream,
+                      source=source.label, xet_hash=f.xet_hash)
     journal.append(entry)
-    return FileOutcome(f.path, f.size, "downloaded", source.label, transferred, resumed), entry
+    return FileOutcome(f.path, f.size, "downloaded", source.label, done.transferred, done.resumed_from,
+                       ranges=done.ranges, connections=done.connections), entry
 
 
 def _failed(f: RemoteFile, source: FileSource, e: MMError) -> tuple[FileOutcome, None]:
     return FileOutcome(f.path, f.size, "failed", source.label, error=e.message, exit_code=e.exit_code), None
 
 
-class TransferCut(RemoteError):
+class TransferCut(RetryLater):
     """The connection broke mid-body; what arrived is on disk and the transfer can continue."""
 
-
-@dataclass
-class _Transfer:
-    out: object  # the open partial file
-    hasher: StreamHasher
-    received: int = 0
+    def __init__(self, message: str):
+        super().__init__(message, "cut")
 
 
 def _new_hasher(f: RemoteFile) -> StreamHasher:
     return StreamHasher(sha256=True, git_size=None if f.lfs_sha256 else f.size)
 
 
-def _download(local_dir: Path, f: RemoteFile, source: FileSource, progress: ProgressSink) -> tuple[Digests, int, int]:
-    """Continue (or start) the partial file, hash in the same pass, check identity, publish."""
+def _download(local_dir: Path, f: RemoteFile, source: FileSource, progress: ProgressSink, connections: Connections,
+              stats: TransferStats) -> ranges.RangedResult:
+    """Fill the partial file's gaps by ranges (artifacts/ranges.py), hash in file order, check identity, publish."""
     partial = _partial_path(local_dir, f)
-    have = partial.stat().st_size if partial.exists() else 0
-    if have > f.size:
-        partial.unlink()
-        have = 0
-    with open(partial, "ab") as out:
-        t = _Transfer(out, _new_hasher(f))
-        if have:
-            _hash_existing(partial, have, t.hasher)
-            progress.advance(have)
-        stalls = 0
-        while t.hasher.size < f.size:
-            before = t.hasher.size
-            try:
-                _receive(source, f, t, progress)
-            except TransferCut:
-                pass
-            if t.hasher.size == before:
-                stalls += 1
-                if stalls > CUT_RETRIES:
-                    raise RemoteError(f"{f.path}: transfer from {source.label} keeps breaking at byte {before} of {f.size}; run again to resume")
-        out.flush()
-        os.fsync(out.fileno())
-    digests = t.hasher.digests()
+    done = ranges.download(RangedJob(f.path, f.size, partial, f.upstream.value, _new_hasher(f)), source, connections,
+                           stats, progress)
+    digests = done.digests
     if digests.size != f.size or not f.upstream.matches(digests.sha256, digests.git_sha1):
-        partial.unlink(missing_ok=True)
+        clear_state(partial)
         got = digests.sha256 if f.lfs_sha256 else digests.git_sha1
         raise IntegrityError(f"{f.path}: bytes from {source.label} do not match the pinned revision "
                              f"({f.upstream.kind} expected {f.upstream.value[:16]}, got {str(got)[:16]}); not kept")
     publish(partial, local_dir / f.path)
-    return digests, t.received, have
-
-
-def _receive(source: FileSource, f: RemoteFile, t: _Transfer, progress: ProgressSink) -> None:
-    """Append one response's body to the partial file, hashing as it goes.
-
-    Network reads are small (tens of KiB); they are gathered into WRITE_BATCH before the write and the
-    hash updates, which costs far less per byte. The batch is always flushed, even when the connection
-    breaks, so every byte that arrived is kept for the next attempt.
-    """
-    with source.stream(f.path, t.hasher.size) as (start, chunks):
-        if start != t.hasher.size:  # the server ignored Range: start over
-            t.out.seek(0)
-            t.out.truncate()
-            progress.advance(-t.hasher.size)
-            t.hasher = _new_hasher(f)
-        batch = bytearray()
-        try:
-            for chunk in chunks:
-                if t.hasher.size + len(batch) + len(chunk) > f.size:
-                    raise IntegrityError(f"{f.path}: {source.label} sent more than the listed {f.size} bytes; not kept")
-                batch += chunk
-                if len(batch) >= WRITE_BATCH:
-                    _append(t, batch, progress)
-                    batch = bytearray()
-        except httpx2.TransportError as e:
-            raise TransferCut(f"{f.path}: transfer cut ({type(e).__name__}) after {t.hasher.size + len(batch)} bytes") from None
-        finally:
-            if batch and t.hasher.size + len(batch) <= f.size:
-                _append(t, batch, progress)
-
-
-def _append(t: _Transfer, data: bytearray, progress: ProgressSink) -> None:
-    t.out.write(data)
-    t.hasher.update(data)
-    t.received += len(data)
-    progress.advance(len(data))
-
-
-def _hash_existing(partial: Path, length: int, hasher: StreamHasher) -> None:
-    with open(partial, "rb") as src:
-        while length:
-            chunk = src.read(min(CHUNK, length))
-            if not chunk:
-                break
-            hasher.update(chunk)
-            length -= len(chunk)
+    state_path(partial).unlink(missing_ok=True)
+    return done
 
 
 class _Journal:
