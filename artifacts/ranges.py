@@ -2,8 +2,9 @@
 
 A file is cut into byte ranges (``range_size``) fetched by up to ``file_share`` connections at once, drawn from
 one budget (``Connections``, ``mm fetch --connections``) shared by every file of the fetch: one huge shard gets
-all of them, many small files get one each. When a file has no range left to hand out, an idle connection
-splits the largest range still in flight, so the tail of a file is parallel too.
+all of them, many small files get one each. The last ranges of a file are shorter, so its connections finish
+together. (A range in flight is never split: the bytes a server has already pushed past a new end would be
+received for nothing, megabytes per connection on a fast link.)
 
 Bytes are written at their offset in the partial file (``pwrite``) and recorded in a ``RangeMap`` saved beside
 it (``<partial>.ranges``, rewritten by rename at most every ``SAVE_SECONDS``), so a rerun after kill -9 asks
@@ -41,7 +42,6 @@ MiB = 1 << 20
 DEFAULT_CONNECTIONS = 16
 RANGE_MAX = 16 * MiB  # ranges no longer than this keep the hashing frontier close behind the downloads
 RANGE_MIN = 1 * MiB  # a file smaller than this is one request
-SPLIT_MIN = 1 * MiB  # an idle connection splits a range in flight only if each half gets at least this much
 SKIP_LIMIT = RANGE_MIN  # a body starting further than this before the asked offset becomes the file's single stream
 FLUSH_BYTES = 1 * MiB  # received bytes are written in batches of this size...
 FLUSH_SECONDS = 0.1  # ...or this old, so a kill loses little
@@ -189,12 +189,22 @@ def file_share(size: int, connections: int) -> int:
     return max(1, min(connections, math.ceil(size / RANGE_MIN)))
 
 
-def plan_ranges(gaps: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
-    """The gaps cut into ranges of at most SIZE bytes, in file order."""
+def plan_ranges(gaps: list[tuple[int, int]], size: int, tail: int = 0) -> list[tuple[int, int]]:
+    """The gaps cut into ranges of at most SIZE bytes, in file order; a short remainder joins the range before
+    it. The last TAIL ranges (the connections that finish a file together) are halved down to RANGE_MIN, so
+    they end close together and no connection idles long at the end of a file."""
     out = []
     for start, end in gaps:
-        for s in range(start, end, size):
-            out.append((s, min(end, s + size)))
+        cuts = list(range(start, end, size))
+        if len(cuts) > 1 and end - cuts[-1] < size // 4:
+            cuts.pop()
+        out.extend(zip(cuts, cuts[1:] + [end]))
+    if tail:
+        head, last = out[:-tail], out[-tail:]
+        out = head
+        for s, e in last:
+            half = (e - s) // 2
+            out.extend([(s, s + half), (s + half, e)] if half >= RANGE_MIN else [(s, e)])
     return out
 
 
@@ -379,10 +389,10 @@ class _File:
     """The state shared by the connections working on one file."""
 
     def __init__(self, job: RangedJob, source: RangeSource, rmap: RangeMap, fd: int, stats: TransferStats,
-                 progress: ProgressSink, rsize: int):
+                 progress: ProgressSink, rsize: int, share: int):
         self.job, self.source, self.rmap, self.fd, self.stats, self.progress = job, source, rmap, fd, stats, progress
         self.lock = threading.Condition()
-        self.pending: deque[tuple[int, int]] = deque(plan_ranges(rmap.gaps(), rsize))
+        self.pending: deque[tuple[int, int]] = deque(plan_ranges(rmap.gaps(), rsize, tail=share if share > 1 else 0))
         self.inflight: set[_Range] = set()
         self.sequential = False  # one response is streaming the whole rest of the file
         self.whole_file = False  # the server answers Range at the wrong offset: ask without Range
@@ -408,14 +418,6 @@ class _File:
                     continue
                 self.pending.extendleft(reversed(gaps[1:]))
                 return self._start(_Range(*gaps[0]))
-            if self.sequential:
-                return None
-            victim = max(self.inflight, key=lambda r: r.end - r.pos, default=None)
-            if victim is not None and victim.end - victim.pos >= 2 * SPLIT_MIN:
-                mid = victim.pos + (victim.end - victim.pos) // 2
-                new = _Range(mid, victim.end)
-                victim.end = mid
-                return self._start(new)
             return None
 
     def _start(self, r: _Range) -> _Range:
@@ -485,7 +487,7 @@ def download(job: RangedJob, source: RangeSource, connections: Connections, stat
     fd = os.open(job.partial, os.O_RDWR | os.O_CREAT, 0o644)
     f = None
     try:
-        f = _File(job, source, rmap, fd, stats, progress, range_size(job.size, share))
+        f = _File(job, source, rmap, fd, stats, progress, range_size(job.size, share), share)
         progress.advance(resumed)
         workers = [threading.Thread(target=_work, args=(f, connections), name="mm-range", daemon=True)
                    for _ in range(min(share, max(1, len(f.pending))) - 1)]
@@ -584,7 +586,7 @@ def _land(f: _File, r: _Range, body_start: int, chunks: Iterator[bytes], sequent
             received += len(chunk)
             if at > job.size:
                 raise IntegrityError(f"{job.path}: {f.source.label} sent more than the listed {job.size} bytes; not kept")
-            stop = job.size if sequential else r.end  # r.end shrinks when an idle connection takes half
+            stop = job.size if sequential else r.end
             lo, hi = max(c_start, batch_at + len(batch)), min(at, stop)
             if hi > lo:
                 batch += memoryview(chunk)[lo - c_start:hi - c_start]

@@ -61,6 +61,9 @@ def test_one_huge_file_gets_every_connection_and_a_small_file_one():
     assert file_share(100_000, 16) == 1
     assert range_size(64 * MiB, 16) == 4 * MiB and file_share(64 * MiB, 16) == 16
     assert plan_ranges([(0, 10), (20, 45)], 10) == [(0, 10), (20, 30), (30, 40), (40, 45)]
+    assert plan_ranges([(0, 41)], 10) == [(0, 10), (10, 20), (20, 30), (30, 41)]  # no 1-byte tail request
+    ranges = plan_ranges([(0, 64 * MiB)], 8 * MiB, tail=4)  # the last 4 ranges halved: connections finish together
+    assert [e - s for s, e in ranges] == [8 * MiB] * 4 + [4 * MiB] * 8 and ranges[-1][1] == 64 * MiB
 
 
 # --- downloads from a source in memory ---

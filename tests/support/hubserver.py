@@ -28,7 +28,8 @@ WAN hooks (issue 13), on both listeners:
 ``conn_rate`` (bytes/second per TCP connection, a token bucket kept across the requests of one
 keep-alive connection; None = off), ``served`` [(listener, path, range header, status, body bytes)]
 one row per answered file request, ``too_many[path] = n`` (the next n GETs of PATH get 429 with
-``Retry-After: retry_after``), ``fail_times[path] = n`` (the next n GETs get 503), ``ignore_range``
+``Retry-After: retry_after``), ``fail_times[path] = n`` (the next n GETs get 503), ``fail_after[path] = k``
+(GETs after the k-th get 503), ``ignore_range``
 (paths, or "*": a Range request gets 200 and the whole body), ``shift_range[path] = k`` (a Range
 request gets a 206 whose honest Content-Range starts k bytes before the offset asked, after it when k
 is negative), ``corrupt_at[path] = offset`` (the byte at OFFSET is served flipped).
@@ -498,7 +499,9 @@ class _Handler(BaseHTTPRequestHandler):
         if hub._take(hub.too_many, path):
             hub._served(self.server.listener, path, self.headers.get("Range"), 429, 0)
             raise HubError(429, None, "Too Many Requests (test hub rate limit)", {"Retry-After": str(hub.retry_after)})
-        if hub._take(hub.fail_times, path):
+        with hub._lock:
+            seen = hub._gets[path] = hub._gets.get(path, 0) + 1
+        if hub._take(hub.fail_times, path) or (path in hub.fail_after and seen > hub.fail_after[path]):
             hub._served(self.server.listener, path, self.headers.get("Range"), 503, 0)
             raise HubError(503, None, "Service unavailable (test hub fault)")
 
@@ -652,6 +655,12 @@ class _Server(ThreadingHTTPServer):
         self._conns_lock = threading.Lock()
         super().__init__((HOST, port), _BridgeHandler if listener == "bridge" else _Handler)
 
+    def handle_error(self, request, client_address):
+        """A client that drops a keep-alive connection (a ranged download closing early) is not a server error."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
     def track(self, conn: socket.socket, alive: bool):
         with self._conns_lock:
             (self._conns.add if alive else self._conns.discard)(conn)
@@ -701,6 +710,8 @@ class HubServer:
             self.too_many: dict[str, int] = {}
             self.retry_after = 1
             self.fail_times: dict[str, int] = {}
+            self.fail_after: dict[str, int] = {}
+            self._gets: dict[str, int] = {}
             self.ignore_range: set[str] = set()
             self.shift_range: dict[str, int] = {}
             self.corrupt_at: dict[str, int] = {}
