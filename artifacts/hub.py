@@ -312,10 +312,12 @@ def _retry_after(value: str | None) -> float | None:
 
 
 def _body(response: httpx2.Response, path: str) -> Iterator[bytes]:
-    # iter_bytes() without a size hands over bytes as they arrive: nothing buffered is lost on a cut.
+    # Bytes as they arrive, nothing buffered is lost on a cut; raw when the body is not encoded (identity was
+    # asked for), which skips the client's decoder layer.
     received = 0
+    encoded = response.headers.get("Content-Encoding", "identity").lower() not in ("", "identity")
     try:
-        for chunk in response.iter_bytes():
+        for chunk in (response.iter_bytes() if encoded else response.iter_raw()):
             received += len(chunk)
             yield chunk
     except httpx2.TransportError as e:

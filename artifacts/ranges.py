@@ -46,7 +46,8 @@ SKIP_LIMIT = RANGE_MIN  # a body starting further than this before the asked off
 FLUSH_BYTES = 1 * MiB  # received bytes are written in batches of this size...
 FLUSH_SECONDS = 0.1  # ...or this old, so a kill loses little
 SAVE_SECONDS = 0.2  # the range map is saved at most this often (and when a range ends)
-HASH_READ = 4 * MiB  # read-back buffer of the frontier hasher (page-aligned)
+HASH_READ = 2 * MiB  # read-back buffer of the frontier hasher (page-aligned)
+IOV_MAX = 1024
 RANGE_RETRIES = 6  # failed attempts in a row (no byte gained) before a range, and its file, give up
 BACKOFF_MAX = 30.0
 RETRY_AFTER_MAX = 120.0
@@ -285,7 +286,8 @@ class OrderedHasher:
         self._thread = threading.Thread(target=self._catch_up, name="mm-hash", daemon=True)
         self._thread.start()
 
-    def written(self, offset: int, data: memoryview) -> None:
+    def written(self, offset: int, pieces: list[memoryview], length: int) -> None:
+        """PIECES (LENGTH bytes in all) are on disk at OFFSET."""
         with self._cv:
             fast = offset == self.hashed and not self._busy
             if fast:
@@ -294,10 +296,11 @@ class OrderedHasher:
                 self._cv.notify_all()
                 return
         try:
-            self._hasher.update(data)
+            for piece in pieces:
+                self._hasher.update(piece)
         finally:
             with self._cv:
-                self.hashed = offset + len(data)
+                self.hashed = offset + length
                 self._busy = False
                 self._cv.notify_all()
 
@@ -438,23 +441,22 @@ class _File:
 
     # -- landing bytes --
 
-    def commit(self, r: _Range, offset: int, data: memoryview) -> None:
-        """DATA (body bytes for OFFSET..) to disk where no other response put them yet, then to map and hasher."""
-        end = offset + len(data)
+    def commit(self, r: _Range, offset: int, pieces: list[memoryview], length: int) -> None:
+        """PIECES (LENGTH body bytes from OFFSET) to disk where no other response put them yet (one pwritev, no
+        copy in between), then to the range map and the hasher."""
+        end = offset + length
         with self.lock:
             gaps = self.rmap.gaps(offset, end)
         for s, e in gaps:
-            piece = data[s - offset:e - offset]
-            written = 0
-            while written < len(piece):
-                written += os.pwrite(self.fd, piece[written:], s + written)
+            part = pieces if (s, e) == (offset, end) else _slice(pieces, s - offset, e - offset)
+            _pwrite_all(self.fd, part, s)
             with self.lock:
                 self.rmap.add(s, e)
-            self.hasher.written(s, piece)
+            self.hasher.written(s, part, e - s)
             self.progress.advance(e - s)
         with self.lock:
             r.pos = max(r.pos, end)
-            r.landed += len(data)
+            r.landed += length
             if gaps:
                 self.ranges_landed.add(r)
         self.save()
@@ -575,9 +577,12 @@ def _attempt(f: _File, r: _Range) -> None:
 
 
 def _land(f: _File, r: _Range, body_start: int, chunks: Iterator[bytes], sequential: bool) -> None:
+    """Land a response body: the chunks of a batch are kept as they arrived (no concatenation) and written
+    with one pwritev once FLUSH_BYTES or FLUSH_SECONDS old."""
     job = f.job
     at = body_start  # file offset of the next body byte
-    batch, batch_at, began = bytearray(), r.pos, time.monotonic()
+    batch: list[memoryview] = []
+    batched, batch_at, began = 0, r.pos, time.monotonic()
     received = 0
     try:
         for chunk in chunks:
@@ -587,18 +592,45 @@ def _land(f: _File, r: _Range, body_start: int, chunks: Iterator[bytes], sequent
             if at > job.size:
                 raise IntegrityError(f"{job.path}: {f.source.label} sent more than the listed {job.size} bytes; not kept")
             stop = job.size if sequential else r.end
-            lo, hi = max(c_start, batch_at + len(batch)), min(at, stop)
+            lo, hi = max(c_start, batch_at + batched), min(at, stop)
             if hi > lo:
-                batch += memoryview(chunk)[lo - c_start:hi - c_start]
-            full = batch_at + len(batch) >= stop
-            if batch and (full or len(batch) >= FLUSH_BYTES or time.monotonic() - began >= FLUSH_SECONDS):
-                f.commit(r, batch_at, memoryview(batch))
-                batch_at += len(batch)
-                batch, began = bytearray(), time.monotonic()
+                batch.append(memoryview(chunk)[lo - c_start:hi - c_start])
+                batched += hi - lo
+            full = batch_at + batched >= stop
+            if batch and (full or batched >= FLUSH_BYTES or time.monotonic() - began >= FLUSH_SECONDS):
+                f.commit(r, batch_at, batch, batched)
+                batch_at += batched
+                batch, batched, began = [], 0, time.monotonic()
             if full or f.error is not None:
                 break
     finally:
         if batch and f.error is None:  # what arrived before a cut is kept
-            f.commit(r, batch_at, memoryview(batch))
+            f.commit(r, batch_at, batch, batched)
         with f.lock:
             f.transferred += received
+
+
+def _slice(pieces: list[memoryview], start: int, end: int) -> list[memoryview]:
+    """Bytes [START, END) of the concatenation of PIECES, as views."""
+    out, pos = [], 0
+    for piece in pieces:
+        lo, hi = max(start, pos), min(end, pos + len(piece))
+        if hi > lo:
+            out.append(piece[lo - pos:hi - pos])
+        pos += len(piece)
+        if pos >= end:
+            break
+    return out
+
+
+def _pwrite_all(fd: int, pieces: list[memoryview], offset: int) -> None:
+    """Write PIECES at OFFSET (pwritev; what a short write left, piece by piece)."""
+    total = sum(len(p) for p in pieces)
+    done = os.pwritev(fd, pieces[:IOV_MAX], offset) if pieces else 0
+    if done == total:
+        return
+    for piece in _slice(pieces, done, total):
+        written = 0
+        while written < len(piece):
+            written += os.pwrite(fd, piece[written:], offset + done + written)
+        done += len(piece)
