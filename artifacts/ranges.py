@@ -489,7 +489,8 @@ def download(job: RangedJob, source: RangeSource, connections: Connections, stat
     fd = os.open(job.partial, os.O_RDWR | os.O_CREAT, 0o644)
     f = None
     try:
-        f = _File(job, source, rmap, fd, stats, progress, range_size(job.size, share), share)
+        rsize = range_size(job.size, share) if share > 1 else job.size  # one connection: one request per gap
+        f = _File(job, source, rmap, fd, stats, progress, rsize, share)
         progress.advance(resumed)
         workers = [threading.Thread(target=_work, args=(f, connections), name="mm-range", daemon=True)
                    for _ in range(min(share, max(1, len(f.pending))) - 1)]

@@ -152,8 +152,8 @@ def test_kill_9_with_ranges_in_flight_then_rerun_fetches_only_what_was_missing(r
 def test_a_signed_url_expiring_mid_download_is_resolved_again(run_mm, hub_env, hub_server, one_file_repo, tmp_path):
     hub_server.redirect_lfs = True
     hub_server.signed_url_ttl = 1.0
-    hub_server.conn_rate = 8 * MiB  # one connection: two 16 MiB ranges, the second asked for after ~2 s
-    r = fetch(run_mm, hub_env, one_file_repo, tmp_path / "m", "--connections", "1")
+    hub_server.conn_rate = 4 * MiB  # two connections, ranges of 8 MiB: the second ones are asked for after ~2 s
+    r = fetch(run_mm, hub_env, one_file_repo, tmp_path / "m", "--connections", "2")
     assert r.returncode == 0, r.stderr
     assert payload(tmp_path / "m") == one_file_repo[2]
     expired = [row for row in hub_server.served_for(BIG, "bridge") if row[3] == 403]
@@ -167,8 +167,8 @@ def test_expiry_status_403_or_410_both_re_resolve(run_mm, hub_env, hub_server, o
     hub_server.redirect_lfs = True
     hub_server.signed_url_ttl = 0.5
     hub_server.expired_status = status
-    hub_server.conn_rate = 16 * MiB
-    r = fetch(run_mm, hub_env, one_file_repo, tmp_path / "m", "--connections", "1")
+    hub_server.conn_rate = 8 * MiB
+    r = fetch(run_mm, hub_env, one_file_repo, tmp_path / "m", "--connections", "2")
     assert r.returncode == 0, r.stderr
     assert payload(tmp_path / "m") == one_file_repo[2]
     expired = [row for row in hub_server.served_for(BIG, "bridge") if row[3] == status]

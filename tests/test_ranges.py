@@ -130,6 +130,13 @@ def test_many_connections_give_the_same_digests_as_one_read(tmp_path):
     assert all(end is None or end - start <= range_size(len(data), 8) for start, end in src.requests)
 
 
+def test_one_connection_asks_once_for_the_whole_file_however_big(tmp_path):
+    data = payload(RANGE_MAX * 2 + 5)
+    src = MemorySource(data, chunk=1 << 20)
+    check_digests(download(job(tmp_path, data), src, Connections(1)), data)
+    assert src.requests == [(0, None)]  # no Range header: what a mirror that ignores range ends gets too
+
+
 def test_ranges_landing_out_of_order_are_hashed_in_file_order(tmp_path):
     data = payload(8 * MiB)
 
