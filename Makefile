@@ -1,12 +1,12 @@
 # mm: two commands on a fresh machine
 #   make demo   install mm into .venv and run the whole pipeline against a local model server
-#   make test   run the test suite
+#   make test   run the test suite, then the wheel check (build, install into a fresh venv, run outside the checkout)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install tools demo test bench clean
+.PHONY: install tools demo test wheel-check bench clean
 
 install: $(STAMP)
 
@@ -36,6 +36,12 @@ demo: install
 
 test: install tools
 	$(BIN)/python -m pytest -q
+	$(MAKE) --no-print-directory wheel-check
+
+# The wheel as users get it: built, installed (not editable) into a fresh venv under /tmp, run from outside the
+# checkout (mm --version, mm launch reading the pin, mm verify); the wheel holds only mm/ and its dist-info.
+wheel-check: install
+	tests/wheel_check.sh $(BIN)/python
 
 bench: install tools
 	$(BIN)/python -m tests.bench.run

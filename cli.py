@@ -20,7 +20,7 @@ import click
 from .artifacts.errors import MMError, ProblemsFound
 from .artifacts.fsutil import human_bytes
 from .artifacts.manifest import export_sums_files
-from .artifacts.pins import default_pin, pin_for_repo
+from .artifacts.pins import pinned_target
 from .artifacts.progress import NULL_PROGRESS, ProgressSink
 from .artifacts.verify import VerifyReport, summary_counts, upstream_target, verify_dir, verify_upstream
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # heavy modules are imported inside the commands that use the
     from rich.console import Console
 
     from .artifacts import bundle as mm_bundle, bundle_format as mm_bundle_format, bundle_unpack as mm_bundle_unpack
-    from .artifacts import bundle_verify as mm_bundle_verify, hub, launch as mm_launch, mirror as ms_mirror
+    from .artifacts import bundle_verify as mm_bundle_verify, fetch as mm_fetch, launch as mm_launch, mirror as ms_mirror
     from .artifacts import repair as mm_repair, warmup as mm_warmup
 
 
@@ -118,6 +118,8 @@ def progress_for(json_out: bool) -> ProgressSink:
 
 
 def to_jsonable(obj: Any) -> Any:
+    if isinstance(obj, type):  # a typed outcome (an error class) is shown by name
+        return obj.__name__
     if is_dataclass(obj) and not isinstance(obj, type):
         return to_jsonable(asdict(obj))
     if isinstance(obj, dict):
@@ -180,15 +182,14 @@ def main() -> None:
 
 # --- fetch / manifest (issue 2) ----------------------------------------------------------------
 
-def _fetch_request(repo: str | None, revision: str | None, local_dir: Path | None, **options) -> hub.FetchRequest:
-    from .artifacts import hub
-    pin = default_pin() if repo is None else pin_for_repo(repo)
-    repo = repo or pin.repo_id
-    revision = revision or (pin.revision if pin else "main")
-    return hub.FetchRequest(repo_id=repo, revision=revision, local_dir=local_dir or Path(repo.split("/")[-1]), **options)
+def _fetch_request(repo: str | None, revision: str | None, local_dir: Path | None, **options) -> mm_fetch.FetchRequest:
+    from .artifacts import fetch as mm_fetch
+    t = pinned_target(repo, revision)
+    return mm_fetch.FetchRequest(repo_id=t.repo_id, revision=t.revision or "main",
+                                 local_dir=local_dir or Path(t.repo_id.split("/")[-1]), **options)
 
 
-def _render_fetch(result: hub.FetchResult) -> None:
+def _render_fetch(result: mm_fetch.FetchResult) -> None:
     if result.revision_kind != "commit":
         moving = " (a moving branch)" if result.revision_kind == "branch" else ""
         out.print(f"Resolved {result.requested_revision}{moving} -> {result.commit}; the manifest pins this commit.")
@@ -215,12 +216,14 @@ def _render_fetch(result: hub.FetchResult) -> None:
     if len(sources) > 1 or "hub" not in sources and sources:
         out.print("Sources: " + ", ".join(f"{n} from {label}" for label, n in sources.most_common()), highlight=False)
     out.print(f"Manifest: {result.manifest_path}", highlight=False)
-    draft = "present" if result.draft_present else "MISSING"
-    out.print(f"DSpark draft ({result.draft_subfolder}): {draft}", highlight=False)
+    if result.draft is not None:  # the pin names a draft model
+        out.print(f"DSpark draft ({result.draft.subfolder}): {'present' if result.draft.present else 'MISSING'}",
+                  highlight=False)
 
 
-def _fetch_exit_code(result: hub.FetchResult) -> int:
-    return max((f.exit_code for f in result.failed), default=0)
+def _fetch_exit_code(result: mm_fetch.FetchResult) -> int:
+    """The worst failure's code (the library reports each failure's class; only the CLI knows codes)."""
+    return max((f.error_kind.exit_code for f in result.failed), default=0)
 
 
 @main.command()
@@ -244,11 +247,11 @@ def fetch(repo, revision, local_dir, include, exclude, connections, workers, sou
 
     Resumes across runs; the token comes from HF_TOKEN or the stored login, the endpoint from HF_ENDPOINT.
     """
-    from .artifacts import hub
+    from .artifacts import fetch as mm_fetch
     req = _fetch_request(repo, revision, local_dir, include=tuple(include), exclude=tuple(exclude), workers=workers,
                          connections=connections)
-    req = _with_mirror_sources(req, source, mirror_only, pin_manifest)  # mirror (issue 4)
-    result = hub.fetch(req, progress_for(json_out))
+    plan = _mirror_plan(req, source, mirror_only, pin_manifest)  # mirror (issue 4)
+    result = mm_fetch.fetch(req, progress_for(json_out), plan=plan)
     if json_out:
         emit_json({"ok": not result.failed, **to_jsonable(result)})
     else:
@@ -271,8 +274,8 @@ def manifest():
 @handles_errors
 def manifest_create(directory, repo, revision, offline, jobs, json_out):
     """Hash a directory another tool filled (e.g. `hf download`) and write DIR/.mm/manifest.json."""
-    from .artifacts import hub
-    result = hub.manifest_for_local_dir(directory, repo, revision, offline=offline, jobs=jobs, progress=progress_for(json_out))
+    from .artifacts import adopt
+    result = adopt.manifest_for_local_dir(directory, repo, revision, offline=offline, jobs=jobs, progress=progress_for(json_out))
     if json_out:
         emit_json({"ok": True, "manifest_path": result.manifest_path, "checked_upstream": result.checked_upstream,
                    "note": result.note, "files": len(result.manifest.files), "bytes": result.manifest.total_bytes,
@@ -421,14 +424,15 @@ def _render_ranking(ranking: ms_mirror.RevisionRanking) -> None:
         _render_reconciliation(ranking.best)
 
 
-def _with_mirror_sources(req: hub.FetchRequest, source: str, mirror_only: bool, pin_manifest: Path | None) -> hub.FetchRequest:
+def _mirror_plan(req: mm_fetch.FetchRequest, source: str, mirror_only: bool,
+                 pin_manifest: Path | None) -> mm_fetch.SourcePlan | None:
     """`mm fetch --source modelscope[...]`: byte sources from the mirror for the files that match the pin."""
-    from .artifacts import mirror as ms_mirror
     if source == "hub":
         if mirror_only or pin_manifest:
             raise click.UsageError("--mirror-only and --pin-manifest need --source modelscope")
-        return req
-    pin = pin_for_repo(req.repo_id)
+        return None
+    from .artifacts import mirror as ms_mirror
+    pin = pinned_target(req.repo_id, req.revision).pin
     return ms_mirror.plan_fetch(req, source, pin.modelscope_id if pin else None, mirror_only=mirror_only,
                                 pin_manifest=pin_manifest)[0]
 
@@ -640,7 +644,7 @@ def recipe_options(fn: Callable) -> Callable:
                      help="Image archive carried in the bundle; the script runs `docker load -i` when the image is absent."),
         click.option("--cache-root", type=click.Path(path_type=Path), default=None,
                      help="Host directory for kernel caches (default: DIR/../mm-kernel-cache/<recipe>)."),
-        click.option("--name", default="minimax-m3-1-flash", show_default=True, help="Container name."),
+        click.option("--name", default=None, help="Container name. Default: the pin's container_name (minimax-m3-1-flash)."),
     ]
     for option in reversed(options):
         fn = option(fn)

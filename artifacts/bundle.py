@@ -40,6 +40,7 @@ from .errors import BadInput, IntegrityError
 from .fsutil import check_relpath, dir_lock, fsync_dir, human_bytes
 from .hashing import StreamHasher
 from .manifest import Manifest, export_sums, manifest_path, read_manifest
+from .verify import require_quick_verify
 from .progress import NULL_PROGRESS, ProgressSink
 
 MIN_PIECE = 64 * 1024
@@ -474,7 +475,7 @@ def create_bundle(model_dir: Path, out_dir: Path, volume_size: int, name: str | 
     mpath = manifest_path(model_dir)
     manifest = read_manifest(mpath)
     manifest_bytes = mpath.read_bytes()
-    _refuse_if_quick_verify_fails(model_dir, manifest)
+    require_quick_verify(model_dir, manifest, before="bundling")
     name = name or f"{manifest.repo_id.rsplit('/', 1)[-1]}-{manifest.revision[:12]}"
     if not NAME_RE.match(name):
         raise BadInput(f"bundle name {name!r}: use letters, digits, '.', '_' and '-' only")
@@ -543,13 +544,3 @@ def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink, sync: bool) ->
     finally:
         pipe.close()
     return results
-
-
-def _refuse_if_quick_verify_fails(model_dir: Path, manifest: Manifest) -> None:
-    from .verify import verify_dir  # the verify capability (issue 3)
-
-    report = verify_dir(model_dir, manifest, quick=True)
-    if not report.ok:
-        named = ", ".join(f"{p.path} ({p.kind})" for p in report.problems[:10])
-        more = f" and {len(report.problems) - 10} more" if len(report.problems) > 10 else ""
-        raise IntegrityError(f"{model_dir}: `mm verify --quick` fails for {named}{more}; repair before bundling")

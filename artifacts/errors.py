@@ -3,7 +3,7 @@
 The CLI prints `mm: <message>` on one line for these and never a traceback.
 Exit codes (documented in README.md):
   0  success
-  1  problems found (verify/bundle verify found damage; a check failed)
+  1  problems found (verify/bundle verify found damage; a check failed; the quick-verify gate refused)
   2  usage error (bad option or argument; click's own code)
   3  bad input (a file, directory, manifest or volume is missing, unreadable or malformed)
   4  remote error (Hub or mirror unreachable, repo/revision/file not found, auth refused)
@@ -26,6 +26,10 @@ class ProblemsFound(MMError):
     exit_code = 1
 
 
+class QuickVerifyFailed(ProblemsFound):
+    """The one pre-flight gate (`mm verify --quick`) failed before bundle, launch or push."""
+
+
 class BadInput(MMError):
     exit_code = 3
 
@@ -44,6 +48,12 @@ class Busy(MMError):
 
 class Refused(MMError):
     exit_code = 7
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's text (clients put URLs, bodies and tracebacks after it)."""
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
 
 
 EXIT_CODES = {

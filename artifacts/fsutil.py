@@ -17,6 +17,7 @@ NON_PAYLOAD_PREFIXES = (".mm/", ".cache/huggingface/")
 
 
 def fsync_dir(path: Path) -> None:
+    """fsync PATH opened read-only: a directory after a rename in it, or a file written and closed."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -25,7 +26,7 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write to a temporary name in the same directory, fsync, rename: never half a file."""
+    """Write to a temporary name in the same directory, then publish it: never half a file."""
     path = Path(path)
     import tempfile  # here: its import costs ~8 ms of start-up, and `mm verify` never writes
 
@@ -34,15 +35,11 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        publish(Path(tmp), path, mode=mode)
     except BaseException:
         with _ignore_missing():
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
 
 
 def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
@@ -53,10 +50,18 @@ def atomic_write_json(path: Path, obj: object) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def publish(tmp: Path, final: Path, sync: bool = True) -> None:
-    """Give a fully written and fsynced temporary file its final name (sync=False: the caller chose speed)."""
+def publish(partial: Path, final: Path, sync: bool = True, mode: int | None = None) -> None:
+    """The one atomic publish: a file fully written under a partial name (same filesystem) gets its final
+    name: fsync it, set MODE, rename, fsync the directory. sync=False: the caller chose speed (--no-sync).
+
+    Every writer of a final file goes through here (downloads, manifests, launch scripts, bundles).
+    """
+    if sync:
+        fsync_dir(partial)
+    if mode is not None:
+        os.chmod(partial, mode)
     final.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, final)
+    os.replace(partial, final)
     if sync:
         fsync_dir(final.parent)
 

@@ -12,18 +12,17 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .errors import BadInput, ProblemsFound, Refused
+from .errors import BadInput, Refused
 from .fsutil import atomic_write_text
 from .manifest import manifest_path, read_manifest
-from .pins import Pin, default_pin, manifests_dir
+from .pins import Pin, default_pin, manifests_dir, sourced_value
 
 RECIPES_SCHEMA = "mm-recipes/1"
 CONTAINER_MODELS = "/models"
 DEFAULT_PORT = 30000
-DEFAULT_NAME = "minimax-m3-1-flash"  # the guide's container name
 DEFAULT_API_KEY_ENV = "MM_API_KEY"
 ROCM_MAX_TP_KEY = "rocm_max_tp"
 IMAGE_BY_DIGEST = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
@@ -107,14 +106,12 @@ class Catalog:
         return [r for r in self.recipes if r.engine == engine and r.hardware == hardware]
 
 
-def recipes_path() -> Path:
-    return manifests_dir() / "minimax-m3.1-flash.recipes.json"
-
-
-def _value(entry: object, where: str):
-    if not isinstance(entry, dict) or "value" not in entry or "source" not in entry:
-        raise BadInput(f"{where}: every recipe value must be {{'value': ..., 'source': ...}}")
-    return entry["value"]
+def recipes_path(pin: Pin | None = None) -> Path:
+    """The recipes file the pin names (the default pin's when PIN is None)."""
+    pin = pin or default_pin()
+    if not pin.recipes:
+        raise BadInput(f"{manifests_dir()}: pin {pin.name} names no recipes file; `mm launch` needs one")
+    return manifests_dir() / pin.recipes
 
 
 def _args(items: list, where: str) -> tuple[Arg, ...]:
@@ -134,40 +131,40 @@ def _from_pin(value, pin: Pin):
 
 
 def load_catalog(path: Path | None = None, pin: Pin | None = None) -> Catalog:
-    path = Path(path or recipes_path())
+    pin = pin or default_pin()
+    path = Path(path or recipes_path(pin))
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise BadInput(f"{path}: cannot read recipes: {e}") from None
     if not isinstance(doc, dict) or doc.get("schema") != RECIPES_SCHEMA:
         raise BadInput(f"{path}: not a recipes file (expected schema {RECIPES_SCHEMA!r})")
-    pin = pin or default_pin()
     try:
         engines = {}
         for name, e in doc["engines"].items():
             engines[name] = Engine(
                 name=name,
-                image=_from_pin(_value(e["image"], f"{path}: engines.{name}.image"), pin),
-                entrypoint=_value(e["entrypoint"], str(path)),
-                command=tuple(_value(e["command"], str(path))),
+                image=_from_pin(sourced_value(e["image"], f"{path}: engines.{name}.image"), pin),
+                entrypoint=sourced_value(e["entrypoint"], str(path)),
+                command=tuple(sourced_value(e["command"], str(path))),
                 common_args=_args(e["common_args"], f"{path}: engines.{name}"),
                 tail_args=_args(e["tail_args"], f"{path}: engines.{name}"),
-                api_key_flag=_value(e["api_key_flag"], str(path)),
+                api_key_flag=sourced_value(e["api_key_flag"], str(path)),
                 caches=tuple(CacheDir(c["name"], c["container"], c.get("env"), tuple(c["families"]))
-                             for c in _value(e["caches"], str(path))),
-                msa_jit_env=dict(_value(e["msa_jit_env"], str(path))),
+                             for c in sourced_value(e["caches"], str(path))),
+                msa_jit_env=dict(sourced_value(e["msa_jit_env"], str(path))),
             )
         hardware = {}
         for name, h in doc["hardware"].items():
-            h = _value(h, f"{path}: hardware.{name}")
+            h = sourced_value(h, f"{path}: hardware.{name}")
             hardware[name] = Hardware(name, h["vendor"], h["family"], h["default_recipe"])
         recipes = tuple(_recipe(r, pin, path) for r in doc["recipes"])
         return Catalog(
             path=path, pin=pin,
-            model_max_context=int(_value(doc["model_max_context"], str(path))),
-            sampling=dict(_value(doc["sampling"], str(path))),
+            model_max_context=int(sourced_value(doc["model_max_context"], str(path))),
+            sampling=dict(sourced_value(doc["sampling"], str(path))),
             engines=engines, hardware=hardware, recipes=recipes,
-            refusals={k: _value(v, str(path)) for k, v in doc["refusals"].items()},
+            refusals={k: sourced_value(v, str(path)) for k, v in doc["refusals"].items()},
         )
     except (KeyError, TypeError, ValueError) as e:
         raise BadInput(f"{path}: malformed recipes file ({e!r})") from None
@@ -177,7 +174,7 @@ def _recipe(r: dict, pin: Pin, path: Path) -> Recipe:
     where = f"{path}: recipe {r.get('engine')}/{r.get('hardware')}/{r.get('name')}"
     fields = ("status", "exact_command_published", "gpus", "weights", "speculative", "context_limit",
               "expects_qmul4_log_line")
-    values = {k: _value(r[k], where) for k in fields}
+    values = {k: sourced_value(r[k], where) for k in fields}
     return Recipe(
         engine=r["engine"], hardware=r["hardware"], name=r["name"],
         status=values["status"],
@@ -188,7 +185,7 @@ def _recipe(r: dict, pin: Pin, path: Path) -> Recipe:
         context_limit=values["context_limit"],
         expects_qmul4=bool(values["expects_qmul4_log_line"]),
         args=_args(r["args"], where),
-        facts=tuple(_value(f, where) for f in r.get("facts", [])),
+        facts=tuple(sourced_value(f, where) for f in r.get("facts", [])),
         sources={k: r[k]["source"] for k in fields},
     )
 
@@ -210,7 +207,7 @@ class LaunchOptions:
     image: str | None = None
     image_archive: Path | None = None
     cache_root: Path | None = None
-    name: str = DEFAULT_NAME
+    name: str | None = None  # container name; None: the pin's container_name
 
 
 @dataclass(frozen=True)
@@ -319,12 +316,12 @@ def _recipe_tp(recipe: Recipe) -> int:
     return int(arg.value) if arg and arg.value else recipe.gpus
 
 
-def check_model_dir(model_dir: Path, recipe: Recipe) -> tuple[str, str]:
-    """Manifest present, quick verify passes, dspark/ present when the recipe uses DSpark.
+def check_model_dir(model_dir: Path, recipe: Recipe, pin: Pin) -> tuple[str, str]:
+    """Manifest present, quick verify passes, the pin's draft subfolder present when the recipe uses the draft.
 
     Returns (repo_id, revision) from the manifest.
     """
-    from .verify import verify_dir  # the verify engineer's module; imported here to keep launch light
+    from .verify import require_quick_verify  # imported here to keep launch light
 
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -336,14 +333,15 @@ def check_model_dir(model_dir: Path, recipe: Recipe) -> tuple[str, str]:
     if manifest.repo_id != recipe.weights_repo:
         raise Refused(f"{model_dir}: holds {manifest.repo_id}, but recipe {recipe.id} is for {recipe.weights_repo}; "
                       f"fetch {recipe.weights_repo} or pick a recipe for these weights")
-    if recipe.speculative and not (model_dir / "dspark").is_dir():
-        raise Refused(f"{model_dir / 'dspark'}: missing, but recipe {recipe.id} uses DSpark (the draft lives in dspark/ "
-                      f"at the same revision); fetch the pinned revision again: dspark/ is part of it")
-    report = verify_dir(model_dir, manifest, quick=True)
-    if not report.ok:
-        first = report.problems[0]
-        raise ProblemsFound(f"{model_dir}: quick verify found {len(report.problems)} problem(s), first {first.path}: "
-                            f"{first.kind} ({first.detail}); run `mm verify {model_dir}`")
+    if recipe.speculative:
+        draft = pin.draft_dir
+        if draft is None:
+            raise Refused(f"recipe {recipe.id} uses speculative decoding, but pin {pin.name} names no draft model "
+                          f"(draft.subfolder); pick a recipe without it")
+        if not (model_dir / draft).is_dir():
+            raise Refused(f"{model_dir / draft}: missing, but recipe {recipe.id} uses DSpark (the draft lives in {draft}/ "
+                          f"at the same revision); fetch the pinned revision again: {draft}/ is part of it")
+    require_quick_verify(model_dir, manifest, before="launching")
     return manifest.repo_id, manifest.revision
 
 
@@ -351,7 +349,8 @@ def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = 
     catalog = catalog or load_catalog()
     recipe = choose_recipe(catalog, opts)
     model_dir = Path(model_dir).resolve()
-    repo_id, revision = check_model_dir(model_dir, recipe)  # the model directory first, then the request
+    repo_id, revision = check_model_dir(model_dir, recipe, catalog.pin)  # the model directory first, then the request
+    opts = replace(opts, name=opts.name or catalog.pin.container_name)
     check_combination(catalog, recipe, opts)
     engine = catalog.engines[recipe.engine]
     hw = catalog.hardware[recipe.hardware]

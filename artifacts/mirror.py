@@ -1,5 +1,5 @@
 """ModelScope mirrors: list a mirror's files, reconcile them by content with the pinned revision, and
-serve the matching ones as a byte source for hub.fetch.
+serve the matching ones as a byte source (download.Source) for fetch.
 
 ModelScope publishes a sha256 for every file but does not name the Hugging Face commit it mirrors, so
 a mirror file stands in for a pinned file only when path, size and content hash agree: the Hub's LFS
@@ -19,12 +19,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from .errors import BadInput, RemoteError
+from .download import RemoteFile, TransferCut, content_start
+from .errors import BadInput, RemoteError, first_line
+from .fetch import FetchRequest, SourcePlan
 from .hashing import git_blob_sha1
-from .hub import (FetchRequest, RemoteFile, Resolved, TransferCut, Unreachable, content_start, list_remote_files,
-                  resolve_revision, select)
+from .hub import Resolved, Unreachable, list_remote_files, resolve_revision, select
 from .manifest import Manifest, read_manifest
-from .pins import default_pin, pin_for_repo
+from .pins import pinned_target
 
 DEFAULT_MS_REVISION = "master"  # ModelScope's default branch; always passed explicitly (an omitted revision may pick a tag)
 CHUNK = 1024 * 1024
@@ -140,11 +141,6 @@ def _sdk_errors() -> tuple[type[BaseException], ...]:
     return (HubError, requests.RequestException, OSError)
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
-
-
 def list_mirror_files(model_id: str, revision: str = DEFAULT_MS_REVISION, *, api=None) -> list[MirrorFile]:
     """The blobs of MODEL_ID@REVISION with their Sha256 (`list_repo_files` keeps it; `get_model_files` drops it).
 
@@ -155,7 +151,7 @@ def list_mirror_files(model_id: str, revision: str = DEFAULT_MS_REVISION, *, api
     try:
         entries = api.list_repo_files(model_id, "model", revision=revision, recursive=True)
     except _sdk_errors() as e:
-        raise RemoteError(f"ModelScope {model_id}@{revision}: cannot list files: {_one_line(e)}") from None
+        raise RemoteError(f"ModelScope {model_id}@{revision}: cannot list files: {first_line(e)}") from None
     files = [MirrorFile(e.path, int(e.size), (e.sha256 or "").lower()) for e in entries if not e.is_dir]
     if not files:
         raise RemoteError(f"ModelScope {model_id}@{revision}: the file listing is empty "
@@ -169,7 +165,7 @@ def list_mirror_revisions(model_id: str, *, api=None) -> list[tuple[str, str]]:
     try:
         branches, tags = api.get_model_branches_and_tags_details(model_id)
     except _sdk_errors() as e:
-        raise RemoteError(f"ModelScope {model_id}: cannot list branches and tags: {_one_line(e)}") from None
+        raise RemoteError(f"ModelScope {model_id}: cannot list branches and tags: {first_line(e)}") from None
     found = [(b["Revision"], "branch") for b in branches] + [(t["Revision"], "tag") for t in tags]
     if not found:
         raise RemoteError(f"ModelScope {model_id}: the mirror lists no branches or tags")
@@ -177,7 +173,7 @@ def list_mirror_revisions(model_id: str, *, api=None) -> list[tuple[str, str]]:
 
 
 class MirrorSource:
-    """A byte source for hub.fetch (artifacts.hub.FileSource): files of one mirror revision, with Range resume."""
+    """A byte source for fetch (download.Source): files of one mirror revision, with Range resume."""
 
     def __init__(self, model_id: str, revision: str, *, api=None):
         self.model_id = model_id
@@ -197,7 +193,7 @@ class MirrorSource:
         try:
             resp = self._api.legacy.download_stream(self.model_id, "model", path, self.revision, headers=headers)
         except _sdk_errors() as e:
-            raise RemoteError(f"{where}: download failed: {_one_line(e)}") from None
+            raise RemoteError(f"{where}: download failed: {first_line(e)}") from None
         try:
             yield content_start(resp.status_code, resp.headers.get("Content-Range")), _chunks(resp, where)
         finally:
@@ -223,8 +219,8 @@ def _chunks(resp, where: str) -> Iterator[bytes]:
         while chunk := resp.raw.read1(CHUNK, decode_content=True):
             yield chunk
     except (*_sdk_errors(), Urllib3Error) as e:
-        # What arrived is on disk: hub.fetch continues from there with a Range request.
-        raise TransferCut(f"{where}: transfer cut ({_one_line(e)})") from None
+        # What arrived is on disk: the download engine continues from there with a Range request.
+        raise TransferCut(f"{where}: transfer cut ({first_line(e)})") from None
 
 
 # --- what to compare --------------------------------------------------------------------------------
@@ -238,15 +234,13 @@ class Target:
 
 def target(repo: str | None, revision: str | None, modelscope_id: str | None) -> Target:
     """Fill what the user left out from the curated pin in manifests/ (the default pin when REPO is omitted)."""
-    pin = default_pin() if repo is None else pin_for_repo(repo)
-    repo_id = repo or pin.repo_id
-    revision = revision or (pin.revision if pin else None)
-    if not revision:
-        raise BadInput(f"{repo_id}: no pin in manifests/ for this repo; give --revision")
-    modelscope_id = modelscope_id or (pin.modelscope_id if pin else None)
+    t = pinned_target(repo, revision)
+    if not t.revision:
+        raise BadInput(f"{t.repo_id}: no pin in manifests/ for this repo; give --revision")
+    modelscope_id = modelscope_id or (t.pin.modelscope_id if t.pin else None)
     if not modelscope_id:
-        raise BadInput(f"{repo_id}: the pin names no ModelScope mirror; give --modelscope-id OWNER/NAME")
-    return Target(repo_id, revision, modelscope_id)
+        raise BadInput(f"{t.repo_id}: the pin names no ModelScope mirror; give --modelscope-id OWNER/NAME")
+    return Target(t.repo_id, t.revision, modelscope_id)
 
 
 def parse_source(spec: str, default_modelscope_id: str) -> tuple[str, str]:
@@ -297,7 +291,7 @@ def pinned_for(t: Target, manifest_file: Path | None, *, endpoint: str | None = 
 
 
 def remote_from_manifest(manifest: Manifest, path: Path) -> tuple[Resolved, list[RemoteFile]]:
-    """The Hub's identities as a manifest recorded them, for hub.fetch to verify mirror bytes against."""
+    """The Hub's identities as a manifest recorded them, for fetch to verify mirror bytes against."""
     remote = []
     for f in manifest.files:
         if f.upstream is None:
@@ -393,7 +387,7 @@ def rank_revisions(pinned: PinnedFiles, modelscope_id: str, *, endpoint: str | N
 
 def mirror_sources(rec: Reconciliation, *, mirror_only: bool = False, endpoint: str | None = None,
                    api=None) -> Mapping[str, MirrorSource]:
-    """Per-path byte sources for hub.fetch: the mirror for every file whose content matches the pin.
+    """Per-path byte sources for fetch: the mirror for every file whose content matches the pin.
 
     The rest come from the Hub; with MIRROR_ONLY they are an error that names them.
     """
@@ -407,10 +401,11 @@ def mirror_sources(rec: Reconciliation, *, mirror_only: bool = False, endpoint: 
 
 
 def plan_fetch(req: FetchRequest, source_spec: str, default_modelscope_id: str | None, *,
-               mirror_only: bool = False, pin_manifest: Path | None = None) -> tuple[FetchRequest, Reconciliation]:
+               mirror_only: bool = False, pin_manifest: Path | None = None) -> tuple[SourcePlan, Reconciliation]:
     """`mm fetch --source modelscope[...]`: reconcile the mirror with the pin's identities (the Hub's listing,
-    or PIN_MANIFEST when the Hub is unreachable) and return REQ with the mirror as byte source for every
-    matching file. hub.fetch still verifies every byte against those identities."""
+    or PIN_MANIFEST when the Hub is unreachable) and return the source plan fetch takes: the pin's listing,
+    and the mirror as byte source for every matching file of REQ's patterns.
+    fetch still verifies every byte against those identities."""
     if default_modelscope_id is None and ":" not in source_spec:
         raise BadInput(f"{req.repo_id}: the pin names no ModelScope mirror; use --source modelscope:OWNER/NAME")
     model_id, ms_revision = parse_source(source_spec, default_modelscope_id or "")
@@ -421,10 +416,8 @@ def plan_fetch(req: FetchRequest, source_spec: str, default_modelscope_id: str |
         resolved, remote = remote_from_manifest(manifest, pin_manifest)
         pinned = pinned_from_manifest(manifest, pin_manifest)
     wanted = {f.path for f in select(remote, req.include, req.exclude)}
-    if req.only_paths is not None:
-        wanted &= set(req.only_paths)
     pinned = replace(pinned, files=tuple(f for f in pinned.files if f.path in wanted))
     api = ms_api()
     rec = reconcile(pinned, model_id, ms_revision, api=api)
     sources = mirror_sources(rec, mirror_only=mirror_only, api=api)
-    return replace(req, sources=sources, resolved=resolved, remote_files=tuple(remote), hub_fallback=not mirror_only), rec
+    return SourcePlan(resolved=resolved, files=tuple(remote), by_path=sources, hub_fallback=not mirror_only), rec

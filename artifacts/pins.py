@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,18 +27,28 @@ class Pin:
     revision: str
     modelscope_id: str | None
     image: str | None
-    draft_subfolder: str | None
+    draft_subfolder: str | None  # the draft model's subfolder, e.g. "dspark/"; None: the model has no draft
     size_bytes_approx: int | None
     sources: dict[str, str]
+    recipes: str | None = None  # the recipes file beside the pin (manifests/<name>), read by launch.recipes_path()
+    container_name: str = ""  # default container name for launch and warm-up (default: the pin's name)
+
+    @property
+    def draft_dir(self) -> str | None:
+        """The draft subfolder without its trailing slash ("dspark"), for paths."""
+        return self.draft_subfolder.strip("/") if self.draft_subfolder else None
+
+
+def sourced_value(entry: object, where: str):
+    """The value of a `{"value": ..., "source": ...}` record (pins and recipes): every value names its source."""
+    if not isinstance(entry, dict) or "value" not in entry or "source" not in entry:
+        raise BadInput(f"{where}: must be {{'value': ..., 'source': ...}}")
+    return entry["value"]
 
 
 def _value(doc: dict, key: str, where: Path):
     entry = doc.get(key)
-    if entry is None:
-        return None
-    if not isinstance(entry, dict) or "value" not in entry or "source" not in entry:
-        raise BadInput(f"{where}: pin field {key!r} must be {{'value': ..., 'source': ...}}")
-    return entry["value"]
+    return None if entry is None else sourced_value(entry, f"{where}: pin field {key!r}")
 
 
 def load_pin_file(path: Path) -> Pin:
@@ -48,6 +59,11 @@ def load_pin_file(path: Path) -> Pin:
     if not isinstance(doc, dict) or doc.get("schema") != PIN_SCHEMA:
         raise BadInput(f"{path}: not a pin file (expected schema {PIN_SCHEMA!r})")
     draft = _value(doc, "draft", path) or {}
+    if not isinstance(draft, dict):
+        raise BadInput(f"{path}: pin field 'draft' must hold an object with a subfolder")
+    recipes = _value(doc, "recipes", path)
+    if recipes is not None and (not isinstance(recipes, str) or "/" in recipes or not recipes.endswith(".json")):
+        raise BadInput(f"{path}: pin field 'recipes' must name a .json file beside the pin")
     return Pin(
         name=str(doc["name"]),
         repo_id=_value(doc, "repo_id", path),
@@ -57,6 +73,8 @@ def load_pin_file(path: Path) -> Pin:
         draft_subfolder=draft.get("subfolder"),
         size_bytes_approx=_value(doc, "size_bytes_approx", path),
         sources={k: v["source"] for k, v in doc.items() if isinstance(v, dict) and "source" in v},
+        recipes=recipes,
+        container_name=_value(doc, "container_name", path) or re.sub(r"[^A-Za-z0-9_.-]", "-", str(doc["name"])),
     )
 
 
@@ -80,3 +98,18 @@ def default_pin() -> Pin:
 
 def pin_for_repo(repo_id: str) -> Pin | None:
     return next((p for p in all_pins() if p.repo_id == repo_id), None)
+
+
+@dataclass(frozen=True)
+class Target:
+    repo_id: str
+    revision: str | None  # None: no revision given and no pin for the repo
+    pin: Pin | None
+
+
+def pinned_target(repo: str | None, revision: str | None) -> Target:
+    """The one place the pin fills in what the user left out: REPO (the default pin's when omitted) and
+    REVISION (the repo's pin's when omitted)."""
+    pin = default_pin() if repo is None else pin_for_repo(repo)
+    repo_id = repo or pin.repo_id
+    return Target(repo_id, revision or (pin.revision if pin else None), pin)

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .errors import BadInput, Busy, IntegrityError, Refused, RemoteError
 from .manifest import Manifest, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
 from .verify import REPAIRABLE, Problem, VerifyReport, verify_dir
@@ -36,19 +35,15 @@ class HubRepairSource:
     label: str = "hub"
 
     def restore(self, model_dir: Path, manifest: Manifest, paths: frozenset[str], progress: ProgressSink) -> None:
-        from .hub import FetchRequest, fetch  # the Hub client loads only when a repair needs it
+        from .fetch import FetchRequest, fetch  # the Hub client loads only when a repair needs it
 
-        result = fetch(FetchRequest(repo_id=manifest.repo_id, revision=manifest.revision, local_dir=Path(model_dir),
-                                    only_paths=paths, refetch=True, endpoint=self.endpoint, token=self.token,
-                                    workers=self.workers, repo_type=manifest.repo_type), progress)
+        req = FetchRequest(repo_id=manifest.repo_id, revision=manifest.revision, local_dir=Path(model_dir),
+                           endpoint=self.endpoint, token=self.token, workers=self.workers, repo_type=manifest.repo_type)
+        result = fetch(req, progress, refetch=paths)
         if result.failed:
-            worst = max(result.failed, key=lambda f: f.exit_code)
-            error = _ERROR_BY_CODE.get(worst.exit_code, RemoteError)
-            raise error(f"{model_dir}: could not restore {len(result.failed)} file(s) from the Hub; "
-                        f"{worst.path}: {worst.error}")
-
-
-_ERROR_BY_CODE = {cls.exit_code: cls for cls in (RemoteError, IntegrityError, BadInput, Busy, Refused)}
+            first = result.failed[0]  # the failure's own class: the CLI gives it its exit code
+            raise first.error_kind(f"{model_dir}: could not restore {len(result.failed)} file(s) from the Hub; "
+                                   f"{first.path}: {first.error}")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import blake3
 
-from .errors import BadInput, Busy
+from .errors import BadInput, Busy, QuickVerifyFailed
 from .fsutil import MM_DIR, check_relpath, is_payload
 from .hashing import blake3_file, upstream_digest
 from .manifest import Manifest, manifest_path, read_manifest
@@ -98,6 +98,18 @@ def verify_dir(model_dir: Path, manifest: Manifest | None = None, *, quick: bool
         expected = [Expected(f.path, f.size, "blake3", f.blake3) for f in manifest.files]
         return _verify(model_dir, expected, str(manifest_file), quick=quick, jobs=jobs, progress=progress,
                        ignore=_inside(model_dir, manifest_file))
+
+
+def require_quick_verify(model_dir: Path, manifest: Manifest | None = None, *, before: str) -> None:
+    """The one quick-verify gate (presence, sizes, readability, shard headers) in front of `mm bundle`,
+    `mm launch` (and next `mm push`): raises QuickVerifyFailed naming the first problems. BEFORE names
+    what is refused, e.g. "bundling"."""
+    report = verify_dir(model_dir, manifest, quick=True)
+    if not report.ok:
+        named = ", ".join(f"{p.path} ({p.kind}: {p.detail})" for p in report.problems[:3])
+        more = f" and {len(report.problems) - 3} more" if len(report.problems) > 3 else ""
+        raise QuickVerifyFailed(f"{model_dir}: quick verify found {len(report.problems)} problem(s): {named}{more}; "
+                                f"run `mm verify {model_dir}` (or `mm repair`) before {before}")
 
 
 def verify_upstream(model_dir: Path, repo_id: str, revision: str, *, quick: bool = False, jobs: int | None = None,

@@ -6,7 +6,6 @@ import os
 import secrets
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +14,8 @@ from safetensors.numpy import save_file
 
 from tests.support.gitrepo import ModelRepo, commit_dir, make_commits_with_shared_prefix, make_model_repo
 from tests.support.hubserver import HubServer
+from tests.support.run import run_mm as _run_mm
 
-MM_BIN = Path(sys.executable).parent / "mm"
 BIG_FILE = "model.safetensors"
 BIG_BYTES = 8 * 1024 * 1024  # big enough that a rate-limited download can be killed mid-file
 
@@ -115,11 +114,9 @@ def hub_env(hub_server, tmp_path) -> dict[str, str]:
 
 @pytest.fixture
 def run_mm(tmp_path):
-    """run_mm(*args, env=None, timeout=120, input=None, cwd=None) -> CompletedProcess of the real `mm`."""
-    def run(*args: str, env: dict | None = None, timeout: float = 120, input: str | None = None,
-            cwd: Path | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([str(MM_BIN), *map(str, args)], env=env if env is not None else _isolated_env(tmp_path),
-                              capture_output=True, text=True, timeout=timeout, input=input, cwd=cwd)
+    """tests.support.run.run_mm with an isolated environment by default (no Hub settings or tokens)."""
+    def run(*args, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+        return _run_mm(*args, env=env if env is not None else _isolated_env(tmp_path), **kwargs)
     return run
 # --- end hub server fixtures ---
 

@@ -8,7 +8,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
@@ -20,11 +19,11 @@ from mm.artifacts.bundle_verify import verify_volumes
 from mm.artifacts.bundle_format import b3, find_volumes, open_volume, parse_size
 from mm.artifacts.bundle_unpack import check_free_space, unbundle
 from mm.artifacts.errors import BadInput, Refused
-from mm.artifacts.hub import manifest_for_local_dir
+from mm.artifacts.adopt import manifest_for_local_dir
 from mm.artifacts.manifest import manifest_path, read_manifest
 from tests.support.modelgen import write_model
+from tests.support.run import mm_argv, run_mm
 
-MM = Path(sys.executable).parent / "mm"
 VOLUME_SIZE = 500_000  # smaller than every shard: shards are split across volumes
 REVISION = "ce7f4df87d2e05262f5775f373dac4772f134041"
 
@@ -35,11 +34,6 @@ def make_model(root: Path, seed: int = 0, shard_bytes: int = 600 * 1024) -> Path
     write_model(root, shards=3, shard_bytes=shard_bytes, seed=seed)
     manifest_for_local_dir(root, "MiniMaxAI/MiniMax-M3.1-Flash", REVISION, offline=True)
     return root
-
-
-def mm(*args, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(MM), *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -127,7 +121,7 @@ def model(tmp_path_factory) -> Path:
 def vols(model, tmp_path_factory) -> Path:
     """The model bundled once through the CLI; tests that damage volumes work on copies."""
     out = tmp_path_factory.mktemp("bundle-vols")
-    r = mm("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE)
+    r = run_mm("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE)
     assert r.returncode == 0, r.stderr
     return out
 
@@ -150,7 +144,7 @@ def model_tree(model: Path) -> dict[str, bytes]:
 def test_round_trip_is_identical_with_files_larger_than_a_volume(model, vols, tmp_path):
     assert max(p.stat().st_size for p in model.glob("*.safetensors")) > VOLUME_SIZE
     dest = tmp_path / "dest"
-    r = mm("unbundle", vols, "--dest", dest)
+    r = run_mm("unbundle", vols, "--dest", dest)
     assert r.returncode == 0, r.stderr
     assert tree(dest) == tree(model)  # every byte, and the manifest byte for byte
     assert "verify" in r.stdout and "OK" in r.stdout
@@ -183,8 +177,7 @@ def test_every_volume_starts_with_its_index_manifest_and_restore(vols, model):
 def _syncs(tmp_path: Path, marker: str, *args) -> list[str]:
     """The fsync/fdatasync calls `mm ARGS` makes on files whose path holds MARKER (strace -y names each fd's file)."""
     trace = tmp_path / "syncs.strace"
-    r = subprocess.run(["strace", "-f", "-y", "-qq", "-e", "trace=fsync,fdatasync", "-o", str(trace), str(MM),
-                        *map(str, args)], capture_output=True, text=True)
+    r = run_mm(*args, prefix=["strace", "-f", "-y", "-qq", "-e", "trace=fsync,fdatasync", "-o", str(trace)])
     assert r.returncode == 0, r.stderr
     return [line for line in trace.read_text().splitlines() if marker in line]
 
@@ -223,10 +216,10 @@ def test_unbundle_no_sync_imports_the_same_files_without_fsyncing_them(model, vo
 
 
 def test_no_sync_says_so_and_what_to_do_before_unplugging(model, tmp_path):
-    r = mm("bundle", model, "--out", tmp_path / "v", "--volume-size", VOLUME_SIZE, "--no-sync")
+    r = run_mm("bundle", model, "--out", tmp_path / "v", "--volume-size", VOLUME_SIZE, "--no-sync")
     assert r.returncode == 0, r.stderr
     assert "not synced (--no-sync): run `sync` or unmount" in r.stdout
-    js = mm("bundle", model, "--out", tmp_path / "v", "--volume-size", VOLUME_SIZE, "--no-sync", "--json")
+    js = run_mm("bundle", model, "--out", tmp_path / "v", "--volume-size", VOLUME_SIZE, "--no-sync", "--json")
     assert json.loads(js.stdout)["synced"] is False
 
 
@@ -243,8 +236,8 @@ def test_bundle_refuses_a_model_failing_quick_verify_naming_the_file(tmp_path):
     src = make_model(tmp_path / "model")
     with open(src / "model-00002-of-00003.safetensors", "ab") as f:
         f.write(b"extra")
-    r = mm("bundle", src, "--out", tmp_path / "out", "--volume-size", "1M")
-    assert r.returncode == 5
+    r = run_mm("bundle", src, "--out", tmp_path / "out", "--volume-size", "1M")
+    assert r.returncode == 1  # the one quick-verify gate, the same exit as `mm launch`
     assert "model-00002-of-00003.safetensors" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not list((tmp_path / "out").glob("*.tar")) if (tmp_path / "out").exists() else True
 
@@ -262,7 +255,7 @@ def test_rerun_keeps_finished_volumes_that_verify_and_rewrites_damaged_ones(mode
     data = bytearray(victim.read_bytes())
     data[-5000] ^= 0xFF
     victim.write_bytes(bytes(data))
-    r = mm("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE)
+    r = run_mm("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE)
     assert r.returncode == 0, r.stderr
     wrote = [line for line in r.stdout.splitlines() if line.startswith("wrote")]
     assert len(wrote) == 1 and victim.name in wrote[0]
@@ -280,7 +273,7 @@ def test_rebundling_with_another_size_names_the_stale_volumes(model, vols, tmp_p
 # --- mm bundle verify ---------------------------------------------------------------------------
 
 def test_bundle_verify_reports_each_volume_ok(vols):
-    r = mm("bundle", "verify", vols)
+    r = run_mm("bundle", "verify", vols)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("OK ") == len(volumes_in(vols))
     assert "missing: none" in r.stdout
@@ -304,13 +297,13 @@ def test_flipped_byte_is_named_by_verify_and_refused_by_unbundle_while_the_rest_
     data[info.offset_data + info.size // 2] ^= 0x01
     victim.write_bytes(bytes(data))
 
-    r = mm("bundle", "verify", out)
+    r = run_mm("bundle", "verify", out)
     assert r.returncode == 1
     assert f"CORRUPT  {victim}" in r.stdout and target["member"] in r.stdout
     assert r.stdout.count("OK ") == len(vs) - 1
 
     dest = tmp_path / "dest"
-    r = mm("unbundle", out, "--dest", dest)
+    r = run_mm("unbundle", out, "--dest", dest)
     assert r.returncode == 5
     assert victim.name in r.stderr and target["member"] in r.stderr
     assert not (dest / target["path"]).exists()
@@ -325,10 +318,10 @@ def test_volume_of_another_bundle_is_foreign(vols, other_vols, tmp_path):
     vs = copy_volumes(vols, out)
     stranger = volumes_in(other_vols)[0]
     shutil.copy(stranger, out / ("x-" + stranger.name))
-    r = mm("bundle", "verify", out)
+    r = run_mm("bundle", "verify", out)
     assert r.returncode == 1
     assert f"FOREIGN  {out / ('x-' + stranger.name)}" in r.stdout
-    r = mm("unbundle", *vs, out / ("x-" + stranger.name), "--dest", tmp_path / "dest")
+    r = run_mm("unbundle", *vs, out / ("x-" + stranger.name), "--dest", tmp_path / "dest")
     assert r.returncode == 5
     assert "x-" + stranger.name in r.stderr and "belongs to bundle" in r.stderr
 
@@ -361,7 +354,7 @@ def test_unbundle_in_reverse_and_shuffled_order(model, vols, tmp_path):
     vs = volumes_in(vols)
     shuffled = vs[:]
     random.Random(3).shuffle(shuffled)
-    r = mm("unbundle", *reversed(vs), "--dest", tmp_path / "reversed")
+    r = run_mm("unbundle", *reversed(vs), "--dest", tmp_path / "reversed")
     assert r.returncode == 0, r.stderr
     assert tree(tmp_path / "reversed") == tree(model)
     report = unbundle(shuffled, tmp_path / "shuffled")
@@ -383,13 +376,13 @@ def test_import_in_two_sittings_names_what_is_missing_and_does_not_rewrite(model
     vs = volumes_in(vols)
     dest = tmp_path / "dest"
     first, second = vs[::2], vs[1::2]
-    r = mm("unbundle", *first, "--dest", dest)
+    r = run_mm("unbundle", *first, "--dest", dest)
     assert r.returncode == 0, r.stderr
     missing = ", ".join(str(n) for n in range(2, len(vs) + 1, 2))
     assert f"still missing: volume(s) {missing}" in r.stdout
     done = {p: (dest / p).stat().st_mtime_ns for p in ("config.json", "README.md") if (dest / p).exists()}
     assert done
-    r = mm("unbundle", *second, "--dest", dest)
+    r = run_mm("unbundle", *second, "--dest", dest)
     assert r.returncode == 0, r.stderr
     assert tree(dest) == tree(model)
     assert {p: (dest / p).stat().st_mtime_ns for p in done} == done
@@ -444,7 +437,7 @@ def test_hostile_volume_refused_through_the_cli_with_one_line_naming_it(vols, tm
     out = tmp_path / "vols"
     vs = copy_volumes(vols, out)
     rewrite_volume(vols / vs[-1].name, vs[-1], extra=[HOSTILE["symlink"]])
-    r = mm("unbundle", out, "--dest", tmp_path / "dest")
+    r = run_mm("unbundle", out, "--dest", tmp_path / "dest")
     assert r.returncode == 5
     refused = [line for line in r.stderr.splitlines() if line.startswith("refused:")]
     assert refused == [f"refused: {vs[-1].name}: member 'model/config.json' is a symlink to '/etc/passwd'; refused"]
@@ -517,12 +510,12 @@ def _kill_when(proc: subprocess.Popen, ready) -> None:
 def test_kill_9_during_bundle_then_rerun_gives_the_same_volumes(model, vols, tmp_path):
     out = tmp_path / "vols"
     out.mkdir()
-    proc = subprocess.Popen([str(MM), "bundle", str(model), "--out", str(out), "--volume-size", str(VOLUME_SIZE)],
+    proc = subprocess.Popen(mm_argv("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE),
                             env={**os.environ, **SLOW}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _kill_when(proc, lambda: any(".vol002-" in p.name and p.name.endswith(".partial") for p in out.iterdir())
                and len(volumes_in(out)) == 1)  # volume 1 published (its fsync runs beside volume 2's writing)
     assert len(volumes_in(out)) == 1  # only the finished volume has a final name
-    r = mm("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE)
+    r = run_mm("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("kept ")
     assert [v.read_bytes() for v in volumes_in(out)] == [v.read_bytes() for v in volumes_in(vols)]
@@ -532,7 +525,7 @@ def test_kill_9_during_bundle_then_rerun_gives_the_same_volumes(model, vols, tmp
 def test_kill_9_during_unbundle_then_rerun_completes(model, vols, tmp_path):
     dest = tmp_path / "dest"
     partials = dest / ".mm" / "unbundle" / "partial"
-    proc = subprocess.Popen([str(MM), "unbundle", str(vols), "--dest", str(dest)], env={**os.environ, **SLOW},
+    proc = subprocess.Popen(mm_argv("unbundle", vols, "--dest", dest), env={**os.environ, **SLOW},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _kill_when(proc, lambda: (dest / "config.json").exists() and partials.is_dir() and any(partials.iterdir()))
     good = tree(model)
@@ -553,7 +546,7 @@ def payload_bundle(model, tmp_path_factory) -> tuple[Path, Path, Path, Path]:
     keyed = kernel_cache(base / "minfer", keyed=True)
     unkeyed = kernel_cache(base / "flashinfer", keyed=False)
     out = base / "vols"
-    r = mm("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE, "--image", image, "--kernel-cache", keyed,
+    r = run_mm("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE, "--image", image, "--kernel-cache", keyed,
            "--kernel-cache", unkeyed, "--cache-key", "gpu=NVIDIA B300", "--cache-key", "compute_capability=10.3",
            "--json")
     assert r.returncode == 0, r.stderr
@@ -569,7 +562,7 @@ def payload_bundle(model, tmp_path_factory) -> tuple[Path, Path, Path, Path]:
 def test_image_and_kernel_cache_payloads_round_trip(model, payload_bundle, tmp_path):
     out, image, keyed, unkeyed = payload_bundle
     dest = tmp_path / "model"
-    r = mm("unbundle", out, "--dest", dest, "--image-dest", tmp_path / "images", "--json")
+    r = run_mm("unbundle", out, "--dest", dest, "--image-dest", tmp_path / "images", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert tree(dest) == tree(model)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from mm.artifacts.manifest import manifest_path, read_manifest
+from tests.support.run import mm_argv
 
-MM = str(Path(sys.executable).parent / "mm")
 SHARD = "model-00002-of-00004.safetensors"
 
 
@@ -108,7 +108,7 @@ def test_kill_9_then_rerun_resumes_with_range(run_mm, hub_env, big_repo, hub_ser
     repo_id, commit, big_file, size = big_repo
     dest = tmp_path / "m"
     hub_server.rate_limit = 2 * 1024 * 1024  # bytes/s, so the kill lands mid-file
-    proc = subprocess.Popen([MM, "fetch", repo_id, "--revision", commit, "--local-dir", str(dest), "--connections", "1"],
+    proc = subprocess.Popen(mm_argv("fetch", repo_id, "--revision", commit, "--local-dir", dest, "--connections", "1"),
                             env=hub_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _wait_for_partial(dest, minimum=size // 4)
     os.kill(proc.pid, signal.SIGKILL)
@@ -154,7 +154,7 @@ def test_concurrent_fetch_into_the_same_directory_is_refused(run_mm, hub_env, bi
     repo_id, commit, _, size = big_repo
     dest = tmp_path / "m"
     hub_server.rate_limit = 2 * 1024 * 1024
-    first = subprocess.Popen([MM, "fetch", repo_id, "--revision", commit, "--local-dir", str(dest), "--connections", "1"],
+    first = subprocess.Popen(mm_argv("fetch", repo_id, "--revision", commit, "--local-dir", dest, "--connections", "1"),
                              env=hub_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for_partial(dest, minimum=1)
@@ -197,6 +197,15 @@ def test_output_says_whether_the_dspark_draft_is_present(run_mm, hub_env, model_
     assert "DSpark draft (dspark/): MISSING" in without.stdout
 
 
+def test_a_model_without_a_pinned_draft_prints_no_draft_line(run_mm, hub_env, big_repo, tmp_path):
+    repo_id, commit, _, _ = big_repo  # no pin names this repo, so no draft is expected
+    text = run_mm("fetch", repo_id, "--revision", commit, "--local-dir", str(tmp_path / "a"), env=hub_env)
+    assert text.returncode == 0, text.stderr
+    assert "draft" not in text.stdout.lower()
+    doc = run_mm("fetch", repo_id, "--revision", commit, "--local-dir", str(tmp_path / "a"), "--json", env=hub_env)
+    assert json.loads(doc.stdout)["draft"] is None
+
+
 def test_stale_partial_files_are_cleaned(run_mm, hub_env, model_repo, tmp_path):
     stale = tmp_path / "m" / ".mm" / "partial" / ("0" * 64 + ".part")
     stale.parent.mkdir(parents=True)
@@ -208,7 +217,7 @@ def test_stale_partial_files_are_cleaned(run_mm, hub_env, model_repo, tmp_path):
 def test_json_output_is_one_document(run_mm, hub_env, model_repo, tmp_path):
     r = fetch(run_mm, hub_env, model_repo, tmp_path / "m", "--json")
     doc = json.loads(r.stdout)
-    assert doc["ok"] is True and doc["draft_present"] is True
+    assert doc["ok"] is True and doc["draft"] == {"subfolder": "dspark/", "present": True}
     assert doc["commit"] == model_repo.commits[-1]
 
 

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from safetensors.numpy import save_file
 from mm.artifacts.manifest import manifest_path, read_manifest
 from tests.support.gitrepo import commit_dir
 from tests.support.hubserver import xet_hash_for
+from tests.support.run import mm_argv
 
-MM = str(Path(sys.executable).parent / "mm")
 BIG = "model.safetensors"
 MiB = 1 << 20
 
@@ -122,7 +121,7 @@ def test_kill_9_with_ranges_in_flight_then_rerun_fetches_only_what_was_missing(r
     repo_id, commit, files = one_file_repo
     size, dest = len(files[BIG]), tmp_path / "m"
     hub_server.conn_rate = 2 * MiB
-    proc = subprocess.Popen([MM, "fetch", repo_id, "--revision", commit, "--local-dir", str(dest), "--connections", "4"],
+    proc = subprocess.Popen(mm_argv("fetch", repo_id, "--revision", commit, "--local-dir", dest, "--connections", "4"),
                             env=hub_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -258,7 +257,7 @@ def test_a_server_ignoring_range_after_a_kill_restarts_from_byte_0_and_keeps_the
     repo_id, commit, files = one_file_repo
     dest = tmp_path / "m"
     hub_server.conn_rate = 4 * MiB
-    proc = subprocess.Popen([MM, "fetch", repo_id, "--revision", commit, "--local-dir", str(dest), "--connections", "4"],
+    proc = subprocess.Popen(mm_argv("fetch", repo_id, "--revision", commit, "--local-dir", dest, "--connections", "4"),
                             env=hub_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60

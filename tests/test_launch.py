@@ -8,19 +8,16 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from mm.cli import main
 from mm.artifacts.launch import EnvRef, LaunchOptions, load_catalog, plan_launch, recipes_path
 from mm.artifacts.manifest import Manifest, entry_for_file, manifest_path, write_manifest
 from mm.artifacts.pins import default_pin
 from tests.support.modelgen import write_model
+from tests.support.run import run_mm
 
-MM = str(Path(sys.executable).parent / "mm")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PIN = default_pin()
 QUARK_REPO = "amd/MiniMax-M3.1-Flash-Quark-MXFP4"
@@ -79,28 +76,12 @@ def quark_dir(tmp_path_factory) -> Path:
     return make_model_dir(tmp_path_factory.mktemp("quark"), repo_id=QUARK_REPO, draft=False)
 
 
-def secret_env() -> dict[str, str]:
-    return dict(os.environ, MM_API_KEY=SECRET, HF_TOKEN=HF_SECRET)
+SECRETS = {"MM_API_KEY": SECRET, "HF_TOKEN": HF_SECRET}  # set for every run: none may reach a script
 
 
-@dataclass
-class Run:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def mm(*args) -> Run:
-    """The CLI in-process (its imports cost seconds a process here), with secrets set in the environment."""
-    result = CliRunner().invoke(main, [str(a) for a in args], env={"MM_API_KEY": SECRET, "HF_TOKEN": HF_SECRET})
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return Run(result.exit_code, result.stdout, result.stderr)
-
-
-def mm_process(*args) -> subprocess.CompletedProcess:
-    """The installed `mm` executable in a real subprocess."""
-    return subprocess.run([MM, *map(str, args)], capture_output=True, text=True, timeout=60, env=secret_env())
+def mm(*args) -> subprocess.CompletedProcess:
+    """The installed `mm` (tests.support.run.run_mm) with secrets set in its environment."""
+    return run_mm(*args, extra_env=SECRETS)
 
 
 def assert_no_secrets(*texts: str) -> None:
@@ -190,7 +171,7 @@ def test_guide_block_in_this_test_is_verbatim_from_the_seed():
 
 
 def test_b300_balanced_reproduces_the_guides_offline_command_flag_for_flag(model_dir):
-    r = mm_process("launch", model_dir, "--hardware", "b300")
+    r = mm("launch", model_dir, "--hardware", "b300")
     assert r.returncode == 0, r.stderr
     ours, guide = script_tokens(r.stdout), shlex.split(GUIDE_B300_OFFLINE.replace("\\\n", " "))
     image = PIN.image
@@ -300,7 +281,7 @@ def test_expose_publishes_everywhere_and_takes_the_api_key_from_the_environment(
     assert tokens[tokens.index("--api-key") + 1] == "${SERVE_KEY}"
     assert ': "${SERVE_KEY:?' in script
     assert_no_secrets(script, r.stdout, r.stderr)
-    env = {k: v for k, v in secret_env().items() if k != "SERVE_KEY"}
+    env = {k: v for k, v in {**os.environ, **SECRETS}.items() if k != "SERVE_KEY"}
     started = subprocess.run(["bash", str(out)], capture_output=True, text=True, env=env, timeout=30)
     assert started.returncode != 0 and "SERVE_KEY" in started.stderr  # refuses before docker runs
 

@@ -69,3 +69,19 @@ def test_endpoint_credentials_are_never_recorded():
     from mm.artifacts.manifest import public_endpoint
 
     assert public_endpoint("https://user:hf_secret@hub.local:8443/x") == "https://hub.local:8443/x"
+
+
+def test_adopting_a_directory_offline_never_loads_the_hub_client(tmp_path):
+    """Tests of verify and bundle build manifests this way; so does `mm manifest DIR --offline`."""
+    import subprocess
+    import sys
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}\n")
+    code = ("import sys; from mm.artifacts.adopt import manifest_for_local_dir; "
+            f"manifest_for_local_dir({str(tmp_path / 'm')!r}, 'o/r', {COMMIT!r}, offline=True); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('huggingface_hub', 'httpx', 'httpx2')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+    assert read_manifest(tmp_path / "m" / ".mm" / "manifest.json").revision == COMMIT

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.hub import FetchRequest, fetch
+from mm.artifacts.fetch import FetchRequest, fetch
 from mm.artifacts.manifest import manifest_path, read_manifest
 from mm.artifacts.mirror import DIFFERENT, EXTRA, IDENTICAL, MISSING, MirrorFile, PinFile, compare, list_mirror_files, ms_api
 from tests.support.msserver import net_guard_env

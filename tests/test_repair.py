@@ -4,8 +4,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +12,8 @@ from mm.artifacts.errors import BadInput
 from mm.artifacts.manifest import Manifest, manifest_path, read_manifest
 from mm.artifacts.repair import repair_dir
 from mm.artifacts.verify import verify_dir
+from tests.support.run import run_mm
 
-MM = str(Path(sys.executable).parent / "mm")
 SHARD2 = "model-00002-of-00004.safetensors"
 SHARD3 = "model-00003-of-00004.safetensors"
 DRAFT_SHARD = "dspark/model-00001-of-00001.safetensors"
@@ -27,8 +25,7 @@ def pristine(_hub_server_session, model_repo, tmp_path_factory) -> Path:
     dest = tmp_path_factory.mktemp("pristine") / "MiniMax-M3.1-Flash"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
     env.update(HF_ENDPOINT=_hub_server_session.url, HF_HOME=str(dest.parent / "hf-home"), NO_PROXY="127.0.0.1")
-    r = subprocess.run([MM, "fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", str(dest)],
-                       env=env, capture_output=True, text=True, timeout=120)
+    r = run_mm("fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", dest, env=env)
     assert r.returncode == 0, r.stderr
     return dest
 

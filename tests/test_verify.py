@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import struct
 import subprocess
@@ -12,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from mm.artifacts import verify as verify_mod
-from mm.artifacts.hub import manifest_for_local_dir
+from mm.artifacts.adopt import manifest_for_local_dir
 from mm.artifacts.manifest import Manifest, manifest_path
 from mm.artifacts.safetensors_check import StructureError, read_header
 from mm.artifacts.verify import verify_dir
 from tests.support.modelgen import write_model
+from tests.support.run import mm_argv, run_mm
 
-MM = str(Path(sys.executable).parent / "mm")
 REPO = "MiniMaxAI/MiniMax-M3.1-Flash"
 COMMIT = "ce7f4df87d2e05262f5775f373dac4772f134041"
 SHARD = "model-00002-of-00004.safetensors"
@@ -48,10 +49,6 @@ def model(pristine, tmp_path) -> Path:
     return root
 
 
-def mm(*args, prefix: list[str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*(prefix or []), MM, *map(str, args)], capture_output=True, text=True, timeout=120)
-
-
 def assert_problem(r: subprocess.CompletedProcess, kind: str, path: str, *words: str) -> str:
     """Exit 1, the stderr summary, and a stdout line `KIND path: ...` holding WORDS; returns that line."""
     assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
@@ -78,7 +75,7 @@ def problem_kinds(r: subprocess.CompletedProcess) -> set[str]:
 # --- content -----------------------------------------------------------------------------------
 
 def test_intact_model_verifies_ok_with_exit_0(model):
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "OK" in r.stdout and "problem" not in r.stdout and r.stderr == ""
 
@@ -88,13 +85,13 @@ def test_one_flipped_byte_is_a_hash_mismatch(model, where):
     shard = model / SHARD
     size = shard.stat().st_size
     flip_byte(shard, {"start": 0, "middle": size // 2, "end": size - 1}[where])
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert_problem(r, "hash", SHARD, "blake3 expected", "found", "content differs")
 
 
 def test_flipped_first_byte_also_breaks_the_header_structure(model):
     flip_byte(model / SHARD, 0)
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert_problem(r, "structure", SHARD, "header")
 
 
@@ -102,7 +99,7 @@ def test_shard_truncated_by_one_byte_is_a_size_mismatch(model):
     shard = model / SHARD
     size = shard.stat().st_size
     os.truncate(shard, size - 1)
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert_problem(r, "size", SHARD, f"expected {size} bytes, found {size - 1}", "1 bytes short")
 
 
@@ -111,20 +108,20 @@ def test_one_byte_appended_is_a_size_mismatch(model):
     size = shard.stat().st_size
     with open(shard, "ab") as f:
         f.write(b"\0")
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert_problem(r, "size", SHARD, f"expected {size} bytes, found {size + 1}", "1 bytes too long")
 
 
 def test_missing_shard_is_reported_and_the_index_names_it(model):
     (model / SHARD).unlink()
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert_problem(r, "missing", SHARD, "no such file")
     assert_problem(r, "index", INDEX, f"names shard {SHARD}", "which is missing")
 
 
 def test_extra_file_is_reported(model):
     (model / "notes.txt").write_text("scratch\n")
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert_problem(r, "extra", "notes.txt", "not in the manifest")
 
 
@@ -132,13 +129,13 @@ def test_tool_metadata_is_not_an_extra_file(model):
     (model / ".cache" / "huggingface" / "download").mkdir(parents=True)
     (model / ".cache" / "huggingface" / "download" / "x.metadata").write_text("meta\n")
     (model / ".mm" / "B3SUMS").write_text("whatever\n")
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_renamed_shard_is_missing_plus_an_extra_with_the_same_bytes(model):
     (model / SHARD).rename(model / "model-2.safetensors")
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert_problem(r, "missing", SHARD)
     assert_problem(r, "extra", "model-2.safetensors", f"same bytes as missing {SHARD}", "renamed?")
 
@@ -146,7 +143,7 @@ def test_renamed_shard_is_missing_plus_an_extra_with_the_same_bytes(model):
 def test_empty_file_is_reported_as_empty(model):
     size = (model / SHARD).stat().st_size
     os.truncate(model / SHARD, 0)
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert_problem(r, "empty", SHARD, f"expected {size} bytes, found an empty file")
 
 
@@ -154,7 +151,7 @@ def test_empty_file_is_reported_as_empty(model):
 @pytest.mark.parametrize("quick", [False, True])
 def test_permission_denied_file_is_unreadable(model, quick):
     (model / SHARD).chmod(0)
-    r = mm("verify", model, *(["--quick"] if quick else []), prefix=AS_UNPRIVILEGED)
+    r = run_mm("verify", model, *(["--quick"] if quick else []), prefix=AS_UNPRIVILEGED)
     assert_problem(r, "unreadable", SHARD, "Permission denied")
 
 
@@ -163,7 +160,7 @@ def test_symlink_escaping_the_directory_is_reported(model, tmp_path):
     outside.write_text("{}\n")
     (model / "tokenizer.json").unlink()
     (model / "tokenizer.json").symlink_to(outside)
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert_problem(r, "symlink", "tokenizer.json", "points outside the model directory", str(outside))
     assert "MISSING" not in r.stdout
 
@@ -178,7 +175,7 @@ def test_corrupt_header_with_a_manifest_made_from_it_is_caught_by_structure(mode
     raw = json.dumps(header, separators=(",", ":")).encode().ljust(n)  # safetensors pads headers with spaces
     shard.write_bytes(data[:8] + raw + data[8 + n :])
     write_manifest_for(model)  # the damage is "blessed": sizes and hashes all match
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert_problem(r, "structure", SHARD, f"tensor {name!r}", "U8", "needs")
     assert problem_kinds(r) == {"STRUCTURE"}
 
@@ -192,33 +189,33 @@ def _edit_index(model: Path, edit) -> None:
 
 def test_index_naming_a_shard_that_does_not_exist_is_reported(model):
     _edit_index(model, lambda wm: wm.update({"model.extra.weight": "model-00009-of-00004.safetensors"}))
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert_problem(r, "index", INDEX, "model-00009-of-00004.safetensors", "which is missing")
 
 
 def test_shard_tensor_absent_from_the_index_is_reported(model):
     name = next(t for t, s in json.loads((model / INDEX).read_text())["weight_map"].items() if s == SHARD)
     _edit_index(model, lambda wm: wm.pop(name))
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert_problem(r, "index", INDEX, "does not list", name, SHARD)
 
 
 def test_index_tensor_absent_from_its_shard_is_reported(model):
     _edit_index(model, lambda wm: wm.update({"model.layers.99.ghost.weight": SHARD}))
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert_problem(r, "index", INDEX, "model.layers.99.ghost.weight", f"to {SHARD}", "does not hold")
 
 
 def test_draft_index_is_checked_like_the_main_one(model):
     (model / "dspark" / "model-00001-of-00001.safetensors").unlink()
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert_problem(r, "index", "dspark/model.safetensors.index.json", "model-00001-of-00001.safetensors", "missing")
 
 
 def test_config_naming_a_draft_that_is_absent_is_reported(model):
     shutil.rmtree(model / "dspark")
     write_manifest_for(model)
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert_problem(r, "draft", "config.json", "names draft dspark/", "dspark/ is missing")
 
 
@@ -226,16 +223,16 @@ def test_config_naming_a_draft_that_is_absent_is_reported(model):
 
 def test_quick_checks_sizes_but_reads_no_content(model):
     flip_byte(model / SHARD, (model / SHARD).stat().st_size // 2)
-    r = mm("verify", model, "--quick")
+    r = run_mm("verify", model, "--quick")
     assert r.returncode == 0 and "sizes only" in r.stdout, r.stdout + r.stderr
     os.truncate(model / SHARD, 100)
-    r = mm("verify", model, "--quick")
+    r = run_mm("verify", model, "--quick")
     assert_problem(r, "size", SHARD, "found 100")
 
 
 def test_json_output_is_one_document_with_the_problems_and_exit_1(model):
     (model / SHARD).unlink()
-    r = mm("verify", model, "--json")
+    r = run_mm("verify", model, "--json")
     assert r.returncode == 1
     doc = json.loads(r.stdout)
     assert doc["ok"] is False and doc["counts"]["missing"] == 1
@@ -243,7 +240,7 @@ def test_json_output_is_one_document_with_the_problems_and_exit_1(model):
 
 
 def test_json_output_of_a_good_model_is_ok_with_exit_0(model):
-    r = mm("verify", model, "--json", "--jobs", "1")
+    r = run_mm("verify", model, "--json", "--jobs", "1")
     assert r.returncode == 0
     doc = json.loads(r.stdout)
     assert doc["ok"] is True and doc["problems"] == [] and doc["bytes_checked"] > 0
@@ -253,20 +250,20 @@ def test_manifest_option_reads_a_manifest_kept_elsewhere(model, tmp_path):
     elsewhere = tmp_path / "kept" / "manifest.json"
     elsewhere.parent.mkdir()
     manifest_path(model).rename(elsewhere)
-    assert mm("verify", model, "--manifest", elsewhere).returncode == 0
+    assert run_mm("verify", model, "--manifest", elsewhere).returncode == 0
     (model / SHARD).unlink()
-    assert_problem(mm("verify", model, "--manifest", elsewhere), "missing", SHARD)
+    assert_problem(run_mm("verify", model, "--manifest", elsewhere), "missing", SHARD)
 
 
 def test_no_manifest_cannot_run_exit_3(model):
     manifest_path(model).unlink()
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert r.returncode == 3
     assert "no manifest here" in r.stderr and str(manifest_path(model)) in r.stderr
 
 
 def test_not_a_directory_cannot_run_exit_3(tmp_path):
-    r = mm("verify", tmp_path / "absent")
+    r = run_mm("verify", tmp_path / "absent")
     assert r.returncode == 3 and "not a directory" in r.stderr
 
 
@@ -274,7 +271,7 @@ def test_not_a_directory_cannot_run_exit_3(tmp_path):
 def test_unreadable_directory_cannot_run_exit_3(model):
     model.chmod(0o300)  # may enter, may not list
     try:
-        r = mm("verify", model, "--manifest", model.parent / "m.json", prefix=AS_UNPRIVILEGED)
+        r = run_mm("verify", model, "--manifest", model.parent / "m.json", prefix=AS_UNPRIVILEGED)
     finally:
         model.chmod(0o755)
     assert r.returncode == 3
@@ -283,7 +280,7 @@ def test_unreadable_directory_cannot_run_exit_3(model):
 
 def test_upstream_without_repo_or_manifest_cannot_run_exit_3(model):
     manifest_path(model).unlink()
-    r = mm("verify", "--upstream", model)
+    r = run_mm("verify", "--upstream", model)
     assert r.returncode == 3 and "--upstream needs a repo and revision" in r.stderr
 
 
@@ -330,13 +327,13 @@ def test_verify_refuses_while_another_process_writes_the_directory_exit_6(model)
                               stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
     try:
         assert holder.stdout.readline().strip() == "held"
-        r = mm("verify", model)
+        r = run_mm("verify", model)
     finally:
         holder.kill()
         holder.wait()
     assert r.returncode == 6
     assert "another mm process is writing this directory" in r.stderr
-    assert mm("verify", model).returncode == 0  # the lock dies with its holder
+    assert run_mm("verify", model).returncode == 0  # the lock dies with its holder
 
 
 def test_verify_inside_the_lock_holder_itself_runs(model):
@@ -348,16 +345,21 @@ def test_verify_inside_the_lock_holder_itself_runs(model):
 def test_draft_directory_symlinked_outside_is_one_symlink_problem(model, tmp_path):
     shutil.move(model / "dspark", tmp_path / "dspark-elsewhere")
     (model / "dspark").symlink_to(tmp_path / "dspark-elsewhere")
-    r = mm("verify", model)
+    r = run_mm("verify", model)
     assert_problem(r, "symlink", "dspark", "points outside the model directory")
     assert "MISSING" not in r.stdout
 
 
+def on_a_terminal(argv: list[str]) -> subprocess.CompletedProcess:
+    """ARGV under util-linux `script`, so its stdout and stderr are a pseudo-terminal."""
+    return subprocess.run(["script", "-qec", shlex.join(argv), "/dev/null"], capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux `script` for a pseudo-terminal")
 def test_progress_bar_shows_on_a_terminal_and_not_in_json(model):
-    tty = subprocess.run(["script", "-qec", f"{MM} verify {model}", "/dev/null"], capture_output=True, text=True, timeout=120)
+    tty = on_a_terminal(mm_argv("verify", model))
     assert tty.returncode == 0 and "━" in tty.stdout and "OK" in tty.stdout
-    js = subprocess.run(["script", "-qec", f"{MM} verify --json {model}", "/dev/null"], capture_output=True, text=True, timeout=120)
+    js = on_a_terminal(mm_argv("verify", "--json", model))
     assert js.returncode == 0 and "━" not in js.stdout and '"ok": true' in js.stdout
 
 

@@ -9,12 +9,11 @@ import zlib
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from mm.artifacts.pins import default_pin
 from mm.artifacts.warmup import tiny_png
-from mm.cli import main
 from tests.support import fake_docker
+from tests.support.run import run_mm
 from tests.test_launch import HF_SECRET, SECRET, make_model_dir, script_tokens
 
 PIN = default_pin()
@@ -44,10 +43,7 @@ def warmup(model_dir: Path, docker: Path, port: int, *args, **fake_env):
     env = {"PATH": f"{docker.parent / 'bin'}{os.pathsep}{os.environ['PATH']}", "MM_API_KEY": SECRET, "HF_TOKEN": HF_SECRET,
            "NO_PROXY": "127.0.0.1", **fake_env}
     cache = docker.parent / "cache"
-    result = CliRunner().invoke(main, ["warmup", str(model_dir), "--hardware", "b300", "--port", str(port),
-                                       "--cache-root", str(cache), *map(str, args)], env=env)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
+    result = run_mm("warmup", model_dir, "--hardware", "b300", "--port", port, "--cache-root", cache, *args, extra_env=env)
     return result, cache
 
 
@@ -71,7 +67,7 @@ def assert_container_gone(docker: Path) -> None:
 
 def test_warmup_good_path_runs_the_guides_checks_and_records_the_cache_key(model_dir, docker, port):
     result, cache = warmup(model_dir, docker, port)
-    assert result.exit_code == 0, result.output
+    assert result.returncode == 0, result.stdout + result.stderr
     assert set(checks(cache)) == {"text", "thinking-disabled", "image", "nvfp4-qmul4", "dspark-draft"}
     assert all(c["ok"] for c in checks(cache).values()) and report(cache)["ok"] is True
     key = json.loads((cache / "mm-cache-key.json").read_text())
@@ -86,9 +82,8 @@ def test_warmup_good_path_runs_the_guides_checks_and_records_the_cache_key(model
 
 def test_warmup_starts_the_same_command_line_as_launch(model_dir, docker, port):
     result, cache = warmup(model_dir, docker, port)
-    assert result.exit_code == 0, result.output
-    launched = CliRunner().invoke(main, ["launch", str(model_dir), "--hardware", "b300", "--port", str(port),
-                                         "--cache-root", str(cache)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    launched = run_mm("launch", model_dir, "--hardware", "b300", "--port", port, "--cache-root", cache)
     expected = script_tokens(launched.stdout)[2:]  # after `docker run`
     run = next(c for c in calls(docker) if c[0] == "run" and "-d" in c)[1:]
     expected[expected.index("--rm")] = "-d"
@@ -100,7 +95,7 @@ def test_warmup_starts_the_same_command_line_as_launch(model_dir, docker, port):
 
 def test_warmup_times_out_when_health_never_answers_and_shows_the_log_tail(model_dir, docker, port):
     result, cache = warmup(model_dir, docker, port, "--timeout", "1", FAKE_SGLANG_NEVER_READY="1")
-    assert result.exit_code == 1
+    assert result.returncode == 1
     assert f"/health on 127.0.0.1:{port} did not answer within 1s" in result.stderr
     assert "log lines of mm-warmup-sglang-b300-balanced" in result.stderr and '"GET /health HTTP/1.1" 503' in result.stderr
     doc = report(cache)
@@ -111,7 +106,7 @@ def test_warmup_times_out_when_health_never_answers_and_shows_the_log_tail(model
 
 def test_warmup_reports_the_slow_path_when_the_qmul4_line_is_missing(model_dir, docker, port):
     result, cache = warmup(model_dir, docker, port, FAKE_SGLANG_NVFP4_BACKEND="torch_fallback")
-    assert result.exit_code == 1
+    assert result.returncode == 1
     check = checks(cache)["nvfp4-qmul4"]
     assert check["ok"] is False and "slow path taken" in check["detail"] and "backend=torch_fallback" in check["detail"]
     assert "slow path taken" in result.stderr
@@ -121,7 +116,7 @@ def test_warmup_reports_the_slow_path_when_the_qmul4_line_is_missing(model_dir, 
 
 def test_warmup_fails_when_reasoning_comes_back_with_thinking_disabled(model_dir, docker, port):
     result, cache = warmup(model_dir, docker, port, FAKE_SGLANG_REASONING_ALWAYS="1")
-    assert result.exit_code == 1
+    assert result.returncode == 1
     check = checks(cache)["thinking-disabled"]
     assert check["ok"] is False and "although thinking was disabled" in check["detail"]
     assert checks(cache)["text"]["ok"] is True
@@ -130,7 +125,7 @@ def test_warmup_fails_when_reasoning_comes_back_with_thinking_disabled(model_dir
 
 def test_warmup_refuses_a_blackwell_recipe_on_hopper_gpus_before_starting(model_dir, docker, port):
     result, cache = warmup(model_dir, docker, port, FAKE_GPU_INFO="NVIDIA H200, 9.0, 580.65.06")
-    assert result.exit_code == 7
+    assert result.returncode == 7
     assert "NVIDIA H200 (compute 9.0)" in result.stderr and "requires Blackwell" in result.stderr
     assert not any(c[0] == "run" and "-d" in c for c in calls(docker))
 
@@ -139,7 +134,7 @@ def test_warmup_sends_a_local_png_file_as_a_data_uri(model_dir, docker, port, tm
     png = tmp_path / "probe.png"
     png.write_bytes(tiny_png(4, 3))
     result, cache = warmup(model_dir, docker, port, "--image-file", png, "--json")
-    assert result.exit_code == 0, result.output
+    assert result.returncode == 0, result.stdout + result.stderr
     doc = json.loads(result.stdout)
     assert doc["ok"] is True and {c["name"]: c["ok"] for c in doc["checks"]}["image"] is True
 
@@ -148,7 +143,7 @@ def test_warmup_rejects_an_image_file_that_is_not_png(model_dir, docker, port, t
     bogus = tmp_path / "probe.png"
     bogus.write_bytes(b"GIF89a")
     result, _ = warmup(model_dir, docker, port, "--image-file", bogus)
-    assert result.exit_code == 3 and "not a PNG" in result.stderr
+    assert result.returncode == 3 and "not a PNG" in result.stderr
     assert not (docker / "calls.jsonl").exists()
 
 

@@ -1,0 +1,358 @@
+"""The download engine: any source of bytes plugs in; the engine owns everything else.
+
+A source (the Hub, a ModelScope mirror, next an OCI registry) only answers "give me PATH from byte
+OFFSET" for a file whose identity (upstream hash) and size are known before the first byte. The engine
+owns the rest, the same for every source: the partial file (DIR/.mm/partial/<identity>.part, so a
+partial is never continued with another revision's bytes), resume across runs and across cut
+connections, hashing every byte in the pass that writes it (blake3, sha256, git sha1), the check
+against the identity before the file gets its final name, the journal of files proven so far (a killed
+run does not re-hash them), the directory lock, parallel workers, progress and the free-space check.
+
+`fetch_into(partial, file, source, progress)` is the per-file loop: a function of the source, the file's
+identity and its partial state on disk (`Partial`); `download_file` adds the final name, and `Session.run`
+applies it to many files in parallel. The loop is artifacts/ranges.py's: the file's missing ranges over up to
+`--connections` connections shared by the whole session, a range map beside the partial, hashing in file
+order, retries per range within a budget for the session (`Session.transfer` reports them).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import ContextManager, Iterator, Mapping, Protocol, Sequence
+
+from .errors import BadInput, IntegrityError, MMError, Refused, RemoteError
+from .fsutil import MM_DIR, dir_lock, human_bytes, publish
+from .hashing import Digests, StreamHasher
+from .manifest import FileEntry, Upstream, entry_from_dict, manifest_path, read_manifest
+from .progress import NULL_PROGRESS, ProgressSink
+from . import ranges
+from .ranges import DEFAULT_CONNECTIONS, Connections, RangedJob, RetryLater, TransferStats, clear_state, state_path
+
+PARTIAL_DIR = f"{MM_DIR}/partial"
+JOURNAL = f"{MM_DIR}/journal.jsonl"
+
+
+# --- what is downloaded, and from where --------------------------------------------------------
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A file to download, known before its first byte: path, size and upstream identity.
+
+    The identity is the LFS sha256 when there is one, else the git blob sha1 (small files on the Hub).
+    """
+
+    path: str
+    size: int
+    blob_id: str
+    lfs_sha256: str | None = None
+    xet_hash: str | None = None  # the Hub's Xet hash of a Xet-backed file (recorded; lfs_sha256 is what is checked)
+
+    @property
+    def upstream(self) -> Upstream:
+        if self.lfs_sha256:
+            return Upstream(kind="lfs-sha256", value=self.lfs_sha256)
+        return Upstream(kind="git-blob-sha1", value=self.blob_id)
+
+
+class Source(Protocol):
+    """A source of bytes. Plug a new one (an OCI registry, ...) into the engine by implementing this."""
+
+    label: str  # recorded as the manifest entry's "source" and shown in reports
+
+    def stream(self, path: str, start: int, end: int | None = None) -> ContextManager[tuple[int, Iterator[bytes]]]:
+        """Bytes [START, END) of PATH (END None: to the end; START 0 and END None: the whole file, no Range).
+        Yield (start, chunks), start being the offset the body really starts at (0 when the source ignored
+        the offset; the engine copes with any answer). Raise RetryLater for what may pass (429, 5xx, an
+        expired signed URL; TransferCut when the body breaks mid-way: what arrived is kept and the engine
+        asks again from there), RemoteError when the source refuses. A source may set `max_connections`
+        (e.g. 1) to cap the connections one of its files gets."""
+
+
+class TransferCut(RetryLater):
+    """The connection broke mid-body; what arrived is on disk and the transfer can continue."""
+
+    def __init__(self, message: str):
+        super().__init__(message, "cut")
+
+
+def content_start(status: int, content_range: str | None) -> int:
+    """The byte offset an HTTP response body starts at: 0 for a 200, the range start for a 206."""
+    if status == 206 and content_range:
+        m = re.match(r"bytes (\d+)-", content_range)
+        if m:
+            return int(m.group(1))
+    return 0
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where each file's bytes come from: BY_PATH, else DEFAULT. A file another source served wrong
+    (bytes that do not match its identity) is taken from FALLBACK instead, when there is one."""
+
+    default: Source
+    by_path: Mapping[str, Source] = field(default_factory=dict)
+    fallback: Source | None = None
+    fallback_name: str = "the fallback source"  # in the note on a file taken from FALLBACK, e.g. "the Hub"
+
+    def for_path(self, path: str) -> Source:
+        return self.by_path.get(path, self.default)
+
+
+@dataclass(frozen=True)
+class FileOutcome:
+    path: str
+    size: int
+    status: str  # "downloaded" | "present" | "failed"
+    source: str
+    bytes_transferred: int = 0
+    resumed_from: int = 0
+    error: str | None = None
+    error_kind: type[MMError] | None = None  # the failure's class; the CLI maps it to an exit code
+    note: str | None = None
+    ranges: int = 0  # range requests that delivered bytes
+    connections: int = 0  # most connections the file used at once
+
+
+# --- one file ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Downloaded:
+    digests: Digests
+    transferred: int  # bytes received in this run
+    resumed_from: int  # bytes a partial file held before it
+    ranges: int = 0
+    connections: int = 0
+
+
+def partial_path(local_dir: Path, f: RemoteFile) -> Path:
+    # Keyed by the upstream identity, so a partial file can never be continued with another revision's bytes.
+    return local_dir / PARTIAL_DIR / f"{f.upstream.value}.part"
+
+
+@dataclass(frozen=True)
+class Partial:
+    """The partial state of one file on disk: where its bytes go, and how many a previous run kept (its range
+    map, ``<partial>.ranges``; a partial without one is a prefix, mm's earlier format)."""
+
+    path: Path
+    have: int
+
+    @classmethod
+    def of(cls, local_dir: Path, f: RemoteFile) -> "Partial":
+        path = partial_path(local_dir, f)
+        return cls(path, ranges.load_state(path, f.size, f.upstream.value).done)  # not this file's bytes: start over
+
+
+def download_file(local_dir: Path, f: RemoteFile, source: Source, progress: ProgressSink = NULL_PROGRESS, *,
+                  connections: Connections | None = None, stats: TransferStats | None = None) -> Downloaded:
+    """F from SOURCE into LOCAL_DIR/F.path, continuing its partial file: fetch_into, then publish."""
+    partial = Partial.of(local_dir, f)
+    done = fetch_into(partial, f, source, progress, connections=connections, stats=stats)
+    publish(partial.path, local_dir / f.path)
+    state_path(partial.path).unlink(missing_ok=True)
+    return Downloaded(done.digests, done.transferred, done.resumed_from, done.ranges, done.connections)
+
+
+def fetch_into(partial: Partial, f: RemoteFile, source: Source, progress: ProgressSink = NULL_PROGRESS, *,
+               connections: Connections | None = None, stats: TransferStats | None = None) -> ranges.RangedResult:
+    """The per-file loop, a function of (source, file identity, partial state): fill PARTIAL's missing ranges
+    from SOURCE over up to CONNECTIONS, hashing every byte once in file order (the kept bytes first); then check
+    F's identity. Raises IntegrityError (the partial and its map are dropped) or RemoteError (both kept)."""
+    connections = connections or Connections(DEFAULT_CONNECTIONS)
+    done = ranges.download(RangedJob(f.path, f.size, partial.path, f.upstream.value, _new_hasher(f)), source,
+                           connections, stats, progress)
+    digests = done.digests
+    if digests.size != f.size or not f.upstream.matches(digests.sha256, digests.git_sha1):
+        clear_state(partial.path)
+        got = digests.sha256 if f.lfs_sha256 else digests.git_sha1
+        raise IntegrityError(f"{f.path}: bytes from {source.label} do not match the pinned revision "
+                             f"({f.upstream.kind} expected {f.upstream.value[:16]}, got {str(got)[:16]}); not kept")
+    return done
+
+
+def _new_hasher(f: RemoteFile) -> StreamHasher:
+    return StreamHasher(sha256=True, git_size=None if f.lfs_sha256 else f.size)
+
+
+# --- many files: a session on one directory --------------------------------------------------------
+
+class Session:
+    """One run of the engine on LOCAL_DIR: holds the directory lock, knows what earlier runs proved.
+
+        with Session(local_dir, "mm fetch") as s:
+            results = s.run(files, sources, connections=16, progress=progress)
+            ... write the manifest from s.known and results ...
+            s.finished()
+    """
+
+    def __init__(self, local_dir: Path, what: str = "mm fetch"):
+        self.local_dir = Path(local_dir)
+        self.what = what
+        self._stack = ExitStack()
+        self.known: dict[str, FileEntry] = {}
+        self.journal = Journal(self.local_dir / JOURNAL)
+        self.transfer: dict = {}  # after run(): connections, requests, retries (ranges.TransferStats.report)
+
+    def __enter__(self) -> "Session":
+        prepare_dir(self.local_dir)
+        self._stack.enter_context(dir_lock(self.local_dir, self.what))
+        self.known = known_entries(self.local_dir)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def run(self, files: Sequence[RemoteFile], sources: Sources, *, refetch: bool = False, workers: int | None = None,
+            connections: int = DEFAULT_CONNECTIONS, progress: ProgressSink = NULL_PROGRESS,
+            label: str = "download") -> list[tuple[FileOutcome, FileEntry | None]]:
+        """Every file of FILES present and proven, in parallel: up to WORKERS files at once (default: up to
+        CONNECTIONS), their ranges sharing CONNECTIONS connections. A file already proven (same identity and
+        size as a known entry, final file of that size) is kept unless REFETCH."""
+        _clean_stale_partials(self.local_dir, files)
+        self._check_free_space(files, refetch)
+        total, finished, lock = sum(f.size for f in files), [0], threading.Lock()
+        progress.begin(total, f"{label} 0/{len(files)} files")
+        budget = Connections(connections)
+        stats = TransferStats(retry_budget=max(64, 16 * connections))
+
+        def one(f: RemoteFile) -> tuple[FileOutcome, FileEntry | None]:
+            try:
+                entry = None if refetch else self.present(f)
+                if entry is not None:
+                    progress.advance(f.size)
+                    return FileOutcome(f.path, f.size, "present", entry.source), entry
+                return self._fetch_one(f, sources, progress, budget, stats)
+            finally:
+                with lock:  # the bar's label counts files done; the bar itself, bytes and the aggregate rate
+                    finished[0] += 1
+                    progress.begin(total, f"{label} {finished[0]}/{len(files)} files")
+
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, workers or connections)) as pool:
+                return list(pool.map(one, files))
+        finally:
+            progress.end()
+            self.transfer = {"connections": connections, "connections_used": budget.peak, **stats.report()}
+
+    def finished(self) -> None:
+        """The manifest now holds what the journal recorded."""
+        self.journal.clear()
+
+    def present(self, f: RemoteFile) -> FileEntry | None:
+        entry = self.known.get(f.path)
+        final = self.local_dir / f.path
+        if entry and entry.upstream == f.upstream and entry.size == f.size and final.is_file() and final.stat().st_size == f.size:
+            return entry
+        return None
+
+    def _fetch_one(self, f: RemoteFile, sources: Sources, progress: ProgressSink, budget: Connections,
+                   stats: TransferStats) -> tuple[FileOutcome, FileEntry | None]:
+        source = sources.for_path(f.path)
+        try:
+            return self._from(f, source, progress, budget, stats)
+        except IntegrityError as e:
+            fallback = sources.fallback
+            if fallback is None or source is fallback:
+                return _failed(f, source, e)
+            rejected = f"{source.label} served bytes that do not match the pin; taken from {sources.fallback_name} instead"
+        except (RemoteError, BadInput) as e:
+            return _failed(f, source, e)
+        try:
+            outcome, entry = self._from(f, fallback, progress, budget, stats)
+            return replace(outcome, note=rejected), entry
+        except (IntegrityError, RemoteError, BadInput) as e:
+            return _failed(f, fallback, e)
+
+    def _from(self, f: RemoteFile, source: Source, progress: ProgressSink, budget: Connections,
+              stats: TransferStats) -> tuple[FileOutcome, FileEntry]:
+        d = download_file(self.local_dir, f, source, progress, connections=budget, stats=stats)
+        entry = FileEntry(path=f.path, size=d.digests.size, blake3=d.digests.blake3, sha256=d.digests.sha256 or "",
+                          upstream=f.upstream, source=source.label, xet_hash=f.xet_hash)
+        self.journal.append(entry)
+        return FileOutcome(f.path, f.size, "downloaded", source.label, d.transferred, d.resumed_from,
+                           ranges=d.ranges, connections=d.connections), entry
+
+    def _check_free_space(self, files: Sequence[RemoteFile], refetch: bool) -> None:
+        """Refuse up front rather than fail hours later with a full disk."""
+        needed = 0
+        for f in files:
+            if not refetch and self.present(f):
+                continue
+            needed += f.size - Partial.of(self.local_dir, f).have
+        free = shutil.disk_usage(self.local_dir).free
+        if needed > free:
+            raise Refused(f"{self.local_dir}: not enough free disk: {human_bytes(needed)} to download, {human_bytes(free)} free")
+
+
+def _failed(f: RemoteFile, source: Source, e: MMError) -> tuple[FileOutcome, None]:
+    return FileOutcome(f.path, f.size, "failed", source.label, error=e.message, error_kind=type(e)), None
+
+
+def prepare_dir(local_dir: Path) -> None:
+    if local_dir.exists() and not local_dir.is_dir():
+        raise BadInput(f"{local_dir}: exists and is not a directory")
+    try:
+        (local_dir / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInput(f"{local_dir}: cannot create the download directory: {e.strerror}") from None
+
+
+def known_entries(local_dir: Path) -> dict[str, FileEntry]:
+    """Entries proven earlier: the manifest (of any revision), plus the journal of a run that was killed.
+
+    They are trusted only where the upstream identity (a content hash) and size match the listing, so a
+    new revision re-downloads only the files whose content changed.
+    """
+    entries: dict[str, FileEntry] = {}
+    mpath = manifest_path(local_dir)
+    if mpath.exists():
+        try:
+            entries.update(read_manifest(mpath).by_path())
+        except BadInput:
+            pass  # a damaged manifest is rewritten from what this run proves
+    entries.update(Journal(local_dir / JOURNAL).entries())
+    return entries
+
+
+def _clean_stale_partials(local_dir: Path, planned: Sequence[RemoteFile]) -> None:
+    keep = {p.name for f in planned for p in (partial_path(local_dir, f), state_path(partial_path(local_dir, f)))}
+    for p in (local_dir / PARTIAL_DIR).iterdir():
+        if p.name not in keep:
+            p.unlink(missing_ok=True)
+
+
+class Journal:
+    """Append-only record of files proven during a run, so a killed run does not re-hash them."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = threading.Lock()
+
+    def append(self, entry: FileEntry) -> None:
+        line = json.dumps(asdict(entry)) + "\n"
+        with self._lock, open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def entries(self) -> dict[str, FileEntry]:
+        out: dict[str, FileEntry] = {}
+        if not self.path.exists():
+            return out
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = entry_from_dict(json.loads(line))
+                out[entry.path] = entry
+            except (ValueError, KeyError, TypeError):
+                continue  # a line torn by a kill is simply not trusted
+        return out
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
