@@ -20,6 +20,9 @@ $(STAMP): setup.cfg pyproject.toml $(PACKAGE_FILES)
 	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=strict
 	# SGLang's own argument parser, for the launch tests (no torch needed; tests stub what it imports)
 	$(BIN)/pip install -q --no-deps sglang==0.5.23 msgspec
+	# The SGLang router's own argument parser (sglang_router.launch_router), for the router lines: the pinned image
+	# builds sgl-router from its SGLang commit without naming a version, so the newest release on PyPI
+	$(BIN)/pip install -q --no-deps sglang-router==0.3.2
 	touch $(STAMP)
 
 # Standard tools that tests and benchmarks use, all Debian packages: b3sum and sha256sum peers, shellcheck, strace (to

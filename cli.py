@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from .artifacts.errors import MMError, ProblemsFound
+from .artifacts.bundle.payloads import PAYLOAD_KINDS
+from .artifacts.errors import IntegrityError, MMError, ProblemsFound
 from .artifacts.fsutil import human_bytes
 from .artifacts.manifest import export_sums_files
 from .artifacts.pins import pinned_target
@@ -27,8 +28,7 @@ from .artifacts.verify import VerifyReport, summary_counts, upstream_target, ver
 if TYPE_CHECKING:  # heavy modules are imported inside the commands that use them (start-up time)
     from rich.console import Console
 
-    from .artifacts import bundle as mm_bundle, bundle_format as mm_bundle_format, bundle_unpack as mm_bundle_unpack
-    from .artifacts import bundle_verify as mm_bundle_verify, fetch as mm_fetch, launch as mm_launch, mirror as ms_mirror
+    from .artifacts import fetch as mm_fetch, launch as mm_launch, mirror as ms_mirror
     from .artifacts import repair as mm_repair, warmup as mm_warmup
 
 
@@ -488,6 +488,26 @@ def mirror_reconcile(repo, revision, modelscope_id, ms_revision, all_revisions, 
 
 
 
+def payload_options(side: str) -> Callable:
+    """One option per payload kind (artifacts/bundle/payloads.py): what `mm bundle` carries (side "source")
+    or where `mm unbundle` puts it (side "dest")."""
+    def apply(fn: Callable) -> Callable:
+        for k in reversed(PAYLOAD_KINDS):
+            if side == "source":
+                option = click.option(k.source_option, k.source_param, multiple=k.many, type=click.Path(path_type=Path),
+                                      help=k.source_help)
+            else:
+                option = click.option(k.dest_option, k.dest_param, type=click.Path(path_type=Path), help=k.dest_help)
+            fn = option(fn)
+        return fn
+    return apply
+
+
+def _payload_sources(kw: dict) -> dict[str, list[Path]]:
+    values = {k.kind: kw.pop(k.source_param) for k in PAYLOAD_KINDS}
+    return {kind: list(v) if isinstance(v, tuple) else ([v] if v else []) for kind, v in values.items()}
+
+
 @main.group(cls=DefaultGroup, default="create")
 def bundle():
     """Pack a model into volumes (`mm bundle DIR --out OUT --volume-size 500G`) or check them (`mm bundle verify VOL...`)."""
@@ -500,9 +520,7 @@ def bundle():
               help="Size of each volume, decimal as disks are sold: 750M, 4G (=4,000,000,000 bytes), 500G, 1.8T; "
                    "binary with 'i': 4GiB.")
 @click.option("--name", help="Bundle name used in volume file names. Default: <repo name>-<revision[:12]>.")
-@click.option("--image", type=click.Path(path_type=Path), help="A `docker save` archive to carry along.")
-@click.option("--kernel-cache", "kernel_caches", multiple=True, type=click.Path(path_type=Path),
-              help="A kernel-cache directory to carry (repeatable). Its key comes from mm-cache-key.json inside it.")
+@payload_options("source")
 @click.option("--cache-key", "cache_key", multiple=True, metavar="KEY=VALUE",
               help="Key for kernel caches without mm-cache-key.json (gpu=, compute_capability=, driver=, image=, "
                    "recipe=); repeatable. Without either the cache is bundled as unkeyed.")
@@ -511,15 +529,14 @@ def bundle():
                    "every volume before keeping it; flush (`sync`, unmount) before unplugging the disk.")
 @json_option
 @handles_errors
-def bundle_create(directory, out_dir, volume_size, name, image, kernel_caches, cache_key, no_sync, json_out):
+def bundle_create(directory, out_dir, volume_size, name, cache_key, no_sync, json_out, **kw):
     """Write the model (and payloads) as self-describing tar volumes; a rerun resumes."""
-    from .artifacts import bundle as mm_bundle
-    from .artifacts import bundle_format as mm_bundle_format
-    result = mm_bundle.create_bundle(directory, out_dir, mm_bundle_format.parse_size(volume_size), name=name, image=image,
-                                     kernel_caches=tuple(kernel_caches), cache_key=mm_bundle.parse_cache_key(cache_key),
-                                     progress=progress_for(json_out), sync=not no_sync)
-    if json_out:
-        emit_json(result)
+    from .artifacts.bundle.pack import create_bundle
+    result = create_bundle(directory, out_dir, volume_size, name=name, payloads=_payload_sources(kw), cache_key=cache_key,
+                           progress=progress_for(json_out), sync=not no_sync)
+    if json_out:  # each payload kind under its own key, beside the rest
+        emit_json({key: value for field_name, v in to_jsonable(result).items()
+                   for key, value in (v.items() if field_name == "payloads" else [(field_name, v)])})
         return
     for note in result.notes:
         err.print(f"note: {note}", markup=False)
@@ -542,8 +559,8 @@ def bundle_verify(volumes, json_out):
 
     Exit 0 when every volume given is OK (missing volumes are reported, not failed); 1 otherwise.
     """
-    from .artifacts import bundle_verify as mm_bundle_verify
-    report = mm_bundle_verify.verify_volumes(list(volumes), progress=progress_for(json_out))
+    from .artifacts.bundle.check import verify_volumes
+    report = verify_volumes(list(volumes), progress=progress_for(json_out))
     if json_out:
         emit_json(report)
     else:
@@ -567,25 +584,27 @@ def bundle_verify(volumes, json_out):
 @main.command()
 @click.argument("volumes", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--dest", required=True, type=click.Path(path_type=Path), help="The model directory to fill.")
-@click.option("--image-dest", type=click.Path(path_type=Path), help="Where the image archive goes. Default: DEST.payload/image.")
-@click.option("--cache-dest", type=click.Path(path_type=Path),
-              help="Where kernel caches go (one directory per cache). Default: DEST.payload/kernel-cache.")
+@payload_options("dest")
 @click.option("--no-sync", "no_sync", is_flag=True,
               help="Do not fsync imported files (a scratch copy): files are still named only once their hashes match, "
                    "and the final verify still runs; a crash can lose what the page cache held.")
 @json_option
 @handles_errors
-def unbundle(volumes, dest, image_dest, cache_dest, no_sync, json_out):
+def unbundle(volumes, dest, no_sync, json_out, **kw):
     """Import volumes (files or directories, any order, some now and the rest later) into DEST, then verify.
 
     Exit 0 imported (volumes may still be missing), 5 a volume or member was refused, 1 the final verify
     failed, 7 not enough space.
     """
-    from .artifacts import bundle_unpack as mm_bundle_unpack
-    report = mm_bundle_unpack.unbundle(list(volumes), dest, image_dest=image_dest, cache_dest=cache_dest,
-                                       progress=progress_for(json_out), sync=not no_sync)
+    from .artifacts.bundle.unpack import Outcome, unbundle as import_volumes
+    report = import_volumes(list(volumes), dest, payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS},
+                            progress=progress_for(json_out), sync=not no_sync)
+    exit_code, why = {Outcome.IMPORTED: (0, ""),
+                      Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),
+                      Outcome.VERIFY_FAILED: (ProblemsFound.exit_code, "final verify found problems")}[report.outcome]
     if json_out:
-        emit_json(report)
+        doc = to_jsonable(report)
+        emit_json({"ok": doc.pop("ok"), "exit_code": exit_code, **doc})
     else:
         for line in report.refused + report.corrupt:
             err.print(f"refused: {line}", markup=False, highlight=False, soft_wrap=True)
@@ -606,11 +625,10 @@ def unbundle(volumes, dest, image_dest, cache_dest, no_sync, json_out):
         if not report.synced:
             out.print(f"not synced (--no-sync): run `sync` before relying on {dest} surviving a crash",
                       highlight=False, markup=False, soft_wrap=True)
-    if report.exit_code:
+    if exit_code:
         if not json_out:
-            why = "volumes or members refused" if report.exit_code == 5 else "final verify found problems"
             err.print(f"mm: unbundle {dest}: {why}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(report.exit_code)
+        sys.exit(exit_code)
 
 
 # --- launch / warmup (issue 6) -----------------------------------------------------------------
@@ -618,13 +636,13 @@ def unbundle(volumes, dest, image_dest, cache_dest, no_sync, json_out):
 
 
 
-def _gpu_list(ctx, param, value):
+def _int_list(ctx, param, value):
     if value is None:
         return None
     try:
         return tuple(int(g) for g in value.split(","))
     except ValueError:
-        raise click.BadParameter(f"{value!r}: expected GPU indices like 0,1,2,3") from None
+        raise click.BadParameter(f"{value!r}: expected numbers separated by commas, like 0,1,2,3") from None
 
 
 def recipe_options(fn: Callable) -> Callable:
@@ -634,8 +652,14 @@ def recipe_options(fn: Callable) -> Callable:
         click.option("--hardware", required=True, help="b300, gb300, b200, gb200, h200, h100 (vLLM), mi355x, mi350x."),
         click.option("--recipe", default=None, help="balanced, low-latency, high-throughput, ... (default: the hardware's reference)."),
         click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True),
-        click.option("--gpus", callback=_gpu_list, default=None, help="GPU indices, e.g. 0,1,2,3 (default: 0..N-1)."),
-        click.option("--port", type=int, default=30000, show_default=True),
+        click.option("--gpus", callback=_int_list, default=None,
+                     help="GPU indices, e.g. 0,1,2,3 (default: 0..N-1); more than one replica needs: one replica per group."),
+        click.option("--replicas", type=int, default=None,
+                     help="Servers behind the SGLang router (default: as many as --gpus holds; 1 keeps one server, no router)."),
+        click.option("--port", type=int, default=30000, show_default=True, help="The server's port; with replicas, the router's."),
+        click.option("--replica-ports", callback=_int_list, default=None,
+                     help="With replicas: their ports on 127.0.0.1 (default: --port+1, --port+2, ...)."),
+        click.option("--metrics-port", type=int, default=None, help="With replicas: the router's metrics port on 127.0.0.1 (default 29000)."),
         click.option("--tp", type=int, default=None, help="Override the recipe's tensor parallel size (revalidate)."),
         click.option("--context-length", type=int, default=None, help="Cap the context (refused above the recipe's limit)."),
         click.option("--dspark", is_flag=True, help="Require DSpark speculative decoding (refused where the guide says it fails)."),
@@ -654,7 +678,7 @@ def recipe_options(fn: Callable) -> Callable:
 def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
     from .artifacts import launch as mm_launch
     keys = ("hardware", "recipe", "engine", "gpus", "port", "tp", "context_length", "dspark", "image",
-            "image_archive", "cache_root", "name")
+            "image_archive", "cache_root", "name", "replicas", "replica_ports", "metrics_port")
     return mm_launch.LaunchOptions(**{k: kw[k] for k in keys}, **extra)
 
 
@@ -667,20 +691,23 @@ def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
 @json_option
 @handles_errors
 def launch(model_dir, expose, api_key_env, fmt, out, json_out, **kw):
-    """Print (or write) the offline start for MODEL_DIR on the given hardware."""
-    from .artifacts import launch as mm_launch
-    plan = mm_launch.plan_launch(model_dir, _launch_options(kw, expose=expose, api_key_env=api_key_env))
-    text = mm_launch.render_script(plan) if fmt == "sh" else json.dumps(mm_launch.plan_document(plan), indent=2) + "\n"
+    """Print (or write) the offline start for MODEL_DIR on the given hardware (replicas behind the router on a node)."""
+    from .artifacts import launch as mm_launch, router as mm_router
+    node = mm_router.plan_node(model_dir, _launch_options(kw, expose=expose, api_key_env=api_key_env))
+    doc = mm_router.node_document(node)
+    text = mm_router.render_node_script(node) if fmt == "sh" else json.dumps(doc, indent=2) + "\n"
     if out is not None:
         mm_launch.write_output(text, out, executable=fmt == "sh")
     if json_out:
-        emit_json({"ok": True, "out": str(out) if out else None, "format": fmt, "plan": mm_launch.plan_document(plan),
+        emit_json({"ok": True, "out": str(out) if out else None, "format": fmt, "plan": doc,
                    **({"script": text} if out is None and fmt == "sh" else {})})
         return
+    plan = node.first
     if out is None:
         click.echo(text, nl=False)
     else:
-        err.print(f"wrote {out} ({plan.recipe.id}, {plan.recipe.status})", markup=False, highlight=False)
+        err.print(f"wrote {out} ({plan.recipe.id}, {plan.recipe.status}, {len(node.replicas)} replica(s))",
+                  markup=False, highlight=False)
     for warning in plan.warnings:
         err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
 
@@ -695,13 +722,13 @@ def launch(model_dir, expose, api_key_env, fmt, out, json_out, **kw):
 @handles_errors
 def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
     """Start the server once so kernel caches compile, run the guide's checks, stop it, write a report."""
-    from .artifacts import launch as mm_launch
+    from .artifacts import router as mm_router
     from .artifacts import warmup as mm_warmup
-    plan = mm_launch.plan_launch(model_dir, _launch_options(kw))
+    node = mm_router.plan_node(model_dir, _launch_options(kw))
     image_png = mm_warmup.read_image_file(image_file) if image_file else None
-    result = mm_warmup.run_warmup(plan, timeout=timeout, image_png=image_png, gpu_info=gpu_info,
+    result = mm_warmup.run_warmup(node, timeout=timeout, image_png=image_png, gpu_info=gpu_info,
                                   progress=progress_for(json_out))
-    report_path = report or mm_warmup.default_report_path(plan)
+    report_path = report or mm_warmup.default_report_path(node.first)
     mm_warmup.write_report(result, report_path)
     if json_out:
         emit_json({"report": str(report_path), **to_jsonable(result)})
@@ -710,15 +737,67 @@ def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
         return
     for check in result.checks:
         mark = "[green]ok[/]" if check.ok else "[red]FAILED[/]"
-        out.print(f"{mark} {check.name}: {escape(check.detail)}")
+        where = f"{escape(check.target)}: " if check.target else ""
+        out.print(f"{mark} {where}{check.name}: {escape(check.detail)}")
     if result.log_tail:
-        err.print(f"last {len(result.log_tail)} log lines of {result.container}:", markup=False)
+        err.print(f"last {len(result.log_tail)} log lines of {', '.join(result.containers)}:", markup=False)
         for line in result.log_tail:
             err.print("  " + line, markup=False, highlight=False, soft_wrap=True)
+    if result.diagnosis:
+        out.print("the guide's troubleshooting table:")
+        _render_findings(result.diagnosis)
     out.print(f"report: {escape(str(report_path))}")
     if not result.ok:
         failed = ", ".join(f"{c.name} ({c.detail})" for c in result.failed)
         raise ProblemsFound(result.error or f"warm-up checks failed: {failed}")
+
+
+@main.command()
+@click.argument("logfile", required=False, type=click.Path(path_type=Path))
+@click.option("--container", default=None, help="Read `docker logs NAME` and its mounts instead of a file.")
+@click.option("--answer", "answers", multiple=True, type=click.Path(path_type=Path),
+              help="A saved HTTP answer or request body (repeatable).")
+@click.option("--model-dir", type=click.Path(path_type=Path), default=None,
+              help="The model directory: adapt each fix to its recipe (with --hardware and the launch options).")
+@click.option("--hardware", default=None, help="With --model-dir: the hardware of the launch.")
+@click.option("--recipe", default=None)
+@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True)
+@click.option("--gpus", callback=_int_list, default=None)
+@click.option("--port", type=int, default=30000, show_default=True)
+@click.option("--cache-root", type=click.Path(path_type=Path), default=None)
+@click.option("--image", default=None)
+@click.option("--host-checks", is_flag=True, help="Also run the table's host checks for that recipe on this host.")
+@click.option("--gpu-info", default=None, help="'NAME, COMPUTE_CAP, DRIVER' lines for the GPU host check.")
+@json_option
+@handles_errors
+def diagnose(logfile, container, answers, model_dir, hardware, recipe, engine, gpus, port, cache_root, image,
+             host_checks, gpu_info, json_out):
+    """Match a server log (or a container's) against the guide's troubleshooting table; exit 1 when a row matches."""
+    from .artifacts import diagnose as mm_diagnose, launch as mm_launch
+    launch = (mm_launch.LaunchOptions(hardware=hardware, recipe=recipe, engine=engine, gpus=gpus, port=port,
+                                      cache_root=cache_root, image=image) if hardware else None)
+    result = mm_diagnose.run_diagnosis(mm_diagnose.DiagnoseRequest(
+        logfile=logfile, container=container, answers=tuple(answers), model_dir=model_dir, launch=launch,
+        host_checks=host_checks, gpu_info=gpu_info))
+    if json_out:
+        emit_json({"ok": result.ok, **to_jsonable(result)})
+    else:
+        _render_findings(result.findings)
+        verdict = (f"{len(result.findings)} row(s) of the guide's troubleshooting table match" if result.findings
+                   else "no row of the guide's troubleshooting table matches")
+        out.print(f"{verdict} ({result.lines_read} lines read{', recipe ' + result.recipe if result.recipe else ''})",
+                  markup=False, highlight=False)
+    if not result.ok:
+        sys.exit(ProblemsFound.exit_code)
+
+
+def _render_findings(findings) -> None:
+    for f in findings:
+        at = f" line {f.line_number}" if f.line_number else ""
+        out.print(f"[red]row {f.guide_row}[/] {escape(f.row)}: {escape(f.symptom)}")
+        out.print(f"  seen in {escape(f.where)}{at}: {escape(f.line)}", highlight=False)
+        out.print(f"  cause: {escape(f.cause)}", highlight=False)
+        out.print(f"  fix: {escape(f.fix)}", highlight=False)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -27,8 +26,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import ContextManager, Iterator, Mapping, Protocol, Sequence
 
-from .errors import BadInput, IntegrityError, MMError, Refused, RemoteError
-from .fsutil import MM_DIR, dir_lock, human_bytes, publish
+from .errors import BadInput, IntegrityError, MMError, RemoteError
+from .fsutil import MM_DIR, dir_lock, publish, require_free_space
 from .hashing import Digests, StreamHasher
 from .manifest import FileEntry, Upstream, entry_from_dict, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
@@ -286,9 +285,7 @@ class Session:
             if not refetch and self.present(f):
                 continue
             needed += f.size - Partial.of(self.local_dir, f).have
-        free = shutil.disk_usage(self.local_dir).free
-        if needed > free:
-            raise Refused(f"{self.local_dir}: not enough free disk: {human_bytes(needed)} to download, {human_bytes(free)} free")
+        require_free_space([(self.local_dir, needed)], "the download")
 
 
 def _failed(f: RemoteFile, source: Source, e: MMError) -> tuple[FileOutcome, None]:

@@ -7,9 +7,9 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
-from .errors import BadInput, Busy
+from .errors import BadInput, Busy, Refused
 
 MM_DIR = ".mm"
 # Files that tools put beside the weights; never payload.
@@ -64,6 +64,35 @@ def publish(partial: Path, final: Path, sync: bool = True, mode: int | None = No
     os.replace(partial, final)
     if sync:
         fsync_dir(final.parent)
+
+
+def publish_fd(fd: int, partial: Path, final: Path, sync: bool = True) -> None:
+    """A file written through FD under PARTIAL: close FD, then publish it (fsync, rename, fsync dir)."""
+    os.close(fd)
+    publish(partial, final, sync)
+
+
+def require_free_space(needs: Iterable[tuple[Path, int]], what: str) -> None:
+    """Refuse up front (exit 7) rather than fail hours later with a full disk.
+
+    NEEDS: (path where bytes will be written, bytes still to write); paths on one file system are added up,
+    and a path not created yet is judged by its nearest existing parent.
+    """
+    import shutil  # here: it pulls in bz2/lzma/zlib, ~6 ms of every start-up
+
+    by_device: dict[int, tuple[Path, int]] = {}
+    for path, need in needs:
+        probe = Path(path)
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        dev = probe.stat().st_dev
+        seen = by_device.get(dev, (probe, 0))
+        by_device[dev] = (seen[0], seen[1] + need)
+    for probe, need in by_device.values():
+        free = shutil.disk_usage(probe).free
+        if need > free:
+            raise Refused(f"{probe}: not enough free disk: {what} needs {human_bytes(need)} more, "
+                          f"{human_bytes(free)} free")
 
 
 @contextmanager

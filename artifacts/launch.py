@@ -53,6 +53,7 @@ class Recipe:
     args: tuple[Arg, ...]
     facts: tuple[str, ...]
     sources: dict[str, str]
+    hicache_host_gb_per_server: float | None = None  # where the guide gives a total instead of --hicache-size
 
     @property
     def id(self) -> str:
@@ -89,6 +90,7 @@ class Engine:
     api_key_flag: str
     caches: tuple[CacheDir, ...]
     msa_jit_env: dict[str, str]
+    router: dict | None = None  # the SGLang router in front of several replicas (module, policy, ...)
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ def load_catalog(path: Path | None = None, pin: Pin | None = None) -> Catalog:
                 caches=tuple(CacheDir(c["name"], c["container"], c.get("env"), tuple(c["families"]))
                              for c in sourced_value(e["caches"], str(path))),
                 msa_jit_env=dict(sourced_value(e["msa_jit_env"], str(path))),
+                router=dict(sourced_value(e["router"], str(path))) if "router" in e else None,
             )
         hardware = {}
         for name, h in doc["hardware"].items():
@@ -187,6 +190,8 @@ def _recipe(r: dict, pin: Pin, path: Path) -> Recipe:
         args=_args(r["args"], where),
         facts=tuple(sourced_value(f, where) for f in r.get("facts", [])),
         sources={k: r[k]["source"] for k in fields},
+        hicache_host_gb_per_server=(float(sourced_value(r["hicache_host_gb_per_server"], where))
+                                    if "hicache_host_gb_per_server" in r else None),
     )
 
 
@@ -208,6 +213,9 @@ class LaunchOptions:
     image_archive: Path | None = None
     cache_root: Path | None = None
     name: str | None = None  # container name; None: the pin's container_name
+    replicas: int | None = None  # None: as many as --gpus holds (see router.plan_node)
+    replica_ports: tuple[int, ...] | None = None
+    metrics_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -293,13 +301,13 @@ def check_combination(catalog: Catalog, recipe: Recipe, opts: LaunchOptions) -> 
         raise Refused(f"recipe {recipe.id} does not use DSpark; pick one that does (e.g. --recipe low-latency)")
     rocm_max = int(catalog.refusals[ROCM_MAX_TP_KEY])
     tp = opts.tp or _recipe_tp(recipe)
-    n_gpus = len(opts.gpus) if opts.gpus else (opts.tp or recipe.gpus)
+    n_gpus = len(opts.gpus) if opts.gpus else (opts.tp or recipe.gpus)  # one replica's GPUs
     if hw.vendor == "amd" and max(tp, n_gpus) > rocm_max:
         raise Refused(
-            f"{recipe.hardware}: ROCm runs the NVFP4 checkpoint at TP {rocm_max} or lower (asked for {max(tp, n_gpus)}); "
-            f"on an 8-GPU node run two TP {rocm_max} servers behind a router: "
-            f"mm launch DIR --hardware {recipe.hardware} --recipe {recipe.name} --gpus 0,1,2,3 --port {opts.port} --name {opts.name}-a "
-            f"and --gpus 4,5,6,7 --port {opts.port + 1} --name {opts.name}-b")
+            f"{recipe.hardware}: ROCm runs the NVFP4 checkpoint at TP {rocm_max} or lower (asked for {max(tp, n_gpus)} "
+            f"in one server); on an 8-GPU node run two TP {rocm_max} servers behind the SGLang router: "
+            f"mm launch DIR --hardware {recipe.hardware} --recipe {recipe.name} --gpus 0,1,2,3,4,5,6,7 "
+            f"(replicas on --gpus 0,1,2,3 and --gpus 4,5,6,7, the router on --port {opts.port})")
     limit = recipe.context_limit or catalog.model_max_context
     if opts.context_length is not None:
         if opts.context_length > limit:
@@ -345,11 +353,23 @@ def check_model_dir(model_dir: Path, recipe: Recipe, pin: Pin) -> tuple[str, str
     return manifest.repo_id, manifest.revision
 
 
-def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = None) -> LaunchPlan:
+def read_identity(model_dir: Path, recipe: Recipe) -> tuple[str, str]:
+    """(repo_id, revision) from the manifest when there is one, else the recipe's weights (no checks)."""
+    try:
+        manifest = read_manifest(manifest_path(model_dir))
+        return manifest.repo_id, manifest.revision
+    except (BadInput, OSError):
+        return recipe.weights_repo, "unknown"
+
+
+def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = None,
+                identity: tuple[str, str] | None = None) -> LaunchPlan:
+    """One server. IDENTITY (repo_id, revision) skips the model-directory checks: the caller made them."""
     catalog = catalog or load_catalog()
     recipe = choose_recipe(catalog, opts)
     model_dir = Path(model_dir).resolve()
-    repo_id, revision = check_model_dir(model_dir, recipe, catalog.pin)  # the model directory first, then the request
+    # the model directory first, then the request
+    repo_id, revision = identity or check_model_dir(model_dir, recipe, catalog.pin)
     opts = replace(opts, name=opts.name or catalog.pin.container_name)
     check_combination(catalog, recipe, opts)
     engine = catalog.engines[recipe.engine]
@@ -474,6 +494,9 @@ def render_script(plan: LaunchPlan) -> str:
     if plan.hardware.vendor == "amd":
         lines.append("# Note: GPU access (--device /dev/kfd /dev/dri, HIP_VISIBLE_DEVICES) follows the ROCm container convention, not the guide.")
     lines += [f"# Warning: {w}" for w in plan.warnings]
+    hicache = hicache_statement(plan, 1)
+    if hicache:
+        lines.append(f"# {hicache}")
     lines += ["set -euo pipefail", ""]
     if plan.revalidate:
         why = ("the guide does not publish the exact command for this recipe (it points to the SGLang configuration "
@@ -481,6 +504,15 @@ def render_script(plan: LaunchPlan) -> str:
         lines += [f"# REVALIDATE: {why}. Check this command against the upstream recipe before serving traffic.",
                   f"echo {shlex.quote(f'WARNING: {r.id}: command must be revalidated against the upstream recipe before serving traffic')} >&2",
                   ""]
+    lines += script_setup(plan, plan.api_key_env if plan.expose else None, "Published on all interfaces",
+                          "Kernel caches persist across starts (MSA, FlashInfer, Triton, DeepGEMM); `mm warmup` fills them.")
+    lines.append(_wrap(docker_run_argv(plan), plan.image))
+    return "\n".join(lines) + "\n"
+
+
+def script_setup(plan: LaunchPlan, api_key_env: str | None, exposed: str, caches: str) -> list[str]:
+    """The lines before the first `docker run`: load the image when absent, demand the API key, make the caches."""
+    lines = []
     if plan.image_archive:
         lines += ["# The image came with the bundle: load it once if this host does not have it yet.",
                   f"if ! docker image inspect {shlex.quote(plan.image)} >/dev/null 2>&1; then",
@@ -488,28 +520,64 @@ def render_script(plan: LaunchPlan) -> str:
                   "fi", ""]
     else:
         lines += [f"# If this host lacks the image: docker load -i <image archive from the bundle> (must provide {plan.image}).", ""]
-    if plan.expose:
-        lines += [f"# Published on all interfaces: clients must send Authorization: Bearer ${plan.api_key_env}.",
-                  f': "${{{plan.api_key_env}:?set {plan.api_key_env} to the API key clients must send (it is not stored in this script)}}"',
+    if api_key_env:
+        lines += [f"# {exposed}: clients must send Authorization: Bearer ${api_key_env}.",
+                  f': "${{{api_key_env}:?set {api_key_env} to the API key clients must send (it is not stored in this script)}}"',
                   ""]
     if plan.cache_mounts:
-        lines += ["# Kernel caches persist across starts (MSA, FlashInfer, Triton, DeepGEMM); `mm warmup` fills them.",
-                  "mkdir -p " + " ".join(shlex.quote(str(m.host)) for m in plan.cache_mounts), ""]
-    lines.append(_wrap(docker_run_argv(plan), plan.image))
-    return "\n".join(lines) + "\n"
+        lines += [f"# {caches}", "mkdir -p " + " ".join(shlex.quote(str(m.host)) for m in plan.cache_mounts), ""]
+    return lines
 
 
-def _wrap(argv: list[Token], image: str) -> str:
+def _wrap(argv: list[Token], image: str, exec_: bool = True) -> str:
     """One flag (with its value) per line, the image and the engine command on their own, like the guide."""
-    lines: list[list[str]] = [["exec"]]
+    lines: list[list[str]] = [["exec"] if exec_ else []]
     after_image = False
     for token in argv:
-        is_flag = isinstance(token, str) and token.startswith("-")
-        if is_flag or token == image or after_image:
+        is_flag = isinstance(token, str) and token.startswith("-") and token != "-m"  # `python3 -m module` stays whole
+        if (is_flag or token == image or after_image) and lines[-1]:
             lines.append([])
         after_image = token == image
         lines[-1].append(_shell(token))
     return " \\\n  ".join(" ".join(line) for line in lines if line)
+
+
+def hicache_statement(plan: LaunchPlan, replicas: int) -> str | None:
+    """HiCache keeps evicted prefixes in host memory; --hicache-size is per rank (guide), so say the node's total."""
+    gb = hicache_host_gb(plan, replicas)
+    if gb is None:
+        return None
+    tp = int(dict(_pairs(plan.engine_argv)).get("--tp") or plan.recipe.gpus)
+    size = dict(_pairs(plan.engine_argv)).get("--hicache-size")
+    if size:
+        how = f"{replicas} replica(s) x {tp} ranks x {size} GB (--hicache-size is per rank)"
+    else:
+        how = f"{replicas} replica(s) x about {plan.recipe.hicache_host_gb_per_server:,.0f} GB per TP {tp} server (the guide's figure at the default HiCache ratio)"
+    return f"HiCache host memory: {how} = {gb:,.0f} GB in total on this host; size host memory before starting."
+
+
+def hicache_host_gb(plan: LaunchPlan, replicas: int) -> float | None:
+    """Host memory the HiCache pools of REPLICAS servers of PLAN take, in GB (None: the recipe has no HiCache)."""
+    args = dict(_pairs(plan.engine_argv))
+    if "--enable-hierarchical-cache" not in args:
+        return None
+    tp = int(args.get("--tp") or plan.recipe.gpus)
+    if args.get("--hicache-size"):
+        return replicas * tp * float(args["--hicache-size"])
+    if plan.recipe.hicache_host_gb_per_server:
+        return replicas * plan.recipe.hicache_host_gb_per_server
+    return None
+
+
+def _pairs(argv) -> list[tuple[str, str | None]]:
+    """(flag, value or None) for an engine argv."""
+    tokens = [str(t) for t in argv]
+    out = []
+    for i, t in enumerate(tokens):
+        if t.startswith("--"):
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+            out.append((t, None if nxt is None or nxt.startswith("--") else nxt))
+    return out
 
 
 def plan_document(plan: LaunchPlan) -> dict:

@@ -32,6 +32,7 @@ class Pin:
     sources: dict[str, str]
     recipes: str | None = None  # the recipes file beside the pin (manifests/<name>), read by launch.recipes_path()
     container_name: str = ""  # default container name for launch and warm-up (default: the pin's name)
+    troubleshooting: str | None = None  # the guide's troubleshooting table beside the pin, read by diagnose.table_path()
 
     @property
     def draft_dir(self) -> str | None:
@@ -51,6 +52,14 @@ def _value(doc: dict, key: str, where: Path):
     return None if entry is None else sourced_value(entry, f"{where}: pin field {key!r}")
 
 
+def _beside(doc: dict, key: str, path: Path) -> str | None:
+    """A pin field naming a data file beside the pin (recipes, troubleshooting)."""
+    name = _value(doc, key, path)
+    if name is not None and (not isinstance(name, str) or "/" in name or not name.endswith(".json")):
+        raise BadInput(f"{path}: pin field {key!r} must name a .json file beside the pin")
+    return name
+
+
 def load_pin_file(path: Path) -> Pin:
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -61,9 +70,7 @@ def load_pin_file(path: Path) -> Pin:
     draft = _value(doc, "draft", path) or {}
     if not isinstance(draft, dict):
         raise BadInput(f"{path}: pin field 'draft' must hold an object with a subfolder")
-    recipes = _value(doc, "recipes", path)
-    if recipes is not None and (not isinstance(recipes, str) or "/" in recipes or not recipes.endswith(".json")):
-        raise BadInput(f"{path}: pin field 'recipes' must name a .json file beside the pin")
+    recipes, troubleshooting = _beside(doc, "recipes", path), _beside(doc, "troubleshooting", path)
     return Pin(
         name=str(doc["name"]),
         repo_id=_value(doc, "repo_id", path),
@@ -75,6 +82,7 @@ def load_pin_file(path: Path) -> Pin:
         sources={k: v["source"] for k, v in doc.items() if isinstance(v, dict) and "source" in v},
         recipes=recipes,
         container_name=_value(doc, "container_name", path) or re.sub(r"[^A-Za-z0-9_.-]", "-", str(doc["name"])),
+        troubleshooting=troubleshooting,
     )
 
 

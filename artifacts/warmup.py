@@ -10,6 +10,7 @@ matching hosts. HTTP goes to 127.0.0.1 only: the server is ours.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 import struct
@@ -21,16 +22,18 @@ import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .cachekey import FILE_NAME as CACHE_KEY_FILE, CacheKey, write_cache_key
+from .diagnose import Finding, diagnose
 from .errors import BadInput, ProblemsFound, Refused
 from .fsutil import atomic_write_json
 from .launch import LaunchPlan, docker_run_argv
 from .progress import NULL_PROGRESS, ProgressSink
+from .router import NodePlan, router_docker_argv
 
 REPORT_SCHEMA = "mm-warmup-report/1"
-CACHE_KEY_SCHEMA = "mm-cache-key/1"
-CACHE_KEY_NAME = "mm-cache-key.json"
 REPORT_NAME = "mm-warmup-report.json"
 DSPARK_LINE = "DSpark draft found in the target checkpoint's dspark/ subfolder"
+RAW_TOKENS = re.compile(r"</?mm:think>|\]<\]minimax\[>\[")  # what the minimax-m3 parsers take out of content
 NVFP4_BACKEND = re.compile(r"nvfp4_to_fp8 backend=(\S+)")
 FAST_NVFP4_BACKEND = "qmul4"
 FIRST_START_WARMUP_TIMEOUT = "1800"  # SGLANG_WARMUP_TIMEOUT: a first start compiles every kernel
@@ -46,17 +49,7 @@ class Check:
     name: str
     ok: bool
     detail: str
-
-
-@dataclass(frozen=True)
-class CacheKey:
-    gpu: str
-    compute_capability: str
-    driver: str
-    image: str
-    recipe: str
-    gpu_count: int
-    schema: str = CACHE_KEY_SCHEMA
+    target: str | None = None  # with replicas: the container (a replica or the router) the check ran against
 
 
 @dataclass(frozen=True)
@@ -75,6 +68,9 @@ class WarmupReport:
     log_tail: tuple[str, ...] = ()
     started: str = ""
     finished: str = ""
+    replicas: int = 1
+    containers: tuple[str, ...] = ()
+    diagnosis: tuple[Finding, ...] = ()  # the troubleshooting rows the logs and failed checks match
     schema: str = REPORT_SCHEMA
 
     @property
@@ -218,22 +214,26 @@ def _message(answer: dict) -> dict:
 
 # --- the guide's checks ----------------------------------------------------------------------
 
-def request_checks(plan: LaunchPlan, image_png: bytes, timeout: float) -> list[Check]:
+def request_checks(plan: LaunchPlan, image_png: bytes, timeout: float, port: int | None = None,
+                   target: str | None = None) -> list[Check]:
     """Quickstart steps 5-7: text, thinking disabled, image input (as a data URI: the host is offline)."""
     base = {"model": plan.container_model_path, "max_tokens": 4096, **plan.sampling}
     checks = []
 
     def run(name: str, body: dict, judge) -> None:
         try:
-            message = _message(chat(plan.port, {**base, **body}, timeout))
+            message = _message(chat(port or plan.port, {**base, **body}, timeout))
         except ProblemsFound as e:
-            checks.append(Check(name, False, e.message))
+            checks.append(Check(name, False, e.message, target))
             return
-        checks.append(judge(message))
+        checks.append(dataclasses.replace(judge(message), target=target))
 
     def has_content(name: str):
         def judge(m: dict) -> Check:
             content = m.get("content")
+            raw = RAW_TOKENS.search(str(content or ""))
+            if raw:  # the guide's troubleshooting row: parsers off, or not the pinned runtime
+                return Check(name, False, f"content holds the raw token {raw.group(0)}: {str(content)[:200]}")
             return Check(name, bool(content and str(content).strip()),
                          f"content: {len(str(content or ''))} chars" if content else "choices[0].message.content is empty")
         return judge
@@ -257,7 +257,7 @@ def request_checks(plan: LaunchPlan, image_png: bytes, timeout: float) -> list[C
     return checks
 
 
-def log_checks(plan: LaunchPlan, log: str) -> list[Check]:
+def log_checks(plan: LaunchPlan, log: str, target: str | None = None) -> list[Check]:
     checks = []
     if plan.recipe.expects_qmul4:
         backends = NVFP4_BACKEND.findall(log)
@@ -271,7 +271,7 @@ def log_checks(plan: LaunchPlan, log: str) -> list[Check]:
         found = DSPARK_LINE in log
         checks.append(Check("dspark-draft", found, "DSpark draft loaded from dspark/" if found
                             else f"log lacks {DSPARK_LINE!r}: the draft was not loaded"))
-    return checks
+    return [dataclasses.replace(c, target=target) for c in checks]
 
 
 # --- the whole warm-up -----------------------------------------------------------------------
@@ -280,8 +280,24 @@ def warmup_name(plan: LaunchPlan) -> str:
     return "mm-warmup-" + plan.recipe.id.replace("/", "-")
 
 
-def run_warmup(plan: LaunchPlan, *, timeout: float = 3600, image_png: bytes | None = None, gpu_info: str | None = None,
-               request_timeout: float = 600, poll: float = 2.0, progress: ProgressSink = NULL_PROGRESS) -> WarmupReport:
+def _diagnosis(plan: LaunchPlan, logs: dict[str, str], error: str | None, checks: list[Check]) -> tuple[Finding, ...]:
+    """The guide's troubleshooting rows that the logs and the failures match (the same as `mm diagnose`)."""
+    failures = [error] if error else []
+    failures += [f"{c.target + ': ' if c.target else ''}{c.name}: {c.detail}" for c in checks if not c.ok]
+    texts = [(f"docker logs {name}", log) for name, log in logs.items()] + [("warm-up failures", "\n".join(failures))]
+    return diagnose(texts, plan=plan).findings
+
+
+def run_warmup(target: LaunchPlan | NodePlan, *, timeout: float = 3600, image_png: bytes | None = None,
+               gpu_info: str | None = None, request_timeout: float = 600, poll: float = 2.0,
+               progress: ProgressSink = NULL_PROGRESS) -> WarmupReport:
+    """One server, or (a NodePlan with a router) every replica and the router."""
+    if isinstance(target, NodePlan):
+        if target.router is not None:
+            return run_node_warmup(target, timeout=timeout, image_png=image_png, gpu_info=gpu_info,
+                                   request_timeout=request_timeout, poll=poll, progress=progress)
+        target = target.first
+    plan = target
     if plan.expose:
         raise BadInput("warm-up publishes on 127.0.0.1 only; leave out --expose")
     started = _now()
@@ -298,7 +314,7 @@ def run_warmup(plan: LaunchPlan, *, timeout: float = 3600, image_png: bytes | No
         raise ProblemsFound(f"docker run failed ({done.returncode}): {_last_line(done.stderr)}")
 
     checks: list[Check] = []
-    error, tail, ready_after = None, (), None
+    error, tail, ready_after, diagnosis = None, (), None, ()
     try:
         try:
             ready_after = wait_healthy(name, plan.port, timeout, poll, progress)
@@ -312,16 +328,114 @@ def run_warmup(plan: LaunchPlan, *, timeout: float = 3600, image_png: bytes | No
             checks += log_checks(plan, log)
         if error or not all(c.ok for c in checks):
             tail = tuple(log.splitlines()[-LOG_TAIL_LINES:])
+            diagnosis = _diagnosis(plan, {name: log}, error, checks)
     finally:
         stop_container(name)
 
+    return _finish(plan, cache_key, ready_after, checks, error, tail, diagnosis, started, container=name, port=plan.port,
+                   containers=(name,))
+
+
+def _finish(plan: LaunchPlan, cache_key: CacheKey, ready_after: float | None, checks: list[Check], error: str | None,
+            tail: tuple[str, ...], diagnosis: tuple[Finding, ...], started: str, **where) -> WarmupReport:
+    """Record the cache key once the caches were filled (the first server answered /health); build the report."""
     if ready_after is not None and plan.cache_root is not None:
-        atomic_write_json(plan.cache_root / CACHE_KEY_NAME, _schema_first(asdict(cache_key)))
-    ok = error is None and all(c.ok for c in checks)
-    return WarmupReport(ok=ok, recipe=plan.recipe.id, status=plan.recipe.status, image=plan.image, container=name,
-                        port=plan.port, cache_root=str(plan.cache_root) if plan.cache_root else None,
+        write_cache_key(plan.cache_root, cache_key)
+    return WarmupReport(ok=error is None and all(c.ok for c in checks), recipe=plan.recipe.id, status=plan.recipe.status,
+                        image=plan.image, cache_root=str(plan.cache_root) if plan.cache_root else None,
                         cache_key=cache_key, ready_after_s=None if ready_after is None else round(ready_after, 1),
-                        checks=tuple(checks), error=error, log_tail=tail, started=started, finished=_now())
+                        checks=tuple(checks), error=error, log_tail=tail, started=started, finished=_now(),
+                        diagnosis=diagnosis, **where)
+
+
+def cache_snapshot(root: Path | None) -> dict[str, tuple[int, int]]:
+    """{relative path: (size, mtime_ns)} of the kernel caches (mm's own files left out)."""
+    if root is None or not root.is_dir():
+        return {}
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name not in (CACHE_KEY_FILE, REPORT_NAME)}
+
+
+def _from_cache_check(before: dict, after: dict, name: str) -> Check:
+    written = sorted(k for k in after if before.get(k) != after[k])
+    if written:
+        return Check("from-cache", False, f"wrote {len(written)} file(s) into the shared kernel cache (compiled again): "
+                     f"{', '.join(written[:5])}", name)
+    return Check("from-cache", True, f"started from the shared kernel cache ({len(after)} files, none written)", name)
+
+
+def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes | None = None, gpu_info: str | None = None,
+                    request_timeout: float = 600, poll: float = 2.0, progress: ProgressSink = NULL_PROGRESS) -> WarmupReport:
+    """Warm replica 0 alone (it compiles into the shared caches), then start each other replica and prove it
+    wrote nothing there, then the router; the guide's checks run on every replica and through the router."""
+    first, router = node.first, node.router
+    started = _now()
+    all_gpus = [g for p in node.replicas for g in p.gpus]
+    node_view = dataclasses.replace(first, gpus=tuple(all_gpus))
+    gpu, cc, driver, count = parse_gpu_info(gpu_info if gpu_info is not None else query_gpus(node_view))
+    check_gpu_family(first, gpu, cc)
+    cache_key = CacheKey(gpu=gpu, compute_capability=cc, driver=driver, image=first.image, recipe=first.recipe.id,
+                         gpu_count=len(first.gpus))
+    base = warmup_name(first)
+    names = [f"{base}-{i}" for i in range(len(node.replicas))]
+    router_name = f"{base}-router"
+    for name in (router_name, *names):
+        _docker(["rm", "-f", name])
+    extra_env = (("SGLANG_WARMUP_TIMEOUT", FIRST_START_WARMUP_TIMEOUT),)
+    checks: list[Check] = []
+    error, ready_after, started_names = None, None, []
+    logs: dict[str, str] = {}
+    tail: tuple[str, ...] = ()
+    diagnosis: tuple[Finding, ...] = ()
+    try:
+        for i, (plan, name) in enumerate(zip(node.replicas, names)):
+            before = cache_snapshot(first.cache_root)
+            progress.note(f"starting replica {i} of {first.recipe.id} as {name} (GPUs {','.join(map(str, plan.gpus))})")
+            done = _docker([str(t) for t in docker_run_argv(plan, detach=True, name=name, extra_env=extra_env)][1:])
+            if done.returncode != 0:
+                error = f"docker run {name} failed ({done.returncode}): {_last_line(done.stderr)}"
+                break
+            started_names.append(name)
+            try:
+                took = wait_healthy(name, plan.port, timeout, poll, progress)
+            except ProblemsFound as e:
+                error = f"replica {i} ({name}): {e.message}"
+                break
+            if i == 0:
+                ready_after = took
+            else:
+                checks.append(_from_cache_check(before, cache_snapshot(first.cache_root), name))
+        if error is None:
+            progress.note(f"starting the router as {router_name} on 127.0.0.1:{router.port}")
+            done = _docker([str(t) for t in router_docker_argv(router, detach=True, name=router_name)][1:])
+            if done.returncode != 0:
+                error = f"docker run {router_name} failed ({done.returncode}): {_last_line(done.stderr)}"
+            else:
+                started_names.append(router_name)
+                try:
+                    wait_healthy(router_name, router.port, timeout, poll, progress)
+                except ProblemsFound as e:
+                    error = f"router ({router_name}): {e.message}"
+        if error is None:
+            png = image_png or tiny_png()
+            for plan, name in zip(node.replicas, names):
+                checks += request_checks(plan, png, request_timeout, target=name)
+            checks += request_checks(first, png, request_timeout, port=router.port, target=router_name)
+        logs = {name: container_logs(name) for name in started_names}
+        if error is None:
+            for plan, name in zip(node.replicas, names):
+                checks += log_checks(plan, logs[name], target=name)
+        if error or not all(c.ok for c in checks):
+            failing = {c.target for c in checks if not c.ok} or {started_names[-1] if started_names else names[0]}
+            tail = tuple(f"{name}: {line}" for name in started_names if name in failing
+                         for line in logs.get(name, "").splitlines()[-LOG_TAIL_LINES:])
+            diagnosis = _diagnosis(first, logs, error, checks)
+    finally:
+        for name in reversed(started_names):  # the router first
+            stop_container(name)
+
+    return _finish(first, cache_key, ready_after, checks, error, tail, diagnosis, started, container=router_name,
+                   port=router.port, replicas=len(node.replicas), containers=tuple(names) + (router_name,))
 
 
 def default_report_path(plan: LaunchPlan) -> Path:

@@ -14,15 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.bundle import create_bundle
-from mm.artifacts.bundle_verify import verify_volumes
-from mm.artifacts.bundle_format import b3, find_volumes, open_volume, parse_size
-from mm.artifacts.bundle_unpack import check_free_space, unbundle
-from mm.artifacts.errors import BadInput, Refused
 from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.bundle import payloads
+from mm.artifacts.bundle.check import verify_volumes
+from mm.artifacts.bundle.payloads import PAYLOAD_KINDS
+from mm.artifacts.bundle.format import b3, parse_size
+from mm.artifacts.bundle.pack import create_bundle
+from mm.artifacts.bundle.unpack import Outcome, Places, check_free_space, unbundle
+from mm.artifacts.bundle.volume import find_volumes, open_volume
+from mm.artifacts.cachekey import CacheKey, write_cache_key
+from mm.artifacts.errors import BadInput, Refused
 from mm.artifacts.manifest import manifest_path, read_manifest
 from tests.support.modelgen import write_model
 from tests.support.run import mm_argv, run_mm
+from tests.support.slowio import slow_io_env
 
 VOLUME_SIZE = 500_000  # smaller than every shard: shards are split across volumes
 REVISION = "ce7f4df87d2e05262f5775f373dac4772f134041"
@@ -291,22 +296,22 @@ def test_flipped_byte_is_named_by_verify_and_refused_by_unbundle_while_the_rest_
     vs = copy_volumes(vols, out)
     victim = vs[-1]  # holds whole small files after the last shard piece
     vol = open_volume(victim)
-    target = next(e for e in vol.entries() if e["segments"] == 1)
-    info = vol.data[target["member"]]
+    target = next(e for e in vol.entries() if e.segments == 1)
+    info = vol.data[target.member]
     data = bytearray(victim.read_bytes())
     data[info.offset_data + info.size // 2] ^= 0x01
     victim.write_bytes(bytes(data))
 
     r = run_mm("bundle", "verify", out)
     assert r.returncode == 1
-    assert f"CORRUPT  {victim}" in r.stdout and target["member"] in r.stdout
+    assert f"CORRUPT  {victim}" in r.stdout and target.member in r.stdout
     assert r.stdout.count("OK ") == len(vs) - 1
 
     dest = tmp_path / "dest"
     r = run_mm("unbundle", out, "--dest", dest)
     assert r.returncode == 5
-    assert victim.name in r.stderr and target["member"] in r.stderr
-    assert not (dest / target["path"]).exists()
+    assert victim.name in r.stderr and target.member in r.stderr
+    assert not (dest / target.path).exists()
     good = tree(model)
     imported = {k: v for k, v in tree(dest).items() if k != ".mm/manifest.json" and not k.startswith(".mm/unbundle")}
     assert imported and all(good[k] == v for k, v in imported.items())
@@ -342,7 +347,7 @@ def test_truncated_volume_is_refused_by_unbundle_while_the_rest_imports(model, v
     with open(vs[-1], "r+b") as f:
         f.truncate(vs[-1].stat().st_size - 3000)
     report = unbundle([out], tmp_path / "dest")
-    assert report.exit_code == 5 and not report.complete
+    assert report.outcome is Outcome.REFUSED and not report.complete
     assert report.corrupt and all(vs[-1].name in line for line in report.corrupt)
     good = tree(model)
     assert all(good[k] == v for k, v in tree(tmp_path / "dest").items() if not k.startswith(".mm/unbundle"))
@@ -389,10 +394,8 @@ def test_import_in_two_sittings_names_what_is_missing_and_does_not_rewrite(model
 
 
 def test_unbundle_refuses_when_free_space_is_short(tmp_path):
-    from mm.artifacts.bundle_unpack import _Dest
-
-    with pytest.raises(Refused, match="not enough free space"):
-        check_free_space(_Dest(tmp_path / "dest", None, None), {"model": 10**18})
+    with pytest.raises(Refused, match="not enough free disk"):
+        check_free_space(Places(tmp_path / "dest"), {"model": 10**18})
 
 
 def test_unbundle_refuses_a_dest_holding_another_model(vols, other_vols, tmp_path):
@@ -425,7 +428,7 @@ def test_hostile_member_is_refused_and_nothing_outside_dest_changes(case, vols, 
     sentinel.write_text("original")
     before = sorted(p.name for p in tmp_path.iterdir())
     report = unbundle([out], tmp_path / "dest")
-    assert report.exit_code == 5
+    assert report.outcome is Outcome.REFUSED
     assert any(crafted.name in line and repr(info.name) in line for line in report.refused)
     assert sentinel.read_text() == "original"
     assert not Path("/tmp/mm-bundle-test-absolute-sentinel").exists()
@@ -455,7 +458,7 @@ def test_index_path_escaping_dest_is_refused(vols, tmp_path):
     rewrite_volume(vols / vs[-1].name, vs[-1], edit_index=escape)
     (tmp_path / "sentinel.txt").write_text("original")
     report = unbundle([out], tmp_path / "dest")
-    assert report.exit_code == 5
+    assert report.outcome is Outcome.REFUSED
     assert any(vs[-1].name in line and "unsafe path" in line for line in report.refused)
     assert (tmp_path / "sentinel.txt").read_text() == "original"
 
@@ -468,6 +471,46 @@ def test_index_payload_name_escaping_dest_is_refused(vols, tmp_path):
     report = verify_volumes([vs[0]])
     assert report.verdicts[0].status == "CORRUPT"
     assert "unsafe path" in report.verdicts[0].problems[0] and vs[0].name in report.verdicts[0].problems[0]
+
+
+MALFORMED = {
+    "offset as a string": lambda doc: doc["members"][-1].update(offset="0"),
+    "negative length": lambda doc: doc["members"][-1].update(length=-1),
+    "segment zero": lambda doc: doc["members"][-1].update(segment=0),
+    "blake3 not hex": lambda doc: doc["members"][-1].update(blake3="zz" * 32),
+    "members not a list": lambda doc: doc.update(members={"a": 1}),
+    "member not an object": lambda doc: doc["members"].append(["model/x", 1]),
+    "volume as a bool": lambda doc: doc.update(volume=True),
+    "kernel caches not a list": lambda doc: doc["payloads"].update(kernel_caches="x"),
+    "cache key not an object": lambda doc: doc["payloads"].update(
+        kernel_caches=[{"label": "c", "key": "gpu=B300", "files": []}]),
+    "image size negative": lambda doc: doc["payloads"].update(image={"file": "i.tar", "size": -5, "refs": []}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_index_is_refused_naming_the_volume_without_a_traceback(case, vols, tmp_path):
+    out = tmp_path / "vols"
+    vs = copy_volumes(vols, out)
+    rewrite_volume(vols / vs[-1].name, vs[-1], edit_index=MALFORMED[case])
+    report = verify_volumes([vs[-1]])
+    assert report.verdicts[0].status == "CORRUPT"
+    assert report.verdicts[0].problems[0].startswith(f"{vs[-1].name}: MMBUNDLE/index-vol")
+    assert "malformed index" in report.verdicts[0].problems[0] or "unsafe path" in report.verdicts[0].problems[0]
+    r = run_mm("unbundle", out, "--dest", tmp_path / "dest")
+    assert r.returncode == 5 and "Traceback" not in r.stderr
+    assert any(line.startswith(f"refused: {vs[-1].name}: ") for line in r.stderr.splitlines())
+
+
+def test_unbundle_json_names_the_outcome_and_its_exit_code(vols, tmp_path):
+    out = tmp_path / "vols"
+    vs = copy_volumes(vols, out)
+    rewrite_volume(vols / vs[-1].name, vs[-1], extra=[HOSTILE["device"]])
+    r = run_mm("unbundle", out, "--dest", tmp_path / "dest", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 5 and (doc["outcome"], doc["exit_code"], doc["ok"]) == ("refused", 5, False)
+    r = run_mm("unbundle", vols, "--dest", tmp_path / "clean", "--json")
+    assert r.returncode == 0 and (json.loads(r.stdout)["outcome"], json.loads(r.stdout)["exit_code"]) == ("imported", 0)
 
 
 def test_index_size_disagreeing_with_tar_header_is_refused(vols, tmp_path):
@@ -487,15 +530,12 @@ def test_two_different_volumes_claiming_the_same_number_are_both_refused(vols, t
     twin = out / ("twin-" + vs[1].name)
     rewrite_volume(vols / vs[1].name, twin, edit_index=lambda doc: doc.update(note="forged"))
     report = unbundle([out], tmp_path / "dest")
-    assert report.exit_code == 5
+    assert report.outcome is Outcome.REFUSED
     claims = [line for line in report.refused if "claims volume 2" in line]
     assert len(claims) == 2 and {twin.name, vs[1].name} <= set(" ".join(claims).replace(",", " ").split())
 
 
 # --- kill -9 ----------------------------------------------------------------------------------------
-
-SLOW = {"MM_TEST_IO_CHUNK": "4096", "MM_TEST_IO_DELAY": "0.003"}
-
 
 def _kill_when(proc: subprocess.Popen, ready) -> None:
     deadline = time.monotonic() + 60
@@ -511,7 +551,7 @@ def test_kill_9_during_bundle_then_rerun_gives_the_same_volumes(model, vols, tmp
     out = tmp_path / "vols"
     out.mkdir()
     proc = subprocess.Popen(mm_argv("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE),
-                            env={**os.environ, **SLOW}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env={**os.environ, **slow_io_env(tmp_path)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _kill_when(proc, lambda: any(".vol002-" in p.name and p.name.endswith(".partial") for p in out.iterdir())
                and len(volumes_in(out)) == 1)  # volume 1 published (its fsync runs beside volume 2's writing)
     assert len(volumes_in(out)) == 1  # only the finished volume has a final name
@@ -525,7 +565,7 @@ def test_kill_9_during_bundle_then_rerun_gives_the_same_volumes(model, vols, tmp
 def test_kill_9_during_unbundle_then_rerun_completes(model, vols, tmp_path):
     dest = tmp_path / "dest"
     partials = dest / ".mm" / "unbundle" / "partial"
-    proc = subprocess.Popen(mm_argv("unbundle", vols, "--dest", dest), env={**os.environ, **SLOW},
+    proc = subprocess.Popen(mm_argv("unbundle", vols, "--dest", dest), env={**os.environ, **slow_io_env(tmp_path)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _kill_when(proc, lambda: (dest / "config.json").exists() and partials.is_dir() and any(partials.iterdir()))
     good = tree(model)
@@ -572,6 +612,44 @@ def test_image_and_kernel_cache_payloads_round_trip(model, payload_bundle, tmp_p
     assert f"docker load -i {tmp_path / 'images' / 'sglang.tar'}" in doc["next_commands"]
     assert any(f"{caches / 'minfer'}:/root/.cache/minfer" in c for c in doc["next_commands"])
     assert doc["verify"]["ok"] is True
+
+
+def test_the_cache_key_warmup_writes_is_the_key_bundle_carries(model, tmp_path):
+    cache = kernel_cache(tmp_path / "minfer", keyed=False)
+    key = CacheKey(gpu="NVIDIA B300", compute_capability="10.3", driver="590.44",
+                   image="lmsysorg/sglang@sha256:" + "6" * 64, recipe="balanced", gpu_count=4)
+    write_cache_key(cache, key)  # what `mm warmup` does once the caches are compiled
+    result = create_bundle(model, tmp_path / "vols", "2M", payloads={"kernel-cache": [cache]})
+    assert result.payloads["kernel_caches"] == [{"label": "minfer", "key": key.document(), "files": 3}]
+    assert not result.notes
+
+
+def test_a_new_payload_kind_is_one_table_entry(model, tmp_path, monkeypatch):
+    wheels = payloads.PayloadKind("wheelhouse", "wheelhouses", True, payloads.KernelCachePayload,
+                                  "--wheelhouse", "wheels to carry", "--wheel-dest", "wheelhouse", "where wheels go")
+    monkeypatch.setattr(payloads, "PAYLOAD_KINDS", (*payloads.PAYLOAD_KINDS, wheels))
+    monkeypatch.setattr(payloads, "BY_KIND", {**payloads.BY_KIND, wheels.kind: wheels})
+    monkeypatch.setitem(payloads.PREFIXES, wheels.kind, wheels.prefix)
+    house = tmp_path / "wheels"
+    house.mkdir()
+    (house / "mm-0.1.0-py3-none-any.whl").write_bytes(os.urandom(30_000))
+    result = create_bundle(model, tmp_path / "vols", "2M", payloads={"wheelhouse": [house]})
+    assert result.payloads["wheelhouses"] == [{"label": "wheels", "key": None, "files": 1}]
+    vol = volumes_in(tmp_path / "vols")[-1]
+    assert "payload/wheelhouse/wheels/mm-0.1.0-py3-none-any.whl" in tarfile.open(vol).getnames()
+    report = unbundle([tmp_path / "vols"], tmp_path / "dest")
+    assert report.ok and report.complete
+    placed = tmp_path / "dest.payload" / "wheelhouse" / "wheels"
+    assert tree(placed) == tree(house) and report.payloads["wheelhouses"][0]["path"] == str(placed)
+    assert not (tmp_path / "dest.payload" / "wheelhouse" / ".mm-partial").exists()
+
+
+def test_every_payload_kind_has_its_options_and_its_own_place(model):
+    bundle_help, unbundle_help = run_mm("bundle", "create", "--help").stdout, run_mm("unbundle", "--help").stdout
+    for k in PAYLOAD_KINDS:
+        assert k.source_option in bundle_help and k.dest_option in unbundle_help
+    prefixes = [k.prefix for k in PAYLOAD_KINDS]
+    assert len(set(prefixes)) == len(prefixes) and all(p.startswith("payload/") for p in prefixes)
 
 
 def test_standard_tools_restore_following_restore_txt(model, payload_bundle, tmp_path):

@@ -347,10 +347,12 @@ def test_dspark_on_h200_is_refused_with_the_h200_recipe_instead(model_dir):
 
 
 def test_tp_above_4_on_rocm_is_refused_with_two_tp4_servers_advice(model_dir):
-    for extra in (["--tp", "8"], ["--gpus", "0,1,2,3,4,5,6,7"]):
+    # One server on 8 ROCm GPUs is refused (8 GPUs without --replicas 1 become two replicas: tests/test_launch_node.py).
+    for extra in (["--tp", "8"], ["--gpus", "0,1,2,3,4,5,6,7", "--replicas", "1"]):
         r = mm("launch", model_dir, "--hardware", "mi355x", "--image", ROCM_IMAGE, *extra)
         assert r.returncode == 7, r.stderr
-        assert "TP 4 or lower" in r.stderr and "two TP 4 servers" in r.stderr and "--gpus 4,5,6,7" in r.stderr
+        assert "TP 4 or lower" in r.stderr and "two TP 4 servers behind the SGLang router" in r.stderr
+        assert "--gpus 0,1,2,3,4,5,6,7" in r.stderr and "--gpus 4,5,6,7" in r.stderr
 
 
 def test_context_above_the_recipes_limit_is_refused(model_dir):

@@ -2,8 +2,14 @@
 
 `install(bin_dir, state_dir)` writes `bin_dir/docker`; put bin_dir first on PATH. Implemented:
 `run` (detached: starts a real HTTP server on 127.0.0.1 at the published port; with nvidia-smi as
-entrypoint: prints GPU info), `logs`, `inspect -f {{.State.Running}}`, `stop`, `rm [-f]`,
-`image inspect`. Every call is appended to STATE/calls.jsonl for assertions.
+entrypoint: prints GPU info), `logs`, `inspect -f {{.State.Running}}` and `-f {{json .Mounts}}`, `stop`/`rm [-f]` of one or more containers, `image inspect`.
+A run without -d stays in the foreground until the container stops (`docker stop` from elsewhere, or a
+signal to this process, which it passes on). Every call is appended to STATE/calls.jsonl for assertions.
+
+A container whose command is `python3 -m sglang_router.launch_router` is a fake SGLang router: it needs
+`--network host` (it reaches the replicas on 127.0.0.1), binds 127.0.0.1 whatever --host says (tests never
+bind elsewhere), answers /health, and forwards /v1/chat/completions to --worker-urls in turn, requiring
+`Authorization: Bearer <--api-key>` when a key is given.
 
 The server answers like SGLang: `/health`, `/v1/chat/completions` with `reasoning_content`. It checks
 what the real one would need (model mounted read-only at --model-path, HF_HUB_OFFLINE=1), writes a
@@ -13,20 +19,28 @@ Behaviour for scenarios, from the environment (docker passes the caller's enviro
   FAKE_SGLANG_NVFP4_BACKEND=NAME   log `nvfp4_to_fp8 backend=NAME` (default qmul4)
   FAKE_SGLANG_REASONING_ALWAYS=1   return reasoning_content even with thinking disabled
   FAKE_GPU_INFO="NAME, CC, DRIVER" what nvidia-smi prints for each GPU (default a B300)
+  FAKE_SGLANG_ALWAYS_COMPILE=1     write the kernel caches at every start (default: only when empty, like a cache)
+  FAKE_SGLANG_LOG_LINES="a|b"      extra lines the server logs at start (to feed `mm diagnose`)
+  FAKE_SGLANG_EXIT_AFTER_LOG=1     exit (code 1) right after logging them, before serving
 """
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-VALUE_OPTIONS = {"--name", "--gpus", "--shm-size", "-p", "-e", "-v", "--entrypoint", "--device", "--group-add", "-f", "--format"}
+VALUE_OPTIONS = {"--name", "--gpus", "--shm-size", "-p", "-e", "-v", "--entrypoint", "--device", "--group-add", "-f", "--format",
+                 "--pull", "--network"}
+ROUTER_MODULE = "sglang_router.launch_router"
 DSPARK_LINE = "DSpark draft found in the target checkpoint's dspark/ subfolder"
 
 
@@ -99,16 +113,20 @@ def cmd_run(args: list[str]) -> int:
     if _container(name).exists():
         print(f'docker: Error response from daemon: Conflict. The container name "/{name}" is already in use.', file=sys.stderr)
         return 125
-    if "-d" not in opts["flags"]:
-        print("fake docker: only detached runs are supported", file=sys.stderr)
-        return 125
     log = _state() / f"{name}.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, __file__, "_serve", name], stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={**os.environ})
     _container(name).write_text(json.dumps({"pid": proc.pid, "opts": opts}))
-    print(f"{abs(hash(name)):064x}"[:64])
-    return 0
+    if "-d" in opts["flags"]:
+        print(f"{abs(hash(name)):064x}"[:64])
+        return 0
+    # Foreground: like docker's sig-proxy, pass INT/TERM on to the container; return when it stops.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: _kill(proc.pid))
+    code = proc.wait()
+    sys.stdout.write(log.read_text())
+    return code
 
 
 def cmd_logs(args: list[str]) -> int:
@@ -125,7 +143,15 @@ def cmd_inspect(args: list[str]) -> int:
     if not path.exists():
         print(f"Error: No such object: {args[-1]}", file=sys.stderr)
         return 1
-    print("true" if _alive(json.loads(path.read_text())["pid"]) else "false")
+    state = json.loads(path.read_text())
+    if "{{json .Mounts}}" in args:
+        mounts = []
+        for spec in state["opts"]["volumes"]:
+            host, container, *mode = spec.split(":")
+            mounts.append({"Type": "bind", "Source": host, "Destination": container, "RW": mode != ["ro"]})
+        print(json.dumps(mounts))
+        return 0
+    print("true" if _alive(state["pid"]) else "false")
     return 0
 
 
@@ -141,37 +167,52 @@ def _kill(pid: int) -> None:
     os.killpg(pid, signal.SIGKILL)
 
 
+def _each_container(args: list[str], act) -> int:
+    """Run ACT(name, path) for every container named in ARGS, like docker: one error line per unknown name."""
+    code = 0
+    for name in [a for a in args if not a.startswith("-")]:
+        path = _container(name)
+        if not path.exists():
+            print(f"Error response from daemon: No such container: {name}", file=sys.stderr)
+            code = 1
+        elif act(name, path):
+            print(name)
+        else:
+            code = 1
+    return code
+
+
 def cmd_stop(args: list[str]) -> int:
-    path = _container(args[-1])
-    if not path.exists():
-        print(f"Error response from daemon: No such container: {args[-1]}", file=sys.stderr)
-        return 1
-    _kill(json.loads(path.read_text())["pid"])
-    print(args[-1])
-    return 0
+    return _each_container(args, lambda name, path: _kill(json.loads(path.read_text())["pid"]) or True)
 
 
 def cmd_rm(args: list[str]) -> int:
-    path = _container(args[-1])
-    if not path.exists():
-        print(f"Error response from daemon: No such container: {args[-1]}", file=sys.stderr)
-        return 1
-    pid = json.loads(path.read_text())["pid"]
-    if _alive(pid):
-        if "-f" not in args:
-            print("Error response from daemon: cannot remove a running container", file=sys.stderr)
-            return 1
-        _kill(pid)
-    path.unlink()
-    (_state() / f"{args[-1]}.log").unlink(missing_ok=True)
-    print(args[-1])
-    return 0
+    def remove(name: str, path: Path) -> bool:
+        pid = json.loads(path.read_text())["pid"]
+        if _alive(pid):
+            if "-f" not in args:
+                print("Error response from daemon: cannot remove a running container", file=sys.stderr)
+                return False
+            _kill(pid)
+        path.unlink()
+        (_state() / f"{name}.log").unlink(missing_ok=True)
+        return True
+    return _each_container(args, remove)
 
 
 # --- the fake SGLang server -------------------------------------------------------------------
 
 def _arg(command: list[str], flag: str) -> str | None:
     return command[command.index(flag) + 1] if flag in command else None
+
+
+class _JSONHandler(BaseHTTPRequestHandler):
+    def _send_bytes(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
 
 def serve(name: str) -> None:
@@ -183,6 +224,8 @@ def serve(name: str) -> None:
         opts = json.loads(_container(name).read_text())["opts"] if _container(name).exists() else None
     command = opts["command"]
     log = lambda line: print(line, flush=True)  # noqa: E731
+    if ROUTER_MODULE in command:
+        return serve_router(opts, log)
     mounts = {}
     for spec in opts["volumes"]:
         host, container, *mode = spec.split(":")
@@ -194,28 +237,33 @@ def serve(name: str) -> None:
     if model_path not in mounts or not mounts[model_path][1] or not (mounts[model_path][0] / "config.json").is_file():
         log(f"ERROR: --model-path {model_path} is not a read-only mount of a model directory")
         sys.exit(1)
+    always_compile = os.environ.get("FAKE_SGLANG_ALWAYS_COMPILE") == "1"
     for container, (host, read_only) in mounts.items():
-        if not read_only:  # a kernel cache: "compile" into it
+        if not read_only:  # a kernel cache: compile into it on a miss, load from it on a hit
             host.mkdir(parents=True, exist_ok=True)
-            (host / "fake-kernel.bin").write_bytes(b"compiled")
+            kernel = host / "fake-kernel.bin"
+            if kernel.exists() and not always_compile:
+                log(f"kernel cache hit: {container}")
+            else:
+                kernel.write_bytes(b"compiled")
+                log(f"compiled kernels into {container}")
     log(f"server_args: {' '.join(command)}")
+    for line in filter(None, os.environ.get("FAKE_SGLANG_LOG_LINES", "").split("|")):
+        log(line)
+    if os.environ.get("FAKE_SGLANG_EXIT_AFTER_LOG") == "1":
+        sys.exit(1)
     log(f"nvfp4_to_fp8 backend={os.environ.get('FAKE_SGLANG_NVFP4_BACKEND', 'qmul4')}")
     if _arg(command, "--speculative-algorithm") == "DSPARK" and (mounts[model_path][0] / "dspark").is_dir():
         log(DSPARK_LINE)
     never_ready = os.environ.get("FAKE_SGLANG_NEVER_READY") == "1"
     reasoning_always = os.environ.get("FAKE_SGLANG_REASONING_ALWAYS") == "1"
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(_JSONHandler):
         def log_message(self, fmt, *args):
             log("http: " + fmt % args)
 
         def _send(self, code: int, doc: dict) -> None:
-            body = json.dumps(doc).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self._send_bytes(code, json.dumps(doc).encode())
 
         def do_GET(self):
             if self.path == "/health":
@@ -249,6 +297,52 @@ def serve(name: str) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     signal.signal(signal.SIGTERM, lambda *_: (log("shutting down"), os._exit(0)))
     log(f"Uvicorn running on http://0.0.0.0:{port}")
+    server.serve_forever()
+
+
+# --- the fake SGLang router ---------------------------------------------------------------------
+
+def serve_router(opts: dict, log) -> None:
+    command = opts["command"]
+    if opts.get("network") != "host":
+        log("ERROR: the router cannot reach replicas published on the host's 127.0.0.1 without --network host")
+        sys.exit(1)
+    if opts["env"].get("HF_HUB_OFFLINE") != "1" or opts.get("pull") != "never":
+        log("ERROR: the router must start offline (--pull never, HF_HUB_OFFLINE=1)")
+        sys.exit(1)
+    start = command.index("--worker-urls") + 1
+    workers = list(itertools.takewhile(lambda t: not t.startswith("--"), command[start:]))
+    api_key = _arg(command, "--api-key")
+    turn = itertools.cycle(workers)
+    log(f"router: policy={_arg(command, '--policy')} workers={','.join(workers)} host={_arg(command, '--host')}")
+
+    class Handler(_JSONHandler):
+        def log_message(self, fmt, *args):
+            log("http: " + fmt % args)
+
+        _send = _JSONHandler._send_bytes
+
+        def do_GET(self):
+            self._send(200, b"{}") if self.path == "/health" else self._send(404, b'{"error": "not found"}')
+
+        def do_POST(self):
+            if api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
+                return self._send(401, b'{"error": "unauthorized"}')
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            worker = next(turn)
+            log(f"routed {self.path} to {worker}")
+            request = urllib.request.Request(worker + self.path, data=body, method="POST",
+                                             headers={"Content-Type": "application/json"})
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            try:
+                with opener.open(request, timeout=60) as answer:
+                    self._send(answer.status, answer.read())
+            except urllib.error.HTTPError as e:
+                self._send(e.code, e.read())
+
+    server = ThreadingHTTPServer(("127.0.0.1", int(_arg(command, "--port"))), Handler)
+    signal.signal(signal.SIGTERM, lambda *_: (log("router shutting down"), os._exit(0)))
+    log(f"router listening on 127.0.0.1:{_arg(command, '--port')}")
     server.serve_forever()
 
 

@@ -1,4 +1,4 @@
-"""Stand-in modules so that SGLang 0.5.23's argument parser imports without a GPU stack.
+"""Stand-in modules so that SGLang 0.5.23's (and sglang-router's) argument parser imports without a GPU stack.
 
 Only the parser test's subprocess installs these (`install()`); nothing imports them globally.
 The pattern follows SGLang's own `sglang/_platform_stubs.py`: every attribute of a stub module is
@@ -15,7 +15,8 @@ import types
 # Top-level packages SGLang's server_args imports at module level that a CPU test venv lacks.
 # (numpy, msgspec and the standard library are real.)
 STUBBED = ("torch", "triton", "orjson", "psutil", "pybase64", "PIL", "starlette", "pydantic_core", "pydantic",
-           "zmq", "IPython", "aiohttp")
+           "zmq", "IPython", "aiohttp",
+           "setproctitle", "fastapi", "uvicorn")  # what sglang_router.launch_router imports besides its own Rust parser
 
 # Backends SGLang probes with hasattr(): absent, so it does not take the NPU/MUSA/HPU paths.
 ABSENT = {"torch.npu", "torch.musa", "torch.hpu", "torch.mlu"}
@@ -40,6 +41,11 @@ class _StubMeta(abc.ABCMeta):
 class _StubBase(metaclass=_StubMeta):
     def __init__(self, *args, **kwargs):
         pass
+
+    def __getattr__(self, name):  # instances too: `app = FastAPI(); @app.get("/health")`
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return _stub_value(f"{type(self).__module__}.{type(self).__name__}", name)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -11,9 +11,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bundle_format import HASH_THREADS, ChunkPipe, Volume, find_volumes, open_volume
-from .hashing import StreamHasher
-from .progress import NULL_PROGRESS, ProgressSink
+from ..hashing import StreamHasher
+from ..progress import NULL_PROGRESS, ProgressSink
+from .copyio import HASH_THREADS, ChunkPipe
+from .volume import Volume, find_volumes, open_volume
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,10 @@ def conflicting_numbers(vols: list[Volume], bundle_id: str | None) -> dict[int, 
 def check_data(vol: Volume, pipe: ChunkPipe, progress: ProgressSink = NULL_PROGRESS) -> None:
     """Hash every member the index lists; record mismatches in vol.damaged."""
     for e in vol.entries():
-        info = vol.data.get(e["member"])
-        if info is not None and _span_b3(vol.path, info, pipe, progress) != e["blake3"]:
-            vol.damaged[e["member"]] = "blake3 mismatch"
-    for name, want in vol.index.get("meta", {}).items():
+        info = vol.data.get(e.member)
+        if info is not None and _span_b3(vol.path, info, pipe, progress) != e.blake3:
+            vol.damaged[e.member] = "blake3 mismatch"
+    for name, want in vol.index.meta.items():
         info = vol.meta.get(name)
         if info is not None and _span_b3(vol.path, info, pipe, progress) != want:
             vol.damaged[name] = "blake3 mismatch"
@@ -90,11 +91,11 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
         pipe.close()
     progress.end()
     ref_vol = next((v for v in vols if v.bundle_id == ref and v.index), None)
-    count = int(ref_vol.index["volumes"]) if ref_vol else None
+    count = ref_vol.index.volumes if ref_vol else None
     present = {v.number for v in vols if v.bundle_id == ref and v.index}
     missing = sorted(set(range(1, (count or 0) + 1)) - present)
     return BundleVerifyReport(all(x.status == "OK" for x in verdicts), ref,
-                              ref_vol.index["name"] if ref_vol else None, count, verdicts, missing)
+                              ref_vol.index.name if ref_vol else None, count, verdicts, missing)
 
 
 def _verdict(v: Volume, ref: str | None, conflicts: dict[int, list[Volume]]) -> VolumeVerdict:
@@ -105,8 +106,8 @@ def _verdict(v: Volume, ref: str | None, conflicts: dict[int, list[Volume]]) -> 
         problems.append(f"{v.path.name}: claims volume {v.number}, as does {', '.join(others)} with a different index")
     if v.index is not None and v.bundle_id != ref:
         status = "FOREIGN"
-        problems.insert(0, f"{v.path.name}: belongs to bundle {v.bundle_id} ({v.index.get('name')}), not {ref}")
+        problems.insert(0, f"{v.path.name}: belongs to bundle {v.bundle_id} ({v.index.name}), not {ref}")
     else:
         status = "CORRUPT" if problems else "OK"
-    idx = v.index or {}
-    return VolumeVerdict(str(v.path), status, v.bundle_id, idx.get("volume"), idx.get("volumes"), problems)
+    return VolumeVerdict(str(v.path), status, v.bundle_id, v.index.volume if v.index else None,
+                         v.index.volumes if v.index else None, problems)

@@ -1,8 +1,9 @@
 """mm bundle: pack a verified model (plus optional payloads) into tar volumes sized to the media, each volume
-checkable on its own (bundle_verify.py) and importable in any order (bundle_unpack.py).
+checkable on its own (check.py) and importable in any order (unpack.py).
 
-The volume format is described in bundle_format.py. Writing reads each source byte once: the bytes are
-hashed (blake3 of each piece, and of the whole file against the manifest) on their way into the volume.
+The volume format is described in format.py and index.py; what rides beside the model in payloads.py.
+Writing reads each source byte once: the bytes are hashed (blake3 of each piece, and of the whole file
+against the manifest) on their way into the volume.
 A volume is written under a temporary name, fsynced and renamed, so a killed run leaves only whole
 volumes; the rerun keeps those that still verify and continues with the rest. With sync=False (a staging
 disk copied from with other tools) volumes are renamed without fsync: the rerun still re-checks every
@@ -14,8 +15,8 @@ Decisions where the issue is silent:
   than MIN_PIECE is left, in which case it starts in the next volume.
 - Payload files (image archive, kernel caches) have no manifest: their whole-file sha256 and blake3 are
   computed while they are written and recorded in the index of the volume holding their last byte.
-- A kernel cache's key comes from `mm-cache-key.json` inside it, else from `--cache-key KEY=VALUE`; with
-  neither it is bundled as unkeyed and the result says so.
+- A kernel cache's key comes from `mm-cache-key.json` inside it (cachekey.py), else from `--cache-key
+  KEY=VALUE`; with neither it is bundled as unkeyed and the result says so.
 """
 from __future__ import annotations
 
@@ -24,28 +25,29 @@ import json
 import os
 import re
 import shlex
-import tarfile
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
-from .bundle_format import (
-    END_OF_ARCHIVE, HASH_THREADS, INDEX_SCHEMA, KINDS, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SUMS_MEMBER,
-    ChunkPipe, EarlyFlush, b3, data_member, index_member, member_bytes, open_volume, padded, payload_sums_member, render_json,
-    tar_header, volume_filename,
+from ..cachekey import parse_cache_key
+from ..errors import BadInput, IntegrityError
+from ..fsutil import dir_lock, human_bytes, publish_fd
+from ..hashing import StreamHasher
+from ..manifest import Manifest, export_sums, manifest_path, read_manifest
+from ..progress import NULL_PROGRESS, ProgressSink
+from ..verify import require_quick_verify
+from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
+from .format import (
+    END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SUMS_MEMBER, b3, data_member, file_member,
+    index_member, member_bytes, padded, parse_size, payload_sums_member, render_json, tar_header, volume_filename,
 )
-from .errors import BadInput, IntegrityError
-from .fsutil import check_relpath, dir_lock, fsync_dir, human_bytes
-from .hashing import StreamHasher
-from .manifest import Manifest, export_sums, manifest_path, read_manifest
-from .verify import require_quick_verify
-from .progress import NULL_PROGRESS, ProgressSink
+from .index import Entry, Index
+from .payloads import MODEL_KIND, MODEL_PREFIX, PAYLOAD_ROOT, Payloads, collect_payloads, payloads_document, restore_hints
+from .volume import open_volume
 
 MIN_PIECE = 64 * 1024
-CACHE_KEY_FILE = "mm-cache-key.json"
-CACHE_KEY_SCHEMA = "mm-cache-key/1"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -89,7 +91,7 @@ class Plan:
     volume_size: int
     manifest: Manifest
     manifest_bytes: bytes
-    payloads: dict
+    payloads: Payloads
     volumes: list[list[Piece]]
     mtime: int
 
@@ -115,84 +117,19 @@ class BundleResult:
     volume_size: int
     volumes: list[VolumeResult]
     total_bytes: int
-    image: dict | None
-    kernel_caches: list[dict]
+    payloads: dict  # per payload kind (its index key): what was carried, in short
     notes: list[str] = field(default_factory=list)
     synced: bool = True  # every volume fsynced before it got its name
-
-
-# --- inputs -----------------------------------------------------------------------------------
-
-def image_info(image: Path) -> dict:
-    """The references a `docker save` archive holds (manifest.json RepoTags, index.json names) and its config."""
-    refs: list[str] = []
-    image_id = None
-    try:
-        with tarfile.open(image, "r:") as tf:
-            names = {m.name: m for m in tf.getmembers() if m.isreg()}
-            if "manifest.json" in names:
-                for entry in json.load(tf.extractfile(names["manifest.json"])):
-                    refs += [t for t in entry.get("RepoTags") or [] if t not in refs]
-                    config = str(entry.get("Config", ""))
-                    image_id = image_id or "sha256:" + config.rsplit("/", 1)[-1].removesuffix(".json")
-            if "index.json" in names:
-                for m in json.load(tf.extractfile(names["index.json"])).get("manifests", []):
-                    ann = m.get("annotations") or {}
-                    ref = ann.get("io.containerd.image.name") or ann.get("org.opencontainers.image.ref.name")
-                    if ref and ref not in refs:
-                        refs.append(ref)
-            if "manifest.json" not in names and "index.json" not in names:
-                raise BadInput(f"{image}: not a `docker save` archive (no manifest.json or index.json inside)")
-    except (tarfile.TarError, OSError, ValueError, AttributeError) as e:
-        raise BadInput(f"{image}: cannot read the image archive ({e})") from None
-    return {"file": image.name, "size": image.stat().st_size, "refs": refs, "image_id": image_id}
-
-
-def kernel_cache_info(cache_dir: Path, label: str, cli_key: dict | None) -> tuple[dict, list[Source]]:
-    if not cache_dir.is_dir():
-        raise BadInput(f"{cache_dir}: kernel cache is not a directory")
-    key = dict(cli_key) if cli_key else None
-    key_file = cache_dir / CACHE_KEY_FILE
-    if key_file.is_file():
-        try:
-            key = json.loads(key_file.read_text())
-        except (OSError, ValueError) as e:
-            raise BadInput(f"{key_file}: unreadable cache key ({e})") from None
-        if not isinstance(key, dict) or key.get("schema") != CACHE_KEY_SCHEMA:
-            raise BadInput(f"{key_file}: not a cache key (expected schema {CACHE_KEY_SCHEMA!r})")
-    sources = []
-    for dirpath, dirnames, filenames in os.walk(cache_dir):
-        dirnames.sort()
-        for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
-            p = Path(dirpath, name)
-            rel = p.relative_to(cache_dir).as_posix()
-            if p.is_symlink() or not p.is_file():
-                raise BadInput(f"{p}: kernel cache holds a symlink or special file; only regular files can be bundled")
-            check_relpath(f"{label}/{rel}", str(cache_dir))
-            sources.append(Source("kernel-cache", f"{label}/{rel}", p, p.stat().st_size))
-    files = [[s.path.split("/", 1)[1], s.size] for s in sources]
-    return {"label": label, "key": key, "files": files}, sources
-
-
-def parse_cache_key(pairs: tuple[str, ...]) -> dict | None:
-    if not pairs:
-        return None
-    key: dict[str, str] = {"schema": CACHE_KEY_SCHEMA}
-    for pair in pairs:
-        k, sep, v = pair.partition("=")
-        if not sep or not k:
-            raise BadInput(f"--cache-key {pair!r} is not KEY=VALUE (e.g. gpu=B300)")
-        key[k] = v
-    return key
 
 
 # --- planning ---------------------------------------------------------------------------------
 
 def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volume_size: int, name: str,
-                payloads: dict, payload_sources: list[Source]) -> Plan:
-    sources = [Source("model", f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files]
+                payloads: Payloads, payload_sources: list[Source]) -> Plan:
+    sources = [Source(MODEL_KIND, f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files]
     sources += payload_sources
-    id_doc = {"name": name, "volume_size": volume_size, "manifest": b3(manifest_bytes), "payloads": payloads,
+    id_doc = {"name": name, "volume_size": volume_size, "manifest": b3(manifest_bytes),
+              "payloads": payloads_document(payloads),
               "stamps": [[s.kind, s.path, s.size, _mtime_ns(s)] for s in payload_sources]}
     bundle_id = b3(json.dumps(id_doc, sort_keys=True).encode())[:32]
     mtime = _manifest_mtime(manifest)
@@ -254,14 +191,13 @@ def _place(sources: list[Source], volume_size: int, room: int) -> list[list[Piec
 
 # --- rendering the metadata members -----------------------------------------------------------
 
-def _entry(p: Piece, digests: dict) -> dict:
+def _entry(p: Piece, digests: dict) -> Entry:
     s = p.source
     whole = digests.get(s.key, (PLACEHOLDER, PLACEHOLDER)) if p.is_last else (None, None)
-    if s.kind == "model":
+    if s.kind == MODEL_KIND:
         whole = (s.blake3, s.sha256)
-    return {"member": p.member, "kind": s.kind, "path": s.path, "offset": p.offset, "length": p.length,
-            "size": s.size, "segment": p.segment, "segments": p.segments,
-            "blake3": digests.get(p.member, PLACEHOLDER), "file_blake3": whole[0], "file_sha256": whole[1]}
+    return Entry(p.member, s.kind, s.path, p.offset, p.length, s.size, p.segment, p.segments,
+                 digests.get(p.member, PLACEHOLDER), whole[0], whole[1])
 
 
 def restore_text(plan: Plan) -> bytes:
@@ -276,7 +212,8 @@ def restore_text(plan: Plan) -> bytes:
         "",
         "Without mm (POSIX sh, tar, cat, sha256sum only): copy all volume files into one directory, cd",
         "there, and run the lines between the markers (e.g. save them as restore.sh and run `sh restore.sh`).",
-        "The model ends up in ./restore/model, payloads in ./restore/payload; sha256sum -c checks every byte.",
+        f"The model ends up in ./restore/{MODEL_PREFIX}, payloads in ./restore/{PAYLOAD_ROOT}; sha256sum -c checks "
+        "every byte.",
         "",
         "--- begin restore script ---",
         "set -e",
@@ -290,29 +227,23 @@ def restore_text(plan: Plan) -> bytes:
             if p.segments > 1:
                 split.setdefault(p.source.key, []).append(p)
     for (kind, path), pieces in split.items():
-        target = f"{KINDS[kind]}/{path}"
+        target = file_member(kind, path)
         lines.append(f"mkdir -p {q(target.rsplit('/', 1)[0])}")
         lines.append(f"cat {' '.join(q(p.member) for p in pieces)} > {q(target)}")
     if split:
         lines.append("rm -r segments")
-    lines.append(f"(cd model && sha256sum -c ../{SUMS_MEMBER})")
+    lines.append(f"(cd {MODEL_PREFIX} && sha256sum -c ../{SUMS_MEMBER})")
     payload_sums = [payload_sums_member(n) for n in range(1, plan.count + 1) if _payload_ends(plan, n)]
     if payload_sums:
         lines.append(f"cat {' '.join(payload_sums)} | sha256sum -c -")
     lines.append("--- end restore script ---")
-    if plan.payloads.get("image"):
-        img = plan.payloads["image"]
-        lines += ["", f"Container image {', '.join(img['refs']) or img['image_id']}: "
-                  f"docker load -i restore/payload/image/{img['file']}"]
-    for c in plan.payloads.get("kernel_caches", []):
-        lines += ["", f"Kernel cache {c['label']} (key: {json.dumps(c['key']) if c['key'] else 'unkeyed'}): "
-                  f"mount restore/payload/kernel-cache/{c['label']} into the container, "
-                  f"e.g. -v \"$PWD/restore/payload/kernel-cache/{c['label']}:/root/.cache/{c['label']}\""]
+    for hint in restore_hints(plan.payloads):
+        lines += ["", hint]
     return ("\n".join(lines) + "\n").encode()
 
 
 def _payload_ends(plan: Plan, n: int) -> list[Piece]:
-    return [p for p in plan.volumes[n - 1] if p.source.kind != "model" and p.is_last]
+    return [p for p in plan.volumes[n - 1] if p.source.kind != MODEL_KIND and p.is_last]
 
 
 def meta_members(plan: Plan, n: int, digests: dict, restore: bytes) -> list[tuple[str, bytes]]:
@@ -321,17 +252,15 @@ def meta_members(plan: Plan, n: int, digests: dict, restore: bytes) -> list[tupl
     extra = []
     ends = _payload_ends(plan, n)
     if ends:
-        lines = [f"{digests.get(p.source.key, (PLACEHOLDER, PLACEHOLDER))[1]}  {KINDS[p.source.kind]}/{p.source.path}"
+        lines = [f"{digests.get(p.source.key, (PLACEHOLDER, PLACEHOLDER))[1]}  {file_member(*p.source.key)}"
                  for p in ends]
         extra.append((payload_sums_member(n), ("\n".join(lines) + "\n").encode()))
     meta = {SUMS_MEMBER: b3(sums), RESTORE_MEMBER: b3(restore)}
     meta.update({name: (b3(data) if digests else PLACEHOLDER) for name, data in extra})
     m = plan.manifest
-    index = {"schema": INDEX_SCHEMA, "bundle_id": plan.bundle_id, "name": plan.name, "volume": n,
-             "volumes": plan.count, "volume_size": plan.volume_size, "repo_id": m.repo_id, "revision": m.revision,
-             "manifest_blake3": b3(plan.manifest_bytes), "meta": meta, "payloads": plan.payloads,
-             "members": [_entry(p, digests) for p in plan.volumes[n - 1]]}
-    return [(index_member(n), render_json(index)), (MANIFEST_MEMBER, plan.manifest_bytes), (SUMS_MEMBER, sums),
+    index = Index(plan.bundle_id, plan.name, n, plan.count, plan.volume_size, m.repo_id, m.revision,
+                  b3(plan.manifest_bytes), meta, plan.payloads, tuple(_entry(p, digests) for p in plan.volumes[n - 1]))
+    return [(index_member(n), render_json(index.to_doc())), (MANIFEST_MEMBER, plan.manifest_bytes), (SUMS_MEMBER, sums),
             (RESTORE_MEMBER, restore), *extra]
 
 
@@ -373,7 +302,7 @@ class _Hashers:
 
     def start(self, pieces: list[Piece]) -> dict:
         return {p.source.key: (self.files[p.source.key].copy() if p.segment > 1 else
-                               StreamHasher(sha256=p.source.kind != "model", blake3_threads=HASH_THREADS)) for p in pieces}
+                               StreamHasher(sha256=p.source.kind != MODEL_KIND, blake3_threads=HASH_THREADS)) for p in pieces}
 
 
 class _SourceMismatch(IntegrityError):
@@ -412,7 +341,7 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
             w.pad()
             if p.is_last:
                 got = whole.digests()
-                if p.source.kind == "model" and got.blake3 != p.source.blake3:
+                if p.source.kind == MODEL_KIND and got.blake3 != p.source.blake3:
                     raise _SourceMismatch(f"{p.source.src}: content does not match the manifest (blake3); "
                                           f"run `mm verify` and repair before bundling", p.source.key)
                 digests[p.source.key] = (got.blake3, got.sha256)
@@ -426,18 +355,6 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
         os.unlink(tmp)
         raise
     return working, fd
-
-
-def _publish_volume(fd: int, tmp: Path, final: Path, sync: bool) -> None:
-    """fsync, then give the volume its final name (runs while the next volume is being written)."""
-    try:
-        if sync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, final)
-    if sync:
-        fsync_dir(final.parent)
 
 
 def _piece_hashers(p: Piece, working: dict) -> tuple[StreamHasher, StreamHasher]:
@@ -455,7 +372,7 @@ def _keep_volume(plan: Plan, n: int, final: Path, hashers: _Hashers, pipe: Chunk
     if vol.refused or vol.damaged or vol.bundle_id != plan.bundle_id or vol.number != n:
         return None
     planned = [(p.member, p.offset, p.length) for p in plan.volumes[n - 1]]
-    if [(e["member"], e["offset"], e["length"]) for e in vol.entries()] != planned:
+    if [(e.member, e.offset, e.length) for e in vol.entries()] != planned:
         return None
     working = hashers.start(plan.volumes[n - 1])
     for p, e in zip(plan.volumes[n - 1], vol.entries()):
@@ -463,15 +380,18 @@ def _keep_volume(plan: Plan, n: int, final: Path, hashers: _Hashers, pipe: Chunk
         whole, piece_hash = _piece_hashers(p, working)
         for view in pipe.stream(final, info.offset_data, info.size, {whole, piece_hash}):
             progress.advance(len(view))
-        if piece_hash.digests().blake3 != e["blake3"]:
+        if piece_hash.digests().blake3 != e.blake3:
             return None
     return working
 
 
-def create_bundle(model_dir: Path, out_dir: Path, volume_size: int, name: str | None = None,
-                  image: Path | None = None, kernel_caches: tuple[Path, ...] = (), cache_key: dict | None = None,
+def create_bundle(model_dir: Path, out_dir: Path, volume_size: int | str, name: str | None = None,
+                  payloads: dict[str, Sequence[Path]] | None = None, cache_key: Sequence[str] = (),
                   progress: ProgressSink = NULL_PROGRESS, sync: bool = True) -> BundleResult:
+    """Bundle MODEL_DIR into OUT_DIR. PAYLOADS: payload kind -> paths to carry (payloads.PAYLOAD_KINDS);
+    CACHE_KEY: `KEY=VALUE` pairs for kernel caches without a key of their own."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
+    volume_size = parse_size(volume_size)
     mpath = manifest_path(model_dir)
     manifest = read_manifest(mpath)
     manifest_bytes = mpath.read_bytes()
@@ -479,27 +399,9 @@ def create_bundle(model_dir: Path, out_dir: Path, volume_size: int, name: str | 
     name = name or f"{manifest.repo_id.rsplit('/', 1)[-1]}-{manifest.revision[:12]}"
     if not NAME_RE.match(name):
         raise BadInput(f"bundle name {name!r}: use letters, digits, '.', '_' and '-' only")
-    payloads: dict = {"image": None, "kernel_caches": []}
-    payload_sources: list[Source] = []
-    notes = []
-    if image is not None:
-        image = Path(image)
-        if not image.is_file():
-            raise BadInput(f"{image}: no such image archive")
-        payloads["image"] = image_info(image)
-        payload_sources.append(Source("image", image.name, image, image.stat().st_size))
-    labels: Counter = Counter()
-    for cache in kernel_caches:
-        cache = Path(cache)
-        label = cache.resolve().name or "kernel-cache"
-        labels[label] += 1
-        label = label if labels[label] == 1 else f"{label}-{labels[label]}"
-        info, srcs = kernel_cache_info(cache, label, cache_key)
-        if info["key"] is None:
-            notes.append(f"kernel cache {cache} has no {CACHE_KEY_FILE} and no --cache-key: bundled as unkeyed")
-        payloads["kernel_caches"].append(info)
-        payload_sources += srcs
-    plan = plan_bundle(manifest, manifest_bytes, model_dir, volume_size, name, payloads, payload_sources)
+    records, files, notes = collect_payloads(dict(payloads or {}), parse_cache_key(tuple(cache_key)))
+    payload_sources = [Source(kind, f.path, f.src, f.size) for kind, f in files]
+    plan = plan_bundle(manifest, manifest_bytes, model_dir, volume_size, name, records, payload_sources)
     out_dir.mkdir(parents=True, exist_ok=True)
     total = sum(p.length for v in plan.volumes for p in v)
     with dir_lock(out_dir, "mm bundle"):
@@ -511,8 +413,7 @@ def create_bundle(model_dir: Path, out_dir: Path, volume_size: int, name: str | 
         if stale.name not in ours:
             notes.append(f"{stale}: a volume of an earlier, different bundle run; remove it before copying the disks")
     return BundleResult(True, plan.bundle_id, name, str(out_dir), volume_size, results, total,
-                        payloads["image"], [{k: c[k] for k in ("label", "key")} | {"files": len(c["files"])}
-                                            for c in payloads["kernel_caches"]], notes, synced=sync)
+                        payloads_document(records, "summary"), notes, synced=sync)
 
 
 def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink, sync: bool) -> list[VolumeResult]:
@@ -530,7 +431,7 @@ def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink, sync: bool) ->
                     if not kept:
                         tmp = final.with_name(f".{final.name}.partial")
                         working, fd = _write_volume(plan, n, tmp, hashers, pipe, progress, restore, sync)
-                        pending.append(publisher.submit(_publish_volume, fd, tmp, final, sync))
+                        pending.append(publisher.submit(publish_fd, fd, tmp, final, sync))  # beside the next volume
                     hashers.files.update(working)
                     results.append(VolumeResult(n, str(final), volume_bytes(plan, n), kept))
             finally:

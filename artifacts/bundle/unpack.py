@@ -1,21 +1,21 @@
 """mm unbundle: import volumes (any order, any number of sittings) into a model directory, safely.
 
-Nothing from a volume is trusted until checked: the tar headers are judged first (bundle_format.open_volume);
-every target path is derived from the index (never from the tar member name), validated, and kept inside
-its destination; data is read from the volume at the validated member offset and written by this code
-(tarfile never extracts). A hostile or damaged volume is named with the member at fault.
+Nothing from a volume is trusted until checked: the tar headers are judged first (volume.open_volume);
+every target path is derived from the typed index (never from the tar member name), validated, and kept
+inside its destination; data is read from the volume at the validated member offset and written by this
+code (tarfile never extracts). A hostile or damaged volume is named with the member at fault.
 
 State between sittings lives in DEST/.mm/unbundle/state.json (which pieces of split files are in place).
 Files are written under partial names (DEST/.mm/unbundle/partial/..., or <payload root>/.mm-partial/...)
 and given their final name only when their whole-file blake3 matches the manifest (payloads: the index of
 the volume holding their last byte). A file already at its final name with the right size is not rewritten.
 
-Exit status (see cli): 0 imported cleanly (even if volumes are still missing); 5 a volume or member was
-refused or did not match its hash (the rest is imported); 1 the final full verify found problems;
-7 not enough free space (checked before writing anything).
+The report says how the import went (Outcome: imported, refused, verify-failed); the CLI maps that to the
+exit status. Not enough free space raises Refused before anything is written.
 """
 from __future__ import annotations
 
+import enum
 import json
 import os
 import shutil
@@ -24,22 +24,34 @@ from pathlib import Path
 
 import blake3
 
-from .bundle_verify import conflicting_numbers, reference_bundle
-from .bundle_format import HASH_THREADS, KINDS, MANIFEST_MEMBER, ChunkPipe, EarlyFlush, Volume, b3, find_volumes, open_volume
-from .errors import BadInput, Refused
-from .fsutil import MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, dir_lock, fsync_dir, human_bytes, publish
-from .hashing import StreamHasher, blake3_file
-from .manifest import from_dict, manifest_path
-from .progress import NULL_PROGRESS, ProgressSink
+from ..errors import BadInput, Refused
+from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, dir_lock, fsync_dir, publish,
+                      require_free_space)
+from ..hashing import StreamHasher, blake3_file
+from ..manifest import from_dict, manifest_path
+from ..progress import NULL_PROGRESS, ProgressSink
+from .check import conflicting_numbers, reference_bundle
+from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
+from .format import MANIFEST_MEMBER, b3, file_member
+from .index import Entry
+from .payloads import MODEL_KIND, PAYLOAD_PARTIAL, files_expected, next_commands, payload_roots, payloads_placed
+from .volume import Volume, find_volumes, open_volume
 
 STATE_DIR = f"{MM_DIR}/unbundle"
-PAYLOAD_PARTIAL = ".mm-partial"
+
+
+class Outcome(str, enum.Enum):
+    """How an unbundle run ended (the CLI maps it to the exit status)."""
+
+    IMPORTED = "imported"  # everything given was imported (volumes may still be missing)
+    REFUSED = "refused"  # a volume or member was refused or did not match its hash; the rest was imported
+    VERIFY_FAILED = "verify-failed"  # the last volume is in, and the final full verify found problems
 
 
 @dataclass
 class UnbundleReport:
     ok: bool
-    exit_code: int
+    outcome: Outcome
     complete: bool
     bundle_id: str | None
     name: str | None
@@ -59,13 +71,13 @@ class UnbundleReport:
     synced: bool = True  # every imported file fsynced before it got its name
 
 
-class _Dest:
+class Places:
     """Where each kind of file goes, and its partial name; every path is checked to stay inside its root."""
 
-    def __init__(self, dest: Path, image_dest: Path | None, cache_dest: Path | None):
-        beside = dest.parent / f"{dest.name}.payload"
-        self.roots = {"model": dest, "image": Path(image_dest or beside / "image"),
-                      "kernel-cache": Path(cache_dest or beside / "kernel-cache")}
+    def __init__(self, dest: Path, payload_dests: dict[str, Path | None] | None = None):
+        self.dest = dest
+        self.payload_roots = payload_roots(dest, payload_dests)
+        self.roots = {MODEL_KIND: dest, **self.payload_roots}
 
     def final(self, kind: str, path: str) -> Path:
         check_relpath(path, f"{kind} path")
@@ -76,11 +88,18 @@ class _Dest:
                 raise BadInput(f"{root / parent}: is a symlink inside the destination; refusing to write through it")
         return target
 
+    def partial_dir(self, kind: str) -> Path:
+        if kind == MODEL_KIND:
+            return self.dest / STATE_DIR / "partial"
+        return self.roots[kind] / PAYLOAD_PARTIAL
+
     def partial(self, kind: str, path: str) -> Path:
-        name = b3(f"{kind}:{path}".encode())[:32] + ".part"
-        if kind == "model":
-            return self.roots["model"] / STATE_DIR / "partial" / name
-        return self.roots[kind] / PAYLOAD_PARTIAL / name
+        return self.partial_dir(kind) / (b3(f"{kind}:{path}".encode())[:32] + ".part")
+
+    def clean_partials(self) -> None:
+        shutil.rmtree(self.dest / STATE_DIR, ignore_errors=True)
+        for kind in self.payload_roots:
+            shutil.rmtree(self.partial_dir(kind), ignore_errors=True)
 
 
 class _State:
@@ -88,7 +107,12 @@ class _State:
 
     def __init__(self, path: Path):
         self.path = path
-        self.doc = json.loads(path.read_text()) if path.is_file() else {}
+        try:
+            self.doc = json.loads(path.read_text()) if path.is_file() else {}
+        except (OSError, ValueError) as e:
+            raise BadInput(f"{path}: unreadable unbundle state ({e}); remove it to start the import over") from None
+        if not isinstance(self.doc, dict):
+            raise BadInput(f"{path}: not an unbundle state; remove it to start the import over")
         self.doc.setdefault("pieces", {})
         self.doc.setdefault("whole", {})
 
@@ -102,34 +126,13 @@ class _State:
         atomic_write_json(self.path, self.doc)
 
 
-def _files_expected(manifest, payloads: dict) -> dict[tuple[str, str], int]:
-    files = {("model", f.path): f.size for f in manifest.files}
-    if payloads.get("image"):
-        files[("image", payloads["image"]["file"])] = int(payloads["image"]["size"])
-    for c in payloads.get("kernel_caches", []):
-        for rel, size in c["files"]:
-            files[("kernel-cache", f"{c['label']}/{rel}")] = int(size)
-    return files
-
-
 def _is_done(target: Path, size: int) -> bool:
     return target.is_file() and not target.is_symlink() and target.stat().st_size == size
 
 
-def check_free_space(dest: _Dest, remaining: dict[str, int]) -> None:
-    by_device: dict[int, tuple[Path, int]] = {}
-    for kind, need in remaining.items():
-        probe = dest.roots[kind]
-        while not probe.exists():
-            probe = probe.parent
-        dev = probe.stat().st_dev
-        seen = by_device.get(dev, (probe, 0))
-        by_device[dev] = (seen[0], seen[1] + need)
-    for probe, need in by_device.values():
-        free = shutil.disk_usage(probe).free
-        if need > free:
-            raise Refused(f"{probe}: not enough free space: the bundle needs {human_bytes(need)} more, "
-                          f"{human_bytes(free)} free")
+def check_free_space(places: Places, remaining: dict[str, int]) -> None:
+    """REMAINING: bytes still to write by kind of destination."""
+    require_free_space([(places.roots[kind], need) for kind, need in remaining.items()], "the bundle")
 
 
 def _judge_volumes(vols: list[Volume], ref: str | None, manifest_b3: str | None) -> tuple[list[Volume], list[str]]:
@@ -139,13 +142,12 @@ def _judge_volumes(vols: list[Volume], ref: str | None, manifest_b3: str | None)
         if v.refused:
             refused += v.refused
         elif v.bundle_id != ref:
-            refused.append(f"{v.path.name}: belongs to bundle {v.bundle_id} ({v.index.get('name')}), "
-                           f"not {ref}; refused")
+            refused.append(f"{v.path.name}: belongs to bundle {v.bundle_id} ({v.index.name}), not {ref}; refused")
         elif v.number in conflicts:
             others = ", ".join(o.path.name for o in conflicts[v.number] if o is not v)
             refused.append(f"{v.path.name}: claims volume {v.number}, as does {others} with a different index; "
                            f"both refused")
-        elif manifest_b3 and v.index.get("manifest_blake3") != manifest_b3:
+        elif manifest_b3 and v.index.manifest_blake3 != manifest_b3:
             refused.append(f"{v.path.name}: carries a different manifest than the rest of bundle {ref}; refused")
         else:
             accepted.append(v)
@@ -164,19 +166,21 @@ def _still_needed(expected: dict, targets: dict, state: _State) -> dict[str, int
 def _check_entries(v: Volume, manifest_files: dict) -> str | None:
     """An index entry for a model file must agree with the manifest (path, size, whole-file hashes)."""
     for e in v.entries():
-        if e["kind"] != "model":
+        if e.kind != MODEL_KIND:
             continue
-        f = manifest_files.get(e["path"])
+        f = manifest_files.get(e.path)
         if f is None:
-            return f"{v.path.name}: member {e['member']!r} is not a file of the manifest; refused"
-        if (f.size, f.blake3, f.sha256) != (int(e["size"]), e["file_blake3"], e["file_sha256"]):
-            return f"{v.path.name}: member {e['member']!r} disagrees with the manifest (size or hash); refused"
+            return f"{v.path.name}: member {e.member!r} is not a file of the manifest; refused"
+        if (f.size, f.blake3, f.sha256) != (e.size, e.file_blake3, e.file_sha256):
+            return f"{v.path.name}: member {e.member!r} disagrees with the manifest (size or hash); refused"
     return None
 
 
-def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, cache_dest: Path | None = None,
+def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | None] | None = None,
              progress: ProgressSink = NULL_PROGRESS, sync: bool = True) -> UnbundleReport:
-    """sync=False skips the fsyncs of imported data (the final names still come only after the hashes match)."""
+    """Import the volumes in SOURCES into DEST; PAYLOAD_DESTS: payload kind -> its destination (default
+    DEST.payload/<kind dir>). sync=False skips the fsyncs of imported data (the final names still come only
+    after the hashes match)."""
     dest = Path(dest)
     vols = [open_volume(p) for p in find_volumes(sources)]
     dest.mkdir(parents=True, exist_ok=True)
@@ -185,7 +189,7 @@ def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, ca
         ref = reference_bundle(vols, state.doc.get("bundle_id"))
         first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
                       and MANIFEST_MEMBER not in v.damaged), None)
-        manifest_b3 = state.doc.get("manifest_blake3") or (first.index["manifest_blake3"] if first else None)
+        manifest_b3 = state.doc.get("manifest_blake3") or (first.index.manifest_blake3 if first else None)
         accepted, refused = _judge_volumes(vols, ref, manifest_b3)
         if first is None or not accepted:
             raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} given: "
@@ -199,18 +203,18 @@ def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, ca
                 refused.append(why)
         idx = first.index
         _check_dest_manifest(dest, first.manifest_bytes)
-        places = _Dest(dest, image_dest, cache_dest)
-        expected = _files_expected(manifest, idx["payloads"])
+        places = Places(dest, payload_dests)
+        expected = {**{(MODEL_KIND, f.path): f.size for f in manifest.files}, **files_expected(idx.payloads)}
         targets = {key: places.final(*key) for key in expected}
         check_free_space(places, _still_needed(expected, targets, state))
-        state.doc.update({"bundle_id": ref, "name": idx["name"], "volumes": idx["volumes"],
-                          "manifest_blake3": idx["manifest_blake3"]})
+        state.doc.update({"bundle_id": ref, "name": idx.name, "volumes": idx.volumes,
+                          "manifest_blake3": idx.manifest_blake3})
         if not manifest_path(dest).is_file():
             atomic_write_bytes(manifest_path(dest), first.manifest_bytes)
         state.save()
         run = _Import(places, state, targets, progress, sync)
-        total = sum(int(e["length"]) for v in accepted for e in v.entries())
-        progress.begin(total, f"unbundle {idx['name']}")
+        total = sum(e.length for v in accepted for e in v.entries())
+        progress.begin(total, f"unbundle {idx.name}")
         try:
             for v in sorted(accepted, key=lambda v: v.number):
                 run.volume(v)
@@ -222,20 +226,21 @@ def unbundle(sources: list[Path], dest: Path, image_dest: Path | None = None, ca
         finally:
             run.pipe.close()
         progress.end()
-        waiting = sorted(f"{KINDS[k]}/{p}" for (k, p), size in expected.items() if not _is_done(targets[(k, p)], size))
-        missing = sorted(set(range(1, int(idx["volumes"]) + 1)) - set(state.doc["done_volumes"]))
+        waiting = sorted(file_member(*key) for key, size in expected.items() if not _is_done(targets[key], size))
+        missing = sorted(set(range(1, idx.volumes + 1)) - set(state.doc["done_volumes"]))
         complete = not waiting
         verify_doc = None
-        exit_code = 5 if (refused or run.corrupt) else 0
+        outcome = Outcome.REFUSED if (refused or run.corrupt) else Outcome.IMPORTED
         if complete:
             verify_doc = _final_verify(dest, progress)
-            exit_code = exit_code or (0 if verify_doc["ok"] else 1)
-            _clean_partials(places, dest)
-        payloads = _payload_places(idx["payloads"], places)
-        return UnbundleReport(exit_code == 0, exit_code, complete, ref, idx["name"], str(dest), int(idx["volumes"]),
+            if outcome is Outcome.IMPORTED and not verify_doc["ok"]:
+                outcome = Outcome.VERIFY_FAILED
+            places.clean_partials()
+        roots = places.payload_roots
+        return UnbundleReport(outcome is Outcome.IMPORTED, outcome, complete, ref, idx.name, str(dest), idx.volumes,
                               [v.path.name for v in accepted], refused, missing, run.imported, run.skipped,
-                              run.corrupt, waiting, payloads, _next_commands(payloads, complete), verify_doc,
-                              synced=sync)
+                              run.corrupt, waiting, payloads_placed(idx.payloads, roots),
+                              next_commands(idx.payloads, roots) if complete else [], verify_doc, synced=sync)
 
 
 def _check_dest_manifest(dest: Path, manifest_bytes: bytes) -> None:
@@ -249,44 +254,15 @@ def _check_dest_manifest(dest: Path, manifest_bytes: bytes) -> None:
 
 
 def _final_verify(dest: Path, progress: ProgressSink) -> dict:
-    from .verify import verify_dir  # the verify capability (issue 3)
+    from ..verify import verify_dir  # the verify capability (issue 3)
 
     report = verify_dir(dest, progress=progress)
     return {"ok": report.ok, "files_checked": report.files_checked, "bytes_checked": report.bytes_checked,
             "problems": [f"{p.path}: {p.kind}: {p.detail}" for p in report.problems]}
 
 
-def _clean_partials(places: _Dest, dest: Path) -> None:
-    shutil.rmtree(dest / STATE_DIR, ignore_errors=True)
-    for kind in ("image", "kernel-cache"):
-        shutil.rmtree(places.roots[kind] / PAYLOAD_PARTIAL, ignore_errors=True)
-
-
-def _payload_places(payloads: dict, places: _Dest) -> dict:
-    out: dict = {"image": None, "kernel_caches": []}
-    if payloads.get("image"):
-        img = payloads["image"]
-        out["image"] = {**img, "path": str(places.roots["image"] / img["file"])}
-    for c in payloads.get("kernel_caches", []):
-        out["kernel_caches"].append({"label": c["label"], "key": c["key"], "files": len(c["files"]),
-                                     "path": str(places.roots["kernel-cache"] / c["label"])})
-    return out
-
-
-def _next_commands(payloads: dict, complete: bool) -> list[str]:
-    if not complete:
-        return []
-    cmds = []
-    if payloads["image"]:
-        cmds.append(f"docker load -i {payloads['image']['path']}")
-    for c in payloads["kernel_caches"]:
-        cmds.append(f"docker run ... -v {c['path']}:/root/.cache/{c['label']} ...   "
-                    f"# kernel cache {c['label']}, key {json.dumps(c['key']) if c['key'] else 'unkeyed'}")
-    return cmds
-
-
 class _Import:
-    def __init__(self, places: _Dest, state: _State, targets: dict, progress: ProgressSink, sync: bool):
+    def __init__(self, places: Places, state: _State, targets: dict, progress: ProgressSink, sync: bool):
         self.places, self.state, self.targets, self.progress, self.sync = places, state, targets, progress, sync
         self.imported: list[str] = []
         self.corrupt: list[str] = []
@@ -297,42 +273,40 @@ class _Import:
         for member, why in sorted(v.damaged.items()):
             self.corrupt.append(f"{v.path.name}: member {member!r}: {why}")
         for e in v.entries():
-            info = v.data.get(e["member"])
+            info = v.data.get(e.member)
             if info is not None:
                 self.member(v, e, info)
-            self.progress.advance(int(e["length"]))
+            self.progress.advance(e.length)
 
-    def member(self, v: Volume, e: dict, info) -> None:
-        key = (e["kind"], e["path"])
-        final = self.targets.get(key)
+    def member(self, v: Volume, e: Entry, info) -> None:
+        final = self.targets.get(e.key)
         if final is None:
-            self.corrupt.append(f"{v.path.name}: member {e['member']!r} is not listed in the bundle's payloads; refused")
+            self.corrupt.append(f"{v.path.name}: member {e.member!r} is not listed in the bundle's payloads; refused")
             return
-        size, segments = int(e["size"]), int(e["segments"])
-        skey = f"{key[0]}:{key[1]}"
+        skey = f"{e.kind}:{e.path}"
         pieces = self.state.pieces(skey)
-        if _is_done(final, size) or str(e["segment"]) in pieces:
+        if _is_done(final, e.size) or str(e.segment) in pieces:
             self.skipped += 1
             return
-        partial = self.places.partial(*key)
+        partial = self.places.partial(*e.key)
         partial.parent.mkdir(parents=True, exist_ok=True)
-        got = self._copy(v, info, partial, int(e["offset"]), size, fresh=segments == 1)
-        if got != e["blake3"]:
-            self.corrupt.append(f"{v.path.name}: member {e['member']!r}: blake3 mismatch; not imported")
-            if segments == 1:
+        got = self._copy(v, info, partial, e.offset, e.size, fresh=e.whole)
+        if got != e.blake3:
+            self.corrupt.append(f"{v.path.name}: member {e.member!r}: blake3 mismatch; not imported")
+            if e.whole:
                 partial.unlink(missing_ok=True)
             return
-        if segments > 1:
-            if e["file_blake3"]:
-                self.state.doc["whole"][skey] = [e["file_blake3"], e["file_sha256"]]
-            pieces[str(e["segment"])] = [int(e["offset"]), int(e["length"]), got]
+        if not e.whole:
+            if e.file_blake3:
+                self.state.doc["whole"][skey] = [e.file_blake3, e.file_sha256]
+            pieces[str(e.segment)] = [e.offset, e.length, got]
             self.state.save()
-            if len(pieces) < segments:
+            if len(pieces) < e.segments:
                 return
-        want = e["file_blake3"] if segments == 1 else self.state.doc["whole"].get(skey, [None])[0]
-        have = got if segments == 1 else blake3_file(partial, threads=blake3.blake3.AUTO)
+        want = e.file_blake3 if e.whole else self.state.doc["whole"].get(skey, [None])[0]
+        have = got if e.whole else blake3_file(partial, threads=blake3.blake3.AUTO)
         if have != want:
-            self.corrupt.append(f"{v.path.name}: {KINDS[key[0]]}/{key[1]}: assembled file does not match its "
+            self.corrupt.append(f"{v.path.name}: {file_member(*e.key)}: assembled file does not match its "
                                 f"blake3; not imported")
             partial.unlink(missing_ok=True)
             self.state.doc["pieces"].pop(skey, None)
@@ -340,8 +314,8 @@ class _Import:
             self.state.save()
             return
         publish(partial, final, sync=self.sync)
-        self.imported.append(f"{KINDS[key[0]]}/{key[1]}")
-        if segments > 1:
+        self.imported.append(file_member(*e.key))
+        if not e.whole:
             self.state.doc["pieces"].pop(skey, None)
             self.state.doc["whole"].pop(skey, None)
             self.state.save()
@@ -369,10 +343,9 @@ class _Import:
                 raise BadInput(f"{v.path.name}: member {info.name!r}: copy to {partial} failed ({e})") from None
             finally:
                 flush.wait()
-            if self.sync:
-                os.fsync(fd)
         finally:
             os.close(fd)
-        if self.sync:
+        if self.sync:  # a piece recorded in the state must survive a crash
+            fsync_dir(partial)
             fsync_dir(partial.parent)
         return h.digests().blake3

@@ -1,0 +1,98 @@
+"""The bundle volume format: names, tar headers, member sizes, volume sizes.
+
+A volume is one POSIX tar (pax format) named `<name>.vol<NNN>-of-<MMM>.tar`. Its first members describe it,
+so that a volume alone says what the bundle is even when the rest of it is damaged:
+
+  MMBUNDLE/index-volNNN.json   this volume's index (schema mm-bundle-index/1, see index.py)
+  MMBUNDLE/manifest.json       the model's manifest, byte for byte
+  MMBUNDLE/SHA256SUMS          `sha256sum -c` lines for the model files (run inside the restored model dir)
+  MMBUNDLE/RESTORE.txt         how to restore with tar, cat and sha256sum alone
+  MMBUNDLE/payload-volNNN.sha256  sha256 lines of payload files whose last byte is in this volume (if any)
+then the data: a whole file as `model/<path>` (or `<payload kind prefix>/<path>`, see payloads.py),
+a piece of a file split across volumes as `segments/<same>.segNNNN`.
+
+Sizes (`--volume-size`) are DECIMAL, as disks are sold: 4G = 4,000,000,000 bytes. Binary units are spelled
+KiB, MiB, GiB, TiB (4GiB = 4,294,967,296 bytes).
+"""
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+
+import blake3
+
+from ..errors import BadInput
+from .payloads import PREFIXES
+
+META = "MMBUNDLE"
+MANIFEST_MEMBER = f"{META}/manifest.json"
+SUMS_MEMBER = f"{META}/SHA256SUMS"
+RESTORE_MEMBER = f"{META}/RESTORE.txt"
+PLACEHOLDER = "0" * 64
+BLOCK = 512
+END_OF_ARCHIVE = 2 * BLOCK
+VOLUME_RE = re.compile(r"^(?P<name>.+)\.vol(?P<num>\d{3,})-of-(?P<count>\d{3,})\.tar$")
+
+_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str | int) -> int:
+    """'4G' -> 4e9, '1.8T' -> 1.8e12, '750M', '4GiB' -> 2**32. Decimal unless spelled with 'i'."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text or "")
+    unit = m.group(2).upper() if m else None
+    if not m or unit not in _UNITS:
+        raise BadInput(f"volume size {text!r} is not a size (examples: 750M, 4G, 500G, 1.8T, 4GiB)")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def index_member(volume: int) -> str:
+    return f"{META}/index-vol{volume:03d}.json"
+
+
+def payload_sums_member(volume: int) -> str:
+    return f"{META}/payload-vol{volume:03d}.sha256"
+
+
+def volume_filename(name: str, volume: int, volumes: int) -> str:
+    width = max(3, len(str(volumes)))
+    return f"{name}.vol{volume:0{width}d}-of-{volumes:0{width}d}.tar"
+
+
+def file_member(kind: str, path: str) -> str:
+    """Where a whole file of KIND sits in the tar, and under ./restore once restored with tar alone."""
+    return f"{PREFIXES[kind]}/{path}"
+
+
+def data_member(kind: str, path: str, segment: int, segments: int) -> str:
+    """Where a file (or one piece of it) sits in the tar; derived, never trusted from the tar itself."""
+    if segments == 1:
+        return file_member(kind, path)
+    return f"segments/{file_member(kind, path)}.seg{segment:0{max(4, len(str(segments)))}d}"
+
+
+def padded(n: int) -> int:
+    return -(-n // BLOCK) * BLOCK
+
+
+def tar_header(name: str, size: int, mtime: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode, info.type = size, mtime, 0o644, tarfile.REGTYPE
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def member_bytes(name: str, size: int, mtime: int = 0) -> int:
+    """Bytes a member takes in the tar: header(s) plus data padded to the block size."""
+    return len(tar_header(name, size, mtime)) + padded(size)
+
+
+def render_json(doc: dict) -> bytes:
+    return (json.dumps(doc, indent=1) + "\n").encode()
+
+
+def b3(data: bytes) -> str:
+    return blake3.blake3(data).hexdigest()

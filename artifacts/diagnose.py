@@ -1,0 +1,359 @@
+"""The guide's troubleshooting table as a diagnosis: rows in manifests/<pin>.troubleshooting.json, matched here.
+
+Each row is the guide's (symptom, most likely cause, shortest fix) plus how to see it: detectors on a server
+log or an HTTP exchange (regular expressions), on the container (`docker inspect` mounts) or on the host
+(named checks, which `mm doctor` can run through `host_findings`). A row matches at most once, on its
+first detector that fires, and reports the line that matched. When the launch plan is known, the fix is
+adapted to it (the cache paths, flags and ports mm uses); otherwise it is the guide's text.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from .errors import BadInput
+from .cachekey import FILE_NAME as CACHE_KEY_FILE
+from .launch import LaunchPlan, _pairs
+from .pins import Pin, default_pin, manifests_dir
+
+SCHEMA = "mm-troubleshooting/1"
+SOURCES = ("log", "http", "container", "host")
+MAX_LINE = 400  # a matched line is quoted up to this many characters
+
+
+@dataclass(frozen=True)
+class Detector:
+    source: str
+    pattern: re.Pattern | None = None
+    unless: re.Pattern | None = None  # the row does not match when this is anywhere in the text
+    also: re.Pattern | None = None  # ... and matches only when this is somewhere too
+    requires: str | None = None  # a property of the recipe: expects_qmul4, blackwell
+    missing_mount: str | None = None
+    check: str | None = None
+    pattern_source: str = ""
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    guide_row: int
+    guide: str
+    symptom: str
+    cause: str
+    fix: str
+    fix_here: str | None
+    change: dict
+    detect: tuple[Detector, ...]
+
+
+@dataclass(frozen=True)
+class Table:
+    path: Path
+    rows: tuple[Row, ...]
+
+    def row(self, row_id: str) -> Row:
+        return next(r for r in self.rows if r.id == row_id)
+
+
+@dataclass(frozen=True)
+class Finding:
+    row: str
+    guide_row: int
+    symptom: str
+    cause: str
+    fix: str
+    change: dict
+    source: str  # log | http | container | host
+    where: str  # the file, container or check it was seen in
+    line: str  # the line (or fact) that matched
+    line_number: int | None
+    guide: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    inputs: tuple[str, ...]
+    recipe: str | None
+    findings: tuple[Finding, ...] = field(default=())
+    lines_read: int = 0
+    table: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+
+# --- the table -------------------------------------------------------------------------------
+
+def table_path(pin: Pin | None = None) -> Path:
+    pin = pin or default_pin()
+    return manifests_dir() / (pin.troubleshooting or f"{pin.name}.troubleshooting.json")
+
+
+def _regex(value: str | None, where: str) -> re.Pattern | None:
+    if value is None:
+        return None
+    try:
+        return re.compile(value)
+    except re.error as e:
+        raise BadInput(f"{where}: bad pattern {value!r}: {e}") from None
+
+
+def load_table(path: Path | None = None) -> Table:
+    path = Path(path or table_path())
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise BadInput(f"{path}: cannot read the troubleshooting table: {e}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise BadInput(f"{path}: not a troubleshooting table (expected schema {SCHEMA!r})")
+    rows = []
+    try:
+        for r in doc["rows"]:
+            where = f"{path}: row {r.get('id')!r}"
+            detectors = []
+            for d in r["detect"]:
+                if d["source"] not in SOURCES or not d.get("pattern_source"):
+                    raise BadInput(f"{where}: every detector needs a source ({', '.join(SOURCES)}) and a pattern_source")
+                if d["source"] == "host" and d.get("check") not in HOST_CHECKS:
+                    raise BadInput(f"{where}: unknown host check {d.get('check')!r}")
+                detectors.append(Detector(
+                    source=d["source"], pattern=_regex(d.get("pattern"), where), unless=_regex(d.get("unless"), where),
+                    also=_regex(d.get("also"), where), requires=d.get("requires"), missing_mount=d.get("missing_mount"),
+                    check=d.get("check"), pattern_source=d["pattern_source"]))
+            rows.append(Row(id=r["id"], guide_row=int(r["guide"]["value"]["row"]), guide=r["guide"]["source"],
+                            symptom=r["symptom"], cause=r["cause"], fix=r["fix"], fix_here=r.get("fix_here"),
+                            change=dict(r["change"]), detect=tuple(detectors)))
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadInput(f"{path}: malformed troubleshooting table ({e!r})") from None
+    return Table(path=path, rows=tuple(rows))
+
+
+# --- adapting a fix to the plan --------------------------------------------------------------
+
+def plan_context(plan: LaunchPlan) -> dict[str, str]:
+    args = dict(_pairs(plan.engine_argv))
+    minfer = next((m for m in plan.mounts if m.container == "/root/.cache/minfer"), None)
+    pin = default_pin()
+    return {
+        "recipe": plan.recipe.id, "hardware": plan.hardware.name, "model_dir": str(plan.model_dir),
+        "revision": plan.revision, "pinned_revision": pin.revision or "", "image": plan.image,
+        "pinned_image": pin.image or "", "cache_root": str(plan.cache_root or "(no kernel caches for this recipe)"),
+        "minfer_mount": minfer.spec() if minfer else "~/.cache/minfer:/root/.cache/minfer",
+        "minfer_host": str(minfer.host) if minfer else "~/.cache/minfer",
+        "mem_fraction_static": args.get("--mem-fraction-static") or "SGLang's default",
+        "chunked_prefill_size": args.get("--chunked-prefill-size") or "SGLang's default",
+        "gpu_count": str(len(plan.gpus)), "gpus": ",".join(map(str, plan.gpus)), "port": str(plan.port),
+        "container": plan.name,
+    }
+
+
+def _fix(row: Row, plan: LaunchPlan | None) -> str:
+    if plan is None or not row.fix_here:
+        return row.fix
+    return row.fix_here.format_map(plan_context(plan))
+
+
+def _applies(d: Detector, plan: LaunchPlan | None) -> bool:
+    """Recipe-specific detectors run only when the plan says they apply (or, for families, when it is unknown)."""
+    if d.requires == "expects_qmul4":
+        return plan is not None and plan.recipe.expects_qmul4
+    if d.requires == "blackwell":
+        return plan is None or plan.hardware.family == "blackwell"
+    return True
+
+
+def _finding(row: Row, plan: LaunchPlan | None, source: str, where: str, line: str, number: int | None) -> Finding:
+    line = line.strip()
+    return Finding(row=row.id, guide_row=row.guide_row, symptom=row.symptom, cause=row.cause, fix=_fix(row, plan),
+                   change=row.change, source=source, where=where,
+                   line=line if len(line) <= MAX_LINE else line[:MAX_LINE] + "...", line_number=number, guide=row.guide)
+
+
+# --- text: server logs and HTTP exchanges ----------------------------------------------------
+
+def _match_text(d: Detector, text: str) -> tuple[str, int] | None:
+    if d.pattern is None or (d.unless and d.unless.search(text)) or (d.also and not d.also.search(text)):
+        return None
+    for number, line in enumerate(text.splitlines(), 1):
+        if d.pattern.search(line):
+            return line, number
+    return None
+
+
+def diagnose(texts: Iterable[tuple[str, str]] = (), *, plan: LaunchPlan | None = None, table: Table | None = None,
+             mounts: tuple[str, list[dict]] | None = None, host: bool = False, gpu_info: str | None = None) -> Diagnosis:
+    """Match the table against TEXTS ((where, text): logs, HTTP answers), a container's MOUNTS ((name, docker
+    inspect .Mounts)) and, with HOST, the host checks. Every text detector reads every text: a log may hold a
+    request dump, a saved exchange may hold a log line."""
+    table = table or load_table()
+    texts = list(texts)
+    findings: list[Finding] = []
+    for row in table.rows:
+        found = None
+        for d in row.detect:
+            if not _applies(d, plan):
+                continue
+            if d.source in ("log", "http"):
+                for where, text in texts:
+                    hit = _match_text(d, text)
+                    if hit:
+                        found = _finding(row, plan, d.source, where, hit[0], hit[1])
+                        break
+            elif d.source == "container" and mounts is not None:
+                name, items = mounts
+                if d.missing_mount and not any(m.get("Destination") == d.missing_mount for m in items):
+                    found = _finding(row, plan, "container", name, f"no mount at {d.missing_mount} "
+                                     f"(mounts: {', '.join(sorted(str(m.get('Destination')) for m in items)) or 'none'})", None)
+            elif d.source == "host" and host and plan is not None:
+                fact = HOST_CHECKS[d.check](plan, gpu_info)
+                if fact:
+                    found = _finding(row, plan, "host", d.check, fact, None)
+            if found:
+                findings.append(found)
+                break
+    return Diagnosis(inputs=tuple(w for w, _ in texts) + ((mounts[0],) if mounts else ()) + (("host",) if host else ()),
+                     recipe=plan.recipe.id if plan else None, findings=tuple(findings),
+                     lines_read=sum(len(t.splitlines()) for _, t in texts), table=str(table.path))
+
+
+def read_log(path: Path) -> str:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read: {e.strerror}") from None
+    return data.decode("utf-8", "replace")
+
+
+def container_log_and_mounts(name: str, docker: str = "docker") -> tuple[str, list[dict]]:
+    """`docker logs NAME` (stdout and stderr) and its mounts from `docker inspect`."""
+    try:
+        logs = subprocess.run([docker, "logs", name], capture_output=True, text=True, timeout=120)
+        inspect = subprocess.run([docker, "inspect", "-f", "{{json .Mounts}}", name], capture_output=True, text=True,
+                                 timeout=60)
+    except FileNotFoundError:
+        raise BadInput("docker: not found on PATH (--container reads `docker logs`)") from None
+    except subprocess.TimeoutExpired:
+        raise BadInput(f"--container {name}: docker did not answer") from None
+    if logs.returncode != 0:
+        last = (logs.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise BadInput(f"--container {name}: docker logs failed: {last}")
+    try:
+        mounts = json.loads(inspect.stdout) if inspect.returncode == 0 else []
+    except json.JSONDecodeError:
+        mounts = []
+    return logs.stdout + logs.stderr, mounts if isinstance(mounts, list) else []
+
+
+# --- host checks (for `mm doctor`) -----------------------------------------------------------
+
+def _kernel_cache_warm(plan: LaunchPlan, gpu_info: str | None) -> str | None:
+    if plan.cache_root is None:
+        return None
+    key = plan.cache_root / CACHE_KEY_FILE
+    if key.is_file():
+        return None
+    return f"{key}: missing, so the next start compiles every kernel (run `mm warmup` with the same recipe)"
+
+
+def _gpu_family(plan: LaunchPlan, gpu_info: str | None) -> str | None:
+    if not gpu_info or plan.hardware.vendor != "nvidia" or not plan.uses_dspark:
+        return None
+    for line in gpu_info.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2 and parts[1].split(".")[0].isdigit() and int(parts[1].split(".")[0]) < 10:
+            return f"GPU {parts[0]} (compute {parts[1]}) with DSpark recipe {plan.recipe.id}"
+    return None
+
+
+def _model_dir_complete(plan: LaunchPlan, gpu_info: str | None) -> str | None:
+    from .manifest import manifest_path, read_manifest
+    from .verify import verify_dir
+
+    mpath = manifest_path(plan.model_dir)
+    if not mpath.is_file():
+        return f"{mpath}: no manifest, so the weights cannot be checked"
+    report = verify_dir(plan.model_dir, read_manifest(mpath), quick=True)
+    if report.ok:
+        return None
+    first = report.problems[0]
+    return f"quick verify: {len(report.problems)} problem(s), first {first.path}: {first.kind} ({first.detail})"
+
+
+HOST_CHECKS: dict[str, Callable[[LaunchPlan, str | None], str | None]] = {
+    "kernel_cache_warm": _kernel_cache_warm,
+    "gpu_family": _gpu_family,
+    "model_dir_complete": _model_dir_complete,
+}
+
+
+def host_findings(plan: LaunchPlan, gpu_info: str | None = None, table: Table | None = None) -> tuple[Finding, ...]:
+    """The host-check rows for PLAN on this host (what `mm doctor` runs). GPU_INFO: nvidia-smi
+    `--query-gpu=name,compute_cap,driver_version --format=csv,noheader` output, when known."""
+    return diagnose(plan=plan, table=table, host=True, gpu_info=gpu_info).findings
+
+
+def hicache_fits(plan: LaunchPlan, replicas: int, mem_total_gb: float | None = None) -> str | None:
+    """None when the HiCache pools of REPLICAS servers fit host memory (MemTotal), else why not."""
+    from .launch import hicache_host_gb
+
+    need = hicache_host_gb(plan, replicas)
+    if need is None:
+        return None
+    if mem_total_gb is None:
+        mem_total_gb = _mem_total_gb()
+    if mem_total_gb is None or need < mem_total_gb:
+        return None
+    return (f"HiCache needs {need:,.0f} GB of host memory ({replicas} replica(s) of {plan.recipe.id}; --hicache-size is "
+            f"per rank) but this host has {mem_total_gb:,.0f} GB")
+
+
+def _mem_total_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024 / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+# --- one request, as the CLI gives it --------------------------------------------------------
+
+@dataclass(frozen=True)
+class DiagnoseRequest:
+    logfile: Path | None = None
+    container: str | None = None
+    answers: tuple[Path, ...] = ()
+    model_dir: Path | None = None
+    launch: object | None = None  # LaunchOptions: the recipe the fixes are adapted to (with model_dir)
+    host_checks: bool = False
+    gpu_info: str | None = None
+
+
+def run_diagnosis(req: DiagnoseRequest) -> Diagnosis:
+    if not (req.logfile or req.container or req.answers or req.host_checks):
+        raise BadInput("diagnose: give a LOGFILE, --container NAME, --answer FILE or --host-checks")
+    if req.logfile and req.container:
+        raise BadInput("diagnose: give a LOGFILE or --container NAME, not both")
+    plan = None
+    if req.model_dir is not None:
+        if req.launch is None:
+            raise BadInput("--model-dir: give --hardware too, so that mm knows the recipe")
+        from .router import plan_node
+        plan = plan_node(req.model_dir, req.launch, check_dir=False).first
+    elif req.host_checks:
+        raise BadInput("--host-checks: give --model-dir and --hardware (the checks are about that recipe on this host)")
+    texts = []
+    if req.logfile:
+        texts.append((str(req.logfile), read_log(req.logfile)))
+    mounts = None
+    if req.container:
+        log, items = container_log_and_mounts(req.container)
+        texts.append((f"docker logs {req.container}", log))
+        mounts = (req.container, items)
+    texts += [(str(a), read_log(a)) for a in req.answers]
+    return diagnose(texts, plan=plan, mounts=mounts, host=req.host_checks, gpu_info=req.gpu_info)

@@ -1,0 +1,249 @@
+"""mm diagnose: the guide's troubleshooting table as data, one synthetic log (or answer) per row."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from mm.artifacts.diagnose import hicache_fits, host_findings, load_table
+from mm.artifacts.launch import LaunchOptions
+from mm.artifacts.router import plan_node
+from tests.support import fake_docker
+from tests.support.run import run_mm
+from tests.test_launch import PIN, ROCM_IMAGE, make_model_dir
+
+# Each row's synthetic input: a server log line or a saved HTTP answer / request body, as it would be seen.
+ROW_INPUTS = {
+    "msa-jit-disabled": "RuntimeError: JIT compilation is disabled and AOT kernel fmha_sm100_fwd_e4m3 was not found",
+    "nvfp4-slow-path": "[2026-11-09 10:00:01 TP0] nvfp4_to_fp8 backend=torch",
+    "cuda-oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 268.00 GiB",
+    "dspark-needs-blackwell": "ValueError: M3.1 NVFP4 DSPARK requires Blackwell",
+    "weights-incomplete": "RuntimeError: Cannot find any model weights with `/models/MiniMax-M3.1-Flash`",
+    "nccl-hang": "[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
+                 "WorkNCCL(SeqNum=1, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.",
+    "raw-think-tokens": '{"choices": [{"message": {"role": "assistant", "content": "<mm:think>The user asks about primes."}}]}',
+    "thinking-type-400": '{"object": "error", "message": "thinking.type must be \'adaptive\', \'enabled\' or \'disabled\', '
+                         'got \'on\'.", "type": "BadRequestError", "code": 400}',
+    "reasoning-effort-ignored": '{"model": "/models/MiniMax-M3.1-Flash", "messages": [{"role": "user", "content": "hi"}], '
+                                '"chat_template_kwargs": {"reasoning_effort": "high"}}',
+    "health-failing": 'INFO:     127.0.0.1:50312 - "GET /health HTTP/1.1" 503 Service Unavailable',
+    "remote-image-failed": '{"object": "error", "message": "Timed out while downloading media URL: '
+                           'https://raw.githubusercontent.com/sgl-project/sglang/example_image.png", "code": 400}',
+}
+# Rows seen outside any text: on the container (its mounts) or on the host.
+NON_TEXT_ROWS = {"kernel-cache-not-persisted"}
+
+CLEAN_LOG = """\
+[2026-11-09 10:00:00] server_args={'model_path': '/models/MiniMax-M3.1-Flash', 'reasoning_parser': 'minimax-m3', 'tool_call_parser': 'minimax-m3', 'tp_size': 4}
+[2026-11-09 10:00:05 TP0] DSpark draft found in the target checkpoint's dspark/ subfolder
+[2026-11-09 10:00:09 TP0] Load weight end. type=MiniMaxM3ForCausalLM, avail mem=80.12 GB
+[2026-11-09 10:01:40 TP0] nvfp4_to_fp8 backend=qmul4
+[2026-11-09 10:02:10] The server is fired up and ready to roll!
+INFO:     127.0.0.1:50312 - "GET /health HTTP/1.1" 200 OK
+{"choices": [{"message": {"role": "assistant", "content": "There are 15 primes below 50.", "reasoning_content": null}}]}
+{"model": "/models/MiniMax-M3.1-Flash", "thinking": {"type": "adaptive"}, "reasoning_effort": "high"}
+"""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("models"))
+
+
+def diagnose(*args, env: dict | None = None):
+    return run_mm("diagnose", *args, extra_env=env)
+
+
+def test_the_table_holds_every_row_of_the_guides_troubleshooting_table_with_sources():
+    table = load_table()
+    assert [r.guide_row for r in table.rows] == list(range(1, 13))
+    assert table.path.name == PIN.troubleshooting == "minimax-m3.1-flash.troubleshooting.json"
+    seed = Path(__file__).resolve().parents[2] / "shared" / "seeds"
+    chinese = next(iter(sorted(seed.glob("004_*.txt"))), None) if seed.is_dir() else None
+    for row in table.rows:
+        assert row.symptom and row.cause and row.fix and row.change and row.detect
+        assert all(d.pattern_source for d in row.detect) and "故障排查" in row.guide
+        if chinese:  # the guide's own symptom text, verbatim
+            assert row.guide.split(": ", 1)[1] in chinese.read_text(encoding="utf-8")
+    assert set(ROW_INPUTS) | NON_TEXT_ROWS == {r.id for r in table.rows}
+
+
+@pytest.mark.parametrize("row", sorted(ROW_INPUTS))
+def test_each_rows_synthetic_input_gives_exactly_that_row(row, tmp_path):
+    log = tmp_path / f"{row}.log"
+    log.write_text("[2026-11-09 10:00:00] starting\n" + ROW_INPUTS[row] + "\n[2026-11-09 10:00:02] exiting\n")
+    result = diagnose(log, "--json")
+    assert result.returncode == 1, result.stdout + result.stderr
+    doc = json.loads(result.stdout)
+    assert [f["row"] for f in doc["findings"]] == [row]
+    finding = doc["findings"][0]
+    assert finding["line"] == ROW_INPUTS[row] and finding["line_number"] == 2 and finding["where"] == str(log)
+    assert finding["cause"] and finding["fix"] and finding["guide"]
+
+
+def test_a_clean_log_matches_nothing_with_or_without_the_recipe(model_dir, tmp_path):
+    log = tmp_path / "clean.log"
+    log.write_text(CLEAN_LOG)
+    plain = diagnose(log)
+    assert plain.returncode == 0 and "no row of the guide's troubleshooting table matches (8 lines read)" in plain.stdout
+    with_recipe = diagnose(log, "--model-dir", model_dir, "--hardware", "b300", "--json")
+    assert with_recipe.returncode == 0 and json.loads(with_recipe.stdout)["findings"] == []
+
+
+def test_the_ready_line_without_any_nvfp4_line_is_the_slow_path_only_where_the_recipe_expects_qmul4(model_dir, tmp_path):
+    log = tmp_path / "no-nvfp4.log"
+    log.write_text("\n".join(line for line in CLEAN_LOG.splitlines() if "nvfp4" not in line) + "\n")
+    assert diagnose(log).returncode == 0  # recipe unknown: absence proves nothing
+    b300 = diagnose(log, "--model-dir", model_dir, "--hardware", "b300", "--json")
+    assert b300.returncode == 1
+    assert [(f["row"], f["line"]) for f in json.loads(b300.stdout)["findings"]] == [
+        ("nvfp4-slow-path", "[2026-11-09 10:02:10] The server is fired up and ready to roll!")]
+    rocm = diagnose(log, "--model-dir", model_dir, "--hardware", "mi355x", "--image", ROCM_IMAGE)
+    assert rocm.returncode == 0  # no qmul4 line is expected on ROCm
+
+
+def test_parsers_missing_from_server_args_is_the_raw_token_row(tmp_path):
+    log = tmp_path / "args.log"
+    log.write_text(CLEAN_LOG.replace("'reasoning_parser': 'minimax-m3'", "'reasoning_parser': None"))
+    doc = json.loads(diagnose(log, "--json").stdout)
+    assert [f["row"] for f in doc["findings"]] == ["raw-think-tokens"] and doc["findings"][0]["line_number"] == 1
+
+
+def test_fixes_are_adapted_to_the_recipe_when_the_model_dir_is_known(model_dir, tmp_path):
+    log = tmp_path / "oom.log"
+    log.write_text(ROW_INPUTS["cuda-oom"] + "\n" + ROW_INPUTS["msa-jit-disabled"] + "\n")
+    plain = {f["row"]: f["fix"] for f in json.loads(diagnose(log, "--json").stdout)["findings"]}
+    assert plain["cuda-oom"].startswith("lower --mem-fraction-static below 0.8")
+    cache = tmp_path / "kc"
+    here = {f["row"]: f["fix"] for f in json.loads(diagnose(log, "--json", "--model-dir", model_dir, "--hardware", "b300",
+                                                           "--cache-root", cache).stdout)["findings"]}
+    assert "--mem-fraction-static 0.8 and --chunked-prefill-size 32768" in here["cuda-oom"]
+    assert f"{cache / 'minfer'} (mounted at /root/.cache/minfer)" in here["msa-jit-disabled"]
+
+
+def test_text_output_names_the_row_the_line_the_cause_and_the_fix(tmp_path):
+    log = tmp_path / "x.log"
+    log.write_text(ROW_INPUTS["dspark-needs-blackwell"] + "\n")
+    result = diagnose(log)
+    assert result.returncode == 1
+    assert "row 5 dspark-needs-blackwell" in result.stdout and "line 1: ValueError: M3.1 NVFP4 DSPARK" in result.stdout
+    assert "cause: DSpark is enabled on a non-Blackwell" in result.stdout and "fix: use the H200 recipe" in result.stdout
+
+
+def test_bad_input_is_one_line_and_exit_3(tmp_path):
+    missing = diagnose(tmp_path / "nope.log")
+    assert missing.returncode == 3 and f"{tmp_path / 'nope.log'}: cannot read" in missing.stderr
+    nothing = diagnose("--json")
+    assert nothing.returncode == 3 and json.loads(nothing.stdout)["ok"] is False
+    assert diagnose("--model-dir", tmp_path, "--answer", tmp_path / "x").returncode == 3
+
+
+# --- a container, through the stand-in docker ------------------------------------------------------
+
+def test_diagnose_container_reads_docker_logs_and_finds_a_missing_kernel_cache_mount(model_dir, tmp_path):
+    state = tmp_path / "docker-state"
+    docker = fake_docker.install(tmp_path / "bin", state)
+    env = {"PATH": f"{docker.parent}{os.pathsep}{os.environ['PATH']}"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = subprocess.run([str(docker), "run", "-d", "--name", "guide-quickstart", "-p", f"127.0.0.1:{port}:{port}",
+                          "-e", "HF_HUB_OFFLINE=1", "-v", f"{model_dir}:/models/MiniMax-M3.1-Flash:ro", PIN.image,
+                          "sglang", "serve", "--model-path", "/models/MiniMax-M3.1-Flash", "--port", str(port)],
+                         capture_output=True, text=True, env={**os.environ, **env,
+                                                              "FAKE_SGLANG_LOG_LINES": ROW_INPUTS["cuda-oom"]})
+    assert run.returncode == 0, run.stderr
+    try:
+        for _ in range(100):
+            if "Uvicorn running" in (state / "guide-quickstart.log").read_text():
+                break
+            import time
+            time.sleep(0.05)
+        result = diagnose("--container", "guide-quickstart", "--json", env=env)
+        doc = json.loads(result.stdout)
+        assert result.returncode == 1
+        assert [(f["row"], f["source"]) for f in doc["findings"]] == [("kernel-cache-not-persisted", "container"),
+                                                                         ("cuda-oom", "log")]
+        assert "no mount at /root/.cache/minfer" in doc["findings"][0]["line"]
+        assert doc["findings"][1]["where"] == "docker logs guide-quickstart"
+        h200 = diagnose("--container", "guide-quickstart", "--json", "--model-dir", model_dir, "--hardware", "h200", env=env)
+        assert [f["row"] for f in json.loads(h200.stdout)["findings"]] == ["cuda-oom"]  # no MSA cache off Blackwell
+    finally:
+        subprocess.run([str(docker), "rm", "-f", "guide-quickstart"], capture_output=True, env={**os.environ, **env})
+    gone = diagnose("--container", "guide-quickstart", env=env)
+    assert gone.returncode == 3 and "docker logs failed" in gone.stderr
+
+
+# --- host checks, for mm doctor ------------------------------------------------------------------
+
+def test_host_checks_give_their_rows(model_dir, tmp_path):
+    cache = tmp_path / "cache"
+    plan = plan_node(model_dir, LaunchOptions(hardware="b300", cache_root=cache)).first
+    assert [(f.row, f.where) for f in host_findings(plan)] == [("kernel-cache-not-persisted", "kernel_cache_warm")]
+    cache.mkdir()
+    (cache / "mm-cache-key.json").write_text("{}")
+    assert host_findings(plan) == ()
+    hopper = host_findings(plan, gpu_info="NVIDIA H200, 9.0, 580.65.06\n" * 4)
+    assert [(f.row, f.line) for f in hopper] == [
+        ("dspark-needs-blackwell", "GPU NVIDIA H200 (compute 9.0) with DSpark recipe sglang/b300/balanced")]
+    assert host_findings(plan, gpu_info="NVIDIA B300 SXM6 AC, 10.3, 590.48.01") == ()
+    cli = diagnose("--host-checks", "--model-dir", model_dir, "--hardware", "b300", "--cache-root", cache,
+                   "--gpu-info", "NVIDIA H200, 9.0, 580.65.06", "--json")
+    assert cli.returncode == 1 and [f["row"] for f in json.loads(cli.stdout)["findings"]] == ["dspark-needs-blackwell"]
+
+
+def test_host_check_finds_damaged_weights(model_dir, tmp_path):
+    import shutil
+    damaged = tmp_path / "damaged"
+    shutil.copytree(model_dir, damaged)
+    shard = next(damaged.glob("model-00001-*.safetensors"))
+    shard.unlink()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "mm-cache-key.json").write_text("{}")
+    plan = plan_node(damaged, LaunchOptions(hardware="b300", cache_root=cache), check_dir=False).first
+    findings = host_findings(plan)
+    assert [f.row for f in findings] == ["weights-incomplete"] and shard.name in findings[0].line
+    assert str(damaged) in findings[0].fix and "mm repair" in findings[0].fix
+
+
+def test_hicache_total_is_checked_against_host_memory(model_dir):
+    plan = plan_node(model_dir, LaunchOptions(hardware="mi355x", recipe="high-throughput", image=ROCM_IMAGE,
+                                              gpus=tuple(range(8)))).first
+    assert hicache_fits(plan, 2, mem_total_gb=2048) is None
+    short = hicache_fits(plan, 2, mem_total_gb=1024)
+    assert "HiCache needs 1,440 GB" in short and "1,024 GB" in short
+    assert hicache_fits(plan_node(model_dir, LaunchOptions(hardware="b300")).first, 2, mem_total_gb=1) is None
+
+
+# --- warm-up runs the same diagnosis on failure -----------------------------------------------------
+
+def test_a_single_server_warmup_that_dies_reports_the_rows_its_log_matches(model_dir, tmp_path):
+    state = tmp_path / "docker-state"
+    docker = fake_docker.install(tmp_path / "bin", state)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"PATH": f"{docker.parent}{os.pathsep}{os.environ['PATH']}", "NO_PROXY": "127.0.0.1",
+           "FAKE_SGLANG_LOG_LINES": ROW_INPUTS["cuda-oom"], "FAKE_SGLANG_EXIT_AFTER_LOG": "1"}
+    result = run_mm("warmup", model_dir, "--hardware", "b300", "--port", port, "--cache-root", tmp_path / "cache",
+                    extra_env=env)
+    assert result.returncode == 1
+    report = json.loads((tmp_path / "cache" / "mm-warmup-report.json").read_text())
+    assert [f["row"] for f in report["diagnosis"]] == ["cuda-oom", "health-failing"]
+    assert "exited before /health answered" in report["diagnosis"][1]["line"]
+    assert "--mem-fraction-static 0.8 and --chunked-prefill-size 32768" in report["diagnosis"][0]["fix"]
+    assert "the guide's troubleshooting table:" in result.stdout and "row 4 cuda-oom" in result.stdout
+
+
+def test_a_saved_answer_is_read_beside_the_log(tmp_path):
+    log, answer = tmp_path / "clean.log", tmp_path / "answer.json"
+    log.write_text(CLEAN_LOG)
+    answer.write_text(ROW_INPUTS["thinking-type-400"] + "\n")
+    result = diagnose(log, "--answer", answer, "--json")
+    doc = json.loads(result.stdout)
+    assert result.returncode == 1 and doc["inputs"] == [str(log), str(answer)]
+    assert [(f["row"], f["where"], f["line_number"]) for f in doc["findings"]] == [("thinking-type-400", str(answer), 1)]
