@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,6 +48,30 @@ def eight_file_repo(hub_root, tmp_path_factory) -> tuple[str, str, dict[str, byt
         _tensor_file(src / f"model-{k:05d}-of-00008.safetensors", 3 * MiB, seed=100 + k)
     commit = commit_dir(hub_root / "test-org/wan-eight", src, "first upload")
     return "test-org/wan-eight", commit, {p.name: p.read_bytes() for p in src.iterdir()}
+
+
+@pytest.fixture(scope="session")
+def bigger_than_the_memory_bound_repo(hub_root, tmp_path_factory) -> tuple[str, str, str]:
+    """(repo_id, commit, sha256 of the shard): one 160 MiB shard, more than mm may hold in memory (150 MB)."""
+    src = tmp_path_factory.mktemp("wan-big")
+    _tensor_file(src / BIG, 160 * MiB, seed=14)
+    sha = hashlib.sha256((src / BIG).read_bytes()).hexdigest()
+    commit = commit_dir(hub_root / "test-org/wan-big", src, "first upload", move_lfs=True)
+    return "test-org/wan-big", commit, sha
+
+
+# A child's peak RSS starts at its parent's (Linux keeps the high-water mark across fork and exec), and this
+# process holds test files in memory: a small Python in between starts mm and reports mm's own peak.
+_PEAK_RSS = ("import os, subprocess, sys; p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, "
+             "stderr=subprocess.DEVNULL); _, status, usage = os.wait4(p.pid, 0); "
+             "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)")
+
+
+def peak_rss(argv: list[str], env: dict[str, str]) -> tuple[int, int]:
+    """(exit code, peak RSS in bytes) of ARGV."""
+    out = subprocess.run([sys.executable, "-c", _PEAK_RSS, *argv], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    return int(out[0]), int(out[1])
 
 
 def fetch(run_mm, env, repo, dest: Path, *extra: str):
@@ -112,6 +137,17 @@ def test_one_connection_fetches_each_file_in_one_request(run_mm, hub_env, hub_se
     assert json.loads(r.stdout)["transfer"]["connections_used"] == 1
     for path in eight_file_repo[2]:
         assert [row[2] for row in hub_server.served_for(path)] == [None]  # no Range header: the whole file
+
+
+def test_peak_memory_stays_under_150_mb_for_a_file_bigger_than_that(hub_env, hub_server,
+                                                                   bigger_than_the_memory_bound_repo, tmp_path):
+    repo_id, commit, sha = bigger_than_the_memory_bound_repo
+    hub_server.redirect_lfs = True
+    returncode, peak = peak_rss(mm_argv("fetch", repo_id, "--revision", commit, "--local-dir", tmp_path / "m"), hub_env)
+    assert returncode == 0
+    assert hashlib.sha256((tmp_path / "m" / BIG).read_bytes()).hexdigest() == sha
+    assert len(hub_server.served_for(BIG, "bridge")) > 1  # ranges over several connections
+    assert peak < 150e6, peak
 
 
 # --- kill -9 with several ranges in flight ---
@@ -190,9 +226,13 @@ def test_xet_backed_repo_is_fetched_through_the_bridge_and_its_xet_hash_recorded
     assert {row[0] for row in hub_server.served_for(BIG)} == {"bridge"}
 
 
-def test_the_hub_token_never_reaches_the_bridge(run_mm, hub_env, hub_server, private_repo, tmp_path):
+@pytest.mark.parametrize("redirect", ["xet bridge", "lfs cdn"])
+def test_the_hub_token_never_reaches_the_other_origin(run_mm, hub_env, hub_server, private_repo, tmp_path, redirect):
     repo_id, commit, token = private_repo
-    hub_server.xet_repos.add(repo_id)
+    if redirect == "xet bridge":
+        hub_server.xet_repos.add(repo_id)
+    else:
+        hub_server.redirect_lfs = True
     r = run_mm("fetch", repo_id, "--revision", commit, "--local-dir", str(tmp_path / "m"), "--json",
                env=dict(hub_env, HF_TOKEN=token))
     assert r.returncode == 0, r.stderr
