@@ -39,7 +39,7 @@ from .hashing import Digests, StreamHasher
 from .progress import NULL_PROGRESS, ProgressSink
 
 MiB = 1 << 20
-DEFAULT_CONNECTIONS = 16
+DEFAULT_CONNECTIONS = 32  # the most at once; Connections opens 16 and adds more while they pay
 RANGE_MAX = 16 * MiB  # ranges no longer than this keep the hashing frontier close behind the downloads
 RANGE_MIN = 1 * MiB  # a file smaller than this is one request
 SKIP_LIMIT = RANGE_MIN  # a body starting further than this before the asked offset becomes the file's single stream
@@ -212,27 +212,79 @@ def plan_ranges(gaps: list[tuple[int, int]], size: int, tail: int = 0) -> list[t
 # --- shared budget and accounting ------------------------------------------------------------------
 
 class Connections:
-    """The fetch's connection budget: a range holds one slot while its request is open."""
+    """The fetch's connection budget: a range holds one slot while its request is open.
 
-    def __init__(self, total: int):
+    TOTAL is the most connections at once (`--connections`). The fetch opens up to START of them, then adds
+    connections only while they pay: when ranges are waiting for a slot, the limit doubles, and it is
+    kept if the aggregate rate over the next window grew by at least GROWTH_PAYS of the proportional gain,
+    else it goes back and stays. Behind a per-connection cap (a CDN) every added connection adds its cap;
+    where one connection is not capped (a LAN, the loopback), more connections only cost CPU."""
+
+    START = 16
+    WINDOW = 0.5  # seconds of transfer per rate measurement; the first window (connections opening) is skipped
+    GROWTH_PAYS = 0.25
+
+    def __init__(self, total: int, start: int | None = None, clock=time.monotonic):
         self.total = max(1, total)
-        self._free = self.total
+        self.limit = min(self.total, max(1, start or self.START))
+        self._busy = 0
+        self._waiting = 0
         self._cv = threading.Condition()
         self.peak = 0
+        self._clock = clock
+        self._bytes = 0
+        self._window: tuple[float, int] | None = None  # (start time, bytes then) of the window being measured
+        self._warm = False
+        self._before: tuple[int, float] | None = None  # (limit, rate) before the last growth, until it is judged
+        self._settled = self.limit >= self.total
 
     @contextmanager
     def slot(self) -> Iterator[None]:
         with self._cv:
-            while self._free == 0:
+            self._waiting += 1
+            while self._busy >= self.limit:
                 self._cv.wait()
-            self._free -= 1
-            self.peak = max(self.peak, self.total - self._free)
+            self._waiting -= 1
+            self._busy += 1
+            self.peak = max(self.peak, self._busy)
         try:
             yield
         finally:
             with self._cv:
-                self._free += 1
+                self._busy -= 1
                 self._cv.notify()
+
+    def landed(self, n: int) -> None:
+        """N more bytes arrived (any file): the measure of whether more connections pay."""
+        with self._cv:
+            self._bytes += n
+            if not self._settled:
+                self._adjust(self._clock())
+
+    def _adjust(self, now: float) -> None:
+        if self._window is None:
+            self._window = (now, self._bytes)
+            return
+        began, before = self._window
+        if now - began < self.WINDOW:
+            return
+        rate = (self._bytes - before) / (now - began)
+        self._window = (now, self._bytes)
+        if not self._warm:  # the first window is connections opening, redirects, slow start: not a rate
+            self._warm = True
+            return
+        if self._before is not None:
+            limit, earlier = self._before
+            self._before = None
+            if rate < earlier * (1 + self.GROWTH_PAYS * (self.limit - limit) / limit):
+                self.limit, self._settled = limit, True  # ranges in flight finish; no new one until below
+                return
+        if self._waiting and self.limit < self.total:
+            self._before = (self.limit, rate)
+            self.limit = min(self.total, 2 * self.limit)
+            self._cv.notify_all()
+        elif self.limit >= self.total:
+            self._settled = True
 
 
 @dataclass
@@ -392,8 +444,9 @@ class _File:
     """The state shared by the connections working on one file."""
 
     def __init__(self, job: RangedJob, source: RangeSource, rmap: RangeMap, fd: int, stats: TransferStats,
-                 progress: ProgressSink, rsize: int, share: int):
+                 progress: ProgressSink, rsize: int, share: int, connections: "Connections"):
         self.job, self.source, self.rmap, self.fd, self.stats, self.progress = job, source, rmap, fd, stats, progress
+        self.connections = connections
         self.lock = threading.Condition()
         self.pending: deque[tuple[int, int]] = deque(plan_ranges(rmap.gaps(), rsize, tail=share if share > 1 else 0))
         self.inflight: set[_Range] = set()
@@ -454,6 +507,7 @@ class _File:
                 self.rmap.add(s, e)
             self.hasher.written(s, part, e - s)
             self.progress.advance(e - s)
+            self.connections.landed(e - s)
         with self.lock:
             r.pos = max(r.pos, end)
             r.landed += length
@@ -489,8 +543,9 @@ def download(job: RangedJob, source: RangeSource, connections: Connections, stat
     fd = os.open(job.partial, os.O_RDWR | os.O_CREAT, 0o644)
     f = None
     try:
-        rsize = range_size(job.size, share) if share > 1 else job.size  # one connection: one request per gap
-        f = _File(job, source, rmap, fd, stats, progress, rsize, share)
+        planned = min(share, connections.limit)  # ranges sized for the connections open now (more may come)
+        rsize = range_size(job.size, planned) if share > 1 else job.size  # one connection: one request per gap
+        f = _File(job, source, rmap, fd, stats, progress, rsize, planned if share > 1 else 1, connections)
         progress.advance(resumed)
         workers = [threading.Thread(target=_work, args=(f, connections), name="mm-range", daemon=True)
                    for _ in range(min(share, max(1, len(f.pending))) - 1)]

@@ -114,7 +114,7 @@ def test_one_big_file_is_fetched_over_many_connections_through_the_redirect(run_
     doc = json.loads(r.stdout)
     big = next(f for f in doc["files"] if f["path"] == BIG)
     assert big["connections"] > 1 and big["ranges"] > 1
-    assert doc["transfer"]["connections"] == 16 and doc["transfer"]["connections_used"] > 1
+    assert doc["transfer"]["connections"] == 32 and doc["transfer"]["connections_used"] > 1
     served = hub_server.served_for(BIG)
     assert {row[0] for row in served if row[3] == 206} == {"bridge"}  # ranges go to the redirect's target
     assert sum(row[4] for row in served) == len(one_file_repo[2][BIG])  # every byte once

@@ -66,6 +66,104 @@ def test_one_huge_file_gets_every_connection_and_a_small_file_one():
     assert [e - s for s, e in ranges] == [8 * MiB] * 4 + [4 * MiB] * 8 and ranges[-1][1] == 64 * MiB
 
 
+# --- how many connections: start with 16, add more while they pay ---
+
+class Demand:
+    """N threads each holding a slot of CONNECTIONS until stopped (those past the limit wait: the demand)."""
+
+    def __init__(self, connections: Connections, n: int):
+        self.connections, self.stop, self.holding = connections, threading.Event(), 0
+        self._lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._hold, daemon=True) for _ in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _hold(self) -> None:
+        with self.connections.slot():
+            with self._lock:
+                self.holding += 1
+            self.stop.wait()
+
+    def settle(self, holding: int) -> None:
+        deadline = time.monotonic() + 10
+        while self.holding != holding and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert self.holding == holding
+
+    def end(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+def windows(connections: Connections, clock: list[float], rates: list[float]) -> None:
+    """One measurement window per rate (bytes/s), on the fake CLOCK (the first bytes open the first window)."""
+    connections.landed(0)
+    for rate in rates:
+        for _ in range(4):  # quarters of a window: exact in binary, so a window ends exactly on its last step
+            clock[0] += Connections.WINDOW / 4
+            connections.landed(int(rate * Connections.WINDOW / 4))
+
+
+def test_connections_are_added_while_the_aggregate_rate_grows_with_them():
+    clock = [0.0]
+    c = Connections(64, clock=lambda: clock[0])
+    demand = Demand(c, 80)
+    try:
+        demand.settle(16)  # 16 to start with
+        windows(c, clock, [100e6, 320e6])  # opening (not judged), then the rate at 16
+        demand.settle(32)  # ranges were waiting: the limit doubled
+        windows(c, clock, [640e6])  # the 16 more paid
+        demand.settle(64)
+        windows(c, clock, [1280e6, 1280e6])
+        assert c.limit == 64 and c.peak == 64
+    finally:
+        demand.end()
+
+
+def test_connections_added_that_do_not_raise_the_rate_are_given_back_for_good():
+    clock = [0.0]
+    c = Connections(32, clock=lambda: clock[0])
+    demand = Demand(c, 40)
+    try:
+        windows(c, clock, [100e6, 300e6])
+        demand.settle(32)
+        windows(c, clock, [340e6])  # +13% for twice the connections: not worth their CPU
+        assert c.limit == 16
+        windows(c, clock, [300e6] * 4)
+        assert c.limit == 16 and c.peak == 32
+    finally:
+        demand.end()
+
+
+def test_connections_are_not_added_without_ranges_waiting_for_one():
+    clock = [0.0]
+    c = Connections(32, clock=lambda: clock[0])
+    demand = Demand(c, 8)  # eight small files, one connection each
+    try:
+        demand.settle(8)
+        for rate in [100e6] + [160e6] * 4:
+            windows(c, clock, [rate])
+            assert c.limit == 16
+        assert c.peak == 8
+    finally:
+        demand.end()
+
+
+def test_an_explicit_budget_of_16_or_less_is_used_as_given():
+    c = Connections(12)
+    assert c.limit == 12
+    clock = [0.0]
+    c = Connections(12, clock=lambda: clock[0])
+    demand = Demand(c, 20)
+    try:
+        windows(c, clock, [100e6, 100e6, 300e6, 900e6])  # would be judged worth growing
+        demand.settle(12)
+        assert c.limit == 12
+    finally:
+        demand.end()
+
+
 # --- downloads from a source in memory ---
 
 class MemorySource:
