@@ -20,12 +20,10 @@ import click
 from .artifacts.bundle.payloads import PAYLOAD_KINDS
 from .artifacts.errors import IntegrityError, MMError, ProblemsFound
 from .artifacts.fsutil import human_bytes
-from .artifacts.manifest import export_sums_files
-from .artifacts.pins import pinned_target
 from .artifacts.progress import NULL_PROGRESS, ProgressSink
-from .artifacts.verify import VerifyReport, summary_counts, upstream_target, verify_dir, verify_upstream
 
-if TYPE_CHECKING:  # heavy modules are imported inside the commands that use them (start-up time)
+if TYPE_CHECKING:  # library modules are imported inside the commands that use them (start-up time)
+    from .artifacts.verify import VerifyReport
     from rich.console import Console
 
     from .artifacts import fetch as mm_fetch, launch as mm_launch, mirror as ms_mirror
@@ -184,6 +182,7 @@ def main() -> None:
 
 def _fetch_request(repo: str | None, revision: str | None, local_dir: Path | None, **options) -> mm_fetch.FetchRequest:
     from .artifacts import fetch as mm_fetch
+    from .artifacts.pins import pinned_target
     t = pinned_target(repo, revision)
     return mm_fetch.FetchRequest(repo_id=t.repo_id, revision=t.revision or "main",
                                  local_dir=local_dir or Path(t.repo_id.split("/")[-1]), **options)
@@ -241,9 +240,12 @@ def _fetch_exit_code(result: mm_fetch.FetchResult) -> int:
 @click.option("--mirror-only", is_flag=True, help="With --source modelscope: nothing from the Hub; fail naming the files the mirror cannot supply.")
 @click.option("--pin-manifest", type=click.Path(path_type=Path),
               help="With --source modelscope: the pin's identities from this mm manifest, for when the Hub is unreachable.")
+@click.option("--sign-with", type=click.Path(path_type=Path),
+              help="Sign the manifest at the end (as `mm sign DIR --key KEY`) when every file was fetched.")
 @json_option
 @handles_errors
-def fetch(repo, revision, local_dir, include, exclude, connections, workers, source, mirror_only, pin_manifest, json_out):
+def fetch(repo, revision, local_dir, include, exclude, connections, workers, source, mirror_only, pin_manifest, sign_with,
+          json_out):
     """Download a pinned revision, verify every file against the Hub, write the manifest.
 
     Resumes across runs; the token comes from HF_TOKEN or the stored login, the endpoint from HF_ENDPOINT.
@@ -252,11 +254,21 @@ def fetch(repo, revision, local_dir, include, exclude, connections, workers, sou
     req = _fetch_request(repo, revision, local_dir, include=tuple(include), exclude=tuple(exclude), workers=workers,
                          connections=connections)
     plan = _mirror_plan(req, source, mirror_only, pin_manifest)  # mirror (issue 4)
+    if sign_with is not None and not Path(sign_with).exists():  # before the download, not after it
+        raise MMError(f"{sign_with}: no such key file (give a private key, or KEY.pub with its key in ssh-agent)")
     result = mm_fetch.fetch(req, progress_for(json_out), plan=plan)
+    signed = None
+    if sign_with is not None and not result.failed:
+        from .artifacts import signing
+        signed = signing.sign_manifest(req.local_dir, sign_with)
     if json_out:
-        emit_json({"ok": not result.failed, **to_jsonable(result)})
+        emit_json({"ok": not result.failed, **to_jsonable(result), "signed": to_jsonable(signed)})
     else:
         _render_fetch(result)
+        if signed:
+            _render_signed(signed)
+        elif sign_with is not None:
+            err.print("not signed: some files failed", markup=False)
     sys.exit(_fetch_exit_code(result))
 
 
@@ -296,6 +308,7 @@ def manifest_create(directory, repo, revision, offline, jobs, json_out):
 @handles_errors
 def manifest_export(directory, fmt, json_out):
     """Write SHA256SUMS / B3SUMS into DIR/.mm/ for `sha256sum -c` and `b3sum --check` (run from DIR)."""
+    from .artifacts.manifest import export_sums_files
     written = export_sums_files(directory, ("sha256", "blake3") if fmt == "both" else (fmt,))
     if json_out:
         emit_json({"ok": True, "written": written})
@@ -310,11 +323,13 @@ def manifest_export(directory, fmt, json_out):
 
 
 def _verify_doc(report: VerifyReport) -> dict:
+    from .artifacts.verify import summary_counts
     return {"ok": report.ok, **to_jsonable(report), "bytes_per_second": report.bytes_per_second,
             "counts": summary_counts(report.problems)}
 
 
 def _counts_text(report: VerifyReport) -> str:
+    from .artifacts.verify import summary_counts
     return ", ".join(f"{n} {kind}" for kind, n in sorted(summary_counts(report.problems).items()))
 
 
@@ -343,25 +358,110 @@ def _problems_found(report: VerifyReport, what: str) -> None:
                                                "not the manifest; needs the Hub.")
 @click.option("--repo", help="With --upstream: the Hub repo. Default: the manifest's.")
 @click.option("--revision", help="With --upstream: the revision. Default: the manifest's commit.")
+@click.option("--allowed-signers", type=click.Path(path_type=Path),
+              help="Check the manifest's SSH signature (.mm/manifest.json.sig) against this allowed_signers file "
+                   "first (an unsigned or wrongly signed manifest: exit 5), then every byte.")
+@click.option("--identity", help="With --allowed-signers: the signer identity (principal) to require.")
 @json_option
 @handles_errors
-def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, json_out):
+def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, allowed_signers, identity, json_out):
     """Check every byte of DIR against its manifest, every file present and nothing extra, every
-    safetensors shard and index sound. Exit 0 all good, 1 problems found, 3 could not run."""
+    safetensors shard and index sound. Exit 0 all good, 1 problems found, 3 could not run, 5 bad signature."""
+    from .artifacts.verify import upstream_target, verify_dir, verify_upstream
     progress = progress_for(json_out)
+    signature = None
+    if identity and not allowed_signers:
+        raise click.UsageError("--identity needs --allowed-signers")
     if upstream:
+        if allowed_signers:
+            raise click.UsageError("--allowed-signers checks the manifest; --upstream does not use it")
         repo_id, rev = upstream_target(directory, manifest_file, repo, revision)
         report = verify_upstream(directory, repo_id, rev, quick=quick, jobs=jobs, progress=progress)
     else:
         if repo or revision:
             raise click.UsageError("--repo and --revision only apply with --upstream")
-        report = verify_dir(directory, quick=quick, jobs=jobs, progress=progress, manifest_file=manifest_file)
+        manifest_obj = None
+        if allowed_signers:
+            signature, manifest_obj = _checked_signature(directory, allowed_signers, identity, manifest_file)
+            if not json_out:
+                _render_signature(signature)
+        report = verify_dir(directory, manifest_obj, quick=quick, jobs=jobs, progress=progress,
+                            manifest_file=manifest_file)
     if json_out:
-        emit_json(_verify_doc(report))
+        emit_json({**_verify_doc(report), **({"signature": to_jsonable(signature)} if signature else {})})
         sys.exit(0 if report.ok else ProblemsFound.exit_code)
     _render_verify(report)
     if not report.ok:
         _problems_found(report, "found")
+
+
+def _checked_signature(directory: Path, allowed_signers: Path, identity: str | None, manifest_file: Path | None = None):
+    """(SignatureReport, the Manifest parsed from exactly the bytes whose signature was checked)."""
+    from .artifacts import signing
+    from .artifacts.manifest import from_dict
+    report, data = signing.verify_dir_signature(directory, allowed_signers, identity, manifest_file)
+    try:
+        doc = json.loads(data)
+    except ValueError as e:
+        raise MMError(f"{report.signature_path}: signed manifest is not valid JSON ({e})") from None
+    return report, from_dict(doc, str(report.signature_path).removesuffix(".sig"))
+
+
+def _render_signature(report) -> None:
+    out.print(f"signature: good, {report.describe()}, allowed by {report.allowed_signers}",
+              markup=False, highlight=False, soft_wrap=True)
+
+
+def _signature_options(fn: Callable) -> Callable:
+    """--require-signature / --allowed-signers / --identity for commands that consume a manifest."""
+    options = [
+        click.option("--require-signature", is_flag=True,
+                     help="Refuse (exit 5), before writing anything, a manifest that is unsigned or not signed by a "
+                          "key in --allowed-signers."),
+        click.option("--allowed-signers", type=click.Path(path_type=Path),
+                     help="OpenSSH allowed_signers file for the manifest's signature (namespace mm-manifest); "
+                          "given alone, a signature present must verify and an unsigned manifest is noted."),
+        click.option("--identity", help="With --allowed-signers: the signer identity (principal) to require."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _signature_policy(require_signature: bool, allowed_signers: Path | None, identity: str | None) -> bool:
+    """True when a signature must be checked; usage errors for options that make no sense together."""
+    if require_signature and not allowed_signers:
+        raise click.UsageError("--require-signature needs --allowed-signers FILE")
+    if identity and not allowed_signers:
+        raise click.UsageError("--identity needs --allowed-signers")
+    return bool(allowed_signers)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--key", required=True, type=click.Path(path_type=Path),
+              help="SSH key for `ssh-keygen -Y sign`: a private key file, or KEY.pub whose key ssh-agent holds "
+                   "(keys with a passphrase, hardware keys).")
+@json_option
+@handles_errors
+def sign(directory, key, json_out):
+    """Sign DIR/.mm/manifest.json with ssh-keygen (namespace mm-manifest), writing .mm/manifest.json.sig.
+
+    mm never reads the private key: ssh-keygen does, or ssh-agent signs (SSH_AUTH_SOCK)."""
+    from .artifacts import signing
+    result = signing.sign_manifest(directory, key)
+    if json_out:
+        emit_json({"ok": True, **to_jsonable(result)})
+        return
+    _render_signed(result)
+
+
+def _render_signed(result) -> None:
+    from .artifacts import signing
+    out.print(f"signed {result.manifest_path} with {result.key_type} key {result.fingerprint}: "
+              f"{result.signature_path}", markup=False, highlight=False, soft_wrap=True)
+    out.print("check without mm: cd DIR/.mm && " + signing.verify_command(), markup=False, highlight=False,
+              soft_wrap=True)
 
 
 @main.command()
@@ -433,6 +533,7 @@ def _mirror_plan(req: mm_fetch.FetchRequest, source: str, mirror_only: bool,
             raise click.UsageError("--mirror-only and --pin-manifest need --source modelscope")
         return None
     from .artifacts import mirror as ms_mirror
+    from .artifacts.pins import pinned_target
     pin = pinned_target(req.repo_id, req.revision).pin
     return ms_mirror.plan_fetch(req, source, pin.modelscope_id if pin else None, mirror_only=mirror_only,
                                 pin_manifest=pin_manifest)[0]
@@ -528,13 +629,16 @@ def bundle():
 @click.option("--no-sync", "no_sync", is_flag=True,
               help="Do not fsync the volumes (a staging disk you copy from with other tools). A rerun still re-checks "
                    "every volume before keeping it; flush (`sync`, unmount) before unplugging the disk.")
+@click.option("--parity", type=click.IntRange(0, 31), default=0, show_default=True,
+              help="Reed-Solomon parity volumes to add: any that many lost or damaged volumes can be rebuilt "
+                   "(e.g. 2 for ten data volumes).")
 @json_option
 @handles_errors
-def bundle_create(directory, out_dir, volume_size, name, cache_key, no_sync, json_out, **kw):
-    """Write the model (and payloads) as self-describing tar volumes; a rerun resumes."""
+def bundle_create(directory, out_dir, volume_size, name, cache_key, no_sync, parity, json_out, **kw):
+    """Write the model (and payloads) as self-describing tar volumes, plus --parity volumes; a rerun resumes."""
     from .artifacts.bundle.pack import create_bundle
     result = create_bundle(directory, out_dir, volume_size, name=name, payloads=_payload_sources(kw), cache_key=cache_key,
-                           progress=progress_for(json_out), sync=not no_sync)
+                           progress=progress_for(json_out), sync=not no_sync, parity=parity)
     if json_out:  # each payload kind under its own key, beside the rest
         emit_json({key: value for field_name, v in to_jsonable(result).items()
                    for key, value in (v.items() if field_name == "payloads" else [(field_name, v)])})
@@ -543,6 +647,12 @@ def bundle_create(directory, out_dir, volume_size, name, cache_key, no_sync, jso
         err.print(f"note: {note}", markup=False)
     for v in result.volumes:
         out.print(f"{'kept ' if v.kept else 'wrote'} {v.path} ({human_bytes(v.size)})", highlight=False, markup=False, soft_wrap=True)
+    for v in result.parity_volumes:
+        out.print(f"wrote {v.path} ({human_bytes(v.size)}, parity {v.number} of {len(result.parity_volumes)})",
+                  highlight=False, markup=False, soft_wrap=True)
+    if result.signed:
+        out.print("the manifest's signature travels in every volume (MMBUNDLE/manifest.json.sig)",
+                  highlight=False, markup=False, soft_wrap=True)
     out.print(f"bundle {result.name} (id {result.bundle_id}): {len(result.volumes)} volume(s), "
               f"{human_bytes(result.total_bytes)} of data. Check the disks with: mm bundle verify {result.out}",
               highlight=False, markup=False, soft_wrap=True)
@@ -566,7 +676,8 @@ def bundle_verify(volumes, json_out):
         emit_json(report)
     else:
         for v in report.verdicts:
-            out.print(f"{v.status:<8} {v.path}" + (f"  (volume {v.volume} of {v.volumes})" if v.volume else ""),
+            what = "parity" if v.kind == "parity" else "volume"
+            out.print(f"{v.status:<8} {v.path}" + (f"  ({what} {v.volume} of {v.volumes})" if v.volume else ""),
                       highlight=False, markup=False, soft_wrap=True)
             for problem in v.problems:
                 out.print(f"         {problem}", highlight=False, markup=False, soft_wrap=True)
@@ -576,10 +687,45 @@ def bundle_verify(volumes, json_out):
         else:
             out.print(f"bundle {report.name} ({report.bundle_id}): {report.volumes} volume(s); missing: {missing}",
                       highlight=False, markup=False, soft_wrap=True)
+            if report.parities:
+                gone = ", ".join(str(n) for n in report.parity_missing) or "none"
+                out.print(f"parity: {report.parities} volume(s); missing: {gone}", highlight=False, markup=False,
+                          soft_wrap=True)
+            if report.recovery:
+                out.print(report.recovery, highlight=False, markup=False, soft_wrap=True)
     if not report.ok:
         bad = [f"{Path(v.path).name} {v.status}" for v in report.verdicts if v.status != "OK"]
         err.print(f"mm: bundle verify: {', '.join(bad)}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(ProblemsFound.exit_code)
+
+
+@bundle.command("repair-volume")
+@click.argument("volumes", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(path_type=Path),
+              help="Where rebuilt volume files go. Default: beside the first volume given.")
+@click.option("--no-sync", "no_sync", is_flag=True, help="Do not fsync the rebuilt volumes.")
+@json_option
+@handles_errors
+def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
+    """Write lost or damaged volume files back from the others and the parity volumes, byte-identical.
+
+    Every volume given is checked first; a rebuilt data volume gets its name only when its whole-file blake3 is
+    the one the parity index records. Exit 0 repaired (or nothing to repair), 1 too many volumes lost (the
+    message says which would be enough), 3 no usable parity volume."""
+    from .artifacts.bundle.repair import repair_volumes
+    report = repair_volumes(list(volumes), out_dir, sync=not no_sync, progress=progress_for(json_out))
+    if json_out:
+        emit_json(report)
+        return
+    for note in report.notes:
+        err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    for path in report.rebuilt:
+        out.print(f"rebuilt  {path} (byte-identical, blake3 checked)", highlight=False, markup=False, soft_wrap=True)
+    for path in report.parity_rewritten:
+        out.print(f"rewrote  {path} (parity)", highlight=False, markup=False, soft_wrap=True)
+    if not report.rebuilt and not report.parity_rewritten:
+        out.print(f"bundle {report.name}: nothing to repair ({len(report.intact)} data volume(s) intact)",
+                  highlight=False, markup=False, soft_wrap=True)
 
 
 @main.command()
@@ -589,17 +735,20 @@ def bundle_verify(volumes, json_out):
 @click.option("--no-sync", "no_sync", is_flag=True,
               help="Do not fsync imported files (a scratch copy): files are still named only once their hashes match, "
                    "and the final verify still runs; a crash can lose what the page cache held.")
+@_signature_options
 @json_option
 @handles_errors
-def unbundle(volumes, dest, no_sync, json_out, **kw):
+def unbundle(volumes, dest, no_sync, require_signature, allowed_signers, identity, json_out, **kw):
     """Import volumes (files or directories, any order, some now and the rest later) into DEST, then verify.
 
     Exit 0 imported (volumes may still be missing), 5 a volume or member was refused, 1 the final verify
     failed, 7 not enough space.
     """
     from .artifacts.bundle.unpack import Outcome, unbundle as import_volumes
+    _signature_policy(require_signature, allowed_signers, identity)
     report = import_volumes(list(volumes), dest, payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS},
-                            progress=progress_for(json_out), sync=not no_sync)
+                            progress=progress_for(json_out), sync=not no_sync, allowed_signers=allowed_signers,
+                            identity=identity, require_signature=require_signature)
     exit_code, why = {Outcome.IMPORTED: (0, ""),
                       Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),
                       Outcome.VERIFY_FAILED: (ProblemsFound.exit_code, "final verify found problems")}[report.outcome]
@@ -607,8 +756,22 @@ def unbundle(volumes, dest, no_sync, json_out, **kw):
         doc = to_jsonable(report)
         emit_json({"ok": doc.pop("ok"), "exit_code": exit_code, **doc})
     else:
+        if report.signature:
+            s = report.signature
+            out.print(f"signature: good, signed by {s['identity']} ({s['key_type']} key {s['fingerprint']})",
+                      highlight=False, markup=False, soft_wrap=True)
+        elif allowed_signers:
+            err.print("note: the bundle's manifest is not signed", markup=False, highlight=False, soft_wrap=True)
         for line in report.refused + report.corrupt:
             err.print(f"refused: {line}", markup=False, highlight=False, soft_wrap=True)
+        for note in report.notes:
+            err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+        if report.rebuilt:
+            out.print(f"rebuilt from parity {', '.join(map(str, report.parity_used))}: volume(s) "
+                      f"{', '.join(map(str, report.rebuilt))} (each checked whole, then imported)",
+                      highlight=False, markup=False, soft_wrap=True)
+        if report.recovery:
+            out.print(report.recovery, highlight=False, markup=False, soft_wrap=True)
         out.print(f"{len(report.imported)} file(s) imported, {report.skipped} already present, from "
                   f"{len(report.used)} volume(s) of {report.name} ({report.bundle_id}).", highlight=False, markup=False, soft_wrap=True)
         if report.complete:
@@ -630,6 +793,170 @@ def unbundle(volumes, dest, no_sync, json_out, **kw):
         if not json_out:
             err.print(f"mm: unbundle {dest}: {why}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exit_code)
+
+
+# --- OCI registry: push / pull / inspect (issue 14) -------------------------------------------
+
+def registry_options(fn: Callable) -> Callable:
+    """Auth and transport options shared by push, pull and inspect. The password only ever comes from stdin."""
+    for option in reversed([
+        click.option("--username", help="Registry user (with --password-stdin). Default: ~/.docker/config.json, or "
+                                        "REGISTRY_AUTH_FILE; else anonymous."),
+        click.option("--password-stdin", is_flag=True, help="Read the password (or token) from standard input."),
+        click.option("--plain-http", is_flag=True, help="Plain HTTP to a registry that is not on loopback (loopback always is)."),
+        click.option("--ca-file", type=click.Path(path_type=Path, dir_okay=False),
+                     help="PEM CA bundle for the registry's HTTPS certificate. Default: the system's CAs."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _registry_access(ref_text: str, username: str | None, password_stdin: bool, plain_http: bool, ca_file: Path | None):
+    from .artifacts.oci import client as oci_client
+    ref = oci_client.parse_reference(ref_text)
+    password = None
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+        if not password:
+            raise click.UsageError("--password-stdin: nothing on standard input")
+    if password_stdin and not username:
+        raise click.UsageError("--password-stdin needs --username")
+    creds = oci_client.load_credentials(ref.registry, username, password)
+    return creds, oci_client.Transport(plain_http=plain_http, ca_file=ca_file)
+
+
+def _transfer_summary(items, nbytes: int, seconds: float) -> tuple[Counter, str]:
+    """Counts by status, and "(bytes, rate[, N resumed])" for a push or pull report's blobs or files."""
+    resumed = sum(1 for item in items if item.resumed_from)
+    rate = nbytes / seconds if seconds else 0
+    return Counter(item.status for item in items), \
+        f"({human_bytes(nbytes)}, {human_bytes(rate)}/s{f', {resumed} resumed' if resumed else ''})"
+
+
+@main.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("reference")
+@registry_options
+@click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Blobs uploaded in parallel.")
+@click.option("--chunk-size", default="64MiB", show_default=True, help="Upload big blobs in chunks of this size (PATCH).")
+@click.option("--mount-from", metavar="REPOSITORY", help="Another repository of the same registry holding some of the "
+                                                         "blobs: mount them instead of uploading.")
+@click.option("--max-blob-size", help="Refuse (exit 7, nothing pushed) a file above this size: the registry's single-blob "
+                                      "limit (e.g. 100G for distribution on S3 with default parts, 20G for Kraken).")
+@json_option
+@handles_errors
+def push(directory, reference, username, password_stdin, plain_http, ca_file, workers, chunk_size, mount_from,
+         max_blob_size, json_out):
+    """Push a verified model directory to an OCI registry as a CNCF ModelPack artifact.
+
+    REFERENCE is host[:port]/repository[:tag]; the tag defaults to the manifest's short revision. Refuses
+    (exit 1) a directory whose `mm verify --quick` fails. A rerun skips what the registry has and resumes uploads.
+    """
+    from .artifacts.bundle.format import parse_size
+    from .artifacts.oci import push as oci_push
+    creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
+    options = oci_push.PushOptions(credentials=creds, transport=transport, workers=workers,
+                                   chunk_size=parse_size(chunk_size), mount_from=mount_from,
+                                   max_blob_size=parse_size(max_blob_size) if max_blob_size else None)
+    report = oci_push.push(directory, reference, options, progress_for(json_out))
+    if json_out:
+        emit_json({"ok": True, **to_jsonable(report)})
+        return
+    for note in report.notes:
+        err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    counts, moved = _transfer_summary(report.blobs, report.bytes_sent, report.seconds)
+    out.print(f"pushed {report.reference} ({report.repo_id}@{report.revision[:12]}): {counts['uploaded']} uploaded "
+              f"{moved}, {counts['present']} already there, {counts['mounted']} mounted", markup=False, highlight=False,
+              soft_wrap=True)
+    out.print(f"digest: {report.digest}", markup=False, highlight=False)
+    out.print(f"pull with: mm pull {report.reference.rsplit(':', 1)[0]}@{report.digest} --local-dir DIR",
+              markup=False, highlight=False, soft_wrap=True)
+
+
+def _render_inspect(report) -> None:
+    out.print(f"{report.reference} -> {report.digest}", markup=False, highlight=False, soft_wrap=True)
+    out.print(f"model: {report.repo_id or '?'} revision {report.revision or '?'}", markup=False, highlight=False)
+    fields = ", ".join(f"{k} {v}" for k, v in report.config.items() if isinstance(v, str))
+    if fields:
+        out.print(f"config: {fields}", markup=False, highlight=False, soft_wrap=True)
+    for f in report.files:
+        kind = f["media_type"].rsplit(".model.", 1)[-1]
+        out.print(f"{human_bytes(f['size']):>10}  {kind:<22} {f['path']}", markup=False, highlight=False, soft_wrap=True)
+    signed = {None: "unknown (not pushed by mm)", True: "yes (check with mm pull --allowed-signers FILE)",
+              False: "no"}[report.signed]
+    out.print(f"{len(report.files)} files, {human_bytes(report.total_bytes)}; mm manifest: "
+              f"{'yes' if report.mm_manifest else 'no'}; signed: {signed}", markup=False, highlight=False, soft_wrap=True)
+
+
+@main.command()
+@click.argument("reference")
+@click.option("--local-dir", type=click.Path(path_type=Path), help="Target directory (required unless --list).")
+@click.option("--list", "list_only", is_flag=True, help="Show the artifact's files, sizes and revision; download nothing.")
+@registry_options
+@click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Blobs downloaded in parallel.")
+@_signature_options
+@json_option
+@handles_errors
+def pull(reference, local_dir, list_only, username, password_stdin, plain_http, ca_file, workers, require_signature,
+         allowed_signers, identity, json_out):
+    """Pull a ModelPack artifact that mm pushed, proving every byte (sha256 and blake3) before naming a file.
+
+    The tag is resolved to a digest once; resumes across runs; ends with the quick verify (exit 1 if it fails).
+    With --allowed-signers the manifest's signature is checked before anything is written (exit 5 if not good).
+    """
+    from .artifacts.oci import pull as oci_pull
+    _signature_policy(require_signature, allowed_signers, identity)
+    creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
+    if list_only:
+        report = oci_pull.inspect(reference, creds, transport)
+        emit_json(report) if json_out else _render_inspect(report)
+        return
+    if local_dir is None:
+        raise click.UsageError("--local-dir is required (or --list)")
+    report = oci_pull.pull(reference, local_dir, creds, transport, workers=workers, progress=progress_for(json_out),
+                           allowed_signers=allowed_signers, identity=identity, require_signature=require_signature)
+    code = max((f.exit_code for f in report.failed), default=0) or (ProblemsFound.exit_code if report.verify_problems else 0)
+    if json_out:
+        emit_json({"ok": code == 0, **to_jsonable(report)})
+        sys.exit(code)
+    if report.signature:
+        s = report.signature
+        out.print(f"signature: good, signed by {s['identity']} ({s['key_type']} key {s['fingerprint']})",
+                  highlight=False, markup=False, soft_wrap=True)
+    elif allowed_signers:
+        err.print("note: the artifact's manifest is not signed", markup=False, highlight=False, soft_wrap=True)
+    for f in report.failed:
+        err.print(f"FAILED {f.path}: {f.error}", markup=False, highlight=False, soft_wrap=True)
+    counts, moved = _transfer_summary(report.files, report.bytes_transferred, report.seconds)
+    out.print(f"{report.source}: {report.repo_id}@{report.revision[:12]}: {counts['downloaded']} downloaded {moved}, "
+              f"{counts['present']} already present, {counts['failed']} failed", markup=False, highlight=False, soft_wrap=True)
+    if report.removed:
+        out.print(f"removed {len(report.removed)} file(s) of the earlier revision: {', '.join(report.removed[:5])}",
+                  markup=False, highlight=False, soft_wrap=True)
+    if not report.failed:
+        verdict = "OK" if not report.verify_problems else f"{len(report.verify_problems)} problem(s)"
+        out.print(f"verify --quick {report.local_dir}: {verdict}", markup=False, highlight=False, soft_wrap=True)
+        for problem in report.verify_problems:
+            out.print(f"  {problem}", markup=False, highlight=False, soft_wrap=True)
+        out.print(f"Manifest: {report.manifest_path}", markup=False, highlight=False, soft_wrap=True)
+        out.print(f"DSpark draft (dspark/): {'present' if report.draft_present else 'MISSING'}", markup=False, highlight=False)
+    if code:
+        if not report.failed:
+            err.print(f"mm: {report.local_dir}: quick verify after pull found problems", markup=False, highlight=False)
+        sys.exit(code)
+
+
+@main.command()
+@click.argument("reference")
+@registry_options
+@json_option
+@handles_errors
+def inspect(reference, username, password_stdin, plain_http, ca_file, json_out):
+    """Show a registry artifact's files, sizes, revision and signature status (same as `mm pull --list`)."""
+    from .artifacts.oci import pull as oci_pull
+    creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
+    report = oci_pull.inspect(reference, creds, transport)
+    emit_json(report) if json_out else _render_inspect(report)
 
 
 # --- launch / warmup (issue 6) -----------------------------------------------------------------
@@ -689,11 +1016,13 @@ def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
 @click.option("--api-key-env", default="MM_API_KEY", show_default=True, help="Environment variable holding the API key (with --expose).")
 @click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Write it here atomically (a script gets mode 0755, a JSON plan 0644).")
+@_signature_options
 @json_option
 @handles_errors
-def launch(model_dir, expose, api_key_env, fmt, out, json_out, **kw):
+def launch(model_dir, expose, api_key_env, fmt, out, require_signature, allowed_signers, identity, json_out, **kw):
     """Print (or write) the offline start for MODEL_DIR on the given hardware (replicas behind the router on a node)."""
     from .artifacts import launch as mm_launch, router as mm_router
+    signature = _launch_signature(model_dir, require_signature, allowed_signers, identity, json_out)
     node = mm_router.plan_node(model_dir, _launch_options(kw, expose=expose, api_key_env=api_key_env))
     doc = mm_router.node_document(node)
     text = mm_router.render_node_script(node) if fmt == "sh" else json.dumps(doc, indent=2) + "\n"
@@ -701,7 +1030,7 @@ def launch(model_dir, expose, api_key_env, fmt, out, json_out, **kw):
         mm_launch.write_output(text, out, executable=fmt == "sh")
     if json_out:
         emit_json({"ok": True, "out": str(out) if out else None, "format": fmt, "plan": doc,
-                   **({"script": text} if out is None and fmt == "sh" else {})})
+                   "signature": to_jsonable(signature), **({"script": text} if out is None and fmt == "sh" else {})})
         return
     plan = node.first
     if out is None:
@@ -711,6 +1040,23 @@ def launch(model_dir, expose, api_key_env, fmt, out, json_out, **kw):
                   markup=False, highlight=False)
     for warning in plan.warnings:
         err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers: Path | None, identity: str | None,
+                      json_out: bool):
+    """Check the model's manifest signature before anything is planned or written (exit 5 when refused)."""
+    from .artifacts import signing
+    if not _signature_policy(require_signature, allowed_signers, identity):
+        return None
+    if not require_signature and not signing.signature_path(model_dir).is_file():
+        if not json_out:
+                err.print(f"note: {signing.signature_path(model_dir)}: manifest not signed (add --require-signature "
+                      f"to refuse unsigned models)", markup=False, highlight=False, soft_wrap=True)
+        return None
+    report, _ = signing.verify_dir_signature(model_dir, allowed_signers, identity)
+    if not json_out:
+        err.print(f"signature: good, {report.describe()}", markup=False, highlight=False, soft_wrap=True)
+    return report
 
 
 @main.command()

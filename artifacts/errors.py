@@ -6,8 +6,9 @@ Exit codes (documented in README.md):
   1  problems found (verify/bundle verify found damage; a check failed; the quick-verify gate refused)
   2  usage error (bad option or argument; click's own code)
   3  bad input (a file, directory, manifest or volume is missing, unreadable or malformed)
-  4  remote error (Hub or mirror unreachable, repo/revision/file not found, auth refused)
-  5  integrity error (downloaded or imported bytes do not match the expected identity)
+  4  remote error (Hub, mirror or registry unreachable, repo/revision/file/tag not found, auth refused)
+  5  integrity error (downloaded or imported bytes do not match the expected identity; a required manifest
+     signature is missing or not good)
   6  busy (another mm process holds the directory's lock)
   7  refused (a combination the deployment guide says fails, or not enough disk)
 """
@@ -61,8 +62,8 @@ EXIT_CODES = {
     1: "problems found (verification found damage, or a check failed)",
     2: "usage error (bad option or argument)",
     3: "bad input (missing, unreadable or malformed file, directory, manifest or volume)",
-    4: "remote error (Hub or mirror unreachable; repo, revision or file not found; auth refused)",
-    5: "integrity error (bytes do not match the expected identity)",
+    4: "remote error (Hub, mirror or registry unreachable; repo, revision, file or tag not found; auth refused)",
+    5: "integrity error (bytes do not match the expected identity; a manifest signature missing or not good)",
     6: "busy (another mm process holds the directory lock)",
     7: "refused (unsupported combination per the deployment guide, or not enough disk)",
 }

@@ -151,3 +151,35 @@ def ms_env(hub_env, ms_server, tmp_path) -> dict[str, str]:
     log = Path(guard["MM_TEST_NET_LOG"])
     assert not log.exists(), f"a subprocess tried to leave loopback: {log.read_text()}"
 # --- end mirror ---
+
+
+# --- OCI registry (issue 14) ---
+from tests.support.registry import Registry  # noqa: E402
+
+REGISTRY_USER, REGISTRY_PASSWORD = "mm-tester", "pw-" + secrets.token_hex(12)
+
+
+@pytest.fixture(scope="session")
+def registry():
+    """The session's anonymous docker-registry (distribution 2.8) on 127.0.0.1; use a repository name of your own."""
+    with Registry() as reg:
+        yield reg
+
+
+@pytest.fixture(scope="session")
+def auth_registry():
+    """The session's htpasswd docker-registry: user REGISTRY_USER, password REGISTRY_PASSWORD (reg.users)."""
+    with Registry(users={REGISTRY_USER: REGISTRY_PASSWORD}) as reg:
+        yield reg
+# --- end OCI registry ---
+
+
+# --- signatures (issue 15) ---
+from tests.support.sshkeys import make_keys  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def keys(tmp_path_factory) -> dict[str, Path]:
+    """SSH keys made by the real ssh-keygen: alice and bob (passphrase) allowed, mallory not (support/sshkeys.py)."""
+    return make_keys(tmp_path_factory.mktemp("keys"))
+# --- end signatures ---

@@ -3,6 +3,9 @@
 Per volume: the index is readable, every member and piece matches its blake3, the volume belongs to the
 bundle (the one most of the given volumes name), no other volume claims its number with a different index.
 Missing volume numbers are reported but are not a failure (checking disks one at a time is the normal case).
+Parity volumes are checked the same way (their parity stream against the blake3 their index records); with
+parity known, the report says whether the data volumes missing or damaged can be rebuilt, and if not, which
+volumes would be enough (recoverability). parity_set picks the parity volumes a rebuild may use.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from pathlib import Path
 from ..hashing import StreamHasher
 from ..progress import NULL_PROGRESS, ProgressSink
 from .copyio import HASH_THREADS, ChunkPipe
-from .volume import Volume, find_volumes, open_volume
+from .volume import Volume, find_volumes, open_volume, split_volumes
 
 
 @dataclass(frozen=True)
@@ -22,9 +25,10 @@ class VolumeVerdict:
     path: str
     status: str  # OK | CORRUPT | FOREIGN
     bundle_id: str | None
-    volume: int | None
-    volumes: int | None
+    volume: int | None  # its number: data volume N, or parity N
+    volumes: int | None  # of how many (data volumes, or parity volumes)
     problems: list[str]
+    kind: str = "data"  # data | parity
 
 
 @dataclass
@@ -35,6 +39,10 @@ class BundleVerifyReport:
     volumes: int | None
     verdicts: list[VolumeVerdict]
     missing: list[int]
+    parities: int | None = None  # parity volumes the bundle has (known from any of its volumes)
+    parity_missing: list[int] | None = None
+    recoverable: bool | None = None  # with parity: can the data volumes missing or damaged be rebuilt
+    recovery: str | None = None  # e.g. "volumes 3 and 7 missing: recoverable with parity 1-2"
 
 
 def reference_bundle(vols: list[Volume], preferred: str | None = None) -> str | None:
@@ -50,18 +58,18 @@ def conflicting_numbers(vols: list[Volume], bundle_id: str | None) -> dict[int, 
     """Volume numbers claimed by two volumes of the bundle whose indexes differ."""
     by_number: dict[int, list[Volume]] = {}
     for v in vols:
-        if v.bundle_id == bundle_id and v.index is not None:
+        if v.bundle_id == bundle_id and v.index is not None:  # data volumes (parity volumes: parity_set)
             by_number.setdefault(v.number, []).append(v)
     return {n: vs for n, vs in by_number.items() if len({v.index_bytes for v in vs}) > 1}
 
 
 def check_data(vol: Volume, pipe: ChunkPipe, progress: ProgressSink = NULL_PROGRESS) -> None:
-    """Hash every member the index lists; record mismatches in vol.damaged."""
-    for e in vol.entries():
-        info = vol.data.get(e.member)
-        if info is not None and _span_b3(vol.path, info, pipe, progress) != e.blake3:
-            vol.damaged[e.member] = "blake3 mismatch"
-    for name, want in vol.index.meta.items():
+    """Hash every member the index lists (data or parity volume); record mismatches in vol.damaged."""
+    for member, (_, want) in vol.described.data_members().items():
+        info = vol.data.get(member)
+        if info is not None and _span_b3(vol.path, info, pipe, progress) != want:
+            vol.damaged[member] = "blake3 mismatch"
+    for name, want in vol.described.meta.items():
         info = vol.meta.get(name)
         if info is not None and _span_b3(vol.path, info, pipe, progress) != want:
             vol.damaged[name] = "blake3 mismatch"
@@ -74,28 +82,48 @@ def _span_b3(path: Path, info: tarfile.TarInfo, pipe: ChunkPipe, progress: Progr
     return h.digests().blake3
 
 
+def check_volumes(vols: list[Volume], ref: str | None, pipe: ChunkPipe, progress: ProgressSink = NULL_PROGRESS) -> None:
+    """check_data on every readable volume of bundle REF (data and parity)."""
+    for v in vols:
+        if v.described is not None and not v.refused and v.bundle_id == ref:
+            check_data(v, pipe, progress)
+
+
+def data_bytes(vols: list[Volume]) -> int:
+    return sum(i.size for v in vols for i in v.data.values())
+
+
 def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) -> BundleVerifyReport:
     vols = [open_volume(p) for p in find_volumes(sources)]
-    ref = reference_bundle(vols)
-    conflicts = conflicting_numbers(vols, ref)
-    total = sum(i.size for v in vols for i in v.data.values())
-    progress.begin(total, "bundle verify")
-    verdicts = []
+    data, parity = split_volumes(vols)
+    ref = reference_bundle(data) or reference_bundle(parity)
+    conflicts = conflicting_numbers(data, ref)
+    progress.begin(data_bytes(vols), "bundle verify")
     pipe = ChunkPipe()
     try:
-        for v in vols:
-            if v.index is not None and not v.refused and v.bundle_id == ref:
-                check_data(v, pipe, progress)
-            verdicts.append(_verdict(v, ref, conflicts))
+        check_volumes(data + parity, ref, pipe, progress)
     finally:
         pipe.close()
     progress.end()
-    ref_vol = next((v for v in vols if v.bundle_id == ref and v.index), None)
-    count = ref_vol.index.volumes if ref_vol else None
-    present = {v.number for v in vols if v.bundle_id == ref and v.index}
+    verdicts = [_verdict(v, ref, conflicts) for v in data + parity]
+    ref_vol = next((v for v in data if v.bundle_id == ref and v.index), None)
+    ref_par = next((v for v in parity if v.bundle_id == ref and v.parity), None)
+    count = ref_vol.index.volumes if ref_vol else (ref_par.parity.volumes if ref_par else None)
+    name = (ref_vol or ref_par).described.name if (ref_vol or ref_par) else None
+    present = {v.number for v in data if v.bundle_id == ref and v.index}
     missing = sorted(set(range(1, (count or 0) + 1)) - present)
-    return BundleVerifyReport(all(x.status == "OK" for x in verdicts), ref,
-                              ref_vol.index.name if ref_vol else None, count, verdicts, missing)
+    report = BundleVerifyReport(all(x.status == "OK" for x in verdicts), ref, name, count, verdicts, missing)
+    note = next((v.index.parity for v in data if v.bundle_id == ref and v.index and v.index.parity), None)
+    m = ref_par.parity.parities if ref_par else (note.parities if note else None)
+    if m:
+        good = {x.volume for x in verdicts if x.kind == "parity" and x.status == "OK"}
+        given = {x.volume for x in verdicts if x.kind == "parity" and x.bundle_id == ref}
+        damaged = sorted({x.volume for x in verdicts if x.kind == "data" and x.status == "CORRUPT" and x.volume})
+        report.parities = m
+        report.parity_missing = sorted(set(range(1, m + 1)) - given)
+        report.recoverable, report.recovery = recoverability(count, m, missing, damaged,
+                                                             sorted(set(range(1, m + 1)) - good))
+    return report
 
 
 def _verdict(v: Volume, ref: str | None, conflicts: dict[int, list[Volume]]) -> VolumeVerdict:
@@ -104,10 +132,82 @@ def _verdict(v: Volume, ref: str | None, conflicts: dict[int, list[Volume]]) -> 
     if v.index is not None and v.number in conflicts and v.bundle_id == ref:
         others = [o.path.name for o in conflicts[v.number] if o is not v]
         problems.append(f"{v.path.name}: claims volume {v.number}, as does {', '.join(others)} with a different index")
-    if v.index is not None and v.bundle_id != ref:
+    d = v.described
+    if d is not None and v.bundle_id != ref:
         status = "FOREIGN"
-        problems.insert(0, f"{v.path.name}: belongs to bundle {v.bundle_id} ({v.index.name}), not {ref}")
+        what = "parity of" if v.is_parity else "belongs to"
+        problems.insert(0, f"{v.path.name}: {what} bundle {v.bundle_id} ({d.name}), not {ref}")
     else:
         status = "CORRUPT" if problems else "OK"
-    return VolumeVerdict(str(v.path), status, v.bundle_id, v.index.volume if v.index else None,
-                         v.index.volumes if v.index else None, problems)
+    total = (d.parities if v.is_parity else d.volumes) if d else None
+    return VolumeVerdict(str(v.path), status, v.bundle_id, d.number if d else None, total, problems,
+                         "parity" if v.is_parity else "data")
+
+
+# --- parity: which volumes a rebuild may use, and what it can do ------------------------------------
+
+@dataclass
+class ParitySet:
+    """The parity volumes a rebuild may use (one per number, all of one encoding), and why others may not."""
+
+    usable: list[Volume]
+    refused: list[str]  # hostile, of another bundle or of another encoding
+    unused: list[str]  # damaged: left out, nothing wrong with the bundle
+
+
+def parity_set(pvols: list[Volume], bundle_id: str | None) -> ParitySet:
+    """Damage is what open_volume (and check_data, when it ran) found."""
+    out = ParitySet([], [], [])
+    for pv in sorted(pvols, key=lambda v: v.number):
+        if pv.refused:
+            out.refused += pv.refused
+        elif bundle_id and pv.bundle_id != bundle_id:
+            out.refused.append(f"{pv.path.name}: parity of bundle {pv.bundle_id} ({pv.parity.name}), not {bundle_id}; "
+                               f"refused")
+        elif pv.damaged:
+            out.unused.append(f"{pv.path.name}: damaged ({', '.join(f'{m}: {w}' for m, w in sorted(pv.damaged.items()))}); "
+                              f"not used")
+        elif out.usable and not out.usable[0].parity.same_set(pv.parity):
+            out.refused.append(f"{pv.path.name}: parity of another encoding of this bundle; refused")
+        elif not any(u.number == pv.number for u in out.usable):
+            out.usable.append(pv)
+    return out
+
+
+def ranges(numbers: list[int]) -> str:
+    """[1, 2, 3, 7] -> '1-3, 7'."""
+    out, run = [], []
+    for n in sorted(numbers):
+        if run and n == run[-1] + 1:
+            run.append(n)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [n]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)
+
+
+def recoverability(k: int, m: int, missing: list[int], damaged: list[int], bad_parity: list[int]) -> tuple[bool, str]:
+    """(recoverable, sentence): MISSING and DAMAGED are data volume numbers, BAD_PARITY parity numbers missing or
+    damaged. E.g. "volumes 3 and 7 missing: recoverable with parity 1-2"."""
+    lost = sorted(set(missing) | set(damaged))
+    if not lost:
+        return True, "no data volume missing or damaged"
+    good_parity = [p for p in range(1, m + 1) if p not in bad_parity]
+    parts = []
+    for nums, what in ((sorted(missing), "missing"), (sorted(set(damaged) - set(missing)), "damaged")):
+        if nums:
+            parts.append(f"{'volume' if len(nums) == 1 else 'volumes'} {_and([str(n) for n in nums])} {what}")
+    head = ", ".join(parts)
+    if len(lost) <= len(good_parity):
+        return True, f"{head}: recoverable with parity {ranges(good_parity[:len(lost)])}"
+    need = len(lost) - len(good_parity)
+    have = f"only parity {ranges(good_parity)} usable" if good_parity else "no usable parity volume"
+    others = [f"volume {n}" for n in lost] + [f"parity {p}" for p in sorted(bad_parity)]
+    return False, f"{head}: NOT recoverable ({have}); bring back any {need} of: {', '.join(others)}"
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

@@ -5,11 +5,17 @@ so that a volume alone says what the bundle is even when the rest of it is damag
 
   MMBUNDLE/index-volNNN.json   this volume's index (schema mm-bundle-index/1, see index.py)
   MMBUNDLE/manifest.json       the model's manifest, byte for byte
+  MMBUNDLE/manifest.json.sig   its SSH signature (namespace mm-manifest), when the model is signed
   MMBUNDLE/SHA256SUMS          `sha256sum -c` lines for the model files (run inside the restored model dir)
   MMBUNDLE/RESTORE.txt         how to restore with tar, cat and sha256sum alone
   MMBUNDLE/payload-volNNN.sha256  sha256 lines of payload files whose last byte is in this volume (if any)
 then the data: a whole file as `model/<path>` (or `<payload kind prefix>/<path>`, see payloads.py),
 a piece of a file split across volumes as `segments/<same>.segNNNN`.
+
+A parity volume (`mm bundle --parity M`) is named `<name>.parPPP-of-MMM.tar` and is self-describing the same way:
+  MMBUNDLE/index-parPPP.json   its index (schema mm-bundle-parity/1, see index.py)
+  MMBUNDLE/manifest.json, MMBUNDLE/manifest.json.sig (when signed), MMBUNDLE/RESTORE.txt
+  parity/parityPPP.bin         parity stream PPP over the data volume files (parity.py: stripes, code)
 
 Sizes (`--volume-size`) are DECIMAL, as disks are sold: 4G = 4,000,000,000 bytes. Binary units are spelled
 KiB, MiB, GiB, TiB (4GiB = 4,294,967,296 bytes).
@@ -27,12 +33,14 @@ from .payloads import PREFIXES
 
 META = "MMBUNDLE"
 MANIFEST_MEMBER = f"{META}/manifest.json"
+SIG_MEMBER = f"{META}/manifest.json.sig"  # the manifest's SSH signature, when the model is signed (signing.py)
 SUMS_MEMBER = f"{META}/SHA256SUMS"
 RESTORE_MEMBER = f"{META}/RESTORE.txt"
 PLACEHOLDER = "0" * 64
 BLOCK = 512
 END_OF_ARCHIVE = 2 * BLOCK
 VOLUME_RE = re.compile(r"^(?P<name>.+)\.vol(?P<num>\d{3,})-of-(?P<count>\d{3,})\.tar$")
+PARITY_RE = re.compile(r"^(?P<name>.+)\.par(?P<num>\d{3,})-of-(?P<count>\d{3,})\.tar$")
 
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
           "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -52,6 +60,19 @@ def parse_size(text: str | int) -> int:
 
 def index_member(volume: int) -> str:
     return f"{META}/index-vol{volume:03d}.json"
+
+
+def parity_index_member(parity: int) -> str:
+    return f"{META}/index-par{parity:03d}.json"
+
+
+def parity_data_member(parity: int) -> str:
+    return f"parity/parity{parity:03d}.bin"
+
+
+def parity_filename(name: str, parity: int, parities: int) -> str:
+    width = max(3, len(str(parities)))
+    return f"{name}.par{parity:0{width}d}-of-{parities:0{width}d}.tar"
 
 
 def payload_sums_member(volume: int) -> str:

@@ -7,7 +7,18 @@
                 "blake3" (this piece), "file_blake3", "file_sha256"}]}
 Digests that are known only after the data is written (a piece's blake3, a payload's whole-file hashes) are
 written as 64 zeros first and patched in place when the volume is complete: the JSON keeps its length.
-A volume's index is hostile until parse_index accepts it: every type, range, path and member name is checked.
+A bundle made with `--parity M` adds "parity": {"parities", "stripe", "code"} (ParityNote) to every data
+volume's index, so that a data volume alone says how many parity volumes exist and how to make them again.
+
+A parity volume's index (schema mm-bundle-parity/1, ParityIndex):
+  {"schema", "bundle_id", "name", "parity", "parities", "volumes", "code", "stripe", "manifest_blake3",
+   "meta": {member: blake3}, "member": "parity/parityPPP.bin",
+   "data": [{"number", "file", "size", "blake3"}] (every data volume FILE, whole),
+   "streams": [{"number", "size", "blake3"}] (every parity stream)}
+so that any one parity volume knows every data volume's exact bytes (a rebuilt volume is byte-identical or
+refused) and every other parity stream.
+A volume's index is hostile until parse_index / parse_parity_index accepts it: every type, range, path and
+member name is checked.
 """
 from __future__ import annotations
 
@@ -15,11 +26,16 @@ from dataclasses import asdict, dataclass
 
 from ..errors import BadInput
 from ..fsutil import check_relpath
-from .fields import digest, integer, record, string
-from .format import MANIFEST_MEMBER, META, data_member, index_member
+from .fields import digest, integer, plain_name, record, string
+from .format import (
+    MANIFEST_MEMBER, META, data_member, index_member, parity_data_member, parity_index_member, volume_filename,
+)
+from .parity import CODEC, MAX_STRIPE, MAX_TOTAL, Layout
 from .payloads import PREFIXES, Payloads, parse_payloads, payloads_document
 
 INDEX_SCHEMA = "mm-bundle-index/1"
+PARITY_SCHEMA = "mm-bundle-parity/1"
+
 @dataclass(frozen=True)
 class Entry:
     """One member of a volume: a whole file, or one piece (segment) of a file split across volumes."""
@@ -50,6 +66,15 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class ParityNote:
+    """A data volume's note of the bundle's parity volumes: how many, and the code and stripe they use."""
+
+    parities: int
+    stripe: int
+    code: str
+
+
+@dataclass(frozen=True)
 class Index:
     bundle_id: str
     name: str
@@ -62,9 +87,18 @@ class Index:
     meta: dict[str, str]
     payloads: Payloads
     members: tuple[Entry, ...]
+    parity: ParityNote | None = None
+
+    @property
+    def number(self) -> int:
+        return self.volume
 
     def expected_meta(self) -> set[str]:
         return set(self.meta) | {index_member(self.volume), MANIFEST_MEMBER}
+
+    def data_members(self) -> dict[str, tuple[int, str]]:
+        """Data member -> (length, blake3), as the tar must hold them."""
+        return {e.member: (e.length, e.blake3) for e in self.members}
 
     def to_doc(self) -> dict:
         doc = {"schema": INDEX_SCHEMA, **{f: getattr(self, f) for f in
@@ -72,7 +106,61 @@ class Index:
                                            "revision", "manifest_blake3", "meta")}}
         doc["payloads"] = payloads_document(self.payloads)
         doc["members"] = [asdict(e) for e in self.members]
+        if self.parity is not None:
+            doc["parity"] = asdict(self.parity)
         return doc
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One stream a parity index describes: a whole data volume file (FILE set), or a parity stream."""
+
+    number: int  # 1-based data volume or parity number
+    size: int
+    blake3: str
+    file: str | None = None
+
+
+@dataclass(frozen=True)
+class ParityIndex:
+    bundle_id: str
+    name: str
+    parity: int
+    parities: int
+    volumes: int
+    code: str
+    stripe: int
+    manifest_blake3: str
+    meta: dict[str, str]
+    member: str
+    data: tuple[Stream, ...]
+    streams: tuple[Stream, ...]
+
+    @property
+    def number(self) -> int:
+        return self.parity
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.volumes, self.parities, self.stripe, tuple(d.size for d in self.data))
+
+    def expected_meta(self) -> set[str]:
+        return set(self.meta) | {parity_index_member(self.parity), MANIFEST_MEMBER}
+
+    def data_members(self) -> dict[str, tuple[int, str]]:
+        return {self.member: (self.layout.parity_length, self.streams[self.parity - 1].blake3)}
+
+    def same_set(self, other: ParityIndex) -> bool:
+        """Both describe the same data volumes and parity streams (two parity volumes of one encoding)."""
+        fields = ("bundle_id", "volumes", "parities", "code", "stripe", "data", "streams")
+        return all(getattr(self, f) == getattr(other, f) for f in fields)
+
+    def to_doc(self) -> dict:
+        return {"schema": PARITY_SCHEMA, **{f: getattr(self, f) for f in
+                                           ("bundle_id", "name", "parity", "parities", "volumes", "code", "stripe",
+                                            "manifest_blake3", "meta", "member")},
+                "data": [{"number": d.number, "file": d.file, "size": d.size, "blake3": d.blake3} for d in self.data],
+                "streams": [{"number": s.number, "size": s.size, "blake3": s.blake3} for s in self.streams]}
 
 
 def _entry(raw: object, where: str) -> Entry:
@@ -91,6 +179,35 @@ def _entry(raw: object, where: str) -> Entry:
     return e
 
 
+def _meta(doc: dict, where: str) -> dict[str, str]:
+    meta = doc.get("meta", {})
+    if not isinstance(meta, dict):
+        raise ValueError("meta is not an object")
+    for name in meta:
+        check_relpath(name, where)
+        if not name.startswith(META + "/"):
+            raise ValueError(f"metadata member {name!r} outside {META}/")
+        digest(meta, name)
+    return dict(meta)
+
+
+def _stripe(raw: dict) -> int:
+    stripe = integer(raw, "stripe", 64)
+    if stripe % 64 or stripe > MAX_STRIPE:
+        raise ValueError(f"stripe {stripe} is not a multiple of 64 up to {MAX_STRIPE}")
+    return stripe
+
+
+def _parity_note(raw: object, volumes: int) -> ParityNote | None:
+    if raw is None:
+        return None
+    raw = record(raw, "parity")
+    note = ParityNote(integer(raw, "parities", 1), _stripe(raw), string(raw, "code"))
+    if volumes + note.parities > MAX_TOTAL:
+        raise ValueError(f"{volumes} data and {note.parities} parity volumes: more than {MAX_TOTAL}")
+    return note
+
+
 def parse_index(doc: object, where: str) -> Index:
     """Check an index document and return it typed; BadInput naming WHERE (the volume) on anything off."""
     if not isinstance(doc, dict) or doc.get("schema") != INDEX_SCHEMA:
@@ -99,21 +216,57 @@ def parse_index(doc: object, where: str) -> Index:
         volume, volumes = integer(doc, "volume", 1), integer(doc, "volumes", 1)
         if volume > volumes:
             raise ValueError(f"volume {volume} of {volumes}")
-        meta = doc.get("meta", {})
-        if not isinstance(meta, dict):
-            raise ValueError("meta is not an object")
-        for name in meta:
-            check_relpath(name, where)
-            if not name.startswith(META + "/"):
-                raise ValueError(f"metadata member {name!r} outside {META}/")
-            digest(meta, name)
+        meta = _meta(doc, where)
         members = doc["members"]
         if not isinstance(members, list):
             raise ValueError("members is not a list")
         return Index(string(doc, "bundle_id"), string(doc, "name"), volume, volumes, integer(doc, "volume_size"),
-                     string(doc, "repo_id"), string(doc, "revision"), digest(doc, "manifest_blake3"), dict(meta),
-                     parse_payloads(doc["payloads"], where), tuple(_entry(e, where) for e in members))
+                     string(doc, "repo_id"), string(doc, "revision"), digest(doc, "manifest_blake3"), meta,
+                     parse_payloads(doc["payloads"], where), tuple(_entry(e, where) for e in members),
+                     _parity_note(doc.get("parity"), volumes))
     except BadInput as e:
         raise BadInput(f"{where}: index names an unsafe path ({e.message})") from None
     except (KeyError, TypeError, ValueError) as e:
         raise BadInput(f"{where}: malformed index ({e})") from None
+
+
+def _streams(raw: object, count: int, what: str, where: str) -> tuple[Stream, ...]:
+    if not isinstance(raw, list) or len(raw) != count:
+        raise ValueError(f"{what} does not list every one of {count}")
+    out = []
+    for n, item in enumerate(raw, 1):
+        item = record(item, f"{what} record")
+        if integer(item, "number", 1) != n:
+            raise ValueError(f"{what} record {n} is out of order")
+        file = plain_name(item, "file", where, "data volume file") if what == "data" else None
+        out.append(Stream(n, integer(item, "size"), digest(item, "blake3"), file))
+    return tuple(out)
+
+
+def parse_parity_index(doc: object, where: str) -> ParityIndex:
+    """Check a parity volume's index and return it typed; BadInput naming WHERE on anything off."""
+    if not isinstance(doc, dict) or doc.get("schema") != PARITY_SCHEMA:
+        raise BadInput(f"{where}: not an mm parity index (expected schema {PARITY_SCHEMA!r})")
+    try:
+        parity, parities, volumes = integer(doc, "parity", 1), integer(doc, "parities", 1), integer(doc, "volumes", 1)
+        if parity > parities or volumes + parities > MAX_TOTAL:
+            raise ValueError(f"parity {parity} of {parities} over {volumes} data volumes")
+        index = ParityIndex(string(doc, "bundle_id"), string(doc, "name"), parity, parities, volumes,
+                            string(doc, "code"), _stripe(doc), digest(doc, "manifest_blake3"), _meta(doc, where),
+                            string(doc, "member"), _streams(doc["data"], volumes, "data", where),
+                            _streams(doc["streams"], parities, "streams", where))
+        if index.member != parity_data_member(parity):
+            raise ValueError(f"member {index.member!r} is not {parity_data_member(parity)!r}")
+        for d in index.data:  # a rebuilt volume is written under this name: only ever the bundle's own
+            if d.file != volume_filename(index.name, d.number, volumes):
+                raise ValueError(f"data volume {d.number} is named {d.file!r}, not "
+                                 f"{volume_filename(index.name, d.number, volumes)!r}")
+        if any(s.size != index.layout.parity_length for s in index.streams):
+            raise ValueError("a parity stream's size does not match the data volumes' layout")
+    except BadInput as e:
+        raise BadInput(f"{where}: parity index names an unsafe path ({e.message})") from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadInput(f"{where}: malformed parity index ({e})") from None
+    if index.code != CODEC:
+        raise BadInput(f"{where}: parity made with code {index.code!r}; this mm reads {CODEC!r} only")
+    return index

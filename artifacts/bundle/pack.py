@@ -17,6 +17,11 @@ Decisions where the issue is silent:
   computed while they are written and recorded in the index of the volume holding their last byte.
 - A kernel cache's key comes from `mm-cache-key.json` inside it (cachekey.py), else from `--cache-key
   KEY=VALUE`; with neither it is bundled as unkeyed and the result says so.
+- A signed model (.mm/manifest.json.sig, signing.py) has its signature carried in every volume, data and parity;
+  a signature that no longer matches the manifest is refused, never carried.
+- `--parity M` adds M parity volumes (format.py, index.py ParityIndex, parity.py the code): once the data volumes
+  are written, their files are read back once, stripe by stripe, and the parity streams written beside them.
+  A parity volume is planned like a data volume: no larger than --volume-size.
 """
 from __future__ import annotations
 
@@ -40,10 +45,12 @@ from ..progress import NULL_PROGRESS, ProgressSink
 from ..verify import require_quick_verify
 from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
 from .format import (
-    END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SUMS_MEMBER, b3, data_member, file_member,
-    index_member, member_bytes, padded, parse_size, payload_sums_member, render_json, tar_header, volume_filename,
+    END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3, data_member,
+    file_member, index_member, member_bytes, padded, parity_data_member, parity_filename, parity_index_member,
+    parse_size, payload_sums_member, render_json, tar_header, volume_filename,
 )
-from .index import Entry, Index
+from .index import Entry, Index, ParityIndex, ParityNote, Stream
+from .parity import CODEC, MAX_TOTAL, STRIPE, FileSource, Layout, encode
 from .payloads import MODEL_KIND, MODEL_PREFIX, PAYLOAD_ROOT, Payloads, collect_payloads, payloads_document, restore_hints
 from .volume import open_volume
 
@@ -94,10 +101,27 @@ class Plan:
     payloads: Payloads
     volumes: list[list[Piece]]
     mtime: int
+    signature: bytes | None = None  # .mm/manifest.json.sig, carried in every volume
+    parity: int = 0  # parity volumes
+    stripe: int = STRIPE
 
     @property
     def count(self) -> int:
         return len(self.volumes)
+
+    @property
+    def parity_note(self) -> ParityNote | None:
+        return ParityNote(self.parity, self.stripe, CODEC) if self.parity else None
+
+    def parity_meta(self, restore: bytes) -> list[tuple[str, bytes]]:
+        """Metadata members of a parity volume after its index and the manifest."""
+        return [*([(SIG_MEMBER, self.signature)] if self.signature else []), (RESTORE_MEMBER, restore)]
+
+    def parity_volume_bytes(self) -> int:
+        files = [volume_filename(self.name, n, self.count) for n in range(1, self.count + 1)]
+        return parity_volume_bytes(self.name, self.bundle_id, self.manifest_bytes, self.parity_meta(restore_text(self)),
+                                   self.mtime, files, [volume_bytes(self, n) for n in range(1, self.count + 1)],
+                                   self.parity, self.stripe)
 
 
 @dataclass(frozen=True)
@@ -120,25 +144,34 @@ class BundleResult:
     payloads: dict  # per payload kind (its index key): what was carried, in short
     notes: list[str] = field(default_factory=list)
     synced: bool = True  # every volume fsynced before it got its name
+    parity_volumes: list[VolumeResult] = field(default_factory=list)
+    signed: bool = False  # the manifest's signature travels in every volume
 
 
 # --- planning ---------------------------------------------------------------------------------
 
 def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volume_size: int, name: str,
-                payloads: Payloads, payload_sources: list[Source]) -> Plan:
+                payloads: Payloads, payload_sources: list[Source], signature: bytes | None = None, parity: int = 0,
+                stripe: int = STRIPE) -> Plan:
     sources = [Source(MODEL_KIND, f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files]
     sources += payload_sources
     id_doc = {"name": name, "volume_size": volume_size, "manifest": b3(manifest_bytes),
               "payloads": payloads_document(payloads),
               "stamps": [[s.kind, s.path, s.size, _mtime_ns(s)] for s in payload_sources]}
+    if signature:
+        id_doc["signature"] = b3(signature)
+    if parity:
+        id_doc["parity"] = [parity, stripe]
     bundle_id = b3(json.dumps(id_doc, sort_keys=True).encode())[:32]
     mtime = _manifest_mtime(manifest)
     sums = export_sums(manifest, "sha256").encode()
     reserve = 8192 + member_bytes(MANIFEST_MEMBER, len(manifest_bytes)) + member_bytes(SUMS_MEMBER, len(sums))
     for _ in range(32):
         plan = Plan(bundle_id, name, volume_size, manifest, manifest_bytes, payloads,
-                    _place(sources, volume_size, volume_size - reserve - END_OF_ARCHIVE), mtime)
-        excess = max(volume_bytes(plan, n) for n in range(1, plan.count + 1)) - volume_size
+                    _place(sources, volume_size, volume_size - reserve - END_OF_ARCHIVE), mtime, signature, parity,
+                    stripe)
+        largest = max(volume_bytes(plan, n) for n in range(1, plan.count + 1))
+        excess = max(largest, plan.parity_volume_bytes() if parity else 0) - volume_size
         if excess <= 0:
             return plan
         reserve += padded(excess) + 4096
@@ -210,6 +243,7 @@ def restore_text(plan: Plan) -> bytes:
         "",
         "With mm:   mm bundle verify VOLUMES...   then   mm unbundle VOLUMES... --dest DIR",
         "",
+        *_parity_notes(plan),
         "Without mm (POSIX sh, tar, cat, sha256sum only): copy all volume files into one directory, cd",
         "there, and run the lines between the markers (e.g. save them as restore.sh and run `sh restore.sh`).",
         f"The model ends up in ./restore/{MODEL_PREFIX}, payloads in ./restore/{PAYLOAD_ROOT}; sha256sum -c checks "
@@ -237,9 +271,27 @@ def restore_text(plan: Plan) -> bytes:
     if payload_sums:
         lines.append(f"cat {' '.join(payload_sums)} | sha256sum -c -")
     lines.append("--- end restore script ---")
+    if plan.signature:
+        from ..signing import verify_command
+        lines += ["", "The manifest is signed (SSH signature, namespace mm-manifest). Check it with OpenSSH alone, with",
+                  "your site's allowed_signers file and the signer's identity, after the restore script ran:",
+                  f"  cd restore/MMBUNDLE && {verify_command()}",
+                  "(mm does the same: mm unbundle ... --require-signature --allowed-signers FILE)"]
     for hint in restore_hints(plan.payloads):
         lines += ["", hint]
     return ("\n".join(lines) + "\n").encode()
+
+
+def _parity_notes(plan: Plan) -> list[str]:
+    if not plan.parity:
+        return []
+    first = parity_filename(plan.name, 1, plan.parity)
+    return [f"Parity: {plan.parity} parity volume(s) named {first.replace('.par001', '.parNNN')} (Reed-Solomon,",
+            f"pyeclib {CODEC}) rebuild any {plan.parity} lost or damaged volume(s). A complete set of data",
+            "volumes needs no mm and no parity (the script below). Rebuilding needs mm: `mm unbundle` does it",
+            "by itself when given the parity volumes; `mm bundle repair-volume VOLUMES... --out DIR` writes lost",
+            "volume files back, byte-identical; `mm bundle verify` says what is recoverable.",
+            ""]
 
 
 def _payload_ends(plan: Plan, n: int) -> list[Piece]:
@@ -256,12 +308,15 @@ def meta_members(plan: Plan, n: int, digests: dict, restore: bytes) -> list[tupl
                  for p in ends]
         extra.append((payload_sums_member(n), ("\n".join(lines) + "\n").encode()))
     meta = {SUMS_MEMBER: b3(sums), RESTORE_MEMBER: b3(restore)}
+    sig = [(SIG_MEMBER, plan.signature)] if plan.signature else []
+    meta.update({name: b3(data) for name, data in sig})
     meta.update({name: (b3(data) if digests else PLACEHOLDER) for name, data in extra})
     m = plan.manifest
     index = Index(plan.bundle_id, plan.name, n, plan.count, plan.volume_size, m.repo_id, m.revision,
-                  b3(plan.manifest_bytes), meta, plan.payloads, tuple(_entry(p, digests) for p in plan.volumes[n - 1]))
-    return [(index_member(n), render_json(index.to_doc())), (MANIFEST_MEMBER, plan.manifest_bytes), (SUMS_MEMBER, sums),
-            (RESTORE_MEMBER, restore), *extra]
+                  b3(plan.manifest_bytes), meta, plan.payloads, tuple(_entry(p, digests) for p in plan.volumes[n - 1]),
+                  plan.parity_note)
+    return [(index_member(n), render_json(index.to_doc())), (MANIFEST_MEMBER, plan.manifest_bytes), *sig,
+            (SUMS_MEMBER, sums), (RESTORE_MEMBER, restore), *extra]
 
 
 def volume_bytes(plan: Plan, n: int) -> int:
@@ -387,33 +442,65 @@ def _keep_volume(plan: Plan, n: int, final: Path, hashers: _Hashers, pipe: Chunk
 
 def create_bundle(model_dir: Path, out_dir: Path, volume_size: int | str, name: str | None = None,
                   payloads: dict[str, Sequence[Path]] | None = None, cache_key: Sequence[str] = (),
-                  progress: ProgressSink = NULL_PROGRESS, sync: bool = True) -> BundleResult:
+                  progress: ProgressSink = NULL_PROGRESS, sync: bool = True, parity: int = 0,
+                  stripe: int = STRIPE) -> BundleResult:
     """Bundle MODEL_DIR into OUT_DIR. PAYLOADS: payload kind -> paths to carry (payloads.PAYLOAD_KINDS);
-    CACHE_KEY: `KEY=VALUE` pairs for kernel caches without a key of their own."""
+    CACHE_KEY: `KEY=VALUE` pairs for kernel caches without a key of their own. PARITY > 0 adds that many
+    Reed-Solomon parity volumes; STRIPE is the code's stripe size (tests use small ones)."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     volume_size = parse_size(volume_size)
+    if parity < 0:
+        raise BadInput(f"--parity {parity}: must be 0 or more")
     mpath = manifest_path(model_dir)
     manifest = read_manifest(mpath)
     manifest_bytes = mpath.read_bytes()
+    signature = _signature_to_carry(model_dir, manifest_bytes)
     require_quick_verify(model_dir, manifest, before="bundling")
     name = name or f"{manifest.repo_id.rsplit('/', 1)[-1]}-{manifest.revision[:12]}"
     if not NAME_RE.match(name):
         raise BadInput(f"bundle name {name!r}: use letters, digits, '.', '_' and '-' only")
     records, files, notes = collect_payloads(dict(payloads or {}), parse_cache_key(tuple(cache_key)))
     payload_sources = [Source(kind, f.path, f.src, f.size) for kind, f in files]
-    plan = plan_bundle(manifest, manifest_bytes, model_dir, volume_size, name, records, payload_sources)
+    plan = plan_bundle(manifest, manifest_bytes, model_dir, volume_size, name, records, payload_sources,
+                       signature=signature, parity=parity, stripe=stripe)
+    if parity and plan.count + parity > MAX_TOTAL:
+        raise BadInput(f"--parity {parity}: {plan.count} data volumes plus {parity} parity volumes is more than "
+                       f"{MAX_TOTAL}; choose a larger --volume-size")
     out_dir.mkdir(parents=True, exist_ok=True)
     total = sum(p.length for v in plan.volumes for p in v)
+    parity_results: list[VolumeResult] = []
     with dir_lock(out_dir, "mm bundle"):
         progress.begin(total, f"bundle {name}")
         results = _write_all(plan, out_dir, progress, sync)
         progress.end()
-    ours = {Path(v.path).name for v in results}
-    for stale in sorted(out_dir.glob(f"{name}.vol*-of-*.tar")):
+        if parity:
+            data_paths = [Path(v.path) for v in results]
+            progress.begin(sum(p.stat().st_size for p in data_paths), f"parity {name}")
+            written = write_parity_volumes(out_dir, name=name, bundle_id=plan.bundle_id, manifest_bytes=manifest_bytes,
+                                           meta=plan.parity_meta(restore_text(plan)), mtime=plan.mtime,
+                                           data_paths=data_paths, parities=parity, stripe=stripe, sync=sync,
+                                           progress=progress)
+            progress.end()
+            parity_results = [VolumeResult(n, str(path), path.stat().st_size, False) for n, path in written]
+    ours = {Path(v.path).name for v in results + parity_results}
+    for stale in sorted([*out_dir.glob(f"{name}.vol*-of-*.tar"), *out_dir.glob(f"{name}.par*-of-*.tar")]):
         if stale.name not in ours:
             notes.append(f"{stale}: a volume of an earlier, different bundle run; remove it before copying the disks")
     return BundleResult(True, plan.bundle_id, name, str(out_dir), volume_size, results, total,
-                        payloads_document(records, "summary"), notes, synced=sync)
+                        payloads_document(records, "summary"), notes, synced=sync, parity_volumes=parity_results,
+                        signed=signature is not None)
+
+
+def _signature_to_carry(model_dir: Path, manifest_bytes: bytes) -> bytes | None:
+    """The model's manifest signature, if it has one; a signature that does not match the manifest never travels."""
+    from ..signing import check_signature_matches, signature_path
+
+    sig_path = signature_path(model_dir)
+    if not sig_path.is_file():
+        return None
+    signature = sig_path.read_bytes()
+    check_signature_matches(manifest_bytes, signature, str(sig_path))
+    return signature
 
 
 def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink, sync: bool) -> list[VolumeResult]:
@@ -445,3 +532,93 @@ def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink, sync: bool) ->
     finally:
         pipe.close()
     return results
+
+
+# --- parity volumes ---------------------------------------------------------------------------------
+
+def _parity_index(name: str, bundle_id: str, manifest_bytes: bytes, meta: list[tuple[str, bytes]], parity: int,
+                  parities: int, layout: Layout, files: list[str], data_b3: list[str], par_b3: list[str]) -> bytes:
+    return render_json(ParityIndex(
+        bundle_id, name, parity, parities, layout.k, CODEC, layout.stripe, b3(manifest_bytes),
+        {member: b3(data) for member, data in meta}, parity_data_member(parity),
+        tuple(Stream(i, layout.lengths[i - 1], data_b3[i - 1], files[i - 1]) for i in range(1, layout.k + 1)),
+        tuple(Stream(q, layout.parity_length, par_b3[q - 1]) for q in range(1, parities + 1))).to_doc())
+
+
+def _parity_head(index: bytes, parity: int, manifest_bytes: bytes, meta: list[tuple[str, bytes]], layout: Layout,
+                 mtime: int) -> tuple[bytes, int]:
+    """A parity volume's bytes before its parity stream, and where the index's data starts in them."""
+    out, patch_at = bytearray(), 0
+    for member, data in [(parity_index_member(parity), index), (MANIFEST_MEMBER, manifest_bytes), *meta]:
+        out += tar_header(member, len(data), mtime)
+        if member == parity_index_member(parity):
+            patch_at = len(out)
+        out += data + bytes(padded(len(data)) - len(data))
+    out += tar_header(parity_data_member(parity), layout.parity_length, mtime)
+    return bytes(out), patch_at
+
+
+def parity_volume_bytes(name: str, bundle_id: str, manifest_bytes: bytes, meta: list[tuple[str, bytes]], mtime: int,
+                        files: list[str], sizes: list[int], parities: int, stripe: int = STRIPE) -> int:
+    """The size a parity volume will have, before anything is written (planning keeps it within the media)."""
+    layout = Layout(len(sizes), parities, stripe, tuple(sizes))
+    zeros = [PLACEHOLDER] * max(len(sizes), parities)
+    index = _parity_index(name, bundle_id, manifest_bytes, meta, parities, parities, layout, files, zeros, zeros)
+    head, _ = _parity_head(index, parities, manifest_bytes, meta, layout, mtime)
+    return len(head) + padded(layout.parity_length) + END_OF_ARCHIVE
+
+
+def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_bytes: bytes, meta: list[tuple[str, bytes]],
+                         mtime: int, data_paths: list[Path], parities: int, stripe: int = STRIPE, sync: bool = True,
+                         progress: ProgressSink = NULL_PROGRESS, only: set[int] | None = None) -> list[tuple[int, Path]]:
+    """Read the data volume files DATA_PATHS (in volume order) once, stripe by stripe, and write PARITIES parity
+    volumes to OUT_DIR (temporary names, published once complete). META: metadata members after the index and
+    the manifest (the signature, RESTORE.txt), the same in every parity volume. ONLY: write just these parity
+    numbers (repair-volume); the others are computed and dropped. Returns (number, path) of each written."""
+    out_dir = Path(out_dir)
+    sizes = tuple(os.stat(p).st_size for p in data_paths)
+    files = [Path(p).name for p in data_paths]
+    layout = Layout(len(data_paths), parities, stripe, sizes)
+    wanted = sorted(only) if only else list(range(1, parities + 1))
+    zeros = [PLACEHOLDER] * max(len(sizes), parities)
+    opened: dict[int, tuple[_Writer, Path, Path, int]] = {}
+    try:
+        for p in wanted:
+            final = out_dir / parity_filename(name, p, parities)
+            tmp = final.with_name(f".{final.name}.partial")
+            w = _Writer(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), sync)
+            opened[p] = (w, tmp, final, 0)
+            head, patch_at = _parity_head(_parity_index(name, bundle_id, manifest_bytes, meta, p, parities, layout,
+                                                        files, zeros, zeros), p, manifest_bytes, meta, layout, mtime)
+            w.write(head)
+            opened[p] = (w, tmp, final, patch_at)
+        sinks = [opened[p][0].write if p in opened else _discard for p in range(1, parities + 1)]
+        sources = [FileSource(path) for path in data_paths]
+        try:
+            result = encode(layout, sources, sinks, on_bytes=progress.advance)
+        finally:
+            for src in sources:
+                src.close()
+        if sizes != tuple(os.stat(p).st_size for p in data_paths):
+            raise IntegrityError(f"{out_dir}: a data volume changed size while parity was computed; run again")
+        written = []
+        for p in wanted:
+            w, tmp, final, patch_at = opened[p]
+            w.pad()
+            w.write(bytes(END_OF_ARCHIVE))
+            os.pwrite(w.fd, _parity_index(name, bundle_id, manifest_bytes, meta, p, parities, layout, files,
+                                          result.data_blake3, result.parity_blake3), patch_at)
+            w.flush.wait()
+            del opened[p]
+            publish_fd(w.fd, tmp, final, sync)
+            written.append((p, final))
+        return written
+    finally:
+        for w, tmp, _, _ in opened.values():
+            w.flush.wait()
+            os.close(w.fd)
+            tmp.unlink(missing_ok=True)
+
+
+def _discard(_view) -> None:
+    pass

@@ -12,30 +12,44 @@ the volume holding their last byte). A file already at its final name with the r
 
 The report says how the import went (Outcome: imported, refused, verify-failed); the CLI maps that to the
 exit status. Not enough free space raises Refused before anything is written.
+
+Signatures: with --allowed-signers the manifest's signature (MMBUNDLE/manifest.json.sig) is checked with
+ssh-keygen before anything is written (signing.py); with --require-signature an unsigned bundle is refused too.
+The signature is put back beside the manifest (DEST/.mm/manifest.json.sig).
+
+Parity: parity volumes among the sources rebuild the data volumes not imported whole (missing, or with a damaged
+member) once enough volumes are at hand (parity.py decodes; rebuild_data_volumes writes each under a temporary
+name in DEST/.mm/unbundle/rebuilt/ and names it only when its whole-file blake3 is the one the parity index
+records); a rebuilt volume is then judged and imported like any other and deleted. Data volumes imported in an
+earlier sitting still count: their skeleton (every byte that is not member data) is kept at import, and the
+member bytes are read back from the imported files (_Skeleton).
 """
 from __future__ import annotations
 
+import bisect
 import enum
 import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import blake3
 
-from ..errors import BadInput, Refused
+from ..errors import BadInput, IntegrityError, Refused
 from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, dir_lock, fsync_dir, publish,
-                      require_free_space)
+                      publish_fd, require_free_space)
 from ..hashing import StreamHasher, blake3_file
 from ..manifest import from_dict, manifest_path
 from ..progress import NULL_PROGRESS, ProgressSink
-from .check import conflicting_numbers, reference_bundle
+from .check import ParitySet, conflicting_numbers, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
-from .format import MANIFEST_MEMBER, b3, file_member
-from .index import Entry
+from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member
+from .index import Entry, Index, parse_index
+from .parity import FileSource, NotRecoverable, describe_shortfall, rebuild
 from .payloads import MODEL_KIND, PAYLOAD_PARTIAL, files_expected, next_commands, payload_roots, payloads_placed
-from .volume import Volume, find_volumes, open_volume
+from .volume import Volume, find_volumes, meta_bytes, open_volume, split_volumes
 
 STATE_DIR = f"{MM_DIR}/unbundle"
 
@@ -69,6 +83,10 @@ class UnbundleReport:
     verify: dict | None = None
     notes: list[str] = field(default_factory=list)
     synced: bool = True  # every imported file fsynced before it got its name
+    rebuilt: list[int] = field(default_factory=list)  # data volumes rebuilt from parity (and imported)
+    parity_used: list[int] = field(default_factory=list)
+    recovery: str | None = None  # why lost volumes could not be rebuilt yet, and what would be enough
+    signature: dict | None = None  # the checked manifest signature (identity, key fingerprint)
 
 
 class Places:
@@ -176,13 +194,40 @@ def _check_entries(v: Volume, manifest_files: dict) -> str | None:
     return None
 
 
+def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | None, require: bool):
+    """The bundle's manifest signature, checked with ssh-keygen before anything is written: (report or None when
+    unsigned and not required, the manifest bytes whose signature was checked). VOLS: data volumes first, then
+    parity volumes (they carry the manifest and its signature too)."""
+    from ..signing import verify_manifest_signature
+
+    ref = reference_bundle(vols)
+    first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
+                  and MANIFEST_MEMBER not in v.damaged), None)
+    if first is None:
+        raise BadInput("no usable volume to check the manifest signature in")
+    sig = meta_bytes(first, SIG_MEMBER)
+    if sig is None and SIG_MEMBER in first.described.meta:
+        raise IntegrityError(f"{first.path.name}: member {SIG_MEMBER!r} is damaged; refused")
+    if sig is None and not require:
+        return None, first.manifest_bytes
+    report = verify_manifest_signature(first.manifest_bytes, sig, allowed_signers, identity,
+                                       where=f"{first.path.name}: {MANIFEST_MEMBER}",
+                                       signature_where=f"{first.path.name}: {SIG_MEMBER}")
+    return report, first.manifest_bytes
+
+
 def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | None] | None = None,
-             progress: ProgressSink = NULL_PROGRESS, sync: bool = True) -> UnbundleReport:
+             progress: ProgressSink = NULL_PROGRESS, sync: bool = True, allowed_signers: Path | None = None,
+             identity: str | None = None, require_signature: bool = False) -> UnbundleReport:
     """Import the volumes in SOURCES into DEST; PAYLOAD_DESTS: payload kind -> its destination (default
     DEST.payload/<kind dir>). sync=False skips the fsyncs of imported data (the final names still come only
-    after the hashes match)."""
+    after the hashes match). ALLOWED_SIGNERS: check the manifest's signature first (IntegrityError, nothing
+    written, when it is not good; with REQUIRE_SIGNATURE when there is none either)."""
     dest = Path(dest)
-    vols = [open_volume(p) for p in find_volumes(sources)]
+    vols, pvols = split_volumes([open_volume(p) for p in find_volumes(sources)])
+    signature, signed_manifest = None, None
+    if allowed_signers is not None:
+        signature, signed_manifest = check_signature(vols + pvols, allowed_signers, identity, require_signature)
     dest.mkdir(parents=True, exist_ok=True)
     with dir_lock(dest, "mm unbundle"):
         state = _State(dest / STATE_DIR / "state.json")
@@ -191,18 +236,27 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
                       and MANIFEST_MEMBER not in v.damaged), None)
         manifest_b3 = state.doc.get("manifest_blake3") or (first.index.manifest_blake3 if first else None)
         accepted, refused = _judge_volumes(vols, ref, manifest_b3)
-        if first is None or not accepted:
-            raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} given: "
-                           + "; ".join(refused[:3]))
-        manifest = from_dict(json.loads(first.manifest_bytes), f"{first.path.name}: {MANIFEST_MEMBER}")
+        if first is not None and accepted:
+            idx, manifest_bytes, where = first.index, first.manifest_bytes, f"{first.path.name}: {MANIFEST_MEMBER}"
+        else:  # parity volumes only: the bundle's index from an earlier sitting, when it left one
+            earlier = _earlier_index(dest, ref) if pvols else None
+            if earlier is None:
+                raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} given: "
+                               + "; ".join(refused[:3]))
+            idx, manifest_bytes, where = earlier
+            first = next((pv for pv in pvols if pv.bundle_id == ref and not pv.refused), None)
+        manifest = from_dict(json.loads(manifest_bytes), where)
         files_by_path = manifest.by_path()
         for v in list(accepted):
             why = _check_entries(v, files_by_path)
             if why:
                 accepted.remove(v)
                 refused.append(why)
-        idx = first.index
-        _check_dest_manifest(dest, first.manifest_bytes)
+        pset = parity_set(pvols, ref)
+        refused += pset.refused
+        if signed_manifest is not None and manifest_bytes != signed_manifest:
+            raise IntegrityError(f"{where}: another manifest than the one whose signature was checked")
+        _check_dest_manifest(dest, manifest_bytes)
         places = Places(dest, payload_dests)
         expected = {**{(MODEL_KIND, f.path): f.size for f in manifest.files}, **files_expected(idx.payloads)}
         targets = {key: places.final(*key) for key in expected}
@@ -210,7 +264,10 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         state.doc.update({"bundle_id": ref, "name": idx.name, "volumes": idx.volumes,
                           "manifest_blake3": idx.manifest_blake3})
         if not manifest_path(dest).is_file():
-            atomic_write_bytes(manifest_path(dest), first.manifest_bytes)
+            atomic_write_bytes(manifest_path(dest), manifest_bytes)
+        _restore_signature(dest, first)
+        if first is not None and not first.is_parity and (pvols or idx.parity):  # for a sitting of parity volumes only
+            atomic_write_bytes(dest / STATE_DIR / "index.json", first.index_bytes)
         state.save()
         run = _Import(places, state, targets, progress, sync)
         total = sum(e.length for v in accepted for e in v.entries())
@@ -221,11 +278,18 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
                 done_vols = set(state.doc.setdefault("done_volumes", []))
                 if not any(v.path.name in c for c in run.corrupt):
                     done_vols.add(v.number)
+                    if pvols or idx.parity:
+                        _Skeleton.save(dest, v)
                 state.doc["done_volumes"] = sorted(done_vols)
                 state.save()
+            progress.end()
+            rebuild_report = _Rebuilt(notes=list(pset.unused))
+            if pset.usable and any(not _is_done(targets[key], size) for key, size in expected.items()):
+                rebuild_report = _rebuild_from_parity(dest, accepted, pset, run, state, idx.volumes, sync, progress,
+                                                      lambda v: _judge_rebuilt(v, ref, manifest_b3, files_by_path))
+                refused += rebuild_report.refused
         finally:
             run.pipe.close()
-        progress.end()
         waiting = sorted(file_member(*key) for key, size in expected.items() if not _is_done(targets[key], size))
         missing = sorted(set(range(1, idx.volumes + 1)) - set(state.doc["done_volumes"]))
         complete = not waiting
@@ -240,7 +304,282 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         return UnbundleReport(outcome is Outcome.IMPORTED, outcome, complete, ref, idx.name, str(dest), idx.volumes,
                               [v.path.name for v in accepted], refused, missing, run.imported, run.skipped,
                               run.corrupt, waiting, payloads_placed(idx.payloads, roots),
-                              next_commands(idx.payloads, roots) if complete else [], verify_doc, synced=sync)
+                              next_commands(idx.payloads, roots) if complete else [], verify_doc,
+                              notes=rebuild_report.notes, synced=sync, rebuilt=rebuild_report.volumes,
+                              parity_used=rebuild_report.parity_used, recovery=rebuild_report.recovery,
+                              signature=_signature_doc(signature))
+
+
+def _signature_doc(report) -> dict | None:
+    if report is None:
+        return None
+    return {"identity": report.identity, "key_type": report.key_type, "fingerprint": report.fingerprint,
+            "namespace": report.namespace, "allowed_signers": report.allowed_signers}
+
+
+def _earlier_index(dest: Path, ref: str | None) -> tuple[Index, bytes, str] | None:
+    """(the bundle's data index, the manifest bytes, where) as an earlier sitting of bundle REF left them in DEST,
+    or None. Read back as hostile as a volume's: parsed, and the manifest checked against its blake3."""
+    path = dest / STATE_DIR / "index.json"
+    try:
+        idx = parse_index(json.loads(path.read_bytes()), str(path))
+        manifest_bytes = manifest_path(dest).read_bytes()
+    except (OSError, ValueError, BadInput):
+        return None
+    if idx.bundle_id != ref or b3(manifest_bytes) != idx.manifest_blake3:
+        return None
+    return idx, manifest_bytes, str(manifest_path(dest))
+
+
+def _restore_signature(dest: Path, first: Volume | None) -> None:
+    """Put the manifest's signature back beside the manifest (DEST/.mm/manifest.json.sig)."""
+    from ..signing import signature_path
+
+    if first is None:
+        return
+    sig = meta_bytes(first, SIG_MEMBER)
+    if sig is not None and not signature_path(dest).is_file():
+        atomic_write_bytes(signature_path(dest), sig)
+
+
+# --- parity: rebuilding lost data volumes -------------------------------------------------------------
+
+@dataclass
+class _Rebuilt:
+    volumes: list[int] = field(default_factory=list)  # data volume numbers rebuilt and imported
+    parity_used: list[int] = field(default_factory=list)
+    recovery: str | None = None  # why not (yet), and what would be enough
+    refused: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _judge_rebuilt(v: Volume, ref: str, manifest_b3: str | None, files_by_path: dict) -> str | None:
+    """A rebuilt volume is judged as any other before a byte of it is imported."""
+    if v.refused or v.damaged or v.index is None:
+        return f"{v.path.name}: rebuilt from parity but does not open as a whole volume; refused"
+    _, refused = _judge_volumes([v], ref, manifest_b3)
+    return refused[0] if refused else _check_entries(v, files_by_path)
+
+
+def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, run: _Import, state: _State, count: int,
+                         sync: bool, progress: ProgressSink, judge) -> _Rebuilt:
+    """Rebuild the data volumes not yet imported whole (missing, or with a damaged member) from the intact data
+    volumes given (or what earlier sittings left in DEST) and the usable parity volumes; import them (each judged
+    by JUDGE first), delete them."""
+    out = _Rebuilt(notes=list(pset.unused))
+    lost = sorted(set(range(1, count + 1)) - set(state.doc.get("done_volumes", [])))
+    if not pset.usable or not lost:
+        return out
+    pindex = pset.usable[0].parity
+    if pindex.volumes != count:
+        out.refused.append(f"{pset.usable[0].path.name}: parity over {pindex.volumes} data volumes, the bundle has "
+                           f"{count}; refused")
+        return out
+    intact = {v.number: v for v in accepted if v.number not in lost}
+    sources: dict[int, object] = {n: FileSource(v.path) for n, v in intact.items()}
+    for n in sorted(set(state.doc.get("done_volumes", [])) - set(intact)):  # imported in an earlier sitting
+        skeleton = _Skeleton.load(dest, n, run)
+        if skeleton is not None:
+            sources[n] = skeleton
+    try:
+        progress.begin(sum(pindex.data[n - 1].size for n in lost), f"rebuild volume(s) {', '.join(map(str, lost))}")
+        rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / "rebuilt", sync, progress)
+        out.notes += [f"{what}: damaged (its bytes do not match the parity index); left out of the rebuild"
+                      for what in rebuilt.left_out]
+    except NotRecoverable as e:
+        out.recovery = f"cannot rebuild yet: {e.message}"
+        return out
+    finally:
+        progress.end()
+        for src in sources.values():
+            src.close()
+    names = {v.number: v.path.name for v in accepted}
+    for n, path in sorted(rebuilt.files.items()):
+        v = open_volume(path)
+        why = judge(v)
+        if why:
+            out.refused.append(why)
+            path.unlink()
+            continue
+        run.volume(v)
+        _Skeleton.save(dest, v)
+        if n in names:  # its damaged members are now imported from the rebuilt copy
+            run.corrupt = [c for c in run.corrupt if not c.startswith(f"{names[n]}: ")]
+            out.notes.append(f"{names[n]}: damaged; rebuilt from parity and imported")
+        state.doc["done_volumes"] = sorted(set(state.doc.get("done_volumes", [])) | {n})
+        state.save()
+        path.unlink()
+        out.volumes.append(n)
+    out.parity_used = rebuilt.parity_used
+    return out
+
+
+class RebuiltVolumes(NamedTuple):
+    files: dict[int, Path]  # data volume number -> the rebuilt file
+    parity_used: list[int]  # parity volumes the rebuild read
+    left_out: list[str]  # inputs found damaged and left out ("parity 1", "volume 3")
+
+
+def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: list[int], out_dir: Path,
+                         sync: bool = True, progress: ProgressSink = NULL_PROGRESS) -> RebuiltVolumes:
+    """Rebuild data volumes WANT (numbers) from the good DATA sources (number -> parity.Source) and the parity
+    volumes PVOLS (parity_set's usable), each into OUT_DIR under its own file name: written under a temporary
+    name, named only when its whole-file blake3 is the one the parity index records. Raises NotRecoverable naming
+    what would be enough. An input whose bytes are not those the parity index records (a damaged parity stream,
+    a bad byte between members of a data volume) shows as a result that does not match: it is found by hashing
+    the inputs, left out, and the rebuild runs again from the others."""
+    if not pvols:
+        raise NotRecoverable("no usable parity volume")
+    index = pvols[0].parity
+    layout, k = index.layout, index.layout.k
+    inputs = {n - 1: src for n, src in data.items()}
+    opened = []
+    for pv in pvols:
+        info = pv.data[pv.parity.member]
+        opened.append(FileSource(pv.path, info.offset_data, info.size))
+        inputs[k + pv.number - 1] = opened[-1]
+    want_idx = [n - 1 for n in want]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outs: dict[int, tuple[int, Path, Path]] = {}
+    try:
+        for i in want_idx:
+            final = out_dir / index.data[i].file
+            tmp = out_dir / f".{index.data[i].file}.partial"
+            outs[i] = (os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), tmp, final)
+
+        def sink(fd: int):
+            def write(view) -> None:
+                view = memoryview(view)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+            return write
+
+        def expected(i: int) -> str:
+            return index.data[i].blake3 if i < k else index.streams[i - k].blake3
+
+        def named(i: int) -> str:
+            return f"volume {i + 1}" if i < k else f"parity {i - k + 1}"
+
+        damaged: set[int] = set()
+        while True:  # an input found damaged is left out and the rebuild run again while enough are left
+            usable = {i: src for i, src in inputs.items() if i not in damaged}
+            result = rebuild(layout, usable, want_idx, {i: sink(outs[i][0]) for i in want_idx},
+                             on_bytes=progress.advance)
+            bad = [i for i in want_idx if result.output_blake3[i] != index.data[i].blake3]
+            if not bad:
+                break
+            checked = rebuild(layout, usable, want_idx, {i: _discard for i in want_idx}, hash_inputs=True)
+            found = {i for i, d in checked.input_blake3.items() if d != expected(i)}
+            if not found:
+                raise IntegrityError(f"rebuilt volume(s) {', '.join(str(i + 1) for i in bad)} do not match the "
+                                     f"bundle (blake3), and no input shows damage; nothing written")
+            damaged |= found
+            if len(inputs) - len(damaged) < k:
+                raise NotRecoverable(f"damaged input(s) {', '.join(map(named, sorted(damaged)))} left out: "
+                                     f"{describe_shortfall(layout, set(inputs) - damaged, set(want_idx))}")
+            for fd, _, _ in outs.values():
+                os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)
+        done = {}
+        for i in want_idx:
+            fd, tmp, final = outs.pop(i)
+            publish_fd(fd, tmp, final, sync)
+            done[i + 1] = final
+        return RebuiltVolumes(done, [i - k + 1 for i in result.inputs if i >= k], [named(i) for i in sorted(damaged)])
+    finally:
+        for src in opened:
+            src.close()
+        for fd, tmp, _ in outs.values():
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+
+
+def _discard(_view) -> None:
+    pass
+
+
+class _Skeleton:
+    """A data volume imported earlier, read back from what it left in DEST: the bytes that are not member data
+    (tar headers, metadata, padding: a few KB) are kept at import in DEST/.mm/unbundle/skeleton/, member data is
+    read from the imported file (or the partial file of a split one). A parity rebuild in a later sitting uses it
+    in place of a disk no longer at hand; what it gives is checked by the rebuilt volume's whole-file blake3."""
+
+    def __init__(self, size: int, regions: list, literal: bytes, run: _Import):
+        self.size, self.regions, self.literal, self.run = size, regions, literal, run
+        self.starts = [r[0] for r in regions]
+        self.files: dict[tuple[str, str], int | None] = {}
+
+    @staticmethod
+    def save(dest: Path, v: Volume) -> None:
+        spans = sorted((info.offset_data, info.size, e.kind, e.path, e.offset)
+                       for e in v.entries() if (info := v.data.get(e.member)) is not None)
+        size = os.stat(v.path).st_size
+        regions, literal, pos = [], bytearray(), 0
+        with open(v.path, "rb") as f:
+            for start, length, kind, path, file_offset in [*spans, (size, 0, None, None, 0)]:
+                if start > pos:
+                    f.seek(pos)
+                    gap = f.read(start - pos)
+                    regions.append([pos, len(gap), "lit", len(literal)])
+                    literal += gap
+                if length:
+                    regions.append([start, length, "file", kind, path, file_offset])
+                pos = start + length
+        where = dest / STATE_DIR / "skeleton"
+        where.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(where / f"vol{v.number:03d}.bin", bytes(literal))
+        atomic_write_json(where / f"vol{v.number:03d}.json", {"size": size, "regions": regions})
+
+    @classmethod
+    def load(cls, dest: Path, n: int, run: _Import) -> _Skeleton | None:
+        """None when it is missing or unreadable (the volume then counts as lost)."""
+        where = dest / STATE_DIR / "skeleton"
+        try:
+            doc = json.loads((where / f"vol{n:03d}.json").read_text())
+            literal = (where / f"vol{n:03d}.bin").read_bytes()
+            regions = doc["regions"]
+            if not isinstance(regions, list) or not all(isinstance(r, list) and len(r) >= 4 for r in regions):
+                return None
+            return cls(int(doc["size"]), regions, literal, run)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _file(self, kind: str, path: str) -> int | None:
+        if (kind, path) not in self.files:
+            final = self.run.targets.get((kind, path))
+            found = final if final is not None and final.is_file() else self.run.places.partial(kind, path)
+            try:
+                self.files[(kind, path)] = os.open(found, os.O_RDONLY)
+            except (OSError, BadInput):
+                self.files[(kind, path)] = None
+        return self.files[(kind, path)]
+
+    def pread(self, offset: int, n: int) -> bytes:
+        out = bytearray()
+        end = min(offset + n, self.size)
+        i = max(0, bisect.bisect_right(self.starts, offset) - 1)
+        while offset < end and i < len(self.regions):
+            r = self.regions[i]
+            start, length = r[0], r[1]
+            take = min(end, start + length) - offset
+            if take > 0:
+                rel = offset - start
+                if r[2] == "lit":
+                    out += self.literal[r[3] + rel:r[3] + rel + take]
+                else:
+                    fd = self._file(r[3], r[4])
+                    data = os.pread(fd, take, r[5] + rel) if fd is not None else b""
+                    out += data + bytes(take - len(data))  # a missing file reads as zeros: the blake3 check fails
+                offset += take
+            i += 1
+        return bytes(out)
+
+    def close(self) -> None:
+        for fd in self.files.values():
+            if fd is not None:
+                os.close(fd)
 
 
 def _check_dest_manifest(dest: Path, manifest_bytes: bytes) -> None:

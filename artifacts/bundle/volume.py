@@ -1,5 +1,7 @@
 """Reading a volume safely: its headers and metadata are judged before any data is read.
 
+One reader for both kinds of volume: a data volume (index-volNNN.json first) and a parity volume
+(index-parPPP.json first); each index says which data members it must hold, with their lengths and blake3.
 Refused (nothing taken from the volume): unreadable index, a member that is not a regular file
 (symlink, hard link, device, fifo, directory), a name not in the index, a size that disagrees with
 the index, a member twice. Damaged (the rest is still usable): members missing or cut short.
@@ -13,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BadInput
-from .format import MANIFEST_MEMBER, META, VOLUME_RE, b3, index_member
-from .index import Entry, Index, parse_index
+from .format import MANIFEST_MEMBER, META, PARITY_RE, VOLUME_RE, b3, index_member, parity_index_member
+from .index import Entry, Index, ParityIndex, parse_index, parse_parity_index
 
 MAX_INDEX_BYTES = 256 * 1024 * 1024
 
@@ -24,7 +26,8 @@ class Volume:
     """What one volume file holds, from its headers and metadata only (no data read yet)."""
 
     path: Path
-    index: Index | None = None
+    index: Index | None = None  # a data volume's
+    parity: ParityIndex | None = None  # a parity volume's
     index_bytes: bytes = b""
     manifest_bytes: bytes = b""
     data: dict[str, tarfile.TarInfo] = field(default_factory=dict)  # data member name -> header
@@ -33,12 +36,26 @@ class Volume:
     damaged: dict[str, str] = field(default_factory=dict)  # member -> why (missing, truncated, hash)
 
     @property
+    def described(self) -> Index | ParityIndex | None:
+        """Whichever index the volume has (the fields both kinds share: bundle_id, name, number, meta, ...)."""
+        return self.index or self.parity
+
+    @property
     def bundle_id(self) -> str | None:
-        return self.index.bundle_id if self.index else None
+        return self.described.bundle_id if self.described else None
 
     @property
     def number(self) -> int:
-        return self.index.volume if self.index else 0
+        return self.described.number if self.described else 0
+
+    @property
+    def is_parity(self) -> bool:
+        return self.parity is not None
+
+    @property
+    def usable(self) -> bool:
+        """Opened and checked with nothing refused or damaged."""
+        return self.described is not None and not self.refused and not self.damaged
 
     def entries(self) -> tuple[Entry, ...]:
         return self.index.members if self.index else ()
@@ -50,13 +67,14 @@ def find_volumes(sources: list[Path]) -> list[Path]:
     for src in sources:
         src = Path(src)
         if src.is_dir():
-            found += sorted(p for p in src.iterdir() if VOLUME_RE.match(p.name) and p.is_file())
+            found += sorted(p for p in src.iterdir() if (VOLUME_RE.match(p.name) or PARITY_RE.match(p.name))
+                            and p.is_file())
         elif src.is_file():
             found.append(src)
         else:
             raise BadInput(f"{src}: no such volume file or directory")
     if not found:
-        raise BadInput(f"no bundle volumes (*.volNNN-of-MMM.tar) in {', '.join(str(s) for s in sources)}")
+        raise BadInput(f"no bundle volumes (*.volNNN-of-MMM.tar, *.parNNN-of-MMM.tar) in {', '.join(str(s) for s in sources)}")
     unique = {os.path.realpath(p): p for p in found}
     return list(unique.values())
 
@@ -87,15 +105,21 @@ def _read_member(tf: tarfile.TarFile, info: tarfile.TarInfo, limit: int) -> byte
     return data
 
 
+def split_volumes(vols: list[Volume]) -> tuple[list[Volume], list[Volume]]:
+    """(data volumes, parity volumes); a volume whose index could not be read counts as data (it is reported)."""
+    return [v for v in vols if not v.is_parity], [v for v in vols if v.is_parity]
+
+
 def open_volume(path: Path) -> Volume:
-    """Read a volume's headers and metadata; judge every member without extracting anything."""
+    """Read a volume's headers and metadata (data or parity); judge every member without extracting anything."""
     vol = Volume(Path(path))
     name = vol.path.name
     file_size = os.stat(vol.path).st_size
     try:
         with tarfile.open(vol.path, "r:") as tf:
             first = tf.next()
-            if first is None or not first.name.startswith(f"{META}/index-vol") or _kind_of(first):
+            parity = first is not None and first.name.startswith(f"{META}/index-par")
+            if first is None or not (parity or first.name.startswith(f"{META}/index-vol")) or _kind_of(first):
                 vol.refused.append(f"{name}: first member is not a bundle index (not an mm bundle volume?)")
                 return vol
             vol.index_bytes = _read_member(tf, first, MAX_INDEX_BYTES)
@@ -104,11 +128,17 @@ def open_volume(path: Path) -> Volume:
             except ValueError:
                 vol.refused.append(f"{name}: index {first.name} is not valid JSON")
                 return vol
-            vol.index = parse_index(doc, f"{name}: {first.name}")
-            if first.name != index_member(vol.number):
-                vol.refused.append(f"{name}: index member {first.name!r} does not match volume {vol.number}")
-            expected = {e.member: e.length for e in vol.entries()}
-            meta = vol.index.expected_meta()
+            if parity:
+                vol.parity = parse_parity_index(doc, f"{name}: {first.name}")
+                own = parity_index_member(vol.number)
+            else:
+                vol.index = parse_index(doc, f"{name}: {first.name}")
+                own = index_member(vol.number)
+            if first.name != own:
+                vol.refused.append(f"{name}: index member {first.name!r} does not match "
+                                   f"{'parity' if parity else 'volume'} {vol.number}")
+            expected = {member: length for member, (length, _) in vol.described.data_members().items()}
+            meta = vol.described.expected_meta()
             seen = {first.name}
             for info in tf:
                 if info is first:  # iterating a TarFile yields the members already read, too
@@ -142,12 +172,25 @@ def open_volume(path: Path) -> Volume:
     except BadInput as e:
         vol.refused.append(e.message if e.message.startswith(name) else f"{name}: {e.message}")
     except (tarfile.TarError, OSError, EOFError) as e:
-        if vol.index is None:
+        if vol.described is None:
             vol.refused.append(f"{name}: not a readable tar volume ({e})")
         else:
             vol.damaged["(tar)"] = f"unreadable after the last good member ({e})"
-    if vol.index is not None and vol.manifest_bytes and b3(vol.manifest_bytes) != vol.index.manifest_blake3:
+    if vol.described is not None and vol.manifest_bytes and b3(vol.manifest_bytes) != vol.described.manifest_blake3:
         vol.damaged[MANIFEST_MEMBER] = "blake3 mismatch"
-    elif vol.index is not None and not vol.manifest_bytes and MANIFEST_MEMBER not in vol.damaged:
+    elif vol.described is not None and not vol.manifest_bytes and MANIFEST_MEMBER not in vol.damaged:
         vol.damaged[MANIFEST_MEMBER] = "missing"
     return vol
+
+
+def meta_bytes(vol: Volume, member: str, limit: int = 16 * 1024 * 1024) -> bytes | None:
+    """A metadata member's bytes (the signature, RESTORE.txt), or None when it is absent, larger than LIMIT,
+    cut short, or does not match the blake3 the volume's index records for it."""
+    info = vol.meta.get(member)
+    want = vol.described.meta.get(member) if vol.described else None
+    if info is None or want is None or info.size > limit:
+        return None
+    with open(vol.path, "rb") as f:
+        f.seek(info.offset_data)
+        data = f.read(info.size)
+    return data if len(data) == info.size and b3(data) == want else None

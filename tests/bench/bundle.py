@@ -16,12 +16,9 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from mm.artifacts.hashing import hash_file
-from mm.artifacts.manifest import FileEntry, Manifest, manifest_path, write_manifest
-from tests.support.modelgen import write_model
+from tests.bench.common import make_bench_model, run_timed
 
 WORK = Path(__file__).resolve().parents[2] / "bench-work" / "bundle"
 MM = Path(sys.executable).parent / "mm"
@@ -32,29 +29,13 @@ ROUNDS = int(os.environ.get("MM_BENCH_ROUNDS", "2"))
 
 
 def _make_model(root: Path) -> int:
-    if manifest_path(root).is_file():
-        return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and ".mm" not in p.parts)
-    files = write_model(root, shards=SHARDS, shard_bytes=SHARD_BYTES)
-    entries = []
-    for f in files:
-        d = hash_file(root / f, blake3_threads=-1)
-        entries.append(FileEntry(f, d.size, d.blake3, d.sha256, None, "local"))
-    write_manifest(Manifest("MiniMaxAI/MiniMax-M3.1-Flash", "ce7f4df87d2e05262f5775f373dac4772f134041",
-                            tuple(entries)), manifest_path(root))
-    return sum(e.size for e in entries)
+    return make_bench_model(root, SHARDS, SHARD_BYTES)
 
 
 def _run(cmd: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (KiB) of one command, measured by /usr/bin/time (a small parent: Linux
-    carries a parent's peak RSS into a forked child's rusage, and this process held a 1 GiB shard)."""
-    stats = WORK / "time.txt"
-    t = time.perf_counter()
-    proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(stats), *cmd], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE)
-    seconds = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise SystemExit(f"bench: {' '.join(cmd)} failed: {proc.stderr.decode()[-500:]}")
-    return seconds, int(stats.read_text().split()[-1])
+    """Wall seconds and peak RSS (KiB) of one command (common.run_timed: measured by /usr/bin/time)."""
+    seconds, peak = run_timed(cmd, WORK / "time.txt")
+    return seconds, peak // 1024
 
 
 def _files(root: Path) -> list[str]:

@@ -27,17 +27,22 @@ def peer_bin(name: str) -> str:
 
 
 def run_measured(cmd: list[str], env: dict | None = None, cwd: Path | None = None, stdout: Path | None = None) -> tuple[float, int]:
-    """Run CMD to completion; return its wall seconds and its own peak RSS in bytes (wait4, this child only).
-    STDOUT: a file to keep the child's standard output in (e.g. `--json`), else it is dropped."""
-    start = time.perf_counter()
-    with open(stdout or os.devnull, "wb") as out:
-        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.PIPE)
-        _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.read().decode()[-500:]}")
-    return seconds, usage.ru_maxrss * 1024
+    """Run CMD to completion; return its wall seconds and its own peak RSS in bytes.
+    STDOUT: a file to keep the child's standard output in (e.g. `--json`), else it is dropped.
+
+    RSS comes from /usr/bin/time (GNU time), not from our own wait4: a child forked from this (large) process
+    carries our RSS into its ru_maxrss until it execs.
+    """
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("r", prefix="mm-bench-rss-") as rss, open(stdout or os.devnull, "wb") as out:
+        start = time.perf_counter()
+        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss.name, *cmd], env=env, cwd=cwd,
+                              stdout=out, stderr=subprocess.PIPE)
+        seconds = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
+        return seconds, int(rss.read().split()[-1]) * 1024
 
 
 @contextmanager
@@ -65,3 +70,33 @@ def start_hub_server(root: Path, shards: int, shard_bytes: int, server_args: tup
         proc.terminate()
         proc.wait()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def make_bench_model(root: Path, shards: int, shard_bytes: int) -> int:
+    """A MiniMax-shaped model of SHARDS x SHARD_BYTES with its manifest (kept if already there); its payload bytes."""
+    from mm.artifacts.hashing import hash_file
+    from mm.artifacts.manifest import FileEntry, Manifest, manifest_path, write_manifest
+    from tests.support.modelgen import write_model
+
+    if manifest_path(root).is_file():
+        return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and ".mm" not in p.parts)
+    files = write_model(root, shards=shards, shard_bytes=shard_bytes)
+    entries = []
+    for f in files:
+        d = hash_file(root / f, blake3_threads=-1)
+        entries.append(FileEntry(f, d.size, d.blake3, d.sha256, None, "local"))
+    write_manifest(Manifest("MiniMaxAI/MiniMax-M3.1-Flash", "ce7f4df87d2e05262f5775f373dac4772f134041",
+                            tuple(entries)), manifest_path(root))
+    return sum(e.size for e in entries)
+
+
+def run_timed(cmd: list[str], stats: Path) -> tuple[float, int]:
+    """Wall seconds and peak RSS (bytes) of one command measured by /usr/bin/time, a small parent: Linux carries
+    a parent's peak RSS into a forked child's rusage, and a benchmark process may have held large buffers."""
+    start = time.perf_counter()
+    proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(stats), *cmd], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
+    return seconds, int(stats.read_text().split()[-1]) * 1024

@@ -16,6 +16,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from tests.support.fake_docker import install as install_fake_docker
+from tests.support.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "demo-work"
@@ -127,6 +128,14 @@ def main() -> int:
     run([MM, "unbundle", *reversed(vols[:-1]), "--dest", restored], offline)
     run([MM, "unbundle", vols[-1], "--dest", restored], offline)
     run([MM, "verify", restored], offline)
+
+    say("The site's OCI registry (docker-registry on 127.0.0.1): mm push once, then mm pull on every node")
+    with Registry(WORK / "registry") as registry:
+        ref = f"{registry.host}/models/minimax-m3.1-flash"
+        run([MM, "push", restored, ref], offline)
+        run([MM, "pull", "--list", f"{ref}:{commit[:12]}"], offline)
+        node2 = WORK / "node2" / "MiniMax-M3.1-Flash"
+        run([MM, "pull", f"{ref}:{commit[:12]}", "--local-dir", node2], offline)
 
     say("mm launch: the matching offline start (4 x B300, Balanced recipe, DSpark)")
     script = WORK / "airgap" / "start-minimax.sh"

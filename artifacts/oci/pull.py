@@ -1,0 +1,379 @@
+"""mm pull REF --local-dir DIR, and mm inspect REF: a ModelPack artifact from an OCI registry, proven on arrival.
+
+The tag is resolved to a digest once; everything after uses that digest (a tag moved meanwhile cannot mix two
+revisions). mm's manifest comes first (its own layer, cross-checked with the layers); then each file's blob is
+streamed into DIR/.mm/partial/<sha256>.part (continued with Range after a kill), hashed in the pass that writes
+it (sha256 against the layer digest, blake3 against the manifest), and named only when both match. The same
+lock, free-space check, journal and atomic names as `mm fetch`; it ends with the quick verify.
+With --allowed-signers, the signature layer (a signed model's, modelpack.MM_SIGNATURE) is checked over the mm
+manifest layer's exact bytes with ssh-keygen before anything is written (signing.py); --require-signature refuses
+an unsigned artifact too. The pulled manifest records the registry as each file's source, so it is no longer the
+signed bytes: the signature is checked at pull and reported, not stored beside it (sign again with `mm sign`).
+"""
+from __future__ import annotations
+
+import http.client
+import mmap
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..download import JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, known_entries, partial_path, prepare_dir
+from ..errors import BadInput, IntegrityError, MMError, RemoteError
+from ..fsutil import dir_lock, publish, require_free_space
+from ..hashing import SLICE, StreamHasher, mapped_windows
+from ..manifest import FileEntry, Manifest, manifest_path, write_manifest
+from ..progress import NULL_PROGRESS, ProgressSink
+from . import modelpack
+from .client import Client, Credentials, Reference, Transport, parse_reference
+
+BUFFER = 1024 * 1024  # one page-aligned receive buffer per worker; what a kill can lose of a file
+CUT_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class PulledFile:
+    path: str
+    size: int
+    digest: str
+    status: str  # "downloaded" | "present" | "failed"
+    bytes_transferred: int = 0
+    resumed_from: int = 0
+    error: str | None = None
+    exit_code: int = 0
+
+
+@dataclass(frozen=True)
+class PullReport:
+    reference: str
+    digest: str  # the manifest digest the tag resolved to
+    source: str  # oci:REF@DIGEST, as recorded in the manifest
+    repo_id: str
+    revision: str
+    local_dir: str
+    manifest_path: str
+    files: tuple[PulledFile, ...]
+    removed: tuple[str, ...]  # files of an earlier pull that this artifact does not have
+    bytes_transferred: int
+    seconds: float
+    verify_problems: tuple[str, ...]
+    draft_present: bool
+    signature: dict | None = None  # the checked signature (identity, key type, fingerprint), with --allowed-signers
+
+    @property
+    def failed(self) -> list[PulledFile]:
+        return [f for f in self.files if f.status == "failed"]
+
+
+@dataclass(frozen=True)
+class InspectReport:
+    reference: str
+    digest: str
+    artifact_type: str
+    repo_id: str | None
+    revision: str | None
+    annotations: dict
+    config: dict
+    files: tuple[dict, ...]  # path, size, media_type, digest
+    total_bytes: int
+    mm_manifest: bool
+    signed: bool | None  # None: not pushed by mm (no mm manifest layer), so no signature scheme is known
+
+
+@dataclass(frozen=True)
+class Resolved:
+    ref: Reference
+    digest: str
+    parsed: modelpack.Parsed
+    config: dict
+    manifest: Manifest | None  # mm's, from its layer (None for an artifact another tool pushed)
+    mm_bytes: bytes | None = None  # the mm manifest layer's exact bytes
+    signature: bytes | None = None  # the signature layer's bytes, when there is one
+
+
+def resolve(client: Client, ref: Reference) -> Resolved:
+    """The manifest (tag -> digest, once), the config and mm's manifest; all checked."""
+    import json
+
+    data, _, digest = client.get_manifest(ref)
+    where = str(ref.at(digest))
+    parsed = modelpack.parse(data, where)
+    try:
+        config = json.loads(client.read_blob(parsed.config.digest, 4 * 1024 * 1024))
+    except ValueError:
+        raise BadInput(f"{where}: config blob is not JSON") from None
+    manifest, mm_bytes, signature = None, None, None
+    if parsed.mm_layer is not None:
+        mm_bytes = client.read_blob(parsed.mm_layer.digest, modelpack.MAX_MM_MANIFEST)
+        manifest = modelpack.restored_manifest(parsed, mm_bytes, where)
+    if parsed.sig_layer is not None:
+        from ..signing import MAX_SIG_BYTES
+        signature = client.read_blob(parsed.sig_layer.digest, MAX_SIG_BYTES)
+    return Resolved(ref, digest, parsed, config if isinstance(config, dict) else {}, manifest, mm_bytes, signature)
+
+
+def _require_tag_or_digest(ref: Reference, text: str) -> None:
+    if not ref.tag and not ref.digest:
+        raise BadInput(f"{text}: give a tag or a digest (mm push tags with the short revision, e.g. {text}:ce7f4df87d2e)")
+
+
+def inspect(reference: str, credentials: Credentials | None = None, transport: Transport = Transport()) -> InspectReport:
+    ref = parse_reference(reference)
+    _require_tag_or_digest(ref, reference)
+    with Client(ref, credentials, transport) as client:
+        r = resolve(client, ref)
+    types = {layer.path: layer.media_type for layer in r.parsed.files}
+    files = tuple({"path": layer.path, "size": layer.size, "media_type": types[layer.path], "digest": layer.digest}
+                  for layer in sorted(r.parsed.files, key=lambda x: x.path))
+    descriptor = r.config.get("descriptor") if isinstance(r.config.get("descriptor"), dict) else {}
+    return InspectReport(
+        reference=str(ref), digest=r.digest, artifact_type=modelpack.ARTIFACT_TYPE,
+        repo_id=r.manifest.repo_id if r.manifest else descriptor.get("name"),
+        revision=r.manifest.revision if r.manifest else r.parsed.annotations.get(modelpack.REVISION),
+        annotations=r.parsed.annotations, config=r.config.get("config") or {}, files=files,
+        total_bytes=r.parsed.total_bytes, mm_manifest=r.manifest is not None,
+        signed=(r.parsed.sig_layer is not None) if r.manifest is not None else None)
+
+
+def pull(reference: str, local_dir: Path, credentials: Credentials | None = None, transport: Transport = Transport(),
+         workers: int = 4, progress: ProgressSink = NULL_PROGRESS, draft_subfolder: str = "dspark/",
+         allowed_signers: Path | None = None, identity: str | None = None,
+         require_signature: bool = False) -> PullReport:
+    """ALLOWED_SIGNERS: check the artifact's manifest signature before anything is written (IntegrityError when
+    it is not good; with REQUIRE_SIGNATURE when there is none either)."""
+    from ..verify import verify_dir
+
+    started = time.monotonic()
+    local_dir = Path(local_dir)
+    ref = parse_reference(reference)
+    _require_tag_or_digest(ref, reference)
+    with Client(ref, credentials, transport) as client:
+        r = resolve(client, ref)
+        if r.manifest is None:
+            raise BadInput(f"{ref.at(r.digest)}: no mm manifest layer ({modelpack.MM_MANIFEST}); mm pulls what mm "
+                           f"pushed, so that every file has its blake3 and the Hub's identity")
+        source = f"oci:{ref.at(r.digest)}"
+        checked = _check_signature(r, allowed_signers, identity, require_signature)
+        prepare_dir(local_dir)
+        with dir_lock(local_dir, "mm pull"):
+            journal = Journal(local_dir / JOURNAL)
+            known = known_entries(local_dir)
+            layers = {layer.path: layer for layer in r.parsed.files}
+            wanted = r.manifest.files
+            _clean_partials(local_dir, wanted)
+            _check_free_space(local_dir, wanted, known)
+            progress.begin(sum(f.size for f in wanted), f"pull {ref.repository}@{r.digest[7:19]}")
+
+            # files with the same bytes share one blob and one partial: one worker takes them all, in turn
+            groups: dict[str, list[FileEntry]] = {}
+            for entry in wanted:
+                groups.setdefault(layers[entry.path].digest, []).append(entry)
+
+            def one(group: list[FileEntry]) -> list[tuple[PulledFile, FileEntry | None]]:
+                return [_pull_file(client, local_dir, entry, layers[entry.path].digest, known, source, progress, journal)
+                        for entry in group]
+
+            try:
+                with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+                    results = [r for rs in pool.map(one, sorted(groups.values(), key=lambda g: -g[0].size)) for r in rs]
+            finally:
+                progress.end()
+            got = {e.path: e for _, e in results if e is not None}
+            removed: tuple[str, ...] = ()
+            if len(got) == len(wanted):  # complete: the directory now holds this revision and nothing of another
+                removed = _remove_other_revision(local_dir, known, r.manifest)
+                write_manifest(r.manifest.with_files(list(got.values())), manifest_path(local_dir))
+                journal.clear()
+    outcomes = tuple(sorted((o for o, _ in results), key=lambda o: o.path))
+    problems: tuple[str, ...] = ()
+    if not any(o.status == "failed" for o in outcomes):
+        report = verify_dir(local_dir, quick=True)
+        problems = tuple(f"{p.kind} {p.path}: {p.detail}" for p in report.problems)
+    draft = draft_subfolder.rstrip("/") + "/"
+    return PullReport(
+        reference=str(ref), digest=r.digest, source=source, repo_id=r.manifest.repo_id, revision=r.manifest.revision,
+        local_dir=str(local_dir), manifest_path=str(manifest_path(local_dir)), files=outcomes, removed=removed,
+        bytes_transferred=sum(o.bytes_transferred for o in outcomes), seconds=time.monotonic() - started,
+        verify_problems=problems,
+        draft_present=any(f.path.startswith(draft) and f.path.endswith(".safetensors") for f in r.manifest.files),
+        signature=checked)
+
+
+def _check_signature(r: Resolved, allowed_signers: Path | None, identity: str | None, require: bool) -> dict | None:
+    if allowed_signers is None or (r.signature is None and not require):
+        return None
+    from ..signing import verify_manifest_signature
+
+    where = f"{r.ref.at(r.digest)}: {modelpack.MM_MANIFEST_PATH}"
+    report = verify_manifest_signature(r.mm_bytes, r.signature, allowed_signers, identity, where=where,
+                                       signature_where=f"{r.ref.at(r.digest)}: {modelpack.MM_SIGNATURE_PATH}")
+    return {"identity": report.identity, "key_type": report.key_type, "fingerprint": report.fingerprint,
+            "namespace": report.namespace, "allowed_signers": report.allowed_signers}
+
+
+def _blob_file(entry: FileEntry) -> RemoteFile:
+    """The engine's view of a layer: its identity is the sha256 (the layer digest), so its partial file is
+    DIR/.mm/partial/<sha256>.part, where `mm fetch` keeps the same bytes' partial too."""
+    return RemoteFile(entry.path, entry.size, blob_id=entry.sha256, lfs_sha256=entry.sha256)
+
+
+def _present(local_dir: Path, entry: FileEntry, known: dict[str, FileEntry]) -> FileEntry | None:
+    have = known.get(entry.path)
+    final = local_dir / entry.path
+    if (have and have.sha256 == entry.sha256 and have.blake3 == entry.blake3 and have.size == entry.size
+            and final.is_file() and final.stat().st_size == entry.size):
+        return have
+    return None
+
+
+def _clean_partials(local_dir: Path, wanted: tuple[FileEntry, ...]) -> None:
+    keep = {partial_path(local_dir, _blob_file(f)).name for f in wanted}
+    for p in (local_dir / PARTIAL_DIR).iterdir():
+        if p.name not in keep and p.suffix == ".part":
+            p.unlink(missing_ok=True)
+
+
+def _check_free_space(local_dir: Path, wanted, known) -> None:
+    needed = 0
+    for f in wanted:
+        if _present(local_dir, f, known):
+            continue
+        partial = partial_path(local_dir, _blob_file(f))
+        needed += f.size - (partial.stat().st_size if partial.exists() else 0)
+    require_free_space([(local_dir, needed)], "the pull")
+
+
+def _remove_other_revision(local_dir: Path, known: dict[str, FileEntry], manifest: Manifest) -> tuple[str, ...]:
+    """Files an earlier manifest recorded that this artifact does not have: a pull leaves one revision, not two.
+    Files mm never recorded are left alone (verify reports them as extra)."""
+    keep = manifest.by_path()
+    removed = []
+    for path in sorted(set(known) - set(keep)):
+        try:
+            (local_dir / path).unlink()
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            continue
+    return tuple(removed)
+
+
+def _pull_file(client: Client, local_dir: Path, entry: FileEntry, digest: str, known: dict[str, FileEntry],
+               source: str, progress: ProgressSink, journal: "Journal") -> tuple[PulledFile, FileEntry | None]:
+    if _present(local_dir, entry, known):
+        progress.advance(entry.size)
+        return PulledFile(entry.path, entry.size, digest, "present"), known[entry.path]
+    try:
+        transferred, resumed = _download(client, local_dir, entry, digest, progress)
+    except MMError as e:
+        return PulledFile(entry.path, entry.size, digest, "failed", error=e.message, exit_code=e.exit_code), None
+    got = replace(entry, source=source)
+    journal.append(got)
+    return PulledFile(entry.path, entry.size, digest, "downloaded", transferred, resumed), got
+
+
+def _download(client: Client, local_dir: Path, entry: FileEntry, digest: str, progress: ProgressSink) -> tuple[int, int]:
+    """Continue (or start) the blob's partial file, hash every byte in the pass that writes it, check, publish.
+
+    Bytes are read straight into one page-aligned buffer (BUFFER), then written and hashed from it: no copy
+    in Python, memory bounded by the buffer whatever the file size."""
+    state = Partial.of(local_dir, _blob_file(entry))
+    partial, have = state.path, state.have
+    hasher = StreamHasher(sha256=True)
+    received = 0
+    buf = mmap.mmap(-1, BUFFER)
+    view = memoryview(buf)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    writeback = _Writeback(fd, have)
+    try:
+        if have:
+            for piece in mapped_windows(partial, SLICE):  # what a killed run kept, hashed again
+                hasher.update(piece)
+            progress.advance(have)
+        stalls = 0
+        while hasher.size < entry.size:
+            before = hasher.size
+            try:
+                with client.open_blob(digest, hasher.size) as (start, body):
+                    if start != hasher.size:  # the registry ignored the range: start over
+                        os.ftruncate(fd, 0)
+                        progress.advance(-hasher.size)
+                        hasher = StreamHasher(sha256=True)
+                    while True:
+                        filled, cut = 0, None
+                        try:
+                            while filled < BUFFER:
+                                n = body.readinto(view[filled:])
+                                if not n:
+                                    break
+                                filled += n
+                        except (OSError, http.client.HTTPException) as e:
+                            cut = e  # keep what arrived, then ask again from there
+                        if hasher.size + filled > entry.size:
+                            raise IntegrityError(f"{entry.path}: the registry sent more than the layer's {entry.size} "
+                                                 f"bytes for {digest}; not kept")
+                        if filled:
+                            piece = view[:filled]
+                            _write_all(fd, piece)
+                            hasher.update(piece)
+                            piece.release()
+                            received += filled
+                            progress.advance(filled)
+                            writeback.wrote(hasher.size)
+                        if cut is not None or filled < BUFFER:
+                            break
+            except RemoteError:
+                if hasher.size == before:
+                    raise
+            if hasher.size == before:
+                stalls += 1
+                if stalls > CUT_RETRIES:
+                    raise RemoteError(f"{entry.path}: transfer of {digest} keeps breaking at byte {before} of "
+                                      f"{entry.size}; run again to resume")
+    finally:
+        os.close(fd)
+        view.release()
+        buf.close()
+    d = hasher.digests()
+    if d.sha256 != digest.split(":", 1)[1]:
+        partial.unlink(missing_ok=True)
+        raise IntegrityError(f"{entry.path}: blob {digest} from {client.ref.registry} does not match its digest "
+                             f"(got sha256:{str(d.sha256)[:16]}...); not kept")
+    if d.blake3 != entry.blake3:
+        partial.unlink(missing_ok=True)
+        raise IntegrityError(f"{entry.path}: blake3 {d.blake3[:16]} disagrees with the pulled mm manifest "
+                             f"({entry.blake3[:16]}); not kept")
+    publish(partial, local_dir / entry.path)  # fsync, rename, fsync the directory
+    return received, have
+
+
+class _Writeback:
+    """Start writing each WINDOW to disk as soon as it is in the page cache, and drop the window before it once it
+    is written (posix_fadvise DONTNEED: on Linux it starts writeback of dirty pages and frees clean ones). The fsync
+    before the file is named then waits for the last window only, and a pull of a 252 GB model does not push the
+    node's page cache out."""
+
+    WINDOW = 32 * 1024 * 1024
+
+    def __init__(self, fd: int, start: int):
+        self.fd, self.kicked, self.dropped = fd, start, start
+
+    def wrote(self, end: int) -> None:
+        if end - self.kicked < self.WINDOW:
+            return
+        try:
+            if self.kicked > self.dropped:  # (a length of 0 would mean "to the end of the file")
+                os.posix_fadvise(self.fd, self.dropped, self.kicked - self.dropped, os.POSIX_FADV_DONTNEED)
+            os.posix_fadvise(self.fd, self.kicked, end - self.kicked, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+        self.dropped, self.kicked = self.kicked, end
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while len(data):
+        n = os.write(fd, data)
+        data = data[n:]

@@ -1,0 +1,116 @@
+"""Parity: `mm bundle --parity 2` over 10 data volumes against the same bundle without parity (interleaved
+rounds, same disk, page cache warm), and the rebuild of one lost data volume.
+
+Figures:
+  ratio bundle --parity 2 / bundle        wall time, durable (fsync) and --no-sync; goal <= 1.4
+  rebuild MB/s                            one lost volume's bytes / wall of the rebuild itself
+                                          (rebuild_data_volumes: read 9 data + 1 parity volume, decode, write,
+                                          blake3 of the result); goal >= 300 MB/s
+  repair-volume MB/s                      the same volume's bytes / wall of `mm bundle repair-volume`, which first
+                                          hashes every volume given (checks them) before rebuilding
+  peak RSS of mm bundle --parity 2 and mm bundle repair-volume; goal < 150 MB
+Sizes: MM_BENCH_PARITY_SHARDS x MM_BENCH_PARITY_SHARD_BYTES (default 4 x 512 MiB), volumes of a tenth of that.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.bench.common import bench_dir, make_bench_model, run_timed
+
+MM = Path(sys.executable).parent / "mm"
+SHARDS = int(os.environ.get("MM_BENCH_PARITY_SHARDS", "4"))
+SHARD_BYTES = int(os.environ.get("MM_BENCH_PARITY_SHARD_BYTES", str(512 * 1024**2)))
+ROUNDS = int(os.environ.get("MM_BENCH_ROUNDS", "2"))
+
+
+def _make_model(root: Path) -> int:
+    return make_bench_model(root, SHARDS, SHARD_BYTES)
+
+
+def main() -> None:
+    work = bench_dir("parity")
+    src = work / "model"
+    print(f"bench parity: writing a {SHARDS} x {SHARD_BYTES / 2**20:.0f} MiB model into {src} ...", flush=True)
+    total = _make_model(src)
+    volume_size = str(total // 10 + 200_000)  # ten data volumes (plus a last one for the metadata, at most)
+    subprocess.run(["cat", *[str(p) for p in src.rglob("*") if p.is_file()]], stdout=subprocess.DEVNULL, check=True)
+    rows: dict[str, list[float]] = {k: [] for k in ("bundle", "bundle-parity", "bundle-nosync", "bundle-parity-nosync",
+                                                     "rebuild", "repair-volume")}
+    rss = {"bundle --parity 2": 0, "repair-volume": 0}
+    lost_bytes = 0
+    count = 0
+    for rnd in range(ROUNDS):
+        for label, extra in (("bundle", []), ("bundle-parity", ["--parity", "2"]), ("bundle-nosync", ["--no-sync"]),
+                             ("bundle-parity-nosync", ["--parity", "2", "--no-sync"])):
+            out = work / f"vols-{label}"
+            shutil.rmtree(out, ignore_errors=True)
+            subprocess.run(["sync"], check=True)
+            s, peak = run_timed([str(MM), "bundle", str(src), "--out", str(out), "--volume-size", volume_size, *extra],
+                                work / "time.txt")
+            rows[label].append(s)
+            if "parity" in label:
+                rss["bundle --parity 2"] = max(rss["bundle --parity 2"], peak)
+        vols = work / "vols-bundle-parity-nosync"
+        data = sorted(vols.glob("*.vol*-of-*.tar"))
+        count = len(data)
+        lost = data[len(data) // 2]
+        keep = work / "lost.tar"
+        shutil.move(lost, keep)
+        lost_bytes = keep.stat().st_size
+        s = _rebuild_in_process(vols, lost.name)
+        rows["rebuild"].append(s)
+        assert (vols / lost.name).read_bytes() == keep.read_bytes(), "rebuilt volume differs"
+        (vols / lost.name).unlink()
+        s, peak = run_timed([str(MM), "bundle", "repair-volume", str(vols), "--no-sync"], work / "time.txt")
+        rows["repair-volume"].append(s)
+        rss["repair-volume"] = max(rss["repair-volume"], peak)
+        assert (vols / lost.name).read_bytes() == keep.read_bytes(), "repaired volume differs"
+        keep.unlink()
+        print(f"  round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in rows.items()), flush=True)
+
+    def ratio(mine: str, peer: str) -> float:
+        return statistics.median(m / p for m, p in zip(rows[mine], rows[peer]))
+    gb = total / 1e9
+    print(f"bench parity: {total / 2**30:.2f} GiB model, {count} data volumes of {int(volume_size) / 1e6:.0f} MB, "
+          f"{ROUNDS} interleaved rounds")
+    for k in ("bundle", "bundle-parity", "bundle-nosync", "bundle-parity-nosync"):
+        print(f"  {k:<22} {gb / min(rows[k]):6.2f} GB/s  (best {min(rows[k]):.2f} s)")
+    print(f"  ratio bundle --parity 2 / bundle (durable)       {ratio('bundle-parity', 'bundle'):.2f}   goal <= 1.4")
+    print(f"  ratio bundle --parity 2 / bundle (--no-sync)     {ratio('bundle-parity-nosync', 'bundle-nosync'):.2f}   goal <= 1.4")
+    best = min(rows["rebuild"])
+    print(f"  rebuild one lost volume ({lost_bytes / 1e6:.0f} MB)         {lost_bytes / best / 1e6:6.0f} MB/s of volume "
+          f"({lost_bytes * 10 / best / 1e6:.0f} MB/s read)   goal >= 300 MB/s")
+    best = min(rows["repair-volume"])
+    print(f"  mm bundle repair-volume (checks every volume first) {lost_bytes / best / 1e6:6.0f} MB/s of volume")
+    print("  peak RSS " + ", ".join(f"mm {k} {v / 2**20:.0f} MB" for k, v in rss.items()) + "   goal < 150 MB")
+    if not os.environ.get("MM_BENCH_KEEP"):
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _rebuild_in_process(vols: Path, lost_name: str) -> float:
+    """Wall seconds of rebuild_data_volumes alone, volumes opened and judged beforehand (as unbundle has them)."""
+    from mm.artifacts.bundle.check import parity_set
+    from mm.artifacts.bundle.parity import FileSource
+    from mm.artifacts.bundle.unpack import rebuild_data_volumes
+    from mm.artifacts.bundle.volume import open_volume
+
+    pvols = parity_set([open_volume(p) for p in sorted(vols.glob("*.par*-of-*.tar"))], None).usable
+    index = pvols[0].parity
+    lost = next(d.number for d in index.data if d.file == lost_name)
+    sources = {d.number: FileSource(vols / d.file) for d in index.data if d.number != lost}
+    t = time.perf_counter()
+    rebuild_data_volumes(pvols, sources, [lost], vols, sync=False)
+    seconds = time.perf_counter() - t
+    for s in sources.values():
+        s.close()
+    return seconds
+
+
+if __name__ == "__main__":
+    main()
