@@ -238,7 +238,8 @@ class Session:
                 return list(pool.map(one, files))
         finally:
             progress.end()
-            self.transfer = {"connections": connections, "connections_used": budget.peak, **stats.report()}
+            self.transfer = {"connections": connections, "connections_used": budget.peak,
+                             "connections_kept": budget.limit, **stats.report()}
 
     def finished(self) -> None:
         """The manifest now holds what the journal recorded."""

@@ -128,6 +128,7 @@ def test_eight_files_share_the_connections(run_mm, hub_env, hub_server, eight_fi
     assert payload(tmp_path / "m") == eight_file_repo[2]
     doc = json.loads(r.stdout)
     assert doc["transfer"]["connections"] == 12 and 8 <= doc["transfer"]["connections_used"] <= 12
+    assert doc["transfer"]["connections_kept"] == 12  # a budget under 16 is opened as given, never changed
     assert hub_server.total_bytes_served == sum(len(b) for b in eight_file_repo[2].values())
 
 

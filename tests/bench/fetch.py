@@ -64,8 +64,9 @@ def wan(name: str, shards: int, shard_bytes: int, goal: float, more: tuple[str, 
     for tool in [t for t in times if t.startswith("mm fetch")]:
         mm_t = statistics.median(times[tool])
         used = statistics.median(t["connections_used"] for t in transfers[tool])
+        kept = statistics.median(t["connections_kept"] for t in transfers[tool])
         retries = sum(t["retries"] for t in transfers[tool])
-        print(f"{tool} median {mm_t:.2f} s ({total / mm_t / 1e6:.0f} MB/s), {used:.0f} connections used"
+        print(f"{tool} median {mm_t:.2f} s ({total / mm_t / 1e6:.0f} MB/s), {used:.0f} connections used ({kept:.0f} kept)"
               f" ({total / mm_t / used / 1e6:.1f} MB/s per connection), {retries} retries,"
               f" peak RSS {peak[tool] / 1e6:.0f} MB (goal < {RSS_GOAL / 1e6:.0f})")
         goal_note = f"goal >= {goal}x" if tool == "mm fetch" else "not the goal's defaults"
