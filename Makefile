@@ -12,7 +12,7 @@ install: $(STAMP)
 
 # A strict editable install links each package file into build/__editable__*; a new module or pin file needs a
 # re-install, so the stamp depends on the list of package files.
-PACKAGE_FILES := $(wildcard cli.py artifacts/*.py artifacts/*/*.py manifests/*.json)
+PACKAGE_FILES := $(wildcard cli.py artifacts/*.py artifacts/*.sh artifacts/*/*.py manifests/*.json)
 
 $(STAMP): setup.cfg pyproject.toml $(PACKAGE_FILES)
 	test -x $(BIN)/pip || $(PYTHON) -m venv $(VENV)

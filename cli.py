@@ -616,16 +616,33 @@ def bundle():
 
 
 @bundle.command("create")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory", required=False, type=click.Path(path_type=Path))
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Directory for the volume files.")
-@click.option("--volume-size", required=True,
+@click.option("--volume-size",
               help="Size of each volume, decimal as disks are sold: 750M, 4G (=4,000,000,000 bytes), 500G, 1.8T; "
-                   "binary with 'i': 4GiB.")
+                   "binary with 'i': 4GiB. Volume 1 must hold mm's wheelhouse whole.")
 @click.option("--name", help="Bundle name used in volume file names. Default: <repo name>-<revision[:12]>.")
 @payload_options("source")
 @click.option("--cache-key", "cache_key", multiple=True, metavar="KEY=VALUE",
               help="Key for kernel caches without mm-cache-key.json (gpu=, compute_capability=, driver=, image=, "
                    "recipe=); repeatable. Without either the cache is bundled as unkeyed.")
+@click.option("--no-mm", "no_mm", is_flag=True, envvar="MM_BUNDLE_NO_MM",
+              help="Leave mm itself out (by default the bundle carries install-mm.sh and a locked wheelhouse of mm and "
+                   "its dependencies in volume 1). Environment: MM_BUNDLE_NO_MM=1.")
+@click.option("--only-mm", "only_mm", is_flag=True,
+              help="No model: write install-mm.sh and wheelhouse/ into --out (to upgrade mm on a host that has the model).")
+@click.option("--target-platform", "target_platforms", multiple=True, metavar="linux/amd64|linux/arm64",
+              help="The air-gapped host's platform for the wheelhouse (repeatable; default: this host's). "
+                   "GB200/GB300 nodes are linux/arm64.")
+@click.option("--target-python", "target_pythons", multiple=True, metavar="3.X",
+              help="The air-gapped host's CPython minor version (repeatable; default: this host's).")
+@click.option("--image-ref", default=None,
+              help="The pinned reference --image must be (default: the pin's engine image).")
+@click.option("--allow-other-image", is_flag=True,
+              help="Carry an --image that is not (or cannot be proven to be) the pinned image; the bundle and the "
+                   "start script say so.")
+@click.option("--insecure-registry", is_flag=True, help="Plain HTTP or unverified TLS when proving --image against a "
+                                                        "registry (a local mirror).")
 @click.option("--no-sync", "no_sync", is_flag=True,
               help="Do not fsync the volumes (a staging disk you copy from with other tools). A rerun still re-checks "
                    "every volume before keeping it; flush (`sync`, unmount) before unplugging the disk.")
@@ -634,11 +651,43 @@ def bundle():
                    "(e.g. 2 for ten data volumes).")
 @json_option
 @handles_errors
-def bundle_create(directory, out_dir, volume_size, name, cache_key, no_sync, parity, json_out, **kw):
-    """Write the model (and payloads) as self-describing tar volumes, plus --parity volumes; a rerun resumes."""
+def bundle_create(directory, out_dir, volume_size, name, cache_key, no_mm, only_mm, target_platforms, target_pythons,
+                  image_ref, allow_other_image, insecure_registry, no_sync, parity, json_out, **kw):
+    """Write the model (and payloads, and mm itself) as self-describing tar volumes, plus --parity volumes; a
+    rerun resumes."""
+    from .artifacts import wheelhouse
     from .artifacts.bundle.pack import create_bundle
-    result = create_bundle(directory, out_dir, volume_size, name=name, payloads=_payload_sources(kw), cache_key=cache_key,
-                           progress=progress_for(json_out), sync=not no_sync, parity=parity)
+    from .artifacts.bundle.payloads import CollectOptions
+    from .artifacts.errors import BadInput
+    sources = _payload_sources(kw)
+    if only_mm:
+        if directory or volume_size or any(sources.values()) or parity:
+            raise BadInput("--only-mm writes only install-mm.sh and wheelhouse/ into --out: give no model directory, "
+                           "--volume-size or payload")
+        report = wheelhouse.build_wheelhouse(out_dir, wheelhouse.targets_for(target_platforms, target_pythons),
+                                             progress_for(json_out))
+        if json_out:
+            emit_json({"ok": True, **to_jsonable(report), "size": report.size})
+            return
+        for s in report.sets:
+            out.print(f"{s.name}: {len(s.wheels)} wheels, {human_bytes(s.size)}", highlight=False, markup=False)
+        out.print(f"wrote {report.out}/install-mm.sh and {report.out}/wheelhouse/ (mm {report.mm_version}, "
+                  f"{human_bytes(report.size)}); on the air-gapped host: sh install-mm.sh [DIR]",
+                  highlight=False, markup=False, soft_wrap=True)
+        return
+    if directory is None or volume_size is None:
+        raise BadInput("give the model DIRECTORY and --volume-size (or --only-mm for mm alone)")
+    if no_mm and sources.get("mm"):
+        raise BadInput("--no-mm and --wheelhouse: choose one")
+    if not no_mm and not sources.get("mm"):
+        sources["mm"] = [wheelhouse.bundle_wheelhouse(out_dir, target_platforms, target_pythons, progress_for(json_out))]
+    elif target_platforms or target_pythons:
+        raise BadInput("--target-platform/--target-python choose the wheelhouse mm bundle builds; "
+                       "not with --no-mm or --wheelhouse")
+    result = create_bundle(directory, out_dir, volume_size, name=name, payloads=sources, cache_key=cache_key,
+                           progress=progress_for(json_out), sync=not no_sync, parity=parity,
+                           collect=CollectOptions(image_ref=image_ref, allow_other_image=allow_other_image,
+                                                  tls_verify=not insecure_registry))
     if json_out:  # each payload kind under its own key, beside the rest
         emit_json({key: value for field_name, v in to_jsonable(result).items()
                    for key, value in (v.items() if field_name == "payloads" else [(field_name, v)])})
@@ -656,6 +705,11 @@ def bundle_create(directory, out_dir, volume_size, name, cache_key, no_sync, par
     out.print(f"bundle {result.name} (id {result.bundle_id}): {len(result.volumes)} volume(s), "
               f"{human_bytes(result.total_bytes)} of data. Check the disks with: mm bundle verify {result.out}",
               highlight=False, markup=False, soft_wrap=True)
+    carried = result.payloads.get("mm")
+    if carried:
+        out.print(f"mm {carried['mm_version']} ({', '.join(carried['sets'])}) travels whole in volume 1; on the "
+                  f"air-gapped host, where the volumes lie: sh install-mm.sh [DIR]", highlight=False, markup=False,
+                  soft_wrap=True)
     if not result.synced:
         out.print(f"not synced (--no-sync): run `sync` or unmount before removing the disk holding {result.out}",
                   highlight=False, markup=False, soft_wrap=True)
@@ -687,6 +741,8 @@ def bundle_verify(volumes, json_out):
         else:
             out.print(f"bundle {report.name} ({report.bundle_id}): {report.volumes} volume(s); missing: {missing}",
                       highlight=False, markup=False, soft_wrap=True)
+            if report.install_mm:
+                out.print(f"install: {report.install_mm}", highlight=False, markup=False, soft_wrap=True)
             if report.parities:
                 gone = ", ".join(str(n) for n in report.parity_missing) or "none"
                 out.print(f"parity: {report.parities} volume(s); missing: {gone}", highlight=False, markup=False,
@@ -794,6 +850,44 @@ def unbundle(volumes, dest, no_sync, require_signature, allowed_signers, identit
             err.print(f"mm: unbundle {dest}: {why}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exit_code)
 
+
+# --- image / doctor (issue 12) ------------------------------------------------------------------
+
+@main.group()
+def image():
+    """The pinned engine image by identity (`mm image save --out FILE`)."""
+
+
+@image.command("save")
+@click.argument("reference", required=False)
+@click.option("--platform", "platform_", default=None, help="linux/amd64 or linux/arm64 (default: this host's).")
+@click.option("--out", "out_file", required=True, type=click.Path(path_type=Path), help="The archive to write.")
+@click.option("--format", "fmt", type=click.Choice(["docker-archive", "oci-archive"]), default="docker-archive",
+              show_default=True, help="docker-archive loads on every Docker; oci-archive needs Docker 25 or newer.")
+@click.option("--insecure-registry", is_flag=True, help="Plain HTTP or unverified TLS to the registry (a local mirror).")
+@json_option
+@handles_errors
+def image_save(reference, platform_, out_file, fmt, insecure_registry, json_out):
+    """Write REFERENCE (default: the pinned engine image) for one platform to FILE by digest, with skopeo, and the
+    chain pinned digest -> platform manifest -> config (image ID) -> layers in FILE.mm-image.json beside it."""
+    from .artifacts import image as mm_image
+    from .artifacts.pins import default_pin
+    ref = reference or default_pin().image
+    platform = mm_image.parse_platform(platform_) if platform_ else mm_image.host_platform()
+    report = mm_image.save_image(ref, out_file, platform, fmt, tls_verify=not insecure_registry,
+                                 show_progress=not json_out and err.is_terminal)
+    if json_out:
+        emit_json({"ok": True, **to_jsonable(report)})
+        return
+    c = report.chain
+    for line in (f"pinned    {c.reference} ({c.pinned_media_type.rsplit('.', 2)[-2]})",
+                 f"platform  {c.platform}: manifest {c.platform_manifest}",
+                 f"image ID  {c.config} (config digest; what `docker images --no-trunc` shows after `docker load`)",
+                 f"layers    {len(c.layers)}, {human_bytes(sum(layer.size for layer in c.layers))} compressed",
+                 f"wrote     {report.archive} ({report.format}, {human_bytes(report.size)}, tag {report.tag})",
+                 f"record    {report.record}",
+                 f"next: mm bundle MODEL_DIR --image {report.archive} ...  (the bundle proves it is the pinned image)"):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 # --- OCI registry: push / pull / inspect (issue 14) -------------------------------------------
 
@@ -1097,6 +1191,31 @@ def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
     if not result.ok:
         failed = ", ".join(f"{c.name} ({c.detail})" for c in result.failed)
         raise ProblemsFound(result.error or f"warm-up checks failed: {failed}")
+
+
+@main.command()
+@recipe_options
+@json_option
+@handles_errors
+def doctor(model_dir, json_out, **kw):
+    """Will this host start MODEL_DIR with this recipe? GPUs, driver, docker, the image by identity, port, /dev/shm,
+    host memory, cache disk and key, the model. One line per check with its fix; exit 1 when a check fails."""
+    from .artifacts import doctor as mm_doctor
+    from .artifacts.pins import default_pin
+    report = mm_doctor.run_doctor(model_dir, _launch_options(kw), default_pin())
+    if json_out:
+        emit_json({"ok": report.ok, **to_jsonable(report), "counts": report.counts})
+    else:
+        marks = {"ok": "[green]ok  [/]", "warn": "[yellow]WARN[/]", "fail": "[red]FAIL[/]"}
+        for c in report.checks:
+            fix = f" -> fix: {escape(c.fix)}" if c.fix and c.status != "ok" else ""
+            out.print(f"{marks[c.status]} {c.name}: {escape(c.detail)}{fix}", highlight=False, soft_wrap=True)
+        n = report.counts
+        verdict = "ready to start" if report.ok else "NOT ready"
+        out.print(f"doctor {escape(report.model_dir)} ({report.recipe}): {n['ok']} ok, {n['warn']} warning(s), "
+                  f"{n['fail']} failed: {verdict}", highlight=False, soft_wrap=True)
+    if not report.ok:
+        sys.exit(ProblemsFound.exit_code)
 
 
 @main.command()

@@ -25,6 +25,7 @@ CONTAINER_MODELS = "/models"
 DEFAULT_PORT = 30000
 DEFAULT_API_KEY_ENV = "MM_API_KEY"
 ROCM_MAX_TP_KEY = "rocm_max_tp"
+IMAGE_RECORD_SUFFIX = ".mm-image.json"  # artifacts/image.py RECORD_SUFFIX (kept here: launch stays light)
 IMAGE_BY_DIGEST = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -265,6 +266,17 @@ class LaunchPlan:
     revalidate: bool
     sampling: dict[str, float]
     warnings: tuple[str, ...] = field(default=())
+    image_id: str | None = None  # config digest recorded by `mm image save`: what survives `docker load`
+    image_record: Path | None = None  # that record (beside the archive)
+
+    @property
+    def archive_hint(self) -> str:
+        """The archive to `docker load`, as the script names it when the image is missing."""
+        if self.image_archive:
+            return str(self.image_archive)
+        if self.image_record:
+            return str(self.image_record.with_name(self.image_record.name.removesuffix(IMAGE_RECORD_SUFFIX)))
+        return "<the image archive from the bundle>"
 
     @property
     def cache_mounts(self) -> tuple[Mount, ...]:
@@ -422,6 +434,8 @@ def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = 
         if ":" in str(m.host) or "," in str(m.host):
             raise BadInput(f"{m.host}: docker -v cannot mount a path containing ':' or ','; move or link it")
     engine_argv = _engine_argv(engine, recipe, tp, opts, container_model)
+    image_record, image_id, image_warnings = find_image_record(image, model_dir, opts.image_archive)
+    warnings += image_warnings
     return LaunchPlan(
         recipe=recipe, hardware=hw, model_dir=model_dir, repo_id=repo_id, revision=revision,
         container_model_path=container_model, image=image,
@@ -430,8 +444,36 @@ def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = 
         api_key_env=opts.api_key_env if opts.expose else None, name=opts.name,
         env=tuple(env), mounts=tuple(mounts), entrypoint=engine.entrypoint, engine_argv=tuple(engine_argv),
         cache_root=cache_root, uses_dspark=bool(recipe.speculative), revalidate=revalidate,
-        sampling=catalog.sampling, warnings=tuple(warnings),
+        sampling=catalog.sampling, warnings=tuple(warnings), image_id=image_id, image_record=image_record,
     )
+
+
+def find_image_record(image: str, model_dir: Path, archive: Path | None) -> tuple[Path | None, str | None, list[str]]:
+    """The `mm image save` record for IMAGE: beside --image-archive, else in the unbundled payload
+    (DIR.payload/image/, `mm unbundle`'s default). Returns (record, image ID, warnings) or (None, None, warnings);
+    the warnings name a payload archive that is not IMAGE (carried with --allow-other-image) or has no record."""
+    from .image import read_record  # here: only a plan with an archive or a payload needs it
+
+    warnings: list[str] = []
+    if archive is not None:
+        candidates = [Path(archive).with_name(Path(archive).name + IMAGE_RECORD_SUFFIX)]
+    else:
+        payload = model_dir.with_name(model_dir.name + ".payload") / "image"
+        candidates = sorted(payload.glob("*" + IMAGE_RECORD_SUFFIX)) if payload.is_dir() else []
+        for tar in sorted(payload.glob("*.tar")) if payload.is_dir() else []:
+            if not tar.with_name(tar.name + IMAGE_RECORD_SUFFIX).is_file():
+                warnings.append(f"{tar}: no {IMAGE_RECORD_SUFFIX} record beside it; not proven to be {image}")
+    for path in candidates:
+        if path.is_file():
+            record = read_record(path)
+            if record.chain.reference == image:
+                return path.resolve(), record.chain.config, warnings
+            if archive is not None:
+                raise Refused(f"{path}: records {record.chain.reference}, not the image this plan runs ({image}); "
+                              f"pass the archive of {image} (mm image save)")
+            warnings.append(f"{path.with_name(record.archive)} is {record.chain.reference}, not the image this plan "
+                            f"runs ({image})")
+    return None, None, warnings
 
 
 def _engine_argv(engine: Engine, recipe: Recipe, tp: int, opts: LaunchOptions, model_path: str) -> list[Token]:
@@ -457,9 +499,12 @@ def _engine_argv(engine: Engine, recipe: Recipe, tp: int, opts: LaunchOptions, m
 # --- rendering -------------------------------------------------------------------------------
 
 def docker_run_argv(plan: LaunchPlan, *, detach: bool = False, name: str | None = None,
-                    extra_env: tuple[tuple[str, str], ...] = ()) -> list[Token]:
-    """The one `docker run` for PLAN; warm-up runs the same line detached under its own name."""
-    argv: list[Token] = ["docker", "run", "-d" if detach else "--rm", "--name", name or plan.name]
+                    extra_env: tuple[tuple[str, str], ...] = (), image: Token | None = None) -> list[Token]:
+    """The one `docker run` for PLAN; warm-up runs the same line detached under its own name.
+
+    Never pulls (`--pull never`): the host is offline; IMAGE is how the image was found on this host (the script's
+    `$image`, the pinned reference or the recorded image ID)."""
+    argv: list[Token] = ["docker", "run", "-d" if detach else "--rm", "--pull", "never", "--name", name or plan.name]
     if plan.hardware.vendor == "nvidia":
         argv += ["--gpus", '"device=%s"' % ",".join(map(str, plan.gpus))]
     else:  # ROCm containers reach the GPUs through the kernel driver devices
@@ -473,7 +518,7 @@ def docker_run_argv(plan: LaunchPlan, *, detach: bool = False, name: str | None 
         argv += ["-v", m.spec()]
     if plan.entrypoint:
         argv += ["--entrypoint", plan.entrypoint]
-    argv.append(plan.image)
+    argv.append(image if image is not None else plan.image)
     argv += list(plan.engine_argv)
     return argv
 
@@ -506,30 +551,68 @@ def render_script(plan: LaunchPlan) -> str:
                   ""]
     lines += script_setup(plan, plan.api_key_env if plan.expose else None, "Published on all interfaces",
                           "Kernel caches persist across starts (MSA, FlashInfer, Triton, DeepGEMM); `mm warmup` fills them.")
-    lines.append(_wrap(docker_run_argv(plan), plan.image))
+    lines.append(_wrap(docker_run_argv(plan, image=IMAGE_VAR), IMAGE_VAR))
     return "\n".join(lines) + "\n"
 
 
+IMAGE_VAR = EnvRef("image")  # how the script found the image on this host (image_lines); every docker run uses it
+
+
+def image_candidates(plan: LaunchPlan) -> tuple[str, ...]:
+    """What the image may be called on this host, in the order the start script tries (image_lines): the pinned
+    reference, else the image ID `mm image save` recorded. `mm warmup` and `mm doctor` search the same way."""
+    return (plan.image,) + ((plan.image_id,) if plan.image_id else ())
+
+
+def image_identity(plan: LaunchPlan) -> str:
+    """The image as messages name it: the pinned reference and, when recorded, its image ID."""
+    return plan.image + (f" (image ID {plan.image_id})" if plan.image_id else "")
+
+
 def script_setup(plan: LaunchPlan, api_key_env: str | None, exposed: str, caches: str) -> list[str]:
-    """The lines before the first `docker run`: load the image when absent, demand the API key, make the caches."""
+    """The lines before the first `docker run`: demand the API key, find (or load) the image by identity, make the
+    caches. Every `docker run` after them names the image as IMAGE_VAR."""
     lines = []
-    if plan.image_archive:
-        lines += ["# The image came with the bundle: load it once if this host does not have it yet.",
-                  f"if ! docker image inspect {shlex.quote(plan.image)} >/dev/null 2>&1; then",
-                  f"  docker load -i {shlex.quote(str(plan.image_archive))}",
-                  "fi", ""]
-    else:
-        lines += [f"# If this host lacks the image: docker load -i <image archive from the bundle> (must provide {plan.image}).", ""]
     if api_key_env:
         lines += [f"# {exposed}: clients must send Authorization: Bearer ${api_key_env}.",
                   f': "${{{api_key_env}:?set {api_key_env} to the API key clients must send (it is not stored in this script)}}"',
                   ""]
+    lines += image_lines(plan)
     if plan.cache_mounts:
         lines += [f"# {caches}", "mkdir -p " + " ".join(shlex.quote(str(m.host)) for m in plan.cache_mounts), ""]
     return lines
 
 
-def _wrap(argv: list[Token], image: str, exec_: bool = True) -> str:
+def image_lines(plan: LaunchPlan) -> list[str]:
+    """Find the image by what survives `docker load`: the pinned reference (kept by the containerd store, or
+    pulled), else the image ID `mm image save` recorded (Docker's classic store drops repo digests on load).
+    Neither: load --image-archive and check the loaded ID, or stop naming the archive to load."""
+    q = shlex.quote
+    lines = ["# The image by identity, never pulled: the pinned reference if this host has it, else the image ID",
+             "# (config digest) `mm image save` recorded; Docker's classic store drops repo digests on `docker load`.",
+             f"image_ref={q(plan.image)}",
+             f"image_id={q(plan.image_id or '')}",
+             "find_image() {",
+             '  if docker image inspect "$image_ref" >/dev/null 2>&1; then image=$image_ref',
+             '  elif [ -n "$image_id" ] && docker image inspect "$image_id" >/dev/null 2>&1; then image=$image_id',
+             "  else return 1",
+             "  fi",
+             "}"]
+    ident = image_identity(plan)
+    if plan.image_archive:
+        archive = q(str(plan.image_archive))
+        lines += ["if ! find_image; then",
+                  f"  echo {q(f'loading the image from {plan.image_archive}')} >&2",
+                  f"  docker load -i {archive} >&2",
+                  f"  find_image || {{ echo {q(f'mm: {plan.image_archive}: loaded, but this host still lacks {ident}; the archive holds another image')} >&2; exit 1; }}",
+                  "fi", ""]
+    else:
+        lines += [f"find_image || {{ echo {q(f'mm: image {ident} is not on this host: docker load -i {plan.archive_hint}')} >&2; exit 1; }}",
+                  ""]
+    return lines
+
+
+def _wrap(argv: list[Token], image: Token, exec_: bool = True) -> str:
     """One flag (with its value) per line, the image and the engine command on their own, like the guide."""
     lines: list[list[str]] = [["exec"] if exec_ else []]
     after_image = False
@@ -588,6 +671,7 @@ def plan_document(plan: LaunchPlan) -> dict:
         "revalidate": plan.revalidate, "repo_id": plan.repo_id, "revision": plan.revision,
         "model_dir": str(plan.model_dir), "container_model_path": plan.container_model_path,
         "image": plan.image, "image_archive": str(plan.image_archive) if plan.image_archive else None,
+        "image_id": plan.image_id, "image_record": str(plan.image_record) if plan.image_record else None,
         "gpus": list(plan.gpus), "port": plan.port, "expose": plan.expose, "api_key_env": plan.api_key_env,
         "env": dict(plan.env), "mounts": [m.spec() for m in plan.mounts],
         "cache_root": str(plan.cache_root) if plan.cache_root else None,

@@ -30,6 +30,7 @@ class Pin:
     draft_subfolder: str | None  # the draft model's subfolder, e.g. "dspark/"; None: the model has no draft
     size_bytes_approx: int | None
     sources: dict[str, str]
+    cuda_runtime: str | None = None  # the pinned image's CUDA runtime (the host driver must support it)
     recipes: str | None = None  # the recipes file beside the pin (manifests/<name>), read by launch.recipes_path()
     container_name: str = ""  # default container name for launch and warm-up (default: the pin's name)
     troubleshooting: str | None = None  # the guide's troubleshooting table beside the pin, read by diagnose.table_path()
@@ -80,6 +81,7 @@ def load_pin_file(path: Path) -> Pin:
         draft_subfolder=draft.get("subfolder"),
         size_bytes_approx=_value(doc, "size_bytes_approx", path),
         sources={k: v["source"] for k, v in doc.items() if isinstance(v, dict) and "source" in v},
+        cuda_runtime=_value(doc, "cuda_runtime", path),
         recipes=recipes,
         container_name=_value(doc, "container_name", path) or re.sub(r"[^A-Za-z0-9_.-]", "-", str(doc["name"])),
         troubleshooting=troubleshooting,

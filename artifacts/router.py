@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .errors import BadInput, Refused
 from .cachekey import FILE_NAME as CACHE_KEY_FILE
-from .launch import (Catalog, EnvRef, LaunchOptions, LaunchPlan, Token, _wrap, check_combination,
+from .launch import (IMAGE_VAR, Catalog, EnvRef, LaunchOptions, LaunchPlan, Token, _wrap, check_combination,
                      check_model_dir, choose_recipe, docker_run_argv, hicache_statement, load_catalog, plan_document,
                      plan_launch, read_identity, render_script, script_setup)
 
@@ -143,10 +143,13 @@ def _router(first: LaunchPlan, spec: dict, catalog: Catalog, opts: LaunchOptions
 
 
 def router_docker_argv(router: RouterPlan, *, detach: bool = False, name: str | None = None,
-                       worker_urls: tuple[str, ...] | None = None, port: int | None = None) -> list[Token]:
-    """The router's `docker run`: same image, offline, on the host network (it reaches the replicas on 127.0.0.1)."""
+                       worker_urls: tuple[str, ...] | None = None, port: int | None = None,
+                       image: Token | None = None) -> list[Token]:
+    """The router's `docker run`: same image, offline, on the host network (it reaches the replicas on 127.0.0.1).
+    IMAGE is how the image was found on this host (the script's `$image`: pinned reference or recorded image ID)."""
     argv: list[Token] = ["docker", "run"] + (["-d"] if detach else []) + [
-        "--name", name or router.name, "--pull", "never", "--network", "host", "-e", "HF_HUB_OFFLINE=1", router.image]
+        "--name", name or router.name, "--pull", "never", "--network", "host", "-e", "HF_HUB_OFFLINE=1",
+        image if image is not None else router.image]
     command = list(router.argv)
     if worker_urls is not None:  # warm-up: its own replicas and port
         i = command.index("--worker-urls")
@@ -231,9 +234,9 @@ def render_node_script(node: NodePlan) -> str:
     ]
     cold = (f"[ ! -f {shlex.quote(str(first.cache_root / CACHE_KEY_FILE))} ]" if first.cache_root else None)
     for i, p in enumerate(node.replicas):
-        argv = docker_run_argv(p, detach=True)
+        argv = docker_run_argv(p, detach=True, image=IMAGE_VAR)  # the image script_setup found by identity
         lines.append(f"# Replica {i}")
-        lines.append(_wrap(argv, p.image, exec_=False))
+        lines.append(_wrap(argv, IMAGE_VAR, exec_=False))
         if i == 0 and cold and n > 1:
             lines += ["# A cold cache (no `mm warmup` yet): replica 0 compiles alone, the others then load its kernels.",
                       f"if {cold}; then",
@@ -243,7 +246,7 @@ def render_node_script(node: NodePlan) -> str:
     for p in node.replicas:
         lines.append(f"wait_healthy {shlex.quote(p.name)} {p.port}")
     lines += ["", "# The router, in the foreground: when it stops, the EXIT trap stops the replicas."]
-    lines.append(_wrap(router_docker_argv(router), router.image, exec_=False))
+    lines.append(_wrap(router_docker_argv(router, image=IMAGE_VAR), IMAGE_VAR, exec_=False))
     return "\n".join(lines) + "\n"
 
 

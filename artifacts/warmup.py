@@ -26,7 +26,7 @@ from .cachekey import FILE_NAME as CACHE_KEY_FILE, CacheKey, write_cache_key
 from .diagnose import Finding, diagnose
 from .errors import BadInput, ProblemsFound, Refused
 from .fsutil import atomic_write_json
-from .launch import LaunchPlan, docker_run_argv
+from .launch import LaunchPlan, docker_run_argv, image_candidates, image_identity
 from .progress import NULL_PROGRESS, ProgressSink
 from .router import NodePlan, router_docker_argv
 
@@ -118,12 +118,21 @@ def parse_gpu_info(text: str) -> tuple[str, str, str, int]:
     return rows[0][0], rows[0][1], rows[0][2], len(rows)
 
 
-def query_gpus(plan: LaunchPlan) -> str:
+def local_image(plan: LaunchPlan) -> str:
+    """How this host has the plan's image (the same search as the start script): the pinned reference, else the
+    image ID `mm image save` recorded (the classic store drops repo digests on `docker load`)."""
+    for ref in image_candidates(plan):
+        if _docker(["image", "inspect", ref]).returncode == 0:
+            return ref
+    raise BadInput(f"image {image_identity(plan)} is not on this host: docker load -i {plan.archive_hint}")
+
+
+def query_gpus(plan: LaunchPlan, image: str | None = None) -> str:
     """Ask the pinned image's nvidia-smi for the selected GPUs (what the cache key records)."""
     if plan.hardware.vendor != "nvidia":
         raise BadInput(f"{plan.hardware.name}: pass --gpu-info 'NAME, GFX/COMPUTE, DRIVER' (nvidia-smi is NVIDIA only)")
-    argv = ["run", "--rm", "--gpus", '"device=%s"' % ",".join(map(str, plan.gpus)), "--entrypoint", "nvidia-smi",
-            plan.image, "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"]
+    argv = ["run", "--rm", "--pull", "never", "--gpus", '"device=%s"' % ",".join(map(str, plan.gpus)),
+            "--entrypoint", "nvidia-smi", image or plan.image, "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"]
     done = _docker(argv)
     if done.returncode != 0:
         raise ProblemsFound(f"docker run nvidia-smi failed ({done.returncode}): {_last_line(done.stderr)}")
@@ -301,13 +310,14 @@ def run_warmup(target: LaunchPlan | NodePlan, *, timeout: float = 3600, image_pn
     if plan.expose:
         raise BadInput("warm-up publishes on 127.0.0.1 only; leave out --expose")
     started = _now()
-    gpu, cc, driver, count = parse_gpu_info(gpu_info if gpu_info is not None else query_gpus(plan))
+    image = local_image(plan)
+    gpu, cc, driver, count = parse_gpu_info(gpu_info if gpu_info is not None else query_gpus(plan, image))
     check_gpu_family(plan, gpu, cc)
     cache_key = CacheKey(gpu=gpu, compute_capability=cc, driver=driver, image=plan.image, recipe=plan.recipe.id, gpu_count=count)
     name = warmup_name(plan)
     _docker(["rm", "-f", name])  # a warm-up killed earlier may have left its container behind
     extra_env = (("SGLANG_WARMUP_TIMEOUT", FIRST_START_WARMUP_TIMEOUT),) if plan.recipe.engine == "sglang" else ()
-    argv = [str(t) for t in docker_run_argv(plan, detach=True, name=name, extra_env=extra_env)]
+    argv = [str(t) for t in docker_run_argv(plan, detach=True, name=name, extra_env=extra_env, image=image)]
     progress.note(f"starting {plan.recipe.id} as container {name}")
     done = _docker(argv[1:])
     if done.returncode != 0:
@@ -372,7 +382,8 @@ def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes |
     started = _now()
     all_gpus = [g for p in node.replicas for g in p.gpus]
     node_view = dataclasses.replace(first, gpus=tuple(all_gpus))
-    gpu, cc, driver, count = parse_gpu_info(gpu_info if gpu_info is not None else query_gpus(node_view))
+    image = local_image(first)  # every replica and the router run the image found by identity, as the node script does
+    gpu, cc, driver, count = parse_gpu_info(gpu_info if gpu_info is not None else query_gpus(node_view, image))
     check_gpu_family(first, gpu, cc)
     cache_key = CacheKey(gpu=gpu, compute_capability=cc, driver=driver, image=first.image, recipe=first.recipe.id,
                          gpu_count=len(first.gpus))
@@ -391,7 +402,8 @@ def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes |
         for i, (plan, name) in enumerate(zip(node.replicas, names)):
             before = cache_snapshot(first.cache_root)
             progress.note(f"starting replica {i} of {first.recipe.id} as {name} (GPUs {','.join(map(str, plan.gpus))})")
-            done = _docker([str(t) for t in docker_run_argv(plan, detach=True, name=name, extra_env=extra_env)][1:])
+            done = _docker([str(t) for t in docker_run_argv(plan, detach=True, name=name, extra_env=extra_env,
+                                                                     image=image)][1:])
             if done.returncode != 0:
                 error = f"docker run {name} failed ({done.returncode}): {_last_line(done.stderr)}"
                 break
@@ -407,7 +419,7 @@ def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes |
                 checks.append(_from_cache_check(before, cache_snapshot(first.cache_root), name))
         if error is None:
             progress.note(f"starting the router as {router_name} on 127.0.0.1:{router.port}")
-            done = _docker([str(t) for t in router_docker_argv(router, detach=True, name=router_name)][1:])
+            done = _docker([str(t) for t in router_docker_argv(router, detach=True, name=router_name, image=image)][1:])
             if done.returncode != 0:
                 error = f"docker run {router_name} failed ({done.returncode}): {_last_line(done.stderr)}"
             else:

@@ -6,6 +6,8 @@ import os
 import secrets
 import socket
 import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,10 @@ from safetensors.numpy import save_file
 from tests.support.gitrepo import ModelRepo, commit_dir, make_commits_with_shared_prefix, make_model_repo
 from tests.support.hubserver import HubServer
 from tests.support.run import run_mm as _run_mm
+
+# `mm bundle` carries mm's wheelhouse by default (pip download from the package index); tests that are not about
+# it bundle without (tests/test_airgap.py and test_wheelhouse.py ask for it with MM_BUNDLE_NO_MM=0).
+os.environ["MM_BUNDLE_NO_MM"] = "1"
 
 BIG_FILE = "model.safetensors"
 BIG_BYTES = 8 * 1024 * 1024  # big enough that a rate-limited download can be killed mid-file
@@ -152,6 +158,64 @@ def ms_env(hub_env, ms_server, tmp_path) -> dict[str, str]:
     assert not log.exists(), f"a subprocess tried to leave loopback: {log.read_text()}"
 # --- end mirror ---
 
+
+# --- air gap (issue 12) ---
+@pytest.fixture(scope="session")
+def wheelhouse_dir(tmp_path_factory) -> Path:
+    """OUT of `build_wheelhouse` for this host's machine and the other one (x86_64, aarch64), this Python:
+    install-mm.sh + wheelhouse/. Built once a session; downloaded sets are kept in a cache directory that
+    later builds copy from (the same mm wheel bytes), so the suite downloads each set once."""
+    from mm.artifacts import wheelhouse
+
+    out = tmp_path_factory.mktemp("wheelhouse")
+    host = wheelhouse.host_target()
+    other = "aarch64" if host.machine == "x86_64" else "x86_64"
+    targets = wheelhouse.targets_for((host.machine, other), (host.python,))
+    wheelhouse.build_wheelhouse(out, targets, cache=wheelhouse_cache(tmp_path_factory))
+    return out
+
+
+def wheelhouse_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.getbasetemp() / "wheel-sets-cache"
+
+
+@pytest.fixture
+def bare_python(tmp_path) -> Path:
+    """A directory holding `python3`: this interpreter's base CPython (no venv) run as `python3 -I`."""
+    bin_dir = tmp_path / "bare-bin"
+    bin_dir.mkdir()
+    base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {base} -I "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+    return bin_dir
+@dataclass
+class PinnedImage:
+    registry: "Registry"
+    image: "TestImage"
+    repo: str  # host:port/lmsysorg/sglang
+    ref: str  # repo@sha256:<index digest>: what the pin names
+
+
+@pytest.fixture(scope="session")
+def pinned_image(tmp_path_factory):
+    """The session's docker-registry on 127.0.0.1 holding a two-platform test image (built by hand as an OCI
+    layout, pushed with skopeo), named by its index digest like the pin names lmsysorg/sglang."""
+    from tests.support.oci_image import build_layout, push
+    from tests.support.registry import Registry
+
+    layout = build_layout(tmp_path_factory.mktemp("oci") / "layout")
+    with Registry(tmp_path_factory.mktemp("image-registry")) as reg:
+        repo = f"{reg.host}/lmsysorg/sglang"
+        yield PinnedImage(reg, layout, repo, push(layout, repo))
+
+
+@pytest.fixture(scope="session")
+def other_image(tmp_path_factory):
+    """Another two-platform image (different bytes), as an OCI layout: for 'wrong image' tests."""
+    from tests.support.oci_image import build_layout
+
+    return build_layout(tmp_path_factory.mktemp("oci-other") / "layout", salt="other")
+# --- end air gap ---
 
 # --- OCI registry (issue 14) ---
 from tests.support.registry import Registry  # noqa: E402

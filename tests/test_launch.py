@@ -111,9 +111,11 @@ def docker_options(tokens: list[str], image: str) -> list[tuple[str, str | None]
 
 
 def script_tokens(script: str) -> list[str]:
-    """The docker run line of an emitted script, as the shell would split it."""
+    """The docker run line of an emitted script, as the shell would split it on a host that has the image by its
+    pinned reference (`$image` is then the script's `image_ref`)."""
     line = script[script.index("exec docker run"):].replace("\\\n", " ")
-    return shlex.split(line)[1:]
+    image_ref = shlex.split(re.search(r"^image_ref=(.*)$", script, re.M).group(1))[0]
+    return [image_ref if t == "${image}" else t for t in shlex.split(line)[1:]]
 
 
 # --- the recipes as data -------------------------------------------------------------------------
@@ -178,6 +180,7 @@ def test_b300_balanced_reproduces_the_guides_offline_command_flag_for_flag(model
     assert ours[ours.index(image) + 1:] == guide[guide.index(image) + 1:]  # sglang serve ... identical
     our_opts, guide_opts = docker_options(ours, image), docker_options(guide, image)
     assert [o for o in our_opts if o not in guide_opts] == [
+        ("--pull", "never"),  # offline: never let docker try a registry (issue 12)
         ("-e", "SGLANG_CACHE_DIR=/root/.cache/sglang"), ("-e", "SGLANG_JIT_CACHE_DIR=/root/.cache/sglang-jit"),
         ("-v", "/root/.cache/sglang"), ("-v", "/root/.cache/sglang-jit")]
     assert [o for o in guide_opts if o not in our_opts] == []

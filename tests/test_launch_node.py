@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -18,9 +19,12 @@ EIGHT = "0,1,2,3,4,5,6,7"
 
 
 def commands(script: str) -> list[list[str]]:
-    """Every `docker run` of a node script, as the shell would split it."""
+    """Every `docker run` of a node script, as the shell would split it on a host that has the image by its pinned
+    reference (the script's `$image` is then its `image_ref`; test_launch_image runs the image lookup itself)."""
     joined = script.replace("\\\n", " ")
-    return [shlex.split(line.strip()) for line in joined.splitlines() if line.strip().startswith("docker run ")]
+    image_ref = shlex.split(re.search(r"^image_ref=(.*)$", script, re.M).group(1))[0]
+    return [[image_ref if t == "${image}" else t for t in shlex.split(line.strip())]
+            for line in joined.splitlines() if line.strip().startswith("docker run ")]
 
 
 def option(tokens: list[str], flag: str) -> str:

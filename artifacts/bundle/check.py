@@ -43,6 +43,7 @@ class BundleVerifyReport:
     parity_missing: list[int] | None = None
     recoverable: bool | None = None  # with parity: can the data volumes missing or damaged be rebuilt
     recovery: str | None = None  # e.g. "volumes 3 and 7 missing: recoverable with parity 1-2"
+    install_mm: str | None = None  # how to install mm from these volumes, when the bundle carries it
 
 
 def reference_bundle(vols: list[Volume], preferred: str | None = None) -> str | None:
@@ -123,7 +124,17 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
         report.parity_missing = sorted(set(range(1, m + 1)) - given)
         report.recoverable, report.recovery = recoverability(count, m, missing, damaged,
                                                              sorted(set(range(1, m + 1)) - good))
+    report.install_mm = _install_mm(ref_vol.index.payloads) if ref_vol else None
     return report
+
+
+def _install_mm(payloads: dict) -> str | None:
+    carried = payloads.get("mm") or ()
+    if not carried:
+        return None
+    rec = carried[0]
+    return (f"mm {rec.mm_version} travels in volume 1 (sets {', '.join(rec.sets)}): sh install-mm.sh [DIR] where the "
+            f"volumes lie (it reads volume 1), or sh payload/mm/install-mm.sh after `tar -xf` of volume 1")
 
 
 def _verdict(v: Volume, ref: str | None, conflicts: dict[int, list[Volume]]) -> VolumeVerdict:

@@ -15,6 +15,9 @@ Decisions where the issue is silent:
   than MIN_PIECE is left, in which case it starts in the next volume.
 - Payload files (image archive, kernel caches) have no manifest: their whole-file sha256 and blake3 are
   computed while they are written and recorded in the index of the volume holding their last byte.
+- A payload kind marked first_volume (mm's installer and wheelhouse) is placed before the model and never
+  split, so that mm can be installed from the first disk alone; a volume size too small for that is refused,
+  naming the smallest that fits.
 - A kernel cache's key comes from `mm-cache-key.json` inside it (cachekey.py), else from `--cache-key
   KEY=VALUE`; with neither it is bundled as unkeyed and the result says so.
 - A signed model (.mm/manifest.json.sig, signing.py) has its signature carried in every volume, data and parity;
@@ -38,7 +41,7 @@ from typing import Sequence
 
 from ..cachekey import parse_cache_key
 from ..errors import BadInput, IntegrityError
-from ..fsutil import dir_lock, human_bytes, publish_fd
+from ..fsutil import dir_lock, human_bytes, publish, publish_fd
 from ..hashing import StreamHasher
 from ..manifest import Manifest, export_sums, manifest_path, read_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
@@ -49,9 +52,11 @@ from .format import (
     file_member, index_member, member_bytes, padded, parity_data_member, parity_filename, parity_index_member,
     parse_size, payload_sums_member, render_json, tar_header, volume_filename,
 )
+from . import payloads as payload_table
 from .index import Entry, Index, ParityIndex, ParityNote, Stream
 from .parity import CODEC, MAX_TOTAL, STRIPE, FileSource, Layout, encode
-from .payloads import MODEL_KIND, MODEL_PREFIX, PAYLOAD_ROOT, Payloads, collect_payloads, payloads_document, restore_hints
+from .payloads import (MODEL_KIND, MODEL_PREFIX, PAYLOAD_ROOT, CollectOptions, Payloads, collect_payloads,
+                       payloads_document, restore_hints)
 from .volume import open_volume
 
 MIN_PIECE = 64 * 1024
@@ -153,8 +158,9 @@ class BundleResult:
 def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volume_size: int, name: str,
                 payloads: Payloads, payload_sources: list[Source], signature: bytes | None = None, parity: int = 0,
                 stripe: int = STRIPE) -> Plan:
-    sources = [Source(MODEL_KIND, f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files]
-    sources += payload_sources
+    first = [s for s in payload_sources if payload_table.BY_KIND[s.kind].first_volume]
+    sources = first + [Source(MODEL_KIND, f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files]
+    sources += [s for s in payload_sources if s not in first]
     id_doc = {"name": name, "volume_size": volume_size, "manifest": b3(manifest_bytes),
               "payloads": payloads_document(payloads),
               "stamps": [[s.kind, s.path, s.size, _mtime_ns(s)] for s in payload_sources]}
@@ -173,9 +179,25 @@ def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volu
         largest = max(volume_bytes(plan, n) for n in range(1, plan.count + 1))
         excess = max(largest, plan.parity_volume_bytes() if parity else 0) - volume_size
         if excess <= 0:
+            _require_first_volume(plan, first, reserve)
             return plan
         reserve += padded(excess) + 4096
     raise BadInput(f"volume size {volume_size} is too small for this bundle's index")  # pragma: no cover
+
+
+def _require_first_volume(plan: Plan, first: list[Source], reserve: int) -> None:
+    """Every first-volume source whole in volume 1, else refuse naming the smallest volume size that holds them."""
+    keys = {s.key for s in first}
+    whole = {p.source.key for p in plan.volumes[0] if p.segments == 1}
+    if keys <= whole:
+        return
+    need = reserve + END_OF_ARCHIVE + sum(member_bytes(data_member(s.kind, s.path, 1, 1) + "99", s.size) for s in first)
+    need += MIN_PIECE + 4096 + 512 * len(first)  # room the planner keeps, and the index entries of those files
+    minimum = -(-need // 10**6) * 10**6
+    kinds = sorted({s.kind for s in first})
+    raise BadInput(f"--volume-size {plan.volume_size}: too small to carry {' and '.join(kinds)} whole in volume 1 "
+                   f"({human_bytes(sum(s.size for s in first))} that must install from the first disk alone); "
+                   f"use --volume-size {minimum // 10**6}M or more, or --no-mm")
 
 
 def _mtime_ns(s: Source) -> int:
@@ -443,10 +465,11 @@ def _keep_volume(plan: Plan, n: int, final: Path, hashers: _Hashers, pipe: Chunk
 def create_bundle(model_dir: Path, out_dir: Path, volume_size: int | str, name: str | None = None,
                   payloads: dict[str, Sequence[Path]] | None = None, cache_key: Sequence[str] = (),
                   progress: ProgressSink = NULL_PROGRESS, sync: bool = True, parity: int = 0,
-                  stripe: int = STRIPE) -> BundleResult:
+                  stripe: int = STRIPE, collect: CollectOptions | None = None) -> BundleResult:
     """Bundle MODEL_DIR into OUT_DIR. PAYLOADS: payload kind -> paths to carry (payloads.PAYLOAD_KINDS);
     CACHE_KEY: `KEY=VALUE` pairs for kernel caches without a key of their own. PARITY > 0 adds that many
-    Reed-Solomon parity volumes; STRIPE is the code's stripe size (tests use small ones)."""
+    Reed-Solomon parity volumes; STRIPE is the code's stripe size (tests use small ones); COLLECT: the other
+    options payload kinds read (the pinned image reference, --allow-other-image, registry TLS)."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     volume_size = parse_size(volume_size)
     if parity < 0:
@@ -459,7 +482,8 @@ def create_bundle(model_dir: Path, out_dir: Path, volume_size: int | str, name: 
     name = name or f"{manifest.repo_id.rsplit('/', 1)[-1]}-{manifest.revision[:12]}"
     if not NAME_RE.match(name):
         raise BadInput(f"bundle name {name!r}: use letters, digits, '.', '_' and '-' only")
-    records, files, notes = collect_payloads(dict(payloads or {}), parse_cache_key(tuple(cache_key)))
+    opts = (collect or CollectOptions())._replace(cache_key=parse_cache_key(tuple(cache_key)))
+    records, files, notes, beside = collect_payloads(dict(payloads or {}), opts)
     payload_sources = [Source(kind, f.path, f.src, f.size) for kind, f in files]
     plan = plan_bundle(manifest, manifest_bytes, model_dir, volume_size, name, records, payload_sources,
                        signature=signature, parity=parity, stripe=stripe)
@@ -473,6 +497,8 @@ def create_bundle(model_dir: Path, out_dir: Path, volume_size: int | str, name: 
         progress.begin(total, f"bundle {name}")
         results = _write_all(plan, out_dir, progress, sync)
         progress.end()
+        for f in beside:  # e.g. install-mm.sh: run where the volumes lie, it reads mm out of volume 1
+            _copy_beside(f.src, out_dir / f.path, sync)
         if parity:
             data_paths = [Path(v.path) for v in results]
             progress.begin(sum(p.stat().st_size for p in data_paths), f"parity {name}")
@@ -501,6 +527,15 @@ def _signature_to_carry(model_dir: Path, manifest_bytes: bytes) -> bytes | None:
     signature = sig_path.read_bytes()
     check_signature_matches(manifest_bytes, signature, str(sig_path))
     return signature
+
+
+def _copy_beside(src: Path, final: Path, sync: bool) -> None:
+    partial = final.with_name(f".{final.name}.partial")
+    data = src.read_bytes()
+    if final.is_file() and final.read_bytes() == data:
+        return
+    partial.write_bytes(data)
+    publish(partial, final, sync=sync, mode=src.stat().st_mode & 0o777)
 
 
 def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink, sync: bool) -> list[VolumeResult]:

@@ -36,26 +36,42 @@ class PayloadFile(NamedTuple):
 
 
 class Collected(NamedTuple):
-    """What a kind's collect() found: index records, files to carry, notes for the user."""
+    """What a kind's collect() found: index records, files to carry, notes for the user, and files written
+    beside the volumes too (install-mm.sh: run from the first disk's directory)."""
 
     records: tuple
     files: tuple[PayloadFile, ...]
     notes: tuple[str, ...] = ()
+    beside: tuple[PayloadFile, ...] = ()
 
 
-# --- the container image: one `docker save` archive ---------------------------------------------
+class CollectOptions(NamedTuple):
+    """`mm bundle`'s options that say how to collect payloads (each kind reads the ones it needs)."""
+
+    cache_key: dict | None = None  # for kernel caches without mm-cache-key.json
+    image_ref: str | None = None  # the pinned image an archive must be (default: the pin's)
+    allow_other_image: bool = False
+    tls_verify: bool = True  # registry TLS when the image chain is resolved on a connected host
+
+
+# --- the container image: one `docker save` archive, proven to be the pinned image ------------------
 
 class ImagePayload(NamedTuple):
     file: str
     size: int
     refs: tuple[str, ...]
     image_id: str | None
+    pinned: str | None = None  # the reference the archive was checked against
+    proven: bool = False  # its config digest is the one the pinned reference gives (else carried with --allow-other-image)
+    record: str | None = None  # the `mm image save` record carried beside it (FILE.mm-image.json): launch reads it
+    record_size: int = 0
 
     def files(self) -> list[tuple[str, int]]:
-        return [(self.file, self.size)]
+        return [(self.file, self.size)] + ([(self.record, self.record_size)] if self.record else [])
 
     def to_index(self) -> dict:
-        return {"file": self.file, "size": self.size, "refs": list(self.refs), "image_id": self.image_id}
+        return {"file": self.file, "size": self.size, "refs": list(self.refs), "image_id": self.image_id,
+                "pinned": self.pinned, "proven": self.proven, "record": self.record, "record_size": self.record_size}
 
     def summary(self) -> dict:
         return self.to_index()
@@ -64,10 +80,18 @@ class ImagePayload(NamedTuple):
         return {**self.to_index(), "path": str(root / self.file)}
 
     def next_command(self, root: Path) -> str:
-        return f"docker load -i {root / self.file}"
+        load = f"docker load -i {root / self.file}"
+        if not self.proven:
+            return f"{load}   # NOT proven to be the pinned image {self.pinned or ''} (--allow-other-image)".rstrip()
+        if not self.image_id:
+            return load
+        return f"{load} && docker image inspect --format '{{{{.Id}}}}' {self.image_id}   # the loaded ID: the pinned {self.pinned}"
 
     def restore_hint(self, restored: str) -> str:
-        return f"Container image {', '.join(self.refs) or self.image_id}: docker load -i {restored}/{self.file}"
+        other = "" if self.proven else " (NOT proven to be the pinned image: bundled with --allow-other-image)"
+        check = f"; then docker image inspect {self.image_id} must succeed" if self.image_id else ""
+        return (f"Container image {', '.join(self.refs) or self.image_id}{other}: docker load -i "
+                f"{restored}/{self.file}{check}")
 
     @classmethod
     def parse(cls, raw: object, where: str) -> ImagePayload:
@@ -76,20 +100,75 @@ class ImagePayload(NamedTuple):
         refs = raw.get("refs", [])
         if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
             raise ValueError("image refs are not a list of strings")
-        image_id = raw.get("image_id")
-        if image_id is not None and not isinstance(image_id, str):
-            raise ValueError("image_id is not a string")
-        return cls(file, integer(raw, "size"), tuple(refs), image_id)
+        image_id, pinned, rec = raw.get("image_id"), raw.get("pinned"), raw.get("record")
+        for key, value in (("image_id", image_id), ("pinned", pinned)):
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"image {key} is not a string")
+        if not isinstance(raw.get("proven", False), bool):
+            raise ValueError("image proven is not true or false")
+        if rec is not None:
+            rec = plain_name(raw, "record", where, "image record file")
+            if rec != file + _IMAGE_RECORD_SUFFIX:
+                raise ValueError(f"image record {rec!r} is not {file + _IMAGE_RECORD_SUFFIX!r}")
+        return cls(file, integer(raw, "size"), tuple(refs), image_id, pinned, bool(raw.get("proven", False)),
+                   rec, integer(raw, "record_size") if rec else 0)
 
     @classmethod
-    def collect(cls, paths: list[Path], cache_key: dict | None) -> Collected:
-        records, files = [], []
+    def collect(cls, paths: list[Path], opts: CollectOptions) -> Collected:
+        records, files, notes = [], [], []
         for image in map(Path, paths):
             if not image.is_file():
                 raise BadInput(f"{image}: no such image archive")
-            records.append(image_info(image))
-            files.append(PayloadFile(image.name, image, image.stat().st_size))
-        return Collected(tuple(records), tuple(files))
+            rec, carried, note = prove_image(image, opts)
+            records.append(rec)
+            files += carried
+            notes += note
+        return Collected(tuple(records), tuple(files), tuple(notes))
+
+
+_IMAGE_RECORD_SUFFIX = ".mm-image.json"  # image.RECORD_SUFFIX (image.py is imported only when an image is carried)
+
+
+def prove_image(archive: Path, opts: CollectOptions) -> tuple[ImagePayload, list[PayloadFile], list[str]]:
+    """The archive's record, proven against the pinned reference (image.prove_archive): the config digest inside
+    must be the one the chain gives (from the registry when it answers, else from the `mm image save` record
+    beside it). Another image is refused (exit 7) unless opts.allow_other_image. The record travels with it."""
+    from .. import image as mm_image  # here: the CLI imports this table at start-up
+    from ..errors import Refused
+    from ..pins import default_pin
+
+    ref = opts.image_ref or default_pin().image
+    info = image_info(archive)
+    notes: list[str] = []
+    rec_path = mm_image.record_path(archive)
+    proof = None
+    if not opts.allow_other_image or rec_path.is_file():  # another image allowed: no registry, only its record
+        try:
+            proof = mm_image.prove_archive(archive, ref, tls_verify=opts.tls_verify,
+                                           registry=not opts.allow_other_image)
+        except (BadInput, Refused) as e:
+            if not opts.allow_other_image:
+                raise
+            notes.append(f"{archive}: not proven to be {ref} ({e.message}); carried because of --allow-other-image")
+    else:
+        notes.append(f"{archive}: not checked against {ref} (--allow-other-image, no {rec_path.name} beside it); "
+                     f"the bundle and the start script say it is not proven")
+    if proof is not None and not proof.proven:
+        if not opts.allow_other_image:
+            raise Refused(f"{proof.detail}; pass the archive of {ref} (mm image save --out FILE), or "
+                          f"--allow-other-image to carry it anyway")
+        notes.append(f"{proof.detail}; carried because of --allow-other-image (the bundle and the start script say so)")
+    if proof is not None and proof.proven and not rec_path.is_file():
+        mm_image.write_record_for(archive, proof)  # resolved from the registry: launch needs the record offline
+    image_id = proof.config if proof is not None and proof.proven else (info.image_id)
+    files = [PayloadFile(archive.name, archive, archive.stat().st_size)]
+    record_name, record_size = None, 0
+    if rec_path.is_file():
+        record_name, record_size = rec_path.name, rec_path.stat().st_size
+        files.append(PayloadFile(record_name, rec_path, record_size))
+    rec = ImagePayload(archive.name, archive.stat().st_size, info.refs, image_id, ref,
+                       bool(proof is not None and proof.proven), record_name, record_size)
+    return rec, files, notes
 
 
 def image_info(image: Path) -> ImagePayload:
@@ -167,7 +246,8 @@ class KernelCachePayload(NamedTuple):
         return cls(label, check_cache_key(raw.get("key"), label), tuple(entries))
 
     @classmethod
-    def collect(cls, paths: list[Path], cache_key: dict | None) -> Collected:
+    def collect(cls, paths: list[Path], opts: CollectOptions) -> Collected:
+        cache_key = opts.cache_key
         records, files, notes = [], [], []
         labels: Counter = Counter()
         for cache in map(Path, paths):
@@ -201,6 +281,64 @@ def _kernel_cache(cache_dir: Path, label: str, cli_key: dict | None) -> tuple[Ke
     return KernelCachePayload(label, key, tuple((f.path.split("/", 1)[1], f.size) for f in found)), found
 
 
+# --- mm itself: install-mm.sh and the wheelhouse (wheelhouse.py), whole in volume 1 ------------------
+
+class MmPayload(NamedTuple):
+    mm_version: str
+    sets: tuple[str, ...]  # linux-<machine>-cp<XY>
+    entries: tuple[tuple[str, int], ...]  # (path under payload/mm, size), install-mm.sh first
+
+    def files(self) -> list[tuple[str, int]]:
+        return list(self.entries)
+
+    def to_index(self) -> dict:
+        return {"mm_version": self.mm_version, "sets": list(self.sets), "files": [[p, n] for p, n in self.entries]}
+
+    def summary(self) -> dict:
+        return {"mm_version": self.mm_version, "sets": list(self.sets), "files": len(self.entries),
+                "bytes": sum(n for _, n in self.entries), "install": "sh install-mm.sh [DIR]"}
+
+    def placed(self, root: Path) -> dict:
+        return {**self.summary(), "path": str(root), "install": f"sh {root / 'install-mm.sh'} [DIR]"}
+
+    def next_command(self, root: Path) -> str:
+        return (f"sh {root / 'install-mm.sh'} [DIR]   # mm {self.mm_version} offline, sets {', '.join(self.sets)} "
+                f"(on another host: copy {root})")
+
+    def restore_hint(self, restored: str) -> str:
+        return (f"mm {self.mm_version} itself (wheel sets {', '.join(self.sets)}): sh install-mm.sh beside the volumes, "
+                f"or sh {restored}/install-mm.sh [DIR]; needs only sh and python3")
+
+    @classmethod
+    def parse(cls, raw: object, where: str) -> MmPayload:
+        raw = record(raw, "mm record")
+        sets = raw.get("sets")
+        if not isinstance(sets, list) or not all(isinstance(x, str) and plain_name({"set": x}, "set", where, "set")
+                                                 for x in sets):
+            raise ValueError("mm sets are not a list of names")
+        files = raw.get("files")
+        if not isinstance(files, list):
+            raise ValueError("mm files is not a list")
+        entries = []
+        for item in files:
+            if not isinstance(item, list) or len(item) != 2:
+                raise ValueError(f"mm file record {item!r} is not [path, size]")
+            entries.append((check_relpath(string({"path": item[0]}, "path"), where), integer({"size": item[1]}, "size")))
+        return cls(string(raw, "mm_version"), tuple(sets), tuple(entries))
+
+    @classmethod
+    def collect(cls, paths: list[Path], opts: CollectOptions) -> Collected:
+        if not paths:
+            return Collected((), ())
+        from ..wheelhouse import INSTALL_SCRIPT, payload_files  # here: the CLI imports this table at start-up
+
+        doc, found = payload_files(Path(paths[0]))
+        files = tuple(PayloadFile(rel, src, size) for rel, src, size in found)
+        rec = cls(doc["mm_version"], tuple(doc["sets"]), tuple((f.path, f.size) for f in files))
+        script = next(f for f in files if f.path == INSTALL_SCRIPT)
+        return Collected((rec,), files, beside=(script,))
+
+
 # --- the table ------------------------------------------------------------------------------------
 
 class PayloadKind(NamedTuple):
@@ -213,6 +351,7 @@ class PayloadKind(NamedTuple):
     dest_option: str  # `mm unbundle` option naming where it goes
     dest_default: str  # directory under DEST.payload/ when dest_option is not given
     dest_help: str
+    first_volume: bool = False  # travels whole in volume 1 (placed first, never split; bundle refuses a smaller volume)
 
     @property
     def prefix(self) -> str:
@@ -229,6 +368,11 @@ class PayloadKind(NamedTuple):
 
 
 PAYLOAD_KINDS: tuple[PayloadKind, ...] = (
+    PayloadKind("mm", "mm", False, MmPayload,
+                "--wheelhouse", "A directory from `mm bundle --only-mm --out DIR` (install-mm.sh + wheelhouse/) to carry "
+                                "instead of building one (mm bundle builds one by default; --no-mm leaves mm out).",
+                "--mm-dest", "mm", "Where mm's installer and wheelhouse go. Default: DEST.payload/mm.",
+                first_volume=True),
     PayloadKind("image", "image", False, ImagePayload,
                 "--image", "A `docker save` archive to carry along.",
                 "--image-dest", "image", "Where the image archive goes. Default: DEST.payload/image."),
@@ -244,22 +388,27 @@ PREFIXES = {MODEL_KIND: MODEL_PREFIX, **{k.kind: k.prefix for k in PAYLOAD_KINDS
 Payloads = dict  # kind -> tuple of records, for every kind of PAYLOAD_KINDS
 
 
-def collect_payloads(sources: dict[str, list[Path]], cache_key: dict | None) -> tuple[Payloads, list[tuple[str, PayloadFile]], list[str]]:
-    """From `mm bundle`'s payload options (kind -> paths): the records, and (kind, file) to carry, and notes."""
+def collect_payloads(sources: dict[str, list[Path]], opts: CollectOptions
+                     ) -> tuple[Payloads, list[tuple[str, PayloadFile]], list[str], list[PayloadFile]]:
+    """From `mm bundle`'s payload options (kind -> paths): the records, (kind, file) to carry, notes, and the
+    files to write beside the volumes."""
     unknown = set(sources) - set(BY_KIND)
     if unknown:
         raise BadInput(f"unknown payload kind(s): {', '.join(sorted(unknown))}")
     records: Payloads = {}
     files: list[tuple[str, PayloadFile]] = []
     notes: list[str] = []
+    beside: list[PayloadFile] = []
     for k in PAYLOAD_KINDS:
-        got = k.record.collect(list(sources.get(k.kind) or ()), cache_key)
-        if not k.many and len(got.records) > 1:
+        paths = list(sources.get(k.kind) or ())
+        if not k.many and len(paths) > 1:
             raise BadInput(f"{k.source_option} can be given once")
+        got = k.record.collect(paths, opts)
         records[k.kind] = got.records
         files += [(k.kind, f) for f in got.files]
         notes += got.notes
-    return records, files, notes
+        beside += got.beside
+    return records, files, notes, beside
 
 
 def parse_payloads(raw: object, where: str) -> Payloads:

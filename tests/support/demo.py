@@ -118,7 +118,7 @@ def main() -> int:
     offline.update(HF_HUB_OFFLINE="1")
     say("The Hub is gone from here on. mm bundle: volumes sized to the media, each checkable on its own")
     volumes = WORK / "volumes"
-    run([MM, "bundle", model, "--out", volumes, "--volume-size", "3M", "--name", "minimax"], offline)
+    run([MM, "bundle", model, "--out", volumes, "--volume-size", "3M", "--name", "minimax", "--no-mm"], offline)
     run(["ls", "-l", volumes], offline)
     say("mm bundle verify at the destination, before import (one disk not yet arrived)")
     vols = sorted(volumes.glob("*.tar"))
@@ -147,8 +147,57 @@ def main() -> int:
     warm_env = dict(offline, PATH=f"{docker_bin}:{offline.get('PATH', '')}")
     run([MM, "warmup", restored, "--hardware", "b300", "--port", str(free_port()), "--timeout", "60"], warm_env)
 
+    airgap_host(model, offline)
+
     say("Done. Everything after `mm fetch` works with no network at all.")
     return 0
+
+
+AIRGAP_HOST = r"""
+set -eu
+ip link set lo up 2>/dev/null || true   # the host's own loopback; no other interface exists in this namespace
+cd "$DISK1"
+sh install-mm.sh "$VENV"
+"$VENV/bin/mm" bundle verify "$DISK1" "$DISK2"
+"$VENV/bin/mm" unbundle "$DISK1" "$DISK2" --dest "$DEST"
+"$VENV/bin/mm" doctor "$DEST" --hardware b300 --port "$PORT"
+"""
+
+
+def airgap_host(model: Path, env: dict) -> None:
+    """mm itself crosses too: a bundle with mm's wheelhouse, then a host with no network (`unshare -n`) installs
+    mm from the first disk alone and checks itself with `mm doctor` (stand-in nvidia-smi and docker)."""
+    say("mm bundle carries mm itself: install-mm.sh and a locked wheelhouse, whole in volume 1")
+    vols = WORK / "volumes-with-mm"
+    build_env = dict(env, MM_BUNDLE_NO_MM="0")
+    probe = run([MM, "bundle", model, "--out", vols, "--volume-size", "1M", "--name", "minimax"], build_env,
+                ok_codes=(3,))
+    minimum = re.search(r"use --volume-size (\d+M)", probe.stderr)
+    run([MM, "bundle", model, "--out", vols, "--volume-size", minimum.group(1), "--name", "minimax"], build_env)
+    prefix = next((p for p in (["unshare", "-n"], ["unshare", "-rn"])
+                   if shutil.which("unshare") and subprocess.run([*p, "true"], capture_output=True).returncode == 0), None)
+    if prefix is None:
+        say("skipped the host with no network: `unshare -n` is not permitted here (needs root)")
+        return
+    say("A host with no network at all (unshare -n): copy the volumes, run install-mm.sh, then mm bundle verify, "
+        "mm unbundle, mm doctor")
+    host = WORK / "airgap-host"
+    shutil.rmtree(host, ignore_errors=True)
+    volumes = sorted(vols.glob("*.vol*-of-*.tar"))
+    for disk, these in (("disk1", volumes[:1]), ("disk2", volumes[1:])):
+        (host / disk).mkdir(parents=True)
+        for v in these:
+            shutil.copy(v, host / disk / v.name)
+    shutil.copy(vols / "install-mm.sh", host / "disk1")
+    from tests.support import fake_gpu
+    stand_ins = host / "stand-ins"
+    fake_gpu.install(stand_ins, 4 * [fake_gpu.B300])
+    install_fake_docker(stand_ins, host / "docker-state")
+    python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    host_env = {"PATH": f"{stand_ins}:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(host), "PYTHON": str(python),
+                "DISK1": str(host / "disk1"), "DISK2": str(host / "disk2"), "VENV": str(host / "mm-venv"),
+                "DEST": str(host / "models" / "MiniMax-M3.1-Flash"), "PORT": str(free_port()), "LANG": "C.UTF-8"}
+    run([*prefix, "sh", "-c", AIRGAP_HOST], host_env, cwd=host)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 `install(bin_dir, state_dir)` writes `bin_dir/docker`; put bin_dir first on PATH. Implemented:
 `run` (detached: starts a real HTTP server on 127.0.0.1 at the published port; with nvidia-smi as
-entrypoint: prints GPU info), `logs`, `inspect -f {{.State.Running}}` and `-f {{json .Mounts}}`, `stop`/`rm [-f]` of one or more containers, `image inspect`.
+entrypoint: prints GPU info), `logs`, `inspect -f {{.State.Running}}` and `-f {{json .Mounts}}`, `stop`/`rm [-f]` of one or more containers, `image inspect`,
+`load -i`, `info`, `version`.
 A run without -d stays in the foreground until the container stops (`docker stop` from elsewhere, or a
 signal to this process, which it passes on). Every call is appended to STATE/calls.jsonl for assertions.
 
@@ -10,6 +11,15 @@ A container whose command is `python3 -m sglang_router.launch_router` is a fake 
 `--network host` (it reaches the replicas on 127.0.0.1), binds 127.0.0.1 whatever --host says (tests never
 bind elsewhere), answers /health, and forwards /v1/chat/completions to --worker-urls in turn, requiring
 `Authorization: Bearer <--api-key>` when a key is given.
+
+Image store (issue 12): `install(..., store="classic"|"containerd")` gives the stand-in a real image store in
+STATE/.store/images.json; without it every image is present (the warm-up tests' default). `docker load -i` reads the
+archive: the classic store keeps the config digest as the image ID and the tags, and drops repo digests (moby#22011);
+the containerd store keeps the repo digests an OCI archive's index.json names (`io.containerd.image.name`) and
+reports the index digest as the ID. `image inspect REF` and `run --pull never` find images by ID, tag or repo digest
+and fail as docker does when absent. With a store, a foreground run says which image would serve and exits 0 (the
+launch-script tests check the image, not the server). `info` reports the runtimes in STATE/.store/runtimes.json
+(default: runc, nvidia).
 
 The server answers like SGLang: `/health`, `/v1/chat/completions` with `reasoning_content`. It checks
 what the real one would need (model mounted read-only at --model-path, HF_HUB_OFFLINE=1), writes a
@@ -44,9 +54,17 @@ ROUTER_MODULE = "sglang_router.launch_router"
 DSPARK_LINE = "DSpark draft found in the target checkpoint's dspark/ subfolder"
 
 
-def install(bin_dir: Path, state_dir: Path) -> Path:
+def install(bin_dir: Path, state_dir: Path, store: str | None = None, runtimes: tuple[str, ...] = ("runc", "nvidia"),
+            images: list[dict] | None = None) -> Path:
     bin_dir.mkdir(parents=True, exist_ok=True)
     state_dir.mkdir(parents=True, exist_ok=True)
+    meta = state_dir / ".store"  # not *.json at the top: those are containers
+    meta.mkdir(exist_ok=True)
+    if store is not None:
+        assert store in ("classic", "containerd")
+        (meta / "kind").write_text(store)
+        (meta / "images.json").write_text(json.dumps(images or []))
+    (meta / "runtimes.json").write_text(json.dumps(list(runtimes)))
     exe = bin_dir / "docker"
     exe.write_text(f"#!/bin/sh\nFAKE_DOCKER_STATE={state_dir} exec {sys.executable} {Path(__file__).resolve()} \"$@\"\n")
     exe.chmod(0o755)
@@ -104,6 +122,14 @@ def _alive(pid: int) -> bool:
 
 def cmd_run(args: list[str]) -> int:
     opts = parse_run(args)
+    if _store() and find_image(opts["image"]) is None:
+        if opts.get("pull") == "never":
+            print(f"docker: Error response from daemon: No such image: {opts['image']}", file=sys.stderr)
+        else:
+            print(f"Unable to find image '{opts['image']}' locally\ndocker: Error response from daemon: "
+                  f"Get \"https://registry-1.docker.io/v2/\": dial tcp: lookup registry-1.docker.io: no such host",
+                  file=sys.stderr)
+        return 125
     if opts.get("entrypoint") == "nvidia-smi":
         gpus = opts.get("gpus", '"device=0"').strip('"').split("=", 1)[1].split(",")
         line = os.environ.get("FAKE_GPU_INFO", "NVIDIA B300 SXM6 AC, 10.3, 590.48.01")
@@ -113,6 +139,10 @@ def cmd_run(args: list[str]) -> int:
     if _container(name).exists():
         print(f'docker: Error response from daemon: Conflict. The container name "/{name}" is already in use.', file=sys.stderr)
         return 125
+    if "-d" not in opts["flags"] and _store():  # a foreground run with an image store: say which image would serve
+        img = find_image(opts["image"])
+        print(f"fake docker: running image {img['Id']} as {opts['image']} (pull {opts.get('pull', 'missing')})")
+        return 0
     log = _state() / f"{name}.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, __file__, "_serve", name], stdout=out, stderr=subprocess.STDOUT,
@@ -198,6 +228,107 @@ def cmd_rm(args: list[str]) -> int:
         (_state() / f"{name}.log").unlink(missing_ok=True)
         return True
     return _each_container(args, remove)
+
+
+# --- the image store (issue 12) ---------------------------------------------------------------
+
+def _store() -> str | None:
+    path = _state() / ".store" / "kind"
+    return path.read_text().strip() if path.exists() else None
+
+
+def _images() -> list[dict]:
+    return json.loads((_state() / ".store" / "images.json").read_text())
+
+
+def find_image(ref: str) -> dict | None:
+    for img in _images():
+        if ref in (img["Id"], img["Id"].split(":", 1)[1]) or ref in img["RepoTags"] or ref in img["RepoDigests"]:
+            return img
+        if "@" not in ref and ":" not in ref.rsplit("/", 1)[-1] and f"{ref}:latest" in img["RepoTags"]:
+            return img
+    return None
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _read_archive(path: str) -> list[dict]:
+    """Images a `docker load` of PATH adds, as this store would record them."""
+    import tarfile
+    store = _store()
+    platform = os.environ.get("FAKE_DOCKER_PLATFORM", "linux/amd64")
+    loaded = []
+    with tarfile.open(path) as tf:
+        names = set(tf.getnames())
+        blob = lambda digest: tf.extractfile("blobs/sha256/" + digest.split(":")[1]).read()  # noqa: E731
+        if "index.json" in names:
+            for entry in json.loads(tf.extractfile("index.json").read())["manifests"]:
+                name = (entry.get("annotations") or {}).get("io.containerd.image.name", "")
+                doc = json.loads(blob(entry["digest"]))
+                manifests = [m["digest"] for m in doc.get("manifests", [])
+                             if f"{m['platform']['os']}/{m['platform']['architecture']}" == platform] or [entry["digest"]]
+                config = json.loads(blob(manifests[0]))["config"]["digest"]
+                repo = name.split("@")[0]
+                if store == "containerd":
+                    loaded.append({"Id": entry["digest"], "RepoTags": [name] if "@" not in name and name else [],
+                                   "RepoDigests": [f"{repo}@{entry['digest']}"] if name else []})
+                else:
+                    loaded.append({"Id": config, "RepoTags": [name] if "@" not in name and name else [], "RepoDigests": []})
+        else:
+            for e in json.loads(tf.extractfile("manifest.json").read()):
+                loaded.append({"Id": _sha256(tf.extractfile(e["Config"]).read()), "RepoTags": e.get("RepoTags") or [],
+                               "RepoDigests": []})
+    return loaded
+
+
+def cmd_load(args: list[str]) -> int:
+    path = args[args.index("-i") + 1] if "-i" in args else args[args.index("--input") + 1]
+    try:
+        loaded = _read_archive(path)
+    except (OSError, KeyError, ValueError) as e:
+        print(f"Error response from daemon: {e}", file=sys.stderr)
+        return 1
+    if _store():
+        images = [img for img in _images() if img["Id"] not in {i["Id"] for i in loaded}]
+        (_state() / ".store" / "images.json").write_text(json.dumps(images + loaded))
+    for img in loaded:
+        print("\n".join(f"Loaded image: {t}" for t in img["RepoTags"]) or f"Loaded image ID: {img['Id']}")
+    return 0
+
+
+def cmd_image_inspect(args: list[str]) -> int:
+    refs = [a for a in args if not a.startswith("-") and a != args[args.index("--format") + 1]] if "--format" in args else [a for a in args if not a.startswith("-")]
+    if not _store():
+        return 0
+    found = []
+    for ref in refs:
+        img = find_image(ref)
+        if img is None:
+            print(f"Error: No such image: {ref}", file=sys.stderr)
+            return 1
+        found.append(img)
+    if "--format" in args:
+        fmt = args[args.index("--format") + 1]
+        key = fmt.strip("{} ").lstrip(".")
+        print("\n".join(json.dumps(img[key]) if key != "Id" else img["Id"] for img in found))
+    else:
+        print(json.dumps(found, indent=2))
+    return 0
+
+
+def cmd_info(args: list[str]) -> int:
+    path = _state() / ".store" / "runtimes.json"
+    runtimes = json.loads(path.read_text()) if path.exists() else ["runc"]
+    doc = {"Runtimes": {r: {"path": r} for r in runtimes}, "DefaultRuntime": "runc", "ServerVersion": "27.3.1",
+           "Driver": "overlay2", "DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]] if _store() == "containerd" else []}
+    if "--format" in args:
+        print(json.dumps(doc["Runtimes"]) if "Runtimes" in args[args.index("--format") + 1] else json.dumps(doc))
+    else:
+        print(json.dumps(doc))
+    return 0
 
 
 # --- the fake SGLang server -------------------------------------------------------------------
@@ -351,9 +482,10 @@ def main(argv: list[str]) -> int:
         serve(argv[1])
         return 0
     _record(argv)
-    commands = {"run": cmd_run, "logs": cmd_logs, "inspect": cmd_inspect, "stop": cmd_stop, "rm": cmd_rm}
+    commands = {"run": cmd_run, "logs": cmd_logs, "inspect": cmd_inspect, "stop": cmd_stop, "rm": cmd_rm,
+                "load": cmd_load, "info": cmd_info}
     if argv[:2] == ["image", "inspect"]:
-        return 0
+        return cmd_image_inspect(argv[2:])
     if not argv or argv[0] not in commands:
         print(f"fake docker: unsupported command {argv[:1]}", file=sys.stderr)
         return 125

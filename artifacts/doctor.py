@@ -1,0 +1,414 @@
+"""mm doctor: will this host start this model with this recipe? One check per line, each with its fix.
+
+Runs on the destination before `mm launch`, offline. It plans the same start `mm launch` would (same recipe
+options) and checks what that start needs from the host:
+  GPUs      nvidia-smi (rocm-smi on AMD): model and count against the recipe and --gpus, compute capability, the
+            highest CUDA version the driver supports against the pinned image's CUDA runtime (the guide publishes
+            no minimum driver version, so none is invented here)
+  docker    present and answering; the image present by identity (pinned reference, else the image ID
+            `mm image save` recorded); the NVIDIA container runtime usable (the image's own nvidia-smi sees the GPUs)
+  host      every port the start binds free on 127.0.0.1 (with replicas: theirs, the router's and its metrics),
+            /dev/shm (the start uses --ipc=host), host memory for HiCache recipes (launch.hicache_host_gb and
+            diagnose.hicache_fits: --hicache-size is per rank, times the replicas), free disk for the kernel caches
+  caches    the kernel caches' key (mm-cache-key.json) against this GPU, driver, image and recipe
+  model     `verify --quick`, dspark/ present when the recipe uses DSpark
+The checks `mm diagnose --host-checks` also runs (kernel cache warm, GPU family, model complete) come from the
+troubleshooting table through diagnose.host_findings, with the table's fix for this plan.
+Status: ok, warn (the start works but something costs time), fail (the start will not work). Exit 1 on any fail.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cachekey import FILE_NAME as CACHE_KEY_FILE
+from .errors import BadInput
+from .fsutil import human_bytes
+from .launch import LaunchOptions, LaunchPlan, hicache_host_gb, image_candidates, image_identity
+from .pins import Pin
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+SHM_GUIDE = 32 * 10**9  # the guide's --shm-size 32g; with --ipc=host the host's /dev/shm is what the server gets
+CACHE_DISK_MARGIN = 20 * 10**9  # mm's margin for compiled kernels (the guide publishes no figure)
+# The GPU product token each hardware name stands for (nvidia-smi's name holds it as one word).
+GPU_TOKENS = {"b300": "B300", "gb300": "GB300", "b200": "B200", "gb200": "GB200", "h200": "H200", "h100": "H100",
+              "mi355x": "MI355X", "mi350x": "MI350X"}
+FAMILY_CC_MAJOR = {"blackwell": "10", "hopper": "9"}
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str | None = None
+
+
+@dataclass
+class DoctorReport:
+    model_dir: str
+    recipe: str
+    image: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.status == FAIL for c in self.checks)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {s: sum(c.status == s for c in self.checks) for s in (OK, WARN, FAIL)}
+
+
+def _run(argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (FileNotFoundError, PermissionError):
+        return None
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", f"no answer within {timeout:g} s")
+
+
+def _last(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:2])
+
+
+# --- GPUs ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Gpu:
+    index: int
+    name: str
+    compute_capability: str
+    driver: str
+
+
+def nvidia_gpus() -> tuple[list[Gpu], str | None, str | None]:
+    """(GPUs, highest CUDA version the driver supports, error) from nvidia-smi."""
+    done = _run(["nvidia-smi", "--query-gpu=index,name,compute_cap,driver_version", "--format=csv,noheader"])
+    if done is None:
+        return [], None, "nvidia-smi: not found"
+    if done.returncode != 0:
+        return [], None, f"nvidia-smi failed: {_last(done.stderr or done.stdout)}"
+    gpus = []
+    for line in done.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4 and parts[0].isdigit():
+            gpus.append(Gpu(int(parts[0]), parts[1], parts[2], parts[3]))
+    header = _run(["nvidia-smi"])
+    m = re.search(r"CUDA Version:\s*([0-9.]+)", header.stdout if header else "")
+    return gpus, (m.group(1) if m else None), None
+
+
+def amd_gpus() -> tuple[list[Gpu], str | None, str | None]:
+    done = _run(["rocm-smi", "--showproductname", "--json"])
+    if done is None:
+        return [], None, "rocm-smi: not found"
+    if done.returncode != 0:
+        return [], None, f"rocm-smi failed: {_last(done.stderr or done.stdout)}"
+    try:
+        doc = json.loads(done.stdout)
+    except ValueError:
+        return [], None, "rocm-smi printed no JSON"
+    gpus = []
+    for card, info in sorted(doc.items()):
+        m = re.fullmatch(r"card(\d+)", card)
+        if m and isinstance(info, dict):
+            name = str(info.get("Card Series") or info.get("Card series") or info.get("Card Model") or "")
+            gpus.append(Gpu(int(m.group(1)), name, str(info.get("GFX Version", "")), ""))
+    return gpus, None, None
+
+
+def _has_token(name: str, token: str) -> bool:
+    return token.upper() in re.split(r"[\s_/-]+", name.upper())
+
+
+def _hardware_for(name: str) -> str | None:
+    return next((hw for hw, token in GPU_TOKENS.items() if _has_token(name, token)), None)
+
+
+def gpu_checks(plan: LaunchPlan, cuda_runtime: str | None) -> tuple[list[Check], list[Gpu]]:
+    hw = plan.hardware
+    gpus, cuda, error = amd_gpus() if hw.vendor == "amd" else nvidia_gpus()
+    tool = "rocm-smi" if hw.vendor == "amd" else "nvidia-smi"
+    if error:
+        fix = ("install the NVIDIA driver (nvidia-smi comes with it) and check the GPUs are visible"
+               if hw.vendor == "nvidia" else "install ROCm (rocm-smi comes with it)")
+        return [Check("gpus", FAIL, error, fix)], []
+    checks = []
+    want = ",".join(map(str, plan.gpus))
+    by_index = {g.index: g for g in gpus}
+    missing = [i for i in plan.gpus if i not in by_index]
+    if missing:
+        checks.append(Check("gpu count", FAIL,
+                            f"recipe {plan.recipe.id} runs on {len(plan.gpus)} GPUs (--gpus {want}); {tool} shows "
+                            f"{len(gpus)} ({', '.join(str(g.index) for g in gpus) or 'none'})",
+                            f"run on a host with {len(plan.gpus)} {GPU_TOKENS.get(hw.name, hw.name)} GPUs, or pick "
+                            f"--gpus from the indices above"))
+    else:
+        checks.append(Check("gpu count", OK, f"{len(plan.gpus)} GPUs for {plan.recipe.id} (--gpus {want}), "
+                                             f"{len(gpus)} on this host"))
+    selected = [by_index[i] for i in plan.gpus if i in by_index]
+    token = GPU_TOKENS.get(hw.name, hw.name.upper())
+    wrong = [g for g in selected if not _has_token(g.name, token)]
+    if wrong:
+        other = _hardware_for(wrong[0].name)
+        checks.append(Check("gpu model", FAIL,
+                            f"GPU {wrong[0].index} is {wrong[0].name}; recipe {plan.recipe.id} is for {token}",
+                            f"use the recipe for this GPU: mm doctor/launch ... --hardware {other}" if other
+                            else f"run on {token} GPUs"))
+    elif selected:
+        checks.append(Check("gpu model", OK, f"{selected[0].name} x {len(selected)}"))
+    major = FAMILY_CC_MAJOR.get(hw.family)
+    if major and selected and not wrong:
+        bad_cc = [g for g in selected if g.compute_capability.split(".")[0] != major]
+        if bad_cc:
+            checks.append(Check("compute capability", FAIL,
+                                f"GPU {bad_cc[0].index} reports compute capability {bad_cc[0].compute_capability}; "
+                                f"{hw.family} recipes need {major}.x", "check the driver sees the GPUs correctly"))
+        else:
+            checks.append(Check("compute capability", OK, f"{selected[0].compute_capability} ({hw.family})"))
+    if hw.vendor == "nvidia" and cuda_runtime:
+        driver = selected[0].driver if selected else (gpus[0].driver if gpus else "?")
+        if cuda is None:
+            checks.append(Check("driver", WARN, f"driver {driver}: nvidia-smi does not say which CUDA version it "
+                                               f"supports; the pinned image needs the CUDA {cuda_runtime} runtime",
+                                "check `nvidia-smi` shows 'CUDA Version' of at least " + cuda_runtime))
+        elif _version(cuda) < _version(cuda_runtime):
+            checks.append(Check("driver", FAIL, f"driver {driver} supports CUDA up to {cuda}; the pinned image needs "
+                                               f"the CUDA {cuda_runtime} runtime",
+                                f"install a driver whose `nvidia-smi` shows CUDA Version {cuda_runtime} or newer"))
+        else:
+            checks.append(Check("driver", OK, f"driver {driver} supports CUDA {cuda} (the image needs {cuda_runtime})"))
+    return checks, selected
+
+
+# --- docker and the image -----------------------------------------------------------------------------------
+
+def _image_tag(plan: LaunchPlan) -> str | None:
+    if plan.image_record is None:
+        return None
+    from .image import read_record
+    return read_record(plan.image_record).tag
+
+
+def docker_checks(plan: LaunchPlan) -> tuple[list[Check], str | None]:
+    """Checks, and how the image was found (reference or ID) or None."""
+    if shutil.which("docker") is None:
+        return [Check("docker", FAIL, "docker: not found on PATH", "install Docker Engine")], None
+    info = _run(["docker", "info", "--format", "{{json .}}"])
+    if info is None or info.returncode != 0:
+        return [Check("docker", FAIL, f"docker daemon not answering: {_last(info.stderr if info else '')}",
+                      "start it (systemctl start docker) and make sure this user may use it")], None
+    try:
+        doc = json.loads(info.stdout)
+    except ValueError:
+        doc = {}
+    checks = [Check("docker", OK, f"Docker {doc.get('ServerVersion', '?')} answering")]
+    found = None
+    for ref in image_candidates(plan):  # the start script's search
+        if (done := _run(["docker", "image", "inspect", ref])) is not None and done.returncode == 0:
+            found = ref
+            how = ("by its pinned reference" if ref == plan.image else "by the image ID mm image save recorded (the "
+                   f"repo digest did not survive the load): {ref}")
+            checks.append(Check("image", OK, f"{plan.image} present {how}"))
+            break
+    if found is None:
+        ident = image_identity(plan)
+        tag = _image_tag(plan)
+        other = _run(["docker", "image", "inspect", "--format", "{{.Id}}", tag]) if tag else None
+        if other is not None and other.returncode == 0:
+            checks.append(Check("image", FAIL, f"wrong image: {tag} is {other.stdout.strip()}, but the pinned image is "
+                                               f"{ident}", f"docker load -i {plan.archive_hint} (the bundle proved it)"))
+        else:
+            checks.append(Check("image", FAIL, f"{ident} is not on this host", f"docker load -i {plan.archive_hint}"))
+    if plan.hardware.vendor == "nvidia":
+        checks.append(_nvidia_runtime_check(plan, found, doc))
+    return checks, found
+
+
+def _nvidia_runtime_check(plan: LaunchPlan, image: str | None, info: dict) -> Check:
+    fix = "install the NVIDIA Container Toolkit, then `nvidia-ctk runtime configure --runtime=docker` and restart docker"
+    if image is None:
+        runtimes = info.get("Runtimes") or {}
+        if "nvidia" in runtimes:
+            return Check("nvidia container runtime", WARN, "registered with docker, not tried (the image is missing)")
+        return Check("nvidia container runtime", FAIL, "docker has no nvidia runtime registered", fix)
+    done = _run(["docker", "run", "--rm", "--pull", "never", "--gpus", '"device=%s"' % ",".join(map(str, plan.gpus)),
+                 "--entrypoint", "nvidia-smi", image, "--query-gpu=name", "--format=csv,noheader"], timeout=120)
+    if done is None or done.returncode != 0:
+        return Check("nvidia container runtime", FAIL,
+                     f"a container cannot reach the GPUs: {_last(done.stderr if done else '')}", fix)
+    seen = [ln for ln in done.stdout.splitlines() if ln.strip()]
+    return Check("nvidia container runtime", OK, f"the image's nvidia-smi sees {len(seen)} GPU(s)")
+
+
+# --- host ------------------------------------------------------------------------------------------------
+
+def port_checks(ports: list[tuple[str, int]], expose: bool) -> list[Check]:
+    """Each (what, port) the start binds: the router or single server on 0.0.0.0 with --expose, else 127.0.0.1."""
+    checks = []
+    for what, port in ports:
+        host = "0.0.0.0" if expose and what in ("port", "router port") else "127.0.0.1"
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                checks.append(Check(what, FAIL, f"{host}:{port} is in use ({e.strerror})",
+                                    "stop what listens there, or pass another port to mm launch (and mm doctor): "
+                                    "--port, --replica-ports, --metrics-port"))
+                continue
+        checks.append(Check(what, OK, f"{host}:{port} is free"))
+    return checks
+
+
+def shm_check(path: str = "/dev/shm") -> Check:
+    try:
+        st = os.statvfs(path)
+    except OSError as e:
+        return Check("/dev/shm", FAIL, f"{path}: {e.strerror}", "mount a tmpfs on /dev/shm")
+    size = st.f_blocks * st.f_frsize
+    if size < SHM_GUIDE:
+        return Check("/dev/shm", WARN, f"{human_bytes(size)}; the guide runs with --shm-size 32g and --ipc=host, so the "
+                                       f"server gets the host's /dev/shm",
+                     "mount -o remount,size=64G /dev/shm (or larger)")
+    return Check("/dev/shm", OK, f"{human_bytes(size)} (the guide's --shm-size 32g)")
+
+
+def meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
+    out = {}
+    try:
+        for line in Path(path).read_text().splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[key] = int(parts[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def memory_check(plan: LaunchPlan, replicas: int) -> Check:
+    """Host memory for HiCache: the node's total as launch states it (hicache_host_gb: per rank x ranks x
+    replicas), judged by diagnose.hicache_fits against MemTotal."""
+    from .diagnose import hicache_fits
+
+    mem = meminfo()
+    total, avail = mem.get("MemTotal", 0), mem.get("MemAvailable", 0)
+    if "--enable-hierarchical-cache" not in [str(t) for t in plan.engine_argv]:
+        return Check("host memory", OK, f"{human_bytes(total)} ({human_bytes(avail)} available); no HiCache in this recipe")
+    need = hicache_host_gb(plan, replicas)
+    if need is None:
+        fact = next((f for f in plan.recipe.facts if "memory" in f.lower()), "size host memory before enabling HiCache")
+        return Check("host memory", WARN, f"HiCache at its default ratio ({fact}); {human_bytes(avail)} available of "
+                                          f"{human_bytes(total)}", "compare with the recipe's figure before starting")
+    short = hicache_fits(plan, replicas, total / 1e9 if total else None)
+    if short:
+        return Check("host memory", FAIL, short, "add host memory, fewer replicas, or a recipe without HiCache "
+                                                 "(e.g. --recipe low-latency)")
+    return Check("host memory", OK, f"HiCache {need:,.0f} GB for {replicas} replica(s) (--hicache-size is per rank) "
+                                    f"fits in {human_bytes(total)} ({human_bytes(avail)} available now)")
+
+
+def disk_check(plan: LaunchPlan) -> Check:
+    root = plan.cache_root
+    if root is None:
+        return Check("cache disk", OK, "this recipe mounts no kernel caches")
+    probe = Path(root)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < CACHE_DISK_MARGIN:
+        return Check("cache disk", WARN, f"{human_bytes(free)} free for the kernel caches under {root} (mm keeps a "
+                                         f"{human_bytes(CACHE_DISK_MARGIN)} margin; the guide publishes no figure)",
+                     "free space there, or pass --cache-root on a larger disk")
+    return Check("cache disk", OK, f"{human_bytes(free)} free for the kernel caches under {root}")
+
+
+def cache_key_check(plan: LaunchPlan, gpus: list[Gpu], findings: dict) -> Check:
+    if plan.cache_root is None:
+        return Check("kernel cache key", OK, "this recipe mounts no kernel caches")
+    path = Path(plan.cache_root) / CACHE_KEY_FILE
+    slow = "the first start compiles every kernel (long; `mm warmup` does it ahead of traffic)"
+    cold = findings.get("kernel_cache_warm")
+    if cold is not None:  # the troubleshooting table's row, with its fix for this plan
+        return Check("kernel cache key", WARN, f"{cold.line} (row {cold.guide_row}: {cold.cause})", cold.fix)
+    if not path.is_file():
+        return Check("kernel cache key", WARN, f"no {path}: {slow}", f"mm warmup ... --cache-root {plan.cache_root}")
+    try:
+        key = json.loads(path.read_text())
+        assert isinstance(key, dict)
+    except (OSError, ValueError, AssertionError):
+        return Check("kernel cache key", WARN, f"{path}: unreadable: {slow}", f"mm warmup ... --cache-root {plan.cache_root}")
+    here = {"image": plan.image, "recipe": plan.recipe.id}
+    if gpus:
+        here.update(gpu=gpus[0].name, compute_capability=gpus[0].compute_capability, driver=gpus[0].driver)
+    stale = [f"{k} {key.get(k)!r} (this host: {v!r})" for k, v in here.items() if str(key.get(k)) != str(v)]
+    if stale:
+        return Check("kernel cache key", WARN, f"caches built for another {', '.join(stale)}: {slow}",
+                     f"mm warmup ... --cache-root {plan.cache_root}")
+    return Check("kernel cache key", OK, f"caches match this GPU, driver {here.get('driver', '?')}, image and recipe")
+
+
+# --- the model ----------------------------------------------------------------------------------------------
+
+def model_checks(plan: LaunchPlan, draft_dir: str | None, findings: dict) -> list[Check]:
+    """The model's quick verify is the troubleshooting table's model_dir_complete check (diagnose)."""
+    incomplete = findings.get("model_dir_complete")
+    checks = []
+    if incomplete is not None:
+        checks.append(Check("model", FAIL, incomplete.line, incomplete.fix))
+    else:
+        checks.append(Check("model", OK, f"verify --quick of {plan.model_dir}: sizes and headers good"))
+    if plan.uses_dspark and draft_dir:
+        draft = plan.model_dir / draft_dir
+        if draft.is_dir():
+            checks.append(Check("dspark draft", OK, f"{draft} present ({plan.recipe.id} uses DSpark)"))
+        else:
+            checks.append(Check("dspark draft", FAIL, f"{draft} missing; {plan.recipe.id} uses DSpark",
+                                f"unbundle the pinned revision again: {draft_dir}/ is part of it"))
+    return checks
+
+
+def run_doctor(model_dir: Path, opts: LaunchOptions, pin: Pin) -> DoctorReport:
+    from .diagnose import host_findings
+    from .router import plan_node
+
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise BadInput(f"{model_dir}: not a directory")
+    node = plan_node(model_dir, opts, check_dir=False)  # the model's state is a check of its own here
+    plan = node.first
+    every_gpu = dataclasses.replace(plan, gpus=tuple(g for p in node.replicas for g in p.gpus))
+    report = DoctorReport(str(plan.model_dir), plan.recipe.id, plan.image)
+    gchecks, gpus = gpu_checks(every_gpu, pin.cuda_runtime)
+    report.checks += gchecks
+    gpu_info = "\n".join(f"{g.name}, {g.compute_capability}, {g.driver}" for g in gpus) or None
+    findings = {f.where: f for f in host_findings(plan, gpu_info)}
+    family = findings.get("gpu_family")
+    if family is not None:
+        report.checks.append(Check("gpu family", FAIL, f"{family.line}: {family.cause}", family.fix))
+    dchecks, _found = docker_checks(every_gpu)
+    report.checks += dchecks
+    if node.router is None:
+        ports = [("port", plan.port)]
+    else:
+        ports = ([("router port", node.router.port)] + [(f"replica {i} port", p.port) for i, p in enumerate(node.replicas)]
+                 + [("router metrics port", node.router.metrics_port)])
+    report.checks += port_checks(ports, plan.expose or bool(node.router and node.router.expose))
+    report.checks += [shm_check(), memory_check(plan, len(node.replicas)), disk_check(plan),
+                      cache_key_check(plan, gpus, findings)]
+    report.checks += model_checks(plan, pin.draft_dir, findings)
+    return report

@@ -1,0 +1,458 @@
+"""The pinned container image, by identity: save it without a Docker daemon, prove an archive is it.
+
+The pin names the image by its registry manifest digest (`REPO@sha256:...`, most likely an image index over amd64
+and arm64). A `docker save` archive holds the config digest (the image ID) and tags, not that digest, and Docker's
+classic store drops RepoDigests on save/load. So mm records the chain
+
+    pinned digest -> platform manifest digest -> config digest (image ID) -> layer digests
+
+in `<archive>.mm-image.json` beside the archive (`mm image save`), proves an archive against it (`mm bundle
+--image`: the sha256 of the config blob inside the archive must be the chain's config digest), and the launch
+script finds the image by the pinned reference, else by that image ID.
+
+Registry access is skopeo's (Debian package `skopeo`): `skopeo inspect --raw` for the manifests (each one's sha256
+checked here against the digest that named it) and `skopeo copy` by digest to a docker-archive/oci-archive.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import BadInput, IntegrityError, Refused, RemoteError
+from .fsutil import atomic_write_json, fsync_dir
+from .hashing import upstream_digest
+
+RECORD_SCHEMA = "mm-image/1"
+RECORD_SUFFIX = ".mm-image.json"
+PLATFORMS = ("linux/amd64", "linux/arm64")
+FORMATS = ("docker-archive", "oci-archive")
+INDEX_TYPES = {"application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json"}
+MANIFEST_TYPES = {"application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"}
+REF = re.compile(r"^(?P<repo>[a-z0-9][a-z0-9._:/-]*[a-z0-9])@(?P<digest>sha256:[0-9a-f]{64})$")
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+MAX_JSON = 16 << 20  # a manifest, index or config larger than this is not one
+
+
+def parse_ref(ref: str) -> tuple[str, str]:
+    """REPO@sha256:<64 hex> -> (REPO, digest); anything else (a tag, no digest) is refused."""
+    m = REF.match(ref or "")
+    if not m:
+        raise BadInput(f"{ref!r}: give the image by digest (REPO@sha256:<64 hex>)")
+    return m.group("repo"), m.group("digest")
+
+
+def parse_platform(value: str) -> str:
+    v = value.strip().lower()
+    v = {"amd64": "linux/amd64", "x86_64": "linux/amd64", "arm64": "linux/arm64", "aarch64": "linux/arm64",
+         "linux/x86_64": "linux/amd64", "linux/aarch64": "linux/arm64", "linux/arm64/v8": "linux/arm64"}.get(v, v)
+    if v not in PLATFORMS:
+        raise BadInput(f"--platform {value!r}: expected linux/amd64 or linux/arm64")
+    return v
+
+
+def host_platform() -> str:
+    return parse_platform(os.uname().machine)
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+# --- the chain ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Layer:
+    digest: str
+    size: int
+    media_type: str
+
+
+@dataclass(frozen=True)
+class Chain:
+    repo: str
+    pinned: str  # the digest the pin names
+    pinned_media_type: str
+    platform: str
+    platform_manifest: str
+    config: str  # the image ID
+    layers: tuple[Layer, ...]
+
+    @property
+    def reference(self) -> str:
+        return f"{self.repo}@{self.pinned}"
+
+
+def _skopeo(args: list[str], what: str, timeout: float = 120, show_progress: bool = False) -> bytes:
+    """Run skopeo; SHOW_PROGRESS (a terminal): its own per-layer progress bars go to the terminal."""
+    if shutil.which("skopeo") is None:
+        raise BadInput("skopeo: not installed; mm reads registries with skopeo (Debian package `skopeo`; `make tools`)")
+    try:
+        if show_progress:
+            proc = subprocess.run(["skopeo", *[a for a in args if a != "--quiet"]], stdout=2,  # its progress: to the terminal
+                                  stderr=None, timeout=timeout)
+            proc.stderr = b""
+        else:
+            proc = subprocess.run(["skopeo", *args], capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RemoteError(f"{what}: the registry did not answer within {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        lines = proc.stderr.decode(errors="replace").strip().splitlines()
+        raise RemoteError(f"{what}: {lines[-1] if lines else 'skopeo failed'}")
+    return proc.stdout
+
+
+def _tls(tls_verify: bool) -> str:
+    return f"--tls-verify={'true' if tls_verify else 'false'}"
+
+
+def _fetch_manifest(repo: str, digest: str, tls_verify: bool, timeout: float) -> dict:
+    raw = _skopeo(["inspect", "--raw", _tls(tls_verify), f"docker://{repo}@{digest}"], f"{repo}@{digest}", timeout)
+    if sha256_digest(raw) != digest:
+        raise IntegrityError(f"{repo}@{digest}: the registry served a manifest whose sha256 is {sha256_digest(raw)}")
+    return _parse_json(raw, f"{repo}@{digest}")
+
+
+def _parse_json(raw: bytes, where: str) -> dict:
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadInput(f"{where}: not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise BadInput(f"{where}: not a JSON object")
+    return doc
+
+
+def _media_type(doc: dict) -> str:
+    if doc.get("mediaType"):
+        return str(doc["mediaType"])
+    return "application/vnd.oci.image.index.v1+json" if "manifests" in doc else "application/vnd.oci.image.manifest.v1+json"
+
+
+def _platform_of(entry: dict) -> str:
+    p = entry.get("platform") or {}
+    return f"{p.get('os')}/{p.get('architecture')}"
+
+
+def select_platform(index: dict, platform: str, where: str) -> str:
+    """The manifest digest for PLATFORM in an image index."""
+    matches = [m for m in index.get("manifests", []) if isinstance(m, dict) and _platform_of(m) == platform]
+    if not matches:
+        have = ", ".join(sorted({_platform_of(m) for m in index.get("manifests", []) if isinstance(m, dict)}))
+        raise Refused(f"{where}: no {platform} image (the index has: {have or 'nothing'})")
+    digest = str(matches[0].get("digest"))
+    if not DIGEST.match(digest):
+        raise BadInput(f"{where}: bad manifest digest {digest!r} for {platform}")
+    return digest
+
+
+def _chain_from_manifest(repo: str, pinned: str, pinned_type: str, platform: str, manifest_digest: str,
+                         manifest: dict) -> Chain:
+    try:
+        config = str(manifest["config"]["digest"])
+        layers = tuple(Layer(str(layer["digest"]), int(layer["size"]), str(layer.get("mediaType", "")))
+                       for layer in manifest["layers"])
+    except (KeyError, TypeError, ValueError):
+        raise BadInput(f"{repo}@{manifest_digest}: not an image manifest (no config/layers)") from None
+    if not DIGEST.match(config) or not all(DIGEST.match(layer.digest) for layer in layers):
+        raise BadInput(f"{repo}@{manifest_digest}: malformed digests in the manifest")
+    return Chain(repo, pinned, pinned_type, platform, manifest_digest, config, layers)
+
+
+def resolve_chain(ref: str, platform: str, tls_verify: bool = True, timeout: float = 120) -> Chain:
+    """Ask the registry: pinned digest -> platform manifest -> config and layers, each manifest's sha256 checked."""
+    repo, pinned = parse_ref(ref)
+    top = _fetch_manifest(repo, pinned, tls_verify, timeout)
+    top_type = _media_type(top)
+    if top_type in INDEX_TYPES:
+        manifest_digest = select_platform(top, platform, ref)
+        manifest = _fetch_manifest(repo, manifest_digest, tls_verify, timeout)
+    elif top_type in MANIFEST_TYPES:  # a single-platform image: its config says which platform
+        manifest_digest, manifest = pinned, top
+        config = _parse_json(_skopeo(["inspect", "--raw", "--config", _tls(tls_verify), f"docker://{ref}"], ref, timeout), ref)
+        if f"{config.get('os')}/{config.get('architecture')}" != platform:
+            raise Refused(f"{ref}: a single-platform image for {config.get('os')}/{config.get('architecture')}, not {platform}")
+    else:
+        raise BadInput(f"{ref}: unsupported manifest type {top_type!r}")
+    return _chain_from_manifest(repo, pinned, top_type, platform, manifest_digest, manifest)
+
+
+# --- the record beside the archive ----------------------------------------------------------------
+
+def record_path(archive: Path) -> Path:
+    return Path(archive).with_name(Path(archive).name + RECORD_SUFFIX)
+
+
+@dataclass
+class ImageRecord:
+    chain: Chain
+    archive: str  # file name, beside the record
+    format: str
+    size: int
+    sha256: str
+    tag: str | None
+    saved_at: str
+
+    def to_json(self) -> dict:
+        c = self.chain
+        return {"schema": RECORD_SCHEMA, "reference": c.reference, "repo": c.repo, "pinned": c.pinned,
+                "pinned_media_type": c.pinned_media_type, "platform": c.platform,
+                "platform_manifest": c.platform_manifest, "config": c.config, "image_id": c.config,
+                "layers": [asdict(layer) for layer in c.layers],
+                "archive": {"file": self.archive, "format": self.format, "size": self.size, "sha256": self.sha256,
+                            "tag": self.tag},
+                "saved_at": self.saved_at}
+
+
+def read_record(path: Path) -> ImageRecord:
+    """A record written by `mm image save`, parsed and checked (it came across the air gap: hostile until parsed)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(doc, dict) or doc.get("schema") != RECORD_SCHEMA:
+            raise ValueError(f"expected schema {RECORD_SCHEMA!r}")
+        repo, pinned = parse_ref(doc["reference"])
+        if doc["platform"] not in PLATFORMS:
+            raise ValueError(f"platform {doc['platform']!r}")
+        for key in ("platform_manifest", "config"):
+            if not DIGEST.match(str(doc[key])):
+                raise ValueError(f"{key} {doc[key]!r} is not a sha256 digest")
+        layers = tuple(Layer(str(x["digest"]), int(x["size"]), str(x["media_type"])) for x in doc["layers"])
+        archive = doc["archive"]
+        if "/" in str(archive["file"]) or archive["format"] not in FORMATS:
+            raise ValueError("archive entry")
+        chain = Chain(repo, pinned, str(doc["pinned_media_type"]), doc["platform"], doc["platform_manifest"],
+                      doc["config"], layers)
+        return ImageRecord(chain, str(archive["file"]), archive["format"], int(archive["size"]),
+                           str(archive["sha256"]), archive.get("tag"), str(doc.get("saved_at", "")))
+    except BadInput as e:
+        raise BadInput(f"{path}: not an mm image record ({e.message})") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise BadInput(f"{path}: not an mm image record ({e})") from None
+
+
+# --- reading an archive ------------------------------------------------------------------------------
+
+@dataclass
+class ArchiveImage:
+    config: str  # sha256 of the config blob's bytes, computed here
+    platform: str
+    tags: list[str] = field(default_factory=list)
+    repo_digests: list[str] = field(default_factory=list)  # names with @digest the archive carries (OCI/containerd)
+
+
+def _read_member(tf: tarfile.TarFile, name: str, where: str) -> bytes:
+    try:
+        member = tf.getmember(name)
+    except KeyError:
+        raise BadInput(f"{where}: {name} is missing from the archive") from None
+    if not member.isfile() or member.size > MAX_JSON:
+        raise BadInput(f"{where}: {name} is not a plain file of a sane size")
+    f = tf.extractfile(member)
+    assert f is not None
+    return f.read()
+
+
+def _oci_blob(tf: tarfile.TarFile, digest: str, where: str) -> bytes:
+    if not DIGEST.match(digest):
+        raise BadInput(f"{where}: bad digest {digest!r}")
+    data = _read_member(tf, "blobs/sha256/" + digest.split(":")[1], where)
+    if sha256_digest(data) != digest:
+        raise IntegrityError(f"{where}: blob {digest} does not hash to its name")
+    return data
+
+
+def _oci_configs(tf: tarfile.TarFile, descriptor: dict, where: str, depth: int = 0) -> list[tuple[str, dict]]:
+    """(config digest, config) of every image under DESCRIPTOR that the archive holds the blobs for."""
+    if depth > 4:
+        raise BadInput(f"{where}: image index nested too deep")
+    digest = str(descriptor.get("digest"))
+    try:
+        doc = _parse_json(_oci_blob(tf, digest, where), where)
+    except BadInput:
+        return [] if depth else _raise_missing(where, digest)
+    if _media_type(doc) in INDEX_TYPES or "manifests" in doc:
+        found = []
+        for entry in doc.get("manifests", []):
+            if isinstance(entry, dict):
+                found += _oci_configs(tf, entry, where, depth + 1)
+        return found
+    config_digest = str((doc.get("config") or {}).get("digest"))
+    return [(config_digest, _parse_json(_oci_blob(tf, config_digest, where), where))]
+
+
+def _raise_missing(where: str, digest: str):
+    raise BadInput(f"{where}: the archive's index names {digest}, which it does not hold")
+
+
+def read_archive(archive: Path) -> list[ArchiveImage]:
+    """The images a docker-archive (`docker save`, skopeo) or OCI archive holds, each config hashed here."""
+    where = str(archive)
+    try:
+        with tarfile.open(archive, "r:") as tf:
+            names = set(tf.getnames())
+            if "index.json" in names:
+                index = _parse_json(_read_member(tf, "index.json", where), where)
+                images = []
+                for entry in index.get("manifests", []):
+                    if not isinstance(entry, dict) or not DIGEST.match(str(entry.get("digest"))):
+                        continue  # `docker save` (classic) names its images here without digests
+                    ann = entry.get("annotations") or {}
+                    name = ann.get("io.containerd.image.name") or ""
+                    digests = [f"{name.split('@')[0]}@{entry.get('digest')}"] if name else []
+                    tags = [name] if name and "@" not in name else []
+                    for digest, config in _oci_configs(tf, entry, where):
+                        images.append(ArchiveImage(digest, f"{config.get('os')}/{config.get('architecture')}",
+                                                   tags, digests))
+                if images:
+                    return images
+            if "manifest.json" in names:
+                entries = json.loads(_read_member(tf, "manifest.json", where))
+                if not isinstance(entries, list):
+                    raise BadInput(f"{where}: manifest.json is not a list")
+                images = []
+                for e in entries:
+                    data = _read_member(tf, str(e["Config"]), where)
+                    config = _parse_json(data, where)
+                    images.append(ArchiveImage(sha256_digest(data), f"{config.get('os')}/{config.get('architecture')}",
+                                               [str(t) for t in e.get("RepoTags") or []]))
+                return images
+    except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as e:
+        raise BadInput(f"{archive}: cannot read the image archive ({e})") from None
+    raise BadInput(f"{archive}: not an image archive (no manifest.json or index.json with an image inside)")
+
+
+# --- mm image save ---------------------------------------------------------------------------------------
+
+@dataclass
+class SaveReport:
+    archive: Path
+    record: Path
+    format: str
+    size: int
+    sha256: str
+    tag: str | None
+    chain: Chain
+    seconds: float
+
+
+def _file_sha256(path: Path) -> str:
+    return upstream_digest(path, "lfs-sha256")  # the file's sha256, memory bounded
+
+
+def save_image(ref: str, out: Path, platform: str, fmt: str = "docker-archive", tls_verify: bool = True,
+               timeout: float = 3600, show_progress: bool = False) -> SaveReport:
+    """Copy REF's PLATFORM image by digest to OUT (temporary name, checked, fsynced, renamed) plus its record."""
+    if fmt not in FORMATS:
+        raise BadInput(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    started = time.monotonic()
+    out = Path(out)
+    if out.is_dir():
+        raise BadInput(f"{out}: is a directory; give the archive's file name")
+    chain = resolve_chain(ref, platform, tls_verify)
+    tag = f"{chain.repo}:mm-{chain.pinned.split(':')[1][:12]}-{platform.split('/')[1]}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.partial")
+    tmp.unlink(missing_ok=True)
+    try:
+        dest = f"{fmt}:{tmp}:{tag}" if fmt == "docker-archive" else f"{fmt}:{tmp}:{tag.rsplit(':', 1)[1]}"
+        _skopeo(["copy", "--quiet", f"--src-tls-verify={'true' if tls_verify else 'false'}",
+                 f"docker://{chain.repo}@{chain.platform_manifest}", dest], f"skopeo copy {chain.reference}", timeout,
+                show_progress)
+        held = {img.config for img in read_archive(tmp)}
+        if held != {chain.config}:
+            raise IntegrityError(f"{out}: skopeo wrote config {', '.join(sorted(held))}, not {chain.config}")
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    size, digest = out.stat().st_size, _file_sha256(out)
+    record = ImageRecord(chain, out.name, fmt, size, digest, tag, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    atomic_write_json(record_path(out), record.to_json())
+    return SaveReport(out, record_path(out), fmt, size, digest, tag, chain, time.monotonic() - started)
+
+
+def write_record_for(archive: Path, proof: "Proof") -> Path:
+    """The record `mm image save` would have written, for an archive proven against the registry (`mm bundle
+    --image` on a connected host): the start script needs the image ID on the offline side."""
+    archive = Path(archive)
+    fmt = "oci-archive" if _is_oci(archive) else "docker-archive"
+    record = ImageRecord(proof.record, archive.name, fmt, archive.stat().st_size, _file_sha256(archive), None,
+                         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    try:
+        atomic_write_json(record_path(archive), record.to_json())
+    except OSError as e:
+        raise BadInput(f"{record_path(archive)}: cannot write the image record beside the archive ({e.strerror}); "
+                       f"write the archive with `mm image save` where it can be") from None
+    return record_path(archive)
+
+
+def _is_oci(archive: Path) -> bool:
+    with tarfile.open(archive, "r:") as tf:
+        names = set(tf.getnames())
+    return "index.json" in names and "manifest.json" not in names
+
+
+# --- proving an archive is the pinned image ------------------------------------------------------------
+
+@dataclass
+class Proof:
+    archive: str
+    reference: str  # the pinned reference asked for
+    platform: str
+    config: str  # the image ID the chain gives
+    platform_manifest: str
+    how: str  # "registry" (resolved here) | "record" (mm image save's record)
+    archive_configs: list[str]
+    proven: bool
+    detail: str
+    record: Chain | None = None
+
+
+def prove_archive(archive: Path, ref: str, tls_verify: bool = True, record: Path | None = None,
+                  resolve_timeout: float = 20, registry: bool = True) -> Proof:
+    """Is ARCHIVE the image REF pins? Its config blob's sha256 must be the config digest the chain gives.
+
+    The chain comes from the registry when it answers, else from the record `mm image save` wrote beside the
+    archive (or RECORD). Refused (exit 7) when the archive holds another image; BadInput when neither the registry
+    nor a record can say what the pinned image is.
+    """
+    repo, pinned = parse_ref(ref)
+    images = read_archive(archive)
+    configs = sorted({img.config for img in images})
+    platforms = sorted({img.platform for img in images if img.platform in PLATFORMS}) or [host_platform()]
+    rec_path = Path(record) if record else record_path(archive)
+    rec = read_record(rec_path) if rec_path.is_file() else None
+    chains: list[Chain] = []
+    how = "registry"
+    try:
+        if not registry:
+            raise RemoteError("not asked (record only)")
+        chains = [resolve_chain(ref, p, tls_verify, resolve_timeout) for p in platforms]
+    except (RemoteError, Refused) as e:
+        if rec is None:
+            raise BadInput(f"{archive}: cannot prove it is {ref}: the registry is out of reach ({e.message}) and there "
+                           f"is no record {rec_path.name} beside it (write the archive with `mm image save`)") from None
+        how = "record"
+        if rec.chain.reference != f"{repo}@{pinned}":
+            raise Refused(f"{rec_path}: records {rec.chain.reference}, not the pinned {ref}")
+        chains = [rec.chain]
+    chain = next((c for c in chains if c.config in configs), chains[0])
+    proven = chain.config in configs
+    if proven:
+        detail = (f"{archive} is {ref} for {chain.platform}: config {chain.config} (image ID) via manifest "
+                  f"{chain.platform_manifest}, checked against the {'registry' if how == 'registry' else 'record ' + rec_path.name}")
+    else:
+        detail = (f"{archive} holds image {', '.join(configs)}, but {ref} for {chain.platform} is {chain.config} "
+                  f"(checked against the {'registry' if how == 'registry' else 'record ' + rec_path.name})")
+    return Proof(str(archive), ref, chain.platform, chain.config, chain.platform_manifest, how, configs, proven,
+                 detail, chain)

@@ -1,0 +1,169 @@
+#!/bin/sh
+# install-mm.sh: install mm offline from the wheelhouse that came with the bundle. Needs only sh and python3.
+#
+#   sh install-mm.sh [DIR]        install into DIR (default ./mm-venv), then run DIR/bin/mm
+#
+# Run it where it lies: beside wheelhouse/ (an unpacked bundle payload, or `mm bundle --only-mm`), or beside the
+# bundle's volume files (it then reads the wheelhouse out of volume 1 with python3's tarfile).
+# It picks the wheel set for this machine and Python (linux-<x86_64|aarch64>-cp<XY>), installs with
+# `python3 -m venv` + pip, or with the bundled uv when python3 has no venv/pip (Debian/Ubuntu without python3-venv);
+# both run with --no-index --require-hashes against the set's requirements.lock: nothing comes from a network.
+# Environment: PYTHON (default python3), MM_INSTALL_WITH=pip|uv (default: pip, uv when venv/pip fail).
+set -eu
+
+say() { printf '%s\n' "install-mm.sh: $*" >&2; }
+die() { code=$1; shift; say "$*"; exit "$code"; }
+
+here=$(cd "$(dirname "$0")" && pwd)
+dest=${1:-./mm-venv}
+py=${PYTHON:-python3}
+with=${MM_INSTALL_WITH:-auto}
+
+command -v "$py" >/dev/null 2>&1 || die 3 "$py: not found; mm needs CPython 3.10 or newer"
+pytag=$("$py" -c 'import sys; print("cp%d%d" % sys.version_info[:2])') || die 3 "$py: does not run"
+pyver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+machine=$(uname -m)
+case $machine in
+  amd64) machine=x86_64 ;;
+  arm64) machine=aarch64 ;;
+esac
+set_name="linux-$machine-$pytag"
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT INT TERM
+
+# The wheelhouse: beside this script, or inside the first volume beside it.
+wheelhouse=
+for candidate in "$here/wheelhouse" "$here/payload/mm/wheelhouse"; do
+  if [ -f "$candidate/wheelhouse.json" ]; then wheelhouse=$candidate; break; fi
+done
+if [ -z "$wheelhouse" ]; then
+  for vol in "$here"/*.vol001-of-*.tar; do
+    [ -f "$vol" ] || continue
+    say "reading the wheelhouse from $(basename "$vol")"
+    "$py" - "$vol" "$tmp/wh" <<'PY' || die 3 "$vol: cannot read the wheelhouse from this volume"
+import os, sys, tarfile
+vol, out = sys.argv[1], sys.argv[2]
+found = False
+with tarfile.open(vol, "r:") as tf:
+    for m in tf:
+        parts = m.name.split("/")
+        if "wheelhouse" not in parts or not m.isfile():
+            continue
+        rel = parts[parts.index("wheelhouse") + 1:]
+        if not rel or any(p in ("", ".", "..") for p in rel) or m.name.startswith("/"):
+            sys.exit("unsafe member " + m.name)
+        target = os.path.join(out, *rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with tf.extractfile(m) as src, open(target, "wb") as dst:
+            while True:
+                chunk = src.read(1 << 20)
+                if not chunk:
+                    break
+                dst.write(chunk)
+        found = True
+sys.exit(0 if found else "no wheelhouse in this volume")
+PY
+    wheelhouse="$tmp/wh"
+    break
+  done
+fi
+[ -n "$wheelhouse" ] || die 3 "no wheelhouse/ beside $here/install-mm.sh and no volume 1 (*.vol001-of-*.tar) there; run it from the bundle's first volume directory"
+
+# Pick the set; say what the bundle holds when none fits this host.
+holds=$(cd "$wheelhouse" && for d in linux-*; do [ -f "$d/requirements.lock" ] && printf '%s ' "$d"; done)
+if [ ! -f "$wheelhouse/$set_name/requirements.lock" ]; then
+  die 7 "no wheel set for this host ($set_name: $machine, CPython $pyver); the bundle holds: ${holds:-nothing}. Build one on the connected host with: mm bundle --only-mm --out DIR --target-platform linux/$machine --target-python $pyver"
+fi
+glibc_ok=$("$py" - "$wheelhouse/wheelhouse.json" <<'PY'
+import json, os, sys
+need = json.load(open(sys.argv[1]))["glibc_min"]
+try:
+    have = os.confstr("CS_GNU_LIBC_VERSION").split()[-1]
+except (ValueError, OSError, AttributeError, IndexError):
+    have = "none"
+ok = have != "none" and tuple(map(int, have.split(".")[:2])) >= tuple(map(int, need.split(".")[:2]))
+print("yes" if ok else "no glibc %s (the wheels need glibc %s or newer)" % (have, need))
+PY
+)
+[ "$glibc_ok" = yes ] || die 7 "this host has $glibc_ok; the bundle holds: $holds"
+set_dir="$wheelhouse/$set_name"
+lock="$set_dir/requirements.lock"
+
+# Every wheel's bytes against the lock first, so that damage names its file before any installer runs.
+"$py" - "$set_dir" "$lock" <<'PY' || exit 5
+import glob, hashlib, os, sys
+set_dir, lock = sys.argv[1:]
+pinned = {}
+for line in open(lock):
+    spec, _, digest = line.strip().partition(" --hash=sha256:")
+    pinned[digest] = spec
+seen = set()
+for path in sorted(glob.glob(os.path.join(set_dir, "*.whl"))):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    if h.hexdigest() not in pinned:
+        sys.exit("install-mm.sh: %s: sha256 %s is not in %s (damaged in transit?)" % (path, h.hexdigest(), lock))
+    seen.add(h.hexdigest())
+missing = sorted(spec for digest, spec in pinned.items() if digest not in seen)
+if missing:
+    sys.exit("install-mm.sh: %s: no wheel for %s" % (set_dir, ", ".join(missing)))
+PY
+
+[ ! -e "$dest" ] || [ -z "$(ls -A "$dest" 2>/dev/null)" ] || [ -x "$dest/bin/python" ] ||
+  die 3 "$dest: exists and is not a virtual environment; name another directory"
+
+# An existing mm-venv is upgraded in place: every wheel of the lock is installed again (same version, new bytes too).
+reinstall=
+[ -x "$dest/bin/mm" ] && reinstall=yes
+
+install_pip() {  # returns 10 when this python3 cannot make a venv with pip (then uv takes over)
+  "$py" -m venv "$dest" >"$tmp/venv.log" 2>&1 || return 10
+  [ -x "$dest/bin/pip" ] || return 10
+  PIP_CONFIG_FILE=/dev/null "$dest/bin/python" -m pip --isolated install --quiet --disable-pip-version-check \
+    --no-input --no-cache-dir --no-index --find-links "$set_dir" --require-hashes -r "$lock" ${reinstall:+--force-reinstall}
+}
+
+install_uv() {
+  # Every wheel was checked against the lock above; the binary comes out of the uv wheel with python3's zipfile.
+  "$py" - "$set_dir" "$tmp/uv" <<'PY' || return 1
+import glob, os, sys, zipfile
+set_dir, out = sys.argv[1:]
+wheels = glob.glob(os.path.join(set_dir, "uv-*.whl"))
+if len(wheels) != 1:
+    sys.exit("install-mm.sh: no uv wheel in " + set_dir)
+with zipfile.ZipFile(wheels[0]) as zf:
+    name = next(n for n in zf.namelist() if n.endswith(".data/scripts/uv"))
+    with zf.open(name) as src, open(out, "wb") as dst:
+        dst.write(src.read())
+os.chmod(out, 0o755)
+PY
+  "$tmp/uv" --no-config venv --quiet --offline --allow-existing --python "$(command -v "$py")" "$dest" &&
+    "$tmp/uv" --no-config pip install --quiet --offline --no-index --find-links "$set_dir" --require-hashes \
+      -r "$lock" --python "$dest/bin/python" ${reinstall:+--reinstall}
+}
+
+case $with in
+  pip) install_pip || die 1 "pip install into $dest failed (see above)"; used=pip ;;
+  uv) install_uv || die 1 "uv install into $dest failed (see above)"; used=uv ;;
+  auto)
+    rc=0
+    install_pip || rc=$?
+    if [ "$rc" -eq 0 ]; then
+      used=pip
+    elif [ "$rc" -ne 10 ]; then
+      die 1 "pip install into $dest failed (see above)"
+    else
+      say "$py -m venv/pip not usable here ($(tail -n 1 "$tmp/venv.log" 2>/dev/null || true)); installing with the bundled uv"
+      rm -rf "$dest"
+      install_uv || die 1 "uv install into $dest failed (see above)"
+      used=uv
+    fi ;;
+  *) die 2 "MM_INSTALL_WITH=$with: expected pip or uv" ;;
+esac
+
+version=$("$dest/bin/mm" --version) || die 1 "$dest/bin/mm does not run"
+echo "installed $version into $dest ($set_name, with $used, offline)"
+echo "next: $dest/bin/mm bundle verify <volumes>   (then mm unbundle, mm doctor, mm launch)"
