@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Mapping
 
 from .download import FileOutcome, RemoteFile, Session, Source, Sources, prepare_dir
+from .ranges import DEFAULT_CONNECTIONS
 from .errors import BadInput
 from .hub import HubSource, Resolved, list_remote_files, resolve_revision, select
 from .manifest import Manifest, manifest_path, public_endpoint, write_manifest
@@ -29,7 +30,8 @@ class FetchRequest:
     local_dir: Path
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    workers: int = 4
+    workers: int | None = None  # files at once; default: up to `connections`
+    connections: int = DEFAULT_CONNECTIONS  # connections at once, over all files (ranges of one file, or many files)
     endpoint: str | None = None
     token: str | None = field(default=None, repr=False)
     repo_type: str = "model"
@@ -65,6 +67,7 @@ class FetchResult:
     bytes_transferred: int
     seconds: float
     draft: DraftStatus | None  # None: the pin names no draft (or there is no pin)
+    transfer: dict = field(default_factory=dict)  # connections (budget, most used), requests, retries by reason
 
     @property
     def failed(self) -> list[FileOutcome]:
@@ -95,7 +98,8 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
                       fallback=hub if plan is None or plan.hub_fallback else None, fallback_name="the Hub")
 
     with Session(local_dir, "mm fetch") as session:
-        results = session.run(planned, sources, refetch=refetch is not None, workers=req.workers, progress=progress,
+        results = session.run(planned, sources, refetch=refetch is not None, workers=req.workers,
+                              connections=req.connections, progress=progress,
                               label=f"fetch {req.repo_id}@{resolved.commit[:12]}")
         # Entries proven earlier stay when the revision has the same content at that path, even if the file
         # is gone now: the manifest records the revision, so a missing file stays expected (verify names it).
@@ -112,7 +116,7 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
         repo_id=req.repo_id, requested_revision=resolved.requested, commit=resolved.commit,
         revision_kind=resolved.kind, local_dir=str(local_dir), manifest_path=str(manifest_path(local_dir)),
         files=outcomes, bytes_transferred=sum(o.bytes_transferred for o in outcomes),
-        seconds=time.monotonic() - started, draft=_draft_status(req.repo_id, entries),
+        seconds=time.monotonic() - started, draft=_draft_status(req.repo_id, entries), transfer=session.transfer,
     )
 
 

@@ -52,6 +52,7 @@ class FileEntry:
     sha256: str
     upstream: Upstream | None = None
     source: str = "hub"
+    xet_hash: str | None = None  # the Hub's Xet hash for a Xet-backed file, as listed (recorded, not checked)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def public_endpoint(endpoint: str | None) -> str | None:
 def to_json(manifest: Manifest) -> str:
     doc = asdict(manifest)
     ordered = {k: doc[k] for k in ("schema", "repo_id", "repo_type", "revision", "requested_revision", "endpoint", "created")}
-    ordered["files"] = doc["files"]
+    ordered["files"] = [{k: v for k, v in f.items() if k != "xet_hash" or v is not None} for f in doc["files"]]
     return json.dumps(ordered, indent=2) + "\n"
 
 
@@ -144,6 +145,7 @@ def entry_from_dict(d: dict) -> FileEntry:
         sha256=str(d["sha256"]),
         upstream=Upstream(kind=str(up["kind"]), value=str(up["value"])) if up else None,
         source=str(d.get("source", "hub")),
+        xet_hash=str(d["xet_hash"]) if d.get("xet_hash") is not None else None,
     )
 
 
@@ -158,6 +160,8 @@ def validate(manifest: Manifest, where: str) -> None:
         seen.add(f.path)
         if f.size < 0 or not HEX64.match(f.blake3) or not HEX64.match(f.sha256):
             raise BadInput(f"{where}: bad size or digest for {f.path!r}")
+        if f.xet_hash is not None and not HEX64.match(f.xet_hash):
+            raise BadInput(f"{where}: bad xet_hash for {f.path!r}")
 
 
 def export_sums(manifest: Manifest, algorithm: str) -> str:
