@@ -358,6 +358,13 @@ def _render_fetch(result: mm_fetch.FetchResult) -> None:
               f" ({human_bytes(result.bytes_transferred)}, {human_bytes(rate)}/s"
               f"{f', {len(resumed)} resumed' if resumed else ''}), {len(counts['present'])} already present,"
               f" {len(counts['failed'])} failed", highlight=False)
+    t = result.transfer
+    if t.get("requests"):
+        retried = ", ".join(f"{n} {why}" for why, n in sorted(t["retries_by_reason"].items()))
+        per_conn = rate / t["connections_used"] if t["connections_used"] else 0
+        out.print(f"Connections: {t['connections_used']} of {t['connections']} used, {t['requests']} requests,"
+                  f" {human_bytes(per_conn)}/s per connection; retries: {t['retries']} of {t['retry_budget']}"
+                  f"{f' ({retried})' if retried else ''}", highlight=False)
     sources = Counter(f.source for f in counts["downloaded"])
     if len(sources) > 1 or "hub" not in sources and sources:
         out.print("Sources: " + ", ".join(f"{n} from {label}" for label, n in sources.most_common()), highlight=False)
@@ -379,7 +386,10 @@ def _fetch_exit_code(result: mm_fetch.FetchResult) -> int:
 @click.option("--local-dir", type=click.Path(path_type=Path), help="Target directory. Default: ./<repo name>.")
 @click.option("--include", multiple=True, help="Only paths matching this glob (repeatable).")
 @click.option("--exclude", multiple=True, help="Skip paths matching this glob (repeatable).")
-@click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Files downloaded in parallel.")
+@click.option("--connections", type=click.IntRange(1, 256), default=32, show_default=True,
+              help="Most HTTP connections at once over all files (ranges of one big file, or many small files); "
+                   "16 to start with, more while they raise the aggregate rate.")
+@click.option("--workers", type=click.IntRange(1, 256), help="Files downloaded at once. Default: up to --connections.")
 @click.option("--source", default="hub", show_default=True,
               help="hub, or modelscope[:OWNER/NAME[@REV]]: every file whose content matches the pin from that mirror, the rest from the Hub.")
 @click.option("--mirror-only", is_flag=True, help="With --source modelscope: nothing from the Hub; fail naming the files the mirror cannot supply.")
@@ -389,13 +399,15 @@ def _fetch_exit_code(result: mm_fetch.FetchResult) -> int:
               help="Sign the manifest at the end (as `mm sign DIR --key KEY`) when every file was fetched.")
 @json_option
 @handles_errors
-def fetch(repo, revision, local_dir, include, exclude, workers, source, mirror_only, pin_manifest, sign_with, json_out):
+def fetch(repo, revision, local_dir, include, exclude, connections, workers, source, mirror_only, pin_manifest, sign_with,
+          json_out):
     """Download a pinned revision, verify every file against the Hub, write the manifest.
 
     Resumes across runs; the token comes from HF_TOKEN or the stored login, the endpoint from HF_ENDPOINT.
     """
     from .artifacts import fetch as mm_fetch
-    req = _fetch_request(repo, revision, local_dir, include=tuple(include), exclude=tuple(exclude), workers=workers)
+    req = _fetch_request(repo, revision, local_dir, include=tuple(include), exclude=tuple(exclude), workers=workers,
+                         connections=connections)
     plan = _mirror_plan(req, source, mirror_only, pin_manifest)  # mirror (issue 4)
     if sign_with is not None and not Path(sign_with).exists():  # before the download, not after it
         raise MMError(f"{sign_with}: no such key file (give a private key, or KEY.pub with its key in ssh-agent)")

@@ -10,7 +10,9 @@ run does not re-hash them), the directory lock, parallel workers, progress and t
 
 `fetch_into(partial, file, source, progress)` is the per-file loop: a function of the source, the file's
 identity and its partial state on disk (`Partial`); `download_file` adds the final name, and `Session.run`
-applies it to many files in parallel. A multi-range download replaces fetch_into's loop, not its callers.
+applies it to many files in parallel. The loop is artifacts/ranges.py's: the file's missing ranges over up to
+`--connections` connections shared by the whole session, a range map beside the partial, hashing in file
+order, retries per range within a budget for the session (`Session.transfer` reports them).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import BinaryIO, ContextManager, Iterator, Mapping, Protocol, Sequence
+from typing import ContextManager, Iterator, Mapping, Protocol, Sequence
 
 from .errors import BadInput, IntegrityError, MMError, RemoteError
 from .fsutil import MM_DIR, check_relpath, dir_lock, publish, require_free_space
@@ -30,12 +32,11 @@ from .hashing import Digests, StreamHasher
 from .manifest import FileEntry, Upstream, entry_from_dict, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import load_json
+from . import ranges
+from .ranges import DEFAULT_CONNECTIONS, Connections, RangedJob, RetryLater, TransferStats, clear_state, state_path
 
-CHUNK = 8 * 1024 * 1024
-WRITE_BATCH = 1024 * 1024
 PARTIAL_DIR = f"{MM_DIR}/partial"
 JOURNAL = f"{MM_DIR}/journal.jsonl"
-CUT_RETRIES = 5  # a connection cut mid-file is resumed in-process this many times before giving up
 
 
 # --- what is downloaded, and from where --------------------------------------------------------
@@ -51,6 +52,7 @@ class RemoteFile:
     size: int
     blob_id: str
     lfs_sha256: str | None = None
+    xet_hash: str | None = None  # the Hub's Xet hash of a Xet-backed file (recorded; lfs_sha256 is what is checked)
 
     @property
     def upstream(self) -> Upstream:
@@ -64,14 +66,20 @@ class Source(Protocol):
 
     label: str  # recorded as the manifest entry's "source" and shown in reports
 
-    def stream(self, path: str, offset: int) -> ContextManager[tuple[int, Iterator[bytes]]]:
-        """Open PATH at byte OFFSET; yield (start, chunks), start being the offset the body really starts at
-        (0 when the source ignored the offset; the engine uses the bytes at their true offset). Raise TransferCut when the body breaks mid-way (what
-        arrived is kept and the engine asks again from there), RemoteError when the source refuses."""
+    def stream(self, path: str, start: int, end: int | None = None) -> ContextManager[tuple[int, Iterator[bytes]]]:
+        """Bytes [START, END) of PATH (END None: to the end; START 0 and END None: the whole file, no Range).
+        Yield (start, chunks), start being the offset the body really starts at (0 when the source ignored
+        the offset; the engine copes with any answer). Raise RetryLater for what may pass (429, 5xx, an
+        expired signed URL; TransferCut when the body breaks mid-way: what arrived is kept and the engine
+        asks again from there), RemoteError when the source refuses. A source may set `max_connections`
+        (e.g. 1) to cap the connections one of its files gets."""
 
 
-class TransferCut(RemoteError):
+class TransferCut(RetryLater):
     """The connection broke mid-body; what arrived is on disk and the transfer can continue."""
+
+    def __init__(self, message: str):
+        super().__init__(message, "cut")
 
 
 def content_start(status: int, content_range: str | None) -> int:
@@ -108,6 +116,8 @@ class FileOutcome:
     error: str | None = None
     error_kind: type[MMError] | None = None  # the failure's class; the CLI maps it to an exit code
     note: str | None = None
+    ranges: int = 0  # range requests that delivered bytes
+    connections: int = 0  # most connections the file used at once
 
 
 # --- one file ------------------------------------------------------------------------------------
@@ -117,6 +127,8 @@ class Downloaded:
     digests: Digests
     transferred: int  # bytes received in this run
     resumed_from: int  # bytes a partial file held before it
+    ranges: int = 0
+    connections: int = 0
 
 
 def partial_path(local_dir: Path, f: RemoteFile) -> Path:
@@ -126,7 +138,8 @@ def partial_path(local_dir: Path, f: RemoteFile) -> Path:
 
 @dataclass(frozen=True)
 class Partial:
-    """The partial state of one file on disk: where its bytes go, and how many a previous run kept."""
+    """The partial state of one file on disk: where its bytes go, and how many a previous run kept (its range
+    map, ``<partial>.ranges``; a partial without one is a prefix, mm's earlier format)."""
 
     path: Path
     have: int
@@ -134,108 +147,38 @@ class Partial:
     @classmethod
     def of(cls, local_dir: Path, f: RemoteFile) -> "Partial":
         path = partial_path(local_dir, f)
-        have = path.stat().st_size if path.exists() else 0
-        if have > f.size:  # not this file's bytes: start over
-            path.unlink()
-            have = 0
-        return cls(path, have)
+        return cls(path, ranges.load_state(path, f.size, f.upstream.value).done)  # not this file's bytes: start over
 
 
-def download_file(local_dir: Path, f: RemoteFile, source: Source, progress: ProgressSink = NULL_PROGRESS) -> Downloaded:
+def download_file(local_dir: Path, f: RemoteFile, source: Source, progress: ProgressSink = NULL_PROGRESS, *,
+                  connections: Connections | None = None, stats: TransferStats | None = None) -> Downloaded:
     """F from SOURCE into LOCAL_DIR/F.path, continuing its partial file: fetch_into, then publish."""
     partial = Partial.of(local_dir, f)
-    digests, received = fetch_into(partial, f, source, progress)
+    done = fetch_into(partial, f, source, progress, connections=connections, stats=stats)
     publish(partial.path, local_dir / f.path)
-    return Downloaded(digests, received, partial.have)
+    state_path(partial.path).unlink(missing_ok=True)
+    return Downloaded(done.digests, done.transferred, done.resumed_from, done.ranges, done.connections)
 
 
-def fetch_into(partial: Partial, f: RemoteFile, source: Source, progress: ProgressSink = NULL_PROGRESS) -> tuple[Digests, int]:
-    """The per-file loop, a function of (source, file identity, partial state): append SOURCE's bytes of F to
-    PARTIAL until F.size, hashing in the same pass (the kept bytes first), resuming cut connections; then check
-    F's identity. Returns (digests, bytes received). Raises IntegrityError (the partial is dropped) or RemoteError."""
-    with open(partial.path, "ab") as out:
-        t = _Transfer(out, _new_hasher(f))
-        if partial.have:
-            _hash_existing(partial.path, partial.have, t.hasher)
-            progress.advance(partial.have)
-        stalls, why = 0, ""
-        while t.hasher.size < f.size:
-            before = t.hasher.size
-            try:
-                _receive(source, f, t, progress)
-            except TransferCut as e:
-                why = e.message
-            if t.hasher.size == before:  # every answer that brings no new byte counts: the retries are bounded
-                stalls += 1
-                if stalls > CUT_RETRIES:
-                    raise RemoteError(f"{f.path}: transfer from {source.label} keeps breaking at byte {before} of "
-                                      f"{f.size}{f' ({why})' if why else ''}; run again to resume")
-    digests = t.hasher.digests()
+def fetch_into(partial: Partial, f: RemoteFile, source: Source, progress: ProgressSink = NULL_PROGRESS, *,
+               connections: Connections | None = None, stats: TransferStats | None = None) -> ranges.RangedResult:
+    """The per-file loop, a function of (source, file identity, partial state): fill PARTIAL's missing ranges
+    from SOURCE over up to CONNECTIONS, hashing every byte once in file order (the kept bytes first); then check
+    F's identity. Raises IntegrityError (the partial and its map are dropped) or RemoteError (both kept)."""
+    connections = connections or Connections(DEFAULT_CONNECTIONS)
+    done = ranges.download(RangedJob(f.path, f.size, partial.path, f.upstream.value, _new_hasher(f)), source,
+                           connections, stats, progress)
+    digests = done.digests
     if digests.size != f.size or not f.upstream.matches(digests.sha256, digests.git_sha1):
-        partial.path.unlink(missing_ok=True)
+        clear_state(partial.path)
         got = digests.sha256 if f.lfs_sha256 else digests.git_sha1
         raise IntegrityError(f"{f.path}: bytes from {source.label} do not match the pinned revision "
                              f"({f.upstream.kind} expected {f.upstream.value[:16]}, got {str(got)[:16]}); not kept")
-    return digests, t.received
-
-
-@dataclass
-class _Transfer:
-    out: BinaryIO  # the open partial file
-    hasher: StreamHasher
-    received: int = 0
+    return done
 
 
 def _new_hasher(f: RemoteFile) -> StreamHasher:
     return StreamHasher(sha256=True, git_size=None if f.lfs_sha256 else f.size)
-
-
-def _receive(source: Source, f: RemoteFile, t: _Transfer, progress: ProgressSink) -> None:
-    """Append one response's body to the partial file, hashing as it goes.
-
-    Network reads are small (tens of KiB); they are gathered into WRITE_BATCH before the write and the
-    hash updates, which costs far less per byte. The batch is always flushed, even when the connection
-    breaks, so every byte that arrived is kept for the next attempt.
-    """
-    with source.stream(f.path, t.hasher.size) as (start, chunks):
-        have = t.hasher.size
-        if start > have:  # a body from further on than asked: the bytes between are missing, nothing here is usable
-            raise TransferCut(f"{f.path}: {source.label} answered from byte {start}, asked from {have}")
-        skip = have - start  # a body from earlier (a 200, or a 206 starting before the offset): those bytes are kept already
-        batch = bytearray()
-        try:
-            for chunk in chunks:
-                if skip:
-                    if len(chunk) <= skip:
-                        skip -= len(chunk)
-                        continue
-                    chunk, skip = chunk[skip:], 0
-                if t.hasher.size + len(batch) + len(chunk) > f.size:
-                    raise IntegrityError(f"{f.path}: {source.label} sent more than the listed {f.size} bytes; not kept")
-                batch += chunk
-                if len(batch) >= WRITE_BATCH:
-                    _append(t, batch, progress)
-                    batch = bytearray()
-        finally:
-            if batch and t.hasher.size + len(batch) <= f.size:
-                _append(t, batch, progress)
-
-
-def _append(t: _Transfer, data: bytearray, progress: ProgressSink) -> None:
-    t.out.write(data)
-    t.hasher.update(data)
-    t.received += len(data)
-    progress.advance(len(data))
-
-
-def _hash_existing(partial: Path, length: int, hasher: StreamHasher) -> None:
-    with open(partial, "rb") as src:
-        while length:
-            chunk = src.read(min(CHUNK, length))
-            if not chunk:
-                break
-            hasher.update(chunk)
-            length -= len(chunk)
 
 
 # --- many files: a session on one directory --------------------------------------------------------
@@ -244,7 +187,7 @@ class Session:
     """One run of the engine on LOCAL_DIR: holds the directory lock, knows what earlier runs proved.
 
         with Session(local_dir, "mm fetch") as s:
-            results = s.run(files, sources, workers=4, progress=progress)
+            results = s.run(files, sources, connections=16, progress=progress)
             ... write the manifest from s.known and results ...
             s.finished()
     """
@@ -255,6 +198,7 @@ class Session:
         self._stack = ExitStack()
         self.known: dict[str, FileEntry] = {}
         self.journal = Journal(self.local_dir / JOURNAL)
+        self.transfer: dict = {}  # after run(): connections, requests, retries (ranges.TransferStats.report)
 
     def __enter__(self) -> "Session":
         prepare_dir(self.local_dir)
@@ -265,26 +209,38 @@ class Session:
     def __exit__(self, *exc) -> None:
         self._stack.close()
 
-    def run(self, files: Sequence[RemoteFile], sources: Sources, *, refetch: bool = False, workers: int = 4,
-            progress: ProgressSink = NULL_PROGRESS, label: str = "download") -> list[tuple[FileOutcome, FileEntry | None]]:
-        """Every file of FILES present and proven, in parallel. A file already proven (same identity and
+    def run(self, files: Sequence[RemoteFile], sources: Sources, *, refetch: bool = False, workers: int | None = None,
+            connections: int = DEFAULT_CONNECTIONS, progress: ProgressSink = NULL_PROGRESS,
+            label: str = "download") -> list[tuple[FileOutcome, FileEntry | None]]:
+        """Every file of FILES present and proven, in parallel: up to WORKERS files at once (default: up to
+        CONNECTIONS), their ranges sharing CONNECTIONS connections. A file already proven (same identity and
         size as a known entry, final file of that size) is kept unless REFETCH."""
         _clean_stale_partials(self.local_dir, files)
         self._check_free_space(files, refetch)
-        progress.begin(sum(f.size for f in files), label)
+        total, finished, lock = sum(f.size for f in files), [0], threading.Lock()
+        progress.begin(total, f"{label} 0/{len(files)} files")
+        budget = Connections(connections)
+        stats = TransferStats(retry_budget=max(64, 16 * connections))
 
         def one(f: RemoteFile) -> tuple[FileOutcome, FileEntry | None]:
-            entry = None if refetch else self.present(f)
-            if entry is not None:
-                progress.advance(f.size)
-                return FileOutcome(f.path, f.size, "present", entry.source), entry
-            return self._fetch_one(f, sources, progress)
+            try:
+                entry = None if refetch else self.present(f)
+                if entry is not None:
+                    progress.advance(f.size)
+                    return FileOutcome(f.path, f.size, "present", entry.source), entry
+                return self._fetch_one(f, sources, progress, budget, stats)
+            finally:
+                with lock:  # the bar's label counts files done; the bar itself, bytes and the aggregate rate
+                    finished[0] += 1
+                    progress.begin(total, f"{label} {finished[0]}/{len(files)} files")
 
         try:
-            with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            with ThreadPoolExecutor(max_workers=max(1, workers or connections)) as pool:
                 return list(pool.map(one, files))
         finally:
             progress.end()
+            self.transfer = {"connections": connections, "connections_used": budget.peak,
+                             "connections_kept": budget.limit, **stats.report()}
 
     def finished(self) -> None:
         """The manifest now holds what the journal recorded."""
@@ -298,10 +254,11 @@ class Session:
             return entry
         return None
 
-    def _fetch_one(self, f: RemoteFile, sources: Sources, progress: ProgressSink) -> tuple[FileOutcome, FileEntry | None]:
+    def _fetch_one(self, f: RemoteFile, sources: Sources, progress: ProgressSink, budget: Connections,
+                   stats: TransferStats) -> tuple[FileOutcome, FileEntry | None]:
         source = sources.for_path(f.path)
         try:
-            return self._from(f, source, progress)
+            return self._from(f, source, progress, budget, stats)
         except IntegrityError as e:
             fallback = sources.fallback
             if fallback is None or source is fallback:
@@ -310,17 +267,19 @@ class Session:
         except (RemoteError, BadInput) as e:
             return _failed(f, source, e)
         try:
-            outcome, entry = self._from(f, fallback, progress)
+            outcome, entry = self._from(f, fallback, progress, budget, stats)
             return replace(outcome, note=rejected), entry
         except (IntegrityError, RemoteError, BadInput) as e:
             return _failed(f, fallback, e)
 
-    def _from(self, f: RemoteFile, source: Source, progress: ProgressSink) -> tuple[FileOutcome, FileEntry]:
-        d = download_file(self.local_dir, f, source, progress)
+    def _from(self, f: RemoteFile, source: Source, progress: ProgressSink, budget: Connections,
+              stats: TransferStats) -> tuple[FileOutcome, FileEntry]:
+        d = download_file(self.local_dir, f, source, progress, connections=budget, stats=stats)
         entry = FileEntry(path=f.path, size=d.digests.size, blake3=d.digests.blake3, sha256=d.digests.sha256 or "",
-                          upstream=f.upstream, source=source.label)
+                          upstream=f.upstream, source=source.label, xet_hash=f.xet_hash)
         self.journal.append(entry)
-        return FileOutcome(f.path, f.size, "downloaded", source.label, d.transferred, d.resumed_from), entry
+        return FileOutcome(f.path, f.size, "downloaded", source.label, d.transferred, d.resumed_from,
+                           ranges=d.ranges, connections=d.connections), entry
 
     def _check_free_space(self, files: Sequence[RemoteFile], refetch: bool) -> None:
         """Refuse up front rather than fail hours later with a full disk."""
@@ -328,8 +287,7 @@ class Session:
         for f in files:
             if not refetch and self.present(f):
                 continue
-            partial = partial_path(self.local_dir, f)
-            needed += f.size - (partial.stat().st_size if partial.exists() else 0)
+            needed += f.size - Partial.of(self.local_dir, f).have
         require_free_space([(self.local_dir, needed)], "the download")
 
 
@@ -361,7 +319,7 @@ def known_entries(local_dir: Path) -> dict[str, FileEntry]:
 
 
 def _clean_stale_partials(local_dir: Path, planned: Sequence[RemoteFile]) -> None:
-    keep = {partial_path(local_dir, f).name for f in planned}
+    keep = {p.name for f in planned for p in (partial_path(local_dir, f), state_path(partial_path(local_dir, f)))}
     for p in (local_dir / PARTIAL_DIR).iterdir():
         if p.name not in keep:
             p.unlink(missing_ok=True)

@@ -16,6 +16,7 @@ from typing import Iterator, Mapping
 from .download import PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources
 from .errors import BadInput, RemoteError
 from .fsutil import MM_DIR
+from .ranges import DEFAULT_CONNECTIONS
 from .hub import HubSource, Resolved, list_remote_files, resolve_revision, select
 from .manifest import FileEntry, Manifest, expected_entry, manifest_path, public_endpoint, read_manifest, write_manifest
 from .pins import pin_for_repo
@@ -31,7 +32,8 @@ class FetchRequest:
     local_dir: Path
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    workers: int = 4
+    workers: int | None = None  # files at once; default: up to `connections`
+    connections: int = DEFAULT_CONNECTIONS  # connections at once, over all files (ranges of one file, or many files)
     endpoint: str | None = None
     token: str | None = field(default=None, repr=False)
     repo_type: str = "model"
@@ -67,6 +69,7 @@ class FetchResult:
     bytes_transferred: int
     seconds: float
     draft: DraftStatus | None  # None: the pin names no draft (or there is no pin)
+    transfer: dict = field(default_factory=dict)  # connections (budget, most used), requests, retries by reason
 
     @property
     def failed(self) -> list[FileOutcome]:
@@ -103,7 +106,8 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
                       fallback=hub if plan is None or plan.hub_fallback else None, fallback_name="the Hub")
 
     with _new_state_dir(local_dir), Session(local_dir, "mm fetch") as session:
-        results = session.run(planned, sources, refetch=refetch is not None, workers=req.workers, progress=progress,
+        results = session.run(planned, sources, refetch=refetch is not None, workers=req.workers,
+                              connections=req.connections, progress=progress,
                               label=f"fetch {req.repo_id}@{resolved.commit[:12]}")
         entries = _manifest_entries(local_dir, refetch, remote, planned, session.known,
                                     [e for _, e in results if e is not None])
@@ -117,7 +121,7 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
         repo_id=req.repo_id, requested_revision=resolved.requested, commit=resolved.commit,
         revision_kind=resolved.kind, local_dir=str(local_dir), manifest_path=str(manifest_path(local_dir)),
         files=outcomes, bytes_transferred=sum(o.bytes_transferred for o in outcomes),
-        seconds=time.monotonic() - started, draft=_draft_status(req.repo_id, entries),
+        seconds=time.monotonic() - started, draft=_draft_status(req.repo_id, entries), transfer=session.transfer,
     )
 
 

@@ -9,9 +9,12 @@ mapping). What happens to the bytes (partials, resume, hashing, checks, naming) 
 from __future__ import annotations
 
 import re
+import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Sequence
+from urllib.parse import urljoin, urlsplit
 
 import httpx2
 from huggingface_hub import HfApi, constants, hf_hub_url
@@ -24,14 +27,17 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import build_hf_headers, filter_repo_objects, hf_raise_for_status, http_stream_backoff
+from huggingface_hub.utils import build_hf_headers, filter_repo_objects, get_session, hf_raise_for_status
 
 from .download import RemoteFile, TransferCut, content_start
-from .errors import BadValue, RemoteError, first_line
+from .errors import BadInput, BadValue, RemoteError, first_line
+from .ranges import RetryLater
 from .fsutil import check_relpath
 from .manifest import public_endpoint
 
 HEX = re.compile(r"^[0-9a-f]+$")
+XET_HASH = re.compile(r"^[0-9a-f]{64}$")
+MAX_REDIRECTS = 5
 
 
 # --- what the Hub says -----------------------------------------------------------------------
@@ -132,8 +138,10 @@ def list_remote_files(repo_id: str, commit: str, *, endpoint: str | None = None,
     files = []
     for e in entries:
         check_relpath(e.path, f"{repo_id}@{commit[:12]} listing")
+        xet = getattr(e, "xet_hash", None)
         files.append(RemoteFile(path=e.path, size=int(e.size), blob_id=e.blob_id,
-                                lfs_sha256=e.lfs.sha256 if e.lfs else None))
+                                lfs_sha256=e.lfs.sha256 if e.lfs else None,
+                                xet_hash=xet if isinstance(xet, str) and XET_HASH.match(xet) else None))
     return sorted(files, key=lambda f: f.path)
 
 
@@ -145,33 +153,137 @@ def select(files: Sequence[RemoteFile], include: Sequence[str] = (), exclude: Se
 # --- where bytes come from ---------------------------------------------------------------------
 
 class HubSource:
-    """The Hub as a download.Source: files of one commit, resumed with HTTP Range."""
+    """Files of one commit from the Hub, by ranges.
+
+    The first request for a file follows the Hub's redirect (CDN or Xet bridge, a signed URL) and the
+    location is kept for the file's other ranges; the token goes only to the Hub's own origin. A signed URL
+    that has expired (403/410, or any 4xx, from the other origin) is dropped and the file resolved again.
+    429 (with Retry-After), 408 and 5xx are RetryLater: the engine retries that range with backoff."""
 
     def __init__(self, repo_id: str, commit: str, *, endpoint: str | None = None, token: str | None = None,
                  repo_type: str = "model"):
         self.repo_id, self.commit, self.repo_type = repo_id, commit, repo_type
         self.endpoint = hub_endpoint(endpoint)
-        self._headers = build_hf_headers(token=token, library_name="mm")
+        self._hub_headers = build_hf_headers(token=token, library_name="mm")
+        self._hub_headers["Accept-Encoding"] = "identity"  # byte offsets must be offsets into the file itself
+        self._cdn_headers = {k: v for k, v in self._hub_headers.items() if k.lower() not in ("authorization", "cookie")}
+        self._lock = threading.Lock()
+        self._located: dict[str, str] = {}  # path -> signed URL on another origin
+        self._locating: dict[str, threading.Event] = {}
         self.label = "hub"
 
+    def _start_url(self, path: str) -> tuple[str, bool]:
+        """Where to ask for PATH: the kept signed URL, else the Hub (first asker resolves, the others wait)."""
+        with self._lock:
+            if path in self._located:
+                return self._located[path], False
+            event = self._locating.get(path)
+            if event is None:
+                self._locating[path] = threading.Event()
+                return hf_hub_url(self.repo_id, path, revision=self.commit, repo_type=self.repo_type,
+                                  endpoint=self.endpoint), True
+        event.wait(timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
+        with self._lock:
+            if path in self._located:
+                return self._located[path], False
+        return hf_hub_url(self.repo_id, path, revision=self.commit, repo_type=self.repo_type, endpoint=self.endpoint), False
+
+    def _settle(self, path: str, location: str | None) -> None:
+        with self._lock:
+            if location is not None:
+                self._located[path] = location
+            event = self._locating.pop(path, None)
+        if event is not None:
+            event.set()
+
+    def _forget(self, path: str, url: str) -> None:
+        with self._lock:
+            if self._located.get(path) == url:
+                del self._located[path]
+
+    def _on_hub(self, url: str) -> bool:
+        return _origin(url) == _origin(self.endpoint)
+
     @contextmanager
-    def stream(self, path: str, offset: int) -> Iterator[tuple[int, Iterator[bytes]]]:
-        url = hf_hub_url(self.repo_id, path, revision=self.commit, repo_type=self.repo_type, endpoint=self.endpoint)
-        headers = dict(self._headers)
-        if offset:
-            headers["Range"] = f"bytes={offset}-"
+    def stream(self, path: str, start: int, end: int | None = None) -> Iterator[tuple[int, Iterator[bytes]]]:
+        url, resolving = self._start_url(path)
+        rng = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if start or end is not None else {}
+        session = get_session()
+        try:
+            for _ in range(MAX_REDIRECTS + 1):
+                headers = {**(self._hub_headers if self._on_hub(url) else self._cdn_headers), **rng}
+                try:
+                    request = session.build_request("GET", url, headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
+                    response = session.send(request, stream=True, follow_redirects=False)
+                except httpx2.TransportError as e:
+                    raise RetryLater(f"{path}: cannot reach {_where(url)}: {type(e).__name__}", "connect") from None
+                try:
+                    if response.has_redirect_location:
+                        url = urljoin(url, response.headers["Location"])
+                        continue
+                    if resolving:
+                        resolving = False
+                        self._settle(path, None if self._on_hub(url) else url)
+                    self._check(response, path, url)
+                    yield content_start(response.status_code, response.headers.get("Content-Range")), _body(response, path)
+                    return
+                finally:
+                    response.close()
+            raise RemoteError(f"{self.repo_id}@{self.commit[:12]}: {path}: more than {MAX_REDIRECTS} redirects")
+        finally:
+            if resolving:
+                self._settle(path, None)
+
+    def _check(self, response: httpx2.Response, path: str, url: str) -> None:
+        status = response.status_code
+        if status in (200, 206):
+            return
+        where = f"{path}: {_where(url)} answered {status}"
+        if status == 429:
+            raise RetryLater(f"{where} (rate limited)", "429", _retry_after(response.headers.get("Retry-After")))
+        if status == 408 or status >= 500:
+            raise RetryLater(where, f"{status}", _retry_after(response.headers.get("Retry-After")))
+        if not self._on_hub(url):  # an expired or revoked signed URL: resolve the file again
+            self._forget(path, url)
+            raise RetryLater(f"{where} (signed URL expired or refused; resolving again)", "expired", after=0)
+        response.read()
         with hub_errors(self.repo_id, self.commit[:12]):
-            with http_stream_backoff("GET", url, headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
-                                     retry_on_status_codes=(408, 429, 500, 502, 503, 504)) as response:
-                hf_raise_for_status(response)
-                yield content_start(response.status_code, response.headers.get("Content-Range")), _body(response, path)
+            hf_raise_for_status(response)
+        raise RemoteError(where)
 
 
-def _body(response, path: str) -> Iterator[bytes]:
-    # iter_bytes() without a size hands over bytes as they arrive: nothing buffered is lost on a cut.
-    received = 0
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+
+
+def _where(url: str) -> str:
+    """An origin to name in a message: never a path, query string (signatures) or credentials."""
+    scheme, host, port = _origin(url)
+    return f"{scheme}://{host}:{port}"
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
     try:
-        for chunk in response.iter_bytes():
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        from email.utils import parsedate_to_datetime
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def _body(response: httpx2.Response, path: str) -> Iterator[bytes]:
+    # Bytes as they arrive, nothing buffered is lost on a cut; raw when the body is not encoded (identity was
+    # asked for), which skips the client's decoder layer.
+    received = 0
+    encoded = response.headers.get("Content-Encoding", "identity").lower() not in ("", "identity")
+    try:
+        for chunk in (response.iter_bytes() if encoded else response.iter_raw()):
             received += len(chunk)
             yield chunk
     except httpx2.TransportError as e:

@@ -59,6 +59,7 @@ class FileEntry:
     sha256: str | None
     upstream: Upstream | None = None
     source: str = "hub"
+    xet_hash: str | None = None  # the Hub's Xet hash for a Xet-backed file, as listed (recorded, not checked)
 
     @property
     def proven(self) -> bool:
@@ -115,7 +116,7 @@ def public_endpoint(endpoint: str | None) -> str | None:
 def to_json(manifest: Manifest) -> str:
     doc = asdict(manifest)
     ordered = {k: doc[k] for k in ("schema", "repo_id", "repo_type", "revision", "requested_revision", "endpoint", "created")}
-    ordered["files"] = doc["files"]
+    ordered["files"] = [{k: v for k, v in f.items() if k != "xet_hash" or v is not None} for f in doc["files"]]
     return json.dumps(ordered, indent=2) + "\n"
 
 
@@ -178,6 +179,7 @@ def entry_from_dict(d: object, at: At | None = None) -> FileEntry:
         sha256=at.get_str(d, "sha256", None, max_len=64),
         upstream=upstream,
         source=at.get_str(d, "source", "hub", max_len=512),
+        xet_hash=at.get_str(d, "xet_hash", None, max_len=64),
     )
 
 
@@ -194,6 +196,8 @@ def validate(manifest: Manifest, where: str) -> None:
             raise BadInput(f"{where}: bad size or digest for {f.path!r}")
         if f.blake3 is None and f.upstream is None:
             raise BadInput(f"{where}: {f.path!r} has neither a blake3 nor an upstream identity to check it against")
+        if f.xet_hash is not None and not HEX64.match(f.xet_hash):
+            raise BadInput(f"{where}: bad xet_hash for {f.path!r}")
 
 
 def export_sums(manifest: Manifest, algorithm: str) -> str:

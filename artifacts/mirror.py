@@ -181,8 +181,11 @@ class MirrorSource:
         self.label = f"modelscope:{model_id}@{revision}"
         self._api = api or ms_api()
 
+    max_connections = 1  # one stream per file from the mirror
+
     @contextmanager
-    def stream(self, path: str, offset: int) -> Iterator[tuple[int, Iterator[bytes]]]:
+    def stream(self, path: str, offset: int, end: int | None = None) -> Iterator[tuple[int, Iterator[bytes]]]:
+        # END is not asked for: the engine stops reading at the end of its range
         headers = {"Accept-Encoding": "identity"}  # byte offsets must be offsets into the file itself
         if offset:
             headers["Range"] = f"bytes={offset}-"

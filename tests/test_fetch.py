@@ -109,26 +109,33 @@ def test_kill_9_then_rerun_resumes_with_range(run_mm, hub_env, big_repo, hub_ser
     repo_id, commit, big_file, size = big_repo
     dest = tmp_path / "m"
     hub_server.rate_limit = 2 * 1024 * 1024  # bytes/s, so the kill lands mid-file
-    proc = subprocess.Popen(mm_argv("fetch", repo_id, "--revision", commit, "--local-dir", dest, "--workers", "1"),
+    proc = subprocess.Popen(mm_argv("fetch", repo_id, "--revision", commit, "--local-dir", dest, "--connections", "1"),
                             env=hub_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    partial_bytes = _wait_for_partial(dest, minimum=size // 4)
+    _wait_for_partial(dest, minimum=size // 4)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    on_disk = sum(p.stat().st_size for p in (dest / ".mm" / "partial").iterdir())
-    assert partial_bytes <= on_disk < size
+    [state] = (dest / ".mm" / "partial").glob("*.ranges")
+    [[start, done]] = json.loads(state.read_text())["done"]  # one connection: one run of bytes from 0
+    assert start == 0 and size // 4 <= done < size
     hub_server.reset()
-    r = run_mm("fetch", repo_id, "--revision", commit, "--local-dir", str(dest), env=hub_env)
+    r = run_mm("fetch", repo_id, "--revision", commit, "--local-dir", str(dest), "--connections", "1", env=hub_env)
     assert r.returncode == 0, r.stderr
     gets = [rng for method, _, rng in hub_server.resolve_requests(big_file) if method == "GET"]
-    assert gets == [f"bytes={on_disk}-"]  # one request, for exactly what was missing
+    assert gets == [f"bytes={done}-"]  # one request, for exactly what was missing
     assert read_manifest(manifest_path(dest)).by_path()[big_file].size == size
+    assert not list((dest / ".mm" / "partial").iterdir())
 
 
 def _wait_for_partial(dest: Path, minimum: int, timeout: float = 60) -> int:
+    """Wait until the range maps of DEST's partial files record at least MINIMUM bytes; return how many."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        parts = list((dest / ".mm" / "partial").glob("*.part")) if (dest / ".mm" / "partial").exists() else []
-        got = sum(p.stat().st_size for p in parts)
+        got = 0
+        for state in (dest / ".mm" / "partial").glob("*.ranges") if (dest / ".mm" / "partial").exists() else ():
+            try:
+                got += sum(e - s for s, e in json.loads(state.read_text())["done"])
+            except (OSError, ValueError):
+                pass  # replaced while read
         if got >= minimum:
             return got
         time.sleep(0.05)
@@ -148,7 +155,7 @@ def test_concurrent_fetch_into_the_same_directory_is_refused(run_mm, hub_env, bi
     repo_id, commit, _, size = big_repo
     dest = tmp_path / "m"
     hub_server.rate_limit = 2 * 1024 * 1024
-    first = subprocess.Popen(mm_argv("fetch", repo_id, "--revision", commit, "--local-dir", dest),
+    first = subprocess.Popen(mm_argv("fetch", repo_id, "--revision", commit, "--local-dir", dest, "--connections", "1"),
                              env=hub_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for_partial(dest, minimum=1)

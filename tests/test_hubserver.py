@@ -10,13 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+from urllib.parse import urlsplit
+
+from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url, snapshot_download
 from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError,
                                     RevisionNotFoundError)
 
 from mm.artifacts.hashing import git_blob_sha1
 from tests.support.gitrepo import lfs_object_path, make_model_repo, parse_lfs_pointer
-from tests.support.hubserver import HubServer
+from tests.support.hubserver import HubServer, xet_hash_for
 
 SHARD = "model-00002-of-00004.safetensors"
 ROOT = Path(__file__).resolve().parents[1]
@@ -276,6 +278,120 @@ def test_stopped_server_refuses_connections(hub_root, model_repo):
     server.stop()
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+# --- WAN hooks (issue 13): bridge, Xet, throttle, rate limits, broken Range ---
+
+def get_url(url: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        conn.request("GET", parts.path + ("?" + parts.query if parts.query else ""), headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
+def test_xet_repo_lists_xet_hash_beside_the_lfs_oid(hub_server, model_repo):
+    hub_server.xet_repos.add(model_repo.repo_id)
+    files = {f.path: f for f in api(hub_server).list_repo_tree(model_repo.repo_id, revision="main", recursive=True)
+             if hasattr(f, "blob_id")}
+    data = (model_repo.source_dirs[-1] / SHARD).read_bytes()
+    assert files[SHARD].lfs.sha256 == hashlib.sha256(data).hexdigest()
+    assert files[SHARD].xet_hash == xet_hash_for(files[SHARD].lfs.sha256)
+    assert files["config.json"].xet_hash is None  # small non-LFS files stay plain git blobs
+
+
+def test_xet_resolve_head_gives_the_client_xet_data_and_the_bridge_location(hub_server, model_repo):
+    hub_server.xet_repos.add(model_repo.repo_id)
+    url = hf_hub_url(model_repo.repo_id, SHARD, revision=model_repo.commits[-1], endpoint=hub_server.url)
+    meta = get_hf_file_metadata(url, token=False, endpoint=hub_server.url)
+    data = (model_repo.source_dirs[-1] / SHARD).read_bytes()
+    assert meta.xet_file_data.file_hash == xet_hash_for(hashlib.sha256(data).hexdigest())
+    assert meta.xet_file_data.refresh_route.startswith(f"{hub_server.url}/api/models/{model_repo.repo_id}/xet-read-token/")
+    assert meta.location.startswith(hub_server.bridge_url + "/blobs/") and meta.size == len(data)
+
+
+def test_bridge_honours_range_and_never_sees_the_token(hub_server, private_repo, tmp_path):
+    repo_id, commit, token = private_repo
+    hub_server.redirect_lfs = True
+    got_path = hf_hub_download(repo_id, "model.safetensors", revision=commit, endpoint=hub_server.url, token=token,
+                          cache_dir=tmp_path / "c", local_dir=tmp_path / "d")
+    status, headers, _ = get(hub_server, f"/{repo_id}/resolve/{commit}/model.safetensors",
+                             {"Authorization": f"Bearer {token}"})
+    assert status == 302
+    full = get_url(headers["Location"])[2]
+    status, got, body = get_url(headers["Location"], {"Range": "bytes=100-199"})
+    assert status == 206 and body == full[100:200] and got["Content-Range"] == f"bytes 100-199/{len(full)}"
+    assert Path(got_path).read_bytes() == full
+    assert hub_server.bridge_auth_headers_seen == 0
+    assert {r[0] for r in hub_server.served_for("model.safetensors")} == {"bridge"}
+
+
+def test_signed_url_expires_with_403_or_410_and_a_forged_one_is_403(hub_server, model_repo):
+    hub_server.redirect_lfs = True
+    hub_server.signed_url_ttl = -1
+    location = get(hub_server, resolve_path(model_repo, "main", SHARD))[1]["Location"]
+    assert get_url(location)[0] == 403
+    hub_server.expired_status = 410
+    assert get_url(location)[0] == 410
+    hub_server.signed_url_ttl = 60
+    location = get(hub_server, resolve_path(model_repo, "main", SHARD))[1]["Location"]
+    assert get_url(location)[0] == 200
+    assert get_url(location.replace("sig=", "sig=0"))[0] == 403
+
+
+def test_too_many_answers_429_with_retry_after_then_serves(hub_server, model_repo):
+    hub_server.too_many[SHARD] = 2
+    hub_server.retry_after = 3
+    for _ in range(2):
+        status, headers, _ = get(hub_server, resolve_path(model_repo, "main", SHARD))
+        assert status == 429 and headers["Retry-After"] == "3"
+    assert get(hub_server, resolve_path(model_repo, "main", SHARD))[0] == 200
+    assert [r[3] for r in hub_server.served_for(SHARD)] == [429, 429, 200]
+
+
+def test_fail_times_answers_503_then_serves(hub_server, model_repo):
+    hub_server.fail_times[SHARD] = 1
+    assert get(hub_server, resolve_path(model_repo, "main", SHARD))[0] == 503
+    assert get(hub_server, resolve_path(model_repo, "main", SHARD))[0] == 200
+
+
+def test_ignore_range_answers_200_with_the_whole_body(hub_server, model_repo):
+    data = (model_repo.source_dirs[-1] / SHARD).read_bytes()
+    hub_server.ignore_range.add(SHARD)
+    status, headers, body = get(hub_server, resolve_path(model_repo, "main", SHARD), {"Range": "bytes=1000-"})
+    assert status == 200 and body == data and "Content-Range" not in headers
+    assert hub_server.served_for(SHARD)[-1][2:] == ("bytes=1000-", 200, len(data))
+
+
+def test_shift_range_answers_206_starting_elsewhere_with_an_honest_content_range(hub_server, model_repo):
+    data = (model_repo.source_dirs[-1] / SHARD).read_bytes()
+    hub_server.shift_range[SHARD] = 300
+    status, headers, body = get(hub_server, resolve_path(model_repo, "main", SHARD), {"Range": "bytes=1000-1999"})
+    assert status == 206 and headers["Content-Range"] == f"bytes 700-1999/{len(data)}" and body == data[700:2000]
+    hub_server.shift_range[SHARD] = -300
+    status, headers, body = get(hub_server, resolve_path(model_repo, "main", SHARD), {"Range": "bytes=1000-1999"})
+    assert headers["Content-Range"] == f"bytes 1300-1999/{len(data)}" and body == data[1300:2000]
+
+
+def test_corrupt_at_flips_one_byte_in_whatever_range_covers_it(hub_server, model_repo):
+    data = (model_repo.source_dirs[-1] / SHARD).read_bytes()
+    hub_server.corrupt_at[SHARD] = 5000
+    body = get(hub_server, resolve_path(model_repo, "main", SHARD), {"Range": "bytes=4000-5999"})[2]
+    assert body[:1000] == data[4000:5000] and body[1000] == data[5000] ^ 0xFF and body[1001:] == data[5001:6000]
+    assert get(hub_server, resolve_path(model_repo, "main", SHARD), {"Range": "bytes=0-999"})[2] == data[:1000]
+
+
+def test_per_connection_throttle_serves_exact_bytes_on_both_listeners(hub_server, model_repo):
+    data = (model_repo.source_dirs[-1] / SHARD).read_bytes()
+    hub_server.conn_rate = 16 * 1024 * 1024
+    assert get(hub_server, resolve_path(model_repo, "main", SHARD), {"Range": "bytes=7-"})[2] == data[7:]
+    hub_server.redirect_lfs = True
+    location = get(hub_server, resolve_path(model_repo, "main", SHARD))[1]["Location"]
+    assert get_url(location)[2] == data
+    assert [(r[0], r[4]) for r in hub_server.served_for(SHARD)] == [("hub", len(data) - 7), ("bridge", len(data))]
 
 
 # --- the command line ---

@@ -26,18 +26,19 @@ def peer_bin(name: str) -> str:
     return str(local) if local.exists() else (shutil.which(name) or name)
 
 
-def run_measured(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> tuple[float, int]:
+def run_measured(cmd: list[str], env: dict | None = None, cwd: Path | None = None, stdout: Path | None = None) -> tuple[float, int]:
     """Run CMD to completion; return its wall seconds and its own peak RSS in bytes.
+    STDOUT: a file to keep the child's standard output in (e.g. `--json`), else it is dropped.
 
     RSS comes from /usr/bin/time (GNU time), not from our own wait4: a child forked from this (large) process
     carries our RSS into its ru_maxrss until it execs.
     """
     import tempfile
 
-    with tempfile.NamedTemporaryFile("r", prefix="mm-bench-rss-") as rss:
+    with tempfile.NamedTemporaryFile("r", prefix="mm-bench-rss-") as rss, open(stdout or os.devnull, "wb") as out:
         start = time.perf_counter()
         proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss.name, *cmd], env=env, cwd=cwd,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                              stdout=out, stderr=subprocess.PIPE)
         seconds = time.perf_counter() - start
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
@@ -45,14 +46,16 @@ def run_measured(cmd: list[str], env: dict | None = None, cwd: Path | None = Non
 
 
 @contextmanager
-def start_hub_server(root: Path, shards: int, shard_bytes: int) -> Iterator[tuple[str, str, str, int]]:
-    """The local Hub server as a separate process (as a user would see it); yields url, repo, commit, bytes."""
+def start_hub_server(root: Path, shards: int, shard_bytes: int, server_args: tuple[str, ...] = ()
+                     ) -> Iterator[tuple[str, str, str, int]]:
+    """The local Hub server as a separate process (as a user would see it); yields url, repo, commit, bytes.
+    SERVER_ARGS: more hubserver options, e.g. ("--conn-rate", "20000000", "--redirect-lfs", "--no-draft")."""
     from tests.support.gitrepo import tree_sizes
 
     shutil.rmtree(root, ignore_errors=True)
     repo_id = "MiniMaxAI/MiniMax-M3.1-Flash"
     proc = subprocess.Popen([sys.executable, "-m", "tests.support.hubserver", "--root", str(root), "--make-model",
-                             repo_id, "--shards", str(shards), "--shard-bytes", str(shard_bytes)],
+                             repo_id, "--shards", str(shards), "--shard-bytes", str(shard_bytes), *server_args],
                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()

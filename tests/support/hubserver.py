@@ -26,6 +26,25 @@ is up to date when the client has the bytes; a dropped connection may over-count
 ``tree_page_size`` / ``tree_page_size_expand`` / ``commits_page_size`` (the Hub's 1000/50/50;
 longer listings are paged with a ``Link: <...>; rel="next"`` header, as the Hub does).
 
+WAN hooks (issue 13), on both listeners:
+``conn_rate`` (bytes/second per TCP connection, a token bucket kept across the requests of one
+keep-alive connection; None = off), ``served`` [(listener, path, range header, status, body bytes)]
+one row per answered file request, ``too_many[path] = n`` (the next n GETs of PATH get 429 with
+``Retry-After: retry_after``), ``fail_times[path] = n`` (the next n GETs get 503), ``fail_after[path] = k``
+(GETs after the k-th get 503), ``ignore_range``
+(paths, or "*": a Range request gets 200 and the whole body), ``shift_range[path] = k`` (a Range
+request gets a 206 whose honest Content-Range starts k bytes before the offset asked, after it when k
+is negative), ``corrupt_at[path] = offset`` (the byte at OFFSET is served flipped).
+
+The "bridge": a second listener on 127.0.0.1 (``bridge_url``) standing in for the CDN / Xet bridge.
+``xet_repos`` (repo ids) are served as Xet-backed: the tree and paths-info add ``xetHash`` beside
+``lfs.oid``, HEAD/GET on ``resolve`` answer ``X-Xet-Hash`` and ``Link: <...>; rel="xet-auth"`` (as
+huggingface_hub 2.4's ``parse_xet_file_data_from_response`` reads them) and redirect (302) every
+LFS file to the bridge; ``redirect_lfs`` does the same for every repo's LFS files (the Hub's CDN
+redirect). Bridge URLs are signed (HMAC) and expire after ``signed_url_ttl`` seconds: then the bridge
+answers ``expired_status`` (403 like S3, or 410); a bad signature is 403. The bridge honours Range and
+counts ``bridge_auth_headers_seen`` (a token sent to it is a leak).
+
 Tokens: ``HubServer(root, token=T)`` makes every repo private, ``private_repos[repo_id] = T`` one
 repo. A request for a private repo without ``Authorization`` gets 401 + RepoNotFound (what the Hub
 answers anonymous callers); with a wrong token, 401 "Invalid credentials in Authorization header".
@@ -36,9 +55,12 @@ CLI: ``python -m tests.support.hubserver --root DIR [--port N] [--make-model [RE
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -239,10 +261,17 @@ def _truthy(value: str | None) -> bool:
     return (value or "").lower() in ("1", "true", "yes")
 
 
-def _tree_json(entry: Entry, last_commit: dict | None) -> dict:
+def xet_hash_for(lfs_sha256: str) -> str:
+    """The stand-in Xet hash of an LFS object (64 hex; the real one is a merkle hash over Xet chunks)."""
+    return hashlib.sha256(b"xet-merkle:" + bytes.fromhex(lfs_sha256)).hexdigest()
+
+
+def _tree_json(entry: Entry, last_commit: dict | None, xet: bool = False) -> dict:
     item = {"type": entry.type, "oid": entry.oid, "size": entry.size, "path": entry.path}
     if entry.lfs_sha256:
         item["lfs"] = {"oid": entry.lfs_sha256, "size": entry.size, "pointerSize": entry.pointer_size}
+        if xet:
+            item["xetHash"] = xet_hash_for(entry.lfs_sha256)
     if last_commit is not None:
         item["lastCommit"] = last_commit
         if entry.type == "file":
@@ -387,10 +416,10 @@ class _Handler(BaseHTTPRequestHandler):
         if op == "tree":
             expand = _truthy(query.get("expand"))
             entries = self._tree(store, repo_dir, commit, unquote("/".join(rest[2:])).strip("/"),
-                                 _truthy(query.get("recursive")), expand)
+                                 _truthy(query.get("recursive")), expand, repo_id in hub.xet_repos)
             return self._paged(entries, query, hub.tree_page_size_expand if expand else hub.tree_page_size)
         if op == "paths-info" and self.command == "POST":
-            return self._json(self._paths_info(store, repo_dir, commit, body))
+            return self._json(self._paths_info(store, repo_dir, commit, body, repo_id in hub.xet_repos))
         if op == "commits":
             return self._paged(store.commits(repo_dir, commit), query, hub.commits_page_size)
         raise HubError(404, None, f"Not found: /api/models/{repo_id}/{'/'.join(rest)}")
@@ -416,7 +445,8 @@ class _Handler(BaseHTTPRequestHandler):
         return out
 
     @staticmethod
-    def _tree(store: RepoStore, repo_dir: Path, commit: str, base: str, recursive: bool, expand: bool) -> list:
+    def _tree(store: RepoStore, repo_dir: Path, commit: str, base: str, recursive: bool, expand: bool,
+              xet: bool = False) -> list:
         tree = store.tree(repo_dir, commit)
         if base and (base not in tree or tree[base].type != "directory"):
             raise HubError(404, "EntryNotFound", f"Directory not found: {base}", {"X-Repo-Commit": commit})
@@ -424,9 +454,9 @@ class _Handler(BaseHTTPRequestHandler):
         last = store.last_commits(repo_dir, commit) if expand else {}
         entries = [e for p, e in sorted(tree.items())
                    if p.startswith(prefix) and (recursive or "/" not in p[len(prefix):])]
-        return [_tree_json(e, last.get(e.path) if expand else None) for e in entries]
+        return [_tree_json(e, last.get(e.path) if expand else None, xet) for e in entries]
 
-    def _paths_info(self, store: RepoStore, repo_dir: Path, commit: str, body: bytes) -> list:
+    def _paths_info(self, store: RepoStore, repo_dir: Path, commit: str, body: bytes, xet: bool = False) -> list:
         if (self.headers.get("Content-Type") or "").startswith("application/json"):
             form = json.loads(body or b"{}")
             paths, expand = form.get("paths", []), bool(form.get("expand"))
@@ -436,9 +466,10 @@ class _Handler(BaseHTTPRequestHandler):
         tree = store.tree(repo_dir, commit)
         last = store.last_commits(repo_dir, commit) if expand else {}
         found = [tree[p.strip("/")] for p in ([paths] if isinstance(paths, str) else paths) if p.strip("/") in tree]
-        return [_tree_json(e, last.get(e.path) if expand else None) for e in found]
+        return [_tree_json(e, last.get(e.path) if expand else None, xet) for e in found]
 
     def _resolve(self, store: RepoStore, repo_id: str, rev: str, path: str):
+        hub = self.server.hub
         repo_dir = store.repo_dir(repo_id)
         commit = store.resolve(repo_dir, rev)
         entry = store.tree(repo_dir, commit).get(path)
@@ -450,45 +481,97 @@ class _Handler(BaseHTTPRequestHandler):
         if entry.lfs_sha256:
             headers.update({"ETag": f'"{entry.lfs_sha256}"', "X-Linked-Etag": f'"{entry.lfs_sha256}"',
                             "X-Linked-Size": str(entry.size)})
+            xet = repo_id in hub.xet_repos
+            if xet:
+                xet_hash = xet_hash_for(entry.lfs_sha256)
+                headers["X-Xet-Hash"] = xet_hash
+                headers["Link"] = (f'<{hub.url}/api/models/{repo_id}/xet-read-token/{commit}>; rel="xet-auth", '
+                                   f'<{hub.bridge_url}/reconstruction/{xet_hash}>; rel="xet-reconstruction-info"')
+            if xet or hub.redirect_lfs:
+                self._fault(path)  # the Hub itself rate-limits resolve calls
+                headers["Location"] = hub.signed_url(repo_id, entry.lfs_sha256, path)
+                self._send(302, b"", "text/plain", headers)
+                return
             source: Path | bytes = lfs_object_path(repo_dir, entry.lfs_sha256)
         else:
             headers["ETag"] = f'"{entry.oid}"'
             source = store.blob(repo_dir, entry.oid)
-        span = _parse_range(self.headers.get("Range"), entry.size)
-        start, end = span or (0, entry.size - 1)
+        self._serve_file(path, source, entry.size, headers)
+
+    def _fault(self, path: str):
+        """The 429 / 503 hooks, for GETs only (HEAD is metadata)."""
+        if self.command != "GET":
+            return
+        hub = self.server.hub
+        if hub._take(hub.too_many, path):
+            hub._served(self.server.listener, path, self.headers.get("Range"), 429, 0)
+            raise HubError(429, None, "Too Many Requests (test hub rate limit)", {"Retry-After": str(hub.retry_after)})
+        with hub._lock:
+            seen = hub._gets[path] = hub._gets.get(path, 0) + 1
+        if hub._take(hub.fail_times, path) or (path in hub.fail_after and seen > hub.fail_after[path]):
+            hub._served(self.server.listener, path, self.headers.get("Range"), 503, 0)
+            raise HubError(503, None, "Service unavailable (test hub fault)")
+
+    def _serve_file(self, path: str, source: Path | bytes, size: int, headers: dict):
+        hub = self.server.hub
+        self._fault(path)
+        asked = self.headers.get("Range")
+        span = None if hub.ignores_range(path) else _parse_range(asked, size)
+        if span and path in hub.shift_range:
+            span = (min(size - 1, max(0, span[0] - hub.shift_range[path])), span[1])
+        start, end = span or (0, size - 1)
         length = end - start + 1
-        self.send_response(206 if span else 200)
+        status = 206 if span else 200
+        row = hub._served(self.server.listener, path, asked, status, 0)  # before the client can see anything
+        self.send_response(status)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(length))
         if span:
-            self.send_header("Content-Range", f"bytes {start}-{end}/{entry.size}")
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
         for name, value in headers.items():
             self.send_header(name, value)
         self.end_headers()
         if self.command == "GET" and length > 0:
-            self._send_body(path, source, start, length)
+            self._send_body(path, source, start, length, row)
 
-    def _send_body(self, key: str, source: Path | bytes, start: int, length: int):
+    def _throttle(self, n: int):
+        """Per-connection token bucket (bytes/s), kept across the requests of this keep-alive connection."""
+        rate = self.server.hub.conn_rate
+        if not rate:
+            return
+        now = time.monotonic()
+        # at most 50 ms of credit: an idle connection does not bank a burst
+        self._bucket_t = max(getattr(self, "_bucket_t", now), now - 0.05) + n / rate
+        delay = self._bucket_t - now
+        if delay > 0:
+            time.sleep(delay)
+
+    def _send_body(self, key: str, source: Path | bytes, start: int, length: int, row: list | None = None) -> int:
         hub = self.server.hub
         corrupt = hub.corrupt.get(key)
+        flip = hub.corrupt_at.get(key)
         cut = hub._take_cut(key)
         rate = hub.rate_limit
         limit = length if cut is None else min(length, cut)
         sent = 0
         try:
-            if isinstance(source, Path) and corrupt is None and not rate:
+            if isinstance(source, Path) and corrupt is None and flip is None and not rate:
+                chunk = SEND_CHUNK if not hub.conn_rate else max(16 * 1024, min(256 * 1024, hub.conn_rate // 50))
                 with open(source, "rb") as f:
                     while sent < limit:
-                        want = min(SEND_CHUNK, limit - sent)
-                        hub._count(key, want)  # counted before sending, so the client never sees a stale count
+                        want = min(chunk, limit - sent)
+                        self._throttle(want)
+                        hub._count(key, want, row)  # counted before sending, so the client never sees a stale count
                         n = self.connection.sendfile(f, start + sent, want)
-                        hub._count(key, n - want)
+                        hub._count(key, n - want, row)
                         if n == 0:
                             break
                         sent += n
             else:
                 f = open(source, "rb") if isinstance(source, Path) else None
                 chunk = max(1, min(64 * 1024, rate // 20)) if rate else SEND_CHUNK
+                if hub.conn_rate:
+                    chunk = min(chunk, max(16 * 1024, min(256 * 1024, hub.conn_rate // 50)))
                 t0 = time.monotonic()
                 try:
                     while sent < limit:
@@ -502,7 +585,11 @@ class _Handler(BaseHTTPRequestHandler):
                             data = source[pos:pos + n]
                         if not data:  # a corrupt[] shorter than the file: stop short, like a cut
                             break
-                        hub._count(key, len(data))
+                        if flip is not None and pos <= flip < pos + len(data):
+                            data = bytearray(data)
+                            data[flip - pos] ^= 0xFF
+                        self._throttle(len(data))
+                        hub._count(key, len(data), row)
                         self.wfile.write(data)
                         sent += len(data)
                         if rate:
@@ -514,13 +601,53 @@ class _Handler(BaseHTTPRequestHandler):
                         f.close()
         except (ConnectionError, TimeoutError, OSError):
             self.close_connection = True
-            return
+            return sent
         if sent < length:  # cut: drop the connection mid-body
             self.close_connection = True
             try:
                 self.connection.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        return sent
+
+
+class _BridgeHandler(_Handler):
+    """The CDN / Xet bridge: GET/HEAD /blobs/<owner>/<name>/<sha256>?path=&expires=&sig= (signed, expiring)."""
+
+    server_version = "mm-test-bridge/1.0"
+
+    def _dispatch(self):
+        hub = self.server.hub
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        path = query.get("path", "")
+        hub._record(self.command, unquote(url.path), self.headers.get("Range"), False)
+        if "Authorization" in self.headers:
+            with hub._lock:
+                hub.bridge_auth_headers_seen += 1
+        try:
+            segments = url.path.split("/")[1:]
+            if self.command not in ("GET", "HEAD") or len(segments) != 4 or segments[0] != "blobs":
+                raise HubError(404, None, f"Not found: {url.path}")
+            repo_id, oid = f"{segments[1]}/{segments[2]}", segments[3]
+            if not hub.signature_ok(repo_id, oid, path, query.get("expires", ""), query.get("sig", "")):
+                raise HubError(403, None, "Signature does not match")
+            if time.time() > float(query["expires"]):
+                hub._served("bridge", path, self.headers.get("Range"), hub.expired_status, 0)
+                raise HubError(hub.expired_status, None, "Request has expired")
+            repo_dir = hub.store.repo_dir(repo_id)
+            blob = lfs_object_path(repo_dir, oid)
+            if not HEX.fullmatch(oid) or not blob.is_file():
+                raise HubError(404, None, "NoSuchKey")
+            self._serve_file(path, blob, blob.stat().st_size, {"ETag": f'"{oid}"', "Accept-Ranges": "bytes"})
+        except HubError as e:
+            self._send(e.status, json.dumps({"error": e.message}).encode(), "application/json", e.headers)
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
+        except Exception as e:
+            traceback.print_exc()
+            self.close_connection = True
+            self._send(500, json.dumps({"error": f"test bridge bug: {e}"}).encode(), "application/json")
 
 
 class _Server(ThreadingHTTPServer):
@@ -528,11 +655,18 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 64
 
-    def __init__(self, hub: "HubServer", port: int):
+    def __init__(self, hub: "HubServer", port: int, listener: str = "hub"):
         self.hub = hub
+        self.listener = listener
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
-        super().__init__((HOST, port), _Handler)
+        super().__init__((HOST, port), _BridgeHandler if listener == "bridge" else _Handler)
+
+    def handle_error(self, request, client_address):
+        """A client that drops a keep-alive connection (a ranged download closing early) is not a server error."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
 
     def track(self, conn: socket.socket, alive: bool):
         with self._conns_lock:
@@ -561,6 +695,9 @@ class HubServer:
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._bridge: _Server | None = None
+        self._bridge_thread: threading.Thread | None = None
+        self._secret = secrets.token_bytes(16)
         self.reset()
 
     def reset(self) -> None:
@@ -576,6 +713,22 @@ class HubServer:
             self.fail_file: dict[str, int] = {}
             self.api_body: bytes | None = None
             self.auth_headers_seen = 0
+            # WAN hooks (issue 13)
+            self.conn_rate: int | None = None
+            self.served: list[list] = []  # [listener, path, range, status, bytes]; see served_for()
+            self.too_many: dict[str, int] = {}
+            self.retry_after = 1
+            self.fail_times: dict[str, int] = {}
+            self.fail_after: dict[str, int] = {}
+            self._gets: dict[str, int] = {}
+            self.ignore_range: set[str] = set()
+            self.shift_range: dict[str, int] = {}
+            self.corrupt_at: dict[str, int] = {}
+            self.xet_repos: set[str] = set()
+            self.redirect_lfs = False
+            self.signed_url_ttl = 3600.0
+            self.expired_status = 403
+            self.bridge_auth_headers_seen = 0
             # page sizes of the real Hub (huggingface_hub follows the Link header)
             self.tree_page_size, self.tree_page_size_expand, self.commits_page_size = 1000, 50, 50
 
@@ -584,6 +737,37 @@ class HubServer:
         if self._server is None:
             raise RuntimeError("HubServer is not started")
         return f"http://{HOST}:{self._server.server_address[1]}"
+
+    @property
+    def bridge_url(self) -> str:
+        if self._bridge is None:
+            raise RuntimeError("HubServer is not started")
+        return f"http://{HOST}:{self._bridge.server_address[1]}"
+
+    def signed_url(self, repo_id: str, oid: str, path: str) -> str:
+        """A bridge URL for the LFS object OID of REPO_ID, valid for signed_url_ttl seconds."""
+        expires = f"{time.time() + self.signed_url_ttl:.3f}"
+        query = urlencode({"path": path, "expires": expires, "sig": self._sign(repo_id, oid, path, expires)})
+        return f"{self.bridge_url}/blobs/{repo_id}/{oid}?{query}"
+
+    def _sign(self, repo_id: str, oid: str, path: str, expires: str) -> str:
+        return hmac.new(self._secret, f"{repo_id}\0{oid}\0{path}\0{expires}".encode(), hashlib.sha256).hexdigest()
+
+    def signature_ok(self, repo_id: str, oid: str, path: str, expires: str, sig: str) -> bool:
+        try:
+            float(expires)
+        except ValueError:
+            return False
+        return hmac.compare_digest(self._sign(repo_id, oid, path, expires), sig)
+
+    def ignores_range(self, path: str) -> bool:
+        return "*" in self.ignore_range or path in self.ignore_range
+
+    def served_for(self, path: str, listener: str | None = None) -> list[tuple[str, str, str | None, int, int]]:
+        """Answered requests for repo file PATH: (listener, path, range header, status, body bytes sent)."""
+        with self._lock:
+            rows = [tuple(r) for r in self.served]
+        return [r for r in rows if r[1] == path and (listener is None or r[0] == listener)]
 
     @property
     def total_bytes_served(self) -> int:
@@ -598,19 +782,24 @@ class HubServer:
 
     def start(self) -> "HubServer":
         self._server = _Server(self, self.port)
+        self._bridge = _Server(self, 0, listener="bridge")
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="hubserver", daemon=True)
+        self._bridge_thread = threading.Thread(target=self._bridge.serve_forever, kwargs={"poll_interval": 0.1},
+                                               name="hubserver-bridge", daemon=True)
         self._thread.start()
+        self._bridge_thread.start()
         return self
 
     def stop(self) -> None:
         """Stop listening and drop open keep-alive connections, so the port refuses connections."""
         if self._server is None:
             return
-        self._server.shutdown()
-        self._server.server_close()
-        self._server.drop_connections()
-        self._thread.join(timeout=5)
+        for server, thread in ((self._server, self._thread), (self._bridge, self._bridge_thread)):
+            server.shutdown()
+            server.server_close()
+            server.drop_connections()
+            thread.join(timeout=5)
 
     def __enter__(self) -> "HubServer":
         return self.start()
@@ -623,9 +812,26 @@ class HubServer:
             self.requests.append((method, path, range_header))
             self.auth_headers_seen += has_auth
 
-    def _count(self, key: str, n: int) -> None:
+    def _count(self, key: str, n: int, row: list | None = None) -> None:
         with self._lock:
             self.bytes_served[key] = self.bytes_served.get(key, 0) + n
+            if row is not None:
+                row[4] += n
+
+    def _served(self, listener: str, path: str, range_header: str | None, status: int, nbytes: int) -> list:
+        row = [listener, path, range_header, status, nbytes]
+        with self._lock:
+            self.served.append(row)
+        return row
+
+    def _take(self, counts: dict[str, int], key: str) -> bool:
+        """Consume one of COUNTS[KEY] if any is left."""
+        with self._lock:
+            left = counts.get(key, 0)
+            if left <= 0:
+                return False
+            counts[key] = left - 1
+            return True
 
     def _take_cut(self, key: str) -> int | None:
         """The cut for KEY if one is armed, consuming one of its cut_times."""
@@ -669,6 +875,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-draft", action="store_true")
     parser.add_argument("--token-env", metavar="VAR", help="require the token held in environment variable VAR")
+    parser.add_argument("--conn-rate", type=int, metavar="BYTES_PER_S", help="per-connection throttle (default off)")
+    parser.add_argument("--redirect-lfs", action="store_true", help="redirect LFS files to the bridge (the Hub's CDN)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     args.root.mkdir(parents=True, exist_ok=True)
@@ -679,6 +887,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, _raise_stop)  # raising (not Event.set) cannot deadlock inside a lock's wait
     try:
         with HubServer(args.root, port=args.port, token=token, verbose=args.verbose) as hub:
+            hub.conn_rate, hub.redirect_lfs = args.conn_rate, args.redirect_lfs
             print(f"HUB_URL={hub.url}", flush=True)
             while True:
                 time.sleep(3600)

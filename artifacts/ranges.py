@@ -1,0 +1,693 @@
+"""Ranged downloads: one file over several connections, a range map that survives kill -9, hashing in file order.
+
+A file is cut into byte ranges (``range_size``) fetched by up to ``file_share`` connections at once, drawn from
+one budget (``Connections``, ``mm fetch --connections``) shared by every file of the fetch: one huge shard gets
+all of them, many small files get one each. The last ranges of a file are shorter, so its connections finish
+together. (A range in flight is never split: the bytes a server has already pushed past a new end would be
+received for nothing, megabytes per connection on a fast link.)
+
+Bytes are written at their offset in the partial file (``pwrite``) and recorded in a ``RangeMap`` saved beside
+it (``<partial>.ranges``, rewritten by rename at most every ``SAVE_SECONDS``), so a rerun after kill -9 asks
+only for the gaps. Hashing stays one pass over each byte, in file order (``OrderedHasher``): bytes that land
+exactly at the hashed frontier are hashed from memory; bytes that land ahead of it are hashed later, read back
+from the page cache once the contiguous prefix reaches them. Memory is bounded by the write batches (one per
+connection) and one read buffer per file being hashed, whatever the file size.
+
+Answers that do not match the question are handled here, for every source: a body that starts before the
+offset asked (a 200 to a Range request, or a 206 whose Content-Range starts earlier) is used at its true
+offsets, becoming the file's single stream when the gap is large; a body that starts after the offset asked is
+refused and, after a second time, the whole file is asked for without Range. Failures are retried per range
+with backoff (``Retry-After`` honoured) within a per-range limit and a budget for the whole fetch.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import mmap
+import os
+import threading
+import time
+from collections import Counter, deque
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ContextManager, Iterator, Protocol
+
+from .errors import BadInput, IntegrityError, MMError, RemoteError
+from .hashing import Digests, StreamHasher
+from .progress import NULL_PROGRESS, ProgressSink
+from .untrusted import load_json
+
+MiB = 1 << 20
+DEFAULT_CONNECTIONS = 32  # the most at once; Connections opens 16 and adds more while they pay
+RANGE_MAX = 16 * MiB  # ranges no longer than this keep the hashing frontier close behind the downloads
+RANGE_MIN = 1 * MiB  # a file smaller than this is one request
+SKIP_LIMIT = RANGE_MIN  # a body starting further than this before the asked offset becomes the file's single stream
+FLUSH_BYTES = 256 * 1024  # received bytes are written in batches of this size (one batch held per connection)...
+FLUSH_SECONDS = 0.1  # ...or this old, so a kill loses little
+SAVE_SECONDS = 0.2  # the range map is saved at most this often (and when a range ends)
+HASH_READ = 2 * MiB  # read-back buffer of the frontier hasher (page-aligned)
+IOV_MAX = 1024
+RANGE_RETRIES = 6  # failed attempts in a row (no byte gained) before a range, and its file, give up
+BACKOFF_MAX = 30.0
+RETRY_AFTER_MAX = 120.0
+MAP_SCHEMA = "mm-ranges/1"
+
+
+class RetryLater(RemoteError):
+    """A range attempt failed in a way worth retrying (cut, 429, 5xx, expired signed URL, wrong answer)."""
+
+    def __init__(self, message: str, reason: str = "error", after: float | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.after = after
+
+
+class RangeSource(Protocol):
+    label: str  # recorded as the manifest entry's "source"
+
+    def stream(self, path: str, start: int, end: int | None = None) -> ContextManager[tuple[int, Iterator[bytes]]]:
+        """Ask for bytes [start, end) of PATH (end None: to the end; start 0 and end None: no Range header).
+
+        Yields (offset the body really starts at, chunks). Raises RetryLater for what may pass, RemoteError for
+        what will not; the chunk iterator raises RetryLater when the connection breaks."""
+
+
+# --- the range map -------------------------------------------------------------------------------
+
+class RangeMap:
+    """Which bytes of a file are on disk: sorted, disjoint, non-touching [start, end) intervals."""
+
+    def __init__(self, size: int, done: list[tuple[int, int]] | tuple = ()):
+        self.size = size
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        for start, end in done:
+            self.add(start, end)
+
+    def add(self, start: int, end: int) -> None:
+        start, end = max(0, start), min(self.size, end)
+        if end <= start:
+            return
+        i = bisect.bisect_left(self._ends, start)  # first interval that ends at or after start (touching merges)
+        j = bisect.bisect_right(self._starts, end)  # intervals before j start at or before end
+        if i < j:
+            start, end = min(start, self._starts[i]), max(end, self._ends[j - 1])
+        self._starts[i:j] = [start]
+        self._ends[i:j] = [end]
+
+    def intervals(self) -> list[tuple[int, int]]:
+        return list(zip(self._starts, self._ends))
+
+    @property
+    def done(self) -> int:
+        return sum(e - s for s, e in zip(self._starts, self._ends))
+
+    @property
+    def complete(self) -> bool:
+        return self.prefix() == self.size
+
+    def prefix(self) -> int:
+        """End of the contiguous run of bytes from offset 0."""
+        return self._ends[0] if self._starts and self._starts[0] == 0 else 0
+
+    def gaps(self, start: int = 0, end: int | None = None) -> list[tuple[int, int]]:
+        end = self.size if end is None else min(end, self.size)
+        out, pos = [], start
+        i = max(0, bisect.bisect_right(self._starts, start) - 1)
+        for s, e in zip(self._starts[i:], self._ends[i:]):
+            if s >= end:
+                break
+            if s > pos:
+                out.append((pos, min(s, end)))
+            pos = max(pos, e)
+        if pos < end:
+            out.append((pos, end))
+        return out
+
+    def to_json(self, identity: str) -> dict:
+        return {"schema": MAP_SCHEMA, "identity": identity, "size": self.size, "done": self.intervals()}
+
+    @classmethod
+    def from_json(cls, doc: object, size: int, identity: str) -> "RangeMap | None":
+        """The map in DOC if it is well formed and for this file (identity and size), else None."""
+        if not isinstance(doc, dict) or doc.get("schema") != MAP_SCHEMA or doc.get("identity") != identity:
+            return None
+        if doc.get("size") != size or not isinstance(doc.get("done"), list) or len(doc["done"]) > 1_000_000:
+            return None
+        rmap = cls(size)
+        for item in doc["done"]:
+            if (not isinstance(item, list) or len(item) != 2 or not all(type(v) is int for v in item)
+                    or not 0 <= item[0] < item[1] <= size):
+                return None
+            rmap.add(item[0], item[1])
+        return rmap
+
+
+def state_path(partial: Path) -> Path:
+    return partial.with_name(partial.name + ".ranges")
+
+
+def load_state(partial: Path, size: int, identity: str) -> RangeMap:
+    """What a partial file already holds. A partial without a map is a prefix (mm's earlier sequential format)."""
+    spath = state_path(partial)
+    if spath.exists():
+        try:
+            rmap = RangeMap.from_json(load_json(spath.read_bytes(), str(spath)), size, identity)
+        except (OSError, BadInput):  # a map mm cannot read is no map: the partial is started again
+            rmap = None
+        if rmap is not None and partial.exists():
+            return rmap
+    elif partial.exists() and partial.stat().st_size <= size:
+        return RangeMap(size, [(0, partial.stat().st_size)])
+    partial.unlink(missing_ok=True)  # a partial we cannot account for is started again
+    return RangeMap(size)
+
+
+def save_state(partial: Path, rmap: RangeMap, identity: str) -> None:
+    """Rename into place (a kill leaves the old map or the new one). No fsync: a kill -9 keeps the page cache,
+    and after a power cut a map ahead of the data is caught by the whole-file hash before anything is named."""
+    spath = state_path(partial)
+    tmp = spath.with_name(spath.name + ".tmp")
+    tmp.write_text(json.dumps(rmap.to_json(identity)), encoding="utf-8")
+    os.replace(tmp, spath)
+
+
+def clear_state(partial: Path) -> None:
+    partial.unlink(missing_ok=True)
+    state_path(partial).unlink(missing_ok=True)
+
+
+# --- planning --------------------------------------------------------------------------------------
+
+def range_size(size: int, connections: int) -> int:
+    """How long each range of a file is: the file spread over every connection, within [RANGE_MIN, RANGE_MAX]."""
+    return min(RANGE_MAX, max(RANGE_MIN, math.ceil(size / max(1, connections))))
+
+
+def file_share(size: int, connections: int) -> int:
+    """How many connections one file may use at once: all of them for a big file, one for a small one."""
+    return max(1, min(connections, math.ceil(size / RANGE_MIN)))
+
+
+def plan_ranges(gaps: list[tuple[int, int]], size: int, tail: int = 0) -> list[tuple[int, int]]:
+    """The gaps cut into ranges of at most SIZE bytes, in file order; a short remainder joins the range before
+    it. The last TAIL ranges (the connections that finish a file together) are halved down to RANGE_MIN, so
+    they end close together and no connection idles long at the end of a file."""
+    out = []
+    for start, end in gaps:
+        cuts = list(range(start, end, size))
+        if len(cuts) > 1 and end - cuts[-1] < size // 4:
+            cuts.pop()
+        out.extend(zip(cuts, cuts[1:] + [end]))
+    if tail:
+        head, last = out[:-tail], out[-tail:]
+        out = head
+        for s, e in last:
+            half = (e - s) // 2
+            out.extend([(s, s + half), (s + half, e)] if half >= RANGE_MIN else [(s, e)])
+    return out
+
+
+# --- shared budget and accounting ------------------------------------------------------------------
+
+class Connections:
+    """The fetch's connection budget: a range holds one slot while its request is open.
+
+    TOTAL is the most connections at once (`--connections`). The fetch opens up to START of them, then adds
+    connections only while they pay: when ranges are waiting for a slot, the limit doubles, and it is
+    kept if the aggregate rate over the next window grew by at least GROWTH_PAYS of the proportional gain,
+    else it goes back and stays. Behind a per-connection cap (a CDN) every added connection adds its cap;
+    where one connection is not capped (a LAN, the loopback), more connections only cost CPU."""
+
+    START = 16
+    WINDOW = 0.5  # seconds of transfer per rate measurement; the first window (connections opening) is skipped
+    GROWTH_PAYS = 0.25
+
+    def __init__(self, total: int, start: int | None = None, clock=time.monotonic):
+        self.total = max(1, total)
+        self.limit = min(self.total, max(1, start or self.START))
+        self._busy = 0
+        self._waiting = 0
+        self._cv = threading.Condition()
+        self.peak = 0
+        self._clock = clock
+        self._bytes = 0
+        self._window: tuple[float, int] | None = None  # (start time, bytes then) of the window being measured
+        self._warm = False
+        self._before: tuple[int, float] | None = None  # (limit, rate) before the last growth, until it is judged
+        self._settled = self.limit >= self.total
+
+    @contextmanager
+    def slot(self) -> Iterator[None]:
+        with self._cv:
+            self._waiting += 1
+            while self._busy >= self.limit:
+                self._cv.wait()
+            self._waiting -= 1
+            self._busy += 1
+            self.peak = max(self.peak, self._busy)
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._busy -= 1
+                self._cv.notify()
+
+    def landed(self, n: int) -> None:
+        """N more bytes arrived (any file): the measure of whether more connections pay."""
+        with self._cv:
+            self._bytes += n
+            if not self._settled:
+                self._adjust(self._clock())
+
+    def _adjust(self, now: float) -> None:
+        if self._window is None:
+            self._window = (now, self._bytes)
+            return
+        began, before = self._window
+        if now - began < self.WINDOW:
+            return
+        rate = (self._bytes - before) / (now - began)
+        self._window = (now, self._bytes)
+        if not self._warm:  # the first window is connections opening, redirects, slow start: not a rate
+            self._warm = True
+            return
+        if self._before is not None:
+            limit, earlier = self._before
+            self._before = None
+            if rate < earlier * (1 + self.GROWTH_PAYS * (self.limit - limit) / limit):
+                self.limit, self._settled = limit, True  # ranges in flight finish; no new one until below
+                return
+        if self._waiting and self.limit < self.total:
+            self._before = (self.limit, rate)
+            self.limit = min(self.total, 2 * self.limit)
+            self._cv.notify_all()
+        elif self.limit >= self.total:
+            self._settled = True
+
+
+@dataclass
+class TransferStats:
+    """What the fetch did on the wire (for --json): requests, retries by reason, the retry budget."""
+
+    retry_budget: int = 256
+    requests: int = 0
+    retries: Counter = field(default_factory=Counter)
+    retried: list = field(default_factory=list)  # [{"path", "offset", "reason"}], the first RETRIED_KEPT
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    RETRIED_KEPT = 100
+
+    def request(self) -> None:
+        with self._lock:
+            self.requests += 1
+
+    def retry(self, path: str, offset: int, reason: str) -> bool:
+        """Record a retry; False when the budget is spent."""
+        with self._lock:
+            if sum(self.retries.values()) >= self.retry_budget:
+                return False
+            self.retries[reason] += 1
+            if len(self.retried) < self.RETRIED_KEPT:
+                self.retried.append({"path": path, "offset": offset, "reason": reason})
+            return True
+
+    def report(self) -> dict:
+        with self._lock:
+            return {"requests": self.requests, "retries": sum(self.retries.values()), "retry_budget": self.retry_budget,
+                    "retries_by_reason": dict(self.retries), "retried": list(self.retried)}
+
+
+# --- hashing in file order -------------------------------------------------------------------------
+
+class OrderedHasher:
+    """Feeds a StreamHasher every byte of a file in order while ranges land in any order.
+
+    ``written(offset, data)`` is called after DATA is on disk at OFFSET. If it lands exactly at the frontier and
+    nobody is hashing, it is hashed from memory; otherwise a helper thread reads it back (page cache) once the
+    contiguous prefix reaches it."""
+
+    def __init__(self, fd: int, rmap: RangeMap, hasher: StreamHasher, lock: threading.Condition):
+        self._fd, self._rmap, self._hasher = fd, rmap, hasher
+        self._cv = lock  # shared with the file's state: guards rmap too
+        self.hashed = 0
+        self._busy = False
+        self._closed = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._catch_up, name="mm-hash", daemon=True)
+        self._thread.start()
+
+    def written(self, offset: int, pieces: list[memoryview], length: int) -> None:
+        """PIECES (LENGTH bytes in all) are on disk at OFFSET."""
+        with self._cv:
+            fast = offset == self.hashed and not self._busy
+            if fast:
+                self._busy = True
+            else:
+                self._cv.notify_all()
+                return
+        try:
+            for piece in pieces:
+                self._hasher.update(piece)
+        finally:
+            with self._cv:
+                self.hashed = offset + length
+                self._busy = False
+                self._cv.notify_all()
+
+    def _catch_up(self) -> None:
+        buf = mmap.mmap(-1, HASH_READ)
+        try:
+            while True:
+                with self._cv:
+                    while not self._closed and (self._busy or self._rmap.prefix() <= self.hashed):
+                        self._cv.wait()
+                    if self._closed:
+                        return
+                    start = self.hashed
+                    end = min(self._rmap.prefix(), start + HASH_READ)
+                    self._busy = True
+                try:
+                    view = memoryview(buf)[:end - start]
+                    got = 0
+                    while got < len(view):
+                        n = os.preadv(self._fd, [view[got:]], start + got)
+                        if n <= 0:
+                            raise OSError(f"partial file shorter than its range map at byte {start + got}")
+                        got += n
+                    self._hasher.update(view)
+                    view.release()
+                except BaseException as e:  # reported by finish()
+                    with self._cv:
+                        self._error, self._busy, self._closed = e, False, True
+                        self._cv.notify_all()
+                    return
+                with self._cv:
+                    self.hashed = end
+                    self._busy = False
+                    self._cv.notify_all()
+        finally:
+            buf.close()
+
+    def finish(self, size: int) -> Digests:
+        """Wait until every byte is hashed; the digests."""
+        with self._cv:
+            while self.hashed < size and self._error is None:
+                if self._closed:
+                    break
+                self._cv.wait()
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join()
+        if self._error is not None:
+            raise RemoteError(f"cannot read back the partial file for hashing: {self._error}")
+        if self.hashed < size:
+            raise RemoteError(f"hashing stopped at byte {self.hashed} of {size}")
+        return self._hasher.digests()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join()
+
+
+# --- one file --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RangedJob:
+    path: str  # the file's path in the repo (what the source is asked for)
+    size: int
+    partial: Path
+    identity: str  # upstream identity: the range map is trusted only for the same content
+    hasher: StreamHasher
+
+
+@dataclass(frozen=True)
+class RangedResult:
+    digests: Digests
+    transferred: int  # body bytes received (a re-sent or skipped byte counts)
+    resumed_from: int  # bytes already on disk from an earlier run
+    ranges: int  # range requests that delivered bytes
+    connections: int  # most connections this file used at once
+
+
+class _Range:
+    __slots__ = ("pos", "end", "landed")
+
+    def __init__(self, pos: int, end: int):
+        self.pos, self.end, self.landed = pos, end, 0
+
+
+class _File:
+    """The state shared by the connections working on one file."""
+
+    def __init__(self, job: RangedJob, source: RangeSource, rmap: RangeMap, fd: int, stats: TransferStats,
+                 progress: ProgressSink, rsize: int, share: int, connections: "Connections"):
+        self.job, self.source, self.rmap, self.fd, self.stats, self.progress = job, source, rmap, fd, stats, progress
+        self.connections = connections
+        self.lock = threading.Condition()
+        self.pending: deque[tuple[int, int]] = deque(plan_ranges(rmap.gaps(), rsize, tail=share if share > 1 else 0))
+        self.inflight: set[_Range] = set()
+        self.sequential = False  # one response is streaming the whole rest of the file
+        self.whole_file = False  # the server answers Range at the wrong offset: ask without Range
+        self.wrong_offsets = 0
+        self.error: MMError | None = None
+        self.transferred = 0
+        self.ranges_landed: set[_Range] = set()
+        self.peak = 0
+        self._save_lock = threading.Lock()
+        self._saved_at = time.monotonic()
+        self.hasher = OrderedHasher(fd, rmap, job.hasher, self.lock)
+
+    # -- handing out work --
+
+    def take(self) -> _Range | None:
+        with self.lock:
+            if self.error is not None:
+                return None
+            while self.pending and not self.sequential:
+                start, end = self.pending.popleft()
+                gaps = self.rmap.gaps(start, end)
+                if not gaps:
+                    continue
+                self.pending.extendleft(reversed(gaps[1:]))
+                return self._start(_Range(*gaps[0]))
+            return None
+
+    def _start(self, r: _Range) -> _Range:
+        self.inflight.add(r)
+        self.peak = max(self.peak, len(self.inflight))
+        return r
+
+    def release(self, r: _Range) -> None:
+        with self.lock:
+            self.inflight.discard(r)
+            if r.pos < r.end and self.error is None:
+                self.pending.appendleft((r.pos, r.end))
+
+    def fail(self, e: MMError) -> None:
+        with self.lock:
+            if self.error is None:
+                self.error = e
+
+    # -- landing bytes --
+
+    def commit(self, r: _Range, offset: int, pieces: list[memoryview], length: int) -> None:
+        """PIECES (LENGTH body bytes from OFFSET) to disk where no other response put them yet (one pwritev, no
+        copy in between), then to the range map and the hasher."""
+        end = offset + length
+        with self.lock:
+            gaps = self.rmap.gaps(offset, end)
+        for s, e in gaps:
+            part = pieces if (s, e) == (offset, end) else _slice(pieces, s - offset, e - offset)
+            _pwrite_all(self.fd, part, s)
+            with self.lock:
+                self.rmap.add(s, e)
+            self.hasher.written(s, part, e - s)
+            self.progress.advance(e - s)
+            self.connections.landed(e - s)
+        with self.lock:
+            r.pos = max(r.pos, end)
+            r.landed += length
+            if gaps:
+                self.ranges_landed.add(r)
+        self.save()
+
+    def save(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._saved_at < SAVE_SECONDS:
+            return
+        with self._save_lock:
+            with self.lock:
+                snapshot = RangeMap(self.rmap.size, self.rmap.intervals())
+            save_state(self.job.partial, snapshot, self.job.identity)
+            self._saved_at = now
+
+
+def download(job: RangedJob, source: RangeSource, connections: Connections, stats: TransferStats | None = None,
+             progress: ProgressSink = NULL_PROGRESS) -> RangedResult:
+    """Fetch the gaps of JOB's partial file over up to file_share() connections; hash every byte in order.
+
+    Returns the digests of the whole file; the caller checks them against the upstream identity and names the
+    file (or clears the partial). On a failure the partial and its map are kept for the next run."""
+    stats = stats if stats is not None else TransferStats()
+    rmap = load_state(job.partial, job.size, job.identity)
+    resumed = rmap.done
+    save_state(job.partial, rmap, job.identity)  # before any write: a map-less partial is read as a prefix
+    share = file_share(job.size, connections.total)
+    limit = getattr(source, "max_connections", None)
+    if limit:
+        share = min(share, limit)
+    fd = os.open(job.partial, os.O_RDWR | os.O_CREAT, 0o644)
+    f = None
+    try:
+        planned = min(share, connections.limit)  # ranges sized for the connections open now (more may come)
+        rsize = range_size(job.size, planned) if share > 1 else job.size  # one connection: one request per gap
+        f = _File(job, source, rmap, fd, stats, progress, rsize, planned if share > 1 else 1, connections)
+        progress.advance(resumed)
+        workers = [threading.Thread(target=_work, args=(f, connections), name="mm-range", daemon=True)
+                   for _ in range(min(share, max(1, len(f.pending))) - 1)]
+        for w in workers:
+            w.start()
+        _work(f, connections)
+        for w in workers:
+            w.join()
+        if f.error is None and not f.rmap.complete:
+            f.error = RemoteError(f"{job.path}: download from {source.label} stopped with "
+                                  f"{job.size - f.rmap.done} bytes missing; run again to resume")
+        if f.error is not None:
+            f.hasher.close()
+            raise f.error
+        digests = f.hasher.finish(job.size)
+        os.fsync(fd)
+    finally:
+        if f is not None:
+            f.save(force=True)
+        os.close(fd)
+    return RangedResult(digests, f.transferred, resumed, len(f.ranges_landed), f.peak)
+
+
+def _work(f: _File, connections: Connections) -> None:
+    while f.error is None:
+        with connections.slot():
+            r = f.take()
+            if r is None:
+                return
+            try:
+                _run_range(f, r)
+            except MMError as e:
+                f.fail(e)
+            except OSError as e:
+                f.fail(RemoteError(f"{f.job.partial}: cannot write the partial file: {e.strerror or e}"))
+            finally:
+                f.release(r)
+
+
+def _run_range(f: _File, r: _Range) -> None:
+    failures = 0
+    while r.pos < r.end and f.error is None:
+        before = r.landed
+        try:
+            _attempt(f, r)
+            if r.pos < r.end and r.landed == before:
+                with f.lock:
+                    if f.sequential:
+                        return  # another response streams the rest of the file; this range is handed back
+                raise RetryLater(f"{f.job.path}: {f.source.label} ended the body at byte {r.pos}", "short-body")
+        except RetryLater as e:
+            failures = 0 if r.landed > before else failures + 1
+            if failures > RANGE_RETRIES or not f.stats.retry(f.job.path, r.pos, e.reason):
+                why = f"{failures} failed attempts in a row" if failures > RANGE_RETRIES else "retry budget spent"
+                raise RemoteError(f"{e.message} ({why}); run again to resume") from None
+            backoff = min(BACKOFF_MAX, 0.25 * 2 ** (failures - 1)) if failures else 0.0
+            time.sleep(min(RETRY_AFTER_MAX, max(0.0, e.after if e.after is not None else backoff)))
+
+
+def _attempt(f: _File, r: _Range) -> None:
+    """One request for the rest of R; what arrives lands at its true offsets (see the module docstring)."""
+    job = f.job
+    start, end = (0, None) if f.whole_file else (r.pos, r.end if r.end < job.size else None)
+    f.stats.request()
+    with f.source.stream(job.path, start, end) as (body_start, chunks):
+        if body_start > r.pos:
+            with f.lock:
+                f.wrong_offsets += 1
+                f.whole_file = f.whole_file or f.wrong_offsets >= 2
+            raise RetryLater(f"{job.path}: {f.source.label} answered a request for byte {r.pos} from byte {body_start}",
+                             "wrong-range", after=0)
+        sequential = False
+        if r.pos - body_start > SKIP_LIMIT:
+            with f.lock:
+                if f.sequential:
+                    return  # another response already streams the whole file
+                f.sequential = sequential = True
+                r.pos, r.end = body_start, job.size
+        try:
+            _land(f, r, body_start, chunks, sequential)
+        finally:
+            if sequential:
+                with f.lock:
+                    f.sequential = False
+
+
+def _land(f: _File, r: _Range, body_start: int, chunks: Iterator[bytes], sequential: bool) -> None:
+    """Land a response body: the chunks of a batch are kept as they arrived (no concatenation) and written
+    with one pwritev once FLUSH_BYTES or FLUSH_SECONDS old."""
+    job = f.job
+    at = body_start  # file offset of the next body byte
+    batch: list[memoryview] = []
+    batched, batch_at, began = 0, r.pos, time.monotonic()
+    received = 0
+    try:
+        for chunk in chunks:
+            c_start = at
+            at += len(chunk)
+            received += len(chunk)
+            if at > job.size:
+                raise IntegrityError(f"{job.path}: {f.source.label} sent more than the listed {job.size} bytes; not kept")
+            stop = job.size if sequential else r.end
+            lo, hi = max(c_start, batch_at + batched), min(at, stop)
+            if hi > lo:
+                batch.append(memoryview(chunk)[lo - c_start:hi - c_start])
+                batched += hi - lo
+            full = batch_at + batched >= stop
+            if batch and (full or batched >= FLUSH_BYTES or time.monotonic() - began >= FLUSH_SECONDS):
+                f.commit(r, batch_at, batch, batched)
+                batch_at += batched
+                batch, batched, began = [], 0, time.monotonic()
+            if full or f.error is not None:
+                break
+    finally:
+        if batch and f.error is None:  # what arrived before a cut is kept
+            f.commit(r, batch_at, batch, batched)
+        with f.lock:
+            f.transferred += received
+
+
+def _slice(pieces: list[memoryview], start: int, end: int) -> list[memoryview]:
+    """Bytes [START, END) of the concatenation of PIECES, as views."""
+    out, pos = [], 0
+    for piece in pieces:
+        lo, hi = max(start, pos), min(end, pos + len(piece))
+        if hi > lo:
+            out.append(piece[lo - pos:hi - pos])
+        pos += len(piece)
+        if pos >= end:
+            break
+    return out
+
+
+def _pwrite_all(fd: int, pieces: list[memoryview], offset: int) -> None:
+    """Write PIECES at OFFSET (pwritev; what a short write left, piece by piece)."""
+    total = sum(len(p) for p in pieces)
+    done = os.pwritev(fd, pieces[:IOV_MAX], offset) if pieces else 0
+    if done == total:
+        return
+    for piece in _slice(pieces, done, total):
+        written = 0
+        while written < len(piece):
+            written += os.pwrite(fd, piece[written:], offset + done + written)
+        done += len(piece)

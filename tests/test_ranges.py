@@ -1,0 +1,330 @@
+"""artifacts/ranges.py: range map, planning, in-order hashing and the answers a server should not give.
+
+A byte source of our own (the RangeSource protocol over bytes in memory) stands in for the network here; the
+same paths through the real client and the local Hub server are in test_fetch_wan.py."""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import threading
+import time
+from contextlib import contextmanager
+
+import blake3
+import pytest
+
+from mm.artifacts.errors import IntegrityError, RemoteError
+from mm.artifacts.hashing import StreamHasher, git_blob_header
+from mm.artifacts.ranges import (MiB, RANGE_MAX, Connections, RangedJob, RangeMap, RetryLater, TransferStats, download,
+                                 file_share, load_state, plan_ranges, range_size, save_state, state_path)
+
+
+# --- the range map ---
+
+def test_range_map_merges_touching_and_overlapping_intervals():
+    m = RangeMap(100)
+    for s, e in [(10, 20), (30, 40), (20, 25), (35, 50), (0, 5), (60, 70), (45, 61)]:
+        m.add(s, e)
+    assert m.intervals() == [(0, 5), (10, 25), (30, 70)]
+    assert m.done == 5 + 15 + 40 and m.prefix() == 5
+    assert m.gaps() == [(5, 10), (25, 30), (70, 100)]
+    assert m.gaps(12, 33) == [(25, 30)]
+    m.add(0, 100)
+    assert m.complete and m.gaps() == []
+
+
+def test_range_map_round_trips_and_refuses_another_file_or_nonsense():
+    m = RangeMap(1000, [(0, 100), (500, 600)])
+    doc = json.loads(json.dumps(m.to_json("abc")))
+    assert RangeMap.from_json(doc, 1000, "abc").intervals() == [(0, 100), (500, 600)]
+    assert RangeMap.from_json(doc, 1000, "other") is None  # another upstream identity
+    assert RangeMap.from_json(doc, 999, "abc") is None  # another size
+    for bad in ([[0, 2000]], [[5, 5]], [[1.5, 3]], [[True, 3]], [[0]], "x"):
+        assert RangeMap.from_json({**doc, "done": bad}, 1000, "abc") is None
+
+
+def test_state_of_a_partial_without_a_map_is_its_prefix_and_a_damaged_map_restarts(tmp_path):
+    partial = tmp_path / "x.part"
+    partial.write_bytes(b"a" * 300)
+    assert load_state(partial, 1000, "id").intervals() == [(0, 300)]  # mm's earlier sequential partials
+    save_state(partial, RangeMap(1000, [(0, 100), (700, 800)]), "id")
+    assert load_state(partial, 1000, "id").intervals() == [(0, 100), (700, 800)]
+    state_path(partial).write_text("{not json")
+    assert load_state(partial, 1000, "id").done == 0 and not partial.exists()
+
+
+# --- planning ---
+
+def test_one_huge_file_gets_every_connection_and_a_small_file_one():
+    assert file_share(1 << 30, 16) == 16 and range_size(1 << 30, 16) == RANGE_MAX
+    assert file_share(100_000, 16) == 1
+    assert range_size(64 * MiB, 16) == 4 * MiB and file_share(64 * MiB, 16) == 16
+    assert plan_ranges([(0, 10), (20, 45)], 10) == [(0, 10), (20, 30), (30, 40), (40, 45)]
+    assert plan_ranges([(0, 41)], 10) == [(0, 10), (10, 20), (20, 30), (30, 41)]  # no 1-byte tail request
+    ranges = plan_ranges([(0, 64 * MiB)], 8 * MiB, tail=4)  # the last 4 ranges halved: connections finish together
+    assert [e - s for s, e in ranges] == [8 * MiB] * 4 + [4 * MiB] * 8 and ranges[-1][1] == 64 * MiB
+
+
+# --- how many connections: start with 16, add more while they pay ---
+
+class Demand:
+    """N threads each holding a slot of CONNECTIONS until stopped (those past the limit wait: the demand)."""
+
+    def __init__(self, connections: Connections, n: int):
+        self.connections, self.stop, self.holding = connections, threading.Event(), 0
+        self._lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._hold, daemon=True) for _ in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _hold(self) -> None:
+        with self.connections.slot():
+            with self._lock:
+                self.holding += 1
+            self.stop.wait()
+
+    def settle(self, holding: int) -> None:
+        deadline = time.monotonic() + 10
+        while self.holding != holding and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert self.holding == holding
+
+    def end(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+def windows(connections: Connections, clock: list[float], rates: list[float]) -> None:
+    """One measurement window per rate (bytes/s), on the fake CLOCK (the first bytes open the first window)."""
+    connections.landed(0)
+    for rate in rates:
+        for _ in range(4):  # quarters of a window: exact in binary, so a window ends exactly on its last step
+            clock[0] += Connections.WINDOW / 4
+            connections.landed(int(rate * Connections.WINDOW / 4))
+
+
+def test_connections_are_added_while_the_aggregate_rate_grows_with_them():
+    clock = [0.0]
+    c = Connections(64, clock=lambda: clock[0])
+    demand = Demand(c, 80)
+    try:
+        demand.settle(16)  # 16 to start with
+        windows(c, clock, [100e6, 320e6])  # opening (not judged), then the rate at 16
+        demand.settle(32)  # ranges were waiting: the limit doubled
+        windows(c, clock, [640e6])  # the 16 more paid
+        demand.settle(64)
+        windows(c, clock, [1280e6, 1280e6])
+        assert c.limit == 64 and c.peak == 64
+    finally:
+        demand.end()
+
+
+def test_connections_added_that_do_not_raise_the_rate_are_given_back_for_good():
+    clock = [0.0]
+    c = Connections(32, clock=lambda: clock[0])
+    demand = Demand(c, 40)
+    try:
+        windows(c, clock, [100e6, 300e6])
+        demand.settle(32)
+        windows(c, clock, [340e6])  # +13% for twice the connections: not worth their CPU
+        assert c.limit == 16
+        windows(c, clock, [300e6] * 4)
+        assert c.limit == 16 and c.peak == 32
+    finally:
+        demand.end()
+
+
+def test_connections_are_not_added_without_ranges_waiting_for_one():
+    clock = [0.0]
+    c = Connections(32, clock=lambda: clock[0])
+    demand = Demand(c, 8)  # eight small files, one connection each
+    try:
+        demand.settle(8)
+        for rate in [100e6] + [160e6] * 4:
+            windows(c, clock, [rate])
+            assert c.limit == 16
+        assert c.peak == 8
+    finally:
+        demand.end()
+
+
+def test_an_explicit_budget_of_16_or_less_is_used_as_given():
+    c = Connections(12)
+    assert c.limit == 12
+    clock = [0.0]
+    c = Connections(12, clock=lambda: clock[0])
+    demand = Demand(c, 20)
+    try:
+        windows(c, clock, [100e6, 100e6, 300e6, 900e6])  # would be judged worth growing
+        demand.settle(12)
+        assert c.limit == 12
+    finally:
+        demand.end()
+
+
+# --- downloads from a source in memory ---
+
+class MemorySource:
+    """RangeSource over bytes in memory; `answer(start, end, n)` may change what request n gets."""
+
+    label = "memory"
+
+    def __init__(self, data: bytes, chunk: int = 64 * 1024, delay: float = 0.0, answer=None):
+        self.data, self.chunk, self.delay, self.answer = data, chunk, delay, answer
+        self.requests: list[tuple[int, int | None]] = []
+        self.sent = 0
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def stream(self, path, start, end=None):
+        with self._lock:
+            self.requests.append((start, end))
+            n = len(self.requests)
+        body_start, body_end, cut = start, len(self.data) if end is None else end, None
+        if self.answer is not None:
+            body_start, body_end, cut = self.answer(start, end, n, body_start, body_end)
+        yield body_start, self._chunks(body_start, body_end, cut)
+
+    def _chunks(self, start, end, cut):
+        pos = start
+        while pos < end:
+            if cut is not None and pos - start >= cut:
+                raise RetryLater("cut", "cut")
+            piece = self.data[pos:min(end, pos + self.chunk)]
+            with self._lock:
+                self.sent += len(piece)
+            pos += len(piece)
+            if self.delay:
+                time.sleep(self.delay)
+            yield piece
+
+
+def payload(size: int, seed: int = 0) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def job(tmp_path, data: bytes, lfs: bool = True) -> RangedJob:
+    hasher = StreamHasher(sha256=True, git_size=None if lfs else len(data))
+    return RangedJob("w.bin", len(data), tmp_path / "w.part", "id-1", hasher)
+
+
+def check_digests(result, data: bytes, git: bool = False):
+    assert result.digests.size == len(data)
+    assert result.digests.sha256 == hashlib.sha256(data).hexdigest()
+    assert result.digests.blake3 == blake3.blake3(data).hexdigest()
+    if git:
+        assert result.digests.git_sha1 == hashlib.sha1(git_blob_header(len(data)) + data).hexdigest()
+
+
+def test_many_connections_give_the_same_digests_as_one_read(tmp_path):
+    data = payload(20 * MiB + 12345)
+    src = MemorySource(data, delay=0.0005)
+    result = download(job(tmp_path, data, lfs=False), src, Connections(8))
+    check_digests(result, data, git=True)
+    assert (tmp_path / "w.part").read_bytes() == data
+    assert result.connections > 1 and result.transferred == len(data) and src.sent == len(data)
+    assert all(end is None or end - start <= range_size(len(data), 8) for start, end in src.requests)
+
+
+def test_one_connection_asks_once_for_the_whole_file_however_big(tmp_path):
+    data = payload(RANGE_MAX * 2 + 5)
+    src = MemorySource(data, chunk=1 << 20)
+    check_digests(download(job(tmp_path, data), src, Connections(1)), data)
+    assert src.requests == [(0, None)]  # no Range header: what a mirror that ignores range ends gets too
+
+
+def test_ranges_landing_out_of_order_are_hashed_in_file_order(tmp_path):
+    data = payload(8 * MiB)
+
+    def slow_start(start, end, n, bs, be):  # the first range crawls, the others land first
+        return bs, be, None
+    src = MemorySource(data, chunk=256 * 1024, answer=slow_start)
+    src.delay = 0
+    original = src._chunks
+
+    def chunks(start, end, cut):
+        for piece in original(start, end, cut):
+            if start == 0:
+                time.sleep(0.02)
+            yield piece
+    src._chunks = chunks
+    check_digests(download(job(tmp_path, data), src, Connections(8)), data)
+
+
+def test_a_rerun_asks_only_for_the_gaps_of_the_range_map(tmp_path):
+    data = payload(6 * MiB)
+    partial = tmp_path / "w.part"
+    with open(partial, "wb") as f:
+        f.write(data[:MiB])
+        f.seek(3 * MiB)
+        f.write(data[3 * MiB:4 * MiB])
+    save_state(partial, RangeMap(len(data), [(0, MiB), (3 * MiB, 4 * MiB)]), "id-1")
+    src = MemorySource(data)
+    result = download(job(tmp_path, data), src, Connections(4))
+    check_digests(result, data)
+    assert result.resumed_from == 2 * MiB and src.sent == 4 * MiB
+    assert all(s >= MiB and not (3 * MiB <= s < 4 * MiB) for s, _ in src.requests)
+
+
+def test_a_server_ignoring_range_is_used_from_byte_0_never_appended(tmp_path):
+    data = payload(12 * MiB)
+    src = MemorySource(data, answer=lambda start, end, n, bs, be: (0, len(data), None))
+    result = download(job(tmp_path, data), src, Connections(8))
+    check_digests(result, data)
+    assert len(src.requests) <= 8 and src.sent <= 8 * len(data)
+
+
+def test_a_206_starting_before_the_offset_asked_uses_the_bytes_at_their_offsets(tmp_path):
+    data = payload(6 * MiB)
+    src = MemorySource(data, answer=lambda start, end, n, bs, be: (max(0, start - 300), be, None))
+    result = download(job(tmp_path, data), src, Connections(4))
+    check_digests(result, data)
+    assert len(src.requests) == len(plan_ranges([(0, len(data))], range_size(len(data), 4)))
+
+
+def test_a_206_starting_after_the_offset_asked_falls_back_to_the_whole_file(tmp_path):
+    data = payload(6 * MiB)
+
+    def later(start, end, n, bs, be):
+        return (bs + 1000, be, None) if end is not None or start else (bs, be, None)
+    src = MemorySource(data, answer=later)
+    stats = TransferStats()
+    result = download(job(tmp_path, data), src, Connections(4), stats)
+    check_digests(result, data)
+    assert (0, None) in src.requests and len(src.requests) <= 12
+    assert stats.report()["retries_by_reason"]["wrong-range"] >= 2
+
+
+def test_a_server_always_answering_at_the_wrong_offset_fails_after_bounded_requests(tmp_path):
+    data = payload(3 * MiB)
+    src = MemorySource(data, answer=lambda start, end, n, bs, be: (bs + 1, be, None) if start else (5, be, None))
+    with pytest.raises(RemoteError, match="failed attempts in a row"):
+        download(job(tmp_path, data), src, Connections(4))
+    assert len(src.requests) <= 4 * 8
+
+
+def test_cuts_are_retried_from_where_they_stopped_without_losing_bytes(tmp_path):
+    data = payload(4 * MiB)
+    src = MemorySource(data, answer=lambda start, end, n, bs, be: (bs, be, 300_000 if n <= 3 else None))
+    stats = TransferStats()
+    result = download(job(tmp_path, data), src, Connections(4), stats)
+    check_digests(result, data)
+    assert src.sent == len(data) and stats.report()["retries"] == 3
+
+
+def test_the_retry_budget_bounds_the_whole_fetch_and_keeps_the_partial(tmp_path):
+    data = payload(2 * MiB)
+    src = MemorySource(data, answer=lambda start, end, n, bs, be: (bs, be, 0))
+    stats = TransferStats(retry_budget=2)
+    with pytest.raises(RemoteError, match="retry budget spent"):
+        download(job(tmp_path, data), src, Connections(1), stats)
+    assert stats.report()["retries"] == 2 and state_path(tmp_path / "w.part").exists()
+
+
+def test_more_bytes_than_listed_is_an_integrity_error(tmp_path):
+    data = payload(MiB // 2)
+    src = MemorySource(data + b"extra", chunk=len(data) + 5)
+    with pytest.raises(IntegrityError, match="more than the listed"):
+        download(job(tmp_path, data), src, Connections(2))
