@@ -161,7 +161,8 @@ def test_concurrent_fetch_into_the_same_directory_is_refused(run_mm, hub_env, bi
         _wait_for_partial(dest, minimum=1)
         r = run_mm("fetch", repo_id, "--revision", commit, "--local-dir", str(dest), env=hub_env)
         assert r.returncode == 6
-        assert f"`mm fetch {repo_id} --revision {commit} --local-dir {dest}` (pid {first.pid}) is writing it" in r.stderr
+        holder = f"`mm fetch {repo_id} --revision {commit} --local-dir {dest} --connections 1` (pid {first.pid})"
+        assert f"{holder} is writing it" in r.stderr, r.stderr
     finally:
         first.kill()
         first.wait()
