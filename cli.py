@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import threading
 from collections import Counter
@@ -18,9 +19,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import click
 
 from .artifacts.bundle.payloads import PAYLOAD_KINDS
-from .artifacts.errors import IntegrityError, MMError, ProblemsFound
+from .artifacts.errors import BadInput, BadValue, IntegrityError, MMError, ProblemsFound
 from .artifacts.fsutil import human_bytes
 from .artifacts.progress import NULL_PROGRESS, ProgressSink
+from .artifacts.untrusted import printable, redact
 
 if TYPE_CHECKING:  # library modules are imported inside the commands that use them (start-up time)
     from .artifacts.verify import VerifyReport
@@ -59,6 +61,11 @@ class _Lazy:
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(getattr(_consoles, self._name), attr)
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """Console.print with control characters in text escaped (names from disks and servers are hostile)."""
+        getattr(_consoles, self._name).print(
+            *(printable(redact(o), keep_newlines=True) if isinstance(o, str) else o for o in objects), **kwargs)
 
 
 out = _Lazy("out")
@@ -130,27 +137,135 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def emit_json(doc: Any) -> None:
-    click.echo(json.dumps(to_jsonable(doc), indent=2))
+    click.echo(json.dumps(_redacted(to_jsonable(doc)), indent=2))
+
+
+def _redacted(obj: Any) -> Any:
+    """Every string of a JSON document without credentials (see untrusted.redact)."""
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, dict):
+        return {k: _redacted(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_redacted(v) for v in obj]
+    return obj
+
+
+# Where each command writes: a full disk or a read-only file system is reported against this path.
+_WRITE_TARGETS = ("out_dir", "dest", "local_dir", "out", "directory", "model_dir")
+
+
+def _target_of(kwargs: dict) -> str | None:
+    for name in _WRITE_TARGETS:
+        if kwargs.get(name) is not None:
+            return str(kwargs[name])
+    return None
 
 
 def handles_errors(fn: Callable) -> Callable:
-    """Map user-facing errors to one line and the documented exit code."""
+    """Map every failure of a command to one line and its documented exit code (see `fail`)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except MMError as e:
-            json_out = kwargs.get("json_out")
-            if json_out:
-                emit_json({"ok": False, "error": e.message, "exit_code": e.exit_code, "kind": type(e).__name__})
-            err.print(f"mm: {e.message}", markup=False, highlight=False, soft_wrap=True)
-            sys.exit(e.exit_code)
-        except KeyboardInterrupt:
-            err.print("mm: interrupted", markup=False)
-            sys.exit(130)
+        except (SystemExit, click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except BaseException as e:  # KeyboardInterrupt included: it ends as "interrupted", exit 130
+            ctx = click.get_current_context(silent=True)
+            fail(e, ctx.command_path if ctx else "mm", bool(kwargs.get("json_out")), _target_of(kwargs))
 
     return wrapper
+
+
+def fail(exc: BaseException, operation: str, json_out: bool, target: str | None = None) -> None:
+    """Print EXC as one line (and a JSON document with --json) and exit with its documented code.
+
+    MMError: its message and code. OSError where it is the user's situation (a full disk: 7; a read-only,
+    forbidden, wrong-kind or too-long path: 3; a connection: 4). Anything else is a bug in mm: exit 70 with
+    the operation, the file when known and a bug-report hint; the traceback only with MM_DEBUG=1.
+    """
+    from .artifacts.errors import INTERNAL_ERROR
+    from .artifacts.oserrors import describe_os_error
+
+    kind = type(exc).__name__
+    if isinstance(exc, MMError):
+        code, message = exc.exit_code, exc.message
+    elif isinstance(exc, KeyboardInterrupt):
+        code, message = 130, "interrupted"
+    elif isinstance(exc, BrokenPipeError) and exc.filename is None:
+        _quiet_stdout()
+        sys.exit(141)  # the reader of our output went away (`mm verify DIR | head`): end as tools do, silently
+    elif isinstance(exc, OSError) and (described := describe_os_error(exc, target)) is not None:
+        code, message = described
+    else:
+        where = getattr(exc, "filename", None) or target
+        code = INTERNAL_ERROR
+        message = (f"internal error in `{operation}`{f' on {where}' if where else ''}: {kind}: "
+                   f"{printable(str(exc))[:300]}; this is a bug in mm, please report it with the command line "
+                   f"(MM_DEBUG=1 shows the traceback)")
+    if code == INTERNAL_ERROR and os.environ.get("MM_DEBUG") == "1":
+        import traceback
+        traceback.print_exception(exc)
+    message = redact(message)
+    if json_out:
+        emit_json({"ok": False, "error": message, "exit_code": code, "kind": kind})
+    err.print(f"mm: {printable(message)}", markup=False, highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def _quiet_stdout() -> None:
+    """stdout's reader is gone: point it at /dev/null so the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+# --- option values, checked where they are parsed (a bad value is a usage error: exit 2) -----------
+
+def _repo_id(ctx, param, value):
+    from .artifacts.untrusted import repo_id_problem
+    if value is not None and (problem := repo_id_problem(value)):
+        raise click.BadParameter(f"{printable(value)[:120]!r}: {problem}")
+    return value
+
+
+def _revision(ctx, param, value):
+    if value is not None and (not value.strip() or len(value) > 256 or not value.isprintable() or value != value.strip()):
+        raise click.BadParameter(f"{printable(value)[:60]!r}: expected a commit sha, branch or tag")
+    return value
+
+
+def _seconds(ctx, param, value):
+    """A duration in seconds: finite, positive, at most a week (click's FloatRange lets NaN through)."""
+    import math
+    if value is not None and not (math.isfinite(value) and 0 < value <= 7 * 24 * 3600):
+        raise click.BadParameter(f"{value}: expected seconds, more than 0 and at most {7 * 24 * 3600}")
+    return value
+
+
+def _cache_key_pairs(ctx, param, value):
+    from .artifacts.cachekey import parse_cache_key
+    try:
+        parse_cache_key(value)
+    except MMError as e:
+        raise click.BadParameter(e.message) from None
+    return value
+
+
+class VolumeSize(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        from .artifacts.bundle.format import parse_size
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except MMError as e:
+            self.fail(e.message, param, ctx)
 
 
 json_option = click.option("--json", "json_out", is_flag=True, help="Print one JSON document instead of text.")
@@ -172,7 +287,46 @@ class DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class MMGroup(click.Group):
+    """The top-level group: click's usage errors in mm's one-line format (exit 2), and a last guard so that
+    nothing, even outside a command, ends in a traceback or in exit 1."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        args = list(sys.argv[1:] if args is None else args)
+        json_out = "--json" in args
+        threading.excepthook = _thread_failed
+        try:
+            rv = super().main(args, prog_name=prog_name or "mm", complete_var=complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:
+            click.echo(e.ctx.get_help() if e.ctx else "", err=True)
+            sys.exit(e.exit_code)
+        except click.UsageError as e:
+            hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx else ""
+            fail(BadValue(f"{e.format_message()}{hint}"), "mm", json_out)
+        except click.ClickException as e:
+            fail(BadInput(e.format_message()), "mm", json_out)
+        except click.exceptions.Abort:
+            fail(KeyboardInterrupt(), "mm", json_out)
+        except SystemExit:
+            raise
+        except BaseException as e:
+            fail(e, "mm " + " ".join(a for a in args[:2] if not a.startswith("-")), json_out)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _thread_failed(hook_args) -> None:
+    """A worker thread died of an unexpected exception: one line, not Python's thread traceback."""
+    if hook_args.exc_type is SystemExit:
+        return
+    if os.environ.get("MM_DEBUG") == "1":
+        import traceback
+        traceback.print_exception(hook_args.exc_value)
+    err.print(f"mm: internal error in a worker thread: {hook_args.exc_type.__name__}: "
+              f"{printable(str(hook_args.exc_value))[:300]}; this is a bug in mm, please report it",
+              markup=False, highlight=False, soft_wrap=True)
+
+
+@click.group(cls=MMGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="mm")
 def main() -> None:
     """mm: fetch a pinned model revision, prove every byte, carry it across an air gap, start it offline."""
@@ -226,8 +380,9 @@ def _fetch_exit_code(result: mm_fetch.FetchResult) -> int:
 
 
 @main.command()
-@click.argument("repo", required=False)
-@click.option("--revision", "-r", help="Full or short commit, branch or tag. Default: the pin's revision (manifests/).")
+@click.argument("repo", required=False, callback=_repo_id)
+@click.option("--revision", "-r", callback=_revision,
+              help="Full or short commit, branch or tag. Default: the pin's revision (manifests/).")
 @click.option("--local-dir", type=click.Path(path_type=Path), help="Target directory. Default: ./<repo name>.")
 @click.option("--include", multiple=True, help="Only paths matching this glob (repeatable).")
 @click.option("--exclude", multiple=True, help="Skip paths matching this glob (repeatable).")
@@ -279,8 +434,9 @@ def manifest():
 
 @manifest.command("create")
 @click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--repo", required=True, help="The Hub repo the directory holds, e.g. MiniMaxAI/MiniMax-M3.1-Flash.")
-@click.option("--revision", required=True, help="Its revision (full sha when offline).")
+@click.option("--repo", required=True, callback=_repo_id,
+              help="The Hub repo the directory holds, e.g. MiniMaxAI/MiniMax-M3.1-Flash.")
+@click.option("--revision", required=True, callback=_revision, help="Its revision (full sha when offline).")
 @click.option("--offline", is_flag=True, help="Do not ask the Hub; record local hashes only.")
 @click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True)
 @json_option
@@ -356,8 +512,8 @@ def _problems_found(report: VerifyReport, what: str) -> None:
 @click.option("--jobs", type=click.IntRange(1, 256), help="Threads. Default: one per core.")
 @click.option("--upstream", is_flag=True, help="Check against the Hub's own identities (LFS sha256, git blob sha1), "
                                                "not the manifest; needs the Hub.")
-@click.option("--repo", help="With --upstream: the Hub repo. Default: the manifest's.")
-@click.option("--revision", help="With --upstream: the revision. Default: the manifest's commit.")
+@click.option("--repo", callback=_repo_id, help="With --upstream: the Hub repo. Default: the manifest's.")
+@click.option("--revision", callback=_revision, help="With --upstream: the revision. Default: the manifest's commit.")
 @click.option("--allowed-signers", type=click.Path(path_type=Path),
               help="Check the manifest's SSH signature (.mm/manifest.json.sig) against this allowed_signers file "
                    "first (an unsigned or wrongly signed manifest: exit 5), then every byte.")
@@ -549,10 +705,10 @@ def mirror():
 
 
 @mirror.command("reconcile")
-@click.argument("repo", required=False)
-@click.option("--revision", "-r", help="The pinned Hub revision. Default: the pin's (manifests/).")
-@click.option("--modelscope-id", help="The mirror, OWNER/NAME on ModelScope. Default: the pin's.")
-@click.option("--ms-revision", help="Mirror branch or tag. Default: master (ModelScope's default branch).")
+@click.argument("repo", required=False, callback=_repo_id)
+@click.option("--revision", "-r", callback=_revision, help="The pinned Hub revision. Default: the pin's (manifests/).")
+@click.option("--modelscope-id", callback=_repo_id, help="The mirror, OWNER/NAME on ModelScope. Default: the pin's.")
+@click.option("--ms-revision", callback=_revision, help="Mirror branch or tag. Default: master (ModelScope's default branch).")
 @click.option("--all-revisions", is_flag=True, help="Rank every branch and tag of the mirror by how much of the pin it supplies.")
 @click.option("--pin-manifest", "manifest_file", type=click.Path(path_type=Path),
               help="Take the pin's hashes from this mm manifest instead of the Hub (offline from the Hub).")
@@ -618,12 +774,12 @@ def bundle():
 @bundle.command("create")
 @click.argument("directory", required=False, type=click.Path(path_type=Path))
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Directory for the volume files.")
-@click.option("--volume-size",
+@click.option("--volume-size", type=VolumeSize(),
               help="Size of each volume, decimal as disks are sold: 750M, 4G (=4,000,000,000 bytes), 500G, 1.8T; "
                    "binary with 'i': 4GiB. Volume 1 must hold mm's wheelhouse whole.")
 @click.option("--name", help="Bundle name used in volume file names. Default: <repo name>-<revision[:12]>.")
 @payload_options("source")
-@click.option("--cache-key", "cache_key", multiple=True, metavar="KEY=VALUE",
+@click.option("--cache-key", "cache_key", multiple=True, metavar="KEY=VALUE", callback=_cache_key_pairs,
               help="Key for kernel caches without mm-cache-key.json (gpu=, compute_capability=, driver=, image=, "
                    "recipe=); repeatable. Without either the cache is bundled as unkeyed.")
 @click.option("--no-mm", "no_mm", is_flag=True, envvar="MM_BUNDLE_NO_MM",
@@ -1033,7 +1189,9 @@ def pull(reference, local_dir, list_only, username, password_stdin, plain_http, 
         for problem in report.verify_problems:
             out.print(f"  {problem}", markup=False, highlight=False, soft_wrap=True)
         out.print(f"Manifest: {report.manifest_path}", markup=False, highlight=False, soft_wrap=True)
-        out.print(f"DSpark draft (dspark/): {'present' if report.draft_present else 'MISSING'}", markup=False, highlight=False)
+        if report.draft_subfolder:  # the pin names a draft model (as fetch says it)
+            out.print(f"DSpark draft ({report.draft_subfolder}): {'present' if report.draft_present else 'MISSING'}",
+                      markup=False, highlight=False)
     if code:
         if not report.failed:
             err.print(f"mm: {report.local_dir}: quick verify after pull found problems", markup=False, highlight=False)
@@ -1058,13 +1216,26 @@ def inspect(reference, username, password_stdin, plain_http, ca_file, json_out):
 
 
 
-def _int_list(ctx, param, value):
-    if value is None:
-        return None
-    try:
-        return tuple(int(g) for g in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: expected numbers separated by commas, like 0,1,2,3") from None
+def _int_list(lo: int, hi: int, what: str, example: str, distinct: str = "") -> Callable:
+    """A click callback for a comma-separated list of integers in [LO, HI] (GPU indices, ports); with
+    DISTINCT, a value named twice is refused saying why (ports: the plan names what they collide with)."""
+
+    def parse(ctx, param, value):
+        if value is None:
+            return None
+        parts = value.split(",")
+        numbers = tuple(int(p) for p in parts if p.strip().isdigit() and len(p.strip()) <= 6)
+        if len(numbers) != len(parts) or any(not lo <= n <= hi for n in numbers):
+            raise click.BadParameter(f"{printable(value)[:60]!r}: expected {what} like {example} (integers {lo} to {hi})")
+        if distinct and len(set(numbers)) != len(numbers):
+            raise click.BadParameter(f"{value}: {distinct}")
+        return numbers
+
+    return parse
+
+
+_gpu_list = _int_list(0, 1023, "GPU indices", "0,1,2,3", distinct="a GPU is listed twice (no GPU may serve two replicas)")
+_port_list = _int_list(1, 65535, "ports", "30001,30002")
 
 
 def recipe_options(fn: Callable) -> Callable:
@@ -1074,16 +1245,19 @@ def recipe_options(fn: Callable) -> Callable:
         click.option("--hardware", required=True, help="b300, gb300, b200, gb200, h200, h100 (vLLM), mi355x, mi350x."),
         click.option("--recipe", default=None, help="balanced, low-latency, high-throughput, ... (default: the hardware's reference)."),
         click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True),
-        click.option("--gpus", callback=_int_list, default=None,
+        click.option("--gpus", callback=_gpu_list, default=None,
                      help="GPU indices, e.g. 0,1,2,3 (default: 0..N-1); more than one replica needs: one replica per group."),
-        click.option("--replicas", type=int, default=None,
+        click.option("--replicas", type=click.IntRange(1, 1024), default=None,
                      help="Servers behind the SGLang router (default: as many as --gpus holds; 1 keeps one server, no router)."),
-        click.option("--port", type=int, default=30000, show_default=True, help="The server's port; with replicas, the router's."),
-        click.option("--replica-ports", callback=_int_list, default=None,
+        click.option("--port", type=click.IntRange(1, 65535), default=30000, show_default=True,
+                     help="The server's port; with replicas, the router's."),
+        click.option("--replica-ports", callback=_port_list, default=None,
                      help="With replicas: their ports on 127.0.0.1 (default: --port+1, --port+2, ...)."),
-        click.option("--metrics-port", type=int, default=None, help="With replicas: the router's metrics port on 127.0.0.1 (default 29000)."),
-        click.option("--tp", type=int, default=None, help="Override the recipe's tensor parallel size (revalidate)."),
-        click.option("--context-length", type=int, default=None, help="Cap the context (refused above the recipe's limit)."),
+        click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, help="With replicas: the router's metrics port on 127.0.0.1 (default 29000)."),
+        click.option("--tp", type=click.IntRange(1, 1024), default=None,
+                     help="Override the recipe's tensor parallel size (revalidate)."),
+        click.option("--context-length", type=click.IntRange(1, 2**31 - 1), default=None,
+                     help="Cap the context (refused above the recipe's limit)."),
         click.option("--dspark", is_flag=True, help="Require DSpark speculative decoding (refused where the guide says it fails)."),
         click.option("--image", default=None, help="Engine image by digest (default: the pinned SGLang image)."),
         click.option("--image-archive", type=click.Path(path_type=Path), default=None,
@@ -1155,7 +1329,8 @@ def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers:
 
 @main.command()
 @recipe_options
-@click.option("--timeout", type=float, default=3600, show_default=True, help="Seconds to wait for /health (a first start compiles kernels).")
+@click.option("--timeout", type=float, default=3600, show_default=True, callback=_seconds,
+              help="Seconds to wait for /health (a first start compiles kernels).")
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="JSON report path (default: <cache root>/mm-warmup-report.json).")
 @click.option("--image-file", type=click.Path(path_type=Path), default=None, help="Local PNG for the image check (default: a tiny PNG made in code).")
 @click.option("--gpu-info", default=None, help="'NAME, COMPUTE_CAP, DRIVER' for the cache key instead of asking nvidia-smi (required on AMD).")
@@ -1228,8 +1403,8 @@ def doctor(model_dir, json_out, **kw):
 @click.option("--hardware", default=None, help="With --model-dir: the hardware of the launch.")
 @click.option("--recipe", default=None)
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True)
-@click.option("--gpus", callback=_int_list, default=None)
-@click.option("--port", type=int, default=30000, show_default=True)
+@click.option("--gpus", callback=_gpu_list, default=None)
+@click.option("--port", type=click.IntRange(1, 65535), default=30000, show_default=True)
 @click.option("--cache-root", type=click.Path(path_type=Path), default=None)
 @click.option("--image", default=None)
 @click.option("--host-checks", is_flag=True, help="Also run the table's host checks for that recipe on this host.")

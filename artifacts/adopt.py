@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from .errors import BadInput, IntegrityError
+from .errors import BadInput, BadValue, IntegrityError
 from .fsutil import dir_lock, payload_files
 from .manifest import FileEntry, Manifest, entry_for_file, manifest_path, public_endpoint, write_manifest
 from .progress import NULL_PROGRESS, ProgressSink
@@ -48,7 +48,7 @@ def manifest_for_local_dir(local_dir: Path, repo_id: str, revision: str, *, endp
         except Unreachable as e:
             note = f"Hub not reachable ({e.message}); files hashed locally without upstream identities"
     if remote is None and not FULL_COMMIT.match(commit):
-        raise BadInput(f"--revision {revision}: offline, only a full 40-hex commit can be recorded")
+        raise BadValue(f"--revision {revision}: offline, only a full 40-hex commit can be recorded")
     paths = payload_files(local_dir)
     if not paths:
         raise BadInput(f"{local_dir}: no files to record")

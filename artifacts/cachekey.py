@@ -7,15 +7,17 @@ a key given on the command line holds only the fields named there.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .errors import BadInput
+from .errors import BadInput, BadValue
 from .fsutil import atomic_write_json
+from .untrusted import read_json_file
 
 SCHEMA = "mm-cache-key/1"
 FILE_NAME = "mm-cache-key.json"
+MAX_KEY_BYTES = 1024 * 1024
+MAX_FIELD = 1024
 
 
 @dataclass(frozen=True)
@@ -42,13 +44,13 @@ def read_cache_key(cache_dir: Path) -> dict | None:
     path = Path(cache_dir) / FILE_NAME
     if not path.is_file():
         return None
-    try:
-        key = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise BadInput(f"{path}: unreadable cache key ({e})") from None
+    key = read_json_file(path, what="cache key", max_bytes=MAX_KEY_BYTES)
     if not isinstance(key, dict) or key.get("schema") != SCHEMA:
         raise BadInput(f"{path}: not a cache key (expected schema {SCHEMA!r})")
-    return key
+    try:
+        return check_cache_key(key, str(path))
+    except ValueError as e:
+        raise BadInput(str(e)) from None
 
 
 def parse_cache_key(pairs: tuple[str, ...] | list[str]) -> dict | None:
@@ -59,7 +61,9 @@ def parse_cache_key(pairs: tuple[str, ...] | list[str]) -> dict | None:
     for pair in pairs:
         k, sep, v = pair.partition("=")
         if not sep or not k:
-            raise BadInput(f"--cache-key {pair!r} is not KEY=VALUE (e.g. gpu=B300)")
+            raise BadValue(f"--cache-key {pair[:80]!r} is not KEY=VALUE (e.g. gpu=B300)")
+        if len(k) > MAX_FIELD or len(v) > MAX_FIELD:
+            raise BadValue(f"--cache-key {pair[:80]!r}: a key or value longer than {MAX_FIELD} characters")
         key[k] = v
     return key
 
@@ -70,4 +74,10 @@ def check_cache_key(key: object, where: str) -> dict | None:
         return None
     if not isinstance(key, dict) or key.get("schema") != SCHEMA or not all(isinstance(k, str) for k in key):
         raise ValueError(f"{where}: cache key is not a {SCHEMA} object")
+    for k, v in key.items():
+        # flat: strings and counts (it is compared, printed and written into scripts, never interpreted)
+        if len(k) > MAX_FIELD or not (isinstance(v, str) and len(v) <= MAX_FIELD
+                                      or isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31):
+            raise ValueError(f"{where}: cache key field {k[:60]!r} is not a string of at most {MAX_FIELD} characters "
+                             f"or a count")
     return key

@@ -8,7 +8,6 @@ adapted to it (the cache paths, flags and ports mm uses); otherwise it is the gu
 """
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from .errors import BadInput
 from .cachekey import FILE_NAME as CACHE_KEY_FILE
 from .launch import LaunchPlan, _pairs
 from .pins import Pin, default_pin, manifests_dir
+from .untrusted import At, Malformed, load_json, read_json_file
 
 SCHEMA = "mm-troubleshooting/1"
 SOURCES = ("log", "http", "container", "host")
@@ -103,33 +103,65 @@ def _regex(value: str | None, where: str) -> re.Pattern | None:
         raise BadInput(f"{where}: bad pattern {value!r}: {e}") from None
 
 
-def load_table(path: Path | None = None) -> Table:
-    path = Path(path or table_path())
+MAX_TABLE_BYTES = 4 * 1024 * 1024
+MAX_PATTERN = 2000
+# the placeholders a row's fix_here may name (plan_context's keys): any other would fail when the fix is shown
+FIX_FIELDS = frozenset({"recipe", "hardware", "model_dir", "revision", "pinned_revision", "image", "pinned_image",
+                        "cache_root", "minfer_mount", "minfer_host", "mem_fraction_static", "chunked_prefill_size",
+                        "gpu_count", "gpus", "port", "container"})
+
+
+def _fix_template(value: str | None, at: At) -> str | None:
+    import string
+
+    if value is None:
+        return None
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise BadInput(f"{path}: cannot read the troubleshooting table: {e}") from None
+        fields = [f for _, f, spec, conv in string.Formatter().parse(value) if f is not None]
+    except ValueError as e:
+        raise at.fail(f"not a fix template ({e})") from None
+    for f in fields:
+        if f not in FIX_FIELDS:
+            raise at.fail(f"unknown placeholder {{{f[:40]}}} (known: {', '.join(sorted(FIX_FIELDS))})")
+    return value
+
+
+def load_table(path: Path | None = None) -> Table:
+    """The troubleshooting table (hostile until parsed, like every file mm reads): typed rows, compiled patterns."""
+    path = Path(path or table_path())
+    doc = read_json_file(path, what="troubleshooting table", max_bytes=MAX_TABLE_BYTES)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise BadInput(f"{path}: not a troubleshooting table (expected schema {SCHEMA!r})")
+    at = At(str(path))
     rows = []
-    try:
-        for r in doc["rows"]:
-            where = f"{path}: row {r.get('id')!r}"
-            detectors = []
-            for d in r["detect"]:
-                if d["source"] not in SOURCES or not d.get("pattern_source"):
-                    raise BadInput(f"{where}: every detector needs a source ({', '.join(SOURCES)}) and a pattern_source")
-                if d["source"] == "host" and d.get("check") not in HOST_CHECKS:
-                    raise BadInput(f"{where}: unknown host check {d.get('check')!r}")
-                detectors.append(Detector(
-                    source=d["source"], pattern=_regex(d.get("pattern"), where), unless=_regex(d.get("unless"), where),
-                    also=_regex(d.get("also"), where), requires=d.get("requires"), missing_mount=d.get("missing_mount"),
-                    check=d.get("check"), pattern_source=d["pattern_source"]))
-            rows.append(Row(id=r["id"], guide_row=int(r["guide"]["value"]["row"]), guide=r["guide"]["source"],
-                            symptom=r["symptom"], cause=r["cause"], fix=r["fix"], fix_here=r.get("fix_here"),
-                            change=dict(r["change"]), detect=tuple(detectors)))
-    except (KeyError, TypeError, ValueError) as e:
-        raise BadInput(f"{path}: malformed troubleshooting table ({e!r})") from None
+    for n, r in enumerate(at.get_list(doc, "rows")):
+        r_at = at.key("rows").index(n)
+        r_at.obj(r)
+        row_id = r_at.get_str(r, "id", max_len=128, empty=False)
+        where = f"{path}: row {row_id!r}"
+        detectors = []
+        for j, d in enumerate(r_at.get_list(r, "detect")):
+            d_at = r_at.key("detect").index(j)
+            d_at.obj(d)
+            source = d_at.get_str(d, "source", max_len=32)
+            pattern_source = d_at.get_str(d, "pattern_source", "", max_len=MAX_PATTERN)
+            if source not in SOURCES or not pattern_source:
+                raise BadInput(f"{where}: every detector needs a source ({', '.join(SOURCES)}) and a pattern_source")
+            check = d_at.get_str(d, "check", None, max_len=64)
+            if source == "host" and check not in HOST_CHECKS:
+                raise BadInput(f"{where}: unknown host check {check!r}")
+            patterns = {k: _regex(d_at.get_str(d, k, None, max_len=MAX_PATTERN), where) for k in ("pattern", "unless", "also")}
+            detectors.append(Detector(
+                source=source, **patterns, requires=d_at.get_str(d, "requires", None, max_len=64),
+                missing_mount=d_at.get_str(d, "missing_mount", None, max_len=4096), check=check,
+                pattern_source=pattern_source))
+        guide = r_at.get_obj(r, "guide")
+        g_at = r_at.key("guide")
+        rows.append(Row(id=row_id, guide_row=g_at.key("value").get_int(g_at.get_obj(guide, "value"), "row", hi=10_000),
+                        guide=g_at.get_str(guide, "source", max_len=4096), symptom=r_at.get_str(r, "symptom"),
+                        cause=r_at.get_str(r, "cause"), fix=r_at.get_str(r, "fix"),
+                        fix_here=_fix_template(r_at.get_str(r, "fix_here", None), r_at.key("fix_here")),
+                        change=dict(r_at.get_obj(r, "change")), detect=tuple(detectors)))
     return Table(path=path, rows=tuple(rows))
 
 
@@ -232,8 +264,10 @@ def read_log(path: Path) -> str:
 def container_log_and_mounts(name: str, docker: str = "docker") -> tuple[str, list[dict]]:
     """`docker logs NAME` (stdout and stderr) and its mounts from `docker inspect`."""
     try:
-        logs = subprocess.run([docker, "logs", name], capture_output=True, text=True, timeout=120)
-        inspect = subprocess.run([docker, "inspect", "-f", "{{json .Mounts}}", name], capture_output=True, text=True,
+        logs = subprocess.run([docker, "logs", name], capture_output=True, encoding="utf-8",
+                              errors="replace", timeout=120)  # a log holds whatever the server wrote
+        inspect = subprocess.run([docker, "inspect", "-f", "{{json .Mounts}}", name], capture_output=True,
+                                 encoding="utf-8", errors="replace",
                                  timeout=60)
     except FileNotFoundError:
         raise BadInput("docker: not found on PATH (--container reads `docker logs`)") from None
@@ -242,11 +276,11 @@ def container_log_and_mounts(name: str, docker: str = "docker") -> tuple[str, li
     if logs.returncode != 0:
         last = (logs.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise BadInput(f"--container {name}: docker logs failed: {last}")
-    try:
-        mounts = json.loads(inspect.stdout) if inspect.returncode == 0 else []
-    except json.JSONDecodeError:
+    try:  # docker's answer is read like any other: within limits, and only the records that are objects
+        mounts = load_json(inspect.stdout, f"docker inspect {name}") if inspect.returncode == 0 else []
+    except Malformed:
         mounts = []
-    return logs.stdout + logs.stderr, mounts if isinstance(mounts, list) else []
+    return logs.stdout + logs.stderr, [m for m in mounts if isinstance(m, dict)] if isinstance(mounts, list) else []
 
 
 # --- host checks (for `mm doctor`) -----------------------------------------------------------

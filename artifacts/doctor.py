@@ -19,7 +19,6 @@ Status: ok, warn (the start works but something costs time), fail (the start wil
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import shutil
@@ -33,6 +32,7 @@ from .errors import BadInput
 from .fsutil import human_bytes
 from .launch import LaunchOptions, LaunchPlan, hicache_host_gb, image_candidates, image_identity
 from .pins import Pin
+from .untrusted import load_json, read_json_file
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 SHM_GUIDE = 32 * 10**9  # the guide's --shm-size 32g; with --ipc=host the host's /dev/shm is what the server gets
@@ -119,9 +119,11 @@ def amd_gpus() -> tuple[list[Gpu], str | None, str | None]:
     if done.returncode != 0:
         return [], None, f"rocm-smi failed: {_last(done.stderr or done.stdout)}"
     try:
-        doc = json.loads(done.stdout)
-    except ValueError:
-        return [], None, "rocm-smi printed no JSON"
+        doc = load_json(done.stdout, "rocm-smi")
+    except BadInput:
+        doc = None
+    if not isinstance(doc, dict):
+        return [], None, "rocm-smi printed no JSON object"
     gpus = []
     for card, info in sorted(doc.items()):
         m = re.fullmatch(r"card(\d+)", card)
@@ -213,9 +215,10 @@ def docker_checks(plan: LaunchPlan) -> tuple[list[Check], str | None]:
         return [Check("docker", FAIL, f"docker daemon not answering: {_last(info.stderr if info else '')}",
                       "start it (systemctl start docker) and make sure this user may use it")], None
     try:
-        doc = json.loads(info.stdout)
-    except ValueError:
+        doc = load_json(info.stdout, "docker info")
+    except BadInput:
         doc = {}
+    doc = doc if isinstance(doc, dict) else {}
     checks = [Check("docker", OK, f"Docker {doc.get('ServerVersion', '?')} answering")]
     found = None
     for ref in image_candidates(plan):  # the start script's search
@@ -348,9 +351,10 @@ def cache_key_check(plan: LaunchPlan, gpus: list[Gpu], findings: dict) -> Check:
     if not path.is_file():
         return Check("kernel cache key", WARN, f"no {path}: {slow}", f"mm warmup ... --cache-root {plan.cache_root}")
     try:
-        key = json.loads(path.read_text())
-        assert isinstance(key, dict)
-    except (OSError, ValueError, AssertionError):
+        key = read_json_file(path, what="cache key")
+        if not isinstance(key, dict):
+            raise BadInput(f"{path}: not an object")
+    except BadInput:
         return Check("kernel cache key", WARN, f"{path}: unreadable: {slow}", f"mm warmup ... --cache-root {plan.cache_root}")
     here = {"image": plan.image, "recipe": plan.recipe.id}
     if gpus:

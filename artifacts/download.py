@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import ContextManager, Iterator, Mapping, Protocol, Sequence
 
 from .errors import BadInput, IntegrityError, MMError, RemoteError
-from .fsutil import MM_DIR, dir_lock, publish, require_free_space
+from .fsutil import MM_DIR, check_relpath, dir_lock, publish, require_free_space
 from .hashing import Digests, StreamHasher
 from .manifest import FileEntry, Upstream, entry_from_dict, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
+from .untrusted import load_json
 from . import ranges
 from .ranges import DEFAULT_CONNECTIONS, Connections, RangedJob, RetryLater, TransferStats, clear_state, state_path
 
@@ -248,7 +249,8 @@ class Session:
     def present(self, f: RemoteFile) -> FileEntry | None:
         entry = self.known.get(f.path)
         final = self.local_dir / f.path
-        if entry and entry.upstream == f.upstream and entry.size == f.size and final.is_file() and final.stat().st_size == f.size:
+        if (entry and entry.proven and entry.upstream == f.upstream and entry.size == f.size and final.is_file()
+                and final.stat().st_size == f.size):
             return entry
         return None
 
@@ -296,10 +298,7 @@ def _failed(f: RemoteFile, source: Source, e: MMError) -> tuple[FileOutcome, Non
 def prepare_dir(local_dir: Path) -> None:
     if local_dir.exists() and not local_dir.is_dir():
         raise BadInput(f"{local_dir}: exists and is not a directory")
-    try:
-        (local_dir / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BadInput(f"{local_dir}: cannot create the download directory: {e.strerror}") from None
+    (local_dir / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)  # OSError: the CLI names the path and the errno
 
 
 def known_entries(local_dir: Path) -> dict[str, FileEntry]:
@@ -344,12 +343,14 @@ class Journal:
         out: dict[str, FileEntry] = {}
         if not self.path.exists():
             return out
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        for line in self.path.read_bytes().splitlines():
             try:
-                entry = entry_from_dict(json.loads(line))
-                out[entry.path] = entry
-            except (ValueError, KeyError, TypeError):
-                continue  # a line torn by a kill is simply not trusted
+                entry = entry_from_dict(load_json(line, str(self.path)))
+                check_relpath(entry.path, str(self.path))
+                if entry.proven:
+                    out[entry.path] = entry
+            except BadInput:
+                continue  # a line torn by a kill (or not mm's) is simply not trusted
         return out
 
     def clear(self) -> None:

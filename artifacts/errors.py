@@ -4,13 +4,15 @@ The CLI prints `mm: <message>` on one line for these and never a traceback.
 Exit codes (documented in README.md):
   0  success
   1  problems found (verify/bundle verify found damage; a check failed; the quick-verify gate refused)
-  2  usage error (bad option or argument; click's own code)
+  2  usage error (unknown option, missing argument, or an option/argument value that is malformed or out of range)
   3  bad input (a file, directory, manifest or volume is missing, unreadable or malformed)
   4  remote error (Hub, mirror or registry unreachable, repo/revision/file/tag not found, auth refused)
   5  integrity error (downloaded or imported bytes do not match the expected identity; a required manifest
      signature is missing or not good)
   6  busy (another mm process holds the directory's lock)
   7  refused (a combination the deployment guide says fails, or not enough disk)
+ 70  internal error: a bug in mm (an unexpected exception; one line, never a traceback unless MM_DEBUG=1)
+130  interrupted
 """
 from __future__ import annotations
 
@@ -25,6 +27,12 @@ class MMError(Exception):
 
 class ProblemsFound(MMError):
     exit_code = 1
+
+
+class BadValue(MMError):
+    """An option or argument value that is malformed or out of range (the same code as click's usage errors)."""
+
+    exit_code = 2
 
 
 class QuickVerifyFailed(ProblemsFound):
@@ -60,10 +68,14 @@ def first_line(e: BaseException) -> str:
 EXIT_CODES = {
     0: "success",
     1: "problems found (verification found damage, or a check failed)",
-    2: "usage error (bad option or argument)",
+    2: "usage error (unknown option, missing argument, or an option or argument value that is malformed or out of range)",
     3: "bad input (missing, unreadable or malformed file, directory, manifest or volume)",
     4: "remote error (Hub, mirror or registry unreachable; repo, revision, file or tag not found; auth refused)",
     5: "integrity error (bytes do not match the expected identity; a manifest signature missing or not good)",
     6: "busy (another mm process holds the directory lock)",
     7: "refused (unsupported combination per the deployment guide, or not enough disk)",
+    70: "internal error: a bug in mm (please report it; MM_DEBUG=1 shows the traceback)",
+    130: "interrupted",
 }
+
+INTERNAL_ERROR = 70

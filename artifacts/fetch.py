@@ -8,15 +8,17 @@ engine proved, under the engine's lock.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
-from .download import FileOutcome, RemoteFile, Session, Source, Sources, prepare_dir
+from .download import PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources
+from .errors import BadInput, RemoteError
+from .fsutil import MM_DIR
 from .ranges import DEFAULT_CONNECTIONS
-from .errors import BadInput
 from .hub import HubSource, Resolved, list_remote_files, resolve_revision, select
-from .manifest import Manifest, manifest_path, public_endpoint, write_manifest
+from .manifest import FileEntry, Manifest, expected_entry, manifest_path, public_endpoint, read_manifest, write_manifest
 from .pins import pin_for_repo
 from .progress import NULL_PROGRESS, ProgressSink
 
@@ -80,7 +82,8 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
     when a good-looking final file exists (repair's scope)."""
     started = time.monotonic()
     local_dir = Path(req.local_dir)
-    prepare_dir(local_dir)
+    if local_dir.exists() and not local_dir.is_dir():
+        raise BadInput(f"{local_dir}: exists and is not a directory")
     if plan is not None:
         resolved, remote = plan.resolved, list(plan.files)
     else:
@@ -89,29 +92,31 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
         remote = list_remote_files(req.repo_id, resolved.commit, endpoint=req.endpoint, token=req.token,
                                    repo_type=req.repo_type)
     planned = select(remote, req.include, req.exclude)
+    unlisted: list[FileOutcome] = []
     if refetch is not None:
+        listed = {f.path for f in remote}
+        unlisted = [FileOutcome(p, 0, "failed", "hub", error=f"the Hub no longer lists it at {resolved.commit[:12]}; "
+                                                             f"it cannot be re-fetched", error_kind=RemoteError)
+                    for p in sorted(refetch - listed)]
         planned = [f for f in planned if f.path in refetch]
-    if not planned:
+    if not planned and not unlisted:
         raise BadInput(f"{req.repo_id}@{resolved.commit[:12]}: no files match the include/exclude patterns")
     hub = HubSource(req.repo_id, resolved.commit, endpoint=req.endpoint, token=req.token, repo_type=req.repo_type)
     sources = Sources(default=hub, by_path=plan.by_path if plan else {},
                       fallback=hub if plan is None or plan.hub_fallback else None, fallback_name="the Hub")
 
-    with Session(local_dir, "mm fetch") as session:
+    with _new_state_dir(local_dir), Session(local_dir, "mm fetch") as session:
         results = session.run(planned, sources, refetch=refetch is not None, workers=req.workers,
                               connections=req.connections, progress=progress,
                               label=f"fetch {req.repo_id}@{resolved.commit[:12]}")
-        # Entries proven earlier stay when the revision has the same content at that path, even if the file
-        # is gone now: the manifest records the revision, so a missing file stays expected (verify names it).
-        by_path = {f.path: f for f in remote}
-        entries = {p: e for p, e in session.known.items() if p in by_path and e.upstream == by_path[p].upstream}
-        entries.update({e.path: e for _, e in results if e is not None})
+        entries = _manifest_entries(local_dir, refetch, remote, planned, session.known,
+                                    [e for _, e in results if e is not None])
         manifest = Manifest(repo_id=req.repo_id, revision=resolved.commit, files=(), repo_type=req.repo_type,
                             requested_revision=resolved.requested, endpoint=public_endpoint(hub.endpoint))
         write_manifest(manifest.with_files(list(entries.values())), manifest_path(local_dir))
         session.finished()
 
-    outcomes = tuple(o for o, _ in results)
+    outcomes = tuple(o for o, _ in results) + tuple(unlisted)
     return FetchResult(
         repo_id=req.repo_id, requested_revision=resolved.requested, commit=resolved.commit,
         revision_kind=resolved.kind, local_dir=str(local_dir), manifest_path=str(manifest_path(local_dir)),
@@ -120,10 +125,54 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
     )
 
 
-def _draft_status(repo_id: str, entries: Mapping[str, object]) -> DraftStatus | None:
+def _manifest_entries(local_dir: Path, refetch: frozenset[str] | None, remote: list[RemoteFile],
+                      planned: list[RemoteFile], known: Mapping[str, FileEntry],
+                      proven: list[FileEntry]) -> dict[str, FileEntry]:
+    """What the manifest records: the revision as selected, not what happened to arrive.
+
+    Every planned file has an entry: proven now, proven earlier with the same content (even if the file is
+    gone now: verify names it missing), or, for a file that could not be fetched, its size and upstream
+    identity only (unproven), so verify, bundle and launch see it as missing. A repair (REFETCH) starts
+    from the manifest it repairs and never drops an entry of it.
+    """
+    by_path = {f.path: f for f in remote}
+    if refetch is not None and manifest_path(local_dir).is_file():
+        entries = {e.path: e for e in read_manifest(manifest_path(local_dir)).files}
+    else:
+        entries = {p: e for p, e in known.items() if p in by_path and e.upstream == by_path[p].upstream}
+    entries.update({e.path: e for e in proven})
+    for f in planned:
+        if f.path not in entries:
+            entries[f.path] = expected_entry(f.path, f.size, f.upstream)
+    return entries
+
+
+@contextmanager
+def _new_state_dir(local_dir: Path) -> Iterator[None]:
+    """A run that fails before anything was kept leaves no empty .mm/ (nor an empty LOCAL_DIR it created)."""
+    created_dir = not local_dir.exists()
+    created_state = not (local_dir / MM_DIR).exists()
+    try:
+        yield
+    except BaseException:
+        if created_state:
+            with suppress(OSError):
+                partial = local_dir / PARTIAL_DIR
+                if partial.is_dir() and not any(partial.iterdir()):
+                    partial.rmdir()
+                    for leftover in ("lock", "journal.jsonl"):
+                        (local_dir / MM_DIR / leftover).unlink(missing_ok=True)
+                    (local_dir / MM_DIR).rmdir()
+                    if created_dir:
+                        local_dir.rmdir()
+        raise
+
+
+def _draft_status(repo_id: str, entries: Mapping[str, FileEntry]) -> DraftStatus | None:
     """Whether the pin's draft model (its draft.subfolder) has a safetensors file; None without one."""
     pin = pin_for_repo(repo_id)
     if pin is None or not pin.draft_subfolder:
         return None
     folder = pin.draft_subfolder.rstrip("/") + "/"
-    return DraftStatus(folder, any(p.startswith(folder) and p.endswith(".safetensors") for p in entries))
+    return DraftStatus(folder, any(p.startswith(folder) and p.endswith(".safetensors") and e.proven
+                                   for p, e in entries.items()))

@@ -5,6 +5,7 @@ import errno
 import fcntl
 import json
 import os
+import unicodedata
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -104,33 +105,91 @@ def _ignore_missing() -> Iterator[None]:
 
 
 @contextmanager
-def dir_lock(directory: Path, what: str = "mm") -> Iterator[None]:
+def dir_lock(directory: Path, what: str = "mm", leave_nothing: bool = False) -> Iterator[None]:
     """Hold an exclusive, non-blocking lock on DIR/.mm/lock for the duration of the block.
 
     flock is released by the kernel when the process dies, so a kill -9 leaves no stale lock.
+    leave_nothing: lock the directory itself instead (removable media: nothing of mm's is left on them).
     """
-    lock_dir = Path(directory) / MM_DIR
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    lock_path = lock_dir / "lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    if leave_nothing:
+        lock_path = Path(directory)
+        fd = os.open(lock_path, os.O_RDONLY | os.O_DIRECTORY)
+    else:
+        lock_dir = Path(directory) / MM_DIR
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        lock_path = lock_dir / "lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise Busy(f"{directory}: another {what} is running on this directory (lock {lock_path}); wait for it or stop it") from None
+                raise Busy(f"{directory}: {what} cannot start: {lock_holder(fd, lock_path)}; wait for it or stop it") from None
             raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        if not leave_nothing:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
         yield
     finally:
         os.close(fd)
 
 
+def lock_holder(fd: int, lock_path: Path) -> str:
+    """Who holds the flock on the file open as FD: "`mm verify DIR` (pid N) is reading it (lock PATH)".
+
+    Read from /proc/locks (the kernel's own table: right even when the holder is a reader that could not
+    record itself); "another mm process" when it cannot be told.
+    """
+    st = os.fstat(fd)
+    holders = []
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 6 or parts[1] != "FLOCK" or parts[0].endswith("->"):
+                    continue
+                dev_ino = parts[5].split(":")
+                if len(dev_ino) == 3 and dev_ino[2].isdigit() and int(dev_ino[2]) == st.st_ino \
+                        and int(dev_ino[1], 16) == os.minor(st.st_dev) and int(dev_ino[0], 16) == os.major(st.st_dev):
+                    holders.append((int(parts[4]), parts[3]))
+    except (OSError, ValueError):
+        pass
+    described = []
+    for pid, mode in holders:
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+        except OSError:
+            argv = []
+        command = _mm_command(argv)
+        doing = "is writing it" if mode == "WRITE" else "is reading it"
+        described.append(f"`{command}` (pid {pid}) {doing}" if command else f"process {pid} {doing}")
+    who = "; ".join(sorted(set(described))) or "another mm process holds it"
+    return f"{who} (lock {lock_path})"
+
+
+def _mm_command(argv: list[str]) -> str | None:
+    """`mm verify DIR` from a process's argv (python .../mm verify DIR), or None when it is not mm."""
+    for i, arg in enumerate(argv):
+        if os.path.basename(arg) == "mm" or arg.endswith("mm.cli"):
+            return " ".join(["mm", *argv[i + 1 :]])[:200]
+    return None
+
+
 def check_relpath(path: str, where: str = "manifest") -> str:
     """Return PATH if it is a safe, normalised, relative POSIX path; raise BadInput otherwise."""
-    if not path or any(c in path for c in "\\\x00\n\r"):
-        raise BadInput(f"{where}: invalid path {path!r} (empty, backslash or NUL)")
+    if not path:
+        raise BadInput(f"{where}: empty path")
+    bad = None if path.isprintable() and "\\" not in path else next(
+        (c for c in path if c == "\\" or unicodedata.category(c) in ("Cc", "Cs")), None)
+    if bad is not None and "\udc80" <= bad <= "\udcff":
+        raise BadInput(f"{where}: path {path!r} is not UTF-8 (byte {ord(bad) - 0xdc00:#04x}), which mm refuses in file names")
+    if bad is not None:
+        what = {"\\": "a backslash", "\x00": "a NUL byte", "\n": "a newline", "\r": "a carriage return",
+                "\t": "a tab"}.get(bad, f"the control character {bad!r}")
+        raise BadInput(f"{where}: path {path!r} holds {what}, which mm refuses in file names")
     if path.startswith("/"):
         raise BadInput(f"{where}: absolute path {path!r} is not allowed")
     # Plain string parts, not PurePosixPath: this runs once a manifest entry (10,000-file repos) at every load.

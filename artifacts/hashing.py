@@ -6,15 +6,19 @@ sha256 alone.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import mmap
 import os
+import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 import blake3
+
+from .errors import BadInput
 
 SLICE = 8 * 1024 * 1024
 SMALL_READ = 1024 * 1024  # blake3_file reads files up to this size instead of mapping them
@@ -82,21 +86,37 @@ def hash_file(path: Path, sha256: bool = True, git_sha1: bool = False, blake3_th
     blake3_threads: 1 when the caller already hashes several files in parallel; blake3.AUTO for one big file.
     """
     path = Path(path)
-    size = os.stat(path).st_size
-    if size == 0:
-        return _hash_bytes(b"", sha256, git_sha1)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        mm.madvise(mmap.MADV_SEQUENTIAL)
-        side: dict[str, str] = {}
-        worker = None
-        if sha256 or git_sha1:
-            worker = threading.Thread(target=_side_digests, args=(mm, size, sha256, git_sha1, side))
-            worker.start()
-        b3 = blake3.blake3(max_threads=blake3_threads)
-        b3.update(mm)
-        if worker is not None:
-            worker.join()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return _hash_bytes(b"", sha256, git_sha1)
+        if not lease(f.fileno()):  # the mapping could lose its pages under us (SIGBUS): read instead
+            return _hash_read(path, size, sha256, git_sha1, blake3_threads)
+        if os.fstat(f.fileno()).st_size != size:
+            raise ChangedDuringRead(f"{path}: its size changed while it was being opened")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            mm.madvise(mmap.MADV_SEQUENTIAL)
+            side: dict[str, str] = {}
+            worker = None
+            if sha256 or git_sha1:
+                worker = threading.Thread(target=_side_digests, args=(mm, size, sha256, git_sha1, side))
+                worker.start()
+            b3 = blake3.blake3(max_threads=blake3_threads)
+            b3.update(mm)
+            if worker is not None:
+                worker.join()
+        if lease_broken(f.fileno()):
+            raise ChangedDuringRead(f"{path}: another process opened it for writing or cut it while it was being hashed")
         return Digests(size=size, blake3=b3.hexdigest(), sha256=side.get("sha256"), git_sha1=side.get("git_sha1"))
+
+
+def _hash_read(path: Path, size: int, sha256: bool, git_sha1: bool, blake3_threads: int) -> Digests:
+    hasher = StreamHasher(sha256=sha256, git_size=size if git_sha1 else None, blake3_threads=blake3_threads)
+    for piece in mapped_windows(path, SLICE):
+        hasher.update(piece)
+    if hasher.size != size:
+        raise ChangedDuringRead(f"{path}: {hasher.size} bytes read of {size}: the file changed while being hashed")
+    return hasher.digests()
 
 
 def _side_digests(mm: mmap.mmap, size: int, sha256: bool, git_sha1: bool, out: dict[str, str]) -> None:
@@ -152,25 +172,59 @@ def upstream_digest(path: Path | str, kind: str, on_bytes: Callable[[int], None]
     return h.hexdigest()
 
 
+class ChangedDuringRead(BadInput):
+    """The file was truncated, or opened for writing, by another process while it was being hashed."""
+
+
+def lease(fd: int) -> bool:
+    """Take a read lease on FD: while it is held, another process that opens the file for writing or
+    truncates it waits (up to /proc/sys/fs/lease-break-time) until we let go, so a mapping of the file can
+    never lose its pages under us (which would kill the process with SIGBUS). The break is announced with
+    SIGURG, whose default action is to ignore it; the reader polls lease_broken() between windows.
+    False when the kernel will not grant one (the file is open for writing somewhere, another owner without
+    CAP_LEASE, a file system without leases): the caller then reads instead of mapping."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def lease_broken(fd: int) -> bool:
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GETLEASE) != fcntl.F_RDLCK
+    except OSError:
+        return True
+
+
 def mapped_windows(path: Path | str, window: int, on_bytes: Callable[[int], None] | None = None) -> Iterator[memoryview | bytes]:
     """A file's bytes as consecutive views, each byte read once, peak RSS about one window.
 
     Small files are read with one os.read (cheaper than a mapping, and mmap rejects empty files).
-    Larger ones are mmapped; each window's page mappings are dropped once the consumer is done with
-    it (MADV_DONTNEED on a read-only file mapping frees only our page-table entries; the page cache
-    keeps the data), so RSS stays near one window instead of the file's size as with `update_mmap`.
-    The next window is prefetched (WILLNEED) for cold caches. on_bytes(n) follows each window.
-    The caller must check the size first: a file truncated while mapped raises SIGBUS.
+    Larger ones are mmapped under a read lease (see _lease); each window's page mappings are dropped once
+    the consumer is done with it (MADV_DONTNEED on a read-only file mapping frees only our page-table
+    entries; the page cache keeps the data), so RSS stays near one window instead of the file's size as
+    with `update_mmap`. The next window is prefetched (WILLNEED) for cold caches. on_bytes(n) follows each
+    window. Without a lease the file is read (pread into one aligned buffer) instead: a truncation then
+    shows as a short read. Either way a file cut or opened for writing meanwhile raises ChangedDuringRead.
     """
     fd = os.open(path, os.O_RDONLY)  # not open(): its buffered reader costs as much as hashing a small file
     try:
         size = os.fstat(fd).st_size
         if size <= SMALL_READ:
             data = os.read(fd, size)
+            if len(data) != size:
+                raise ChangedDuringRead(f"{path}: {len(data)} bytes read of {size}: the file was cut while being read")
             yield data
             if on_bytes is not None:
                 on_bytes(len(data))
             return
+        if not lease(fd):
+            yield from _read_windows(fd, path, size, window, on_bytes)
+            return
+        if os.fstat(fd).st_size != size:
+            raise ChangedDuringRead(f"{path}: its size changed while it was being opened")
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
             view = memoryview(mm)
             try:
@@ -186,7 +240,35 @@ def mapped_windows(path: Path | str, window: int, on_bytes: Callable[[int], None
                     mm.madvise(mmap.MADV_DONTNEED, start, length)
                     if on_bytes is not None:
                         on_bytes(length)
+                    if lease_broken(fd):
+                        raise ChangedDuringRead(f"{path}: another process opened it for writing or cut it while it "
+                                                f"was being read")
             finally:
                 view.release()
     finally:
-        os.close(fd)
+        os.close(fd)  # releases the lease: a writer waiting for it goes on
+
+
+def _read_windows(fd: int, path: Path | str, size: int, window: int,
+                  on_bytes: Callable[[int], None] | None) -> Iterator[memoryview]:
+    """The read path of mapped_windows: pread into one page-aligned buffer (2.3x faster than a bytearray)."""
+    buf = mmap.mmap(-1, window)
+    view = memoryview(buf)
+    try:
+        pos = 0
+        while pos < size:
+            want = min(window, size - pos)
+            got = os.preadv(fd, [view[:want]], pos)
+            if got == 0:
+                raise ChangedDuringRead(f"{path}: ended at byte {pos} of {size}: the file was cut while being read")
+            piece = view[:got]
+            try:
+                yield piece
+            finally:
+                piece.release()
+            pos += got
+            if on_bytes is not None:
+                on_bytes(got)
+    finally:
+        view.release()
+        buf.close()

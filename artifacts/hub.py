@@ -30,7 +30,7 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers, filter_repo_objects, get_session, hf_raise_for_status
 
 from .download import RemoteFile, TransferCut, content_start
-from .errors import BadInput, RemoteError, first_line
+from .errors import BadInput, BadValue, RemoteError, first_line
 from .ranges import RetryLater
 from .fsutil import check_relpath
 from .manifest import public_endpoint
@@ -78,6 +78,10 @@ def hub_errors(repo_id: str, revision: str | None = None) -> Iterator[None]:
         raise RemoteError(f"{at}: Hub request failed: {first_line(e)}") from None
     except httpx2.HTTPError as e:
         raise Unreachable(f"{at}: cannot reach the Hub at {public_endpoint(hub_endpoint())}: {type(e).__name__}: {first_line(e)}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
+        # huggingface_hub parses the Hub's answers: one it cannot read is the server's fault, not mm's
+        raise RemoteError(f"{at}: the Hub at {public_endpoint(hub_endpoint())} answered something that is not a "
+                          f"Hub API answer ({type(e).__name__}: {first_line(e)[:120]})") from None
 
 
 def _api(endpoint: str | None, token: str | None) -> HfApi:
@@ -91,7 +95,7 @@ def resolve_revision(repo_id: str, revision: str, *, endpoint: str | None = None
     api = _api(endpoint, token)
     rev = revision.strip()
     if not rev:
-        raise BadInput("--revision: empty revision")
+        raise BadValue("--revision: empty revision")
     with hub_errors(repo_id, rev):
         refs = api.list_repo_refs(repo_id, repo_type=repo_type)
         for kind, group in (("branch", refs.branches), ("tag", refs.tags)):

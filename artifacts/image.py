@@ -16,7 +16,6 @@ checked here against the digest that named it) and `skopeo copy` by digest to a 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -29,6 +28,7 @@ from pathlib import Path
 from .errors import BadInput, IntegrityError, Refused, RemoteError
 from .fsutil import atomic_write_json, fsync_dir
 from .hashing import upstream_digest
+from .untrusted import load_json, read_json_file
 
 RECORD_SCHEMA = "mm-image/1"
 RECORD_SUFFIX = ".mm-image.json"
@@ -121,10 +121,7 @@ def _fetch_manifest(repo: str, digest: str, tls_verify: bool, timeout: float) ->
 
 
 def _parse_json(raw: bytes, where: str) -> dict:
-    try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadInput(f"{where}: not JSON ({e})") from None
+    doc = load_json(raw, where, max_bytes=MAX_JSON)
     if not isinstance(doc, dict):
         raise BadInput(f"{where}: not a JSON object")
     return doc
@@ -213,8 +210,8 @@ class ImageRecord:
 
 def read_record(path: Path) -> ImageRecord:
     """A record written by `mm image save`, parsed and checked (it came across the air gap: hostile until parsed)."""
+    doc = read_json_file(path, what="image record", max_bytes=MAX_JSON)
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
         if not isinstance(doc, dict) or doc.get("schema") != RECORD_SCHEMA:
             raise ValueError(f"expected schema {RECORD_SCHEMA!r}")
         repo, pinned = parse_ref(doc["reference"])
@@ -313,7 +310,7 @@ def read_archive(archive: Path) -> list[ArchiveImage]:
                 if images:
                     return images
             if "manifest.json" in names:
-                entries = json.loads(_read_member(tf, "manifest.json", where))
+                entries = load_json(_read_member(tf, "manifest.json", where), f"{where}: manifest.json")
                 if not isinstance(entries, list):
                     raise BadInput(f"{where}: manifest.json is not a list")
                 images = []

@@ -9,16 +9,16 @@ unless exposed with an API key read from the environment at run time.
 """
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .errors import BadInput, Refused
+from .errors import BadInput, BadValue, Refused
 from .fsutil import atomic_write_text
 from .manifest import manifest_path, read_manifest
 from .pins import Pin, default_pin, manifests_dir, sourced_value
+from .untrusted import read_json_file
 
 RECIPES_SCHEMA = "mm-recipes/1"
 CONTAINER_MODELS = "/models"
@@ -136,10 +136,7 @@ def _from_pin(value, pin: Pin):
 def load_catalog(path: Path | None = None, pin: Pin | None = None) -> Catalog:
     pin = pin or default_pin()
     path = Path(path or recipes_path(pin))
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise BadInput(f"{path}: cannot read recipes: {e}") from None
+    doc = read_json_file(path, what="recipes file")
     if not isinstance(doc, dict) or doc.get("schema") != RECIPES_SCHEMA:
         raise BadInput(f"{path}: not a recipes file (expected schema {RECIPES_SCHEMA!r})")
     try:
@@ -170,7 +167,7 @@ def load_catalog(path: Path | None = None, pin: Pin | None = None) -> Catalog:
             engines=engines, hardware=hardware, recipes=recipes,
             refusals={k: sourced_value(v, str(path)) for k, v in doc["refusals"].items()},
         )
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         raise BadInput(f"{path}: malformed recipes file ({e!r})") from None
 
 
@@ -286,9 +283,9 @@ class LaunchPlan:
 def choose_recipe(catalog: Catalog, opts: LaunchOptions) -> Recipe:
     hw = catalog.hardware.get(opts.hardware)
     if hw is None:
-        raise BadInput(f"--hardware {opts.hardware!r}: unknown (known: {', '.join(catalog.hardware)})")
+        raise BadValue(f"--hardware {opts.hardware!r}: unknown (known: {', '.join(catalog.hardware)})")
     if opts.engine not in catalog.engines:
-        raise BadInput(f"--engine {opts.engine!r}: unknown (known: {', '.join(catalog.engines)})")
+        raise BadValue(f"--engine {opts.engine!r}: unknown (known: {', '.join(catalog.engines)})")
     candidates = catalog.recipes_for(opts.engine, opts.hardware)
     if not candidates:
         others = sorted({r.engine for r in catalog.recipes if r.hardware == opts.hardware})
@@ -328,7 +325,7 @@ def check_combination(catalog: Catalog, recipe: Recipe, opts: LaunchOptions) -> 
             raise Refused(f"--context-length {opts.context_length:,} is above the {recipe.id} recipe's limit of "
                           f"{limit:,} tokens; use --context-length {limit} or less ({hint})")
         if recipe.engine != "sglang":
-            raise BadInput(f"--context-length: the guide gives no context flag for {recipe.engine}; leave it out")
+            raise BadValue(f"--context-length: the guide gives no context flag for {recipe.engine}; leave it out")
 
 
 def _recipe_tp(recipe: Recipe) -> int:
@@ -391,23 +388,23 @@ def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = 
 
     image = opts.image or engine.image
     if not image:
-        raise BadInput(f"--image: the guide pins no {recipe.engine} image for {recipe.hardware}; pass --image NAME@sha256:<digest>")
+        raise BadValue(f"--image: the guide pins no {recipe.engine} image for {recipe.hardware}; pass --image NAME@sha256:<digest>")
     if not IMAGE_BY_DIGEST.match(image):
-        raise BadInput(f"--image {image!r}: give the image by digest (NAME@sha256:<64 hex>) so every host runs the same bytes")
+        raise BadValue(f"--image {image!r}: give the image by digest (NAME@sha256:<64 hex>) so every host runs the same bytes")
     if hw.vendor == "amd" and image == catalog.pin.image:
-        raise BadInput(f"--image: the pinned image is CUDA-only; {recipe.hardware} needs a ROCm SGLang image by digest")
+        raise BadValue(f"--image: the pinned image is CUDA-only; {recipe.hardware} needs a ROCm SGLang image by digest")
     if opts.image_archive is not None and not Path(opts.image_archive).is_file():
         raise BadInput(f"--image-archive {opts.image_archive}: no such file")
     if not ENV_NAME.match(opts.api_key_env):
-        raise BadInput(f"--api-key-env {opts.api_key_env!r}: not a shell variable name")
+        raise BadValue(f"--api-key-env {opts.api_key_env!r}: not a shell variable name")
     if not 1 <= opts.port <= 65535:
-        raise BadInput(f"--port {opts.port}: out of range")
+        raise BadValue(f"--port {opts.port}: out of range")
 
     tp = opts.tp or _recipe_tp(recipe)
     gpus = tuple(opts.gpus) if opts.gpus else tuple(range(tp if opts.tp else recipe.gpus))
     needed = tp if opts.tp else recipe.gpus
     if len(gpus) != needed or len(set(gpus)) != len(gpus):
-        raise BadInput(f"--gpus {','.join(map(str, gpus))}: recipe {recipe.id} runs on {needed} distinct GPUs")
+        raise BadValue(f"--gpus {','.join(map(str, gpus))}: recipe {recipe.id} runs on {needed} distinct GPUs")
     if opts.tp and opts.tp != _recipe_tp(recipe):
         revalidate = True
         warnings.append(f"TP {opts.tp} differs from the recipe's TP {_recipe_tp(recipe)}: revalidate before serving traffic")

@@ -7,11 +7,14 @@ Schema `mm-manifest/1`:
   "revision": "<40-hex commit>", "requested_revision": "ce7f4df",
   "endpoint": "https://huggingface.co", "created": "2026-11-30T04:41:10Z",
   "files": [{"path": "model-00001-of-00004.safetensors", "size": 123,
-             "blake3": "...", "sha256": "...",
+             "blake3": "..." | null, "sha256": "..." | null,
              "upstream": {"kind": "lfs-sha256" | "git-blob-sha1", "value": "..."} | null,
              "source": "hub" | "modelscope:<id>@<rev>" | "local" | "bundle:<id>"}]
 }
 Files are sorted by path. Secrets never enter it (the endpoint is stored without credentials).
+The manifest describes the revision, not what happened to arrive: a file the fetch could not get is still
+listed, with its size and upstream identity and "blake3": null (not yet proven here), so verify, bundle and
+launch see it as missing (or, once it is there, check it against the upstream identity).
 """
 from __future__ import annotations
 
@@ -25,11 +28,15 @@ from urllib.parse import urlsplit, urlunsplit
 from .errors import BadInput
 from .fsutil import MM_DIR, atomic_write_text, check_relpath
 from .hashing import hash_file
+from .untrusted import At, load_json
 
 SCHEMA = "mm-manifest/1"
 MANIFEST_NAME = "manifest.json"
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
+UPSTREAM_KINDS = ("lfs-sha256", "git-blob-sha1")
+MAX_FILES = 1_000_000  # entries in one manifest
+MAX_MANIFEST_BYTES = 512 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -48,11 +55,21 @@ class Upstream:
 class FileEntry:
     path: str
     size: int
-    blake3: str
-    sha256: str
+    blake3: str | None  # None: listed by the revision but never proven here (a failed fetch)
+    sha256: str | None
     upstream: Upstream | None = None
     source: str = "hub"
     xet_hash: str | None = None  # the Hub's Xet hash for a Xet-backed file, as listed (recorded, not checked)
+
+    @property
+    def proven(self) -> bool:
+        return self.blake3 is not None
+
+
+def expected_entry(path: str, size: int, upstream: Upstream) -> FileEntry:
+    """The entry of a file the revision lists but that was not fetched: size and upstream identity only."""
+    return FileEntry(path=path, size=size, blake3=None,
+                     sha256=upstream.value if upstream.kind == "lfs-sha256" else None, upstream=upstream, source="hub")
 
 
 @dataclass(frozen=True)
@@ -75,6 +92,11 @@ class Manifest:
 
     def with_files(self, files: list[FileEntry] | tuple[FileEntry, ...]) -> "Manifest":
         return replace(self, files=tuple(sorted(files, key=lambda f: f.path)))
+
+    @property
+    def unproven(self) -> tuple[FileEntry, ...]:
+        """Files the revision lists that were never fetched and proven here."""
+        return tuple(f for f in self.files if not f.proven)
 
 
 def manifest_path(model_dir: Path) -> Path:
@@ -106,46 +128,58 @@ def write_manifest(manifest: Manifest, path: Path) -> None:
 def read_manifest(path: Path) -> Manifest:
     path = Path(path)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
     except FileNotFoundError:
         raise BadInput(f"{path}: no manifest here (run `mm fetch` or `mm manifest` first)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInput(f"{path}: cannot read manifest: {e}") from None
-    except json.JSONDecodeError as e:
-        raise BadInput(f"{path}: manifest is not valid JSON (line {e.lineno}: {e.msg})") from None
-    return from_dict(doc, str(path))
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read manifest: {e.strerror or e}") from None
+    return from_json(data, str(path))
+
+
+def from_json(data: bytes | str, where: str) -> Manifest:
+    """A manifest from the bytes of a document read from WHERE (a file, a bundle member)."""
+    return from_dict(load_json(data, where, max_bytes=MAX_MANIFEST_BYTES, what="manifest"), where)
 
 
 def from_dict(doc: object, where: str) -> Manifest:
+    at = At(where)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise BadInput(f"{where}: not an mm manifest (expected schema {SCHEMA!r})")
-    try:
-        files = tuple(entry_from_dict(f) for f in doc["files"])
-        manifest = Manifest(
-            repo_id=str(doc["repo_id"]),
-            revision=str(doc["revision"]),
-            files=files,
-            repo_type=str(doc.get("repo_type", "model")),
-            requested_revision=doc.get("requested_revision"),
-            endpoint=doc.get("endpoint"),
-            created=str(doc.get("created", "")),
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise BadInput(f"{where}: malformed manifest entry ({e!r})") from None
+    files = at.get_list(doc, "files", max_len=MAX_FILES)
+    manifest = Manifest(
+        repo_id=at.get_str(doc, "repo_id", max_len=256),
+        revision=at.get_str(doc, "revision", max_len=64),
+        files=tuple(entry_from_dict(f, at.key("files").index(i)) for i, f in enumerate(files)),
+        repo_type=at.get_str(doc, "repo_type", "model", max_len=32),
+        requested_revision=at.get_str(doc, "requested_revision", None, max_len=256),
+        endpoint=at.get_str(doc, "endpoint", None, max_len=2048),
+        created=at.get_str(doc, "created", "", max_len=64),
+    )
     validate(manifest, where)
     return manifest
 
 
-def entry_from_dict(d: dict) -> FileEntry:
-    up = d.get("upstream")
+def entry_from_dict(d: object, at: At | None = None) -> FileEntry:
+    """One `files` entry, every field typed and bounded (AT names the document and the entry on failure)."""
+    at = at or At("manifest entry")
+    d = at.obj(d)
+    up = at.get_obj(d, "upstream", None)
+    if up is not None:
+        up_at = at.key("upstream")
+        kind = up_at.get_str(up, "kind", max_len=32)
+        if kind not in UPSTREAM_KINDS:
+            raise up_at.key("kind").fail(f"unknown upstream kind {kind!r} (expected {' or '.join(UPSTREAM_KINDS)})")
+        upstream = Upstream(kind=kind, value=up_at.get_str(up, "value", max_len=128))
+    else:
+        upstream = None
     return FileEntry(
-        path=str(d["path"]),
-        size=int(d["size"]),
-        blake3=str(d["blake3"]),
-        sha256=str(d["sha256"]),
-        upstream=Upstream(kind=str(up["kind"]), value=str(up["value"])) if up else None,
-        source=str(d.get("source", "hub")),
-        xet_hash=str(d["xet_hash"]) if d.get("xet_hash") is not None else None,
+        path=at.get_str(d, "path", max_len=4096, empty=False),
+        size=at.get_int(d, "size"),
+        blake3=at.get_str(d, "blake3", None, max_len=64),
+        sha256=at.get_str(d, "sha256", None, max_len=64),
+        upstream=upstream,
+        source=at.get_str(d, "source", "hub", max_len=512),
+        xet_hash=at.get_str(d, "xet_hash", None, max_len=64),
     )
 
 
@@ -158,8 +192,10 @@ def validate(manifest: Manifest, where: str) -> None:
         if f.path in seen:
             raise BadInput(f"{where}: duplicate path {f.path!r}")
         seen.add(f.path)
-        if f.size < 0 or not HEX64.match(f.blake3) or not HEX64.match(f.sha256):
+        if f.size < 0 or any(d is not None and not HEX64.match(d) for d in (f.blake3, f.sha256)):
             raise BadInput(f"{where}: bad size or digest for {f.path!r}")
+        if f.blake3 is None and f.upstream is None:
+            raise BadInput(f"{where}: {f.path!r} has neither a blake3 nor an upstream identity to check it against")
         if f.xet_hash is not None and not HEX64.match(f.xet_hash):
             raise BadInput(f"{where}: bad xet_hash for {f.path!r}")
 
@@ -168,6 +204,10 @@ def export_sums(manifest: Manifest, algorithm: str) -> str:
     """Lines that `sha256sum -c` / `b3sum --check` accept, run from the model directory."""
     if algorithm not in ("sha256", "blake3"):
         raise BadInput(f"unknown checksum format {algorithm!r} (use sha256 or blake3)")
+    if unproven := manifest.unproven:
+        # a sums file without them would let `sha256sum -c` pass on an incomplete model
+        raise BadInput(f"{manifest.repo_id}@{manifest.revision[:12]}: {len(unproven)} file(s) of the revision were "
+                       f"never fetched here (e.g. {unproven[0].path}); run `mm repair DIR` first")
     lines = []
     for f in manifest.files:
         digest = f.sha256 if algorithm == "sha256" else f.blake3

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from .download import RemoteFile, TransferCut, content_start
-from .errors import BadInput, RemoteError, first_line
+from .errors import BadInput, BadValue, RemoteError, first_line
 from .fetch import FetchRequest, SourcePlan
 from .hashing import git_blob_sha1
 from .hub import Resolved, Unreachable, list_remote_files, resolve_revision, select
@@ -247,7 +247,7 @@ def parse_source(spec: str, default_modelscope_id: str) -> tuple[str, str]:
     """`modelscope`, `modelscope:OWNER/NAME` or `modelscope:OWNER/NAME@REV` -> (model id, revision)."""
     m = re.match(r"^modelscope(?::([^@/\s]+/[^@/\s]+))?(?:@([^@\s]+))?$", spec)
     if not m:
-        raise BadInput(f"--source {spec!r}: expected hub, modelscope, modelscope:OWNER/NAME or modelscope:OWNER/NAME@REV")
+        raise BadValue(f"--source {spec!r}: expected hub, modelscope, modelscope:OWNER/NAME or modelscope:OWNER/NAME@REV")
     return m[1] or default_modelscope_id, m[2] or DEFAULT_MS_REVISION
 
 

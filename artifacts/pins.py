@@ -1,12 +1,12 @@
 """Curated pins in manifests/: data only, every value with its source (see manifests/*.json)."""
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BadInput
+from .untrusted import At, read_json_file
 
 PIN_SCHEMA = "mm-pin/1"
 
@@ -62,46 +62,64 @@ def _beside(doc: dict, key: str, path: Path) -> str | None:
 
 
 def load_pin_file(path: Path) -> Pin:
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise BadInput(f"{path}: cannot read pin: {e}") from None
+    doc = read_json_file(path, what="pin file")
     if not isinstance(doc, dict) or doc.get("schema") != PIN_SCHEMA:
         raise BadInput(f"{path}: not a pin file (expected schema {PIN_SCHEMA!r})")
+    at = At(str(path))
     draft = _value(doc, "draft", path) or {}
     if not isinstance(draft, dict):
         raise BadInput(f"{path}: pin field 'draft' must hold an object with a subfolder")
     recipes, troubleshooting = _beside(doc, "recipes", path), _beside(doc, "troubleshooting", path)
     return Pin(
-        name=str(doc["name"]),
-        repo_id=_value(doc, "repo_id", path),
-        revision=_value(doc, "revision", path),
-        modelscope_id=_value(doc, "modelscope_id", path),
-        image=_value(doc, "image", path),
-        draft_subfolder=draft.get("subfolder"),
-        size_bytes_approx=_value(doc, "size_bytes_approx", path),
+        name=at.get_str(doc, "name", max_len=256),
+        repo_id=at.key("repo_id").str(_value(doc, "repo_id", path), max_len=256),
+        revision=at.key("revision").str(_value(doc, "revision", path), max_len=256),
+        modelscope_id=_opt_str(_value(doc, "modelscope_id", path), at.key("modelscope_id")),
+        image=_opt_str(_value(doc, "image", path), at.key("image")),
+        draft_subfolder=_opt_str(at.key("draft").obj(draft).get("subfolder"), at.key("draft").key("subfolder")),
+        size_bytes_approx=None if (size := _value(doc, "size_bytes_approx", path)) is None
+        else at.key("size_bytes_approx").int(size),
         sources={k: v["source"] for k, v in doc.items() if isinstance(v, dict) and "source" in v},
         cuda_runtime=_value(doc, "cuda_runtime", path),
         recipes=recipes,
-        container_name=_value(doc, "container_name", path) or re.sub(r"[^A-Za-z0-9_.-]", "-", str(doc["name"])),
+        container_name=_container_name(_value(doc, "container_name", path), at.key("container_name"))
+        or re.sub(r"[^A-Za-z0-9_.-]", "-", str(doc["name"])),
         troubleshooting=troubleshooting,
     )
+
+
+def _container_name(value: object, at: At) -> str | None:
+    """Docker's rule for a container name (it goes into launch scripts): [A-Za-z0-9][A-Za-z0-9_.-]*."""
+    name = _opt_str(value, at)
+    if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", name):
+        raise at.fail(f"{name[:60]!r} is not a container name (letters, digits, '_', '.', '-')")
+    return name
+
+
+def _opt_str(value: object, at: At) -> str | None:
+    return None if value is None else at.str(value, max_len=1024)
 
 
 def all_pins() -> list[Pin]:
     return [load_pin_file(p) for p in sorted(manifests_dir().glob("*.json")) if _is_pin(p)]
 
 
-def _is_pin(path: Path) -> bool:
+def _pin_doc(path: Path) -> dict | None:
+    """The document at PATH when it is a pin file (manifests/ also holds recipes), else None."""
     try:
-        return json.loads(path.read_text(encoding="utf-8")).get("schema") == PIN_SCHEMA
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return False
+        doc = read_json_file(path, what="pin file")
+    except BadInput:
+        return None
+    return doc if isinstance(doc, dict) and doc.get("schema") == PIN_SCHEMA else None
+
+
+def _is_pin(path: Path) -> bool:
+    return _pin_doc(path) is not None
 
 
 def default_pin() -> Pin:
     for path in sorted(manifests_dir().glob("*.json")):
-        if _is_pin(path) and json.loads(path.read_text(encoding="utf-8")).get("default"):
+        if (doc := _pin_doc(path)) is not None and doc.get("default") is True:
             return load_pin_file(path)
     raise BadInput(f"{manifests_dir()}: no default pin")
 

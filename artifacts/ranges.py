@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ContextManager, Iterator, Protocol
 
-from .errors import IntegrityError, MMError, RemoteError
+from .errors import BadInput, IntegrityError, MMError, RemoteError
 from .hashing import Digests, StreamHasher
 from .progress import NULL_PROGRESS, ProgressSink
+from .untrusted import load_json
 
 MiB = 1 << 20
 DEFAULT_CONNECTIONS = 32  # the most at once; Connections opens 16 and adds more while they pay
@@ -153,8 +154,8 @@ def load_state(partial: Path, size: int, identity: str) -> RangeMap:
     spath = state_path(partial)
     if spath.exists():
         try:
-            rmap = RangeMap.from_json(json.loads(spath.read_text(encoding="utf-8")), size, identity)
-        except (OSError, ValueError, RecursionError):
+            rmap = RangeMap.from_json(load_json(spath.read_bytes(), str(spath)), size, identity)
+        except (OSError, BadInput):  # a map mm cannot read is no map: the partial is started again
             rmap = None
         if rmap is not None and partial.exists():
             return rmap

@@ -75,7 +75,8 @@ def repair_dir(model_dir: Path, *, source: RepairSource | None = None, jobs: int
     manifest = read_manifest(manifest_path(model_dir))
     source = source or HubRepairSource()
     before = verify_dir(model_dir, manifest, jobs=jobs, progress=progress)
-    damaged = before.repairable()
+    # files the revision lists that were never proven here are fetched too, even when bytes sit at their path
+    damaged = before.repairable() | {f.path for f in manifest.unproven}
     if damaged:
         source.restore(model_dir, manifest, damaged, progress)
         after = verify_dir(model_dir, jobs=jobs, progress=progress)  # the source rewrote the manifest's entries

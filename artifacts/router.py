@@ -21,7 +21,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import BadInput, Refused
+from .errors import BadValue, Refused
 from .cachekey import FILE_NAME as CACHE_KEY_FILE
 from .launch import (IMAGE_VAR, Catalog, EnvRef, LaunchOptions, LaunchPlan, Token, _wrap, check_combination,
                      check_model_dir, choose_recipe, docker_run_argv, hicache_statement, load_catalog, plan_document,
@@ -64,16 +64,16 @@ def split_gpus(catalog: Catalog, opts: LaunchOptions) -> tuple[int, tuple[tuple[
     recipe = choose_recipe(catalog, opts)
     per = opts.tp if opts.tp else recipe.gpus
     if opts.replicas is not None and opts.replicas < 1:
-        raise BadInput(f"--replicas {opts.replicas}: must be 1 or more")
+        raise BadValue(f"--replicas {opts.replicas}: must be 1 or more")
     if not opts.gpus:
         replicas = opts.replicas or 1
         gpus = tuple(range(replicas * per))
     else:
         gpus = tuple(opts.gpus)
         if len(set(gpus)) != len(gpus):
-            raise BadInput(f"--gpus {','.join(map(str, gpus))}: a GPU is listed twice (no GPU may serve two replicas)")
+            raise BadValue(f"--gpus {','.join(map(str, gpus))}: a GPU is listed twice (no GPU may serve two replicas)")
         if opts.replicas is None and (len(gpus) < per or len(gpus) % per):
-            raise BadInput(f"--gpus {','.join(map(str, gpus))}: recipe {recipe.id} runs on {per} distinct GPUs"
+            raise BadValue(f"--gpus {','.join(map(str, gpus))}: recipe {recipe.id} runs on {per} distinct GPUs"
                            + (f" per replica; list a multiple of {per}" if len(gpus) > per else ""))
         replicas = opts.replicas or len(gpus) // per
         if replicas * per > len(gpus):
@@ -83,7 +83,7 @@ def split_gpus(catalog: Catalog, opts: LaunchOptions) -> tuple[int, tuple[tuple[
         if replicas * per != len(gpus):
             if opts.replicas:  # e.g. --replicas 1 with 8 ROCm GPUs: say what the guide says about one server
                 check_combination(catalog, recipe, dataclasses.replace(opts, gpus=gpus[:len(gpus) // replicas]))
-            raise BadInput(f"--gpus {','.join(map(str, gpus))}: recipe {recipe.id} runs on {per} distinct GPUs per "
+            raise BadValue(f"--gpus {','.join(map(str, gpus))}: recipe {recipe.id} runs on {per} distinct GPUs per "
                            f"replica; list {replicas * per} GPUs for {replicas} replica(s)")
     return replicas, tuple(gpus[i * per:(i + 1) * per] for i in range(replicas))
 
@@ -91,16 +91,16 @@ def split_gpus(catalog: Catalog, opts: LaunchOptions) -> tuple[int, tuple[tuple[
 def _ports(opts: LaunchOptions, replicas: int, metrics_default: int) -> tuple[tuple[int, ...], int]:
     ports = tuple(opts.replica_ports) if opts.replica_ports else tuple(opts.port + 1 + i for i in range(replicas))
     if len(ports) != replicas:
-        raise BadInput(f"--replica-ports {','.join(map(str, ports))}: {replicas} replicas need {replicas} ports")
+        raise BadValue(f"--replica-ports {','.join(map(str, ports))}: {replicas} replicas need {replicas} ports")
     metrics = opts.metrics_port or metrics_default
     named = [("--port (router)", opts.port)] + [(f"replica {i} port", p) for i, p in enumerate(ports)] + \
             [("--metrics-port (router metrics)", metrics)]
     seen: dict[int, str] = {}
     for what, port in named:
         if not 1 <= port <= 65535:
-            raise BadInput(f"{what} {port}: out of range")
+            raise BadValue(f"{what} {port}: out of range")
         if port in seen:
-            raise BadInput(f"{what} {port}: collides with {seen[port]}; every replica, the router and its metrics "
+            raise BadValue(f"{what} {port}: collides with {seen[port]}; every replica, the router and its metrics "
                            f"need their own port (--port, --replica-ports, --metrics-port)")
         seen[port] = what
     return ports, metrics

@@ -6,12 +6,14 @@ garbage or fails minutes into a start; these checks find that in milliseconds pe
 """
 from __future__ import annotations
 
-import json
 import os
 import struct
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
+
+from .hashing import lease
+from .untrusted import Malformed, load_json
 
 # Element width in bits, as safetensors' Rust Dtype::bitsize spells the header names.
 DTYPE_BITS = {
@@ -35,8 +37,13 @@ class Header:
     data_bytes: int
 
 
-def read_header(path: Path) -> Header:
-    """Parse and check PATH's header against its own size; raise StructureError with the first fault."""
+def read_header(path: Path, reference: bool = True) -> Header:
+    """Parse and check PATH's header against its own size; raise StructureError with the first fault.
+
+    mm's own checks run first (they name the tensor and the bytes at fault); then, unless REFERENCE is
+    False, the safetensors reference parser (`safe_open` reads and validates the header only) has the
+    last word on what mm's checks let through (a repeated field, a shape whose element count overflows).
+    """
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size < 8:
@@ -46,19 +53,37 @@ def read_header(path: Path) -> Header:
             raise StructureError(f"header length {n} does not fit in a file of {size} bytes")
         raw = f.read(n)
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StructureError(f"header ({n} bytes) is not valid JSON: {e}") from None
+        doc = load_json(raw, "header", max_bytes=MAX_HEADER)
+    except Malformed as e:
+        raise StructureError(f"header ({n} bytes): {e.detail}") from None
     if not isinstance(doc, dict):
         raise StructureError("header is not a JSON object")
-    return Header(tensors=frozenset(_check_layout(doc, size - 8 - n)), data_bytes=size - 8 - n)
+    header = Header(tensors=frozenset(_check_layout(doc, size - 8 - n)), data_bytes=size - 8 - n)
+    if reference and (why := reference_rejects(path)):
+        raise StructureError(f"the safetensors reference parser rejects it: {why}")
+    return header
+
+
+def reference_rejects(path: Path) -> str | None:
+    """Why `safetensors.safe_open` refuses PATH's header, or None when it opens it (data is not read)."""
+    from safetensors import SafetensorError, safe_open  # the reference parser (Rust); loads numpy on first use
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        lease(fd)  # safe_open maps the file: hold truncation off while it reads the header (SIGBUS)
+        with safe_open(str(path), framework="np"):
+            return None
+    except SafetensorError as e:
+        return str(e).removeprefix("Error while deserializing header: ")[:300]
+    finally:
+        os.close(fd)
 
 
 def _check_layout(doc: dict, data_bytes: int) -> list[str]:
     spans = []
     for name, info in doc.items():
         if name == "__metadata__":
-            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+            if info is not None and (not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values())):
                 raise StructureError("__metadata__ is not a map of strings")
             continue
         begin, end = _tensor_span(name, info)
@@ -83,16 +108,23 @@ def _tensor_span(name: str, info: object) -> tuple[int, int]:
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
     if dtype not in DTYPE_BITS:
         raise StructureError(f"tensor {name!r}: unknown dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(_u64(d) for d in shape):
         raise StructureError(f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
     if (not isinstance(offsets, list) or len(offsets) != 2
-            or not all(isinstance(o, int) and o >= 0 for o in offsets) or offsets[0] > offsets[1]):
+            or not all(_u64(o) for o in offsets) or offsets[0] > offsets[1]):
         raise StructureError(f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end] with begin <= end")
-    bits = prod(shape) * DTYPE_BITS[dtype]
+    elements = prod(shape)
+    if elements >= 2**64:
+        raise StructureError(f"tensor {name!r}: shape {shape} holds more than 2**64 elements")
+    bits = elements * DTYPE_BITS[dtype]
     begin, end = offsets
     if bits % 8 or bits // 8 != end - begin:
         raise StructureError(f"tensor {name!r}: {dtype} {shape} needs {bits / 8:g} bytes but data_offsets span {end - begin}")
     return begin, end
+
+
+def _u64(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
 
 
 @dataclass(frozen=True)
@@ -104,9 +136,9 @@ class IndexFault:
 def read_weight_map(path: Path) -> dict[str, str]:
     """tensor name -> shard file name from a *.safetensors.index.json; StructureError if malformed."""
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StructureError(f"index is not valid JSON: {e}") from None
+        doc = load_json(Path(path).read_bytes(), "index")
+    except Malformed as e:
+        raise StructureError(f"index: {e.detail}") from None
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise StructureError("index has no weight_map of tensor name -> shard file")

@@ -167,12 +167,9 @@ def _manifest_bytes(mpath: Path) -> bytes:
 
 
 def _parse_manifest(data: bytes, where: str, from_dict) -> None:
-    import json
+    from .untrusted import load_json
 
-    try:
-        from_dict(json.loads(data), where)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadInput(f"{where}: manifest is not valid JSON ({e})") from None
+    from_dict(load_json(data, where, what="manifest"), where)
 
 
 # --- verifying --------------------------------------------------------------------------------------

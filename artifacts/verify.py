@@ -11,7 +11,6 @@ Never more threads than cores. Memory stays bounded whatever the model size (see
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import posixpath
 import stat
@@ -25,10 +24,11 @@ from typing import Callable, Iterable, Iterator, TypeVar
 import blake3
 
 from .errors import BadInput, Busy, QuickVerifyFailed
-from .fsutil import MM_DIR, check_relpath, is_payload
-from .hashing import blake3_file, upstream_digest
+from .fsutil import MM_DIR, check_relpath, is_payload, lock_holder
+from .hashing import ChangedDuringRead, blake3_file, upstream_digest
 from .manifest import Manifest, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
+from .untrusted import Malformed, load_json
 from .safetensors_check import StructureError, index_faults, read_header, read_weight_map
 
 BIG_FILE = 64 * 1024 * 1024  # below this, a file is always hashed on one core (threads cost more than they save)
@@ -44,7 +44,7 @@ _END = object()
 @dataclass(frozen=True)
 class Problem:
     path: str  # relative POSIX path in the model dir (or the manifest/index file)
-    kind: str  # "missing" | "size" | "hash" | "extra" | "empty" | "unreadable" | "symlink" | "structure" | "index" | "draft"
+    kind: str  # "missing" | "size" | "hash" | "extra" | "empty" | "unreadable" | "changed" | "symlink" | "structure" | "index" | "draft"
     detail: str  # expected vs found, one line
 
 
@@ -95,7 +95,8 @@ def verify_dir(model_dir: Path, manifest: Manifest | None = None, *, quick: bool
     with _no_writer(model_dir):
         if manifest is None:
             manifest = read_manifest(manifest_file)
-        expected = [Expected(f.path, f.size, "blake3", f.blake3) for f in manifest.files]
+        expected = [Expected(f.path, f.size, "blake3", f.blake3) if f.blake3 is not None
+                    else Expected(f.path, f.size, f.upstream.kind, f.upstream.value) for f in manifest.files]
         return _verify(model_dir, expected, str(manifest_file), quick=quick, jobs=jobs, progress=progress,
                        ignore=_inside(model_dir, manifest_file))
 
@@ -110,6 +111,10 @@ def require_quick_verify(model_dir: Path, manifest: Manifest | None = None, *, b
         more = f" and {len(report.problems) - 3} more" if len(report.problems) > 3 else ""
         raise QuickVerifyFailed(f"{model_dir}: quick verify found {len(report.problems)} problem(s): {named}{more}; "
                                 f"run `mm verify {model_dir}` (or `mm repair`) before {before}")
+    manifest = manifest or read_manifest(manifest_path(model_dir))
+    if unproven := manifest.unproven:  # listed by the revision, never fetched and proven here
+        raise QuickVerifyFailed(f"{model_dir}: {len(unproven)} file(s) of the revision were never fetched and proven "
+                                f"here (e.g. {unproven[0].path}); run `mm repair {model_dir}` before {before}")
 
 
 def verify_upstream(model_dir: Path, repo_id: str, revision: str, *, quick: bool = False, jobs: int | None = None,
@@ -209,7 +214,7 @@ def _no_writer(model_dir: Path) -> Iterator[None]:
             # fsutil.dir_lock records the holder's pid: our own caller (e.g. unbundle) may verify.
             held_elsewhere = os.pread(fd, 32, 0).strip() != str(os.getpid()).encode()
         if held_elsewhere:
-            raise Busy(f"{model_dir}: another mm process is writing this directory (lock {MM_DIR}/lock held); "
+            raise Busy(f"{model_dir}: verify cannot start: {lock_holder(fd, Path(model_dir) / MM_DIR / 'lock')}; "
                        f"verify when it has finished")
         yield
     finally:
@@ -304,7 +309,7 @@ def _extra_problems(model_dir: Path, extras: list[str], missing: list[Expected],
 def _digest_matches(path: Path, exp: Expected) -> bool:
     try:
         return _digest(path, exp, blake3.blake3.AUTO, None) == exp.digest
-    except OSError:
+    except (OSError, ChangedDuringRead):
         return False
 
 
@@ -348,6 +353,9 @@ def _check_one(model_dir: Path, exp: Expected, threads: int, progress: ProgressS
         got = _digest(os.path.join(model_dir, exp.path), exp, threads, progress.advance)
     except OSError as e:
         return Problem(exp.path, "unreadable", f"cannot be read: {e.strerror or e}"), 0
+    except ChangedDuringRead:
+        return Problem(exp.path, "changed", "changed during verify (another process cut it or opened it for "
+                                            "writing while it was hashed); verify again when nothing writes it"), 0
     if got == exp.digest:
         return None, exp.size
     name = {"blake3": "blake3", "lfs-sha256": "sha256 (Hub LFS)", "git-blob-sha1": "git blob sha1 (Hub)"}[exp.algorithm]
@@ -470,10 +478,14 @@ def _draft_problems(model_dir: Path, sizes: dict[str, int], broken: set[str]) ->
     if "config.json" not in sizes or "config.json" in broken:
         return []
     try:
-        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        return [Problem("config.json", "structure", f"not valid JSON: {e}")]
-    sub = draft_subfolder(config) if isinstance(config, dict) else None
+        config = load_json((model_dir / "config.json").read_bytes(), "config.json")
+    except OSError as e:
+        return [Problem("config.json", "unreadable", f"cannot be read: {e.strerror or e}")]
+    except Malformed as e:
+        return [Problem("config.json", "structure", e.detail)]
+    if not isinstance(config, dict):
+        return [Problem("config.json", "structure", "not a JSON object")]
+    sub = draft_subfolder(config)
     if sub is None or sub in broken:  # e.g. a symlink leaving the directory: reported as such
         return []
     inside = [rel for rel in sizes if rel.startswith(sub + "/")]

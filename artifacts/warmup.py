@@ -29,8 +29,10 @@ from .fsutil import atomic_write_json
 from .launch import LaunchPlan, docker_run_argv, image_candidates, image_identity
 from .progress import NULL_PROGRESS, ProgressSink
 from .router import NodePlan, router_docker_argv
+from .untrusted import load_json
 
 REPORT_SCHEMA = "mm-warmup-report/1"
+MAX_ANSWER = 16 * 1024 * 1024  # bytes of one chat answer the checks read
 REPORT_NAME = "mm-warmup-report.json"
 DSPARK_LINE = "DSpark draft found in the target checkpoint's dspark/ subfolder"
 RAW_TOKENS = re.compile(r"</?mm:think>|\]<\]minimax\[>\[")  # what the minimax-m3 parsers take out of content
@@ -101,7 +103,8 @@ def data_uri(png: bytes) -> str:
 
 def _docker(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout)
+        return subprocess.run([DOCKER, *args], capture_output=True, encoding="utf-8", errors="replace",
+                              timeout=timeout)  # logs hold whatever the server wrote
     except FileNotFoundError:
         raise BadInput("docker: not found on PATH (warm-up starts the server with docker)") from None
     except subprocess.TimeoutExpired:
@@ -207,18 +210,22 @@ def chat(port: int, body: dict, timeout: float) -> dict:
                                      headers={"Content-Type": "application/json"}, method="POST")
     try:
         with _http.open(request, timeout=timeout) as response:
-            return json.loads(response.read())
+            answer = load_json(response.read(MAX_ANSWER + 1), request.full_url, max_bytes=MAX_ANSWER)
     except urllib.error.HTTPError as e:
-        raise ProblemsFound(f"HTTP {e.code}: {e.read()[:300].decode('utf-8', 'replace')}") from None
-    except (urllib.error.URLError, OSError, json.JSONDecodeError) as e:
+        raise ProblemsFound(f"HTTP {e.code}: {e.read(300).decode('utf-8', 'replace')}") from None
+    except (urllib.error.URLError, OSError) as e:
         raise ProblemsFound(f"no usable answer: {e}") from None
+    except BadInput as e:
+        raise ProblemsFound(f"no usable answer: {e.message}") from None
+    return answer if isinstance(answer, dict) else {}
 
 
 def _message(answer: dict) -> dict:
     try:
-        return answer["choices"][0]["message"]
+        message = answer["choices"][0]["message"]
     except (KeyError, IndexError, TypeError):
         return {}
+    return message if isinstance(message, dict) else {}
 
 
 # --- the guide's checks ----------------------------------------------------------------------
@@ -253,7 +260,7 @@ def request_checks(plan: LaunchPlan, image_png: bytes, timeout: float, port: int
     def thinking_off(m: dict) -> Check:
         reasoning, content = m.get("reasoning_content"), m.get("content")
         if reasoning:
-            return Check("thinking-disabled", False, f"reasoning_content returned ({len(reasoning)} chars) although thinking was disabled")
+            return Check("thinking-disabled", False, f"reasoning_content returned ({len(str(reasoning))} chars) although thinking was disabled")
         if not (content and str(content).strip()):
             return Check("thinking-disabled", False, "choices[0].message.content is empty")
         return Check("thinking-disabled", True, "content present, reasoning_content empty")

@@ -35,6 +35,7 @@ from .errors import BadInput, IntegrityError, RemoteError
 from .fsutil import fsync_dir
 from .hashing import upstream_digest
 from .progress import NULL_PROGRESS, ProgressSink
+from .untrusted import read_json_file
 
 SCHEMA = "mm-wheelhouse/1"
 WHEELHOUSE_DIR = "wheelhouse"
@@ -434,9 +435,9 @@ def _read_set(set_dir: Path, target: Target) -> WheelSet:
 def read_index(wheelhouse: Path) -> dict:
     """wheelhouse.json, parsed and checked (a hostile file: names must be plain)."""
     path = Path(wheelhouse) / INDEX_NAME
+    doc = read_json_file(path, what="wheelhouse index")
     try:
-        doc = json.loads(path.read_text())
-        if doc.get("schema") != SCHEMA:
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise ValueError(f"expected schema {SCHEMA!r}")
         for s in doc["sets"]:
             if not re.fullmatch(r"linux-(x86_64|aarch64)-cp3\d{1,2}", s["name"]):

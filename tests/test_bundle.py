@@ -23,7 +23,7 @@ from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.bundle.unpack import Outcome, Places, check_free_space, unbundle
 from mm.artifacts.bundle.volume import find_volumes, open_volume
 from mm.artifacts.cachekey import CacheKey, write_cache_key
-from mm.artifacts.errors import BadInput, Refused
+from mm.artifacts.errors import BadInput, BadValue, Refused
 from mm.artifacts.manifest import manifest_path, read_manifest
 from tests.support.modelgen import write_model
 from tests.support.run import mm_argv, run_mm
@@ -233,7 +233,7 @@ def test_volume_size_is_decimal_unless_spelled_binary():
     assert parse_size("1.8T") == 1_800_000_000_000
     assert parse_size("750M") == 750_000_000
     assert parse_size("4GiB") == 4 * 2**30
-    with pytest.raises(BadInput, match="'4Q'"):
+    with pytest.raises(BadValue, match="'4Q'"):
         parse_size("4Q")
 
 

@@ -187,3 +187,14 @@ def test_no_nvidia_smi(host):
                            "--port", str(host.port), "--json"], env=env, capture_output=True, text=True, timeout=120)
     checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
     assert done.returncode == 1 and checks["gpus"]["detail"] == "nvidia-smi: not found"
+
+
+@pytest.mark.parametrize("bad", [b"[" * 100_000 + b"]" * 100_000, b'{"gpu": NaN}', b"\xff", b"[1]"])
+def test_a_hostile_cache_key_is_named_unreadable_not_a_crash(host, bad):
+    """The key is read like every file mm reads (issue 11): deep nesting, NaN, bytes that are not UTF-8 or a
+    list warn that the first start compiles; doctor still answers every other check."""
+    (host.cache / "mm-cache-key.json").write_bytes(bad)
+    done = host.doctor("--json")
+    assert "Traceback" not in done.stderr and done.returncode == 0, done.stderr
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    assert checks["kernel cache key"]["status"] == "warn" and "unreadable" in checks["kernel cache key"]["detail"]

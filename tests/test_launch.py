@@ -315,13 +315,21 @@ def test_vllm_h200_uses_block_size_128_minimax_m3_parsers_and_fp8_kv_cache(model
     engine = tokens[tokens.index(VLLM_IMAGE) + 1:]
     assert engine == ["serve", "/models/MiniMax-M3.1-Flash", "--tensor-parallel-size", "8", "--kv-cache-dtype", "fp8",
                       "--block-size", "128", "--reasoning-parser", "minimax_m3", "--tool-call-parser", "minimax_m3",
-                      "--host", "0.0.0.0", "--port", "30000"]
+                      "--enable-auto-tool-choice", "--host", "0.0.0.0", "--port", "30000"]
     assert tokens[tokens.index("--entrypoint") + 1] == "vllm" and "REVALIDATE" in r.stdout
 
 
-def test_vllm_without_an_image_digest_is_bad_input(model_dir):
+@pytest.mark.parametrize("hardware", ["b300", "gb300", "b200", "gb200", "h200", "h100", "mi355x"])
+def test_every_vllm_line_with_a_tool_call_parser_enables_auto_tool_choice(model_dir, hardware):
+    r = mm("launch", model_dir, "--hardware", hardware, "--engine", "vllm", "--image", VLLM_IMAGE)
+    assert r.returncode == 0, r.stderr
+    tokens = script_tokens(r.stdout)
+    assert "--tool-call-parser" in tokens and "--enable-auto-tool-choice" in tokens
+
+
+def test_vllm_without_an_image_digest_is_a_bad_value(model_dir):
     r = mm("launch", model_dir, "--hardware", "b300", "--engine", "vllm")
-    assert r.returncode == 3 and "--image" in r.stderr and "digest" in r.stderr
+    assert r.returncode == 2 and "--image" in r.stderr and "digest" in r.stderr
 
 
 def test_image_archive_adds_a_docker_load_before_the_run(model_dir, tmp_path):
@@ -404,9 +412,9 @@ def test_hardware_with_only_a_vllm_path_is_refused_for_sglang(model_dir):
     assert r.returncode == 7 and "no sglang recipe for h100" in r.stderr and "--engine vllm" in r.stderr
 
 
-def test_gpu_list_that_does_not_match_the_recipe_is_bad_input(model_dir):
+def test_gpu_list_that_does_not_match_the_recipe_is_a_bad_value(model_dir):
     r = mm("launch", model_dir, "--hardware", "b300", "--gpus", "0,1")
-    assert r.returncode == 3 and "--gpus 0,1" in r.stderr and "4 distinct GPUs" in r.stderr
+    assert r.returncode == 2 and "--gpus 0,1" in r.stderr and "4 distinct GPUs" in r.stderr
 
 
 def test_json_plan_written_with_out_is_not_executable(model_dir, tmp_path):

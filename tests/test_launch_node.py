@@ -102,9 +102,9 @@ def test_three_tp4_replicas_on_8_gpus_are_refused_for_lack_of_gpus(model_dir):
     (["--metrics-port", "30002"], "--metrics-port (router metrics) 30002: collides with replica 1 port"),
     (["--port", "28999", "--metrics-port", "29001"], "--metrics-port (router metrics) 29001: collides with replica 1 port"),
 ])
-def test_port_collisions_are_refused(model_dir, extra, clash):
+def test_port_collisions_are_refused_as_bad_values(model_dir, extra, clash):
     r = mm("launch", model_dir, "--hardware", "b300", "--gpus", EIGHT, *extra)
-    assert r.returncode == 3 and clash in r.stderr and r.stdout == ""
+    assert r.returncode == 2 and clash in r.stderr and r.stdout == ""
 
 
 def test_replica_ports_follow_the_router_port_unless_given(model_dir):
@@ -116,14 +116,14 @@ def test_replica_ports_follow_the_router_port_unless_given(model_dir):
 
 def test_replica_ports_must_match_the_replica_count(model_dir):
     r = mm("launch", model_dir, "--hardware", "b300", "--gpus", EIGHT, "--replica-ports", "31001")
-    assert r.returncode == 3 and "2 replicas need 2 ports" in r.stderr
+    assert r.returncode == 2 and "2 replicas need 2 ports" in r.stderr
 
 
-def test_a_gpu_list_that_does_not_split_into_replicas_is_bad_input(model_dir):
+def test_a_gpu_list_that_does_not_split_into_replicas_is_a_bad_value(model_dir):
     r = mm("launch", model_dir, "--hardware", "b300", "--gpus", "0,1,2,3,4,5")
-    assert r.returncode == 3 and "4 distinct GPUs per replica; list a multiple of 4" in r.stderr
+    assert r.returncode == 2 and "4 distinct GPUs per replica; list a multiple of 4" in r.stderr
     r = mm("launch", model_dir, "--hardware", "b300", "--gpus", "0,1,2,3,3,4,5,6")
-    assert r.returncode == 3 and "listed twice" in r.stderr
+    assert r.returncode == 2 and "listed twice" in r.stderr
 
 
 def test_refusals_stay_with_replicas(model_dir):

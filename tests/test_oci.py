@@ -374,11 +374,19 @@ def test_a_pull_killed_before_the_tag_moved_finishes_on_the_new_revision_only(re
 
 # --- resume after kill -9 --------------------------------------------------------------------------
 
+def _size_or_0(path: Path) -> int:
+    """A partial's size, 0 when it got its final name between the listing and the stat."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _wait_for_partial(dest: Path, proc: subprocess.Popen, at_least: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         parts = list((dest / ".mm" / "partial").glob("*.part")) if (dest / ".mm" / "partial").is_dir() else []
-        if sum(p.stat().st_size for p in parts) >= at_least:
+        if sum(_size_or_0(p) for p in parts) >= at_least:
             return
         assert proc.poll() is None, "pull finished before it could be killed"
         time.sleep(0.02)

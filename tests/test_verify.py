@@ -332,7 +332,7 @@ def test_verify_refuses_while_another_process_writes_the_directory_exit_6(model)
         holder.kill()
         holder.wait()
     assert r.returncode == 6
-    assert "another mm process is writing this directory" in r.stderr
+    assert f"process {holder.pid} is writing it" in r.stderr
     assert run_mm("verify", model).returncode == 0  # the lock dies with its holder
 
 

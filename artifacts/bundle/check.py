@@ -14,9 +14,13 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import BadInput
 from ..hashing import StreamHasher
+from ..manifest import from_json
 from ..progress import NULL_PROGRESS, ProgressSink
 from .copyio import HASH_THREADS, ChunkPipe
+from .format import MANIFEST_MEMBER
+from .index import disagreements
 from .volume import Volume, find_volumes, open_volume, split_volumes
 
 
@@ -76,6 +80,22 @@ def check_data(vol: Volume, pipe: ChunkPipe, progress: ProgressSink = NULL_PROGR
             vol.damaged[name] = "blake3 mismatch"
 
 
+def check_meaning(vol: Volume, reference: Volume | None = None) -> None:
+    """What the volume says must make sense, not only hash right: its manifest parses (safe paths, typed
+    values), every index entry agrees with the manifest and the payload records, and what is bundle-wide
+    agrees with REFERENCE (another volume of the bundle). Faults go to vol.refused (unbundle refuses the same)."""
+    if reference is not None and reference is not vol and (field := vol.index.differs_from(reference.index)):
+        vol.refused.append(f"{vol.path.name}: its index's {field} differs from {reference.path.name}'s")
+    if not vol.manifest_bytes or MANIFEST_MEMBER in vol.damaged:
+        return
+    try:
+        manifest = from_json(vol.manifest_bytes, f"{vol.path.name}: {MANIFEST_MEMBER}")
+    except BadInput as e:
+        vol.refused.append(e.message)
+        return
+    vol.refused += [f"{vol.path.name}: {p}" for p in disagreements(vol.index, manifest)]
+
+
 def _span_b3(path: Path, info: tarfile.TarInfo, pipe: ChunkPipe, progress: ProgressSink) -> str:
     h = StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
     for view in pipe.stream(path, info.offset_data, info.size, (h,)):
@@ -101,7 +121,12 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
     conflicts = conflicting_numbers(data, ref)
     progress.begin(data_bytes(vols), "bundle verify")
     pipe = ChunkPipe()
+    reference = next((v for v in data if v.index is not None and v.bundle_id == ref and not v.refused
+                      and v.manifest_bytes and MANIFEST_MEMBER not in v.damaged), None)
     try:
+        for v in data:
+            if v.index is not None and not v.refused and v.bundle_id == ref:
+                check_meaning(v, reference)
         check_volumes(data + parity, ref, pipe, progress)
     finally:
         pipe.close()

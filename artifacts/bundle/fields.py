@@ -15,18 +15,35 @@ def record(raw: object, what: str) -> dict:
     return raw
 
 
-def integer(raw: dict, key: str, low: int = 0) -> int:
+MAX_INT = 2**63 - 1  # sizes and offsets: what a file system can hold (and os.pwrite/lseek accept)
+MAX_NAME = 4096  # a path, a member name, a label
+MAX_TEXT = 1024  # a bundle id, a name, a reference
+
+
+def integer(raw: dict, key: str, low: int = 0, high: int = MAX_INT) -> int:
     value = raw[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{key} {value!r} is not an integer >= {low}")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{key} {_shown(value)} is not an integer")
+    if not low <= value <= high:
+        raise ValueError(f"{key} {value} is outside [{low}, {high}]")
     return value
 
 
-def string(raw: dict, key: str) -> str:
+def string(raw: dict, key: str, max_len: int = MAX_NAME, empty: bool = True) -> str:
     value = raw[key]
     if not isinstance(value, str):
-        raise ValueError(f"{key} {value!r} is not a string")
+        raise ValueError(f"{key} {_shown(value)} is not a string")
+    if len(value) > max_len:
+        raise ValueError(f"{key} is a string of {len(value)} characters, more than the {max_len} allowed")
+    if not value and not empty:
+        raise ValueError(f"{key} is empty")
     return value
+
+
+def _shown(value: object) -> str:
+    """VALUE for a message: short, whatever it is (a hostile index may hold a megabyte there)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -38,13 +55,13 @@ def digest(raw: dict, key: str, optional: bool = False) -> str | None:
     if value is None and optional:
         return None
     if not isinstance(value, str) or not HEX64.match(value):
-        raise ValueError(f"{key} {value!r} is not a 64-digit hex digest")
+        raise ValueError(f"{key} {_shown(value)} is not a 64-digit hex digest")
     return value
 
 
 def plain_name(raw: dict, key: str, where: str, what: str) -> str:
     """A name that becomes one path component at the destination (no '/', nothing that escapes)."""
-    name = string(raw, key)
+    name = string(raw, key, max_len=255, empty=False)
     if "/" in check_relpath(name, where):
-        raise ValueError(f"{what} {name!r} is not a plain name")
+        raise ValueError(f"{what} {_shown(name)} is not a plain name")
     return name

@@ -23,18 +23,24 @@ member name is checked.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import BadInput
 from ..fsutil import check_relpath
-from .fields import digest, integer, plain_name, record, string
+from .fields import MAX_NAME, MAX_TEXT, digest, integer, plain_name, record, string
 from .format import (
     MANIFEST_MEMBER, META, data_member, index_member, parity_data_member, parity_index_member, volume_filename,
 )
 from .parity import CODEC, MAX_STRIPE, MAX_TOTAL, Layout
-from .payloads import PREFIXES, Payloads, parse_payloads, payloads_document
+from .payloads import MODEL_KIND, PREFIXES, Payloads, files_expected, parse_payloads, payloads_document
+
+if TYPE_CHECKING:
+    from ..manifest import Manifest
 
 INDEX_SCHEMA = "mm-bundle-index/1"
 PARITY_SCHEMA = "mm-bundle-parity/1"
+MAX_VOLUMES = 99_999  # data volumes in one bundle (the name holds at least three digits, the count can grow)
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -100,6 +106,12 @@ class Index:
         """Data member -> (length, blake3), as the tar must hold them."""
         return {e.member: (e.length, e.blake3) for e in self.members}
 
+    BUNDLE_WIDE = ("name", "volumes", "volume_size", "repo_id", "revision", "manifest_blake3", "payloads", "parity")
+
+    def differs_from(self, other: Index) -> str | None:
+        """The first bundle-wide field (the same in every volume of one bundle) where OTHER says otherwise."""
+        return next((f for f in self.BUNDLE_WIDE if getattr(self, f) != getattr(other, f)), None)
+
     def to_doc(self) -> dict:
         doc = {"schema": INDEX_SCHEMA, **{f: getattr(self, f) for f in
                                           ("bundle_id", "name", "volume", "volumes", "volume_size", "repo_id",
@@ -163,19 +175,26 @@ class ParityIndex:
                 "streams": [{"number": s.number, "size": s.size, "blake3": s.blake3} for s in self.streams]}
 
 
-def _entry(raw: object, where: str) -> Entry:
+def _entry(raw: object, where: str, volumes: int, volume_size: int) -> Entry:
     raw = record(raw, "a member record")
-    kind, path = string(raw, "kind"), string(raw, "path")
+    kind, path = string(raw, "kind", max_len=64), string(raw, "path", max_len=MAX_NAME)
     if kind not in PREFIXES:
         raise ValueError(f"unknown kind {kind!r}")
     check_relpath(path, where)
-    e = Entry(string(raw, "member"), kind, path, integer(raw, "offset"), integer(raw, "length"), integer(raw, "size"),
-              integer(raw, "segment", 1), integer(raw, "segments", 1), digest(raw, "blake3"),
+    size = integer(raw, "size")
+    offset = integer(raw, "offset", high=size)
+    segments = integer(raw, "segments", 1, high=volumes)  # a piece per volume at most
+    e = Entry(string(raw, "member", max_len=2 * MAX_NAME), kind, path, offset, integer(raw, "length", high=size - offset),
+              size, integer(raw, "segment", 1, high=segments), segments, digest(raw, "blake3"),
               digest(raw, "file_blake3", optional=True), digest(raw, "file_sha256", optional=True))
-    if e.offset + e.length > e.size or e.segment > e.segments:
-        raise ValueError(f"{path}: offset/length/segment out of range")
+    if e.whole and (e.offset, e.length) != (0, e.size):
+        raise ValueError(f"{path}: a whole file of {e.size} bytes stored as {e.length} bytes at offset {e.offset}")
+    if e.length > volume_size or e.size > e.segments * volume_size:
+        # no piece is larger than a volume, and a file of N pieces is at most N volumes
+        raise ValueError(f"{path}: size {e.size} (this piece {e.length}) cannot fit {e.segments} piece(s) in "
+                         f"volumes of {volume_size} bytes")
     if e.member != data_member(kind, path, e.segment, e.segments):
-        raise ValueError(f"member name {e.member!r} does not match {kind} {path!r}")
+        raise ValueError(f"member name {e.member[:200]!r} does not match {kind} {path!r}")
     return e
 
 
@@ -184,6 +203,8 @@ def _meta(doc: dict, where: str) -> dict[str, str]:
     if not isinstance(meta, dict):
         raise ValueError("meta is not an object")
     for name in meta:
+        if not isinstance(name, str) or len(name) > MAX_NAME:
+            raise ValueError(f"metadata member name of {len(name)} characters")
         check_relpath(name, where)
         if not name.startswith(META + "/"):
             raise ValueError(f"metadata member {name!r} outside {META}/")
@@ -202,32 +223,47 @@ def _parity_note(raw: object, volumes: int) -> ParityNote | None:
     if raw is None:
         return None
     raw = record(raw, "parity")
-    note = ParityNote(integer(raw, "parities", 1), _stripe(raw), string(raw, "code"))
+    note = ParityNote(integer(raw, "parities", 1, high=MAX_TOTAL), _stripe(raw), string(raw, "code", max_len=64))
     if volumes + note.parities > MAX_TOTAL:
         raise ValueError(f"{volumes} data and {note.parities} parity volumes: more than {MAX_TOTAL}")
     return note
 
 
 def parse_index(doc: object, where: str) -> Index:
-    """Check an index document and return it typed; BadInput naming WHERE (the volume) on anything off."""
+    """Check an index document and return it typed; BadInput naming WHERE (the volume) on anything off.
+
+    Beyond types and paths: every size is bounded by what the bundle can hold (a whole file is stored whole,
+    a piece fits a volume, the payloads fit the volumes), so an index cannot make unbundle reserve or wait for
+    more than the volumes carry. Whether the sizes agree with the manifest and the payload records is
+    `disagreements` (the manifest is a separate member)."""
     if not isinstance(doc, dict) or doc.get("schema") != INDEX_SCHEMA:
         raise BadInput(f"{where}: not an mm bundle index (expected schema {INDEX_SCHEMA!r})")
     try:
-        volume, volumes = integer(doc, "volume", 1), integer(doc, "volumes", 1)
-        if volume > volumes:
-            raise ValueError(f"volume {volume} of {volumes}")
+        volumes = integer(doc, "volumes", 1, high=MAX_VOLUMES)
+        volume = integer(doc, "volume", 1, high=volumes)
+        volume_size = integer(doc, "volume_size", 1)
         meta = _meta(doc, where)
         members = doc["members"]
         if not isinstance(members, list):
             raise ValueError("members is not a list")
-        return Index(string(doc, "bundle_id"), string(doc, "name"), volume, volumes, integer(doc, "volume_size"),
-                     string(doc, "repo_id"), string(doc, "revision"), digest(doc, "manifest_blake3"), meta,
-                     parse_payloads(doc["payloads"], where), tuple(_entry(e, where) for e in members),
+        payloads = parse_payloads(doc["payloads"], where)
+        carried = sum(files_expected(payloads).values())
+        if carried > volume_size * volumes:
+            raise ValueError(f"payloads of {carried} bytes cannot fit {volumes} volume(s) of {volume_size} bytes")
+        return Index(string(doc, "bundle_id", max_len=MAX_TEXT, empty=False),
+                     string(doc, "name", max_len=255, empty=False), volume, volumes, volume_size,
+                     string(doc, "repo_id", max_len=MAX_TEXT), string(doc, "revision", max_len=MAX_TEXT),
+                     digest(doc, "manifest_blake3"), meta, payloads,
+                     tuple(_entry(e, where, volumes, volume_size) for e in members),
                      _parity_note(doc.get("parity"), volumes))
     except BadInput as e:
         raise BadInput(f"{where}: index names an unsafe path ({e.message})") from None
     except (KeyError, TypeError, ValueError) as e:
-        raise BadInput(f"{where}: malformed index ({e})") from None
+        raise BadInput(f"{where}: malformed index ({_missing(e)})") from None
+
+
+def _missing(e: Exception) -> str:
+    return f"{e.args[0]!r} is missing" if isinstance(e, KeyError) and e.args else str(e)
 
 
 def _streams(raw: object, count: int, what: str, where: str) -> tuple[Stream, ...]:
@@ -248,12 +284,14 @@ def parse_parity_index(doc: object, where: str) -> ParityIndex:
     if not isinstance(doc, dict) or doc.get("schema") != PARITY_SCHEMA:
         raise BadInput(f"{where}: not an mm parity index (expected schema {PARITY_SCHEMA!r})")
     try:
-        parity, parities, volumes = integer(doc, "parity", 1), integer(doc, "parities", 1), integer(doc, "volumes", 1)
+        parity, parities = integer(doc, "parity", 1, high=MAX_TOTAL), integer(doc, "parities", 1, high=MAX_TOTAL)
+        volumes = integer(doc, "volumes", 1, high=MAX_VOLUMES)
         if parity > parities or volumes + parities > MAX_TOTAL:
             raise ValueError(f"parity {parity} of {parities} over {volumes} data volumes")
-        index = ParityIndex(string(doc, "bundle_id"), string(doc, "name"), parity, parities, volumes,
-                            string(doc, "code"), _stripe(doc), digest(doc, "manifest_blake3"), _meta(doc, where),
-                            string(doc, "member"), _streams(doc["data"], volumes, "data", where),
+        index = ParityIndex(string(doc, "bundle_id", max_len=MAX_TEXT, empty=False),
+                            string(doc, "name", max_len=255, empty=False), parity, parities, volumes,
+                            string(doc, "code", max_len=64), _stripe(doc), digest(doc, "manifest_blake3"),
+                            _meta(doc, where), string(doc, "member", max_len=MAX_NAME), _streams(doc["data"], volumes, "data", where),
                             _streams(doc["streams"], parities, "streams", where))
         if index.member != parity_data_member(parity):
             raise ValueError(f"member {index.member!r} is not {parity_data_member(parity)!r}")
@@ -266,7 +304,26 @@ def parse_parity_index(doc: object, where: str) -> ParityIndex:
     except BadInput as e:
         raise BadInput(f"{where}: parity index names an unsafe path ({e.message})") from None
     except (KeyError, TypeError, ValueError) as e:
-        raise BadInput(f"{where}: malformed parity index ({e})") from None
+        raise BadInput(f"{where}: malformed parity index ({_missing(e)})") from None
     if index.code != CODEC:
         raise BadInput(f"{where}: parity made with code {index.code!r}; this mm reads {CODEC!r} only")
     return index
+
+
+def disagreements(index: Index, manifest: Manifest | None) -> list[str]:
+    """Entries that disagree with what they stand for: a model file with the manifest (path, size, whole-file
+    hashes), a payload file with the payload records (kind, path, size). Sizes in an index are never trusted
+    alone: what unbundle writes (and the free-space check counts) comes from the manifest and the records."""
+    files = manifest.by_path() if manifest is not None else {}
+    carried = files_expected(index.payloads)
+    problems = []
+    for e in index.members:
+        if e.kind == MODEL_KIND:
+            f = files.get(e.path)
+            if manifest is not None and f is None:
+                problems.append(f"member {e.member!r} is not a file of the manifest")
+            elif f is not None and (f.size, f.blake3, f.sha256) != (e.size, e.file_blake3, e.file_sha256):
+                problems.append(f"member {e.member!r} says {e.size} bytes, the manifest {f.size} (or the hashes differ)")
+        elif carried.get(e.key) != e.size:
+            problems.append(f"member {e.member!r} ({e.size} bytes) is not a {e.kind} file the payload records list")
+    return problems

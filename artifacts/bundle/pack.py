@@ -408,12 +408,16 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
         for p in pieces:
             w.write(tar_header(p.member, p.length, plan.mtime))
             whole, piece_hash = _piece_hashers(p, working)
-            try:
-                for view in pipe.stream(p.source.src, p.offset, p.length, {whole, piece_hash}):
-                    w.write(view)
-                    progress.advance(len(view))
-            except (EOFError, OSError) as e:
-                raise IntegrityError(f"{p.source.src}: cannot read {p.source.kind} file ({e}); run `mm verify`") from None
+            stream = iter(pipe.stream(p.source.src, p.offset, p.length, {whole, piece_hash}))
+            while True:
+                try:
+                    view = next(stream, None)
+                except (EOFError, OSError) as e:
+                    raise IntegrityError(f"{p.source.src}: cannot read {p.source.kind} file ({e}); run `mm verify`") from None
+                if view is None:
+                    break
+                w.write(view)  # a failed write is the output's (a full or read-only disk), named below
+                progress.advance(len(view))
             digests[p.member] = piece_hash.digests().blake3
             w.pad()
             if p.is_last:
@@ -426,10 +430,12 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
         for name, data in meta_members(plan, n, digests, restore):
             os.pwrite(fd, data, patch_at[name])
         w.flush.wait()
-    except BaseException:
+    except BaseException as e:
         w.flush.wait()
         os.close(fd)
         os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(tmp)  # a write to the volume failed: name the output, never the source
         raise
     return working, fd
 
@@ -493,7 +499,7 @@ def create_bundle(model_dir: Path, out_dir: Path, volume_size: int | str, name: 
     out_dir.mkdir(parents=True, exist_ok=True)
     total = sum(p.length for v in plan.volumes for p in v)
     parity_results: list[VolumeResult] = []
-    with dir_lock(out_dir, "mm bundle"):
+    with dir_lock(out_dir, "mm bundle", leave_nothing=True):
         progress.begin(total, f"bundle {name}")
         results = _write_all(plan, out_dir, progress, sync)
         progress.end()

@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple
 
 from ..errors import BadInput
 from ..fsutil import check_relpath
-from .fields import integer, plain_name, record, string
+from .fields import MAX_TEXT, integer, plain_name, record, string
 
 MODEL_KIND = "model"  # the model's own files: not a payload, but members of the same index
 MODEL_PREFIX = "model"
@@ -98,12 +98,12 @@ class ImagePayload(NamedTuple):
         raw = record(raw, "image record")
         file = plain_name(raw, "file", where, "image file")
         refs = raw.get("refs", [])
-        if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
-            raise ValueError("image refs are not a list of strings")
+        if not isinstance(refs, list) or not all(isinstance(r, str) and len(r) <= MAX_TEXT for r in refs):
+            raise ValueError(f"image refs are not a list of strings (of at most {MAX_TEXT} characters)")
         image_id, pinned, rec = raw.get("image_id"), raw.get("pinned"), raw.get("record")
         for key, value in (("image_id", image_id), ("pinned", pinned)):
-            if value is not None and not isinstance(value, str):
-                raise ValueError(f"image {key} is not a string")
+            if value is not None and (not isinstance(value, str) or len(value) > MAX_TEXT):
+                raise ValueError(f"image {key} is not a string of at most {MAX_TEXT} characters")
         if not isinstance(raw.get("proven", False), bool):
             raise ValueError("image proven is not true or false")
         if rec is not None:
@@ -171,9 +171,16 @@ def prove_image(archive: Path, opts: CollectOptions) -> tuple[ImagePayload, list
     return rec, files, notes
 
 
+MAX_IMAGE_JSON = 16 * 1024 * 1024  # manifest.json / index.json inside a `docker save` archive
+
+
 def image_info(image: Path) -> ImagePayload:
-    """The references a `docker save` archive holds (manifest.json RepoTags, index.json names) and its config."""
+    """The references a `docker save` archive holds (manifest.json RepoTags, index.json names) and its config.
+
+    Both documents are hostile (an archive from anywhere): read through the untrusted loader, every field typed."""
     import tarfile  # here: the CLI imports this table at start-up
+
+    from ..untrusted import At
 
     refs: list[str] = []
     image_id = None
@@ -181,21 +188,41 @@ def image_info(image: Path) -> ImagePayload:
         with tarfile.open(image, "r:") as tf:
             names = {m.name: m for m in tf.getmembers() if m.isreg()}
             if "manifest.json" in names:
-                for entry in json.load(tf.extractfile(names["manifest.json"])):
-                    refs += [t for t in entry.get("RepoTags") or [] if t not in refs]
-                    config = str(entry.get("Config", ""))
+                at = At(f"{image}: manifest.json")
+                for n, entry in enumerate(at.list(_member_json(tf, names["manifest.json"], at.where))):
+                    e_at = at.index(n)
+                    e_at.obj(entry)
+                    for j, tag in enumerate(e_at.get_list(entry, "RepoTags", [])):
+                        tag = e_at.key("RepoTags").index(j).str(tag, 1024)
+                        if tag not in refs:
+                            refs.append(tag)
+                    config = e_at.get_str(entry, "Config", "", max_len=1024)
                     image_id = image_id or "sha256:" + config.rsplit("/", 1)[-1].removesuffix(".json")
             if "index.json" in names:
-                for m in json.load(tf.extractfile(names["index.json"])).get("manifests", []):
-                    ann = m.get("annotations") or {}
+                at = At(f"{image}: index.json")
+                index = at.obj(_member_json(tf, names["index.json"], at.where))
+                for n, m in enumerate(at.get_list(index, "manifests", [])):
+                    m_at = at.key("manifests").index(n)
+                    ann = m_at.get_obj(m_at.obj(m), "annotations", {})
                     ref = ann.get("io.containerd.image.name") or ann.get("org.opencontainers.image.ref.name")
+                    if ref is not None:
+                        m_at.key("annotations").str(ref, 1024)
                     if ref and ref not in refs:
                         refs.append(ref)
             if "manifest.json" not in names and "index.json" not in names:
                 raise BadInput(f"{image}: not a `docker save` archive (no manifest.json or index.json inside)")
-    except (tarfile.TarError, OSError, ValueError, AttributeError) as e:
+    except (tarfile.TarError, OSError, EOFError) as e:
         raise BadInput(f"{image}: cannot read the image archive ({e})") from None
     return ImagePayload(image.name, image.stat().st_size, tuple(refs), image_id)
+
+
+def _member_json(tf, info, where: str) -> object:
+    from ..untrusted import load_json
+
+    if info.size > MAX_IMAGE_JSON:
+        raise BadInput(f"{where}: {info.size} bytes, more than the {MAX_IMAGE_JSON} allowed")
+    member = tf.extractfile(info)
+    return load_json(member.read() if member else b"", where, max_bytes=MAX_IMAGE_JSON)
 
 
 # --- kernel caches: directories of compiled kernels, each with its key ---------------------------

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import bisect
 import enum
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -41,12 +40,13 @@ from ..errors import BadInput, IntegrityError, Refused
 from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, dir_lock, fsync_dir, publish,
                       publish_fd, require_free_space)
 from ..hashing import StreamHasher, blake3_file
-from ..manifest import from_dict, manifest_path
+from ..manifest import from_json, manifest_path, read_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
+from ..untrusted import At, load_json, read_json_file
 from .check import ParitySet, conflicting_numbers, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
 from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member
-from .index import Entry, Index, parse_index
+from .index import Entry, Index, disagreements, parse_index
 from .parity import FileSource, NotRecoverable, describe_shortfall, rebuild
 from .payloads import MODEL_KIND, PAYLOAD_PARTIAL, files_expected, next_commands, payload_roots, payloads_placed
 from .volume import Volume, find_volumes, meta_bytes, open_volume, split_volumes
@@ -126,13 +126,26 @@ class _State:
     def __init__(self, path: Path):
         self.path = path
         try:
-            self.doc = json.loads(path.read_text()) if path.is_file() else {}
-        except (OSError, ValueError) as e:
-            raise BadInput(f"{path}: unreadable unbundle state ({e}); remove it to start the import over") from None
-        if not isinstance(self.doc, dict):
-            raise BadInput(f"{path}: not an unbundle state; remove it to start the import over")
+            self.doc = read_json_file(path, what="unbundle state") if path.is_file() else {}
+            self._check()
+        except BadInput as e:
+            raise BadInput(f"{e.message}; remove it to start the import over") from None
+
+    def _check(self) -> None:
+        at = At(str(self.path))
+        at.obj(self.doc)
         self.doc.setdefault("pieces", {})
         self.doc.setdefault("whole", {})
+        for file_key, pieces in at.get_obj(self.doc, "pieces").items():
+            for segment, piece in at.key("pieces").key(file_key).obj(pieces).items():
+                p_at = at.key("pieces").key(file_key).key(segment)
+                if len(p_at.list(piece)) != 3:
+                    raise p_at.fail("expected [offset, length, blake3]")
+                p_at.index(0).int(piece[0]), p_at.index(1).int(piece[1]), p_at.index(2).str(piece[2], max_len=64)
+        for file_key, whole in at.get_obj(self.doc, "whole").items():
+            at.key("whole").key(file_key).list(whole)
+        for n, volume in enumerate(at.get_list(self.doc, "done_volumes", [])):
+            at.key("done_volumes").index(n).int(volume)
 
     def pieces(self, key: str) -> dict:
         return self.doc["pieces"].setdefault(key, {})
@@ -153,10 +166,12 @@ def check_free_space(places: Places, remaining: dict[str, int]) -> None:
     require_free_space([(places.roots[kind], need) for kind, need in remaining.items()], "the bundle")
 
 
-def _judge_volumes(vols: list[Volume], ref: str | None, manifest_b3: str | None) -> tuple[list[Volume], list[str]]:
+def _judge_volumes(vols: list[Volume], ref: str | None, manifest_b3: str | None,
+                   first: Volume | None = None) -> tuple[list[Volume], list[str]]:
     conflicts = conflicting_numbers(vols, ref)
     accepted, refused = [], []
     for v in vols:
+        differs = first is not None and v.index is not None and v.bundle_id == ref and v.index.differs_from(first.index)
         if v.refused:
             refused += v.refused
         elif v.bundle_id != ref:
@@ -167,6 +182,9 @@ def _judge_volumes(vols: list[Volume], ref: str | None, manifest_b3: str | None)
                            f"both refused")
         elif manifest_b3 and v.index.manifest_blake3 != manifest_b3:
             refused.append(f"{v.path.name}: carries a different manifest than the rest of bundle {ref}; refused")
+        elif differs:
+            refused.append(f"{v.path.name}: its index's {differs} differs from {first.path.name}'s (same bundle {ref}); "
+                           f"refused")
         else:
             accepted.append(v)
     return accepted, refused
@@ -179,19 +197,6 @@ def _still_needed(expected: dict, targets: dict, state: _State) -> dict[str, int
         left = 0 if _is_done(targets[key], size) else size - state.bytes_in_place(f"{key[0]}:{key[1]}")
         needed[key[0]] = needed.get(key[0], 0) + left
     return needed
-
-
-def _check_entries(v: Volume, manifest_files: dict) -> str | None:
-    """An index entry for a model file must agree with the manifest (path, size, whole-file hashes)."""
-    for e in v.entries():
-        if e.kind != MODEL_KIND:
-            continue
-        f = manifest_files.get(e.path)
-        if f is None:
-            return f"{v.path.name}: member {e.member!r} is not a file of the manifest; refused"
-        if (f.size, f.blake3, f.sha256) != (e.size, e.file_blake3, e.file_sha256):
-            return f"{v.path.name}: member {e.member!r} disagrees with the manifest (size or hash); refused"
-    return None
 
 
 def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | None, require: bool):
@@ -235,7 +240,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
                       and MANIFEST_MEMBER not in v.damaged), None)
         manifest_b3 = state.doc.get("manifest_blake3") or (first.index.manifest_blake3 if first else None)
-        accepted, refused = _judge_volumes(vols, ref, manifest_b3)
+        accepted, refused = _judge_volumes(vols, ref, manifest_b3, first)
         if first is not None and accepted:
             idx, manifest_bytes, where = first.index, first.manifest_bytes, f"{first.path.name}: {MANIFEST_MEMBER}"
         else:  # parity volumes only: the bundle's index from an earlier sitting, when it left one
@@ -245,13 +250,11 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
                                + "; ".join(refused[:3]))
             idx, manifest_bytes, where = earlier
             first = next((pv for pv in pvols if pv.bundle_id == ref and not pv.refused), None)
-        manifest = from_dict(json.loads(manifest_bytes), where)
-        files_by_path = manifest.by_path()
+        manifest = from_json(manifest_bytes, where)
         for v in list(accepted):
-            why = _check_entries(v, files_by_path)
-            if why:
+            if disagree := disagreements(v.index, manifest):
                 accepted.remove(v)
-                refused.append(why)
+                refused.append(f"{v.path.name}: {disagree[0]}; refused")
         pset = parity_set(pvols, ref)
         refused += pset.refused
         if signed_manifest is not None and manifest_bytes != signed_manifest:
@@ -286,7 +289,8 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
             rebuild_report = _Rebuilt(notes=list(pset.unused))
             if pset.usable and any(not _is_done(targets[key], size) for key, size in expected.items()):
                 rebuild_report = _rebuild_from_parity(dest, accepted, pset, run, state, idx.volumes, sync, progress,
-                                                      lambda v: _judge_rebuilt(v, ref, manifest_b3, files_by_path))
+                                                      lambda v: _judge_rebuilt(v, ref, manifest_b3, manifest, idx),
+                                                      volume_size=idx.volume_size)
                 refused += rebuild_report.refused
         finally:
             run.pipe.close()
@@ -322,7 +326,7 @@ def _earlier_index(dest: Path, ref: str | None) -> tuple[Index, bytes, str] | No
     or None. Read back as hostile as a volume's: parsed, and the manifest checked against its blake3."""
     path = dest / STATE_DIR / "index.json"
     try:
-        idx = parse_index(json.loads(path.read_bytes()), str(path))
+        idx = parse_index(load_json(path.read_bytes(), str(path)), str(path))
         manifest_bytes = manifest_path(dest).read_bytes()
     except (OSError, ValueError, BadInput):
         return None
@@ -353,16 +357,22 @@ class _Rebuilt:
     notes: list[str] = field(default_factory=list)
 
 
-def _judge_rebuilt(v: Volume, ref: str, manifest_b3: str | None, files_by_path: dict) -> str | None:
-    """A rebuilt volume is judged as any other before a byte of it is imported."""
+def _judge_rebuilt(v: Volume, ref: str, manifest_b3: str | None, manifest, idx: Index) -> str | None:
+    """A rebuilt volume is judged as any other before a byte of it is imported: the same bundle, the same
+    bundle-wide fields as the bundle's index IDX, entries that agree with the manifest and payload records."""
     if v.refused or v.damaged or v.index is None:
         return f"{v.path.name}: rebuilt from parity but does not open as a whole volume; refused"
     _, refused = _judge_volumes([v], ref, manifest_b3)
-    return refused[0] if refused else _check_entries(v, files_by_path)
+    if refused:
+        return refused[0]
+    if field := v.index.differs_from(idx):
+        return f"{v.path.name}: rebuilt from parity, but its index's {field} differs from the bundle's; refused"
+    disagree = disagreements(v.index, manifest)
+    return f"{v.path.name}: {disagree[0]}; refused" if disagree else None
 
 
 def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, run: _Import, state: _State, count: int,
-                         sync: bool, progress: ProgressSink, judge) -> _Rebuilt:
+                         sync: bool, progress: ProgressSink, judge, volume_size: int | None = None) -> _Rebuilt:
     """Rebuild the data volumes not yet imported whole (missing, or with a damaged member) from the intact data
     volumes given (or what earlier sittings left in DEST) and the usable parity volumes; import them (each judged
     by JUDGE first), delete them."""
@@ -374,6 +384,12 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
     if pindex.volumes != count:
         out.refused.append(f"{pset.usable[0].path.name}: parity over {pindex.volumes} data volumes, the bundle has "
                            f"{count}; refused")
+        return out
+    too_big = [n for n in lost if volume_size and pindex.data[n - 1].size > volume_size]
+    if too_big:  # a rebuilt volume is written whole before it is judged: never larger than a volume can be
+        out.refused.append(f"{pset.usable[0].path.name}: says data volume {too_big[0]} is "
+                           f"{pindex.data[too_big[0] - 1].size} bytes, more than the bundle's volume size "
+                           f"{volume_size}; refused")
         return out
     intact = {v.number: v for v in accepted if v.number not in lost}
     sources: dict[int, object] = {n: FileSource(v.path) for n, v in intact.items()}
@@ -537,13 +553,13 @@ class _Skeleton:
         """None when it is missing or unreadable (the volume then counts as lost)."""
         where = dest / STATE_DIR / "skeleton"
         try:
-            doc = json.loads((where / f"vol{n:03d}.json").read_text())
+            doc = load_json((where / f"vol{n:03d}.json").read_bytes(), str(where / f"vol{n:03d}.json"))
             literal = (where / f"vol{n:03d}.bin").read_bytes()
             regions = doc["regions"]
             if not isinstance(regions, list) or not all(isinstance(r, list) and len(r) >= 4 for r in regions):
                 return None
             return cls(int(doc["size"]), regions, literal, run)
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, BadInput):
             return None
 
     def _file(self, kind: str, path: str) -> int | None:
@@ -585,8 +601,8 @@ class _Skeleton:
 def _check_dest_manifest(dest: Path, manifest_bytes: bytes) -> None:
     existing = manifest_path(dest)
     if existing.is_file():
-        have = from_dict(json.loads(existing.read_text()), str(existing))
-        want = from_dict(json.loads(manifest_bytes), "bundle manifest")
+        have = read_manifest(existing)
+        want = from_json(manifest_bytes, "bundle manifest")
         if (have.repo_id, have.revision, have.files) != (want.repo_id, want.revision, want.files):
             raise Refused(f"{existing}: DEST already holds a different model ({have.repo_id}@{have.revision[:12]}); "
                           f"choose an empty --dest")
@@ -605,8 +621,13 @@ class _Import:
         self.places, self.state, self.targets, self.progress, self.sync = places, state, targets, progress, sync
         self.imported: list[str] = []
         self.corrupt: list[str] = []
-        self.skipped = 0
+        self.present: set[tuple[str, str]] = set()  # files found complete (counted once, however many pieces)
         self.pipe = ChunkPipe()
+
+    @property
+    def skipped(self) -> int:
+        """Files already in place, not members: a file split over three volumes counts once."""
+        return len(self.present)
 
     def volume(self, v: Volume) -> None:
         for member, why in sorted(v.damaged.items()):
@@ -624,8 +645,10 @@ class _Import:
             return
         skey = f"{e.kind}:{e.path}"
         pieces = self.state.pieces(skey)
-        if _is_done(final, e.size) or str(e.segment) in pieces:
-            self.skipped += 1
+        if _is_done(final, e.size):
+            self.present.add(e.key)
+            return
+        if str(e.segment) in pieces:  # this piece is in place from an earlier sitting
             return
         partial = self.places.partial(*e.key)
         partial.parent.mkdir(parents=True, exist_ok=True)
@@ -673,13 +696,19 @@ class _Import:
             try:
                 for view in self.pipe.stream(v.path, info.offset_data, info.size, (h,)):
                     while view:
-                        n = os.pwrite(fd, view, pos)
+                        try:
+                            n = os.pwrite(fd, view, pos)
+                        except OSError as e:  # DEST is full or read-only: name it (the CLI maps the errno)
+                            e.filename = str(partial)
+                            raise
                         view, pos = view[n:], pos + n
                         flush.wrote(n)
             except EOFError:  # the volume shrank since it was scanned
                 return "truncated"
             except OSError as e:
-                raise BadInput(f"{v.path.name}: member {info.name!r}: copy to {partial} failed ({e})") from None
+                if e.filename is not None:
+                    raise
+                raise BadInput(f"{v.path.name}: member {info.name!r}: cannot be read ({e.strerror or e})") from None
             finally:
                 flush.wait()
         finally:

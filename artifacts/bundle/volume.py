@@ -8,13 +8,13 @@ the index, a member twice. Damaged (the rest is still usable): members missing o
 """
 from __future__ import annotations
 
-import json
 import os
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BadInput
+from ..untrusted import Malformed, load_json
 from .format import MANIFEST_MEMBER, META, PARITY_RE, VOLUME_RE, b3, index_member, parity_index_member
 from .index import Entry, Index, ParityIndex, parse_index, parse_parity_index
 
@@ -124,9 +124,9 @@ def open_volume(path: Path) -> Volume:
                 return vol
             vol.index_bytes = _read_member(tf, first, MAX_INDEX_BYTES)
             try:
-                doc = json.loads(vol.index_bytes)
-            except ValueError:
-                vol.refused.append(f"{name}: index {first.name} is not valid JSON")
+                doc = load_json(vol.index_bytes, f"{name}: {first.name}", max_bytes=MAX_INDEX_BYTES)
+            except Malformed as e:
+                vol.refused.append(f"{name}: index {first.name}: {e.detail}")
                 return vol
             if parity:
                 vol.parity = parse_parity_index(doc, f"{name}: {first.name}")

@@ -13,7 +13,6 @@ import base64
 import hashlib
 import http.client
 import ipaddress
-import json
 import os
 import re
 import ssl
@@ -27,11 +26,15 @@ from urllib.parse import urlencode, urljoin, urlsplit
 import httpx2
 
 from ..errors import BadInput, IntegrityError, RemoteError
+from ..untrusted import load_json, read_json_file
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 MANIFEST_ACCEPT = ", ".join((OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST))
+MAX_AUTH_FILE = 4 * 1024 * 1024  # a docker/podman auth file
+MAX_TOKEN_ANSWER = 1024 * 1024  # a token service's answer (JWTs run to a few KiB)
+TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750 b64token
 MAX_MANIFEST = 4 * 1024 * 1024  # what distribution accepts for a manifest; a larger answer is not a manifest
 SENDFILE_SLICE = 8 * 1024 * 1024  # progress is reported after each slice
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -136,10 +139,8 @@ def load_credentials(registry: str, username: str | None = None, password: str |
     for path in auth_files():
         if not path.exists():
             continue
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise BadInput(f"{path}: cannot read the registry auth file ({type(e).__name__})") from None
+        # the loader's message names the file and the fault, never a value from it (the file holds secrets)
+        doc = read_json_file(path, what="registry auth file", max_bytes=MAX_AUTH_FILE)
         auths = doc.get("auths") if isinstance(doc, dict) else None
         if not isinstance(auths, dict):
             continue
@@ -189,9 +190,9 @@ def _registry_error(resp: httpx2.Response) -> str:
 
 def _error_text(status: int, body: bytes) -> str:
     try:
-        first = (json.loads(body).get("errors") or [])[0]
+        first = (load_json(body, "registry error").get("errors") or [])[0]
         text = f"{first.get('code', '')}: {first.get('message', '')}".strip(": ")
-    except (ValueError, AttributeError, IndexError, TypeError):
+    except (BadInput, ValueError, AttributeError, IndexError, TypeError):
         text = ""
     return f"HTTP {status}" + (f" {text[:200]}" if text else "")
 
@@ -269,12 +270,15 @@ class Client:
         if resp.status_code != 200:
             raise RemoteError(f"{self._where()}: token service answered HTTP {resp.status_code}")
         try:
-            doc = resp.json()
+            doc = load_json(resp.content, f"{self._where()} token service", max_bytes=MAX_TOKEN_ANSWER)
             token = doc.get("token") or doc.get("access_token")
-        except (ValueError, AttributeError):
+        except (BadInput, AttributeError):
             token = None
         if not isinstance(token, str) or not token:
             raise RemoteError(f"{self._where()}: token service gave no token")
+        if len(token) > MAX_TOKEN_ANSWER or not TOKEN.fullmatch(token):  # it goes into a header line as it is
+            raise RemoteError(f"{self._where()}: token service gave a token that is not a bearer token "
+                              f"(characters outside RFC 6750's token68)")
         self._auth_header = f"Bearer {token}"
 
     def _refused(self, resp: httpx2.Response) -> RemoteError:

@@ -19,7 +19,8 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import BadInput, IntegrityError
 from ..fsutil import MM_DIR, check_relpath
-from ..manifest import MANIFEST_NAME, Manifest, from_dict
+from ..manifest import MANIFEST_NAME, Manifest, from_json
+from ..untrusted import load_json, read_json_file
 from .client import DIGEST, OCI_MANIFEST
 
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
@@ -113,18 +114,18 @@ def model_config_fields(model_dir: Path, manifest: Manifest) -> dict[str, str]:
     if weights and all(p.endswith(".safetensors") for p in weights):
         fields["format"] = "safetensors"
     try:
-        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        config = read_json_file(model_dir / "config.json", what="config.json")
         arch = config.get("architectures") if isinstance(config, dict) else None
-        if isinstance(arch, list) and arch and isinstance(arch[0], str):
+        if isinstance(arch, list) and arch and isinstance(arch[0], str) and len(arch[0]) <= 256:
             fields["architecture"] = arch[0]
-    except (OSError, ValueError):
+    except BadInput:  # verify names a config.json that is not what it must be; here it only adds a field
         pass
     dtypes: set[str] = set()
     for path in weights:
         if path.endswith(".safetensors"):
             try:
                 dtypes |= _dtypes(model_dir / path)
-            except (OSError, ValueError, StructureError):
+            except (OSError, ValueError, BadInput, StructureError):
                 continue
     names = [PRECISION[d] for d in PRECISION if d in dtypes]
     if names:
@@ -138,8 +139,11 @@ def _dtypes(path: Path) -> set[str]:
         (n,) = struct.unpack("<Q", f.read(8))
         if n > 100_000_000:
             raise ValueError("header too long")
-        doc = json.loads(f.read(n))
-    return {v["dtype"] for k, v in doc.items() if k != "__metadata__" and isinstance(v, dict) and "dtype" in v}
+        doc = load_json(f.read(n), str(path))
+    if not isinstance(doc, dict):
+        raise ValueError("header is not an object")
+    return {v["dtype"] for k, v in doc.items()
+            if k != "__metadata__" and isinstance(v, dict) and isinstance(v.get("dtype"), str)}
 
 
 def build(model_dir: Path, manifest: Manifest, mm_manifest: bytes, config_fields: dict[str, str],
@@ -199,10 +203,7 @@ class Parsed:
 
 def parse(data: bytes, where: str) -> Parsed:
     """Check an OCI manifest is a ModelPack artifact mm can restore; every path and digest checked."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        raise BadInput(f"{where}: manifest is not JSON") from None
+    doc = load_json(data, where, what="manifest")
     if not isinstance(doc, dict) or doc.get("mediaType", OCI_MANIFEST) != OCI_MANIFEST:
         kind = doc.get("mediaType") if isinstance(doc, dict) else type(doc).__name__
         raise BadInput(f"{where}: not an OCI image manifest ({kind})")
@@ -256,11 +257,7 @@ def _layer(raw: object, where: str, what: str) -> Layer:
 
 def restored_manifest(parsed: Parsed, mm_bytes: bytes, where: str) -> Manifest:
     """mm's manifest from its layer, cross-checked with the layers: same paths, sizes and sha256s, or refused."""
-    try:
-        doc = json.loads(mm_bytes)
-    except (ValueError, UnicodeDecodeError):
-        raise BadInput(f"{where}: the mm manifest layer is not JSON") from None
-    manifest = from_dict(doc, f"{where} (mm manifest layer)")
+    manifest = from_json(mm_bytes, f"{where} (mm manifest layer)")
     layers = {layer.path: layer for layer in parsed.files}
     entries = manifest.by_path()
     if set(layers) != set(entries):

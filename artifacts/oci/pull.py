@@ -26,6 +26,7 @@ from ..fsutil import dir_lock, publish, require_free_space
 from ..hashing import SLICE, StreamHasher, mapped_windows
 from ..manifest import FileEntry, Manifest, manifest_path, write_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
+from ..untrusted import load_json
 from . import modelpack
 from .client import Client, Credentials, Reference, Transport, parse_reference
 
@@ -60,6 +61,7 @@ class PullReport:
     seconds: float
     verify_problems: tuple[str, ...]
     draft_present: bool
+    draft_subfolder: str | None = None  # the pin's draft subfolder; None: the model's pin names no draft (or no pin)
     signature: dict | None = None  # the checked signature (identity, key type, fingerprint), with --allowed-signers
 
     @property
@@ -95,15 +97,11 @@ class Resolved:
 
 def resolve(client: Client, ref: Reference) -> Resolved:
     """The manifest (tag -> digest, once), the config and mm's manifest; all checked."""
-    import json
-
     data, _, digest = client.get_manifest(ref)
     where = str(ref.at(digest))
     parsed = modelpack.parse(data, where)
-    try:
-        config = json.loads(client.read_blob(parsed.config.digest, 4 * 1024 * 1024))
-    except ValueError:
-        raise BadInput(f"{where}: config blob is not JSON") from None
+    config = load_json(client.read_blob(parsed.config.digest, 4 * 1024 * 1024), f"{where} config blob",
+                       what="config blob")
     manifest, mm_bytes, signature = None, None, None
     if parsed.mm_layer is not None:
         mm_bytes = client.read_blob(parsed.mm_layer.digest, modelpack.MAX_MM_MANIFEST)
@@ -138,10 +136,11 @@ def inspect(reference: str, credentials: Credentials | None = None, transport: T
 
 
 def pull(reference: str, local_dir: Path, credentials: Credentials | None = None, transport: Transport = Transport(),
-         workers: int = 4, progress: ProgressSink = NULL_PROGRESS, draft_subfolder: str = "dspark/",
+         workers: int = 4, progress: ProgressSink = NULL_PROGRESS, draft_subfolder: str | None = None,
          allowed_signers: Path | None = None, identity: str | None = None,
          require_signature: bool = False) -> PullReport:
-    """ALLOWED_SIGNERS: check the artifact's manifest signature before anything is written (IntegrityError when
+    """DRAFT_SUBFOLDER: where the draft model lives; default the pin's (none for a model that never had one).
+    ALLOWED_SIGNERS: check the artifact's manifest signature before anything is written (IntegrityError when
     it is not good; with REQUIRE_SIGNATURE when there is none either)."""
     from ..verify import verify_dir
 
@@ -191,14 +190,20 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
     if not any(o.status == "failed" for o in outcomes):
         report = verify_dir(local_dir, quick=True)
         problems = tuple(f"{p.kind} {p.path}: {p.detail}" for p in report.problems)
-    draft = draft_subfolder.rstrip("/") + "/"
+    if draft_subfolder is None:
+        from ..pins import pin_for_repo
+        pin = pin_for_repo(r.manifest.repo_id)
+        draft_subfolder = pin.draft_subfolder if pin is not None else None
+    draft = (draft_subfolder or "").rstrip("/") + "/"
     return PullReport(
         reference=str(ref), digest=r.digest, source=source, repo_id=r.manifest.repo_id, revision=r.manifest.revision,
         local_dir=str(local_dir), manifest_path=str(manifest_path(local_dir)), files=outcomes, removed=removed,
         bytes_transferred=sum(o.bytes_transferred for o in outcomes), seconds=time.monotonic() - started,
         verify_problems=problems,
-        draft_present=any(f.path.startswith(draft) and f.path.endswith(".safetensors") for f in r.manifest.files),
-        signature=checked)
+        draft_present=bool(draft_subfolder) and any(f.path.startswith(draft) and f.path.endswith(".safetensors")
+                                                     for f in r.manifest.files),
+        draft_subfolder=draft if draft_subfolder else None, signature=checked)
+
 
 
 def _check_signature(r: Resolved, allowed_signers: Path | None, identity: str | None, require: bool) -> dict | None:

@@ -20,6 +20,7 @@ from ..errors import BadInput, Refused, RemoteError
 from ..fsutil import MM_DIR, atomic_write_text, human_bytes
 from ..manifest import manifest_path, read_manifest, to_json
 from ..progress import NULL_PROGRESS, ProgressSink
+from ..untrusted import read_json_file
 from . import modelpack
 from .client import OCI_MANIFEST, Client, Credentials, Transport, parse_reference
 
@@ -209,9 +210,9 @@ class _StateDir:
 
     def location(self, digest: str) -> str | None:
         try:
-            doc = json.loads(self._path(digest).read_text(encoding="utf-8"))
+            doc = read_json_file(self._path(digest), what="upload state", max_bytes=64 * 1024)
             return doc["location"] if isinstance(doc.get("location"), str) else None
-        except (OSError, ValueError, KeyError, AttributeError):
+        except (BadInput, KeyError, AttributeError):  # a state that is not ours is no state: the upload starts over
             return None
 
     def save(self, digest: str, location: str) -> None:

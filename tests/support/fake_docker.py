@@ -29,6 +29,7 @@ Behaviour for scenarios, from the environment (docker passes the caller's enviro
   FAKE_SGLANG_NVFP4_BACKEND=NAME   log `nvfp4_to_fp8 backend=NAME` (default qmul4)
   FAKE_SGLANG_REASONING_ALWAYS=1   return reasoning_content even with thinking disabled
   FAKE_GPU_INFO="NAME, CC, DRIVER" what nvidia-smi prints for each GPU (default a B300)
+  FAKE_SGLANG_ANSWER_FILE=PATH     answer every chat request with PATH's bytes, HTTP 200 (a hostile server)
   FAKE_SGLANG_ALWAYS_COMPILE=1     write the kernel caches at every start (default: only when empty, like a cache)
   FAKE_SGLANG_LOG_LINES="a|b"      extra lines the server logs at start (to feed `mm diagnose`)
   FAKE_SGLANG_EXIT_AFTER_LOG=1     exit (code 1) right after logging them, before serving
@@ -405,6 +406,8 @@ def serve(name: str) -> None:
         def do_POST(self):
             if self.path != "/v1/chat/completions":
                 return self._send(404, {"error": "not found"})
+            if os.environ.get("FAKE_SGLANG_ANSWER_FILE"):
+                return self._send_bytes(200, Path(os.environ["FAKE_SGLANG_ANSWER_FILE"]).read_bytes())
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if req.get("model") != model_path:
                 return self._send(404, {"error": f"model {req.get('model')!r} not served"})

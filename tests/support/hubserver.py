@@ -20,6 +20,8 @@ is up to date when the client has the bytes; a dropped connection may over-count
 ``corrupt[path] = bytes`` (same length, served instead of the content), ``cut_after[path] = n``
 (send n body bytes then drop the connection, ``cut_times[path]`` times, default once),
 ``rate_limit`` (body bytes/second per response), ``down`` (answer 503 to everything),
+``fail_file[path] = status`` (answer that status, e.g. 404 or 500, to every download of the file),
+``api_body`` (bytes answered with 200 to every /api/ request instead of the real answer: a hostile Hub),
 ``auth_headers_seen`` (count of requests carrying an Authorization header; never their value),
 ``tree_page_size`` / ``tree_page_size_expand`` / ``commits_page_size`` (the Hub's 1000/50/50;
 longer listings are paged with a ``Link: <...>; rel="next"`` header, as the Hub does).
@@ -345,6 +347,9 @@ class _Handler(BaseHTTPRequestHandler):
             if segments[:2] == ["api", "models"] and len(segments) >= 4:
                 repo_id = unquote(segments[2]) + "/" + unquote(segments[3])
                 self._check_token(hub.token or hub.private_repos.get(repo_id))
+                if hub.api_body is not None:
+                    self._send(200, hub.api_body, "application/json")
+                    return
                 self._api(hub.store, repo_id, segments[4:], query, body)
             elif len(segments) >= 5 and segments[2] == "resolve" and self.command in ("GET", "HEAD"):
                 repo_id = unquote(segments[0]) + "/" + unquote(segments[1])
@@ -468,8 +473,10 @@ class _Handler(BaseHTTPRequestHandler):
         repo_dir = store.repo_dir(repo_id)
         commit = store.resolve(repo_dir, rev)
         entry = store.tree(repo_dir, commit).get(path)
-        if entry is None or entry.type != "file":
+        if entry is None or entry.type != "file" or self.server.hub.fail_file.get(path) == 404:
             raise HubError(404, "EntryNotFound", f"Entry not found: {path} at {commit}", {"X-Repo-Commit": commit})
+        if path in self.server.hub.fail_file:
+            raise HubError(self.server.hub.fail_file[path], None, f"test hub: failing {path} on purpose")
         headers = {"X-Repo-Commit": commit, "Accept-Ranges": "bytes"}
         if entry.lfs_sha256:
             headers.update({"ETag": f'"{entry.lfs_sha256}"', "X-Linked-Etag": f'"{entry.lfs_sha256}"',
@@ -703,6 +710,8 @@ class HubServer:
             self.cut_times: dict[str, int] = {}
             self.rate_limit: int | None = None
             self.down = False
+            self.fail_file: dict[str, int] = {}
+            self.api_body: bytes | None = None
             self.auth_headers_seen = 0
             # WAN hooks (issue 13)
             self.conn_rate: int | None = None
