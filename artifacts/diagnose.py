@@ -214,24 +214,31 @@ MAX_LOG_LINE = 64 * 1024  # bytes of one log line that are matched; the rest of 
 READ_CHUNK = 1024 * 1024
 
 
+_LINE_END = re.compile(rb"\r\n?|\n")
+
+
 def iter_lines(stream: BinaryIO, max_line: int = MAX_LOG_LINE) -> Iterator[str]:
-    """The lines of a byte stream, read in chunks, each cut to MAX_LINE bytes and decoded (bad UTF-8 replaced):
-    memory stays within a chunk and a line whatever the stream holds (a multi-GB log, a line with no newline)."""
+    """The lines of a byte stream (ended by \\n, \\r\\n or a lone \\r, as a progress bar writes), read in chunks,
+    each cut to MAX_LINE bytes and decoded (bad UTF-8 replaced): memory stays within a chunk and a line whatever
+    the stream holds (a multi-GB log, a line with no end)."""
     line = bytearray()
     full = False  # this line already holds max_line bytes: skip to its end
+    after_cr = False  # the last chunk ended a line with \r: a \n first in this one belongs to it
     while chunk := stream.read(READ_CHUNK):
-        start = 0
+        start = 1 if after_cr and chunk[:1] == b"\n" else 0
+        after_cr = False
         while True:
-            nl = chunk.find(b"\n", start)
-            end = len(chunk) if nl < 0 else nl
+            m = _LINE_END.search(chunk, start)
+            end = len(chunk) if m is None else m.start()
             if not full:
                 room = max_line - len(line)
                 line += chunk[start:min(end, start + room)]
                 full = end - start > room
-            if nl < 0:
+            if m is None:
                 break
             yield line.decode("utf-8", "replace")
-            line, full, start = bytearray(), False, nl + 1
+            line, full, start = bytearray(), False, m.end()
+            after_cr = m.group() == b"\r" and start == len(chunk)
     if line or full:
         yield line.decode("utf-8", "replace")
 

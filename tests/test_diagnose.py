@@ -203,6 +203,14 @@ def test_lines_split_across_read_chunks_are_joined(monkeypatch):
     assert list(iter_lines(io.BytesIO(b"abcdefg\nhi\n\nj"), max_line=5)) == ["abcde", "hi", "", "j"]
 
 
+@pytest.mark.parametrize("chunk", [1, 2, 3, 1024])
+def test_crlf_and_a_lone_cr_end_lines_as_splitlines_does(monkeypatch, chunk):
+    from mm.artifacts import diagnose as mod
+    monkeypatch.setattr(mod, "READ_CHUNK", chunk)
+    text = b"a\r\nbc\r\r\n10%\r50%\rCUDA out of memory\n\rz"
+    assert list(iter_lines(io.BytesIO(text))) == text.decode().splitlines()
+
+
 # --- a container, through the stand-in docker ------------------------------------------------------
 
 def test_diagnose_container_reads_docker_logs_and_finds_a_missing_kernel_cache_mount(model_dir, tmp_path):
