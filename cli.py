@@ -584,6 +584,15 @@ def _signature_options(fn: Callable) -> Callable:
     return fn
 
 
+def _render_carried_signature(signature: dict | None, allowed_signers: Path | None, whose: str) -> None:
+    """The signature a bundle or an artifact carried, as unbundle and pull checked it."""
+    if signature:
+        out.print(f"signature: good, signed by {signature['identity']} ({signature['key_type']} key "
+                  f"{signature['fingerprint']})", highlight=False, markup=False, soft_wrap=True)
+    elif allowed_signers:
+        err.print(f"note: {whose} manifest is not signed", markup=False, highlight=False, soft_wrap=True)
+
+
 def _signature_policy(require_signature: bool, allowed_signers: Path | None, identity: str | None) -> bool:
     """True when a signature must be checked; usage errors for options that make no sense together."""
     if require_signature and not allowed_signers:
@@ -968,12 +977,7 @@ def unbundle(volumes, dest, no_sync, require_signature, allowed_signers, identit
         doc = to_jsonable(report)
         emit_json({"ok": doc.pop("ok"), "exit_code": exit_code, **doc})
     else:
-        if report.signature:
-            s = report.signature
-            out.print(f"signature: good, signed by {s['identity']} ({s['key_type']} key {s['fingerprint']})",
-                      highlight=False, markup=False, soft_wrap=True)
-        elif allowed_signers:
-            err.print("note: the bundle's manifest is not signed", markup=False, highlight=False, soft_wrap=True)
+        _render_carried_signature(report.signature, allowed_signers, "the bundle's")
         for line in report.refused + report.corrupt:
             err.print(f"refused: {line}", markup=False, highlight=False, soft_wrap=True)
         for note in report.notes:
@@ -1165,16 +1169,11 @@ def pull(reference, local_dir, list_only, username, password_stdin, plain_http, 
         raise click.UsageError("--local-dir is required (or --list)")
     report = oci_pull.pull(reference, local_dir, creds, transport, workers=workers, progress=progress_for(json_out),
                            allowed_signers=allowed_signers, identity=identity, require_signature=require_signature)
-    code = max((f.exit_code for f in report.failed), default=0) or (ProblemsFound.exit_code if report.verify_problems else 0)
+    code = max((f.error_kind.exit_code for f in report.failed), default=0) or (ProblemsFound.exit_code if report.verify_problems else 0)
     if json_out:
         emit_json({"ok": code == 0, **to_jsonable(report)})
         sys.exit(code)
-    if report.signature:
-        s = report.signature
-        out.print(f"signature: good, signed by {s['identity']} ({s['key_type']} key {s['fingerprint']})",
-                  highlight=False, markup=False, soft_wrap=True)
-    elif allowed_signers:
-        err.print("note: the artifact's manifest is not signed", markup=False, highlight=False, soft_wrap=True)
+    _render_carried_signature(report.signature, allowed_signers, "the artifact's")
     for f in report.failed:
         err.print(f"FAILED {f.path}: {f.error}", markup=False, highlight=False, soft_wrap=True)
     counts, moved = _transfer_summary(report.files, report.bytes_transferred, report.seconds)

@@ -43,7 +43,7 @@ class PulledFile:
     bytes_transferred: int = 0
     resumed_from: int = 0
     error: str | None = None
-    exit_code: int = 0
+    error_kind: type[MMError] | None = None  # the failure's class; the CLI maps it to an exit code
 
 
 @dataclass(frozen=True)
@@ -274,7 +274,7 @@ def _pull_file(client: Client, local_dir: Path, entry: FileEntry, digest: str, k
     try:
         transferred, resumed = _download(client, local_dir, entry, digest, progress)
     except MMError as e:
-        return PulledFile(entry.path, entry.size, digest, "failed", error=e.message, exit_code=e.exit_code), None
+        return PulledFile(entry.path, entry.size, digest, "failed", error=e.message, error_kind=type(e)), None
     got = replace(entry, source=source)
     journal.append(got)
     return PulledFile(entry.path, entry.size, digest, "downloaded", transferred, resumed), got
