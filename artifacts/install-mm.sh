@@ -75,17 +75,55 @@ holds=$(cd "$wheelhouse" && for d in linux-*; do [ -f "$d/requirements.lock" ] &
 if [ ! -f "$wheelhouse/$set_name/requirements.lock" ]; then
   die 7 "no wheel set for this host ($set_name: $machine, CPython $pyver); the bundle holds: ${holds:-nothing}. Build one on the connected host with: mm bundle --only-mm --out DIR --target-platform linux/$machine --target-python $pyver"
 fi
+# The index came from a removable disk: read it as hostile (bounded, its shape checked), one line when it is not one.
 glibc_ok=$("$py" - "$wheelhouse/wheelhouse.json" <<'PY'
-import json, os, sys
-need = json.load(open(sys.argv[1]))["glibc_min"]
+import json, os, re, sys
+path = sys.argv[1]
+MAX_BYTES = 4 << 20
+
+
+def bad(what):
+    sys.stderr.write("install-mm.sh: %s: not a wheelhouse index (%s)\n" % (path, " ".join(str(what).split())[:200]))
+    sys.exit(3)
+
+
+try:
+    with open(path, "rb") as f:
+        data = f.read(MAX_BYTES + 1)
+except OSError as e:
+    bad("cannot read: %s" % (e.strerror or e))
+if len(data) > MAX_BYTES:
+    bad("bigger than %d MiB" % (MAX_BYTES >> 20))
+
+
+def number(text):  # a long digit string costs quadratic time to convert (refused by CPython 3.11+, not 3.10)
+    if len(text) > 64:
+        bad("a number of %d digits" % len(text))
+    return int(text)
+
+
+try:
+    doc = json.loads(data.decode("utf-8"), parse_int=number)
+except RecursionError:
+    bad("nested too deeply")
+except ValueError as e:  # not UTF-8, not JSON
+    bad("not JSON: %s" % e)
+if not isinstance(doc, dict) or doc.get("schema") != "mm-wheelhouse/1":
+    bad("expected an object with schema 'mm-wheelhouse/1'")
+need = doc.get("glibc_min")
+if not isinstance(need, str) or not re.fullmatch(r"[0-9]{1,4}[.][0-9]{1,4}", need):
+    bad("glibc_min: expected a version like 2.28")
+sets = doc.get("sets")
+if not isinstance(sets, list) or not all(isinstance(s, dict) and isinstance(s.get("name"), str) for s in sets):
+    bad("sets: expected a list of objects with a name")
 try:
     have = os.confstr("CS_GNU_LIBC_VERSION").split()[-1]
+    ok = tuple(map(int, have.split(".")[:2])) >= tuple(map(int, need.split(".")))
 except (ValueError, OSError, AttributeError, IndexError):
-    have = "none"
-ok = have != "none" and tuple(map(int, have.split(".")[:2])) >= tuple(map(int, need.split(".")[:2]))
+    have, ok = "none", False
 print("yes" if ok else "no glibc %s (the wheels need glibc %s or newer)" % (have, need))
 PY
-)
+) || exit 3
 [ "$glibc_ok" = yes ] || die 7 "this host has $glibc_ok; the bundle holds: $holds"
 set_dir="$wheelhouse/$set_name"
 lock="$set_dir/requirements.lock"
