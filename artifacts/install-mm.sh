@@ -41,28 +41,34 @@ if [ -z "$wheelhouse" ]; then
   for vol in "$here"/*.vol001-of-*.tar; do
     [ -f "$vol" ] || continue
     say "reading the wheelhouse from $(basename "$vol")"
-    "$py" - "$vol" "$tmp/wh" <<'PY' || die 3 "$vol: cannot read the wheelhouse from this volume"
+    "$py" - "$vol" "$tmp/wh" <<'PY' || exit 3
 import os, sys, tarfile
 vol, out = sys.argv[1], sys.argv[2]
+def fail(why):
+    sys.exit("install-mm.sh: %s: cannot read the wheelhouse from this volume (%s)" % (vol, why))
 found = False
-with tarfile.open(vol, "r:") as tf:
-    for m in tf:
-        parts = m.name.split("/")
-        if "wheelhouse" not in parts or not m.isfile():
-            continue
-        rel = parts[parts.index("wheelhouse") + 1:]
-        if not rel or any(p in ("", ".", "..") for p in rel) or m.name.startswith("/"):
-            sys.exit("unsafe member " + m.name)
-        target = os.path.join(out, *rel)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        with tf.extractfile(m) as src, open(target, "wb") as dst:
-            while True:
-                chunk = src.read(1 << 20)
-                if not chunk:
-                    break
-                dst.write(chunk)
-        found = True
-sys.exit(0 if found else "no wheelhouse in this volume")
+try:
+    with tarfile.open(vol, "r:") as tf:
+        for m in tf:
+            parts = m.name.split("/")
+            if "wheelhouse" not in parts or not m.isfile():
+                continue
+            rel = parts[parts.index("wheelhouse") + 1:]
+            if not rel or any(p in ("", ".", "..") for p in rel) or m.name.startswith("/"):
+                fail("unsafe member %r" % m.name)
+            target = os.path.join(out, *rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with tf.extractfile(m) as src, open(target, "wb") as dst:
+                while True:
+                    chunk = src.read(1 << 20)
+                    if not chunk:
+                        break
+                    dst.write(chunk)
+            found = True
+except Exception as e:  # a damaged or hostile volume: one line, never a traceback
+    fail("%s: %s" % (type(e).__name__, e))
+if not found:
+    fail("no wheelhouse in it")
 PY
     wheelhouse="$tmp/wh"
     break
@@ -133,15 +139,22 @@ lock="$set_dir/requirements.lock"
 import glob, hashlib, os, sys
 set_dir, lock = sys.argv[1:]
 pinned = {}
-for line in open(lock):
-    spec, _, digest = line.strip().partition(" --hash=sha256:")
-    pinned[digest] = spec
+try:
+    with open(lock, encoding="utf-8") as f:
+        for line in f:
+            spec, _, digest = line.strip().partition(" --hash=sha256:")
+            pinned[digest] = spec
+except (OSError, UnicodeError) as e:  # the lock came from a removable disk: one line, never a traceback
+    sys.exit("install-mm.sh: %s: not a readable lock file (%s: %s)" % (lock, type(e).__name__, e))
 seen = set()
 for path in sorted(glob.glob(os.path.join(set_dir, "*.whl"))):
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError as e:
+        sys.exit("install-mm.sh: %s: unreadable (%s)" % (path, e))
     if h.hexdigest() not in pinned:
         sys.exit("install-mm.sh: %s: sha256 %s is not in %s (damaged in transit?)" % (path, h.hexdigest(), lock))
     seen.add(h.hexdigest())
@@ -172,10 +185,19 @@ set_dir, out = sys.argv[1:]
 wheels = glob.glob(os.path.join(set_dir, "uv-*.whl"))
 if len(wheels) != 1:
     sys.exit("install-mm.sh: no uv wheel in " + set_dir)
-with zipfile.ZipFile(wheels[0]) as zf:
-    name = next(n for n in zf.namelist() if n.endswith(".data/scripts/uv"))
-    with zf.open(name) as src, open(out, "wb") as dst:
-        dst.write(src.read())
+try:
+    with zipfile.ZipFile(wheels[0]) as zf:
+        names = [n for n in zf.namelist() if n.endswith(".data/scripts/uv")]
+        if not names:
+            sys.exit("install-mm.sh: %s: no uv binary in this wheel" % wheels[0])
+        with zf.open(names[0]) as src, open(out, "wb") as dst:
+            while True:
+                chunk = src.read(1 << 20)
+                if not chunk:
+                    break
+                dst.write(chunk)
+except (OSError, zipfile.BadZipFile, EOFError) as e:
+    sys.exit("install-mm.sh: %s: cannot take uv out of it (%s)" % (wheels[0], e))
 os.chmod(out, 0o755)
 PY
   "$tmp/uv" --no-config venv --quiet --offline --allow-existing --python "$(command -v "$py")" "$dest" &&
