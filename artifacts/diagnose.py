@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import re
 import subprocess
+import threading
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import BinaryIO, Callable, Iterable, Iterator
 
 from .errors import BadInput
 from .cachekey import FILE_NAME as CACHE_KEY_FILE
@@ -208,33 +210,102 @@ def _finding(row: Row, plan: LaunchPlan | None, source: str, where: str, line: s
 
 # --- text: server logs and HTTP exchanges ----------------------------------------------------
 
-def _match_text(d: Detector, text: str) -> tuple[str, int] | None:
-    if d.pattern is None or (d.unless and d.unless.search(text)) or (d.also and not d.also.search(text)):
+MAX_LOG_LINE = 64 * 1024  # bytes of one log line that are matched; the rest of a longer line is skipped
+READ_CHUNK = 1024 * 1024
+
+
+_LINE_END = re.compile(rb"\r\n?|\n")
+
+
+def iter_lines(stream: BinaryIO, max_line: int = MAX_LOG_LINE) -> Iterator[str]:
+    """The lines of a byte stream (ended by \\n, \\r\\n or a lone \\r, as a progress bar writes), read in chunks,
+    each cut to MAX_LINE bytes and decoded (bad UTF-8 replaced): memory stays within a chunk and a line whatever
+    the stream holds (a multi-GB log, a line with no end)."""
+    line = bytearray()
+    full = False  # this line already holds max_line bytes: skip to its end
+    after_cr = False  # the last chunk ended a line with \r: a \n first in this one belongs to it
+    while chunk := stream.read(READ_CHUNK):
+        start = 1 if after_cr and chunk[:1] == b"\n" else 0
+        after_cr = False
+        while True:
+            m = _LINE_END.search(chunk, start)
+            end = len(chunk) if m is None else m.start()
+            if not full:
+                room = max_line - len(line)
+                line += chunk[start:min(end, start + room)]
+                full = end - start > room
+            if m is None:
+                break
+            yield line.decode("utf-8", "replace")
+            line, full, start = bytearray(), False, m.end()
+            after_cr = m.group() == b"\r" and start == len(chunk)
+    if line or full:
+        yield line.decode("utf-8", "replace")
+
+
+@dataclass
+class ScannedText:
+    """One text (a log, an HTTP answer) read once, line by line: for every text detector of the table its first
+    matching line and whether its `unless` / `also` patterns were seen anywhere; the line count, the last TAIL
+    lines and the lines that match KEEP (the first MAX_KEPT). Nothing else of the text is held."""
+    where: str
+    lines: int = 0
+    hits: dict = field(default_factory=dict)  # (row id, detector index) -> (line, number)
+    unless_seen: set = field(default_factory=set)
+    also_seen: set = field(default_factory=set)
+    tail: deque = field(default_factory=deque)
+    kept: list = field(default_factory=list)
+
+
+MAX_KEPT = 256
+
+
+def scan_text(where: str, lines: Iterable[str], table: Table, *, tail: int = 0,
+              keep: re.Pattern | None = None) -> ScannedText:
+    detectors = [((row.id, j), d) for row in table.rows for j, d in enumerate(row.detect)
+                 if d.source in ("log", "http") and d.pattern is not None]
+    scan = ScannedText(where=where, tail=deque(maxlen=tail))
+    for number, line in enumerate(lines, 1):
+        scan.lines = number
+        for key, d in detectors:
+            if key not in scan.hits and d.pattern.search(line):
+                scan.hits[key] = (line, number)
+            if d.unless is not None and key not in scan.unless_seen and d.unless.search(line):
+                scan.unless_seen.add(key)
+            if d.also is not None and key not in scan.also_seen and d.also.search(line):
+                scan.also_seen.add(key)
+        if tail:
+            scan.tail.append(line)
+        if keep is not None and len(scan.kept) < MAX_KEPT and keep.search(line):
+            scan.kept.append(line)
+    return scan
+
+
+def _match_text(key: tuple[str, int], d: Detector, scan: ScannedText) -> tuple[str, int] | None:
+    if d.pattern is None or key in scan.unless_seen or (d.also is not None and key not in scan.also_seen):
         return None
-    for number, line in enumerate(text.splitlines(), 1):
-        if d.pattern.search(line):
-            return line, number
-    return None
+    return scan.hits.get(key)
 
 
-def diagnose(texts: Iterable[tuple[str, str]] = (), *, plan: LaunchPlan | None = None, table: Table | None = None,
-             mounts: tuple[str, list[dict]] | None = None, host: bool = False, gpu_info: str | None = None) -> Diagnosis:
-    """Match the table against TEXTS ((where, text): logs, HTTP answers), a container's MOUNTS ((name, docker
-    inspect .Mounts)) and, with HOST, the host checks. Every text detector reads every text: a log may hold a
-    request dump, a saved exchange may hold a log line."""
+def diagnose(texts: Iterable[tuple[str, str] | ScannedText] = (), *, plan: LaunchPlan | None = None,
+             table: Table | None = None, mounts: tuple[str, list[dict]] | None = None, host: bool = False,
+             gpu_info: str | None = None) -> Diagnosis:
+    """Match the table against TEXTS ((where, text): logs, HTTP answers; or texts already read by `scan_text`
+    with the same table), a container's MOUNTS ((name, docker inspect .Mounts)) and, with HOST, the host checks.
+    Every text detector reads every text: a log may hold a request dump, a saved exchange may hold a log line."""
     table = table or load_table()
-    texts = list(texts)
+    scans = [t if isinstance(t, ScannedText) else scan_text(t[0], t[1].splitlines(), table) for t in texts]
     findings: list[Finding] = []
     for row in table.rows:
         found = None
-        for d in row.detect:
+        for j, d in enumerate(row.detect):
             if not _applies(d, plan):
                 continue
             if d.source in ("log", "http"):
-                for where, text in texts:
-                    hit = _match_text(d, text)
+                for scan in scans:
+                    hit = _match_text((row.id, j), d, scan)
                     if hit:
-                        found = _finding(row, plan, d.source, where, hit[0], hit[1])
+                        found = _finding(row, plan, d.source, scan.where, hit[0], hit[1])
                         break
             elif d.source == "container" and mounts is not None:
                 name, items = mounts
@@ -248,39 +319,70 @@ def diagnose(texts: Iterable[tuple[str, str]] = (), *, plan: LaunchPlan | None =
             if found:
                 findings.append(found)
                 break
-    return Diagnosis(inputs=tuple(w for w, _ in texts) + ((mounts[0],) if mounts else ()) + (("host",) if host else ()),
+    return Diagnosis(inputs=tuple(s.where for s in scans) + ((mounts[0],) if mounts else ()) + (("host",) if host else ()),
                      recipe=plan.recipe.id if plan else None, findings=tuple(findings),
-                     lines_read=sum(len(t.splitlines()) for _, t in texts), table=str(table.path))
+                     lines_read=sum(s.lines for s in scans), table=str(table.path))
 
 
-def read_log(path: Path) -> str:
+def scan_log(path: Path, table: Table) -> ScannedText:
+    """A log file (or saved answer), read streaming: see `iter_lines`."""
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            return scan_text(str(path), iter_lines(f), table)
     except OSError as e:
         raise BadInput(f"{path}: cannot read: {e.strerror}") from None
-    return data.decode("utf-8", "replace")
 
 
-def container_log_and_mounts(name: str, docker: str = "docker") -> tuple[str, list[dict]]:
-    """`docker logs NAME` (stdout and stderr) and its mounts from `docker inspect`."""
+def scan_docker_logs(name: str, table: Table, *, docker: str = "docker", tail: int = 0, keep: re.Pattern | None = None,
+                     timeout: float = 120, check: bool = True) -> ScannedText:
+    """`docker logs NAME` (stdout and stderr, as docker interleaves them) read streaming, like a log file. With
+    CHECK, docker failing (no such container) is an error; without, what it wrote is the log."""
     try:
-        logs = subprocess.run([docker, "logs", name], capture_output=True, encoding="utf-8",
-                              errors="replace", timeout=120)  # a log holds whatever the server wrote
+        proc = subprocess.Popen([docker, "logs", name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+    except FileNotFoundError:
+        raise BadInput("docker: not found on PATH (mm reads `docker logs`)") from None
+    timed_out = threading.Event()
+
+    def stop() -> None:  # a log holds whatever the server wrote, and docker may hang
+        timed_out.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout, stop)
+    timer.start()
+    try:
+        with proc.stdout:
+            scan = scan_text(f"docker logs {name}", iter_lines(proc.stdout), table, tail=max(tail, 1), keep=keep)
+        returncode = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if timed_out.is_set():
+        raise BadInput(f"docker logs {name}: no answer within {timeout:g}s")
+    if check and returncode != 0:
+        last = next((line for line in reversed(scan.tail) if line.strip()), "(no output)")
+        raise BadInput(f"--container {name}: docker logs failed: {last.strip()}")
+    if not tail:
+        scan.tail.clear()
+    return scan
+
+
+def container_mounts(name: str, docker: str = "docker") -> list[dict]:
+    """The container's mounts from `docker inspect` (read like any other answer: within limits, objects only)."""
+    try:
         inspect = subprocess.run([docker, "inspect", "-f", "{{json .Mounts}}", name], capture_output=True,
-                                 encoding="utf-8", errors="replace",
-                                 timeout=60)
+                                 encoding="utf-8", errors="replace", timeout=60)
     except FileNotFoundError:
         raise BadInput("docker: not found on PATH (--container reads `docker logs`)") from None
     except subprocess.TimeoutExpired:
         raise BadInput(f"--container {name}: docker did not answer") from None
-    if logs.returncode != 0:
-        last = (logs.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise BadInput(f"--container {name}: docker logs failed: {last}")
-    try:  # docker's answer is read like any other: within limits, and only the records that are objects
+    try:
         mounts = load_json(inspect.stdout, f"docker inspect {name}") if inspect.returncode == 0 else []
     except Malformed:
         mounts = []
-    return logs.stdout + logs.stderr, [m for m in mounts if isinstance(m, dict)] if isinstance(mounts, list) else []
+    return [m for m in mounts if isinstance(m, dict)] if isinstance(mounts, list) else []
 
 
 # --- host checks (for `mm doctor`) -----------------------------------------------------------
@@ -381,13 +483,13 @@ def run_diagnosis(req: DiagnoseRequest) -> Diagnosis:
         plan = plan_node(req.model_dir, req.launch, check_dir=False).first
     elif req.host_checks:
         raise BadInput("--host-checks: give --model-dir and --hardware (the checks are about that recipe on this host)")
+    table = load_table()
     texts = []
     if req.logfile:
-        texts.append((str(req.logfile), read_log(req.logfile)))
+        texts.append(scan_log(req.logfile, table))
     mounts = None
     if req.container:
-        log, items = container_log_and_mounts(req.container)
-        texts.append((f"docker logs {req.container}", log))
-        mounts = (req.container, items)
-    texts += [(str(a), read_log(a)) for a in req.answers]
-    return diagnose(texts, plan=plan, mounts=mounts, host=req.host_checks, gpu_info=req.gpu_info)
+        texts.append(scan_docker_logs(req.container, table))
+        mounts = (req.container, container_mounts(req.container))
+    texts += [scan_log(a, table) for a in req.answers]
+    return diagnose(texts, plan=plan, table=table, mounts=mounts, host=req.host_checks, gpu_info=req.gpu_info)

@@ -41,28 +41,34 @@ if [ -z "$wheelhouse" ]; then
   for vol in "$here"/*.vol001-of-*.tar; do
     [ -f "$vol" ] || continue
     say "reading the wheelhouse from $(basename "$vol")"
-    "$py" - "$vol" "$tmp/wh" <<'PY' || die 3 "$vol: cannot read the wheelhouse from this volume"
+    "$py" - "$vol" "$tmp/wh" <<'PY' || exit 3
 import os, sys, tarfile
 vol, out = sys.argv[1], sys.argv[2]
+def fail(why):
+    sys.exit("install-mm.sh: %s: cannot read the wheelhouse from this volume (%s)" % (vol, why))
 found = False
-with tarfile.open(vol, "r:") as tf:
-    for m in tf:
-        parts = m.name.split("/")
-        if "wheelhouse" not in parts or not m.isfile():
-            continue
-        rel = parts[parts.index("wheelhouse") + 1:]
-        if not rel or any(p in ("", ".", "..") for p in rel) or m.name.startswith("/"):
-            sys.exit("unsafe member " + m.name)
-        target = os.path.join(out, *rel)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        with tf.extractfile(m) as src, open(target, "wb") as dst:
-            while True:
-                chunk = src.read(1 << 20)
-                if not chunk:
-                    break
-                dst.write(chunk)
-        found = True
-sys.exit(0 if found else "no wheelhouse in this volume")
+try:
+    with tarfile.open(vol, "r:") as tf:
+        for m in tf:
+            parts = m.name.split("/")
+            if "wheelhouse" not in parts or not m.isfile():
+                continue
+            rel = parts[parts.index("wheelhouse") + 1:]
+            if not rel or any(p in ("", ".", "..") for p in rel) or m.name.startswith("/"):
+                fail("unsafe member %r" % m.name)
+            target = os.path.join(out, *rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with tf.extractfile(m) as src, open(target, "wb") as dst:
+                while True:
+                    chunk = src.read(1 << 20)
+                    if not chunk:
+                        break
+                    dst.write(chunk)
+            found = True
+except Exception as e:  # a damaged or hostile volume: one line, never a traceback
+    fail("%s: %s" % (type(e).__name__, e))
+if not found:
+    fail("no wheelhouse in it")
 PY
     wheelhouse="$tmp/wh"
     break
@@ -75,17 +81,55 @@ holds=$(cd "$wheelhouse" && for d in linux-*; do [ -f "$d/requirements.lock" ] &
 if [ ! -f "$wheelhouse/$set_name/requirements.lock" ]; then
   die 7 "no wheel set for this host ($set_name: $machine, CPython $pyver); the bundle holds: ${holds:-nothing}. Build one on the connected host with: mm bundle --only-mm --out DIR --target-platform linux/$machine --target-python $pyver"
 fi
+# The index came from a removable disk: read it as hostile (bounded, its shape checked), one line when it is not one.
 glibc_ok=$("$py" - "$wheelhouse/wheelhouse.json" <<'PY'
-import json, os, sys
-need = json.load(open(sys.argv[1]))["glibc_min"]
+import json, os, re, sys
+path = sys.argv[1]
+MAX_BYTES = 4 << 20
+
+
+def bad(what):
+    sys.stderr.write("install-mm.sh: %s: not a wheelhouse index (%s)\n" % (path, " ".join(str(what).split())[:200]))
+    sys.exit(3)
+
+
+try:
+    with open(path, "rb") as f:
+        data = f.read(MAX_BYTES + 1)
+except OSError as e:
+    bad("cannot read: %s" % (e.strerror or e))
+if len(data) > MAX_BYTES:
+    bad("bigger than %d MiB" % (MAX_BYTES >> 20))
+
+
+def number(text):  # a long digit string costs quadratic time to convert (refused by CPython 3.11+, not 3.10)
+    if len(text) > 64:
+        bad("a number of %d digits" % len(text))
+    return int(text)
+
+
+try:
+    doc = json.loads(data.decode("utf-8"), parse_int=number)
+except RecursionError:
+    bad("nested too deeply")
+except ValueError as e:  # not UTF-8, not JSON
+    bad("not JSON: %s" % e)
+if not isinstance(doc, dict) or doc.get("schema") != "mm-wheelhouse/1":
+    bad("expected an object with schema 'mm-wheelhouse/1'")
+need = doc.get("glibc_min")
+if not isinstance(need, str) or not re.fullmatch(r"[0-9]{1,4}[.][0-9]{1,4}", need):
+    bad("glibc_min: expected a version like 2.28")
+sets = doc.get("sets")
+if not isinstance(sets, list) or not all(isinstance(s, dict) and isinstance(s.get("name"), str) for s in sets):
+    bad("sets: expected a list of objects with a name")
 try:
     have = os.confstr("CS_GNU_LIBC_VERSION").split()[-1]
+    ok = tuple(map(int, have.split(".")[:2])) >= tuple(map(int, need.split(".")))
 except (ValueError, OSError, AttributeError, IndexError):
-    have = "none"
-ok = have != "none" and tuple(map(int, have.split(".")[:2])) >= tuple(map(int, need.split(".")[:2]))
+    have, ok = "none", False
 print("yes" if ok else "no glibc %s (the wheels need glibc %s or newer)" % (have, need))
 PY
-)
+) || exit 3
 [ "$glibc_ok" = yes ] || die 7 "this host has $glibc_ok; the bundle holds: $holds"
 set_dir="$wheelhouse/$set_name"
 lock="$set_dir/requirements.lock"
@@ -95,15 +139,22 @@ lock="$set_dir/requirements.lock"
 import glob, hashlib, os, sys
 set_dir, lock = sys.argv[1:]
 pinned = {}
-for line in open(lock):
-    spec, _, digest = line.strip().partition(" --hash=sha256:")
-    pinned[digest] = spec
+try:
+    with open(lock, encoding="utf-8") as f:
+        for line in f:
+            spec, _, digest = line.strip().partition(" --hash=sha256:")
+            pinned[digest] = spec
+except (OSError, UnicodeError) as e:  # the lock came from a removable disk: one line, never a traceback
+    sys.exit("install-mm.sh: %s: not a readable lock file (%s: %s)" % (lock, type(e).__name__, e))
 seen = set()
 for path in sorted(glob.glob(os.path.join(set_dir, "*.whl"))):
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError as e:
+        sys.exit("install-mm.sh: %s: unreadable (%s)" % (path, e))
     if h.hexdigest() not in pinned:
         sys.exit("install-mm.sh: %s: sha256 %s is not in %s (damaged in transit?)" % (path, h.hexdigest(), lock))
     seen.add(h.hexdigest())
@@ -134,10 +185,19 @@ set_dir, out = sys.argv[1:]
 wheels = glob.glob(os.path.join(set_dir, "uv-*.whl"))
 if len(wheels) != 1:
     sys.exit("install-mm.sh: no uv wheel in " + set_dir)
-with zipfile.ZipFile(wheels[0]) as zf:
-    name = next(n for n in zf.namelist() if n.endswith(".data/scripts/uv"))
-    with zf.open(name) as src, open(out, "wb") as dst:
-        dst.write(src.read())
+try:
+    with zipfile.ZipFile(wheels[0]) as zf:
+        names = [n for n in zf.namelist() if n.endswith(".data/scripts/uv")]
+        if not names:
+            sys.exit("install-mm.sh: %s: no uv binary in this wheel" % wheels[0])
+        with zf.open(names[0]) as src, open(out, "wb") as dst:
+            while True:
+                chunk = src.read(1 << 20)
+                if not chunk:
+                    break
+                dst.write(chunk)
+except (OSError, zipfile.BadZipFile, EOFError) as e:
+    sys.exit("install-mm.sh: %s: cannot take uv out of it (%s)" % (wheels[0], e))
 os.chmod(out, 0o755)
 PY
   "$tmp/uv" --no-config venv --quiet --offline --allow-existing --python "$(command -v "$py")" "$dest" &&

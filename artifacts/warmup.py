@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .cachekey import FILE_NAME as CACHE_KEY_FILE, CacheKey, write_cache_key
-from .diagnose import Finding, diagnose
+from .diagnose import Finding, ScannedText, diagnose, load_table, scan_docker_logs
 from .errors import BadInput, ProblemsFound, Refused
 from .fsutil import atomic_write_json
 from .launch import LaunchPlan, docker_run_argv, image_candidates, image_identity
@@ -162,9 +162,19 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def container_logs(name: str) -> str:
-    done = _docker(["logs", name])
-    return done.stdout + done.stderr
+# the log lines log_checks reads; every other line is matched against the troubleshooting table as it streams by
+CHECKED_LINES = re.compile(NVFP4_BACKEND.pattern + "|" + re.escape(DSPARK_LINE))
+
+
+def container_logs(name: str) -> ScannedText:
+    """`docker logs NAME` read streaming (a server log may be GBs): the table's matches, the tail, the checked lines."""
+    try:
+        return scan_docker_logs(name, load_table(), docker=DOCKER, tail=LOG_TAIL_LINES, keep=CHECKED_LINES,
+                                check=False)
+    except BadInput as e:
+        if "no answer within" in e.message:
+            raise ProblemsFound(e.message) from None
+        raise
 
 
 def container_running(name: str) -> bool:
@@ -273,7 +283,9 @@ def request_checks(plan: LaunchPlan, image_png: bytes, timeout: float, port: int
     return checks
 
 
-def log_checks(plan: LaunchPlan, log: str, target: str | None = None) -> list[Check]:
+def log_checks(plan: LaunchPlan, log: str | ScannedText, target: str | None = None) -> list[Check]:
+    if isinstance(log, ScannedText):
+        log = "\n".join(log.kept)
     checks = []
     if plan.recipe.expects_qmul4:
         backends = NVFP4_BACKEND.findall(log)
@@ -296,12 +308,14 @@ def warmup_name(plan: LaunchPlan) -> str:
     return "mm-warmup-" + plan.recipe.id.replace("/", "-")
 
 
-def _diagnosis(plan: LaunchPlan, logs: dict[str, str], error: str | None, checks: list[Check]) -> tuple[Finding, ...]:
+def _diagnosis(plan: LaunchPlan, logs: dict[str, ScannedText], error: str | None,
+               checks: list[Check]) -> tuple[Finding, ...]:
     """The guide's troubleshooting rows that the logs and the failures match (the same as `mm diagnose`)."""
     failures = [error] if error else []
     failures += [f"{c.target + ': ' if c.target else ''}{c.name}: {c.detail}" for c in checks if not c.ok]
-    texts = [(f"docker logs {name}", log) for name, log in logs.items()] + [("warm-up failures", "\n".join(failures))]
-    return diagnose(texts, plan=plan).findings
+    table = load_table()
+    texts = list(logs.values()) + [("warm-up failures", "\n".join(failures))]
+    return diagnose(texts, plan=plan, table=table).findings
 
 
 def run_warmup(target: LaunchPlan | NodePlan, *, timeout: float = 3600, image_png: bytes | None = None,
@@ -344,7 +358,7 @@ def run_warmup(target: LaunchPlan | NodePlan, *, timeout: float = 3600, image_pn
         if error is None:
             checks += log_checks(plan, log)
         if error or not all(c.ok for c in checks):
-            tail = tuple(log.splitlines()[-LOG_TAIL_LINES:])
+            tail = tuple(log.tail)
             diagnosis = _diagnosis(plan, {name: log}, error, checks)
     finally:
         stop_container(name)
@@ -402,7 +416,7 @@ def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes |
     extra_env = (("SGLANG_WARMUP_TIMEOUT", FIRST_START_WARMUP_TIMEOUT),)
     checks: list[Check] = []
     error, ready_after, started_names = None, None, []
-    logs: dict[str, str] = {}
+    logs: dict[str, ScannedText] = {}
     tail: tuple[str, ...] = ()
     diagnosis: tuple[Finding, ...] = ()
     try:
@@ -447,7 +461,7 @@ def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes |
         if error or not all(c.ok for c in checks):
             failing = {c.target for c in checks if not c.ok} or {started_names[-1] if started_names else names[0]}
             tail = tuple(f"{name}: {line}" for name in started_names if name in failing
-                         for line in logs.get(name, "").splitlines()[-LOG_TAIL_LINES:])
+                         for line in (logs[name].tail if name in logs else ()))
             diagnosis = _diagnosis(first, logs, error, checks)
     finally:
         for name in reversed(started_names):  # the router first

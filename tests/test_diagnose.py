@@ -1,6 +1,7 @@
 """mm diagnose: the guide's troubleshooting table as data, one synthetic log (or answer) per row."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -8,11 +9,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from mm.artifacts.diagnose import hicache_fits, host_findings, load_table
+from mm.artifacts.diagnose import hicache_fits, host_findings, iter_lines, load_table
 from mm.artifacts.launch import LaunchOptions
 from mm.artifacts.router import plan_node
 from tests.support import fake_docker
-from tests.support.run import run_mm
+from tests.support.memory import peak_rss
+from tests.support.run import mm_argv, run_mm
 from tests.test_launch import PIN, ROCM_IMAGE, make_model_dir
 
 # Each row's synthetic input: a server log line or a saved HTTP answer / request body, as it would be seen.
@@ -139,6 +141,74 @@ def test_bad_input_is_one_line_and_exit_3(tmp_path):
     nothing = diagnose("--json")
     assert nothing.returncode == 3 and json.loads(nothing.stdout)["ok"] is False
     assert diagnose("--model-dir", tmp_path, "--answer", tmp_path / "x").returncode == 3
+
+
+# --- a log bigger than memory -------------------------------------------------------------------
+
+MB = 1_000_000
+MEMORY_BOUND = 100 * MB  # mm diagnose holds a chunk and a line, whatever the log
+
+
+def sparse_log(path: Path, *parts: str | int) -> Path:
+    """A log of PARTS: text, or a count of NUL bytes left as a hole (no newline in it), so GBs cost no disk."""
+    with path.open("wb") as f:
+        for part in parts:
+            if isinstance(part, int):
+                f.seek(part, os.SEEK_CUR)
+            else:
+                f.write(part.encode())
+        f.truncate()
+    return path
+
+
+def big_log(path: Path) -> Path:
+    """300 MB: a 200 MB line with no newline, the OOM line, then 100 MB more of one line."""
+    return sparse_log(path, "[2026-11-09 10:00:00] starting\n", 200 * MB, "\n" + ROW_INPUTS["cuda-oom"] + "\n",
+                      100 * MB - 1, "\n")
+
+
+def test_a_log_bigger_than_the_memory_bound_with_a_line_longer_than_it_is_diagnosed_within_it(tmp_path):
+    log = big_log(tmp_path / "big.log")
+    assert log.stat().st_size > 3 * MEMORY_BOUND
+    returncode, peak = peak_rss(mm_argv("diagnose", log), os.environ)
+    assert returncode == 1
+    assert peak < MEMORY_BOUND, peak
+    doc = json.loads(diagnose(log, "--json").stdout)
+    assert [(f["row"], f["line_number"]) for f in doc["findings"]] == [("cuda-oom", 3)]
+    assert doc["lines_read"] == 4
+
+
+def test_docker_logs_bigger_than_the_memory_bound_are_diagnosed_within_it(tmp_path):
+    state = tmp_path / "docker-state"
+    docker = fake_docker.install(tmp_path / "bin", state)
+    state.mkdir(parents=True, exist_ok=True)
+    big_log(state / "huge.log")  # the stand-in's `docker logs huge` streams this file
+    env = {**os.environ, "PATH": f"{docker.parent}{os.pathsep}{os.environ['PATH']}"}
+    returncode, peak = peak_rss(mm_argv("diagnose", "--container", "huge"), env)
+    assert returncode == 1
+    assert peak < MEMORY_BOUND, peak
+    doc = json.loads(diagnose("--container", "huge", "--json", env=env).stdout)
+    assert ("cuda-oom", "docker logs huge", 3) in [(f["row"], f["where"], f["line_number"]) for f in doc["findings"]]
+
+
+def test_a_line_longer_than_the_cap_is_cut_and_the_next_line_is_whole():
+    long = b"x" * 5000 + b" CUDA out of memory"
+    stream = io.BytesIO(b"a\n" + long + b"\n\xff tail without newline")
+    assert list(iter_lines(stream, max_line=100)) == ["a", "x" * 100, "\ufffd tail without newline"]
+
+
+def test_lines_split_across_read_chunks_are_joined(monkeypatch):
+    from mm.artifacts import diagnose as mod
+    monkeypatch.setattr(mod, "READ_CHUNK", 3)
+    assert list(iter_lines(io.BytesIO(b"abcdefg\nhi\n\nj"), max_line=5)) == ["abcde", "hi", "", "j"]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 1024])
+def test_crlf_and_a_lone_cr_end_lines_as_splitlines_does(monkeypatch, chunk):
+    from mm.artifacts import diagnose as mod
+    monkeypatch.setattr(mod, "READ_CHUNK", chunk)
+    text = b"a\r\nbc\r\r\n10%\r50%\rCUDA out of memory\n\rz"
+    assert list(iter_lines(io.BytesIO(text))) == text.decode().splitlines()
 
 
 # --- a container, through the stand-in docker ------------------------------------------------------

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from safetensors.numpy import save_file
 from mm.artifacts.manifest import manifest_path, read_manifest
 from tests.support.gitrepo import commit_dir
 from tests.support.hubserver import xet_hash_for
+from tests.support.memory import peak_rss
 from tests.support.run import mm_argv
 
 BIG = "model.safetensors"
@@ -58,20 +58,6 @@ def bigger_than_the_memory_bound_repo(hub_root, tmp_path_factory) -> tuple[str, 
     sha = hashlib.sha256((src / BIG).read_bytes()).hexdigest()
     commit = commit_dir(hub_root / "test-org/wan-big", src, "first upload", move_lfs=True)
     return "test-org/wan-big", commit, sha
-
-
-# A child's peak RSS starts at its parent's (Linux keeps the high-water mark across fork and exec), and this
-# process holds test files in memory: a small Python in between starts mm and reports mm's own peak.
-_PEAK_RSS = ("import os, subprocess, sys; p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, "
-             "stderr=subprocess.DEVNULL); _, status, usage = os.wait4(p.pid, 0); "
-             "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)")
-
-
-def peak_rss(argv: list[str], env: dict[str, str]) -> tuple[int, int]:
-    """(exit code, peak RSS in bytes) of ARGV."""
-    out = subprocess.run([sys.executable, "-c", _PEAK_RSS, *argv], env=env, capture_output=True, text=True,
-                         timeout=120, check=True).stdout.split()
-    return int(out[0]), int(out[1])
 
 
 def fetch(run_mm, env, repo, dest: Path, *extra: str):

@@ -160,3 +160,22 @@ def test_tiny_png_is_a_well_formed_png():
         pos += 12 + length
     assert struct.unpack(">II", chunks[b"IHDR"][:8]) == (8, 8)
     assert len(zlib.decompress(chunks[b"IDAT"])) == 8 * (1 + 8 * 3)
+
+
+def test_container_logs_bigger_than_the_memory_bound_are_read_within_it(docker, tmp_path):
+    """Warm-up reads `docker logs` streaming, as `mm diagnose` does: its checks, its tail and the table's matches."""
+    import sys
+
+    from tests.support.memory import peak_rss
+    from tests.test_diagnose import MEMORY_BOUND, MB, sparse_log
+
+    docker.mkdir(parents=True, exist_ok=True)
+    sparse_log(docker / "huge.log", "starting\n", 200 * MB, "\n[TP0] nvfp4_to_fp8 backend=qmul4\n", 100 * MB,
+               "\nCUDA out of memory\nlast line\n")
+    probe = ("import sys; from mm.artifacts.warmup import container_logs; s = container_logs('huge'); "
+             "sys.exit(0 if (s.lines, s.kept, list(s.tail)[-2:], sorted(k for k, _ in s.hits)) == "
+             "(6, ['[TP0] nvfp4_to_fp8 backend=qmul4'], ['CUDA out of memory', 'last line'], ['cuda-oom']) else 7)")
+    env = {**os.environ, "PATH": f"{docker.parent / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    returncode, peak = peak_rss([sys.executable, "-c", probe], env)
+    assert returncode == 0
+    assert peak < MEMORY_BOUND, peak

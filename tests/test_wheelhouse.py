@@ -109,6 +109,76 @@ def test_install_refuses_a_wheel_whose_bytes_differ_from_the_lock(wheelhouse_dir
     assert not (tmp_path / "venv" / "bin" / "mm").exists()
 
 
+HOSTILE_INDEXES = {
+    "truncated JSON": b'{"schema": "mm-wheelhouse/1", "glibc_min": "2.2',
+    "not UTF-8": b'\xff\xfe{"schema": "mm-wheelhouse/1"}',
+    "empty": b"",
+    "a list": b"[]",
+    "another schema": b'{"schema": "mm-wheelhouse/9", "glibc_min": "2.28", "sets": []}',
+    "no glibc_min": b'{"schema": "mm-wheelhouse/1", "sets": []}',
+    "glibc_min a number": b'{"schema": "mm-wheelhouse/1", "glibc_min": 2.28, "sets": []}',
+    "glibc_min not a version": b'{"schema": "mm-wheelhouse/1", "glibc_min": "2.x", "sets": []}',
+    "glibc_min unicode digits": '{"schema": "mm-wheelhouse/1", "glibc_min": "\u0662.\u0662\u0668", "sets": []}'.encode(),
+    "sets not a list": b'{"schema": "mm-wheelhouse/1", "glibc_min": "2.28", "sets": {"name": "x"}}',
+    "a set not an object": b'{"schema": "mm-wheelhouse/1", "glibc_min": "2.28", "sets": ["linux-x86_64-cp311"]}',
+    "deep nesting": b'{"schema": "mm-wheelhouse/1", "glibc_min": "2.28", "sets": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
+    "huge integer": b'{"schema": "mm-wheelhouse/1", "glibc_min": "2.28", "sets": [], "n": ' + b"9" * 10_000 + b"}",
+    "bigger than 4 MiB": b'{"schema": "mm-wheelhouse/1", "glibc_min": "2.28", "sets": []' + b" " * (5 << 20) + b"}",
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_INDEXES))
+def test_install_with_a_hostile_index_says_so_in_one_line_and_exits_3(case, wheelhouse_dir, bare_python, tmp_path):
+    """wheelhouse.json comes from a removable disk: malformed or of the wrong shape, one line naming it, no traceback."""
+    disk = tmp_path / "disk"
+    (disk / "wheelhouse" / HOST.name).mkdir(parents=True)
+    shutil.copy(wheelhouse_dir / "install-mm.sh", disk / "install-mm.sh")
+    shutil.copy(wheelhouse_dir / "wheelhouse" / HOST.name / "requirements.lock", disk / "wheelhouse" / HOST.name)
+    index = disk / "wheelhouse" / "wheelhouse.json"
+    index.write_bytes(HOSTILE_INDEXES[case])
+    proc = run_install(disk / "install-mm.sh", tmp_path, bare_python, str(tmp_path / "venv"))
+    assert proc.returncode == 3, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"install-mm.sh: {index}: not a wheelhouse index ("), lines[0]
+    assert proc.stdout == ""
+    assert not (tmp_path / "venv").exists()
+
+
+def test_install_from_a_damaged_first_volume_says_so_in_one_line_and_exits_3(wheelhouse_dir, bare_python, tmp_path):
+    """Volume 1 cut short on the disk: one line naming the volume and why, no traceback, nothing installed."""
+    import tarfile
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    vol = disk / "demo.vol001-of-002.tar"
+    with tarfile.open(vol, "w", format=tarfile.PAX_FORMAT) as tf:
+        tf.add(wheelhouse_dir / "wheelhouse", arcname="payload/mm/wheelhouse")
+    with open(vol, "r+b") as f:
+        f.truncate(vol.stat().st_size // 2 + 7)
+    shutil.copy(wheelhouse_dir / "install-mm.sh", disk / "install-mm.sh")
+    proc = run_install(disk / "install-mm.sh", tmp_path, bare_python, str(tmp_path / "venv"))
+    assert proc.returncode == 3, proc.stderr
+    lines = [ln for ln in proc.stderr.strip().splitlines() if not ln.startswith("install-mm.sh: reading the wheelhouse")]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"install-mm.sh: {vol}: cannot read the wheelhouse from this volume ("), lines[0]
+    assert not (tmp_path / "venv").exists()
+
+
+def test_install_with_a_lock_file_that_is_not_text_says_so_in_one_line_and_exits_5(wheelhouse_dir, bare_python, tmp_path):
+    """requirements.lock damaged into bytes that are not UTF-8: one line naming it, no traceback."""
+    disk = tmp_path / "disk"
+    shutil.copytree(wheelhouse_dir, disk)
+    lock = disk / "wheelhouse" / HOST.name / "requirements.lock"
+    lock.write_bytes(b"\xff\xfe" + lock.read_bytes())
+    proc = run_install(disk / "install-mm.sh", tmp_path, bare_python, str(tmp_path / "venv"))
+    assert proc.returncode == 5, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"install-mm.sh: {lock}: not a readable lock file (UnicodeDecodeError"), lines[0]
+    assert not (tmp_path / "venv").exists()
+
+
 def test_install_reads_the_wheelhouse_out_of_the_first_volume(wheelhouse_dir, bare_python, tmp_path):
     """Run beside the volume files: the script takes the wheelhouse from volume 1 with python3's tarfile."""
     import tarfile

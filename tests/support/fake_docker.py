@@ -40,6 +40,7 @@ import base64
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -165,7 +166,8 @@ def cmd_logs(args: list[str]) -> int:
     if not log.exists():
         print(f"Error response from daemon: No such container: {args[-1]}", file=sys.stderr)
         return 1
-    sys.stdout.write(log.read_text())
+    with log.open("rb") as f:  # streamed: a test's log may be bigger than memory
+        shutil.copyfileobj(f, sys.stdout.buffer)
     return 0
 
 

@@ -1,0 +1,21 @@
+"""Peak memory of a command, as the kernel counts it.
+
+A child's peak RSS starts at its parent's (Linux keeps the high-water mark across fork and exec), and a test
+process holds test files in memory: a small Python in between starts the command and reports its own peak.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Mapping
+
+_PEAK_RSS = ("import os, subprocess, sys; p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, "
+             "stderr=subprocess.DEVNULL); _, status, usage = os.wait4(p.pid, 0); "
+             "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)")
+
+
+def peak_rss(argv: list[str], env: Mapping[str, str], timeout: float = 120) -> tuple[int, int]:
+    """(exit code, peak RSS in bytes) of ARGV."""
+    out = subprocess.run([sys.executable, "-c", _PEAK_RSS, *map(str, argv)], env=dict(env), capture_output=True,
+                         text=True, timeout=timeout, check=True).stdout.split()
+    return int(out[0]), int(out[1])
