@@ -23,6 +23,11 @@ $(STAMP): setup.cfg pyproject.toml $(PACKAGE_FILES)
 	# The SGLang router's own argument parser (sglang_router.launch_router), for the router lines: the pinned image
 	# builds sgl-router from its SGLang commit without naming a version, so the newest release on PyPI
 	$(BIN)/pip install -q --no-deps sglang-router==0.3.2
+	# vLLM's own `vllm serve` parser, for the vLLM lines (the guide: vLLM 0.33.0 or later). --no-deps: no torch/CUDA;
+	# the parser runs on real pydantic (vLLM's configs are pydantic dataclasses), regex, PyYAML, msgspec (and numpy,
+	# huggingface_hub, safetensors from mm itself); tests/support/vllm_stubs stubs the rest
+	$(BIN)/pip install -q --no-deps vllm==0.33.0
+	$(BIN)/pip install -q pydantic regex pyyaml msgspec
 	touch $(STAMP)
 
 # Standard tools that tests and benchmarks use, all Debian packages: b3sum and sha256sum peers, shellcheck, strace (to

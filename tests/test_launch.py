@@ -1,4 +1,4 @@
-"""mm launch: recipes as data -> offline start scripts; the real CLI in a subprocess, SGLang's own parser."""
+"""mm launch: recipes as data -> offline start scripts; the real CLI in a subprocess, SGLang's and vLLM's own parsers."""
 from __future__ import annotations
 
 import json
@@ -227,6 +227,70 @@ def test_every_emitted_sglang_command_parses_with_sglang_0_5_23_and_fp8_is_rejec
         assert args["port"] == plan.port
         if plan.recipe.hardware == "h200":
             assert args["tp_size"] == 8 and args["context_length"] in (140000, 131072)
+
+
+# --- vLLM's own parser ---------------------------------------------------------------------------
+
+def vllm_parse(argvs: list[list[str]]) -> dict:
+    done = subprocess.run([sys.executable, "-m", "tests.support.vllm_stubs.parse_vllm_args"], cwd=REPO_ROOT,
+                          input=json.dumps(argvs), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def every_vllm_plan(model_dir: Path):
+    """Every vLLM recipe x hardware, each as mm emits it by default, exposed (API key), on another port, at another TP."""
+    catalog = load_catalog()
+    for r in catalog.recipes:
+        if r.engine != "vllm":
+            continue
+        for extra in ({}, {"expose": True}, {"port": 30100}, {"tp": 2}):
+            opts = LaunchOptions(hardware=r.hardware, recipe=r.name, engine="vllm", image=VLLM_IMAGE, **extra)
+            yield plan_launch(model_dir, opts, catalog)
+
+
+def vllm_argv(plan) -> list[str]:
+    """What follows the image in `docker run --entrypoint vllm IMAGE ...`: `serve MODEL ...`."""
+    assert plan.entrypoint == "vllm"
+    return [SECRET if isinstance(t, EnvRef) else t for t in plan.engine_argv]
+
+
+def test_every_emitted_vllm_command_parses_with_vllm_0_33_0_and_passes_its_serve_checks(model_dir):
+    plans = list(every_vllm_plan(model_dir))
+    out = vllm_parse([vllm_argv(p) for p in plans])
+    assert out["version"] == "0.33.0"
+    assert len(out["results"]) == len(plans) == 4 * 7
+    for plan, result in zip(plans, out["results"]):
+        assert result["ok"], (plan.recipe.id, plan.port, result.get("error"))
+        args = result["args"]
+        hopper = plan.hardware.family == "hopper"
+        assert args["subparser"] == "serve" and args["model_tag"] == plan.container_model_path
+        # no --served-model-name: vLLM serves the model under its path, the name mm's warm-up requests send
+        assert args["served_model_name"] is None
+        tp = int(plan.engine_argv[plan.engine_argv.index("--tensor-parallel-size") + 1])
+        assert args["tensor_parallel_size"] == tp == (2 if len(plan.gpus) == 2 else plan.recipe.gpus)
+        assert args["tool_call_parser"] == args["reasoning_parser"] == "minimax_m3"
+        assert args["enable_auto_tool_choice"] is True
+        assert args["tool_call_parser"] in out["tool_call_parsers"] and args["reasoning_parser"] in out["reasoning_parsers"]
+        assert args["block_size"] == 128 and args["kv_cache_dtype"] == ("fp8" if hopper else "auto")
+        assert args["host"] == "0.0.0.0" and args["port"] == plan.port
+        assert args["api_key"] == ([SECRET] if plan.expose else None)
+
+
+def test_vllm_parser_refuses_sglang_spellings_and_auto_tool_choice_without_a_parser(model_dir):
+    argv = vllm_argv(plan_launch(model_dir, LaunchOptions(hardware="h200", engine="vllm", image=VLLM_IMAGE)))
+    at = argv.index("--tool-call-parser")
+    controls = [
+        argv + ["--context-length", "131072"],                  # SGLang's flag (mm refuses it for vLLM)
+        argv[:at + 1] + ["minimax-m3"] + argv[at + 2:],         # SGLang's parser name
+        argv[:at] + argv[at + 2:],                              # --enable-auto-tool-choice alone
+        argv,
+    ]
+    unknown_flag, sglang_parser_name, no_parser, as_emitted = vllm_parse(controls)["results"]
+    assert not unknown_flag["ok"] and "unrecognized arguments: --context-length 131072" in unknown_flag["error"]
+    assert not sglang_parser_name["ok"] and "invalid tool call parser: minimax-m3" in sglang_parser_name["error"]
+    assert not no_parser["ok"] and "--enable-auto-tool-choice requires --tool-call-parser" in no_parser["error"]
+    assert as_emitted["ok"]
 
 
 # --- the script ----------------------------------------------------------------------------------

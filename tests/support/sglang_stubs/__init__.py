@@ -1,4 +1,4 @@
-"""Stand-in modules so that SGLang 0.5.23's (and sglang-router's) argument parser imports without a GPU stack.
+"""Stand-in modules so that SGLang 0.5.23's (and sglang-router's, and vLLM's) argument parser imports without a GPU stack.
 
 Only the parser test's subprocess installs these (`install()`); nothing imports them globally.
 The pattern follows SGLang's own `sglang/_platform_stubs.py`: every attribute of a stub module is
@@ -37,6 +37,9 @@ class _StubMeta(abc.ABCMeta):
 
     __index__ = __int__
 
+    def __getitem__(cls, item):  # generic stub classes: `cachetools.LRUCache[_K, _V]`
+        return cls
+
 
 class _StubBase(metaclass=_StubMeta):
     def __init__(self, *args, **kwargs):
@@ -49,6 +52,11 @@ class _StubBase(metaclass=_StubMeta):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source, handler):  # a real pydantic model with a stub-typed field (vLLM)
+        from pydantic_core import core_schema
+        return core_schema.any_schema()
 
 
 class _Decorator:
@@ -120,7 +128,11 @@ class _StubFinder:
         return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
 
 
-def install() -> None:
-    # No accelerator here: SGLang's CPU platform defaults keep platform detection off the stubs.
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+def install(stubbed: tuple[str, ...] = STUBBED, attrs: dict | None = None,
+            env: tuple[str, str] = ("SGLANG_USE_CPU_ENGINE", "1")) -> None:
+    """SGLang's lists by default; tests/support/vllm_stubs passes vLLM's (one engine per subprocess)."""
+    global STUBBED, ATTRS
+    STUBBED, ATTRS = stubbed, ATTRS if attrs is None else attrs
+    # No accelerator here: the engine's CPU platform defaults keep platform detection off the stubs.
+    os.environ.setdefault(*env)
     sys.meta_path.insert(0, _StubFinder())
