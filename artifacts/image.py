@@ -105,8 +105,17 @@ def _skopeo(args: list[str], what: str, timeout: float = 120, show_progress: boo
         raise RemoteError(f"{what}: the registry did not answer within {timeout:.0f} s") from None
     if proc.returncode != 0:
         lines = proc.stderr.decode(errors="replace").strip().splitlines()
-        raise RemoteError(f"{what}: {lines[-1] if lines else 'skopeo failed'}")
+        raise RemoteError(f"{what}: {_skopeo_message(lines[-1]) if lines else 'skopeo failed'}")
     return proc.stdout
+
+
+SKOPEO_LOG = re.compile(r'level=\w+ msg="((?:[^"\\]|\\.)*)"')
+
+
+def _skopeo_message(line: str) -> str:
+    """The message of skopeo's last log line (`time=... level=fatal msg="..."`), without the logger's frame."""
+    found = SKOPEO_LOG.search(line)
+    return found.group(1).replace('\\"', '"') if found else line
 
 
 def _tls(tls_verify: bool) -> str:

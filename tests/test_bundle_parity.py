@@ -429,3 +429,11 @@ def test_parity_of_another_bundle_is_refused_even_when_nothing_needs_rebuilding(
     r = mm("unbundle", *data_volumes(vols), foreign, "--dest", tmp_path / "dest")
     assert r.returncode == 5 and f"refused: {foreign.name}: parity of bundle" in r.stderr
     assert "verify" in r.stdout  # the bundle's own volumes were all imported
+
+
+def test_repair_volume_of_a_file_that_is_no_volume_names_it(tmp_path):
+    junk = tmp_path / "vol.tar"
+    junk.write_bytes(b"junk\n")
+    r = mm("bundle", "repair-volume", junk, "--out", tmp_path / "out")
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.strip() == f"mm: no usable parity volume of an mm bundle among {junk}"

@@ -131,7 +131,8 @@ def _parity_from_data_alone(data: list[Volume], ref: str | None, out_dir: Path |
     good = {v.number: v for v in mine if v.usable}
     if note is None or note.code != CODEC or len(good) != count:
         lost = sorted(set(range(1, count + 1)) - set(good))
-        raise BadInput(f"no usable parity volume of bundle {ref} among those given"
+        whose = f"bundle {ref}" if ref else "an mm bundle"  # no given file was readable as a volume
+        raise BadInput(f"no usable parity volume of {whose} among {', '.join(str(v.path) for v in data) or 'those given'}"
                        + (f", and data volume(s) {', '.join(map(str, lost))} are lost or damaged" if lost else "")
                        + (f" ({'; '.join(notes[:3])})" if notes else ""))
     first = good[1]
