@@ -213,7 +213,8 @@ def _hooks(cap_for: CapFor, name: str):
 
     def on_response(response: httpx2.Response) -> None:
         request = response.request
-        where = f"{name} at {origin(str(request.url))}"
+        peer = origin(str(request.url))
+        where = name if peer.split("://", 1)[-1] in name else f"{name} at {peer}"
         status = response.status_code
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
@@ -226,7 +227,7 @@ def _hooks(cap_for: CapFor, name: str):
             cap, what = CAP_ERROR, f"an error answer (HTTP {status})"
         else:
             cap, what = cap_for(request, response)
-        length = response.headers.get("Content-Length")
+        length = response.headers.get("Content-Length") if request.method != "HEAD" else None
         if length is not None and length.strip().isdigit() and int(length) > cap:
             raise RemoteError(f"{where} announced {int(length)} bytes as {what}, more than its cap of {_size(cap)}; "
                               f"refused")
@@ -392,29 +393,39 @@ def open_raw(url: str, headers: dict[str, str], where: str, *, ssl_context: ssl.
         conn = http.client.HTTPSConnection(host, port, timeout=lim.timeout, context=context)
     else:
         conn = http.client.HTTPConnection(host, port, timeout=lim.timeout)
-    fired = threading.Event()
-    watchdog = threading.Timer(answer_timeout or lim.deadline, _cut, (conn, fired))
-    watchdog.daemon = True
     try:
         conn.connect()
-        watchdog.start()
-        conn.request("GET", target, headers=headers)
-        resp = conn.getresponse()
-    except BaseException as e:
-        watchdog.cancel()
+        with watchdog(conn, answer_timeout or lim.deadline, where, "send its answer's headers"):
+            conn.request("GET", target, headers=headers)
+            resp = conn.getresponse()
+    except BaseException:
         conn.close()
+        raise
+    conn.sock.settimeout(lim.timeout)
+    return RawAnswer(conn, resp, where)
+
+
+@contextmanager
+def watchdog(conn: http.client.HTTPConnection, seconds: float, where: str, what: str) -> Iterator[None]:
+    """Whatever CONN does inside must end within SECONDS: then its socket is shut down and TooSlow raised (a
+    server trickling its status line and headers, which per-read timeouts never end). Headers that http.client
+    refuses (too long, too many) are a RemoteError too."""
+    fired = threading.Event()
+    timer = threading.Timer(seconds, _cut, (conn, fired))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except (OSError, http.client.HTTPException) as e:
         if fired.is_set():
-            raise TooSlow(f"{where} did not send its answer's headers within MM_NET_DEADLINE ({lim.deadline:g} s); "
-                          f"cut") from None
+            raise TooSlow(f"{where} did not {what} within {seconds:g} s (MM_NET_DEADLINE); cut") from None
         if isinstance(e, http.client.LineTooLong) or isinstance(e, http.client.HTTPException) and "header" in str(e):
             raise RemoteError(f"{where} sent headers mm refuses ({type(e).__name__}: {shown(str(e), 80)})") from None
         raise
-    watchdog.cancel()
+    finally:
+        timer.cancel()
     if fired.is_set():
-        conn.close()
-        raise TooSlow(f"{where} did not send its answer's headers within MM_NET_DEADLINE ({lim.deadline:g} s); cut")
-    conn.sock.settimeout(lim.timeout)
-    return RawAnswer(conn, resp, where)
+        raise TooSlow(f"{where} did not {what} within {seconds:g} s (MM_NET_DEADLINE); cut")
 
 
 def _cut(conn: http.client.HTTPConnection, fired: threading.Event) -> None:

@@ -394,8 +394,13 @@ def _wait_for_partial(dest: Path, proc: subprocess.Popen, at_least: int, timeout
 
 
 def _bytes_on_disk(dest: Path, model: Path) -> int:
+    """Bytes of final files, plus the bytes each partial's range map records (a ranged partial has holes)."""
     done = sum((dest / p).stat().st_size for p in tree(model) if (dest / p).is_file())
-    return done + sum(p.stat().st_size for p in (dest / ".mm" / "partial").glob("*.part"))
+    for part in (dest / ".mm" / "partial").glob("*.part"):
+        state = part.with_name(part.name + ".ranges")
+        done += (sum(e - s for s, e in json.loads(state.read_text())["done"]) if state.exists()
+                 else part.stat().st_size)
+    return done
 
 
 def test_pull_killed_then_rerun_resumes_and_fetches_only_the_missing_part(registry, model_a, pushed_a, tmp_path):
