@@ -42,7 +42,9 @@ from .manifest import public_endpoint
 HEX = re.compile(r"^[0-9a-f]+$")
 XET_HASH = re.compile(r"^[0-9a-f]{64}$")
 MAX_REDIRECTS = wire.MAX_REDIRECTS
-MAX_LISTED = 1_000_000  # files in one listing: mm's margin (the largest model repos hold a few thousand)
+MAX_LISTED = 200_000  # files in one listing: mm's margin (the largest model repos hold a few thousand)
+LISTING_REQUESTS = 2 * (MAX_LISTED // 1000) + 10  # the Hub pages a tree 1000 entries at a time: mm's margin of 2x
+RESOLVE_REQUESTS = 1000  # refs, then commit lists 50 at a time for a short sha (50,000 commits): mm's margin
 
 
 # --- what the Hub says -----------------------------------------------------------------------
@@ -110,7 +112,7 @@ def resolve_revision(repo_id: str, revision: str, *, endpoint: str | None = None
     rev = revision.strip()
     if not rev:
         raise BadValue("--revision: empty revision")
-    with hub_errors(repo_id, rev):
+    with hub_errors(repo_id, rev), wire.request_budget(RESOLVE_REQUESTS, "resolving a revision"):
         refs = api.list_repo_refs(repo_id, repo_type=repo_type)
         for kind, group in (("branch", refs.branches), ("tag", refs.tags)):
             for ref in group:
@@ -147,7 +149,7 @@ def list_remote_files(repo_id: str, commit: str, *, endpoint: str | None = None,
     """Every file of the commit with its size and upstream identity, sorted by path."""
     api = _api(endpoint, token)
     entries = []
-    with hub_errors(repo_id, commit):
+    with hub_errors(repo_id, commit), wire.request_budget(LISTING_REQUESTS, "the file listing"):
         for e in api.list_repo_tree(repo_id, revision=commit, recursive=True, repo_type=repo_type):
             if len(entries) >= MAX_LISTED:  # a server paging forever
                 raise RemoteError(f"{repo_id}@{commit[:12]}: the Hub at {public_endpoint(hub_endpoint())} listed more "

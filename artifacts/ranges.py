@@ -125,7 +125,7 @@ def prove(answer: Answer, size: int, where: str) -> tuple[int, int]:
     if answer.status == 200:
         if answer.length is not None and answer.length != size:
             raise RetryLater(f"{where} answered 200 with Content-Length {answer.length} for a file of {size} bytes; "
-                             f"nothing kept", "wrong-length")
+                             f"nothing kept", "wrong-length", after=0)
         return 0, size
     m = _CONTENT_RANGE.fullmatch((answer.content_range or "").strip())
     if answer.status == 206 and m:
@@ -135,7 +135,7 @@ def prove(answer: Answer, size: int, where: str) -> tuple[int, int]:
     said = "no Content-Range" if answer.content_range is None else f"Content-Range {wire.shown(answer.content_range, 60)!r}"
     length = f" and Content-Length {answer.length}" if answer.length is not None else ""
     raise RetryLater(f"{where} answered {answer.status} with {said}{length}, which does not say where its bytes "
-                     f"belong in a file of {size} bytes; nothing kept", "bad-range")
+                     f"belong in a file of {size} bytes; nothing kept", "bad-range", after=0)
 
 
 def http_answer(raw: "wire.RawAnswer", where: str) -> Answer:
@@ -768,11 +768,12 @@ def _run_range(f: _File, r: _Range, view: memoryview) -> None:
                         return  # another response streams the rest of the file; this range is handed back
                 raise RetryLater(f"{f.where} ended the body at byte {r.pos}", "short-body")
         except RetryLater as e:
-            failures = 0 if r.landed > before else failures + 1
+            # a cut for slowness is a failure even when a few bytes came: a trickle never resets the count
+            failures = 0 if r.landed > before and e.reason != "slow" else failures + 1
             if failures > RANGE_RETRIES or not f.stats.retry(f.job.path, r.pos, e.reason):
                 why = f"{failures} failed attempts in a row" if failures > RANGE_RETRIES else "retry budget spent"
                 raise RemoteError(f"{e.message} ({why}); run again to resume") from None
-            backoff = min(BACKOFF_MAX, 0.25 * 2 ** (failures - 1)) if failures else 0.0
+            backoff = min(BACKOFF_MAX, f.limits.backoff * 2 ** (failures - 1)) if failures else 0.0
             time.sleep(min(RETRY_AFTER_MAX, max(0.0, e.after if e.after is not None else backoff)))
 
 

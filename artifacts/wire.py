@@ -19,6 +19,7 @@ Bounds (README, "Network bounds"), all mm's own margins, none an upstream defaul
   MM_NET_DEADLINE     120 s  a whole document, or the status line and headers of any answer
   MM_NET_MIN_RATE     1024   bytes/s a download connection must average over...
   MM_NET_RATE_WINDOW  60 s   ...each window of this length, else it is cut and retried on a fresh one
+  MM_NET_BACKOFF      0.25 s the wait before a failed range is asked again, doubling per failure up to 30 s
 Values are read when a request starts, so tests can use short ones.
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 from urllib.parse import urlsplit
 
+import httpcore2
 import httpx2
 
 from .errors import BadValue, RemoteError
@@ -49,6 +51,8 @@ CAP_ERROR = 64 * KiB  # an error answer: one JSON error or an HTML page
 CAP_REDIRECT = 64 * KiB  # a redirect's body (never needed)
 CAP_HUB_API = 4 * MiB  # one Hub API answer: a 1000-entry tree page with LFS and Xet fields is about 350 KB
 CAP_PING = 64 * KiB  # a registry's /v2/ answer is `{}`
+MAX_CONTAINERS = 250_000  # '[' and '{' in one document: parsed, each costs 56-200 bytes; an honest 4 MiB Hub answer
+# (model info listing 40,000 files) holds about 80,000. Within 4 MiB, a million empty lists would cost 100 MB.
 
 
 @dataclass(frozen=True)
@@ -57,10 +61,11 @@ class Limits:
     deadline: float = 120.0
     min_rate: float = 1024.0
     rate_window: float = 60.0
+    backoff: float = 0.25
 
 
 _ENV = {"MM_NET_TIMEOUT": "timeout", "MM_NET_DEADLINE": "deadline", "MM_NET_MIN_RATE": "min_rate",
-        "MM_NET_RATE_WINDOW": "rate_window"}
+        "MM_NET_RATE_WINDOW": "rate_window", "MM_NET_BACKOFF": "backoff"}
 
 
 def limits() -> Limits:
@@ -130,6 +135,26 @@ class _Deadline(threading.local):
 _deadline = _Deadline()
 
 
+class _Requests(threading.local):
+    left: int | None = None
+    what: str = ""
+
+
+_requests = _Requests()
+
+
+@contextmanager
+def request_budget(n: int, what: str) -> Iterator[None]:
+    """At most N requests (redirects and pages included) from this thread inside: a server paging or redirecting
+    forever ends as a RemoteError naming WHAT (e.g. "the file listing")."""
+    saved = (_requests.left, _requests.what)
+    _requests.left, _requests.what = n, what
+    try:
+        yield
+    finally:
+        _requests.left, _requests.what = saved
+
+
 class TooSlow(RemoteError):
     """An answer that did not arrive within its deadline."""
 
@@ -151,7 +176,15 @@ class _DeadlineStream:
         self._stream, self._where = stream, where
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._stream.read(max_bytes, _remaining(timeout, self._where))
+        left = _remaining(timeout, self._where)
+        try:
+            return self._stream.read(max_bytes, left)
+        except httpcore2.ReadTimeout:
+            if timeout is None or left is not None and left < timeout:  # the deadline, not one slow read
+                _remaining(0.0, self._where)
+                raise TooSlow(f"{self._where} did not finish its answer within MM_NET_DEADLINE "
+                              f"({limits().deadline:g} s); cut") from None
+            raise
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         self._stream.write(buffer, timeout)
@@ -188,11 +221,15 @@ class _CappedStream(httpx2.SyncByteStream):
         self._inner, self._cap, self._where, self._what = inner, cap, where, what
 
     def __iter__(self) -> Iterator[bytes]:
-        got = 0
+        got = containers = 0
         for chunk in self._inner:
             got += len(chunk)
             if got > self._cap:
                 raise RemoteError(f"{self._where} sent more than {_size(self._cap)} as {self._what}; cut")
+            containers += chunk.count(b"[") + chunk.count(b"{")  # (strings holding brackets count too: stricter)
+            if containers > MAX_CONTAINERS:
+                raise RemoteError(f"{self._where} sent more than {MAX_CONTAINERS} JSON arrays and objects as "
+                                  f"{self._what}; refused (no honest answer holds so many)")
             _remaining(None, self._where)
             yield chunk
 
@@ -210,6 +247,11 @@ CapFor = Callable[[httpx2.Request, httpx2.Response], "tuple[int, str]"]
 def _hooks(cap_for: CapFor, name: str):
     def on_request(request: httpx2.Request) -> None:
         _deadline.at = time.monotonic() + limits().deadline
+        if _requests.left is not None:
+            _requests.left -= 1
+            if _requests.left < 0:
+                raise RemoteError(f"{name} at {origin(str(request.url))} needed more requests than mm allows for "
+                                  f"{_requests.what} (it keeps paging or redirecting); refused")
 
     def on_response(response: httpx2.Response) -> None:
         request = response.request
@@ -309,25 +351,25 @@ class RawAnswer:
         return len(data)
 
     def read_capped(self, cap: int, what: str) -> bytes:
-        """The whole body, at most CAP bytes, within the deadline (a small document on this connection)."""
+        """The whole body, at most CAP bytes and MAX_CONTAINERS JSON arrays and objects, within the deadline (a
+        small document on this connection). Memory grows with what arrives, not with CAP."""
         lim = limits()
         until = time.monotonic() + lim.deadline
-        buf = bytearray(cap + 1)
-        view = memoryview(buf)
-        got = 0
-        try:
-            while got <= cap:
-                n = self.readinto(view[got:])
-                if not n:
-                    break
-                got += n
-                if time.monotonic() > until:
-                    raise TooSlow(f"{self.where} did not finish {what} within MM_NET_DEADLINE ({lim.deadline:g} s); cut")
-        finally:
-            view.release()
-        if got > cap:
-            raise RemoteError(f"{self.where} sent more than {_size(cap)} as {what}; cut")
-        return bytes(buf[:got])
+        piece = memoryview(bytearray(64 * KiB))
+        out = bytearray()
+        containers = 0
+        while n := self.readinto(piece):
+            chunk = piece[:n].tobytes()
+            out += chunk
+            if len(out) > cap:
+                raise RemoteError(f"{self.where} sent more than {_size(cap)} as {what}; cut")
+            containers += chunk.count(b"[") + chunk.count(b"{")
+            if containers > MAX_CONTAINERS:
+                raise RemoteError(f"{self.where} sent more than {MAX_CONTAINERS} JSON arrays and objects as {what}; "
+                                  f"refused (no honest answer holds so many)")
+            if time.monotonic() > until:
+                raise TooSlow(f"{self.where} did not finish {what} within MM_NET_DEADLINE ({lim.deadline:g} s); cut")
+        return bytes(out)
 
     def close(self) -> None:
         self._conn.close()
@@ -401,7 +443,6 @@ def open_raw(url: str, headers: dict[str, str], where: str, *, ssl_context: ssl.
     except BaseException:
         conn.close()
         raise
-    conn.sock.settimeout(lim.timeout)
     return RawAnswer(conn, resp, where)
 
 
