@@ -715,3 +715,20 @@ def test_every_network_case_stayed_within_its_bounds():
     print(f"\n{len(RESULTS)} mm runs; slowest {slowest[1]:.1f} s ({slowest[0]}); "
           f"highest peak RSS {highest[2] / 1e6:.0f} MB ({highest[0]})")
     assert highest[2] < RSS_LIMIT
+
+
+def test_redact_hides_the_credentials_of_a_reference_in_any_line_mm_prints():
+    from mm.artifacts.untrusted import redact
+    assert redact(f"mm: robot:{PASSWORD}@reg.site:5000/models/x:tag: refused") == "mm: ***@reg.site:5000/models/x:tag: refused"
+    assert redact(f"pulling http://robot:{PASSWORD}@reg.site/x") == "pulling http://reg.site/x"
+    assert redact("sha256:abc@def and mail a@b.c") == "sha256:abc@def and mail a@b.c"  # nothing else touched
+
+
+def test_fetch_through_the_proxy_http_proxy_names_takes_the_api_and_the_bytes_through_it(harness, weights):
+    from tests.support.hostile import ForwardProxy
+    with HostileServer(hub(weights)) as server, ForwardProxy() as proxy:
+        got = harness.run("fetch", REPO, "--revision", "main", "--local-dir", harness.dest, deadline=15,
+                          env={"HF_ENDPOINT": server.url, "HTTP_PROXY": proxy.url, "NO_PROXY": ""})
+    assert got.code == 0, got.text
+    assert (harness.dest / BIG).read_bytes() == weights
+    assert any("/api/" in u for u in proxy.requests) and any("/resolve/" in u for u in proxy.requests)

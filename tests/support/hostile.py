@@ -207,3 +207,56 @@ class HostileServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+class ForwardProxy:
+    """A plain HTTP forward proxy on 127.0.0.1 (absolute-form requests, one per connection): what HTTP_PROXY
+    names on a site that reaches the Hub only through a proxy. `requests` holds the absolute URLs asked."""
+
+    def __init__(self):
+        self.requests: list[str] = []
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                proxy._handle(self.request)
+
+        self._server = _TCPServer((HOST, 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self._server.server_address[1]}"
+
+    def _handle(self, client: socket.socket) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = client.recv(65536)
+            if not chunk:
+                return
+            data += chunk
+        head, _, rest = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        method, target, version = lines[0].split(" ", 2)
+        with self._lock:
+            self.requests.append(target)
+        parts = urlsplit(target)
+        if parts.hostname != HOST:  # loopback only, ever
+            client.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            return
+        headers = [line for line in lines[1:] if not line.lower().startswith(("proxy-", "connection"))]
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        with socket.create_connection((parts.hostname, parts.port or 80)) as upstream:
+            upstream.sendall("\r\n".join([f"{method} {path} {version}", *headers, "Connection: close", "", ""])
+                             .encode("latin-1") + rest)
+            while chunk := upstream.recv(1 << 20):
+                client.sendall(chunk)
+
+    def __enter__(self) -> "ForwardProxy":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
