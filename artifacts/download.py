@@ -32,8 +32,8 @@ from .manifest import FileEntry, Upstream, entry_from_dict, manifest_path, read_
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import load_json
 from . import ranges
-from .ranges import (DEFAULT_CONNECTIONS, Answer, Connections, RangedJob, RetryLater, TransferCut, TransferStats,
-                     clear_state, state_path)
+from .ranges import DEFAULT_CONNECTIONS, Answer, Connections, RangedJob, TransferStats, clear_state, state_path
+from .ranges import RetryLater, TransferCut  # noqa: F401 - what a Source raises, importable from here as before
 
 PARTIAL_DIR = f"{MM_DIR}/partial"
 JOURNAL = f"{MM_DIR}/journal.jsonl"

@@ -30,11 +30,11 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import build_hf_headers, filter_repo_objects, get_session, hf_raise_for_status
+from huggingface_hub.utils import build_hf_headers, filter_repo_objects, hf_raise_for_status
 
 from . import wire
 from .download import RemoteFile
-from .errors import BadInput, BadValue, RemoteError, first_line
+from .errors import BadValue, RemoteError, first_line
 from .ranges import Answer, RetryLater, http_answer
 from .fsutil import check_relpath
 from .manifest import public_endpoint

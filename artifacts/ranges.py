@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Callable, ContextManager, Iterator, Protocol
 
 from . import wire
-from .errors import BadInput, IntegrityError, MMError, RemoteError
+from .errors import BadInput, MMError, RemoteError
 from .hashing import Digests, StreamHasher
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import load_json
@@ -841,8 +841,11 @@ def _land(f: _File, r: _Range, at: int, body_end: int, read: Callable[[memoryvie
                                      f"MM_NET_MIN_RATE ({lim.min_rate:g} bytes/s); cut, to be asked again on a fresh "
                                      f"connection", "slow", after=0)
                 window_at, window_bytes = now, 0
+    except OSError:  # the partial cannot be written: nothing more is tried
+        filled = 0
+        raise
     finally:
-        if filled and f.error is None:  # what arrived before a cut is kept
+        if filled:  # what arrived before a cut, a stop or another connection's failure is kept (its place is proven)
             f.commit(r, batch_at, [view[:filled]], filled)
         f.received(received)
 

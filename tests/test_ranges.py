@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import blake3
 import pytest
 
-from mm.artifacts.errors import IntegrityError, RemoteError
+from mm.artifacts.errors import RemoteError
 from mm.artifacts.hashing import StreamHasher, git_blob_header
 from mm.artifacts.ranges import (BUDGET_FACTOR, BUDGET_MARGIN, BUFFER, MiB, RANGE_MAX, SAVE_SECONDS, Answer,
                                  Connections, RangedJob, RangeMap, RetryLater, TransferStats, chunk_reader, download,

@@ -23,7 +23,7 @@ from typing import Iterator
 
 from ..download import (JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, fetch_into, known_entries, partial_path,
                         prepare_dir)
-from ..errors import BadInput, IntegrityError, MMError, RemoteError
+from ..errors import BadInput, IntegrityError, MMError
 from ..fsutil import dir_lock, publish, require_free_space
 from ..manifest import FileEntry, Manifest, manifest_path, write_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
