@@ -91,7 +91,7 @@ class Harness:
                                       cwd=self.tmp / "work", input=input)
         seconds = time.monotonic() - started
         got = Outcome(proc.returncode, proc.stdout, proc.stderr, seconds, rss)
-        RESULTS.append((os.environ.get("PYTEST_CURRENT_TEST", args[0]).split(" ")[0], seconds, rss))
+        RESULTS.append((os.environ.get("PYTEST_CURRENT_TEST", args[0]).rsplit(" ", 1)[0], seconds, rss))
         assert got.code != 70, got.text
         assert "Traceback" not in got.text, got.text
         assert rss < RSS_LIMIT, f"peak RSS {rss / 1e6:.0f} MB"
