@@ -70,6 +70,7 @@ def conflicting_numbers(vols: list[Volume], bundle_id: str | None) -> dict[int, 
 
 def check_data(vol: Volume, pipe: ChunkPipe, progress: ProgressSink = NULL_PROGRESS) -> None:
     """Hash every member the index lists (data or parity volume); record mismatches in vol.damaged."""
+    progress.item(vol.path.name)
     for member, (_, want) in vol.described.data_members().items():
         info = vol.data.get(member)
         if info is not None and _span_b3(vol.path, info, pipe, progress) != want:
@@ -119,7 +120,7 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
     data, parity = split_volumes(vols)
     ref = reference_bundle(data) or reference_bundle(parity)
     conflicts = conflicting_numbers(data, ref)
-    progress.begin(data_bytes(vols), "bundle verify")
+    progress.begin(data_bytes(vols), "bundle verify", files=len(vols))
     pipe = ChunkPipe()
     reference = next((v for v in data if v.index is not None and v.bundle_id == ref and not v.refused
                       and v.manifest_bytes and MANIFEST_MEMBER not in v.damaged), None)

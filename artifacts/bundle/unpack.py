@@ -410,22 +410,27 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
         for src in sources.values():
             src.close()
     names = {v.number: v.path.name for v in accepted}
-    for n, path in sorted(rebuilt.files.items()):
-        v = open_volume(path)
-        why = judge(v)
-        if why:
-            out.refused.append(why)
-            path.unlink()
-            continue
-        run.volume(v)
-        _Skeleton.save(dest, v)
-        if n in names:  # its damaged members are now imported from the rebuilt copy
-            run.corrupt = [c for c in run.corrupt if not c.startswith(f"{names[n]}: ")]
-            out.notes.append(f"{names[n]}: damaged; rebuilt from parity and imported")
-        state.doc["done_volumes"] = sorted(set(state.doc.get("done_volumes", [])) | {n})
-        state.save()
-        path.unlink()
-        out.volumes.append(n)
+    opened = {n: open_volume(path) for n, path in sorted(rebuilt.files.items())}
+    judged = {n: judge(v) for n, v in opened.items()}
+    progress.begin(sum(e.length for n, v in opened.items() if not judged[n] for e in v.entries()),
+                   f"unbundle rebuilt volume(s) {', '.join(str(n) for n in opened if not judged[n])}")
+    try:
+        for n, v in opened.items():
+            if judged[n]:
+                out.refused.append(judged[n])
+                v.path.unlink()
+                continue
+            run.volume(v)
+            _Skeleton.save(dest, v)
+            if n in names:  # its damaged members are now imported from the rebuilt copy
+                run.corrupt = [c for c in run.corrupt if not c.startswith(f"{names[n]}: ")]
+                out.notes.append(f"{names[n]}: damaged; rebuilt from parity and imported")
+            state.doc["done_volumes"] = sorted(set(state.doc.get("done_volumes", [])) | {n})
+            state.save()
+            v.path.unlink()
+            out.volumes.append(n)
+    finally:
+        progress.end()
     out.parity_used = rebuilt.parity_used
     return out
 
@@ -479,13 +484,20 @@ def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: lis
             return f"volume {i + 1}" if i < k else f"parity {i - k + 1}"
 
         damaged: set[int] = set()
+        written = [0]
+
+        def advance(n: int) -> None:
+            written[0] += n
+            progress.advance(n)
+
         while True:  # an input found damaged is left out and the rebuild run again while enough are left
             usable = {i: src for i, src in inputs.items() if i not in damaged}
-            result = rebuild(layout, usable, want_idx, {i: sink(outs[i][0]) for i in want_idx},
-                             on_bytes=progress.advance)
+            result = rebuild(layout, usable, want_idx, {i: sink(outs[i][0]) for i in want_idx}, on_bytes=advance)
             bad = [i for i in want_idx if result.output_blake3[i] != index.data[i].blake3]
             if not bad:
                 break
+            progress.advance(-written[0])  # the bar starts this rebuild again: never past 100%
+            written[0] = 0
             checked = rebuild(layout, usable, want_idx, {i: _discard for i in want_idx}, hash_inputs=True)
             found = {i for i, d in checked.input_blake3.items() if d != expected(i)}
             if not found:
@@ -635,6 +647,7 @@ class _Import:
         for e in v.entries():
             info = v.data.get(e.member)
             if info is not None:
+                self.progress.item(e.path)
                 self.member(v, e, info)
             self.progress.advance(e.length)
 
