@@ -901,6 +901,8 @@ def bundle_verify(volumes, json_out):
             for problem in v.problems:
                 out.print(f"         {problem}", highlight=False, markup=False, soft_wrap=True)
         missing = ", ".join(str(n) for n in report.missing) or "none"
+        out.print(f"checked {report.files_checked} volume file(s), {human_bytes(report.bytes_checked)} in "
+                  f"{human_duration(report.seconds)}", highlight=False, markup=False, soft_wrap=True)
         if report.bundle_id is None:
             out.print("no readable bundle volume among those given", highlight=False, markup=False, soft_wrap=True)
         else:
@@ -933,7 +935,10 @@ def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
     Every volume given is checked first; a rebuilt data volume gets its name only when its whole-file blake3 is
     the one the parity index records. Exit 0 repaired (or nothing to repair), 1 too many volumes lost (the
     message says which would be enough), 3 no usable parity volume."""
+    import time
+
     from .artifacts.bundle.repair import repair_volumes
+    started = time.monotonic()
     report = repair_volumes(list(volumes), out_dir, sync=not no_sync, progress=progress_for(json_out))
     if json_out:
         emit_json(report)
@@ -944,8 +949,13 @@ def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
         out.print(f"rebuilt  {path} (byte-identical, blake3 checked)", highlight=False, markup=False, soft_wrap=True)
     for path in report.parity_rewritten:
         out.print(f"rewrote  {path} (parity)", highlight=False, markup=False, soft_wrap=True)
-    if not report.rebuilt and not report.parity_rewritten:
+    written = [Path(p) for p in report.rebuilt + report.parity_rewritten]
+    if not written:
         out.print(f"bundle {report.name}: nothing to repair ({len(report.intact)} data volume(s) intact)",
+                  highlight=False, markup=False, soft_wrap=True)
+    else:
+        out.print(f"bundle {report.name}: {len(written)} volume file(s) written, "
+                  f"{human_bytes(sum(p.stat().st_size for p in written))}, in {human_duration(time.monotonic() - started)}",
                   highlight=False, markup=False, soft_wrap=True)
 
 
@@ -965,8 +975,11 @@ def unbundle(volumes, dest, no_sync, require_signature, allowed_signers, identit
     Exit 0 imported (volumes may still be missing), 5 a volume or member was refused, 1 the final verify
     failed, 7 not enough space.
     """
+    import time
+
     from .artifacts.bundle.unpack import Outcome, unbundle as import_volumes
     _signature_policy(require_signature, allowed_signers, identity)
+    started = time.monotonic()
     report = import_volumes(list(volumes), dest, payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS},
                             progress=progress_for(json_out), sync=not no_sync, allowed_signers=allowed_signers,
                             identity=identity, require_signature=require_signature)
@@ -989,7 +1002,8 @@ def unbundle(volumes, dest, no_sync, require_signature, allowed_signers, identit
         if report.recovery:
             out.print(report.recovery, highlight=False, markup=False, soft_wrap=True)
         out.print(f"{len(report.imported)} file(s) imported, {report.skipped} already present, from "
-                  f"{len(report.used)} volume(s) of {report.name} ({report.bundle_id}).", highlight=False, markup=False, soft_wrap=True)
+                  f"{len(report.used)} volume(s) of {report.name} ({report.bundle_id}) in "
+                  f"{human_duration(time.monotonic() - started)}.", highlight=False, markup=False, soft_wrap=True)
         if report.complete:
             v = report.verify
             out.print(f"verify {dest}: {'OK' if v['ok'] else 'PROBLEMS'} ({v['files_checked']} files, "

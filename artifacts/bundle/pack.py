@@ -71,7 +71,6 @@ from .volume import open_volume
 MIN_PIECE = 64 * 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 MAX_VOLUMES = 10_000  # issue 21's limit: more is almost surely a --volume-size typo; `--yes` writes them anyway
-VOLUME_SLACK = 10**6  # mm's own margin per volume file for file-system metadata (extent blocks, the directory entry)
 
 
 @dataclass(frozen=True)
@@ -650,38 +649,38 @@ def place_volumes(outs: list[Path], files: list[tuple[str, int]]) -> list[int]:
     others fill the disks in order: the first, from the one the previous volume went to, whose file system has
     room for it (free space read now, shared by directories on one file system). What fits nowhere goes to the
     last disk, where _require_room refuses it before anything is written."""
-    import shutil  # here: it pulls in bz2/lzma/zlib, ~6 ms of every start-up
-
     devices = [os.stat(o).st_dev for o in outs]
     free = {}
     for dev, out in zip(devices, outs):
-        free.setdefault(dev, shutil.disk_usage(out).free)
+        free.setdefault(dev, _free_bytes(out))
     where, current = [], 0
     for file_name, size in files:
         there = next((i for i, o in enumerate(outs) if (o / file_name).is_file()), None)
         if there is not None:
-            free[devices[there]] -= _need(outs[there] / file_name, size)
+            free[devices[there]] -= _need(outs[there], file_name, size)
             where.append(there)
             continue
-        need = _need(outs[0] / file_name, size)
-        fits = next((i for i in range(current, len(outs)) if free[devices[i]] >= need), len(outs) - 1)
-        free[devices[fits]] -= need
+        fits = next((i for i in range(current, len(outs)) if free[devices[i]] >= _need(outs[i], file_name, size)),
+                    len(outs) - 1)
+        free[devices[fits]] -= _need(outs[fits], file_name, size)
         where.append(fits)
         current = fits
     return where
 
 
+def _free_bytes(out: Path) -> int:
+    st = os.statvfs(out)
+    return st.f_bavail * st.f_frsize  # what an unprivileged writer may use (shutil.disk_usage's "free")
+
+
 def plan_summary(plan: Plan, outs: list[Path], where: list[int], sizes: list[int], carried: int,
                  files: int) -> PlanSummary:
-    import shutil
-
     disks = []
     for i, out in enumerate(outs):
         mine = [j for j, w in enumerate(where) if w == i]
         to_write = sum(_to_write(out / _file_of(plan, j), sizes[j]) for j in mine)
         disks.append(DiskShare(str(out), [j + 1 for j in mine if j < plan.count],
-                               [j - plan.count + 1 for j in mine if j >= plan.count], to_write,
-                               shutil.disk_usage(out).free))
+                               [j - plan.count + 1 for j in mine if j >= plan.count], to_write, _free_bytes(out)))
     return PlanSummary(plan.name, plan.count, plan.parity, plan.volume_size, max(sizes), sizes[plan.count - 1],
                        sum(sizes), carried, files, disks)
 
@@ -704,7 +703,7 @@ def _require_room(outs: list[Path], summary: PlanSummary, names: list[str], size
     """Refuse (exit 7) before writing when a disk's file system has not room for what the plan puts on it."""
     by_device: dict[int, list[tuple[Path, int]]] = {}
     for i, out in enumerate(outs):
-        need = sum(_need(out / names[j], sizes[j]) for j, w in enumerate(where) if w == i)
+        need = sum(_need(out, names[j], sizes[j]) for j, w in enumerate(where) if w == i)
         by_device.setdefault(os.stat(out).st_dev, []).append((out, need))
     for needs in by_device.values():
         shares = [d for d in summary.disks if Path(d.out) in {o for o, _ in needs}]
@@ -717,13 +716,16 @@ def _require_room(outs: list[Path], summary: PlanSummary, names: list[str], size
             raise Refused(f"{e.message}; {hint}; nothing written") from None
 
 
-def _need(path: Path, size: int) -> int:
-    """Free bytes a volume of SIZE takes at PATH: what it adds to a file already there under its name (replaced or
-    kept), else its size and mm's margin."""
+def _need(out: Path, file_name: str, size: int) -> int:
+    """Free bytes a volume file of SIZE takes in OUT: whole blocks of its file system, plus room for the blocks
+    that map them (an ext4 extent maps at most 128 MiB: one block per 128 MiB is more than its extent tree takes),
+    less what a file already there under its name holds (it is kept, or replaced)."""
+    block = os.statvfs(out).f_frsize or 4096
+    need = -(-size // block) * block + block * (1 + size // 2**27)
     try:
-        return max(0, size - path.stat().st_size)
+        return max(0, need - (out / file_name).stat().st_blocks * 512)
     except OSError:
-        return size + VOLUME_SLACK
+        return need
 
 
 def _share_text(d: DiskShare) -> str:

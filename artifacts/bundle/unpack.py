@@ -398,7 +398,8 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
         if skeleton is not None:
             sources[n] = skeleton
     try:
-        progress.begin(sum(pindex.data[n - 1].size for n in lost), f"rebuild volume(s) {', '.join(map(str, lost))}")
+        progress.begin(sum(pindex.data[n - 1].size for n in lost), f"rebuild volume(s) {', '.join(map(str, lost))}",
+                       files=len(lost))
         rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / "rebuilt", sync, progress)
         out.notes += [f"{what}: damaged (its bytes do not match the parity index); left out of the rebuild"
                       for what in rebuilt.left_out]
