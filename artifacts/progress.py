@@ -14,6 +14,7 @@ Sinks must be thread-safe: workers call advance() and item() concurrently.
 """
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import TYPE_CHECKING, Protocol
@@ -160,7 +161,8 @@ class TerminalProgress:
             files = self._files if self._files is not None else (len(self._items) or None)
             self._files = None
             if summary:
-                self._console.print(phase_summary(self._label, done, time.monotonic() - self._started, files),
+                label = re.sub(r" \d+/\d+ files$", "", self._label) if files else self._label  # "3/14 files": said after
+                self._console.print(phase_summary(label, done, time.monotonic() - self._started, files),
                                     markup=False, highlight=False, soft_wrap=True)
 
 

@@ -115,8 +115,14 @@ def check_volumes(vols: list[Volume], ref: str | None, pipe: ChunkPipe, progress
             check_data(v, pipe, progress)
 
 
-def data_bytes(vols: list[Volume]) -> int:
-    return sum(i.size for v in vols for i in v.data.values())
+def data_bytes(vols: list[Volume], ref: str | None) -> int:
+    """The bytes check_volumes reads: every member check_data hashes, of every volume it checks."""
+    total = 0
+    for v in vols:
+        if v.described is not None and not v.refused and v.bundle_id == ref:
+            total += sum(v.data[m].size for m in v.described.data_members() if m in v.data)
+            total += sum(v.meta[n].size for n in v.described.meta if n in v.meta)
+    return total
 
 
 def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) -> BundleVerifyReport:
@@ -126,7 +132,6 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
     data, parity = split_volumes(vols)
     ref = reference_bundle(data) or reference_bundle(parity)
     conflicts = conflicting_numbers(data, ref)
-    progress.begin(data_bytes(vols), "bundle verify", files=len(vols))
     pipe = ChunkPipe()
     reference = next((v for v in data if v.index is not None and v.bundle_id == ref and not v.refused
                       and v.manifest_bytes and MANIFEST_MEMBER not in v.damaged), None)
@@ -134,10 +139,11 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
         for v in data:
             if v.index is not None and not v.refused and v.bundle_id == ref:
                 check_meaning(v, reference)
+        progress.begin(data_bytes(data + parity, ref), "bundle verify", files=len(vols))
         check_volumes(data + parity, ref, pipe, progress)
     finally:
+        progress.end()
         pipe.close()
-    progress.end()
     verdicts = [_verdict(v, ref, conflicts) for v in data + parity]
     ref_vol = next((v for v in data if v.bundle_id == ref and v.index), None)
     ref_par = next((v for v in parity if v.bundle_id == ref and v.parity), None)
@@ -157,7 +163,7 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
         report.recoverable, report.recovery = recoverability(count, m, missing, damaged,
                                                              sorted(set(range(1, m + 1)) - good))
     report.install_mm = _install_mm(ref_vol.index.payloads) if ref_vol else None
-    report.files_checked, report.bytes_checked = len(vols), data_bytes(vols)
+    report.files_checked, report.bytes_checked = len(vols), data_bytes(data + parity, ref)
     report.seconds = time.monotonic() - started
     return report
 

@@ -42,7 +42,7 @@ def repair_volumes(sources: list[Path], out_dir: Path | None = None, sync: bool 
     vols = [open_volume(p) for p in find_volumes(sources)]
     data, parity = split_volumes(vols)
     ref = reference_bundle(data) or reference_bundle(parity)
-    progress.begin(data_bytes(vols), "check volumes", files=len(vols))
+    progress.begin(data_bytes(vols, ref), "check volumes", files=len(vols))
     pipe = ChunkPipe()
     try:
         check_volumes(vols, ref, pipe, progress)
