@@ -866,18 +866,16 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
 def _render_bundle_plan(plan) -> None:
     """The plan, before a byte is written: how many volumes, how large, which disk holds which (on stderr, with
     the progress: stdout keeps the results)."""
-    from .artifacts.bundle.check import ranges
-
     parity = f" + {plan.parity} parity volume(s)" if plan.parity else ""
     last = f" (the last {human_bytes(plan.last)})" if plan.volumes > 1 else ""
     err.print(f"plan: {plan.files} files, {human_bytes(plan.data_bytes)}, in {plan.volumes} volume(s) of up to "
               f"{human_bytes(plan.volume_size)}{last}{parity}; {human_bytes(plan.total_bytes)} to the disks",
               highlight=False, markup=False, soft_wrap=True)
     for d in plan.disks:
-        held = [f"volume{'s' if len(d.volumes) > 1 else ''} {ranges(d.volumes)}"] if d.volumes else []
-        held += [f"parity {ranges(d.parity)}"] if d.parity else []
-        err.print(f"  {d.out}: {', '.join(held) or 'nothing'} ({human_bytes(d.to_write)} to write, "
-                  f"{human_bytes(d.free)} free)", highlight=False, markup=False, soft_wrap=True)
+        err.print(f"  {d.out}: {d.holds} ({human_bytes(d.to_write)} to write, {human_bytes(d.free)} free)",
+                  highlight=False, markup=False, soft_wrap=True)
+    for note in plan.notes:
+        err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
 
 
 @bundle.command("verify")

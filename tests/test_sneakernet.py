@@ -127,6 +127,8 @@ def test_two_disks_are_filled_in_order_and_read_back_from_both_mount_points(mode
         f"{name}.vol00{n}-of-005.tar" for n in (3, 4, 5)]
     plan = (tmp_path / "err.txt").read_text().splitlines()
     assert plan[1].startswith("  disk1: volumes 1-2 (") and plan[2].startswith("  disk2: volumes 3-5, parity 1 (")
+    assert plan[4] == ("note: disk2 holds 4 volumes of the bundle and parity rebuilds any 1: losing that whole disk "
+                       "is not recoverable (a disk per 1 volume(s) is)")  # parity over disks: what it protects
     assert (tmp_path / "out.txt").read_text().splitlines()[-1].endswith("mm bundle verify disk1 disk2")
     verify = (tmp_path / "verify.txt").read_text()
     assert verify.count("OK ") == 6 and "5 volume(s); missing: none" in verify

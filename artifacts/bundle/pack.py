@@ -55,6 +55,7 @@ from ..hashing import StreamHasher
 from ..manifest import Manifest, export_sums, manifest_path, read_manifest
 from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..verify import require_quick_verify
+from .check import ranges
 from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
 from .format import (
     END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3, data_member,
@@ -166,6 +167,12 @@ class DiskShare:
     to_write: int  # bytes of the volumes written there this run (volumes already there under their name: not counted)
     free: int
 
+    @property
+    def holds(self) -> str:
+        """'volumes 1-2, parity 1'."""
+        return ", ".join(([f"volume{'s' if len(self.volumes) > 1 else ''} {ranges(self.volumes)}"] if self.volumes
+                          else []) + ([f"parity {ranges(self.parity)}"] if self.parity else [])) or "nothing"
+
 
 @dataclass(frozen=True)
 class PlanSummary:
@@ -181,6 +188,7 @@ class PlanSummary:
     data_bytes: int  # the files carried
     files: int
     disks: list[DiskShare]
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -682,7 +690,17 @@ def plan_summary(plan: Plan, outs: list[Path], where: list[int], sizes: list[int
         disks.append(DiskShare(str(out), [j + 1 for j in mine if j < plan.count],
                                [j - plan.count + 1 for j in mine if j >= plan.count], to_write, _free_bytes(out)))
     return PlanSummary(plan.name, plan.count, plan.parity, plan.volume_size, max(sizes), sizes[plan.count - 1],
-                       sum(sizes), carried, files, disks)
+                       sum(sizes), carried, files, disks, _disk_loss_notes(plan.parity, disks))
+
+
+def _disk_loss_notes(parity: int, disks: list[DiskShare]) -> list[str]:
+    """With parity over several disks: the disks whose loss parity cannot rebuild (they hold more volumes)."""
+    used = [d for d in disks if d.volumes or d.parity]
+    if not parity or len(used) < 2:
+        return []
+    return [f"{d.out} holds {len(d.volumes) + len(d.parity)} volumes of the bundle and parity rebuilds any "
+            f"{parity}: losing that whole disk is not recoverable (a disk per {parity} volume(s) is)"
+            for d in used if len(d.volumes) + len(d.parity) > parity]
 
 
 def _file_of(plan: Plan, j: int) -> str:
@@ -707,7 +725,7 @@ def _require_room(outs: list[Path], summary: PlanSummary, names: list[str], size
         by_device.setdefault(os.stat(out).st_dev, []).append((out, need))
     for needs in by_device.values():
         shares = [d for d in summary.disks if Path(d.out) in {o for o, _ in needs}]
-        what = "mm bundle (" + "; ".join(_share_text(d) for d in shares if d.volumes or d.parity) + ")"
+        what = "mm bundle (" + "; ".join(d.holds for d in shares if d.volumes or d.parity) + ")"
         try:
             require_free_space(needs, what)
         except Refused as e:
@@ -726,14 +744,6 @@ def _need(out: Path, file_name: str, size: int) -> int:
         return max(0, need - (out / file_name).stat().st_blocks * 512)
     except OSError:
         return need
-
-
-def _share_text(d: DiskShare) -> str:
-    from .check import ranges
-
-    parts = ([f"volume{'s' if len(d.volumes) > 1 else ''} {ranges(d.volumes)}"] if d.volumes else []) + \
-            ([f"parity {ranges(d.parity)}"] if d.parity else [])
-    return ", ".join(parts)
 
 
 def leftovers(outs: list[Path], name: str, ours: set[str]) -> list[Path]:

@@ -635,6 +635,7 @@ class _Import:
         self.imported: list[str] = []
         self.corrupt: list[str] = []
         self.present: set[tuple[str, str]] = set()  # files found complete (counted once, however many pieces)
+        self.counted = 0
         self.pipe = ChunkPipe()
 
     @property
@@ -647,10 +648,11 @@ class _Import:
             self.corrupt.append(f"{v.path.name}: member {member!r}: {why}")
         for e in v.entries():
             info = v.data.get(e.member)
+            self.counted = 0  # bytes of this entry the copy already showed on the bar
             if info is not None:
                 self.progress.item(e.path)
                 self.member(v, e, info)
-            self.progress.advance(e.length)
+            self.progress.advance(e.length - self.counted)
 
     def member(self, v: Volume, e: Entry, info) -> None:
         final = self.targets.get(e.key)
@@ -717,6 +719,8 @@ class _Import:
                             raise
                         view, pos = view[n:], pos + n
                         flush.wrote(n)
+                        self.progress.advance(n)
+                        self.counted += n
             except EOFError:  # the volume shrank since it was scanned
                 return "truncated"
             except OSError as e:
