@@ -17,11 +17,12 @@ from mm.artifacts.adopt import manifest_for_local_dir
 from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.bundle.repair import repair_volumes
 from mm.artifacts.bundle.unpack import unbundle
-from mm.artifacts.bundle.volume import open_volume
 from mm.artifacts.progress import human_bytes, human_duration, human_rate, phase_summary
 from tests.support.modelgen import write_model
 from tests.support.run import run_mm
 from tests.support.tty import run_on_tty
+from tests.test_bundle_parity import flip_byte_in_member
+from tests.test_repair import flip_middle_byte
 
 VOLUME_SIZE = 500_000
 REVISION = "ce7f4df87d2e05262f5775f373dac4772f134041"
@@ -90,15 +91,6 @@ def vols(bundled, tmp_path) -> Path:
     return d
 
 
-def flip_middle_byte_of(volume: Path, member_prefix: str) -> None:
-    info = next(i for n, i in open_volume(volume).data.items() if n.startswith(member_prefix))
-    with open(volume, "r+b") as f:
-        f.seek(info.offset_data + info.size // 2)
-        b = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([b[0] ^ 0xFF]))
-
-
 # --- units --------------------------------------------------------------------------------------------------
 
 def test_one_decimal_unit_system():
@@ -133,14 +125,14 @@ def test_bundle_with_parity_counts_each_phase_to_its_total(model, tmp_path):
 
 
 def test_a_rerun_over_a_damaged_volume_counts_its_bytes_once(model, vols):
-    flip_middle_byte_of(sorted(vols.glob("*.vol003-*.tar"))[0], "segments/")
+    flip_byte_in_member(sorted(vols.glob("*.vol003-*.tar"))[0], "segments/")
     rec = Recorder()
     create_bundle(model, vols, VOLUME_SIZE, parity=2, sync=False, progress=rec)
     assert_each_phase_counts_its_total(rec)
 
 
 def test_unbundle_rebuilding_past_a_damaged_parity_stream_counts_each_phase_once(vols, tmp_path):
-    flip_middle_byte_of(sorted(vols.glob("*.par001-*.tar"))[0], "parity/")
+    flip_byte_in_member(sorted(vols.glob("*.par001-*.tar"))[0], "parity/")
     sorted(vols.glob("*.vol003-*.tar"))[0].unlink()
     rec = Recorder()
     report = unbundle([vols], tmp_path / "dest", progress=rec, sync=False)
@@ -219,12 +211,7 @@ def test_repair_on_a_terminal_leaves_one_line_per_phase(hub_env, hub_server, mod
     dest = tmp_path / "MiniMax-M3.1-Flash"
     fetched = run_mm("fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", dest, env=hub_env)
     assert fetched.returncode == 0, fetched.stderr
-    shard = dest / "model-00002-of-00004.safetensors"
-    with open(shard, "r+b") as f:
-        f.seek(shard.stat().st_size // 2)
-        b = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([b[0] ^ 0xFF]))
+    flip_middle_byte(dest / "model-00002-of-00004.safetensors")
     run = run_on_tty("repair", dest, env=hub_env)
     assert run.returncode == 0, run.text
     assert_no_bar_left_and_never_past_100(run)
