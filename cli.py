@@ -953,7 +953,8 @@ def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
                   highlight=False, markup=False, soft_wrap=True)
     else:
         out.print(f"bundle {report.name}: {len(written)} volume file(s) written, "
-                  f"{human_bytes(sum(p.stat().st_size for p in written))}, in {human_duration(time.monotonic() - started)}",
+                  f"{human_bytes(sum(p.stat().st_size for p in written))}, "
+                  f"in {human_duration(time.monotonic() - started)}",
                   highlight=False, markup=False, soft_wrap=True)
 
 
@@ -1095,8 +1096,8 @@ def _transfer_summary(items, nbytes: int, seconds: float) -> tuple[Counter, str]
     """Counts by status, and "(bytes, rate[, N resumed])" for a push or pull report's blobs or files."""
     resumed = sum(1 for item in items if item.resumed_from)
     rate = nbytes / seconds if seconds else 0
-    return Counter(item.status for item in items), \
-        f"({human_bytes(nbytes)} in {human_duration(seconds)}, {human_rate(rate)}{f', {resumed} resumed' if resumed else ''})"
+    return Counter(item.status for item in items), (f"({human_bytes(nbytes)} in {human_duration(seconds)}, "
+                                                    f"{human_rate(rate)}{f', {resumed} resumed' if resumed else ''})")
 
 
 @main.command()

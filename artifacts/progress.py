@@ -161,7 +161,8 @@ class TerminalProgress:
             files = self._files if self._files is not None else (len(self._items) or None)
             self._files = None
             if summary:
-                label = re.sub(r" \d+/\d+ files$", "", self._label) if files else self._label  # "3/14 files": said after
+                # a label counting files ("fetch X 3/14 files") drops the count: the summary says it
+                label = re.sub(r" \d+/\d+ files$", "", self._label) if files else self._label
                 self._console.print(phase_summary(label, done, time.monotonic() - self._started, files),
                                     markup=False, highlight=False, soft_wrap=True)
 

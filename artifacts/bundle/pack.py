@@ -253,8 +253,9 @@ def _require_first_volume(plan: Plan, first: list[Source], reserve: int) -> None
     need += MIN_PIECE + 4096 + 512 * len(first)  # room the planner keeps, and the index entries of those files
     minimum = -(-need // 10**6) * 10**6
     kinds = sorted({s.kind for s in first})
-    raise BadInput(f"--volume-size {human_bytes(plan.volume_size)}: too small to carry {' and '.join(kinds)} whole in volume 1 "
-                   f"({human_bytes(sum(s.size for s in first))} that must install from the first disk alone); "
+    raise BadInput(f"--volume-size {human_bytes(plan.volume_size)}: too small to carry {' and '.join(kinds)} whole "
+                   f"in volume 1 ({human_bytes(sum(s.size for s in first))} that must install from the first disk "
+                   f"alone); "
                    f"use --volume-size {minimum // 10**6}M or more, or --no-mm")
 
 
@@ -589,7 +590,7 @@ def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: 
         sizes += [plan.parity_volume_bytes()] * parity
         names += [parity_filename(name, p, parity) for p in range(1, parity + 1)]
     where = place_volumes(outs, list(zip(names, sizes)))
-    summary = plan_summary(plan, outs, where, sizes, carried, len(payload_sources) + len(manifest.files))
+    summary = plan_summary(plan, outs, where, names, sizes, carried, len(payload_sources) + len(manifest.files))
     if on_plan:
         on_plan(summary)
     _require_room(outs, summary, names, sizes, where)
@@ -607,11 +608,11 @@ def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: 
         if parity:
             data_paths = [Path(v.path) for v in results]
             progress.begin(sum(p.stat().st_size for p in data_paths), f"parity {name}", files=len(data_paths))
+            parity_dirs = {p: finals[plan.count + p - 1].parent for p in range(1, parity + 1)}
             written = write_parity_volumes(outs[0], name=name, bundle_id=plan.bundle_id, manifest_bytes=manifest_bytes,
                                            meta=plan.parity_meta(plan.restore), mtime=plan.mtime,
                                            data_paths=data_paths, parities=parity, stripe=stripe, sync=sync,
-                                           progress=progress,
-                                           out_dirs={p: finals[plan.count + p - 1].parent for p in range(1, parity + 1)})
+                                           progress=progress, out_dirs=parity_dirs)
             progress.end()
             parity_results = [VolumeResult(n, str(path), path.stat().st_size, False) for n, path in written]
     stale = leftovers(outs, name, set(names))
@@ -681,12 +682,13 @@ def _free_bytes(out: Path) -> int:
     return st.f_bavail * st.f_frsize  # what an unprivileged writer may use (shutil.disk_usage's "free")
 
 
-def plan_summary(plan: Plan, outs: list[Path], where: list[int], sizes: list[int], carried: int,
+def plan_summary(plan: Plan, outs: list[Path], where: list[int], names: list[str], sizes: list[int], carried: int,
                  files: int) -> PlanSummary:
+    """What the plan puts where (WHERE: place_volumes's answer for the volume files NAMES of SIZES)."""
     disks = []
     for i, out in enumerate(outs):
         mine = [j for j, w in enumerate(where) if w == i]
-        to_write = sum(_to_write(out / _file_of(plan, j), sizes[j]) for j in mine)
+        to_write = sum(_to_write(out / names[j], sizes[j]) for j in mine)
         disks.append(DiskShare(str(out), [j + 1 for j in mine if j < plan.count],
                                [j - plan.count + 1 for j in mine if j >= plan.count], to_write, _free_bytes(out)))
     return PlanSummary(plan.name, plan.count, plan.parity, plan.volume_size, max(sizes), sizes[plan.count - 1],
@@ -703,12 +705,6 @@ def _disk_loss_notes(parity: int, disks: list[DiskShare]) -> list[str]:
             for d in used if len(d.volumes) + len(d.parity) > parity]
 
 
-def _file_of(plan: Plan, j: int) -> str:
-    if j < plan.count:
-        return volume_filename(plan.name, j + 1, plan.count)
-    return parity_filename(plan.name, j - plan.count + 1, plan.parity)
-
-
 def _to_write(path: Path, size: int) -> int:
     """Bytes a volume of SIZE still needs at PATH: none when a file of that size is there (a rerun keeps it)."""
     try:
@@ -717,7 +713,8 @@ def _to_write(path: Path, size: int) -> int:
         return size
 
 
-def _require_room(outs: list[Path], summary: PlanSummary, names: list[str], sizes: list[int], where: list[int]) -> None:
+def _require_room(outs: list[Path], summary: PlanSummary, names: list[str], sizes: list[int],
+                  where: list[int]) -> None:
     """Refuse (exit 7) before writing when a disk's file system has not room for what the plan puts on it."""
     by_device: dict[int, list[tuple[Path, int]]] = {}
     for i, out in enumerate(outs):
@@ -729,9 +726,7 @@ def _require_room(outs: list[Path], summary: PlanSummary, names: list[str], size
         try:
             require_free_space(needs, what)
         except Refused as e:
-            hint = "add a disk (another --out) or free space" if len(outs) == 1 or needs[0][0] == outs[-1] else \
-                "free space"
-            raise Refused(f"{e.message}; {hint}; nothing written") from None
+            raise Refused(f"{e.message}; add a disk (another --out) or free space; nothing written") from None
 
 
 def _need(out: Path, file_name: str, size: int) -> int:
