@@ -181,7 +181,8 @@ def terminal_progress(console: Console) -> ProgressSink:
 
 
 BAR_WIDTH = 20
-LABEL_MIN = 12  # below this a label says nothing: the bar goes first, then the label
+BAR_MIN = 8  # a narrower bar says nothing: it goes, and the label takes its room
+LABEL_MIN = 12  # a label is cut to this before the bar narrows
 
 
 def figures(completed: float, total: float, speed: float | None, elapsed: float | None, eta: float | None) -> str:
@@ -209,11 +210,14 @@ def _rich_progress(console: Console):
                 text = figures(task.completed, task.total or 0, task.finished_speed or task.speed, task.elapsed,
                                task.time_remaining)
                 room = self.console.width - len(text) - 1
-                bar = BAR_WIDTH if room >= BAR_WIDTH + 1 + LABEL_MIN else 0
-                label = max(0, room - bar - (1 if bar else 0))
-                line = Table.grid(padding=(0, 1) if label else 0)
+                whole = len(task.description)
+                label = min(whole, max(room - BAR_WIDTH - 1, min(whole, LABEL_MIN)))
+                bar = min(BAR_WIDTH, room - label - 1)
+                if bar < BAR_MIN:
+                    bar, label = 0, max(0, min(whole, room))
+                line = Table.grid(padding=(0, 1))
                 if label:
-                    line.add_column(width=min(label, len(task.description)), no_wrap=True, overflow="ellipsis")
+                    line.add_column(width=label, no_wrap=True, overflow="ellipsis")
                 if bar:
                     line.add_column(width=bar)
                 line.add_column(no_wrap=True)
