@@ -411,7 +411,10 @@ def manifest():
 @handles_errors
 def manifest_create(directory, repo, revision, offline, jobs, json_out):
     """Hash a directory another tool filled (e.g. `hf download`) and write DIR/.mm/manifest.json."""
+    import time
+
     from .artifacts import adopt
+    started = time.monotonic()
     result = adopt.manifest_for_local_dir(directory, repo, revision, offline=offline, jobs=jobs, progress=progress_for(json_out))
     if json_out:
         emit_json({"ok": True, "manifest_path": result.manifest_path, "checked_upstream": result.checked_upstream,
@@ -421,8 +424,9 @@ def manifest_create(directory, repo, revision, offline, jobs, json_out):
     if result.note:
         err.print(f"note: {result.note}", markup=False)
     checked = "checked against the Hub" if result.checked_upstream else "NOT checked against the Hub"
-    out.print(f"{len(result.manifest.files)} files ({human_bytes(result.manifest.total_bytes)}) at "
-              f"{result.manifest.revision}, {checked}. Manifest: {result.manifest_path}", highlight=False)
+    out.print(f"{len(result.manifest.files)} files ({human_bytes(result.manifest.total_bytes)}) hashed in "
+              f"{human_duration(time.monotonic() - started)} at {result.manifest.revision}, {checked}. "
+              f"Manifest: {result.manifest_path}", highlight=False)
 
 
 @manifest.command("export")

@@ -114,6 +114,22 @@ def test_a_run_speaks_one_unit_system(model, vols, tmp_path):
     assert re.search(r"hashed at \d+\.\d (kB|MB|GB)/s", text)
 
 
+def test_long_commands_end_with_files_bytes_and_time_off_a_terminal_too(model, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(model, copy, ignore=shutil.ignore_patterns(".mm"))
+    ends = {"manifest": (("manifest", copy, "--repo", "MiniMaxAI/MiniMax-M3.1-Flash", "--revision", REVISION,
+                          "--offline"), r"13 files \(2\.2 MB\) hashed in \d+\.\d s "),
+            "bundle": (("bundle", model, "--out", tmp_path / "out", "--volume-size", VOLUME_SIZE),
+                       r"5 volume\(s\), 13 files, 2\.2 MB of data in \d+\.\d s\."),
+            "bundle verify": (("bundle", "verify", tmp_path / "out"),
+                              r"checked 5 volume file\(s\), 2\.2 MB in \d+\.\d s"),
+            "unbundle": (("unbundle", tmp_path / "out", "--dest", tmp_path / "dest"),
+                         r"13 file\(s\) imported, .* in \d+\.\d s\.\n.*OK \(13 files, 2\.2 MB\)")}
+    for what, (args, pattern) in ends.items():
+        r = run_mm(*args)
+        assert r.returncode == 0 and re.search(pattern, r.stdout), (what, r.stdout, r.stderr)
+
+
 # --- what each phase counts ----------------------------------------------------------------------------------
 
 def test_bundle_with_parity_counts_each_phase_to_its_total(model, tmp_path):
