@@ -162,7 +162,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
             wanted = r.manifest.files
             _clean_partials(local_dir, wanted)
             _check_free_space(local_dir, wanted, known)
-            progress.begin(sum(f.size for f in wanted), f"pull {ref.repository}@{r.digest[7:19]}")
+            progress.begin(sum(f.size for f in wanted), f"pull {ref.repository}@{r.digest[7:19]}", files=len(wanted))
 
             # files with the same bytes share one blob and one partial: one worker takes them all, in turn
             groups: dict[str, list[FileEntry]] = {}
@@ -174,6 +174,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
             stats = TransferStats(retry_budget=max(64, 16 * workers))
 
             def one(group: list[FileEntry]) -> list[tuple[PulledFile, FileEntry | None]]:
+                progress.item(group[0].path)
                 return [_pull_file(blobs, local_dir, entry, known, source, progress, journal, budget, stats)
                         for entry in group]
 
