@@ -243,6 +243,7 @@ class HubSource:
                     location = raw.header("Location")
                     if raw.status in wire.REDIRECT_STATUSES and location:
                         url = wire.join_url(url, location, where)
+                        raw.discard(wire.CAP_REDIRECT)  # so the Hub's connection is kept for the next file
                         continue
                     if resolving:
                         resolving = False

@@ -324,8 +324,9 @@ def use_for_hub() -> None:
 class RawAnswer:
     """An answer on a plain http.client connection: status, headers, and a body read into the caller's buffer."""
 
-    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, where: str):
-        self._conn, self._resp, self.where = conn, resp, where
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, where: str,
+                 key: tuple | None = None):
+        self._conn, self._resp, self.where, self._key = conn, resp, where, key
         self.status = resp.status
         self.headers = resp.headers
         length = resp.getheader("Content-Length")
@@ -371,8 +372,27 @@ class RawAnswer:
                 raise TooSlow(f"{self.where} did not finish {what} within MM_NET_DEADLINE ({lim.deadline:g} s); cut")
         return bytes(out)
 
+    def discard(self, limit: int) -> None:
+        """Read and drop a small body (a redirect's) to its end, so that its connection can be kept."""
+        if self._plain and self._left is not None and self._left <= limit:
+            scratch = memoryview(bytearray(min(self._left, limit) or 1))
+            try:
+                while self._left and self.readinto(scratch):
+                    pass
+            except (OSError, http.client.HTTPException):
+                pass
+
     def close(self) -> None:
-        self._conn.close()
+        """Done with the answer: its connection is kept for this thread's next request to the same origin when the
+        body was read to its end and the server did not say it closes; else it is closed."""
+        if self._key is not None and self._plain and self._left == 0 and not self._resp.will_close:
+            self._resp.close()  # the response is done; the connection's socket stays open
+            old = _idle.conns.pop(self._key, None)
+            if old is not None:
+                old.close()
+            _idle.conns[self._key] = self._conn
+        else:
+            self._conn.close()
 
 
 def _proxy_for(url: str) -> str | None:
@@ -398,52 +418,82 @@ def default_ssl_context() -> ssl.SSLContext:
         return _ssl_context
 
 
+class _Idle(threading.local):
+    """This thread's kept-alive connections, one per (scheme, host, port, proxy)."""
+
+    def __init__(self):
+        self.conns: dict[tuple, http.client.HTTPConnection] = {}
+
+
+_idle = _Idle()
+
+
 def open_raw(url: str, headers: dict[str, str], where: str, *, ssl_context: ssl.SSLContext | None = None,
              use_proxy: bool = False, answer_timeout: float | None = None) -> RawAnswer:
-    """GET URL on a new http.client connection. The status line and headers must arrive within MM_NET_DEADLINE
-    (a watchdog shuts the socket down); each later read waits at most MM_NET_TIMEOUT. USE_PROXY: honour the
-    proxy variables, as huggingface_hub's client does. OSError / http.client.HTTPException propagate (the caller
-    decides what a failed connection means); TooSlow when the deadline cut the headers."""
+    """GET URL on an http.client connection: this thread's kept-alive one to that origin when there is one (a
+    range after a range costs no new TCP and TLS handshake), else a new one. The status line and headers must
+    arrive within MM_NET_DEADLINE (a watchdog shuts the socket down); each later read waits at most MM_NET_TIMEOUT.
+    USE_PROXY: honour the proxy variables, as huggingface_hub's client does. OSError / http.client.HTTPException
+    propagate (the caller decides what a failed connection means); TooSlow when the deadline cut the headers.
+    RawAnswer.close() keeps the connection for the next request when its body was read to the end."""
     lim = limits()
     parts = urlsplit(check_url(url, where, "was to be asked at"))
     target = parts.path or "/"
     if parts.query:
         target += "?" + parts.query
     proxy = _proxy_for(url) if use_proxy else None
-    host, port = parts.hostname, parts.port
+    if proxy and parts.scheme == "http":
+        target = url  # absolute form, to the proxy
+    headers = {**headers, **_proxy_auth(proxy)} if proxy and parts.scheme == "http" else headers
+    key = (parts.scheme, parts.hostname, parts.port, proxy, id(ssl_context))
+    conn = _idle.conns.pop(key, None)
+    kept = conn is not None
+    while True:
+        if conn is None:
+            conn = _connection(parts, proxy, ssl_context, lim.timeout)
+        try:
+            if not kept:
+                conn.connect()
+            with watchdog(conn, answer_timeout or lim.deadline, where, "send its answer's headers"):
+                conn.request("GET", target, headers=headers)
+                resp = conn.getresponse()
+            return RawAnswer(conn, resp, where, key)
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            conn.close()
+            if not kept:
+                raise
+            conn, kept = None, False  # the server closed the kept connection meanwhile: once more, on a new one
+        except BaseException:
+            conn.close()
+            raise
+
+
+def _connection(parts, proxy: str | None, ssl_context: ssl.SSLContext | None,
+                timeout: float) -> http.client.HTTPConnection:
     https = parts.scheme == "https"
     context = (ssl_context or default_ssl_context()) if https else None
     if proxy:
         p = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
         if p.scheme != "http" or not p.hostname:
             raise RemoteError(f"proxy {shown(proxy)!r}: mm downloads through http:// proxies only")
-        conn_host, conn_port = p.hostname, p.port or 80
-        auth = {}
-        if p.username:
-            import base64
-            from urllib.parse import unquote
-            token = base64.b64encode(f"{unquote(p.username)}:{unquote(p.password or '')}".encode()).decode()
-            auth = {"Proxy-Authorization": f"Basic {token}"}
-        if https:
-            conn = http.client.HTTPSConnection(conn_host, conn_port, timeout=lim.timeout, context=context)
-            conn.set_tunnel(host, port, headers=auth)
-        else:
-            conn = http.client.HTTPConnection(conn_host, conn_port, timeout=lim.timeout)
-            target = url
-            headers = {**headers, **auth}
-    elif https:
-        conn = http.client.HTTPSConnection(host, port, timeout=lim.timeout, context=context)
-    else:
-        conn = http.client.HTTPConnection(host, port, timeout=lim.timeout)
-    try:
-        conn.connect()
-        with watchdog(conn, answer_timeout or lim.deadline, where, "send its answer's headers"):
-            conn.request("GET", target, headers=headers)
-            resp = conn.getresponse()
-    except BaseException:
-        conn.close()
-        raise
-    return RawAnswer(conn, resp, where)
+        if not https:
+            return http.client.HTTPConnection(p.hostname, p.port or 80, timeout=timeout)
+        conn = http.client.HTTPSConnection(p.hostname, p.port or 80, timeout=timeout, context=context)
+        conn.set_tunnel(parts.hostname, parts.port, headers=_proxy_auth(proxy))
+        return conn
+    if https:
+        return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout, context=context)
+    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+
+
+def _proxy_auth(proxy: str | None) -> dict[str, str]:
+    p = urlsplit(proxy if proxy and "://" in proxy else f"http://{proxy or ''}")
+    if not p.username:
+        return {}
+    import base64
+    from urllib.parse import unquote
+    token = base64.b64encode(f"{unquote(p.username)}:{unquote(p.password or '')}".encode()).decode()
+    return {"Proxy-Authorization": f"Basic {token}"}
 
 
 @contextmanager

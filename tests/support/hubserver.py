@@ -23,6 +23,7 @@ is up to date when the client has the bytes; a dropped connection may over-count
 ``fail_file[path] = status`` (answer that status, e.g. 404 or 500, to every download of the file),
 ``api_body`` (bytes answered with 200 to every /api/ request instead of the real answer: a hostile Hub),
 ``auth_headers_seen`` (count of requests carrying an Authorization header; never their value),
+``connections`` (TCP connections accepted, both listeners: keep-alive reuse shows as fewer than requests),
 ``tree_page_size`` / ``tree_page_size_expand`` / ``commits_page_size`` (the Hub's 1000/50/50;
 longer listings are paged with a ``Link: <...>; rel="next"`` header, as the Hub does).
 
@@ -320,6 +321,8 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self):
         super().setup()
         self.server.track(self.connection, True)
+        with self.server.hub._lock:
+            self.server.hub.connections += 1
 
     def finish(self):
         try:
@@ -720,6 +723,7 @@ class HubServer:
             self.fail_file: dict[str, int] = {}
             self.api_body: bytes | None = None
             self.auth_headers_seen = 0
+            self.connections = 0
             # WAN hooks (issue 13)
             self.conn_rate: int | None = None
             self.served: list[list] = []  # [listener, path, range, status, bytes]; see served_for()
