@@ -73,6 +73,7 @@ RANGE_RETRIES = 6  # failed attempts in a row (no byte gained) before a range, a
 BACKOFF_MAX = 30.0
 RETRY_AFTER_MAX = 120.0
 MAP_SCHEMA = "mm-ranges/1"
+WRONG_ANSWERS = ("bad-range", "wrong-length", "wrong-range", "short-body", "slow")  # retry reasons that are the server's
 
 
 class RetryLater(RemoteError):
@@ -103,6 +104,7 @@ class Answer:
     content_range: str | None
     read: Callable[[memoryview], int]
     length: int | None = None
+    peer: str = ""  # who answered (an origin, scheme://host:port), for messages; "" names the source
 
 
 class RangeSource(Protocol):
@@ -125,7 +127,7 @@ def prove(answer: Answer, size: int, where: str) -> tuple[int, int]:
     if answer.status == 200:
         if answer.length is not None and answer.length != size:
             raise RetryLater(f"{where} answered 200 with Content-Length {answer.length} for a file of {size} bytes; "
-                             f"nothing kept", "wrong-length", after=0)
+                             f"none of its bytes kept", "wrong-length", after=0)
         return 0, size
     m = _CONTENT_RANGE.fullmatch((answer.content_range or "").strip())
     if answer.status == 206 and m:
@@ -135,7 +137,7 @@ def prove(answer: Answer, size: int, where: str) -> tuple[int, int]:
     said = "no Content-Range" if answer.content_range is None else f"Content-Range {wire.shown(answer.content_range, 60)!r}"
     length = f" and Content-Length {answer.length}" if answer.length is not None else ""
     raise RetryLater(f"{where} answered {answer.status} with {said}{length}, which does not say where its bytes "
-                     f"belong in a file of {size} bytes; nothing kept", "bad-range", after=0)
+                     f"belong in a file of {size} bytes; none of its bytes kept", "bad-range", after=0)
 
 
 def http_answer(raw: "wire.RawAnswer", where: str) -> Answer:
@@ -151,7 +153,7 @@ def http_answer(raw: "wire.RawAnswer", where: str) -> Answer:
     if encoding != "identity":  # offsets into compressed bytes are not offsets into the file
         raise RemoteError(f"{where} answered with Content-Encoding {wire.shown(encoding, 40)!r} although mm asked for "
                           f"identity; refused")
-    return Answer(raw.status, raw.header("Content-Range"), read, raw.length)
+    return Answer(raw.status, raw.header("Content-Range"), read, raw.length, raw.where)
 
 
 def chunk_reader(chunks: Iterator[bytes]) -> Callable[[memoryview], int]:
@@ -772,7 +774,9 @@ def _run_range(f: _File, r: _Range, view: memoryview) -> None:
             failures = 0 if r.landed > before and e.reason != "slow" else failures + 1
             if failures > RANGE_RETRIES or not f.stats.retry(f.job.path, r.pos, e.reason):
                 why = f"{failures} failed attempts in a row" if failures > RANGE_RETRIES else "retry budget spent"
-                raise RemoteError(f"{e.message} ({why}); run again to resume") from None
+                if e.reason in WRONG_ANSWERS:
+                    why += ": the server answers wrongly"
+                raise RemoteError(f"{e.message} ({why}); the partial is kept, run again to resume") from None
             backoff = min(BACKOFF_MAX, f.limits.backoff * 2 ** (failures - 1)) if failures else 0.0
             time.sleep(min(RETRY_AFTER_MAX, max(0.0, e.after if e.after is not None else backoff)))
 
@@ -783,12 +787,13 @@ def _attempt(f: _File, r: _Range, view: memoryview) -> None:
     start, end = (0, None) if f.whole_file else (r.pos, r.end if r.end < job.size else None)
     f.request()
     with f.source.stream(job.path, start, end) as answer:
-        body_start, body_end = prove(answer, job.size, f.where)
+        where = f"{job.path}: {answer.peer}" if answer.peer else f.where
+        body_start, body_end = prove(answer, job.size, where)
         if body_start > r.pos:
             with f.lock:
                 f.wrong_offsets += 1
                 f.whole_file = f.whole_file or f.wrong_offsets >= 2
-            raise RetryLater(f"{f.where} answered a request for byte {r.pos} from byte {body_start}",
+            raise RetryLater(f"{where} answered a request for byte {r.pos} from byte {body_start}",
                              "wrong-range", after=0)
         sequential = False
         if r.pos - body_start > SKIP_LIMIT:
@@ -798,14 +803,15 @@ def _attempt(f: _File, r: _Range, view: memoryview) -> None:
                 f.sequential = sequential = True
                 r.pos, r.end = body_start, job.size
         try:
-            _land(f, r, body_start, body_end, answer.read, view)
+            _land(f, r, body_start, body_end, answer.read, view, where)
         finally:
             if sequential:
                 with f.lock:
                     f.sequential = False
 
 
-def _land(f: _File, r: _Range, at: int, body_end: int, read: Callable[[memoryview], int], view: memoryview) -> None:
+def _land(f: _File, r: _Range, at: int, body_end: int, read: Callable[[memoryview], int], view: memoryview,
+          where: str) -> None:
     """Read a body holding bytes [AT, BODY_END) of the file into VIEW (one socket read at a time) and land the
     part R still needs: bytes before R.pos are read and dropped, bytes up to R's end are written from VIEW at
     their offset once it is full or FLUSH_SECONDS old; nothing past R's end (or the body's) is read. A connection
@@ -837,7 +843,7 @@ def _land(f: _File, r: _Range, at: int, body_end: int, read: Callable[[memoryvie
                 received = 0
             if now - window_at >= lim.rate_window:
                 if window_bytes < lim.min_rate * (now - window_at):
-                    raise RetryLater(f"{f.where} sent {window_bytes} bytes in {now - window_at:.1f} s, less than "
+                    raise RetryLater(f"{where} sent {window_bytes} bytes in {now - window_at:.1f} s, less than "
                                      f"MM_NET_MIN_RATE ({lim.min_rate:g} bytes/s); cut, to be asked again on a fresh "
                                      f"connection", "slow", after=0)
                 window_at, window_bytes = now, 0

@@ -354,7 +354,7 @@ def test_a_body_longer_than_the_file_is_never_read_past_the_file_end(tmp_path):
 def test_an_answer_is_used_only_where_its_status_and_headers_prove_it_belongs(status, content_range, length, span):
     answer = Answer(status, content_range, lambda view: 0, length)
     if span is None:
-        with pytest.raises(RetryLater, match="nothing kept"):
+        with pytest.raises(RetryLater, match="none of its bytes kept"):
             prove(answer, 1000, "f: hostile")
     else:
         assert prove(answer, 1000, "f: hostile") == span
