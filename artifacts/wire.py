@@ -99,8 +99,8 @@ def shown(text: str, limit: int = 120) -> str:
     """A value a server sent, fit for a one-line message: credentials and query strings cut, length bounded."""
     from .untrusted import printable, redact
 
-    text = re.sub(r"\?.*", "?...", str(text), flags=re.S)
-    return printable(redact(text[:limit] + ("..." if len(text) > limit else "")))
+    text = redact(re.sub(r"\?.*", "?...", str(text)[:64 * KiB], flags=re.S))  # redacted whole, then cut
+    return printable(text[:limit] + ("..." if len(text) > limit else ""))
 
 
 def check_url(url: str, where: str, what: str) -> str:
