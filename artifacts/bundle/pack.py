@@ -41,6 +41,7 @@ from typing import Sequence
 
 from ..cachekey import parse_cache_key
 from ..errors import BadInput, IntegrityError
+from ..interrupt import keeps
 from ..fsutil import dir_lock, human_bytes, publish, publish_fd
 from ..hashing import StreamHasher
 from ..manifest import Manifest, export_sums, manifest_path, read_manifest
@@ -500,6 +501,7 @@ def create_bundle(model_dir: Path, out_dir: Path, volume_size: int | str, name: 
     total = sum(p.length for v in plan.volumes for p in v)
     parity_results: list[VolumeResult] = []
     with dir_lock(out_dir, "mm bundle", leave_nothing=True):
+        keeps(out_dir)  # an interrupt names the volumes complete here (a volume half written is written again)
         progress.begin(total, f"bundle {name}")
         results = _write_all(plan, out_dir, progress, sync)
         progress.end()

@@ -37,6 +37,7 @@ from typing import NamedTuple
 import blake3
 
 from ..errors import BadInput, IntegrityError, Refused
+from ..interrupt import keeps
 from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, dir_lock, fsync_dir, publish,
                       publish_fd, require_free_space)
 from ..hashing import StreamHasher, blake3_file
@@ -235,6 +236,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         signature, signed_manifest = check_signature(vols + pvols, allowed_signers, identity, require_signature)
     dest.mkdir(parents=True, exist_ok=True)
     with dir_lock(dest, "mm unbundle"):
+        keeps(dest)  # an interrupt names the imported volumes and partial files kept here
         state = _State(dest / STATE_DIR / "state.json")
         ref = reference_bundle(vols, state.doc.get("bundle_id"))
         first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes

@@ -1,0 +1,399 @@
+"""Ctrl-C and SIGTERM keep the work (issue 19 §5): a real signal in the middle of each transfer, then a rerun.
+
+Each case starts the real `mm` in a subprocess, slows its transfer from the test side (the Hub test server's rate
+limit, a rate-limited proxy in front of the real docker-registry, the bundle copy loop's test pause), sends SIGINT
+or SIGTERM once work is on disk, and asserts: the process ends within STOP_LIMIT of the signal (the goal is one
+second; the limit leaves room for a loaded machine) with 130 (SIGINT) or 143 (SIGTERM), one line naming what is
+kept and the command that resumes, no traceback; the partial files (and range maps) are still there; and the
+rerun transfers at most 1.25x what was missing. Measured signal-to-exit times are printed (pytest -s).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.manifest import manifest_path, read_manifest
+from tests.support.countproxy import CountingProxy
+from tests.support.modelgen import write_model
+from tests.support.registry import Registry
+from tests.support.run import mm_argv, run_mm
+from tests.support.slowio import slow_io_env, slow_stripes_env
+
+STOP_LIMIT = 2.0  # seconds from the signal to the exit; mm's own deadline is 0.7 s (interrupt.GRACE)
+TIMES: dict[str, float] = {}
+
+
+def start(*args, env: dict, cwd: Path | None = None) -> subprocess.Popen:
+    return subprocess.Popen(mm_argv(*args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=cwd)
+
+
+def wait_until(proc: subprocess.Popen, ready, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"mm ended (exit {proc.returncode}) before {what}: {err[-2000:]}")
+        assert time.monotonic() < deadline, f"never saw {what}"
+        time.sleep(0.01)
+
+
+def interrupt(proc: subprocess.Popen, signum: int, case: str) -> tuple[str, str, float]:
+    """Send SIGNUM; (stdout, stderr, seconds from the signal to the exit). Asserts the exit code and STOP_LIMIT."""
+    sent = time.monotonic()
+    proc.send_signal(signum)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"{case}: still running 30 s after {signum!r}: {err[-2000:]}")
+    took = time.monotonic() - sent
+    TIMES[case] = took
+    print(f"\n{case}: signal to exit {took:.3f} s")
+    assert proc.returncode == 128 + signum, (proc.returncode, err)
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert took < STOP_LIMIT, f"{case}: {took:.2f} s from the signal to the exit"
+    return out, err, took
+
+
+def one_line(err: str, signame: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith("mm: ")]
+    assert len(lines) == 1, err
+    assert f"interrupted by {signame}" in lines[0] and "resume with: mm " in lines[0], lines[0]
+    return lines[0]
+
+
+def range_map_bytes(dest: Path) -> int:
+    total = 0
+    for state in (dest / ".mm" / "partial").glob("*.ranges"):
+        try:
+            total += sum(e - s for s, e in json.loads(state.read_text())["done"])
+        except FileNotFoundError:  # the file was completed meanwhile
+            pass
+    return total
+
+
+# --- fetch --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_fetch_interrupted_keeps_the_partial_and_the_rerun_fetches_only_the_rest(run_mm, hub_env, big_repo, hub_server,
+                                                                                 tmp_path, signum):
+    repo_id, commit, big_file, size = big_repo
+    dest = tmp_path / "m"
+    hub_server.rate_limit = 512 * 1024  # bytes/s per response (4 of them): the signal lands mid-file
+    args = ("fetch", repo_id, "--revision", commit, "--local-dir", dest, "--connections", "4")
+    proc = start(*args, env=hub_env)
+    wait_until(proc, lambda: (dest / ".mm" / "partial").is_dir() and range_map_bytes(dest) >= size // 4,
+               "a quarter of the file on disk")
+    _, err, _ = interrupt(proc, signum, f"fetch {signum.name}")
+    line = one_line(err, signum.name)
+    print(line)
+    assert "partial download(s)" in line and str(dest / ".mm" / "partial") in line
+    assert f"mm fetch {repo_id} --revision {commit} --local-dir {dest}" in line
+    kept = range_map_bytes(dest)
+    assert size // 4 <= kept < size
+    partials = list((dest / ".mm" / "partial").glob("*.part"))
+    assert partials
+    missing = size - kept
+    hub_server.reset()
+    r = run_mm(*args, env=hub_env)
+    assert r.returncode == 0, r.stderr
+    served = hub_server.bytes_served.get(big_file, 0)
+    print(f"fetch {signum.name}: missing {missing}, rerun served {served} ({served / missing:.3f}x)")
+    assert served <= 1.25 * missing, (served, missing)
+    assert not any(p.exists() for p in partials)
+
+
+# --- pull and push (the real docker-registry, behind a rate-limited counting proxy) ----------------------
+
+REPO_ID = "MiniMaxAI/MiniMax-M3.1-Flash"
+REVISION = "ce7f4df87d2e05262f5775f373dac4772f134041"
+
+
+def make_model(root: Path, seed: int, shards: int = 3, shard_bytes: int = 3 * 1024 * 1024) -> Path:
+    write_model(root, shards=shards, shard_bytes=shard_bytes, seed=seed)
+    manifest_for_local_dir(root, REPO_ID, REVISION, offline=True)
+    return root
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Payload files (not .mm/) with their bytes."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and ".mm" not in p.relative_to(root).parts}
+
+
+def oci_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("REGISTRY_AUTH_FILE", "DOCKER_CONFIG", "SSH_AUTH_SOCK") and k.lower() not in ("http_proxy", "https_proxy")}
+    env.update(DOCKER_CONFIG=str(tmp_path / "docker-config"), NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    env.update(extra)
+    return env
+
+
+def registry_lacks(reg: Registry, repo: str, model: Path) -> int:
+    """Bytes of the model's files whose blob the registry does not have (HEAD each)."""
+    missing = 0
+    for f in read_manifest(manifest_path(model)).files:
+        req = urllib.request.Request(f"{reg.url}/v2/{repo}/blobs/sha256:{f.sha256}", method="HEAD")
+        try:
+            urllib.request.urlopen(req).close()
+        except urllib.error.HTTPError as e:
+            assert e.code == 404
+            missing += f.size
+    return missing
+
+
+def partial_bytes(dest: Path) -> int:
+    total = 0
+    for p in (dest / ".mm" / "partial").glob("*.part") if (dest / ".mm" / "partial").is_dir() else ():
+        try:
+            total += p.stat().st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT])
+def test_pull_interrupted_keeps_the_partials_and_the_rerun_pulls_only_the_rest(registry, tmp_path, signum):
+    model = make_model(tmp_path / "m", seed=31 + signum)
+    ref = f"{registry.host}/interrupt/pull{signum}:t"
+    assert run_mm("push", model, ref, env=oci_env(tmp_path)).returncode == 0
+    dest = tmp_path / "pulled"
+    total = sum(len(b) for b in tree(model).values())
+    with CountingProxy("127.0.0.1", registry.port, rate=2_000_000) as proxy:
+        args = ("pull", ref.replace(registry.host, proxy.host), "--local-dir", dest)
+        proc = start(*args, env=oci_env(tmp_path))
+        wait_until(proc, lambda: partial_bytes(dest) >= 2 * 1024 * 1024, "2 MiB of partial files")
+        _, err, _ = interrupt(proc, signum, f"pull {signum.name}")
+        proxy.drop_connections()
+        line = one_line(err, signum.name)
+        assert "partial download(s)" in line and f"resume with: mm pull {proxy.host}/" in line
+        done = sum((dest / p).stat().st_size for p in tree(model) if (dest / p).is_file())
+        kept = partial_bytes(dest)
+        assert kept >= 2 * 1024 * 1024
+        missing = total - done - kept
+        assert 0 < missing < total
+        proxy.rate = None
+        proxy.reset()
+        r = run_mm(*args, "--json", env=oci_env(tmp_path))
+        assert r.returncode == 0, r.stderr
+        print(f"pull {signum.name}: missing {missing}, rerun received {proxy.received} ({proxy.received / missing:.3f}x)")
+        assert proxy.received <= 1.25 * missing, (proxy.received, missing)
+    assert any(f["resumed_from"] > 0 for f in json.loads(r.stdout)["files"])
+    assert tree(dest) == tree(model)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM])
+def test_push_interrupted_keeps_the_upload_state_and_the_rerun_sends_only_what_the_registry_lacks(registry, tmp_path,
+                                                                                                   signum):
+    model = make_model(tmp_path / "m", seed=41 + signum)
+    repo = f"interrupt/push{signum}"
+    with CountingProxy("127.0.0.1", registry.port, rate=4_000_000) as proxy:
+        args = ("push", model, f"{proxy.host}/{repo}:t", "--chunk-size", "1MiB")
+        proc = start(*args, env=oci_env(tmp_path))
+        wait_until(proc, lambda: proxy.sent >= 4 * 1024 * 1024, "4 MiB sent")
+        _, err, _ = interrupt(proc, signum, f"push {signum.name}")
+        proxy.drop_connections()
+        line = one_line(err, signum.name)
+        assert f"resume with: mm push {model} {proxy.host}/{repo}:t --chunk-size 1MiB" in line
+        time.sleep(0.5)  # the registry finishes with what reached it
+        missing = registry_lacks(registry, repo, model)
+        assert missing > 0
+        proxy.rate = None
+        proxy.reset()
+        r = run_mm(*args, env=oci_env(tmp_path))
+        assert r.returncode == 0, r.stderr
+        print(f"push {signum.name}: missing {missing}, rerun sent {proxy.sent} ({proxy.sent / missing:.3f}x)")
+        assert proxy.sent <= 1.25 * missing, (proxy.sent, missing)
+    assert registry_lacks(registry, repo, model) == 0
+
+
+# --- bundle, unbundle, parity rebuilds (slowed by the test-side copy loop and stripe pauses) -----------------
+
+VOLUME_SIZE = 500_000  # smaller than every shard: shards are split across volumes
+
+IO_REPORT = '''\
+"""sitecustomize installed by tests: at exit, the bytes this mm process wrote (write syscalls, /proc/self/io)."""
+import atexit
+import os
+
+
+def _report():
+    with open("/proc/self/io") as f:
+        wchar = next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+    with open(os.environ["MM_TEST_IO_REPORT"], "w") as f:
+        f.write(str(wchar))
+
+
+atexit.register(_report)
+'''
+
+
+def run_counting_writes(tmp_path: Path, *args) -> tuple[subprocess.CompletedProcess, int]:
+    """Run mm; (its result, the bytes it wrote)."""
+    hook = tmp_path / "io-report"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(IO_REPORT)
+    report = tmp_path / "io-report.txt"
+    r = run_mm(*args, extra_env={"PYTHONPATH": str(hook), "MM_TEST_IO_REPORT": str(report), "SSH_AUTH_SOCK": ""})
+    return r, int(report.read_text())
+
+
+def bundle_model(root: Path, seed: int) -> Path:
+    return make_model(root, seed=seed, shards=3, shard_bytes=600 * 1024)
+
+
+def volumes_in(d: Path) -> list[Path]:
+    return sorted(p for p in d.iterdir() if p.name.endswith(".tar"))
+
+
+def identity(paths: list[Path]) -> dict[str, tuple[int, int]]:
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in paths}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT])
+def test_bundle_interrupted_keeps_the_finished_volumes_and_the_rerun_writes_only_the_rest(tmp_path, signum):
+    model = bundle_model(tmp_path / "model", seed=51)
+    reference = tmp_path / "reference"
+    assert run_mm("bundle", model, "--out", reference, "--volume-size", VOLUME_SIZE, "--no-sync").returncode == 0
+    out = tmp_path / "vols"
+    args = ("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE, "--no-sync")
+    proc = start(*args, env={**os.environ, **slow_io_env(tmp_path)})
+    wait_until(proc, lambda: out.is_dir() and len(volumes_in(out)) >= 1
+               and any(p.name.endswith(".partial") for p in out.iterdir()), "volume 1 done, volume 2 begun")
+    _, err, _ = interrupt(proc, signum, f"bundle {signum.name}")
+    line = one_line(err, signum.name)
+    kept = volumes_in(out)
+    assert kept and f"{len(kept)} complete volume file(s) in {out}" in line
+    assert f"resume with: mm bundle {model} --out {out}" in line
+    before = identity(kept)
+    missing = sum(p.stat().st_size for p in volumes_in(reference)) - sum(p.stat().st_size for p in kept)
+    r, _ = run_counting_writes(tmp_path, *args)
+    assert r.returncode == 0, r.stderr
+    after = volumes_in(out)
+    assert {k: v for k, v in identity(after).items() if k in before} == before  # not written again
+    rewritten = sum(p.stat().st_size for p in after if p.name not in before)
+    print(f"bundle {signum.name}: missing {missing}, rerun wrote {rewritten} of volumes ({rewritten / missing:.3f}x)")
+    assert rewritten <= 1.25 * missing
+    assert [p.read_bytes() for p in after] == [p.read_bytes() for p in volumes_in(reference)]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM])
+def test_unbundle_interrupted_keeps_what_is_imported_and_the_rerun_writes_only_the_rest(tmp_path, signum):
+    model = bundle_model(tmp_path / "model", seed=61)
+    vols = tmp_path / "vols"
+    assert run_mm("bundle", model, "--out", vols, "--volume-size", VOLUME_SIZE, "--no-sync").returncode == 0
+    dest = tmp_path / "dest"
+    state = dest / ".mm" / "unbundle"
+    args = ("unbundle", vols, "--dest", dest, "--no-sync")
+    proc = start(*args, env={**os.environ, **slow_io_env(tmp_path)})
+    wait_until(proc, lambda: (state / "state.json").is_file()
+               and json.loads((state / "state.json").read_text()).get("done_volumes"), "volume 1 imported")
+    _, err, _ = interrupt(proc, signum, f"unbundle {signum.name}")
+    line = one_line(err, signum.name)
+    assert f"resume with: mm unbundle {vols} --dest {dest}" in line
+    assert (state / "state.json").is_file()
+    pieces = json.loads((state / "state.json").read_text())["pieces"]
+    in_place = sum(p[1] for file_pieces in pieces.values() for p in file_pieces.values())
+    payload = tree(model)
+    done = sum(len(data) for rel, data in payload.items() if (dest / rel).is_file()
+               and (dest / rel).stat().st_size == len(data))
+    missing = sum(len(b) for b in payload.values()) - done - in_place
+    assert in_place + done > 0 and missing > 0
+    r, wrote = run_counting_writes(tmp_path, *args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    print(f"unbundle {signum.name}: missing {missing}, rerun wrote {wrote} ({wrote / missing:.3f}x)")
+    assert wrote <= 1.25 * missing
+    assert tree(dest) == payload
+
+
+def parity_bundle(tmp_path: Path, seed: int) -> tuple[Path, Path]:
+    """(model, volumes) with 2 parity volumes in 4 KiB stripes (many stripes: a signal lands mid-rebuild)."""
+    from mm.artifacts.bundle.pack import create_bundle
+
+    model = bundle_model(tmp_path / "model", seed=seed)
+    vols = tmp_path / "vols"
+    create_bundle(model, vols, VOLUME_SIZE, parity=2, stripe=4096, sync=False)
+    return model, vols
+
+
+def test_unbundle_interrupted_while_rebuilding_from_parity_then_rerun_completes(tmp_path):
+    model, vols = parity_bundle(tmp_path, seed=71)
+    lost = [p for p in volumes_in(vols) if ".vol" in p.name][1]
+    lost_size = lost.stat().st_size
+    lost.unlink()
+    dest = tmp_path / "dest"
+    rebuilt = dest / ".mm" / "unbundle" / "rebuilt"
+    args = ("unbundle", vols, "--dest", dest, "--no-sync")
+    proc = start(*args, env={**os.environ, **slow_stripes_env(tmp_path)})
+    wait_until(proc, lambda: rebuilt.is_dir() and any(p.name.endswith(".partial") for p in rebuilt.iterdir()),
+               "the rebuild begun")
+    _, err, _ = interrupt(proc, signal.SIGINT, "unbundle (parity rebuild) SIGINT")
+    line = one_line(err, "SIGINT")
+    assert "volume(s) imported" in line  # the intact volumes stay imported
+    payload = tree(model)
+    done = sum(len(data) for rel, data in payload.items() if (dest / rel).is_file()
+               and (dest / rel).stat().st_size == len(data))
+    r, wrote = run_counting_writes(tmp_path, *args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rebuilt from parity 1: volume(s) 2" in r.stdout
+    missing = lost_size + sum(len(b) for b in payload.values()) - done  # the volume to rebuild, the files to import
+    print(f"unbundle rebuild: missing {missing}, rerun wrote {wrote} ({wrote / missing:.3f}x)")
+    assert wrote <= 1.25 * missing
+    assert tree(dest) == payload
+
+
+def test_repair_volume_interrupted_then_rerun_writes_only_the_lost_volume(tmp_path):
+    _, vols = parity_bundle(tmp_path, seed=81)
+    lost = [p for p in volumes_in(vols) if ".vol" in p.name][2]
+    original = lost.read_bytes()
+    lost.unlink()
+    args = ("bundle", "repair-volume", vols, "--no-sync")
+    proc = start(*args, env={**os.environ, **slow_stripes_env(tmp_path)})
+    wait_until(proc, lambda: any(p.name.endswith(".partial") for p in vols.iterdir()), "the rebuild begun")
+    _, err, _ = interrupt(proc, signal.SIGTERM, "bundle repair-volume SIGTERM")
+    line = one_line(err, "SIGTERM")
+    assert f"complete volume file(s) in {vols}" in line and f"resume with: mm bundle repair-volume {vols}" in line
+    assert not lost.exists()
+    r, wrote = run_counting_writes(tmp_path, *args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    print(f"repair-volume: missing {len(original)}, rerun wrote {wrote} ({wrote / len(original):.3f}x)")
+    assert wrote <= 1.25 * len(original)
+    assert lost.read_bytes() == original
+
+
+# --- repair (the fetch engine re-fetching damaged files) ---------------------------------------------------
+
+def test_repair_interrupted_keeps_the_partial_and_the_rerun_fetches_only_the_rest(run_mm, hub_env, big_repo,
+                                                                                   hub_server, tmp_path):
+    repo_id, commit, big_file, size = big_repo
+    dest = tmp_path / "m"
+    assert run_mm("fetch", repo_id, "--revision", commit, "--local-dir", dest, env=hub_env).returncode == 0
+    (dest / big_file).unlink()
+    hub_server.reset()
+    hub_server.rate_limit = 2 * 1024 * 1024
+    proc = start("repair", dest, "--workers", "1", env=hub_env)
+    wait_until(proc, lambda: (dest / ".mm" / "partial").is_dir() and range_map_bytes(dest) >= size // 4,
+               "a quarter of the file on disk")
+    _, err, _ = interrupt(proc, signal.SIGINT, "repair SIGINT")
+    line = one_line(err, "SIGINT")
+    assert "partial download(s)" in line and f"resume with: mm repair {dest} --workers 1" in line
+    missing = size - range_map_bytes(dest)
+    hub_server.reset()
+    r = run_mm("repair", dest, env=hub_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    served = hub_server.bytes_served.get(big_file, 0)
+    print(f"repair SIGINT: missing {missing}, rerun served {served} ({served / missing:.3f}x)")
+    assert served <= 1.25 * missing
+    assert run_mm("verify", dest).returncode == 0
