@@ -270,6 +270,17 @@ def _revision(ctx, param, value):
     return value
 
 
+def _container_name(ctx, param, value):
+    """A container name handed to docker: never something docker could take as an option (`--follow`)."""
+    from .artifacts.tools import check_name
+    if value is not None:
+        try:
+            check_name(value, param.opts[0])
+        except MMError as e:
+            raise click.BadParameter(e.message.removeprefix(f"{param.opts[0]} ")) from None
+    return value
+
+
 def _seconds(ctx, param, value):
     """A duration in seconds: finite, positive, at most a week (click's FloatRange lets NaN through)."""
     import math
@@ -1298,7 +1309,8 @@ def recipe_options(fn: Callable) -> Callable:
                      help="Image archive carried in the bundle; the script runs `docker load -i` when the image is absent."),
         click.option("--cache-root", type=click.Path(path_type=Path), default=None,
                      help="Host directory for kernel caches (default: DIR/../mm-kernel-cache/<recipe>)."),
-        click.option("--name", default=None, help="Container name. Default: the pin's container_name (minimax-m3-1-flash)."),
+        click.option("--name", default=None, callback=_container_name,
+                     help="Container name. Default: the pin's container_name (minimax-m3-1-flash)."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -1429,7 +1441,8 @@ def doctor(model_dir, json_out, **kw):
 
 @main.command()
 @click.argument("logfile", required=False, type=click.Path(path_type=Path))
-@click.option("--container", default=None, help="Read `docker logs NAME` and its mounts instead of a file.")
+@click.option("--container", default=None, callback=_container_name,
+              help="Read `docker logs NAME` and its mounts instead of a file.")
 @click.option("--answer", "answers", multiple=True, type=click.Path(path_type=Path),
               help="A saved HTTP answer or request body (repeatable).")
 @click.option("--model-dir", type=click.Path(path_type=Path), default=None,
