@@ -191,7 +191,7 @@ def fail(exc: BaseException, operation: str, json_out: bool, target: str | None 
     kind = type(exc).__name__
     if isinstance(exc, KeyboardInterrupt):  # Ctrl-C or SIGTERM: what is kept, the command that resumes, 130/143
         from .artifacts import interrupt
-        interrupt.end(exc if isinstance(exc, interrupt.Interrupted) else interrupt.current())
+        interrupt.end(exc if isinstance(exc, interrupt.Interrupted) else interrupt.current(), flush=True)
     if isinstance(exc, MMError):
         code, message = exc.exit_code, exc.message
     elif isinstance(exc, BrokenPipeError) and exc.filename is None:

@@ -15,9 +15,11 @@ The CLI prints what is kept and the command that resumes (`kept_work`), and exit
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -163,36 +165,47 @@ def _raise_in_main_thread(signum: int, frame) -> None:
 
 def _watch(read_fd: int) -> None:
     """Woken by the signal's byte on the wakeup pipe (whatever the main thread is doing): stop, then end the
-    process after GRACE; a second signal ends it at once."""
-    deadline_thread = None
-    while True:
-        try:
-            data = os.read(read_fd, 64)
-        except OSError:
-            return
-        for signum in data:
-            if signum not in SIGNALS:
-                continue
-            if STOP.is_set() and deadline_thread is not None:
-                end(Interrupted(_signum))  # a second Ctrl-C: now
-            request(signum)
-            if deadline_thread is None:
-                deadline_thread = threading.Thread(target=_deadline, name="mm-interrupt-deadline", daemon=True)
-                deadline_thread.start()
-
-
-def _deadline() -> None:
-    STOP.wait()
-    threading.Event().wait(GRACE)
-    if os.environ.get("MM_DEBUG_INTERRUPT"):
+    process after GRACE, or at once on a second signal."""
+    signum = _next_signal(read_fd, None)
+    if signum is None:
+        return
+    request(signum)
+    deadline = time.monotonic() + GRACE
+    while (left := deadline - time.monotonic()) > 0 and _next_signal(read_fd, left) is None:
+        pass
+    if os.environ.get("MM_DEBUG") == "1":  # where each thread was when the process ends
         import faulthandler
         faulthandler.dump_traceback(all_threads=True)
     end(Interrupted(_signum))
 
 
-def end(exc: Interrupted) -> None:
+def _next_signal(read_fd: int, timeout: float | None) -> int | None:
+    """The next SIGINT/SIGTERM on the wakeup pipe; None when TIMEOUT passes first (or the pipe fails)."""
+    while True:
+        try:
+            if not select.select([read_fd], [], [], timeout)[0]:
+                return None
+            data = os.read(read_fd, 64)
+        except OSError:
+            return None
+        found = [s for s in data if s in SIGNALS]
+        if found:
+            return found[0]
+        if timeout is not None:
+            return None  # another signal's byte; the caller measures the time left
+
+
+def end(exc: Interrupted, flush: bool = False) -> None:
     """Print what is kept (once) and end the process with EXC's exit code, without waiting for any thread: what
-    is on disk is what kill -9 would leave, and every engine resumes from that."""
+    is on disk is what kill -9 would leave, and every engine resumes from that. FLUSH (the main thread, after
+    unwinding): flush what mm printed before, first; the watcher never flushes (a stream's lock may be held by
+    the thread it interrupts)."""
+    if flush:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
     _ending.acquire()  # never released: the one caller ends the process, any other waits for that
     try:
         if _finisher is not None:
@@ -200,11 +213,6 @@ def end(exc: Interrupted) -> None:
         else:
             os.write(2, f"mm: interrupted by {exc.signal_name}\n".encode())
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
         os._exit(exc.exit_code)
 
 

@@ -74,6 +74,18 @@ def one_line(err: str, signame: str) -> str:
     return lines[0]
 
 
+def settle(hub_server) -> None:
+    """Wait until the Hub test server stops sending to the ended mm (a throttled response goes on until its socket
+    fails), so that the rerun's count holds only the rerun's bytes."""
+    last, quiet_since = -1, time.monotonic()
+    while time.monotonic() - quiet_since < 0.3:
+        now = hub_server.total_bytes_served
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+        time.sleep(0.05)
+    hub_server.reset()
+
+
 def range_map_bytes(dest: Path) -> int:
     total = 0
     for state in (dest / ".mm" / "partial").glob("*.ranges"):
@@ -93,20 +105,26 @@ def test_fetch_interrupted_keeps_the_partial_and_the_rerun_fetches_only_the_rest
     dest = tmp_path / "m"
     hub_server.rate_limit = 512 * 1024  # bytes/s per response (4 of them): the signal lands mid-file
     args = ("fetch", repo_id, "--revision", commit, "--local-dir", dest, "--connections", "4")
-    proc = start(*args, env=hub_env)
+    as_json = ("--json",) if signum == signal.SIGTERM else ()
+    proc = start(*args, *as_json, env=hub_env)
     wait_until(proc, lambda: (dest / ".mm" / "partial").is_dir() and range_map_bytes(dest) >= size // 4,
                "a quarter of the file on disk")
-    _, err, _ = interrupt(proc, signum, f"fetch {signum.name}")
+    out, err, _ = interrupt(proc, signum, f"fetch {signum.name}")
     line = one_line(err, signum.name)
     print(line)
     assert "partial download(s)" in line and str(dest / ".mm" / "partial") in line
     assert f"mm fetch {repo_id} --revision {commit} --local-dir {dest}" in line
+    if as_json:
+        doc = json.loads(out)
+        assert doc["ok"] is False and doc["exit_code"] == 143 and doc["kind"] == "Interrupted"
+        assert doc["signal"] == "SIGTERM" and doc["resume"] == f"mm {' '.join(map(str, args))} --json"
+        assert any("partial download(s)" in k for k in doc["kept"])
     kept = range_map_bytes(dest)
     assert size // 4 <= kept < size
     partials = list((dest / ".mm" / "partial").glob("*.part"))
     assert partials
     missing = size - kept
-    hub_server.reset()
+    settle(hub_server)
     r = run_mm(*args, env=hub_env)
     assert r.returncode == 0, r.stderr
     served = hub_server.bytes_served.get(big_file, 0)
@@ -390,10 +408,48 @@ def test_repair_interrupted_keeps_the_partial_and_the_rerun_fetches_only_the_res
     line = one_line(err, "SIGINT")
     assert "partial download(s)" in line and f"resume with: mm repair {dest} --workers 1" in line
     missing = size - range_map_bytes(dest)
-    hub_server.reset()
+    settle(hub_server)
     r = run_mm("repair", dest, env=hub_env)
     assert r.returncode == 0, r.stdout + r.stderr
     served = hub_server.bytes_served.get(big_file, 0)
     print(f"repair SIGINT: missing {missing}, rerun served {served} ({served / missing:.3f}x)")
     assert served <= 1.25 * missing
     assert run_mm("verify", dest).returncode == 0
+
+
+# --- the deadline: a main thread stuck in a system call does not keep mm running ------------------------------
+
+STUCK = '''\
+"""sitecustomize installed by tests: mm's main thread blocks SIGINT/SIGTERM and sleeps where the fetch engine starts
+(as a thread stuck in a long system call, e.g. an fsync on a slow disk, never runs Python's signal handler)."""
+import signal
+import time
+
+from mm.artifacts import download
+
+_clean = download._clean_stale_partials
+
+
+def _stuck(*args, **kwargs):
+    _clean(*args, **kwargs)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    time.sleep(600)
+
+
+download._clean_stale_partials = _stuck
+'''
+
+
+def test_a_main_thread_stuck_in_a_system_call_still_ends_within_the_deadline(run_mm, hub_env, big_repo, tmp_path):
+    repo_id, commit, _, _ = big_repo
+    hook = tmp_path / "stuck"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(STUCK)
+    dest = tmp_path / "m"
+    proc = start("fetch", repo_id, "--revision", commit, "--local-dir", dest, env={**hub_env, "PYTHONPATH": str(hook)})
+    wait_until(proc, lambda: (dest / ".mm" / "partial").is_dir(), "the fetch started")
+    time.sleep(0.3)
+    _, err, took = interrupt(proc, signal.SIGTERM, "fetch, main thread stuck, SIGTERM")
+    line = one_line(err, "SIGTERM")
+    assert "kept: nothing yet" in line
+    assert took >= 0.5  # ended by the watcher's deadline (interrupt.GRACE), not by the main thread
