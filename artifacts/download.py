@@ -28,7 +28,7 @@ from typing import ContextManager, Iterator, Mapping, Protocol, Sequence
 from .errors import BadInput, IntegrityError, MMError, RemoteError
 from .fsutil import MM_DIR, check_relpath, dir_lock, publish, require_free_space
 from .hashing import Digests, StreamHasher
-from .interrupt import keeps, worker_pool
+from .interrupt import keeps, requested as interrupt_requested, worker_pool
 from .manifest import FileEntry, Upstream, entry_from_dict, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import load_json
@@ -232,7 +232,7 @@ class Session:
                 return self._fetch_one(f, sources, progress, budget, stats)
             finally:
                 with lock:  # the bar's label counts files done; the bar itself, bytes and the aggregate rate
-                    finished[0] += 1
+                    finished[0] += not interrupt_requested()  # a file stopped by Ctrl-C is not done
                     progress.begin(total, f"{label} {finished[0]}/{len(files)} files")
 
         try:

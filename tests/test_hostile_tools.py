@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import signal
 import time
 from pathlib import Path
 
@@ -387,3 +388,39 @@ def test_ssh_keygen_flooding_stderr_is_stopped_at_its_cap(tools, manifest_dir, k
     assert r.returncode == 3
     assert r.stderr.strip() == f"mm: ssh-keygen: more than {64 * 1024} bytes of output on stderr; stopped"
     assert not (manifest_dir / ".mm" / "manifest.json.sig").exists()
+
+
+# --- Ctrl-C while a tool runs -----------------------------------------------------------------------------
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_ctrl_c_while_a_tool_runs_kills_its_process_group_and_exits_130_at_once(tools, tmp_path):
+    pids = tools.root / "pids"
+    tools.tool("skopeo", f"sleep 600 & echo $! >> {pids}; echo $$ >> {pids}; exec sleep 600")
+    tools.env.pop("PYTHONPATH")  # no deadline cap: only the interrupt ends the tool
+    proc = subprocess.Popen([str(MM_BIN), "image", "save", IMAGE, "--out", tmp_path / "img.tar"], env=tools.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (pids.exists() and len(pids.read_text().split()) == 2):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    took = time.monotonic() - sent
+    print(f"Ctrl-C during skopeo: exit after {took:.3f} s")
+    assert proc.returncode == 130 and took < 2
+    assert err.strip() == "mm: interrupted by SIGINT" and "Traceback" not in err
+    assert all(_gone(int(p)) for p in pids.read_text().split())  # skopeo and the child it started
+
+
+@pytest.mark.parametrize("command", [("launch", "--hardware", "b300"), ("warmup", "--hardware", "b300")])
+def test_a_container_name_option_that_docker_could_take_as_an_option_is_refused(tools, model_dir, command):
+    r, _, _ = tools.mm(command[0], model_dir, *command[1:], "--name", "--rm")
+    assert r.returncode == 2 and "'--rm': not a valid name" in r.stderr
+    assert tools.called() == []
