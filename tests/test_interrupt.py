@@ -11,23 +11,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
-from mm.artifacts.manifest import manifest_path, read_manifest
+from mm.artifacts.manifest import manifest_path
 from tests.support.countproxy import CountingProxy
-from tests.support.modelgen import write_model
-from tests.support.registry import Registry
 from tests.support.run import mm_argv, run_mm
 from tests.support.slowio import slow_io_env, slow_stripes_env
+from tests.test_oci import REV_A, env_for, make_model, missing_bytes, tree
 
 STOP_LIMIT = 2.0  # seconds from the signal to the exit; mm's own deadline is 0.7 s (interrupt.GRACE)
 TIMES: dict[str, float] = {}
@@ -135,41 +130,8 @@ def test_fetch_interrupted_keeps_the_partial_and_the_rerun_fetches_only_the_rest
 
 # --- pull and push (the real docker-registry, behind a rate-limited counting proxy) ----------------------
 
-REPO_ID = "MiniMaxAI/MiniMax-M3.1-Flash"
-REVISION = "ce7f4df87d2e05262f5775f373dac4772f134041"
-
-
-def make_model(root: Path, seed: int, shards: int = 3, shard_bytes: int = 3 * 1024 * 1024) -> Path:
-    write_model(root, shards=shards, shard_bytes=shard_bytes, seed=seed)
-    manifest_for_local_dir(root, REPO_ID, REVISION, offline=True)
-    return root
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    """Payload files (not .mm/) with their bytes."""
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and ".mm" not in p.relative_to(root).parts}
-
-
-def oci_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("REGISTRY_AUTH_FILE", "DOCKER_CONFIG", "SSH_AUTH_SOCK") and k.lower() not in ("http_proxy", "https_proxy")}
-    env.update(DOCKER_CONFIG=str(tmp_path / "docker-config"), NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
-    env.update(extra)
-    return env
-
-
-def registry_lacks(reg: Registry, repo: str, model: Path) -> int:
-    """Bytes of the model's files whose blob the registry does not have (HEAD each)."""
-    missing = 0
-    for f in read_manifest(manifest_path(model)).files:
-        req = urllib.request.Request(f"{reg.url}/v2/{repo}/blobs/sha256:{f.sha256}", method="HEAD")
-        try:
-            urllib.request.urlopen(req).close()
-        except urllib.error.HTTPError as e:
-            assert e.code == 404
-            missing += f.size
-    return missing
+def oci_env(tmp_path: Path) -> dict[str, str]:
+    return {k: v for k, v in env_for(tmp_path).items() if k != "SSH_AUTH_SOCK"}
 
 
 def partial_bytes(dest: Path) -> int:
@@ -184,7 +146,7 @@ def partial_bytes(dest: Path) -> int:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT])
 def test_pull_interrupted_keeps_the_partials_and_the_rerun_pulls_only_the_rest(registry, tmp_path, signum):
-    model = make_model(tmp_path / "m", seed=31 + signum)
+    model = make_model(tmp_path / "m", seed=31 + signum, revision=REV_A)
     ref = f"{registry.host}/interrupt/pull{signum}:t"
     assert run_mm("push", model, ref, env=oci_env(tmp_path)).returncode == 0
     dest = tmp_path / "pulled"
@@ -215,7 +177,7 @@ def test_pull_interrupted_keeps_the_partials_and_the_rerun_pulls_only_the_rest(r
 @pytest.mark.parametrize("signum", [signal.SIGTERM])
 def test_push_interrupted_keeps_the_upload_state_and_the_rerun_sends_only_what_the_registry_lacks(registry, tmp_path,
                                                                                                    signum):
-    model = make_model(tmp_path / "m", seed=41 + signum)
+    model = make_model(tmp_path / "m", seed=41 + signum, revision=REV_A)
     repo = f"interrupt/push{signum}"
     with CountingProxy("127.0.0.1", registry.port, rate=4_000_000) as proxy:
         args = ("push", model, f"{proxy.host}/{repo}:t", "--chunk-size", "1MiB")
@@ -226,7 +188,7 @@ def test_push_interrupted_keeps_the_upload_state_and_the_rerun_sends_only_what_t
         line = one_line(err, signum.name)
         assert f"resume with: mm push {model} {proxy.host}/{repo}:t --chunk-size 1MiB" in line
         time.sleep(0.5)  # the registry finishes with what reached it
-        missing = registry_lacks(registry, repo, model)
+        missing = missing_bytes(registry, repo, manifest_path(model))
         assert missing > 0
         proxy.rate = None
         proxy.reset()
@@ -234,7 +196,7 @@ def test_push_interrupted_keeps_the_upload_state_and_the_rerun_sends_only_what_t
         assert r.returncode == 0, r.stderr
         print(f"push {signum.name}: missing {missing}, rerun sent {proxy.sent} ({proxy.sent / missing:.3f}x)")
         assert proxy.sent <= 1.25 * missing, (proxy.sent, missing)
-    assert registry_lacks(registry, repo, model) == 0
+    assert missing_bytes(registry, repo, manifest_path(model)) == 0
 
 
 # --- bundle, unbundle, parity rebuilds (slowed by the test-side copy loop and stripe pauses) -----------------
@@ -269,7 +231,21 @@ def run_counting_writes(tmp_path: Path, *args) -> tuple[subprocess.CompletedProc
 
 
 def bundle_model(root: Path, seed: int) -> Path:
-    return make_model(root, seed=seed, shards=3, shard_bytes=600 * 1024)
+    return make_model(root, seed=seed, revision=REV_A, shard_bytes=600 * 1024)
+
+
+def bundled(tmp_path: Path, seed: int) -> tuple[Path, Path]:
+    """(model, its volumes in TMP_PATH/reference), bundled by the CLI."""
+    model = bundle_model(tmp_path / "model", seed=seed)
+    vols = tmp_path / "reference"
+    assert run_mm("bundle", model, "--out", vols, "--volume-size", VOLUME_SIZE, "--no-sync").returncode == 0
+    return model, vols
+
+
+def bytes_final(dest: Path, payload: dict[str, bytes]) -> int:
+    """Bytes of PAYLOAD's files that have their final name (and size) in DEST."""
+    return sum(len(data) for rel, data in payload.items() if (dest / rel).is_file()
+               and (dest / rel).stat().st_size == len(data))
 
 
 def volumes_in(d: Path) -> list[Path]:
@@ -282,9 +258,7 @@ def identity(paths: list[Path]) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT])
 def test_bundle_interrupted_keeps_the_finished_volumes_and_the_rerun_writes_only_the_rest(tmp_path, signum):
-    model = bundle_model(tmp_path / "model", seed=51)
-    reference = tmp_path / "reference"
-    assert run_mm("bundle", model, "--out", reference, "--volume-size", VOLUME_SIZE, "--no-sync").returncode == 0
+    model, reference = bundled(tmp_path, seed=51)
     out = tmp_path / "vols"
     args = ("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE, "--no-sync")
     proc = start(*args, env={**os.environ, **slow_io_env(tmp_path)})
@@ -309,9 +283,7 @@ def test_bundle_interrupted_keeps_the_finished_volumes_and_the_rerun_writes_only
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM])
 def test_unbundle_interrupted_keeps_what_is_imported_and_the_rerun_writes_only_the_rest(tmp_path, signum):
-    model = bundle_model(tmp_path / "model", seed=61)
-    vols = tmp_path / "vols"
-    assert run_mm("bundle", model, "--out", vols, "--volume-size", VOLUME_SIZE, "--no-sync").returncode == 0
+    model, vols = bundled(tmp_path, seed=61)
     dest = tmp_path / "dest"
     state = dest / ".mm" / "unbundle"
     args = ("unbundle", vols, "--dest", dest, "--no-sync")
@@ -325,10 +297,8 @@ def test_unbundle_interrupted_keeps_what_is_imported_and_the_rerun_writes_only_t
     pieces = json.loads((state / "state.json").read_text())["pieces"]
     in_place = sum(p[1] for file_pieces in pieces.values() for p in file_pieces.values())
     payload = tree(model)
-    done = sum(len(data) for rel, data in payload.items() if (dest / rel).is_file()
-               and (dest / rel).stat().st_size == len(data))
-    missing = sum(len(b) for b in payload.values()) - done - in_place
-    assert in_place + done > 0 and missing > 0
+    missing = sum(len(b) for b in payload.values()) - bytes_final(dest, payload) - in_place
+    assert missing < sum(len(b) for b in payload.values()) and missing > 0
     r, wrote = run_counting_writes(tmp_path, *args)
     assert r.returncode == 0, r.stdout + r.stderr
     print(f"unbundle {signum.name}: missing {missing}, rerun wrote {wrote} ({wrote / missing:.3f}x)")
@@ -361,8 +331,7 @@ def test_unbundle_interrupted_while_rebuilding_from_parity_then_rerun_completes(
     line = one_line(err, "SIGINT")
     assert "volume(s) imported" in line  # the intact volumes stay imported
     payload = tree(model)
-    done = sum(len(data) for rel, data in payload.items() if (dest / rel).is_file()
-               and (dest / rel).stat().st_size == len(data))
+    done = bytes_final(dest, payload)
     r, wrote = run_counting_writes(tmp_path, *args)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "rebuilt from parity 1: volume(s) 2" in r.stdout
