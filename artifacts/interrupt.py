@@ -2,7 +2,7 @@
 
 One process-wide stop flag (`STOP`), set when SIGINT or SIGTERM arrives (`install`, called by the CLI):
   - the main thread gets `Interrupted` (a KeyboardInterrupt) raised where it is, and unwinds to the CLI;
-  - workers check `requested()` between chunks and sleep with `wait()`, so they return within one chunk
+  - workers check `requested()` between chunks and sleep with `STOP.wait()`, so they return within one chunk
     (the ranged engine lands its last batch and saves its range map on the way out);
   - tools mm runs (`tools.py`) are in their own process group, killed at once (`on_stop`);
   - a watcher thread, woken by the signal itself (`signal.set_wakeup_fd`: even while the main thread sits in a
@@ -33,7 +33,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _signum = signal.SIGINT
 _callbacks: dict[int, Callable[[], None]] = {}
-_callbacks_lock = threading.Lock()
+_callbacks_lock = threading.RLock()  # re-entered by the signal handler when it interrupts on_stop
 _ending = threading.Lock()  # held by whoever ends the process (the CLI after unwinding, or the watcher)
 _finisher: Callable[["Interrupted"], None] | None = None
 _working: list[Path] = []  # where the running command keeps resumable work (`keeps`)
@@ -67,12 +67,6 @@ def current() -> Interrupted:
 def check() -> None:
     """Raise Interrupted once a stop was requested (a worker's check between chunks)."""
     if STOP.is_set():
-        raise Interrupted(_signum)
-
-
-def wait(seconds: float) -> None:
-    """Sleep SECONDS (a retry's backoff), or raise Interrupted as soon as a stop is requested."""
-    if STOP.wait(max(0.0, seconds)):
         raise Interrupted(_signum)
 
 
@@ -233,9 +227,9 @@ def kept_work(directories: list[Path]) -> list[str]:
         proven = _lines(state / "journal.jsonl")
         if proven:
             lines.append(f"{proven} file(s) proven this run ({state / 'journal.jsonl'})")
-        pieces = _entries(state / "unbundle" / "skeleton", ".json")
-        if pieces:
-            lines.append(f"{pieces} volume(s) imported ({state / 'unbundle'})")
+        imported = _done_volumes(state / "unbundle" / "state.json")
+        if imported:
+            lines.append(f"{imported} volume(s) imported ({state / 'unbundle' / 'state.json'})")
         uploads = sum(_entries(p, ".json") for p in _dirs(state / "oci-push"))
         if uploads:
             lines.append(f"upload state of {uploads} blob(s) in {state / 'oci-push'} (blobs the registry holds are "
@@ -280,8 +274,26 @@ def _partials(d: Path) -> tuple[int, int]:
     return count, size
 
 
+def _done_volumes(path: Path) -> int:
+    """How many volumes unbundle's state records as imported (0 when it has none, or is not readable as such)."""
+    from .errors import BadInput
+    from .untrusted import load_json
+
+    try:
+        if not path.is_file():  # (a FIFO planted there would never answer)
+            return 0
+        with open(path, "rb") as f:
+            doc = load_json(f.read(16 << 20), str(path))
+    except (OSError, BadInput):
+        return 0
+    done = doc.get("done_volumes") if isinstance(doc, dict) else None
+    return len(done) if isinstance(done, list) else 0
+
+
 def _lines(path: Path, limit: int = 1 << 20) -> int:
     try:
+        if not path.is_file():
+            return 0
         with open(path, "rb") as f:
             return f.read(limit).count(b"\n")
     except OSError:

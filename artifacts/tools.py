@@ -237,6 +237,16 @@ def _guard(proc: subprocess.Popen, deadline: float, timeout: float, done: thread
         return
 
 
+def start_detached(argv: Sequence[str | os.PathLike]) -> None:
+    """Start ARGV in a session of its own and do not wait for it (cleanup that must outlive an interrupted mm,
+    e.g. removing a warm-up container). Nothing when it cannot be started."""
+    try:
+        subprocess.Popen([os.fspath(a) for a in argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        pass
+
+
 # --- names handed to tools --------------------------------------------------------------------------------
 
 # Docker's own rule for container names ([a-zA-Z0-9][a-zA-Z0-9_.-]+); a container ID (hex) passes it too.

@@ -28,7 +28,8 @@ from .fsutil import atomic_write_json
 from .launch import LaunchPlan, docker_run_argv, image_candidates, image_identity
 from .progress import NULL_PROGRESS, ProgressSink
 from .router import NodePlan, router_docker_argv
-from .tools import ToolMissing, ToolResult, last_line, run_tool
+from . import interrupt
+from .tools import ToolMissing, ToolResult, last_line, run_tool, start_detached
 from .untrusted import load_json, small_int
 
 REPORT_SCHEMA = "mm-warmup-report/1"
@@ -184,7 +185,19 @@ def container_running(name: str) -> bool:
     return done.returncode == 0 and done.stdout.strip() == "true"
 
 
+def _start_container(args: list[str], name: str) -> ToolResult:
+    """`docker run -d ...` of container NAME; interrupted meanwhile, the container (created or not) is removed."""
+    try:
+        return _docker(args)
+    except KeyboardInterrupt:
+        stop_container(name)
+        raise
+
+
 def stop_container(name: str) -> None:
+    if interrupt.requested():  # Ctrl-C: removed by a docker that outlives mm (which ends within a second)
+        start_detached([DOCKER, "rm", "-f", "--", name])
+        return
     _docker(["stop", "--", name], timeout=180)
     _docker(["rm", "-f", "--", name])
 
@@ -342,7 +355,7 @@ def run_warmup(target: LaunchPlan | NodePlan, *, timeout: float = 3600, image_pn
     extra_env = (("SGLANG_WARMUP_TIMEOUT", FIRST_START_WARMUP_TIMEOUT),) if plan.recipe.engine == "sglang" else ()
     argv = [str(t) for t in docker_run_argv(plan, detach=True, name=name, extra_env=extra_env, image=image)]
     progress.note(f"starting {plan.recipe.id} as container {name}")
-    done = _docker(argv[1:])
+    done = _start_container(argv[1:], name)
     if done.returncode != 0:
         raise ProblemsFound(f"docker run failed ({done.returncode}): {_last_line(done.stderr)}")
 
@@ -425,8 +438,8 @@ def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes |
         for i, (plan, name) in enumerate(zip(node.replicas, names)):
             before = cache_snapshot(first.cache_root)
             progress.note(f"starting replica {i} of {first.recipe.id} as {name} (GPUs {','.join(map(str, plan.gpus))})")
-            done = _docker([str(t) for t in docker_run_argv(plan, detach=True, name=name, extra_env=extra_env,
-                                                                     image=image)][1:])
+            done = _start_container([str(t) for t in docker_run_argv(plan, detach=True, name=name, extra_env=extra_env,
+                                                                               image=image)][1:], name)
             if done.returncode != 0:
                 error = f"docker run {name} failed ({done.returncode}): {_last_line(done.stderr)}"
                 break
@@ -442,7 +455,8 @@ def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes |
                 checks.append(_from_cache_check(before, cache_snapshot(first.cache_root), name))
         if error is None:
             progress.note(f"starting the router as {router_name} on 127.0.0.1:{router.port}")
-            done = _docker([str(t) for t in router_docker_argv(router, detach=True, name=router_name, image=image)][1:])
+            done = _start_container([str(t) for t in router_docker_argv(router, detach=True, name=router_name,
+                                                                        image=image)][1:], router_name)
             if done.returncode != 0:
                 error = f"docker run {router_name} failed ({done.returncode}): {_last_line(done.stderr)}"
             else:

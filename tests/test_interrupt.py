@@ -422,3 +422,27 @@ def test_a_main_thread_stuck_in_a_system_call_still_ends_within_the_deadline(run
     line = one_line(err, "SIGTERM")
     assert "kept: nothing yet" in line
     assert took >= 0.5  # ended by the watcher's deadline (interrupt.GRACE), not by the main thread
+
+
+# --- warm-up: the container goes too ---------------------------------------------------------------------
+
+def test_warmup_interrupted_removes_its_container_without_waiting_for_docker(tmp_path):
+    from tests.support import fake_docker
+    from tests.test_launch import make_model_dir
+
+    state = tmp_path / "docker-state"
+    bin_dir = tmp_path / "bin"
+    fake_docker.install(bin_dir, state)
+    model = make_model_dir(tmp_path / "models")
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "NO_PROXY": "127.0.0.1",
+           "FAKE_SGLANG_NEVER_READY": "1"}
+    proc = start("warmup", model, "--hardware", "b300", "--cache-root", tmp_path / "cache", env=env)
+    wait_until(proc, lambda: list(state.glob("*.json")), "the container started")
+    _, err, _ = interrupt(proc, signal.SIGINT, "warmup SIGINT")
+    assert err.strip() == "mm: interrupted by SIGINT"
+    deadline = time.monotonic() + 30
+    while list(state.glob("*.json")):  # `docker rm -f` runs on after mm ended
+        assert time.monotonic() < deadline, "the warm-up container was left behind"
+        time.sleep(0.05)
+    assert ["rm", "-f", "--", "mm-warmup-sglang-b300-balanced"] in [
+        json.loads(line)[:4] for line in (state / "calls.jsonl").read_text().splitlines()]
