@@ -28,9 +28,9 @@ from pathlib import Path
 
 from .cachekey import FILE_NAME as CACHE_KEY_FILE
 from .errors import BadInput
-from .fsutil import human_bytes
 from .launch import LaunchOptions, LaunchPlan, hicache_host_gb, image_candidates, image_identity
 from .pins import Pin
+from .progress import human_bytes
 from .tools import IMAGE_REF, ToolMissing, ToolResult, check_name, last_line, run_tool
 from .untrusted import load_json, read_json_file, small_int, version_numbers
 

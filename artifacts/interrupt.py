@@ -215,7 +215,8 @@ def end(exc: Interrupted, flush: bool = False) -> None:
 def kept_work(directories: list[Path]) -> list[str]:
     """What resumable work lies in DIRECTORIES, one line per kind: partial downloads and their range maps, files
     already proven, unbundle state, push upload state, complete volumes. Read from disk, bounded (scandir only)."""
-    from .fsutil import MM_DIR, human_bytes
+    from .fsutil import MM_DIR
+    from .progress import human_bytes
 
     lines: list[str] = []
     for d in dict.fromkeys(Path(p) for p in directories):
