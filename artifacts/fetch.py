@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from .download import PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources
+from .download import JOURNAL, PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources
 from .errors import BadInput, RemoteError
 from .fsutil import MM_DIR
 from .ranges import DEFAULT_CONNECTIONS
@@ -159,7 +159,7 @@ def _new_state_dir(local_dir: Path) -> Iterator[None]:
         if created_state and not isinstance(e, KeyboardInterrupt):
             with suppress(OSError):
                 partial = local_dir / PARTIAL_DIR
-                journal = local_dir / MM_DIR / "journal.jsonl"
+                journal = local_dir / JOURNAL
                 if (partial.is_dir() and not any(partial.iterdir())
                         and (not journal.exists() or journal.stat().st_size == 0)):
                     partial.rmdir()

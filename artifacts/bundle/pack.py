@@ -51,8 +51,8 @@ from typing import Callable, Sequence
 from ..cachekey import parse_cache_key
 from ..errors import BadInput, IntegrityError, Refused
 from ..fsutil import MM_DIR, dir_lock, publish, publish_fd, require_free_space
-from ..interrupt import keeps
 from ..hashing import StreamHasher
+from ..interrupt import keeps
 from ..manifest import Manifest, export_sums, manifest_path, read_manifest
 from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..verify import require_quick_verify

@@ -37,10 +37,10 @@ from typing import NamedTuple
 import blake3
 
 from ..errors import BadInput, IntegrityError, Refused
-from ..interrupt import keeps
 from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, dir_lock, fsync_dir, publish,
                       publish_fd, require_free_space)
 from ..hashing import StreamHasher, blake3_file
+from ..interrupt import keeps
 from ..manifest import from_json, manifest_path, read_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
 from ..untrusted import At, load_json, read_json_file
