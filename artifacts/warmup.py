@@ -13,6 +13,7 @@ import base64
 import dataclasses
 import json
 import re
+import shutil
 import struct
 import subprocess
 import time
@@ -123,7 +124,12 @@ def parse_gpu_info(text: str) -> tuple[str, str, str, int]:
 
 def local_image(plan: LaunchPlan) -> str:
     """How this host has the plan's image (the same search as the start script): the pinned reference, else the
-    image ID `mm image save` recorded (the classic store drops repo digests on `docker load`)."""
+    image ID `mm image save` recorded (the classic store drops repo digests on `docker load`). Docker itself first:
+    without it, or with its daemon down, that is what warm-up says (as doctor and the start script do)."""
+    from .doctor import docker_problem
+
+    if problem := docker_problem(DOCKER):
+        raise (BadInput if shutil.which(DOCKER) is None else ProblemsFound)(problem)
     for ref in image_candidates(plan):
         if _docker(["image", "inspect", ref]).returncode == 0:
             return ref
