@@ -154,3 +154,34 @@ def test_the_shm_fix_names_the_guides_size(host):
     if checks["/dev/shm"]["status"] == "warn":  # this machine's /dev/shm is below the guide's 32 GB
         assert checks["/dev/shm"]["fix"].startswith("mount -o remount,size=32G /dev/shm (the guide's --shm-size 32g")
     assert "64G" not in json.dumps(checks)
+
+
+# --- warm-up and the start script say the same ----------------------------------------------------
+
+def test_warmup_and_the_start_script_say_the_daemon_is_down_not_that_the_image_is_missing(host, tmp_path):
+    (host.state / ".store" / "down").write_text("")
+    warm = subprocess.run([str(MM_BIN), "warmup", str(host.model), "--hardware", "b300", "--image", host.ref,
+                           "--port", str(host.port), "--cache-root", str(host.cache)],
+                          env=host.env(), capture_output=True, text=True, timeout=120)
+    assert warm.returncode == 1 and warm.stderr.startswith(f"mm: {DOCKER_DOWN}") and "not on this host" not in warm.stderr
+    script = tmp_path / "start.sh"
+    made = subprocess.run([str(MM_BIN), "launch", str(host.model), "--hardware", "b300", "--image", host.ref,
+                           "--out", str(script)], env=host.env(), capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    started = subprocess.run(["bash", str(script)], env=host.env(), capture_output=True, text=True, timeout=60)
+    assert started.returncode == 1 and started.stderr.strip() == f"mm: {DOCKER_DOWN}"
+
+
+def test_warmup_and_the_start_script_say_docker_is_not_installed(host, tmp_path):
+    (host.bin / "docker").unlink()
+    path = ":".join(p for p in host.env()["PATH"].split(":") if not (Path(p) / "docker").exists())
+    env = {**host.env(), "PATH": path}
+    warm = subprocess.run([str(MM_BIN), "warmup", str(host.model), "--hardware", "b300", "--image", host.ref,
+                           "--port", str(host.port), "--cache-root", str(host.cache)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert warm.returncode == 3 and warm.stderr.strip() == f"mm: {DOCKER_MISSING}"
+    script = tmp_path / "start.sh"
+    assert subprocess.run([str(MM_BIN), "launch", str(host.model), "--hardware", "b300", "--image", host.ref,
+                           "--out", str(script)], env=env, capture_output=True, timeout=120).returncode == 0
+    started = subprocess.run(["/bin/bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert started.returncode == 1 and started.stderr.strip() == f"mm: {DOCKER_MISSING}"
