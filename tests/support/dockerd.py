@@ -127,8 +127,17 @@ class Dockerd:
                 self.proc.wait()
         self.proc = None
         _run(["ip", "link", "delete", self.bridge])
+        self._unmount()
         shutil.rmtree(self.exec_root, ignore_errors=True)
         shutil.rmtree(self.root / "data", ignore_errors=True)
+
+    def _unmount(self) -> None:
+        """What dockerd leaves mounted under its roots (its default network namespace, nsfs), deepest first."""
+        roots = (str(self.exec_root) + "/", str(self.root / "data") + "/")
+        with open("/proc/mounts") as f:
+            points = [line.split()[1] for line in f if line.split()[1].startswith(roots)]
+        for point in sorted(points, key=len, reverse=True):
+            _run(["umount", "-l", point])
 
     def __enter__(self) -> "Dockerd":
         return self.start()
