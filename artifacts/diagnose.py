@@ -215,7 +215,7 @@ def plan_context(plan: LaunchPlan) -> dict[str, str]:
     }
 
 
-def _fix(row: Row, plan: LaunchPlan | None, engine: str) -> str:
+def fix_for(row: Row, plan: LaunchPlan | None, engine: str) -> str:
     """The fix for ENGINE: on vLLM the row's vLLM fix (the guide's vLLM row) where it has one, never an
     SGLang-specific one; with a plan, adapted to it (on SGLang, the hardware's own advice first: B200)."""
     context = plan_context(plan) if plan is not None else None
@@ -245,7 +245,7 @@ def _applies(d: Detector, plan: LaunchPlan | None, engine: str) -> bool:
 def _finding(row: Row, plan: LaunchPlan | None, engine: str, d: Detector, where: str, line: str,
              number: int | None) -> Finding:
     line = printable(line.strip())
-    return Finding(row=row.id, guide_row=row.guide_row, symptom=row.symptom, cause=row.cause, fix=_fix(row, plan, engine),
+    return Finding(row=row.id, guide_row=row.guide_row, symptom=row.symptom, cause=row.cause, fix=fix_for(row, plan, engine),
                    change=row.change, source=d.source, where=where,
                    line=line if len(line) <= MAX_LINE else line[:MAX_LINE] + "...", line_number=number, guide=row.guide,
                    pattern_source=d.pattern_source)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from mm.artifacts import image as mm_image
-from mm.artifacts.diagnose import _fix, load_table
+from mm.artifacts.diagnose import fix_for, load_table
 from mm.artifacts.launch import LaunchOptions
 from mm.artifacts.router import plan_node
 from tests.support import fake_gpu, standin_image
@@ -190,7 +190,7 @@ def test_each_failure_mode_fails_the_warmup_naming_its_row_with_the_plans_fix(de
     assert [f["row"] for f in report["diagnosis"]] == [expect], report
     plan = plan_node(deployed.model, LaunchOptions(hardware="b300", image=deployed.ref, cache_root=cache, port=port),
                      check_dir=False).first
-    assert report["diagnosis"][0]["fix"] == _fix(load_table().row(expect), plan, "sglang")
+    assert report["diagnosis"][0]["fix"] == fix_for(load_table().row(expect), plan, "sglang")
     assert f"row {load_table().row(expect).guide_row} {expect}" in done.stdout
 
 
