@@ -494,8 +494,12 @@ class _Scanner:
                 self._match(text, number)
             return
         facts = body_facts(doc, pending.number)
-        if facts is None:
+        if facts is None:  # JSON, but no request or answer (a structured log line): read as text
+            for text, number in pending.lines:
+                self._match(text, number)
             return
+        if facts.error is not None:  # a server's error message is evidence like a log line (an OOM in a 500)
+            self._match(facts.error, pending.number)
         if isinstance(doc, dict) and doc.get("object") == "chat.completion.chunk":
             scan = self.scan
             scan.stream_line = scan.stream_line or pending.number

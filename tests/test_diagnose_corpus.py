@@ -99,3 +99,11 @@ def test_recall_and_false_alarms(model_dir, capsys):
         print(f"\ndiagnose corpus: recall {hit_plan}/{len(FAILURES)} with a plan, {hit_bare}/{len(FAILURES)} without; "
               f"false alarms {fa_plan}/{len(HEALTHY)} with a plan, {fa_bare}/{len(HEALTHY)} without")
     assert hit_plan >= 0.9 * len(FAILURES) and fa_plan == 0 and fa_bare == 0
+
+
+def test_a_structured_log_line_and_a_server_error_answer_are_read_as_evidence(tmp_path):
+    log = tmp_path / "structured.log"
+    log.write_text('{"level": "error", "msg": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."}\n'
+                   + json.dumps({"object": "error", "message": "NCCL error in: ProcessGroupNCCL.cpp:3356, unhandled cuda "
+                                 "error", "code": 500}, indent=2) + "\n")
+    assert [f.row for f in run_diagnosis(DiagnoseRequest(logfile=log)).findings] == ["cuda-oom", "nccl-hang"]
