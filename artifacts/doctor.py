@@ -34,11 +34,11 @@ from pathlib import Path
 
 from .cachekey import FILE_NAME as CACHE_KEY_FILE
 from .errors import BadInput
-from .fsutil import human_bytes
 from .launch import (DOCKER_DOWN, DOCKER_MISSING, LaunchOptions, LaunchPlan, hicache_host_gb, image_candidates,
                      image_identity)
 from . import cudareq
 from .pins import Pin
+from .progress import human_bytes
 from .untrusted import load_json, read_json_file
 
 OK, WARN, FAIL = "ok", "warn", "fail"

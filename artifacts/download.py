@@ -218,12 +218,13 @@ class Session:
         _clean_stale_partials(self.local_dir, files)
         self._check_free_space(files, refetch)
         total, finished, lock = sum(f.size for f in files), [0], threading.Lock()
-        progress.begin(total, f"{label} 0/{len(files)} files")
+        progress.begin(total, f"{label} 0/{len(files)} files", files=len(files))
         budget = Connections(connections)
         stats = TransferStats(retry_budget=max(64, 16 * connections))
 
         def one(f: RemoteFile) -> tuple[FileOutcome, FileEntry | None]:
             try:
+                progress.item(f.path)
                 entry = None if refetch else self.present(f)
                 if entry is not None:
                     progress.advance(f.size)
@@ -232,7 +233,7 @@ class Session:
             finally:
                 with lock:  # the bar's label counts files done; the bar itself, bytes and the aggregate rate
                     finished[0] += 1
-                    progress.begin(total, f"{label} {finished[0]}/{len(files)} files")
+                    progress.begin(total, f"{label} {finished[0]}/{len(files)} files", files=len(files))
 
         try:
             with ThreadPoolExecutor(max_workers=max(1, workers or connections)) as pool:
