@@ -56,6 +56,14 @@ def _run(argv: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=kw.pop("timeout", 60), **kw)
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies, even killed (no teardown), so that no daemon
+    outlives the session (Linux prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+
+
 def _free_subnet() -> str:
     used = _run(["ip", "-4", "route"]).stdout
     for _ in range(200):
@@ -101,7 +109,7 @@ class Dockerd:
                 "--pidfile", str(self.exec_root / "docker.pid"), "--shutdown-timeout", "3"]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 90
         while self.docker("version", "--format", "{{.Server.Version}}").returncode != 0:
             if self.proc.poll() is not None or time.monotonic() > deadline:
