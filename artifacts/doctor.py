@@ -42,7 +42,7 @@ from .tools import IMAGE_REF, ToolMissing, ToolResult, check_name, last_line, ru
 from .untrusted import load_json, read_json_file, small_int, version_numbers
 
 OK, WARN, FAIL = "ok", "warn", "fail"
-SHM_GUIDE = 32 * 10**9  # the guide's --shm-size 32g; with --ipc=host the host's /dev/shm is what the server gets
+SHM_GUIDE = 32 * 2**30  # the guide's --shm-size 32g (docker reads g as GiB); with --ipc=host the host's /dev/shm is what the server gets
 CACHE_DISK_MARGIN = 20 * 10**9  # mm's margin for compiled kernels (the guide publishes no figure)
 # The GPU product token each hardware name stands for (nvidia-smi's name holds it as one word).
 GPU_TOKENS = {"b300": "B300", "gb300": "GB300", "b200": "B200", "gb200": "GB200", "h200": "H200", "h100": "H100",
