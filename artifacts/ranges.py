@@ -51,6 +51,7 @@ from typing import Callable, ContextManager, Iterator, Protocol
 from . import wire
 from .errors import BadInput, MMError, RemoteError
 from .hashing import Digests, StreamHasher
+from . import interrupt  # the stop flag: workers return within a chunk, the map is saved (interrupt.py)
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import load_json
 
@@ -713,6 +714,9 @@ def download(job: RangedJob, source: RangeSource, connections: Connections, stat
         _work(f, connections)
         for w in workers:
             w.join()
+        if interrupt.requested():  # stopped: the partial and its map (saved below) are the work kept
+            f.hasher.close()
+            interrupt.check()
         if f.error is None and not f.rmap.complete:
             f.error = RemoteError(f"{job.path}: download from {source.label} stopped with "
                                   f"{job.size - f.rmap.done} bytes missing; run again to resume")
@@ -734,7 +738,7 @@ def _work(f: _File, connections: Connections) -> None:
     buf = mmap.mmap(-1, BUFFER)  # page-aligned, reused for every read of this connection
     view = memoryview(buf)
     try:
-        while f.error is None:
+        while f.error is None and not interrupt.requested():
             with connections.slot():
                 r = f.take()
                 if r is None:
@@ -757,10 +761,12 @@ def _work(f: _File, connections: Connections) -> None:
 
 def _run_range(f: _File, r: _Range, view: memoryview) -> None:
     failures = 0
-    while r.pos < r.end and f.error is None:
+    while r.pos < r.end and f.error is None and not interrupt.requested():
         before = r.landed
         try:
             _attempt(f, r, view)
+            if interrupt.requested():
+                return
             with f.lock:  # another response (a whole-file stream) may have landed the rest of R meanwhile
                 gaps = f.rmap.gaps(r.pos, r.end)
                 r.pos = gaps[0][0] if gaps else r.end
@@ -778,7 +784,8 @@ def _run_range(f: _File, r: _Range, view: memoryview) -> None:
                     why += ": the server answers wrongly"
                 raise RemoteError(f"{e.message} ({why}); the partial is kept, run again to resume") from None
             backoff = min(BACKOFF_MAX, f.limits.backoff * 2 ** (failures - 1)) if failures else 0.0
-            time.sleep(min(RETRY_AFTER_MAX, max(0.0, e.after if e.after is not None else backoff)))
+            if interrupt.STOP.wait(min(RETRY_AFTER_MAX, max(0.0, e.after if e.after is not None else backoff))):
+                return  # stopped while waiting to retry
 
 
 def _attempt(f: _File, r: _Range, view: memoryview) -> None:
@@ -823,7 +830,7 @@ def _land(f: _File, r: _Range, at: int, body_end: int, read: Callable[[memoryvie
     now = began = window_at = time.monotonic()
     window_bytes = 0
     try:
-        while at < stop and f.error is None:
+        while at < stop and f.error is None and not interrupt.requested():
             if at < r.pos:  # before the range: read and dropped
                 n = read(view[:min(len(view), r.pos - at)])
                 batch_at = at + n

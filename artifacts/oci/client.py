@@ -25,7 +25,7 @@ from urllib.parse import urlencode, urlsplit
 
 import httpx2
 
-from .. import wire
+from .. import interrupt, wire
 from ..errors import BadInput, IntegrityError, RemoteError
 from ..untrusted import load_json, read_json_file
 
@@ -543,6 +543,7 @@ class Client:
                 with open(path, "rb") as f:
                     pos, left = start, length
                     while left:
+                        interrupt.check()  # stopped mid-chunk: the rerun starts this blob again (README, "Resume")
                         n = conn.sock.sendfile(f, pos, min(left, SENDFILE_SLICE))
                         if not n:
                             raise BadInput(f"{path}: file shrank while it was being pushed")

@@ -15,7 +15,6 @@ signed bytes: the signature is checked at pull and reported, not stored beside i
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +24,7 @@ from ..download import (JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, fetc
                         prepare_dir)
 from ..errors import BadInput, IntegrityError, MMError
 from ..fsutil import dir_lock, publish, require_free_space
+from .. import interrupt
 from ..manifest import FileEntry, Manifest, manifest_path, write_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
 from ..ranges import DEFAULT_CONNECTIONS, Answer, Connections, TransferStats, clear_state, http_answer, state_path
@@ -156,6 +156,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
         checked = _check_signature(r, allowed_signers, identity, require_signature)
         prepare_dir(local_dir)
         with dir_lock(local_dir, "mm pull"):
+            interrupt.keeps(local_dir)  # an interrupt names the partial files kept here
             journal = Journal(local_dir / JOURNAL)
             known = known_entries(local_dir)
             layers = {layer.path: layer for layer in r.parsed.files}
@@ -179,7 +180,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
                         for entry in group]
 
             try:
-                with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+                with interrupt.worker_pool(workers) as pool:  # an interrupt starts no queued blob
                     results = [r for rs in pool.map(one, sorted(groups.values(), key=lambda g: -g[0].size)) for r in rs]
             finally:
                 progress.end()
