@@ -135,12 +135,15 @@ def oci_env(tmp_path: Path) -> dict[str, str]:
 
 
 def partial_bytes(dest: Path) -> int:
+    """Bytes the partials hold: what each range map records (a ranged partial has holes), else its size."""
     total = 0
     for p in (dest / ".mm" / "partial").glob("*.part") if (dest / ".mm" / "partial").is_dir() else ():
+        state = p.with_name(p.name + ".ranges")
         try:
-            total += p.stat().st_size
-        except FileNotFoundError:
-            pass
+            total += (sum(e - s for s, e in json.loads(state.read_text())["done"]) if state.exists()
+                      else p.stat().st_size)
+        except (OSError, ValueError):
+            pass  # a map being replaced, or a partial just published
     return total
 
 
