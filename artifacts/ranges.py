@@ -8,14 +8,12 @@ received for nothing, megabytes per connection on a fast link.)
 
 Bytes are written at their offset in the partial file (``pwrite``) and recorded in a ``RangeMap`` saved beside
 it (``<partial>.ranges``, rewritten by rename at most every ``SAVE_SECONDS``), so a rerun after kill -9 asks
-only for the gaps. Hashing stays one pass over each byte, in file order (``OrderedHasher``): bytes that land
-exactly at the hashed frontier are hashed from memory; bytes that land ahead of it are hashed later, read back
-from the page cache once the contiguous prefix reaches them. Memory is bounded by the write batches (one per
-connection) and one read buffer per file being hashed, whatever the file size.
-
-Every byte is received into the connection's own buffer (``BUFFER``, read with one socket read at a time:
-``Answer.read``), written from it with ``pwritev`` at the offset the answer proved, and hashed from it when it
-lands at the hashing frontier.
+only for the gaps. Every byte is received into the connection's own buffer (``BUFFER``, one socket read at a
+time: ``Answer.read``) and written from it with ``pwritev`` at the offset its answer proved. Hashing stays one
+pass over each byte, in file order (``OrderedHasher``): bytes that land exactly at the hashed frontier are hashed
+from that buffer; bytes that land ahead of it are hashed later, read back from the page cache once the contiguous
+prefix reaches them. Memory is bounded by the buffers (one per connection) and one read-back buffer per file being
+hashed, whatever the file size.
 
 Answers are hostile until proven, for every source (the Hub, its CDN, a mirror, an OCI registry): a body is used
 only at the offsets its answer proves (``prove``: a 200 is the whole file from byte 0; a 206 needs a
@@ -28,8 +26,8 @@ honoured) within a per-range limit and a budget for the whole fetch. Each file h
 received at most 1.5x its size plus ``BUDGET_MARGIN``, requests at most twice its planned ranges plus
 ``REQUEST_MARGIN``; past either the file fails (exit 4: the server answers wrongly) and keeps its partial. A
 connection that averages less than ``MM_NET_MIN_RATE`` over ``MM_NET_RATE_WINDOW`` (artifacts/wire.py) is cut
-and the range retried on a fresh one. Workers loop while the file has no error (``_File.error``), so a
-cancellation is one more reason to stop.
+and the range retried on a fresh one. Workers loop while the file has no error (``_File.error``) and no stop
+was asked (artifacts/interrupt.py); bytes already in a buffer are kept either way.
 """
 from __future__ import annotations
 
