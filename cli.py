@@ -346,7 +346,7 @@ def _render_fetch(result: mm_fetch.FetchResult) -> None:
     if result.revision_kind != "commit":
         moving = " (a moving branch)" if result.revision_kind == "branch" else ""
         out.print(f"Resolved {result.requested_revision}{moving} -> {result.commit}; the manifest pins this commit.")
-    counts = {s: [f for f in result.files if f.status == s] for s in ("downloaded", "present", "failed")}
+    counts = {s: [f for f in result.files if f.status == s] for s in FETCH_STATUSES}
     for f in counts["failed"]:
         err.print(f"FAILED {f.path}: {f.error}", markup=False)
     for f in result.files:
@@ -356,8 +356,9 @@ def _render_fetch(result: mm_fetch.FetchResult) -> None:
     rate = result.bytes_transferred / result.seconds if result.seconds else 0
     out.print(f"{result.repo_id}@{result.commit[:12]}: {len(counts['downloaded'])} downloaded"
               f" ({human_bytes(result.bytes_transferred)}, {human_bytes(rate)}/s"
-              f"{f', {len(resumed)} resumed' if resumed else ''}), {len(counts['present'])} already present,"
-              f" {len(counts['failed'])} failed", highlight=False)
+              f"{f', {len(resumed)} resumed' if resumed else ''}), {len(counts['adopted'])} adopted"
+              f" ({human_bytes(sum(f.size for f in counts['adopted']))} already on disk, hashed here),"
+              f" {len(counts['present'])} already present, {len(counts['failed'])} failed", highlight=False)
     t = result.transfer
     if t.get("requests"):
         retried = ", ".join(f"{n} {why}" for why, n in sorted(t["retries_by_reason"].items()))
@@ -372,6 +373,14 @@ def _render_fetch(result: mm_fetch.FetchResult) -> None:
     if result.draft is not None:  # the pin names a draft model
         out.print(f"DSpark draft ({result.draft.subfolder}): {'present' if result.draft.present else 'MISSING'}",
                   highlight=False)
+
+
+FETCH_STATUSES = ("downloaded", "adopted", "present", "failed")
+
+
+def _fetch_counts(files) -> dict[str, int]:
+    """Files by outcome, every status named (0 included): what --json's "counts" holds."""
+    return {status: sum(1 for f in files if f.status == status) for status in FETCH_STATUSES}
 
 
 def _fetch_exit_code(result: mm_fetch.FetchResult) -> int:
@@ -417,7 +426,8 @@ def fetch(repo, revision, local_dir, include, exclude, connections, workers, sou
         from .artifacts import signing
         signed = signing.sign_manifest(req.local_dir, sign_with)
     if json_out:
-        emit_json({"ok": not result.failed, **to_jsonable(result), "signed": to_jsonable(signed)})
+        emit_json({"ok": not result.failed, **to_jsonable(result), "counts": _fetch_counts(result.files),
+                   "signed": to_jsonable(signed)})
     else:
         _render_fetch(result)
         if signed:
@@ -484,24 +494,45 @@ def _verify_doc(report: VerifyReport) -> dict:
             "counts": summary_counts(report.problems)}
 
 
-def _counts_text(report: VerifyReport) -> str:
+def _counts_text(problems) -> str:
     from .artifacts.verify import summary_counts
-    return ", ".join(f"{n} {kind}" for kind, n in sorted(summary_counts(report.problems).items()))
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(summary_counts(problems).items()))
 
 
 def _render_verify(report: VerifyReport, title: str = "verify") -> None:
     for p in report.problems:
         out.print(f"{p.kind.upper():<10} {p.path}: {p.detail}", markup=False, highlight=False, soft_wrap=True)
-    read = ("sizes only (--quick)" if report.quick else
+    if report.left_out:
+        shown = ", ".join(report.left_out[:3]) + (f" and {len(report.left_out) - 3} more" if len(report.left_out) > 3 else "")
+        out.print(f"partial fetch ({report.asked}): {len(report.left_out)} file(s) of the revision left out, not "
+                  f"judged: {shown}", markup=False, highlight=False, soft_wrap=True)
+    read = ("presence, sizes, readability and shard headers (--quick: nothing hashed)" if report.quick else
             f"{human_bytes(report.bytes_checked)} hashed at {report.bytes_per_second / 1e9:.2f} GB/s")
-    verdict = "OK" if report.ok else f"DAMAGED: {len(report.problems)} problem(s) ({_counts_text(report)})"
+    failures = report.failures
+    extras = len(report.problems) - len(failures)
+    verdict = "OK" if report.ok else f"DAMAGED: {len(failures)} problem(s) ({_counts_text(failures)})"
+    if extras:
+        verdict += f"; {extras} extra file(s) reported, not failed (--strict fails on them)"
     out.print(f"{title} {report.model_dir} against {report.manifest_path}: {report.files_checked} files, {read}, "
               f"{report.seconds:.2f} s. {verdict}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _problems_found(report: VerifyReport, what: str) -> None:
-    raise ProblemsFound(f"{report.model_dir}: {len(report.problems)} problem(s) {what} ({_counts_text(report)}); "
-                        f"see the lines above")
+    raise ProblemsFound(f"{report.model_dir}: {len(report.failures)} problem(s) {what} "
+                        f"({_counts_text(report.failures)}); see the lines above")
+
+
+def _next_step(report: VerifyReport) -> str | None:
+    """What a user runs after a verify that found damage: repair when a download fixes some of it."""
+    from .artifacts.verify import REPAIRABLE
+    import shlex
+    fixable = [p for p in report.failures if p.kind in REPAIRABLE]
+    if report.ok or report.manifest_path.startswith("hub:"):
+        return None
+    if fixable:
+        return (f"next: mm repair {shlex.quote(report.model_dir)}   (re-fetches the {len(fixable)} missing or "
+                f"damaged file(s) from the Hub, then verifies again)")
+    return "next: nothing a download fixes; fix or remove the files named above by hand"
 
 
 @main.command()
@@ -509,6 +540,8 @@ def _problems_found(report: VerifyReport, what: str) -> None:
 @click.option("--manifest", "manifest_file", type=click.Path(path_type=Path),
               help="Manifest to check against. Default: DIR/.mm/manifest.json.")
 @click.option("--quick", is_flag=True, help="Presence, sizes, readability and shard headers only; no hashing.")
+@click.option("--strict", is_flag=True, help="Files not in the manifest fail too (exit 1); by default they are "
+                                             "reported and pass.")
 @click.option("--jobs", type=click.IntRange(1, 256), help="Threads. Default: one per core.")
 @click.option("--upstream", is_flag=True, help="Check against the Hub's own identities (LFS sha256, git blob sha1), "
                                                "not the manifest; needs the Hub.")
@@ -520,9 +553,10 @@ def _problems_found(report: VerifyReport, what: str) -> None:
 @click.option("--identity", help="With --allowed-signers: the signer identity (principal) to require.")
 @json_option
 @handles_errors
-def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, allowed_signers, identity, json_out):
-    """Check every byte of DIR against its manifest, every file present and nothing extra, every
-    safetensors shard and index sound. Exit 0 all good, 1 problems found, 3 could not run, 5 bad signature."""
+def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revision, allowed_signers, identity, json_out):
+    """Check every byte of DIR against its manifest, every file present, every safetensors shard and index
+    sound; files not in the manifest are reported (and fail with --strict). A partial fetch is judged on what
+    was asked for. Exit 0 all good, 1 problems found, 3 could not run, 5 bad signature."""
     from .artifacts.verify import upstream_target, verify_dir, verify_upstream
     progress = progress_for(json_out)
     signature = None
@@ -532,7 +566,7 @@ def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, allo
         if allowed_signers:
             raise click.UsageError("--allowed-signers checks the manifest; --upstream does not use it")
         repo_id, rev = upstream_target(directory, manifest_file, repo, revision)
-        report = verify_upstream(directory, repo_id, rev, quick=quick, jobs=jobs, progress=progress)
+        report = verify_upstream(directory, repo_id, rev, quick=quick, jobs=jobs, progress=progress, strict=strict)
     else:
         if repo or revision:
             raise click.UsageError("--repo and --revision only apply with --upstream")
@@ -542,11 +576,14 @@ def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, allo
             if not json_out:
                 _render_signature(signature)
         report = verify_dir(directory, manifest_obj, quick=quick, jobs=jobs, progress=progress,
-                            manifest_file=manifest_file)
+                            manifest_file=manifest_file, strict=strict)
     if json_out:
-        emit_json({**_verify_doc(report), **({"signature": to_jsonable(signature)} if signature else {})})
+        emit_json({**_verify_doc(report), "next": _next_step(report),
+                   **({"signature": to_jsonable(signature)} if signature else {})})
         sys.exit(0 if report.ok else ProblemsFound.exit_code)
     _render_verify(report)
+    if (step := _next_step(report)) is not None:
+        out.print(step, markup=False, highlight=False, soft_wrap=True)
     if not report.ok:
         _problems_found(report, "found")
 
@@ -644,11 +681,15 @@ def repair(directory, jobs, workers, json_out):
         emit_json({"ok": report.ok, "model_dir": report.model_dir, "source": report.source,
                    "restored": report.restored, "before": _verify_doc(report.before), "after": _verify_doc(report.after)})
         sys.exit(0 if report.ok else ProblemsFound.exit_code)
-    if not report.restored:
+    if not report.restored:  # one pass: the verify that found nothing to re-fetch is the verdict
+        _render_verify(report.after, "verify")
         out.print(f"{directory}: nothing to re-fetch (no missing or corrupt files)", highlight=False)
     for path in report.restored:
         out.print(f"RESTORED   {path} (from {report.source})", markup=False, highlight=False)
-    _render_verify(report.after, "re-verify")
+    if report.restored:
+        out.print("re-verify: the restored file(s) hashed; the others were hashed once, before, and not rewritten",
+                  markup=False, highlight=False, soft_wrap=True)
+        _render_verify(report.after, "re-verify")
     if not report.ok:
         _problems_found(report.after, "remain that re-fetching cannot fix (fix or remove them by hand)")
 

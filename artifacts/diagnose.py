@@ -416,8 +416,8 @@ def _model_dir_complete(plan: LaunchPlan, gpu_info: str | None) -> str | None:
     report = verify_dir(plan.model_dir, read_manifest(mpath), quick=True)
     if report.ok:
         return None
-    first = report.problems[0]
-    return f"quick verify: {len(report.problems)} problem(s), first {first.path}: {first.kind} ({first.detail})"
+    first = report.failures[0]
+    return f"quick verify: {len(report.failures)} problem(s), first {first.path}: {first.kind} ({first.detail})"
 
 
 HOST_CHECKS: dict[str, Callable[[LaunchPlan, str | None], str | None]] = {

@@ -189,7 +189,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
     problems: tuple[str, ...] = ()
     if not any(o.status == "failed" for o in outcomes):
         report = verify_dir(local_dir, quick=True)
-        problems = tuple(f"{p.kind} {p.path}: {p.detail}" for p in report.problems)
+        problems = tuple(f"{p.kind} {p.path}: {p.detail}" for p in report.failures)
     if draft_subfolder is None:
         from ..pins import pin_for_repo
         pin = pin_for_repo(r.manifest.repo_id)
