@@ -354,11 +354,13 @@ def _render_fetch(result: mm_fetch.FetchResult) -> None:
             err.print(f"note: {f.path}: {f.note}", markup=False)
     resumed = [f for f in counts["downloaded"] if f.resumed_from]
     rate = result.bytes_transferred / result.seconds if result.seconds else 0
-    out.print(f"{result.repo_id}@{result.commit[:12]}: {len(counts['downloaded'])} downloaded"
-              f" ({human_bytes(result.bytes_transferred)}, {human_bytes(rate)}/s"
-              f"{f', {len(resumed)} resumed' if resumed else ''}), {len(counts['adopted'])} adopted"
-              f" ({human_bytes(sum(f.size for f in counts['adopted']))} already on disk, hashed here),"
-              f" {len(counts['present'])} already present, {len(counts['failed'])} failed", highlight=False)
+    moved = (f" ({human_bytes(result.bytes_transferred)}, {human_bytes(rate)}/s"
+             f"{f', {len(resumed)} resumed' if resumed else ''})") if counts["downloaded"] else ""
+    adopted = f" ({human_bytes(sum(f.size for f in counts['adopted']))} already on disk, hashed here)" \
+        if counts["adopted"] else ""
+    out.print(f"{result.repo_id}@{result.commit[:12]}: {len(counts['downloaded'])} downloaded{moved}, "
+              f"{len(counts['adopted'])} adopted{adopted}, {len(counts['present'])} already present, "
+              f"{len(counts['failed'])} failed", highlight=False)
     t = result.transfer
     if t.get("requests"):
         retried = ", ".join(f"{n} {why}" for why, n in sorted(t["retries_by_reason"].items()))
