@@ -446,9 +446,11 @@ def manifest():
 
 @manifest.command("create")
 @click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--repo", required=True, callback=_repo_id,
-              help="The Hub repo the directory holds, e.g. MiniMaxAI/MiniMax-M3.1-Flash.")
-@click.option("--revision", required=True, callback=_revision, help="Its revision (full sha when offline).")
+@click.option("--repo", callback=_repo_id,
+              help="The Hub repo the directory holds, e.g. MiniMaxAI/MiniMax-M3.1-Flash. Default for a Hugging Face "
+                   "cache snapshot: the repo its folder names.")
+@click.option("--revision", callback=_revision, help="Its revision (full sha when offline). Default for a Hugging "
+                                                     "Face cache snapshot: its commit.")
 @click.option("--offline", is_flag=True, help="Do not ask the Hub; record local hashes only.")
 @click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True)
 @json_option
@@ -456,6 +458,12 @@ def manifest():
 def manifest_create(directory, repo, revision, offline, jobs, json_out):
     """Hash a directory another tool filled (e.g. `hf download`) and write DIR/.mm/manifest.json."""
     from .artifacts import adopt
+    from .artifacts.hfcache import snapshot_of
+    snapshot = snapshot_of(directory)
+    if snapshot is not None:  # hf's cache layout names both
+        repo, revision = repo or snapshot.repo_id, revision or snapshot.revision
+    if not repo or not revision:
+        raise click.UsageError("--repo and --revision are required (only a Hugging Face cache snapshot names them)")
     result = adopt.manifest_for_local_dir(directory, repo, revision, offline=offline, jobs=jobs, progress=progress_for(json_out))
     if json_out:
         emit_json({"ok": True, "manifest_path": result.manifest_path, "checked_upstream": result.checked_upstream,
@@ -467,6 +475,9 @@ def manifest_create(directory, repo, revision, offline, jobs, json_out):
     checked = "checked against the Hub" if result.checked_upstream else "NOT checked against the Hub"
     out.print(f"{len(result.manifest.files)} files ({human_bytes(result.manifest.total_bytes)}) at "
               f"{result.manifest.revision}, {checked}. Manifest: {result.manifest_path}", highlight=False)
+    if snapshot is not None:
+        out.print(f"{directory} is a Hugging Face cache snapshot: its manifest is kept outside hf's cache (above), "
+                  f"and mm verify, bundle, launch and push find it there", highlight=False, soft_wrap=True)
 
 
 @manifest.command("export")

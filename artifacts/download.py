@@ -208,7 +208,7 @@ class Session:
         self.differing: set[str] = set()  # after adopt(): paths whose bytes on disk were not the pinned ones
 
     def __enter__(self) -> "Session":
-        prepare_dir(self.local_dir)
+        prepare_dir(self.local_dir, self.what)
         self._stack.enter_context(dir_lock(self.local_dir, self.what))
         self.known = known_entries(self.local_dir)
         return self
@@ -397,9 +397,12 @@ def _failed(f: RemoteFile, source: Source, e: MMError) -> tuple[FileOutcome, Non
     return FileOutcome(f.path, f.size, "failed", source.label, error=e.message, error_kind=type(e)), None
 
 
-def prepare_dir(local_dir: Path) -> None:
+def prepare_dir(local_dir: Path, what: str = "mm fetch") -> None:
+    from .hfcache import refuse_snapshot
+
     if local_dir.exists() and not local_dir.is_dir():
         raise BadInput(f"{local_dir}: exists and is not a directory")
+    refuse_snapshot(local_dir, what)
     (local_dir / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)  # OSError: the CLI names the path and the errno
 
 

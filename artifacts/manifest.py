@@ -122,7 +122,10 @@ class Manifest:
 
 
 def manifest_path(model_dir: Path) -> Path:
-    return Path(model_dir) / MM_DIR / MANIFEST_NAME
+    """DIR/.mm/manifest.json; for a Hugging Face cache snapshot, kept outside the cache (artifacts/hfcache.py)."""
+    from .hfcache import state_dir
+
+    return state_dir(model_dir, MM_DIR) / MANIFEST_NAME
 
 
 def public_endpoint(endpoint: str | None) -> str | None:

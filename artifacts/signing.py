@@ -68,7 +68,10 @@ class SignResult:
 
 
 def signature_path(model_dir: Path) -> Path:
-    return Path(model_dir) / MM_DIR / ("manifest.json" + SIG_SUFFIX)
+    """Beside the manifest (for a Hugging Face cache snapshot, outside the cache: artifacts/hfcache.py)."""
+    from .hfcache import state_dir
+
+    return state_dir(model_dir, MM_DIR) / ("manifest.json" + SIG_SUFFIX)
 
 
 def verify_command(allowed_signers: str = "allowed_signers", identity: str = "ID", sig: str = "manifest.json.sig",

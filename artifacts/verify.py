@@ -28,6 +28,7 @@ import blake3
 from .errors import BadInput, Busy, QuickVerifyFailed
 from .fsutil import MM_DIR, check_relpath, is_payload, lock_holder
 from .hashing import ChangedDuringRead, blake3_file, upstream_digest
+from .hfcache import Snapshot, snapshot_of, state_dir
 from .manifest import Manifest, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import Malformed, load_json
@@ -224,8 +225,9 @@ def _no_writer(model_dir: Path) -> Iterator[None]:
     """Share the directory's lock (DIR/.mm/lock, held exclusively by fetch, unbundle, manifest) while
     verifying, so that verify never judges a half-written directory and no writer starts meanwhile.
     Opens the lock read-only and never creates it: a model mounted read-only verifies too."""
+    lock = state_dir(model_dir, MM_DIR) / "lock"
     try:
-        fd = os.open(Path(model_dir) / MM_DIR / "lock", os.O_RDONLY)
+        fd = os.open(lock, os.O_RDONLY)
     except OSError:
         yield  # no lock file: no mm writer has ever run here
         return
@@ -237,7 +239,7 @@ def _no_writer(model_dir: Path) -> Iterator[None]:
             # fsutil.dir_lock records the holder's pid: our own caller (e.g. unbundle) may verify.
             held_elsewhere = os.pread(fd, 32, 0).strip() != str(os.getpid()).encode()
         if held_elsewhere:
-            raise Busy(f"{model_dir}: verify cannot start: {lock_holder(fd, Path(model_dir) / MM_DIR / 'lock')}; "
+            raise Busy(f"{model_dir}: verify cannot start: {lock_holder(fd, lock)}; "
                        f"verify when it has finished")
         yield
     finally:
@@ -252,8 +254,10 @@ def _inside(model_dir: Path, path: Path) -> str | None:
 
 
 def _scan(model_dir: Path, ignore: str | None) -> _Scan:
-    """Every payload file under MODEL_DIR with its size; symlinks leaving the directory are problems."""
+    """Every payload file under MODEL_DIR with its size; symlinks leaving the directory are problems (in a
+    Hugging Face cache snapshot, links to files of that repo's blobs/ read as those files)."""
     root = os.path.realpath(model_dir)
+    snapshot = snapshot_of(model_dir)
     scan = _Scan()
     pending = [""]
     while pending:
@@ -270,7 +274,7 @@ def _scan(model_dir: Path, ignore: str | None) -> _Scan:
                 continue
             try:
                 if entry.is_symlink():
-                    _judge_symlink(entry.path, rel, root, scan)
+                    _judge_symlink(entry.path, rel, root, scan, snapshot)
                 elif entry.is_dir(follow_symlinks=False):
                     pending.append(rel)
                 elif entry.is_file(follow_symlinks=False):
@@ -284,8 +288,11 @@ def _scan(model_dir: Path, ignore: str | None) -> _Scan:
     return scan
 
 
-def _judge_symlink(full: str, rel: str, root: str, scan: _Scan) -> None:
+def _judge_symlink(full: str, rel: str, root: str, scan: _Scan, snapshot: Snapshot | None = None) -> None:
     target = os.path.realpath(full)
+    if snapshot is not None and snapshot.allows(target):
+        scan.sizes[rel] = os.stat(target).st_size  # the one allowance: hf's link to its own blob
+        return
     if os.path.commonpath([root, target]) != root:
         scan.flagged.add(rel)
         scan.problems.append(Problem(rel, "symlink", f"points outside the model directory, to {target}"))

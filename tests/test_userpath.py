@@ -185,3 +185,103 @@ def test_quick_verify_summary_and_readme_say_the_same(run_mm, model):
     assert r.returncode == 0
     said = "presence, sizes, readability and shard headers"
     assert said in r.stdout and f"--quick` checks {said}" in (ROOT / "README.md").read_text()
+
+
+# --- the Hugging Face cache layout (`hf download` without --local-dir) ----------------------------------
+
+def tree(root: Path) -> dict[str, str]:
+    """Every path under ROOT (links as their target, files by size): to prove nothing was written there."""
+    return {p.relative_to(root).as_posix(): (os.readlink(p) if p.is_symlink() else str(p.stat().st_size))
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def hf_cache(_hub_server_session, model_repo, tmp_path_factory) -> Path:
+    """HF_HOME after a real `hf download` of the head commit into the cache, once per module."""
+    home = tmp_path_factory.mktemp("hf-cache") / "hf-home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
+    env.update(HF_ENDPOINT=_hub_server_session.url, HF_HOME=str(home), HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1")
+    hf_download(env, model_repo.repo_id, model_repo.head)
+    return home
+
+
+@pytest.fixture
+def snapshot(hf_cache, model_repo, tmp_path, hub_env) -> tuple[Path, dict]:
+    """(this test's copy of the cache's snapshot, an environment whose XDG_STATE_HOME is this test's)."""
+    home = tmp_path / "hf-home"
+    shutil.copytree(hf_cache, home, symlinks=True)
+    snap = home / "hub" / f"models--{model_repo.repo_id.replace('/', '--')}" / "snapshots" / model_repo.head
+    assert (snap / SHARD).is_symlink()
+    return snap, dict(hub_env, XDG_STATE_HOME=str(tmp_path / "state"))
+
+
+def test_manifest_of_a_cache_snapshot_is_kept_outside_the_cache(run_mm, snapshot, model_repo, tmp_path):
+    snap, env = snapshot
+    cache = snap.parents[2]
+    before = tree(cache)
+    r = run_mm("manifest", snap, "--json", env=env)  # repo and revision come from the layout
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["checked_upstream"] is True and doc["revision"] == model_repo.head
+    assert Path(doc["manifest_path"]).is_relative_to(tmp_path / "state" / "mm" / "hf-cache")
+    assert tree(cache) == before  # nothing of mm's inside hf's cache
+    v = run_mm("verify", snap, env=env)
+    assert v.returncode == 0 and v.stdout.count("\n") == 1, v.stdout + v.stderr
+
+
+def test_verify_of_a_cache_snapshot_finds_a_damaged_blob(run_mm, snapshot):
+    snap, env = snapshot
+    assert run_mm("manifest", snap, env=env).returncode == 0
+    flip_byte(Path(os.path.realpath(snap / SHARD)))
+    v = run_mm("verify", snap, env=env)
+    assert v.returncode == 1 and f"HASH       {SHARD}" in v.stdout, v.stdout
+
+
+def test_a_link_in_a_snapshot_that_leaves_its_blobs_is_refused(run_mm, snapshot, tmp_path):
+    snap, env = snapshot
+    assert run_mm("manifest", snap, env=env).returncode == 0
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text("{}")
+    (snap / "extra.json").symlink_to(outside)
+    v = run_mm("verify", snap, env=env)  # the allowance is hf's links into its own blobs/, nothing else
+    assert v.returncode == 1 and "SYMLINK    extra.json: points outside the model directory" in v.stdout, v.stdout
+    m = run_mm("manifest", snap, "--offline", env=env)
+    assert m.returncode == 3 and "does not lead to a file of" in m.stderr, m.stderr
+
+
+def test_a_cache_snapshot_bundles_unbundles_and_launches(run_mm, snapshot, model_repo, tmp_path):
+    snap, env = snapshot
+    assert run_mm("manifest", snap, env=env).returncode == 0
+    b = run_mm("bundle", snap, "--out", tmp_path / "disk", "--volume-size", "100M", "--no-mm", env=env)
+    assert b.returncode == 0, b.stderr
+    u = run_mm("unbundle", tmp_path / "disk", "--dest", tmp_path / "restored", env=env)
+    assert u.returncode == 0, u.stdout + u.stderr
+    assert all((tmp_path / "restored" / p).read_bytes() == model_repo.read(p) for p in model_repo.files)
+    launch = run_mm("launch", snap, "--hardware", "b300", "--format", "json", env=env)
+    assert launch.returncode == 0, launch.stderr
+    plan = json.loads(launch.stdout)
+    mounts = dict(m.rsplit(":", 2)[:2] for m in plan["mounts"] if m.endswith(":ro"))
+    blobs = {container: host for host, container in mounts.items()}["/blobs"]
+    model_at = plan["container_model_path"]
+    for link in (p for p in snap.rglob("*") if p.is_symlink()):  # every hf link resolves inside the container
+        in_container = Path(model_at) / link.relative_to(snap)
+        target = os.path.normpath(in_container.parent / os.readlink(link))
+        assert target.startswith("/blobs/") and (Path(blobs) / target.removeprefix("/blobs/")).is_file(), target
+    assert all(not m.startswith(str(snap.parents[1])) for m in plan["mounts"] if not m.endswith(":ro"))
+
+
+def test_a_cache_snapshot_pushes_to_a_registry(run_mm, snapshot, registry):
+    snap, env = snapshot
+    assert run_mm("manifest", snap, env=env).returncode == 0
+    before = tree(snap.parents[2])
+    r = run_mm("push", snap, f"{registry.host}/userpath/snapshot:v1", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert tree(snap.parents[2]) == before
+
+
+def test_writers_refuse_a_cache_snapshot_before_writing(run_mm, snapshot, model_repo):
+    snap, env = snapshot
+    before = tree(snap.parents[2])
+    r = run_mm("fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", snap, env=env)
+    assert r.returncode == 7 and "a Hugging Face cache snapshot" in r.stderr, r.stderr
+    assert tree(snap.parents[2]) == before

@@ -155,7 +155,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
                            f"pushed, so that every file has its blake3 and the Hub's identity")
         source = f"oci:{ref.at(r.digest)}"
         checked = _check_signature(r, allowed_signers, identity, require_signature)
-        prepare_dir(local_dir)
+        prepare_dir(local_dir, "mm pull")
         with dir_lock(local_dir, "mm pull"):
             journal = Journal(local_dir / JOURNAL)
             known = known_entries(local_dir)
