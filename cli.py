@@ -238,6 +238,11 @@ def _revision(ctx, param, value):
     return value
 
 
+def _hardware(ctx, param, value):
+    """GPU names as users write them (B300, GB300, MI355X) are the guide's rows in any case."""
+    return value.strip().lower() if value is not None else None
+
+
 def _seconds(ctx, param, value):
     """A duration in seconds: finite, positive, at most a week (click's FloatRange lets NaN through)."""
     import math
@@ -342,6 +347,17 @@ def _fetch_request(repo: str | None, revision: str | None, local_dir: Path | Non
                                  local_dir=local_dir or Path(t.repo_id.split("/")[-1]), **options)
 
 
+def _with_pin_origin(e: MMError, repo: str | None, revision: str | None, req: mm_fetch.FetchRequest) -> MMError:
+    """E, saying where a revision the user never typed came from (the pin), when it is about that revision."""
+    from .artifacts.pins import pinned_target
+    pin = pinned_target(repo, revision).pin
+    if revision is not None or pin is None or req.revision not in e.message:
+        return e
+    e.message += (f" (no --revision given: {req.revision[:12]} is the revision of mm's pin {pin.name} for "
+                  f"{req.repo_id}; pass --revision to fetch another)")
+    return e
+
+
 def _render_fetch(result: mm_fetch.FetchResult) -> None:
     if result.revision_kind != "commit":
         moving = " (a moving branch)" if result.revision_kind == "branch" else ""
@@ -422,7 +438,10 @@ def fetch(repo, revision, local_dir, include, exclude, connections, workers, sou
     plan = _mirror_plan(req, source, mirror_only, pin_manifest)  # mirror (issue 4)
     if sign_with is not None and not Path(sign_with).exists():  # before the download, not after it
         raise MMError(f"{sign_with}: no such key file (give a private key, or KEY.pub with its key in ssh-agent)")
-    result = mm_fetch.fetch(req, progress_for(json_out), plan=plan)
+    try:
+        result = mm_fetch.fetch(req, progress_for(json_out), plan=plan)
+    except MMError as e:
+        raise _with_pin_origin(e, repo, revision, req) from None
     signed = None
     if sign_with is not None and not result.failed:
         from .artifacts import signing
@@ -561,8 +580,9 @@ def _next_step(report: VerifyReport) -> str | None:
 @click.option("--repo", callback=_repo_id, help="With --upstream: the Hub repo. Default: the manifest's.")
 @click.option("--revision", callback=_revision, help="With --upstream: the revision. Default: the manifest's commit.")
 @click.option("--allowed-signers", type=click.Path(path_type=Path),
-              help="Check the manifest's SSH signature (.mm/manifest.json.sig) against this allowed_signers file "
-                   "first (an unsigned or wrongly signed manifest: exit 5), then every byte.")
+              help="OpenSSH allowed_signers file (namespace mm-manifest): the manifest must carry a good signature by "
+                   "a key it allows (unsigned or not good: exit 5), checked before every byte. The same meaning in "
+                   "verify, unbundle, pull and launch.")
 @click.option("--identity", help="With --allowed-signers: the signer identity (principal) to require.")
 @json_option
 @handles_errors
@@ -622,11 +642,11 @@ def _signature_options(fn: Callable) -> Callable:
     """--require-signature / --allowed-signers / --identity for commands that consume a manifest."""
     options = [
         click.option("--require-signature", is_flag=True,
-                     help="Refuse (exit 5), before writing anything, a manifest that is unsigned or not signed by a "
-                          "key in --allowed-signers."),
+                     help="Kept for scripts: --allowed-signers alone already requires a good signature."),
         click.option("--allowed-signers", type=click.Path(path_type=Path),
-                     help="OpenSSH allowed_signers file for the manifest's signature (namespace mm-manifest); "
-                          "given alone, a signature present must verify and an unsigned manifest is noted."),
+                     help="OpenSSH allowed_signers file (namespace mm-manifest): the manifest must carry a good "
+                          "signature by a key it allows; unsigned or not good: exit 5, before anything is written. "
+                          "The same meaning in verify, unbundle, pull and launch."),
         click.option("--identity", help="With --allowed-signers: the signer identity (principal) to require."),
     ]
     for option in reversed(options):
@@ -634,17 +654,19 @@ def _signature_options(fn: Callable) -> Callable:
     return fn
 
 
-def _render_carried_signature(signature: dict | None, allowed_signers: Path | None, whose: str) -> None:
+def _render_carried_signature(signature: dict | None, allowed_signers: Path | None) -> None:
     """The signature a bundle or an artifact carried, as unbundle and pull checked it."""
+    from .artifacts.signing import SignatureReport
     if signature:
-        out.print(f"signature: good, signed by {signature['identity']} ({signature['key_type']} key "
-                  f"{signature['fingerprint']})", highlight=False, markup=False, soft_wrap=True)
-    elif allowed_signers:
-        err.print(f"note: {whose} manifest is not signed", markup=False, highlight=False, soft_wrap=True)
+        described = SignatureReport(signature["identity"], signature["key_type"], signature["fingerprint"], "",
+                                    str(allowed_signers)).describe()
+        out.print(f"signature: good, {described}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _signature_policy(require_signature: bool, allowed_signers: Path | None, identity: str | None) -> bool:
-    """True when a signature must be checked; usage errors for options that make no sense together."""
+    """True when a signature is required, which --allowed-signers means on its own everywhere (verify, unbundle,
+    pull, launch): naming who may sign and then taking an unsigned manifest would be two meanings. Usage errors
+    for options that make no sense together."""
     if require_signature and not allowed_signers:
         raise click.UsageError("--require-signature needs --allowed-signers FILE")
     if identity and not allowed_signers:
@@ -1020,10 +1042,10 @@ def unbundle(volumes, dest, no_sync, require_signature, allowed_signers, identit
     failed, 7 not enough space.
     """
     from .artifacts.bundle.unpack import Outcome, unbundle as import_volumes
-    _signature_policy(require_signature, allowed_signers, identity)
+    required = _signature_policy(require_signature, allowed_signers, identity)
     report = import_volumes(list(volumes), dest, payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS},
                             progress=progress_for(json_out), sync=not no_sync, allowed_signers=allowed_signers,
-                            identity=identity, require_signature=require_signature)
+                            identity=identity, require_signature=required)
     exit_code, why = {Outcome.IMPORTED: (0, ""),
                       Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),
                       Outcome.VERIFY_FAILED: (ProblemsFound.exit_code, "final verify found problems")}[report.outcome]
@@ -1031,7 +1053,7 @@ def unbundle(volumes, dest, no_sync, require_signature, allowed_signers, identit
         doc = to_jsonable(report)
         emit_json({"ok": doc.pop("ok"), "exit_code": exit_code, **doc})
     else:
-        _render_carried_signature(report.signature, allowed_signers, "the bundle's")
+        _render_carried_signature(report.signature, allowed_signers)
         for line in report.refused + report.corrupt:
             err.print(f"refused: {line}", markup=False, highlight=False, soft_wrap=True)
         for note in report.notes:
@@ -1213,21 +1235,21 @@ def pull(reference, local_dir, list_only, username, password_stdin, plain_http, 
     With --allowed-signers the manifest's signature is checked before anything is written (exit 5 if not good).
     """
     from .artifacts.oci import pull as oci_pull
-    _signature_policy(require_signature, allowed_signers, identity)
+    required = _signature_policy(require_signature, allowed_signers, identity)
     creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
     if list_only:
         report = oci_pull.inspect(reference, creds, transport)
-        emit_json(report) if json_out else _render_inspect(report)
+        emit_json({"ok": True, **to_jsonable(report)}) if json_out else _render_inspect(report)
         return
     if local_dir is None:
         raise click.UsageError("--local-dir is required (or --list)")
     report = oci_pull.pull(reference, local_dir, creds, transport, workers=workers, progress=progress_for(json_out),
-                           allowed_signers=allowed_signers, identity=identity, require_signature=require_signature)
+                           allowed_signers=allowed_signers, identity=identity, require_signature=required)
     code = max((f.error_kind.exit_code for f in report.failed), default=0) or (ProblemsFound.exit_code if report.verify_problems else 0)
     if json_out:
         emit_json({"ok": code == 0, **to_jsonable(report)})
         sys.exit(code)
-    _render_carried_signature(report.signature, allowed_signers, "the artifact's")
+    _render_carried_signature(report.signature, allowed_signers)
     for f in report.failed:
         err.print(f"FAILED {f.path}: {f.error}", markup=False, highlight=False, soft_wrap=True)
     counts, moved = _transfer_summary(report.files, report.bytes_transferred, report.seconds)
@@ -1261,7 +1283,7 @@ def inspect(reference, username, password_stdin, plain_http, ca_file, json_out):
     from .artifacts.oci import pull as oci_pull
     creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
     report = oci_pull.inspect(reference, creds, transport)
-    emit_json(report) if json_out else _render_inspect(report)
+    emit_json({"ok": True, **to_jsonable(report)}) if json_out else _render_inspect(report)
 
 
 # --- launch / warmup (issue 6) -----------------------------------------------------------------
@@ -1295,7 +1317,8 @@ def recipe_options(fn: Callable) -> Callable:
     """The options `mm launch` and `mm warmup` share: they must produce the same command line."""
     options = [
         click.argument("model_dir", type=click.Path(path_type=Path)),
-        click.option("--hardware", required=True, help="b300, gb300, b200, gb200, h200, h100 (vLLM), mi355x, mi350x."),
+        click.option("--hardware", required=True, callback=_hardware,
+                     help="b300, gb300, b200, gb200, h200, h100 (vLLM), mi355x, mi350x (any case: B300 is b300)."),
         click.option("--recipe", default=None, help="balanced, low-latency, high-throughput, ... (default: the hardware's reference)."),
         click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True),
         click.option("--gpus", callback=_gpu_list, default=None,
@@ -1368,11 +1391,6 @@ def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers:
     """Check the model's manifest signature before anything is planned or written (exit 5 when refused)."""
     from .artifacts import signing
     if not _signature_policy(require_signature, allowed_signers, identity):
-        return None
-    if not require_signature and not signing.signature_path(model_dir).is_file():
-        if not json_out:
-                err.print(f"note: {signing.signature_path(model_dir)}: manifest not signed (add --require-signature "
-                      f"to refuse unsigned models)", markup=False, highlight=False, soft_wrap=True)
         return None
     report, _ = signing.verify_dir_signature(model_dir, allowed_signers, identity)
     if not json_out:
@@ -1453,7 +1471,7 @@ def doctor(model_dir, json_out, **kw):
               help="A saved HTTP answer or request body (repeatable).")
 @click.option("--model-dir", type=click.Path(path_type=Path), default=None,
               help="The model directory: adapt each fix to its recipe (with --hardware and the launch options).")
-@click.option("--hardware", default=None, help="With --model-dir: the hardware of the launch.")
+@click.option("--hardware", default=None, callback=_hardware, help="With --model-dir: the hardware of the launch.")
 @click.option("--recipe", default=None)
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True)
 @click.option("--gpus", callback=_gpu_list, default=None)

@@ -55,7 +55,15 @@ class SignatureReport:
     signature_path: str | None = None
 
     def describe(self) -> str:
+        if is_pattern(self.identity):  # what matched is a line of allowed_signers, not a person: say so
+            return (f"signed by {self.key_type} key {self.fingerprint}, a key allowed for any principal matching "
+                    f"{self.identity!r} (give --identity to require one principal)")
         return f"signed by {self.identity} ({self.key_type} key {self.fingerprint})"
+
+
+def is_pattern(principal: str) -> bool:
+    """An allowed_signers principal that is a pattern (OpenSSH: *, ?, and comma-separated lists, ! negation)."""
+    return any(c in principal for c in "*?,!")
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,13 @@ def _ssh_keygen(args: list[str], stdin: bytes | None = None, cwd: Path | None = 
                               cwd=cwd, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise BadInput(f"ssh-keygen: could not run ({e})") from None
+
+
+def _reasons(proc: subprocess.CompletedProcess) -> str:
+    """ssh-keygen's own reasons (an expired key, a malformed valid-before: `FILE:LINE: why`), not its verdict."""
+    lines = [ln.strip() for ln in (proc.stderr or b"").decode("utf-8", "replace").splitlines() if ln.strip()]
+    verdicts = ("No principal matched", "Could not verify signature")
+    return "; ".join(dict.fromkeys(ln for ln in lines if not ln.startswith(verdicts)))[:500]
 
 
 def _last_line(proc: subprocess.CompletedProcess) -> str:
@@ -217,6 +232,9 @@ def verify_manifest_signature(manifest_bytes: bytes, signature: bytes | None, al
         principals = [p for p in found.stdout.decode("utf-8", "replace").split("\n") if p.strip()] \
             if found.returncode == 0 else []
         if not principals:
+            if why := _reasons(found):  # e.g. the key's line has expired, or its valid-before is malformed
+                raise IntegrityError(f"{sig_where}: signed by {info.key_type} key {info.fingerprint}; ssh-keygen "
+                                     f"refuses it: {why}; refused")
             raise IntegrityError(f"{sig_where}: signed by {info.key_type} key {info.fingerprint}, which "
                                  f"{allowed_signers} does not allow for {NAMESPACE}; refused")
         last = ""
