@@ -288,8 +288,20 @@ class DefaultGroup(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            self._refuse_typo(ctx, args[0])
             args = [self.default_command, *args]
         return super().parse_args(ctx, args)
+
+    def _refuse_typo(self, ctx: click.Context, word: str) -> None:
+        """`mm bundle verfy VOL`: a word that names no file but nearly names a subcommand is a typo, not the
+        default subcommand's argument (which would end in "Missing option '--out'")."""
+        import difflib
+        if word.startswith("-") or os.path.lexists(word):
+            return
+        others = [name for name in self.commands if name != self.default_command]
+        close = difflib.get_close_matches(word, others, n=1, cutoff=0.6)
+        if close:
+            raise click.UsageError(f"No such command {word!r} (and no such file). Did you mean {close[0]!r}?", ctx)
 
 
 class MMGroup(click.Group):
@@ -332,9 +344,20 @@ def _thread_failed(hook_args) -> None:
 
 
 @click.group(cls=MMGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="mm")
+@click.version_option(None, "--version", "-V", package_name="mm")
 def main() -> None:
     """mm: fetch a pinned model revision, prove every byte, carry it across an air gap, start it offline."""
+
+
+@main.command()
+@json_option
+def version(json_out):
+    """Print mm's version (as `mm --version` and `mm -V` do)."""
+    from importlib.metadata import version as dist_version
+    if json_out:
+        emit_json({"ok": True, "version": dist_version("mm")})
+    else:
+        click.echo(f"mm, version {dist_version('mm')}")
 
 
 # --- fetch / manifest (issue 2) ----------------------------------------------------------------
@@ -883,7 +906,7 @@ def bundle():
               help="Carry an --image that is not (or cannot be proven to be) the pinned image; the bundle and the "
                    "start script say so.")
 @click.option("--insecure-registry", is_flag=True, help="Plain HTTP or unverified TLS when proving --image against a "
-                                                        "registry (a local mirror).")
+                                                        "registry that is not on loopback (loopback always is).")
 @click.option("--no-sync", "no_sync", is_flag=True,
               help="Do not fsync the volumes (a staging disk you copy from with other tools). A rerun still re-checks "
                    "every volume before keeping it; flush (`sync`, unmount) before unplugging the disk.")
@@ -1100,7 +1123,8 @@ def image():
 @click.option("--out", "out_file", required=True, type=click.Path(path_type=Path), help="The archive to write.")
 @click.option("--format", "fmt", type=click.Choice(["docker-archive", "oci-archive"]), default="docker-archive",
               show_default=True, help="docker-archive loads on every Docker; oci-archive needs Docker 25 or newer.")
-@click.option("--insecure-registry", is_flag=True, help="Plain HTTP or unverified TLS to the registry (a local mirror).")
+@click.option("--insecure-registry", is_flag=True, help="Plain HTTP or unverified TLS to a registry that is not on "
+                                                         "loopback (loopback always is, as for push and pull).")
 @json_option
 @handles_errors
 def image_save(reference, platform_, out_file, fmt, insecure_registry, json_out):
