@@ -1536,5 +1536,91 @@ def _render_findings(findings) -> None:
         out.print(f"  fix: {escape(f.fix)}", highlight=False)
 
 
+# --- examples at the end of every --help (as `hf` does), in one place -----------------------------------------
+
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "mm": ("mm fetch --local-dir /data/models/MiniMax-M3.1-Flash      # the pinned revision",
+           "mm verify /data/models/MiniMax-M3.1-Flash",
+           "mm bundle /data/models/MiniMax-M3.1-Flash --out /media/disk1 --volume-size 500G",
+           "mm unbundle /media/disk1 --dest /data/models/MiniMax-M3.1-Flash   # on the air-gapped host",
+           "mm launch /data/models/MiniMax-M3.1-Flash --hardware b300 --out start.sh",
+           "mm COMMAND --help    # each command's options and examples"),
+    "mm version": ("mm version", "mm -V", "mm version --json"),
+    "mm fetch": ("mm fetch --local-dir /data/models/MiniMax-M3.1-Flash             # the pin's repo and revision",
+                 "mm fetch Qwen/Qwen3-8B --revision main --local-dir /data/models/Qwen3-8B",
+                 "mm fetch --local-dir ./m --include '*.json'                        # a partial fetch, recorded",
+                 "mm fetch --local-dir ./m --source modelscope                       # the mirror, then the Hub",
+                 "mm fetch --local-dir ./m --json | jq .counts"),
+    "mm manifest": ("mm manifest ./model --repo Qwen/Qwen3-8B --revision main",
+                    "mm manifest ~/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/COMMIT",
+                    "mm manifest export ./model"),
+    "mm manifest create": ("mm manifest ./model --repo Qwen/Qwen3-8B --revision main      # filled by hf download",
+                           "mm manifest ./model --repo Qwen/Qwen3-8B --revision FULL_SHA --offline",
+                           "mm manifest ~/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/COMMIT"),
+    "mm manifest export": ("mm manifest export ./model && cd ./model && sha256sum -c .mm/SHA256SUMS",
+                           "mm manifest export ./model --format blake3"),
+    "mm verify": ("mm verify /data/models/MiniMax-M3.1-Flash",
+                  "mm verify --quick /data/models/MiniMax-M3.1-Flash          # no hashing: the pre-flight check",
+                  "mm verify --strict /data/models/MiniMax-M3.1-Flash         # files not in the manifest fail too",
+                  "mm verify --upstream /data/models/MiniMax-M3.1-Flash       # against the Hub's own hashes",
+                  "mm verify DIR --allowed-signers allowed_signers --identity release@example.com"),
+    "mm sign": ("mm sign /data/models/MiniMax-M3.1-Flash --key ~/.ssh/id_ed25519",
+                "mm sign /data/models/MiniMax-M3.1-Flash --key ~/.ssh/id_ed25519.pub   # the key in ssh-agent"),
+    "mm repair": ("mm repair /data/models/MiniMax-M3.1-Flash",
+                  "mm repair /data/models/MiniMax-M3.1-Flash --json | jq .restored"),
+    "mm mirror": ("mm mirror reconcile", "mm mirror reconcile --all-revisions"),
+    "mm mirror reconcile": ("mm mirror reconcile                                  # the pin's repo, revision and mirror",
+                            "mm mirror reconcile --ms-revision v1.0",
+                            "mm mirror reconcile --all-revisions",
+                            "mm mirror reconcile --pin-manifest DIR/.mm/manifest.json     # no Hub needed"),
+    "mm bundle": ("mm bundle /data/models/MiniMax-M3.1-Flash --out /media/disk1 --volume-size 500G",
+                  "mm bundle verify /media/disk1 /media/disk2",
+                  "mm bundle repair-volume /media/disk1 /media/disk2"),
+    "mm bundle create": ("mm bundle /data/models/MiniMax-M3.1-Flash --out /media/disk1 --volume-size 500G",
+                         "mm bundle DIR --out /media/disk1 --volume-size 1.8T --parity 2 --image sglang.tar",
+                         "mm bundle --only-mm --out ./mm-upgrade       # mm itself, for a host that has the model"),
+    "mm bundle verify": ("mm bundle verify /media/disk1 /media/disk2",
+                         "mm bundle verify /media/disk1/MiniMax-M3.1-Flash-ce7f4df87d2e.vol001-of-003.tar --json"),
+    "mm bundle repair-volume": ("mm bundle repair-volume /media/disk1 /media/disk2 /media/parity",
+                                "mm bundle repair-volume /media/disk1 --out /media/spare"),
+    "mm unbundle": ("mm unbundle /media/disk1 /media/disk2 --dest /data/models/MiniMax-M3.1-Flash",
+                    "mm unbundle /media/disk1 --dest DIR        # some volumes now, the rest later",
+                    "mm unbundle /media/disk1 --dest DIR --allowed-signers allowed_signers"),
+    "mm image": ("mm image save --out sglang.tar",),
+    "mm image save": ("mm image save --out sglang.tar                      # the pinned engine image, this platform",
+                      "mm image save --platform linux/arm64 --out sglang-arm64.tar      # for GB200/GB300 nodes",
+                      "mm image save 127.0.0.1:5000/lmsysorg/sglang@sha256:DIGEST --out sglang.tar"),
+    "mm push": ("mm push /data/models/MiniMax-M3.1-Flash registry.example.com/models/minimax-m3.1-flash",
+                "mm push DIR 127.0.0.1:5000/models/flash:v1                # loopback: plain HTTP",
+                "echo \"$TOKEN\" | mm push DIR registry.example.com/models/flash --username ci --password-stdin"),
+    "mm pull": ("mm pull registry.example.com/models/minimax-m3.1-flash:ce7f4df87d2e --local-dir DIR",
+                "mm pull registry.example.com/models/flash@sha256:DIGEST --local-dir DIR --allowed-signers allowed_signers",
+                "mm pull registry.example.com/models/flash:ce7f4df87d2e --list"),
+    "mm inspect": ("mm inspect registry.example.com/models/minimax-m3.1-flash:ce7f4df87d2e",
+                   "mm inspect 127.0.0.1:5000/models/flash:v1 --json | jq .files"),
+    "mm launch": ("mm launch /data/models/MiniMax-M3.1-Flash --hardware b300 --out start.sh",
+                  "mm launch DIR --hardware B300 --recipe low-latency --format json",
+                  "mm launch DIR --hardware h200 --engine vllm --gpus 0,1,2,3,4,5,6,7",
+                  "mm launch DIR --hardware b300 --gpus 0,1,2,3,4,5,6,7 --replicas 2   # two servers behind the router"),
+    "mm warmup": ("mm warmup /data/models/MiniMax-M3.1-Flash --hardware b300",
+                  "mm warmup DIR --hardware b300 --timeout 7200 --report warmup.json"),
+    "mm doctor": ("mm doctor /data/models/MiniMax-M3.1-Flash --hardware b300",
+                  "mm doctor DIR --hardware gb300 --json"),
+    "mm diagnose": ("mm diagnose server.log",
+                    "mm diagnose --container minimax-m3-1-flash",
+                    "mm diagnose server.log --model-dir DIR --hardware b300 --host-checks"),
+}
+
+
+def _add_examples(cmd: click.Command, path: str = "mm") -> None:
+    """Every command's --help ends with its EXAMPLES ("\b": click keeps the lines as written)."""
+    cmd.epilog = "\b\nExamples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[path])
+    for name, sub in getattr(cmd, "commands", {}).items():
+        _add_examples(sub, f"{path} {name}")
+
+
+_add_examples(main)
+
+
 if __name__ == "__main__":
     main()
