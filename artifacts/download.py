@@ -231,7 +231,10 @@ class Session:
             adopted = self.adopt(wanted, {**in_place_candidates(self.local_dir, wanted), **(candidates or {})},
                                  progress=progress)
         self._check_free_space([f for f in files if f.path not in adopted], refetch)
-        total, finished, lock = sum(f.size for f in files), [0], threading.Lock()
+        if adopted and len(adopted) == len(files):
+            return [adopted[f.path] for f in files]  # nothing left to download: no second bar
+        # the bar counts what this pass does (adopted bytes were counted by adopt's own bar)
+        total, finished, lock = sum(f.size for f in files if f.path not in adopted), [0], threading.Lock()
         progress.begin(total, f"{label} 0/{len(files)} files")
         budget = Connections(connections)
         stats = TransferStats(retry_budget=max(64, 16 * connections))
@@ -239,7 +242,6 @@ class Session:
         def one(f: RemoteFile) -> tuple[FileOutcome, FileEntry | None]:
             try:
                 if f.path in adopted:
-                    progress.advance(f.size)
                     return adopted[f.path]
                 entry = None if refetch else self.present(f)
                 if entry is not None:

@@ -351,6 +351,10 @@ def check_model_dir(model_dir: Path, recipe: Recipe, pin: Pin) -> tuple[str, str
     if not mpath.is_file():
         raise BadInput(f"{mpath}: no manifest; run `mm fetch` (or `mm unbundle`) for this directory first")
     manifest = read_manifest(mpath)
+    if manifest.partial is not None:  # verify passes it (it judges what was asked for); a server needs it all
+        raise Refused(f"{model_dir}: a partial fetch ({manifest.partial.asked()}) left {len(manifest.partial.left_out)} "
+                      f"file(s) of the revision out (e.g. {manifest.partial.left_out[0]}); fetch the whole revision "
+                      f"before launching")
     if manifest.repo_id != recipe.weights_repo:
         raise Refused(f"{model_dir}: holds {manifest.repo_id}, but recipe {recipe.id} is for {recipe.weights_repo}; "
                       f"fetch {recipe.weights_repo} or pick a recipe for these weights")

@@ -145,6 +145,8 @@ def test_a_partial_fetch_is_recorded_and_verify_judges_what_was_asked(run_mm, hu
     assert v.returncode == 0, v.stdout + v.stderr
     assert f"partial fetch (--include '*.json'): {len(left_out)} file(s) of the revision left out" in v.stdout
     assert "INDEX" not in v.stdout and "DRAFT" not in v.stdout
+    launch = run_mm("launch", dest, "--hardware", "b300")  # a server needs the whole revision
+    assert launch.returncode == 7 and "a partial fetch (--include '*.json')" in launch.stderr, launch.stderr
     (dest / "config.json").unlink()  # damage to what was asked for still fails
     v = run_mm("verify", dest)
     assert v.returncode == 1 and "MISSING    config.json" in v.stdout, v.stdout
