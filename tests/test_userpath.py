@@ -495,3 +495,26 @@ def test_the_wheels_file_list_is_setup_cfgs():
     assert [p.removeprefix("mm").lstrip(".").replace(".", "/") for p in packages] == list(wheelhouse.PACKAGES)
     data = {k.removeprefix("mm").lstrip(".").replace(".", "/"): tuple(v.split()) for k, v in cfg["options.package_data"].items()}
     assert data == wheelhouse.PACKAGE_DATA
+
+
+def test_known_content_in_another_directory_is_copied_in_not_downloaded(tmp_path):
+    """The engine's step `fetch --from BASE_DIR` builds on: a candidate elsewhere is hashed as it is copied and
+    published under its final name only when it matches; a wrong one leaves nothing behind."""
+    import hashlib
+    from mm.artifacts.download import RemoteFile, Session
+    from mm.artifacts.hashing import git_blob_sha1
+
+    base, dest = tmp_path / "base", tmp_path / "dest"
+    base.mkdir()
+    good, bad = os.urandom(3 << 20), b"{}\n"
+    (base / "w.safetensors").write_bytes(good)
+    (base / "c.json").write_bytes(b"[]\n")  # same size as what is pinned, other bytes
+    files = [RemoteFile("sub/w.safetensors", len(good), "x", lfs_sha256=hashlib.sha256(good).hexdigest()),
+             RemoteFile("c.json", len(bad), git_blob_sha1(bad))]
+    with Session(dest, "test") as session:
+        adopted = session.adopt(files, {"sub/w.safetensors": base / "w.safetensors", "c.json": base / "c.json"})
+    assert set(adopted) == {"sub/w.safetensors"} and session.differing == {"c.json"}
+    outcome, entry = adopted["sub/w.safetensors"]
+    assert outcome.status == "adopted" and entry.proven and entry.sha256 == files[0].lfs_sha256
+    assert (dest / "sub" / "w.safetensors").read_bytes() == good and not (dest / "c.json").exists()
+    assert not list((dest / ".mm" / "partial").iterdir())
