@@ -308,18 +308,21 @@ class Session:
             digests = hash_file(candidate, sha256=True, git_sha1=not f.lfs_sha256)
             progress.advance(f.size)
             return digests if _matches(f, digests) else None
-        partial = partial_path(self.local_dir, f)
+        # its own temporary name: never taken for a download's partial (a prefix to resume), removed unless published
+        partial = partial_path(self.local_dir, f).with_suffix(".adopt")
         hasher = _new_hasher(f)
-        with open(partial, "wb") as out:
-            for piece in mapped_windows(candidate, SLICE, progress.advance):
-                hasher.update(piece)
-                out.write(piece)
-        digests = hasher.digests()
-        if not _matches(f, digests):
+        try:
+            with open(partial, "wb") as out:
+                for piece in mapped_windows(candidate, SLICE, progress.advance):
+                    hasher.update(piece)
+                    out.write(piece)
+            digests = hasher.digests()
+            if not _matches(f, digests):
+                return None
+            publish(partial, final)
+            return digests
+        finally:
             partial.unlink(missing_ok=True)
-            return None
-        publish(partial, final)
-        return digests
 
     def finished(self) -> None:
         """The manifest now holds what the journal recorded."""
