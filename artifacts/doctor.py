@@ -29,9 +29,9 @@ from pathlib import Path
 
 from .cachekey import FILE_NAME as CACHE_KEY_FILE
 from .errors import BadInput
-from .fsutil import human_bytes
 from .launch import LaunchOptions, LaunchPlan, hicache_host_gb, image_candidates, image_identity
 from .pins import Pin
+from .progress import human_bytes
 from .untrusted import load_json, read_json_file
 
 OK, WARN, FAIL = "ok", "warn", "fail"

@@ -233,9 +233,10 @@ class Session:
         self._check_free_space([f for f in files if f.path not in adopted], refetch)
         if adopted and len(adopted) == len(files):
             return [adopted[f.path] for f in files]  # nothing left to download: no second bar
-        # the bar counts what this pass does (adopted bytes were counted by adopt's own bar)
-        total, finished, lock = sum(f.size for f in files if f.path not in adopted), [0], threading.Lock()
-        progress.begin(total, f"{label} 0/{len(files)} files")
+        # the bar counts what this pass does (adopted bytes were counted by adopt's own phase)
+        rest = [f for f in files if f.path not in adopted]
+        total, finished, lock = sum(f.size for f in rest), [0], threading.Lock()
+        progress.begin(total, f"{label} 0/{len(files)} files", files=len(rest))
         budget = Connections(connections)
         stats = TransferStats(retry_budget=max(64, 16 * connections))
 
@@ -243,6 +244,7 @@ class Session:
             try:
                 if f.path in adopted:
                     return adopted[f.path]
+                progress.item(f.path)
                 entry = None if refetch else self.present(f)
                 if entry is not None:
                     progress.advance(f.size)
@@ -255,7 +257,7 @@ class Session:
             finally:
                 with lock:  # the bar's label counts files done; the bar itself, bytes and the aggregate rate
                     finished[0] += 1
-                    progress.begin(total, f"{label} {finished[0]}/{len(files)} files")
+                    progress.begin(total, f"{label} {finished[0]}/{len(files)} files", files=len(files))
 
         try:
             with ThreadPoolExecutor(max_workers=max(1, workers or connections)) as pool:
@@ -277,10 +279,11 @@ class Session:
         todo = [(f, Path(candidates[f.path])) for f in files if f.path in candidates and _same_size(candidates[f.path], f.size)]
         if not todo:
             return {}
-        progress.begin(sum(f.size for f, _ in todo), f"hash {len(todo)} file(s) already on disk")
+        progress.begin(sum(f.size for f, _ in todo), f"hash {len(todo)} file(s) already on disk", files=len(todo))
 
         def one(item: tuple[RemoteFile, Path]) -> tuple[FileOutcome, FileEntry] | None:
             f, candidate = item
+            progress.item(f.path)
             try:
                 digests = self._hash_candidate(f, candidate, progress)
             except (OSError, BadInput):

@@ -15,6 +15,8 @@ Layout written under OUT:
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import importlib.metadata
 import io
@@ -30,9 +32,10 @@ import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from .errors import BadInput, IntegrityError, RemoteError
-from .fsutil import fsync_dir
+from .fsutil import dir_lock, fsync_dir
 from .hashing import upstream_digest
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import read_json_file
@@ -508,14 +511,48 @@ def payload_files(out: Path) -> tuple[dict, list[tuple[str, Path, int]]]:
     return record, [(rel, src, src.stat().st_size) for rel, src in files]
 
 
-BUNDLE_WORK = ".mm-wheelhouse"  # under `mm bundle --out`: the wheelhouse it builds (build/) and its set cache (sets/)
+def cache_dir() -> Path:
+    """mm's cache directory: $XDG_CACHE_HOME/mm, else ~/.cache/mm (the XDG base directory default; a relative
+    XDG_CACHE_HOME is ignored, as the specification says)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "mm"
 
 
-def bundle_wheelhouse(out_dir: Path, platforms: tuple[str, ...] = (), pythons: tuple[str, ...] = (),
-                      progress: ProgressSink = NULL_PROGRESS) -> Path:
-    """The wheelhouse `mm bundle` carries by default, built under OUT_DIR/.mm-wheelhouse/build. Sets downloaded
-    by an earlier run (same mm wheel, byte for byte) are copied from OUT_DIR/.mm-wheelhouse/sets, so a rerun
-    downloads nothing and, with the same bytes and fixed mtimes, keeps the bundle id (its volumes are kept)."""
-    work = Path(out_dir) / BUNDLE_WORK
-    build_wheelhouse(work / "build", targets_for(tuple(platforms), tuple(pythons)), progress, cache=work / "sets")
-    return work / "build"
+@contextlib.contextmanager
+def bundle_wheelhouse(platforms: tuple[str, ...] = (), pythons: tuple[str, ...] = (),
+                      progress: ProgressSink = NULL_PROGRESS) -> Iterator[Path]:
+    """The wheelhouse `mm bundle` carries by default, built in mm's cache directory, never on the output disks:
+    CACHE/wheelhouse/build-XXXX for this run (locked while it runs, removed after; one a kill left is removed by
+    the next run). Sets downloaded by an earlier run (same mm wheel, byte for byte) are copied from
+    CACHE/wheelhouse/sets, so a rerun downloads nothing and, with the same bytes and fixed mtimes, keeps the bundle
+    id (its volumes are kept)."""
+    root = cache_dir() / "wheelhouse"
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_builds(root)
+    fresh = Path(tempfile.mkdtemp(prefix=".build-", dir=root))  # a dot: no cleaner takes it before it is locked
+    build = root / fresh.name[1:]
+    try:
+        with dir_lock(fresh, "mm bundle", leave_nothing=True):
+            os.replace(fresh, build)  # the lock is on the directory itself: it moves with it
+            build_wheelhouse(build, targets_for(tuple(platforms), tuple(pythons)), progress, cache=root / "sets")
+            yield build
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+        shutil.rmtree(fresh, ignore_errors=True)
+
+
+def _remove_abandoned_builds(root: Path) -> None:
+    """Remove the build directories no running `mm bundle` holds (a kill -9 left them)."""
+    for build in root.glob("build-*"):
+        try:
+            fd = os.open(build, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a run holds it
+        else:
+            shutil.rmtree(build, ignore_errors=True)
+        finally:
+            os.close(fd)

@@ -163,7 +163,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
             wanted = r.manifest.files
             _clean_partials(local_dir, wanted)
             _check_free_space(local_dir, wanted, known)
-            progress.begin(sum(f.size for f in wanted), f"pull {ref.repository}@{r.digest[7:19]}")
+            progress.begin(sum(f.size for f in wanted), f"pull {ref.repository}@{r.digest[7:19]}", files=len(wanted))
 
             # files with the same bytes share one blob and one partial: one worker takes them all, in turn
             groups: dict[str, list[FileEntry]] = {}
@@ -171,6 +171,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
                 groups.setdefault(layers[entry.path].digest, []).append(entry)
 
             def one(group: list[FileEntry]) -> list[tuple[PulledFile, FileEntry | None]]:
+                progress.item(group[0].path)
                 return [_pull_file(client, local_dir, entry, layers[entry.path].digest, known, source, progress, journal)
                         for entry in group]
 

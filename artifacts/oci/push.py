@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput, Refused, RemoteError
-from ..fsutil import MM_DIR, atomic_write_text, human_bytes
+from ..fsutil import MM_DIR, atomic_write_text
 from ..manifest import manifest_path, read_manifest, to_json
-from ..progress import NULL_PROGRESS, ProgressSink
+from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..untrusted import read_json_file
 from . import modelpack
 from .client import OCI_MANIFEST, Client, Credentials, Transport, parse_reference
@@ -93,7 +93,7 @@ def push(model_dir: Path, reference: str, options: PushOptions = PushOptions(),
     state = _StateDir(model_dir, ref.registry, ref.repository)
     sizes = {layer.digest: layer.size for layer in artifact.layers}
     total = sum(sizes.values()) + len(artifact.config)
-    progress.begin(total, f"push {ref.repository}:{tag}")
+    progress.begin(total, f"push {ref.repository}:{tag}", files=len(manifest.files))
     with Client(ref, options.credentials, options.transport, push=True, mount_from=options.mount_from) as client:
         client.ping()
         jobs: list[tuple[str, str, int, Path | bytes]] = []
@@ -110,6 +110,7 @@ def push(model_dir: Path, reference: str, options: PushOptions = PushOptions(),
         jobs.sort(key=lambda j: -j[2])
 
         def one(job: tuple[str, str, int, Path | bytes]) -> BlobOutcome:
+            progress.item(job[0])
             return _push_blob(client, state, options, progress, *job)
 
         try:
