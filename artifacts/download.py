@@ -257,7 +257,7 @@ class Session:
             finally:
                 with lock:  # the bar's label counts files done; the bar itself, bytes and the aggregate rate
                     finished[0] += 1
-                    progress.begin(total, f"{label} {finished[0]}/{len(files)} files", files=len(files))
+                    progress.begin(total, f"{label} {finished[0]}/{len(files)} files", files=len(rest))
 
         try:
             with ThreadPoolExecutor(max_workers=max(1, workers or connections)) as pool:
