@@ -156,10 +156,11 @@ def fail(exc: BaseException, operation: str, json_out: bool, target: str | None 
     from .artifacts.oserrors import describe_os_error
 
     kind = type(exc).__name__
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C or SIGTERM: what is kept, the command that resumes, 130/143
+        from .artifacts import interrupt
+        interrupt.end(exc if isinstance(exc, interrupt.Interrupted) else interrupt.current(), flush=True)
     if isinstance(exc, MMError):
         code, message = exc.exit_code, exc.message
-    elif isinstance(exc, KeyboardInterrupt):
-        code, message = 130, "interrupted"
     elif isinstance(exc, BrokenPipeError) and exc.filename is None:
         _quiet_stdout()
         sys.exit(141)  # the reader of our output went away (`mm verify DIR | head`): end as tools do, silently
@@ -180,6 +181,37 @@ def fail(exc: BaseException, operation: str, json_out: bool, target: str | None 
         emit_json({"ok": False, "error": message, "exit_code": code, "kind": kind})
     err.print(f"mm: {printable(message)}", markup=False, highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+def _report_interrupt(json_out: bool, argv: list[str], exc) -> None:
+    """The interrupt's one line (and JSON document): the signal, what resumable work is kept where, and the command
+    that resumes it. Written with os.write: it may run in the interrupt's watcher thread while the main thread
+    is anywhere (in the middle of a rich render, too)."""
+    from shlex import join
+
+    from .artifacts.interrupt import kept_work, working_dirs
+
+    dirs = working_dirs()
+    kept = kept_work(dirs) if dirs else []
+    resume = redact(printable("mm " + join(argv))) if dirs else None
+    message = f"interrupted by {exc.signal_name}"
+    if dirs:
+        message += f"; kept: {'; '.join(kept) if kept else 'nothing yet'}; resume with: {resume}"
+    message = redact(printable(message))
+    if json_out:
+        doc = {"ok": False, "error": message, "exit_code": exc.exit_code, "kind": "Interrupted",
+               "signal": exc.signal_name, "kept": [redact(printable(k)) for k in kept], "resume": resume}
+        _write_all(1, (json.dumps(doc, indent=2) + "\n").encode())
+    show_cursor = "\x1b[?25h" if sys.stderr.isatty() else ""  # a live progress bar hides it
+    _write_all(2, f"{show_cursor}mm: {message}\n".encode("utf-8", "replace"))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        pass
 
 
 def _quiet_stdout() -> None:
@@ -209,6 +241,17 @@ def _revision(ctx, param, value):
 def _hardware(ctx, param, value):
     """GPU names as users write them (B300, GB300, MI355X) are the guide's rows in any case."""
     return value.strip().lower() if value is not None else None
+
+
+def _container_name(ctx, param, value):
+    """A container name handed to docker: never something docker could take as an option (`--follow`)."""
+    from .artifacts.tools import check_name
+    if value is not None:
+        try:
+            check_name(value, param.opts[0])
+        except MMError as e:
+            raise click.BadParameter(e.message.removeprefix(f"{param.opts[0]} ")) from None
+    return value
 
 
 def _seconds(ctx, param, value):
@@ -280,6 +323,9 @@ class MMGroup(click.Group):
         args = list(sys.argv[1:] if args is None else args)
         json_out = "--json" in args
         threading.excepthook = _thread_failed
+        if threading.current_thread() is threading.main_thread():  # (click's test runner may call from elsewhere)
+            from .artifacts import interrupt
+            interrupt.install(functools.partial(_report_interrupt, json_out, args))
         try:
             rv = super().main(args, prog_name=prog_name or "mm", complete_var=complete_var, standalone_mode=False, **extra)
         except click.exceptions.NoArgsIsHelpError as e:
@@ -301,8 +347,8 @@ class MMGroup(click.Group):
 
 def _thread_failed(hook_args) -> None:
     """A worker thread died of an unexpected exception: one line, not Python's thread traceback."""
-    if hook_args.exc_type is SystemExit:
-        return
+    if hook_args.exc_type is SystemExit or issubclass(hook_args.exc_type, KeyboardInterrupt):
+        return  # a worker stopped by an interrupt: the CLI reports the interrupt
     if os.environ.get("MM_DEBUG") == "1":
         import traceback
         traceback.print_exception(hook_args.exc_value)
@@ -1381,7 +1427,8 @@ def recipe_options(fn: Callable) -> Callable:
                      help="Image archive carried in the bundle; the script runs `docker load -i` when the image is absent."),
         click.option("--cache-root", type=click.Path(path_type=Path), default=None,
                      help="Host directory for kernel caches (default: DIR/../mm-kernel-cache/<recipe>)."),
-        click.option("--name", default=None, help="Container name. Default: the pin's container_name (minimax-m3-1-flash)."),
+        click.option("--name", default=None, callback=_container_name,
+                     help="Container name. Default: the pin's container_name (minimax-m3-1-flash)."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -1507,14 +1554,16 @@ def doctor(model_dir, json_out, **kw):
 
 @main.command()
 @click.argument("logfile", required=False, type=click.Path(path_type=Path))
-@click.option("--container", default=None, help="Read `docker logs NAME` and its mounts instead of a file.")
+@click.option("--container", default=None, callback=_container_name,
+              help="Read `docker logs NAME` and its mounts instead of a file.")
 @click.option("--answer", "answers", multiple=True, type=click.Path(path_type=Path),
               help="A saved HTTP answer or request body (repeatable).")
 @click.option("--model-dir", type=click.Path(path_type=Path), default=None,
               help="The model directory: adapt each fix to its recipe (with --hardware and the launch options).")
 @click.option("--hardware", default=None, callback=_hardware, help="With --model-dir: the hardware of the launch.")
 @click.option("--recipe", default=None)
-@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True)
+@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None,
+              help="The engine that served (its detectors and fixes). Default: the one the logs show, else sglang.")
 @click.option("--gpus", callback=_gpu_list, default=None)
 @click.option("--port", type=click.IntRange(1, 65535), default=30000, show_default=True)
 @click.option("--cache-root", type=click.Path(path_type=Path), default=None)
@@ -1527,19 +1576,19 @@ def diagnose(logfile, container, answers, model_dir, hardware, recipe, engine, g
              host_checks, gpu_info, json_out):
     """Match a server log (or a container's) against the guide's troubleshooting table; exit 1 when a row matches."""
     from .artifacts import diagnose as mm_diagnose, launch as mm_launch
-    launch = (mm_launch.LaunchOptions(hardware=hardware, recipe=recipe, engine=engine, gpus=gpus, port=port,
+    launch = (mm_launch.LaunchOptions(hardware=hardware, recipe=recipe, engine=engine or "sglang", gpus=gpus, port=port,
                                       cache_root=cache_root, image=image) if hardware else None)
     result = mm_diagnose.run_diagnosis(mm_diagnose.DiagnoseRequest(
         logfile=logfile, container=container, answers=tuple(answers), model_dir=model_dir, launch=launch,
-        host_checks=host_checks, gpu_info=gpu_info))
+        host_checks=host_checks, gpu_info=gpu_info, engine=engine))
     if json_out:
         emit_json({"ok": result.ok, **to_jsonable(result)})
     else:
         _render_findings(result.findings)
         verdict = (f"{len(result.findings)} row(s) of the guide's troubleshooting table match" if result.findings
                    else "no row of the guide's troubleshooting table matches")
-        out.print(f"{verdict} ({result.lines_read} lines read{', recipe ' + result.recipe if result.recipe else ''})",
-                  markup=False, highlight=False)
+        out.print(f"{verdict} ({result.lines_read} lines read, engine {result.engine} ({result.engine_from})"
+                  f"{', recipe ' + result.recipe if result.recipe else ''})", markup=False, highlight=False)
     if not result.ok:
         sys.exit(ProblemsFound.exit_code)
 

@@ -26,7 +26,6 @@ import os
 import re
 import stat
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import ContextManager, Iterator, Mapping, Protocol, Sequence
 from .errors import BadInput, IntegrityError, MMError, RemoteError
 from .fsutil import MM_DIR, check_relpath, dir_lock, publish, require_free_space
 from .hashing import SLICE, Digests, StreamHasher, hash_file, mapped_windows
+from .interrupt import keeps, requested as interrupt_requested, worker_pool
 from .manifest import FileEntry, Upstream, entry_from_dict, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import load_json
@@ -210,6 +210,7 @@ class Session:
     def __enter__(self) -> "Session":
         prepare_dir(self.local_dir, self.what)
         self._stack.enter_context(dir_lock(self.local_dir, self.what))
+        keeps(self.local_dir)  # an interrupt names the partial files and the journal kept here
         self.known = known_entries(self.local_dir)
         return self
 
@@ -256,11 +257,11 @@ class Session:
                 return outcome, entry
             finally:
                 with lock:  # the bar's label counts files done; the bar itself, bytes and the aggregate rate
-                    finished[0] += 1
+                    finished[0] += not interrupt_requested()  # a file stopped by Ctrl-C is not done
                     progress.begin(total, f"{label} {finished[0]}/{len(files)} files", files=len(rest))
 
         try:
-            with ThreadPoolExecutor(max_workers=max(1, workers or connections)) as pool:
+            with worker_pool(workers or connections) as pool:  # an interrupt starts no queued file
                 return list(pool.map(one, files))
         finally:
             progress.end()
@@ -296,7 +297,7 @@ class Session:
             return FileOutcome(f.path, f.size, "adopted", "local"), entry
 
         try:
-            with ThreadPoolExecutor(max_workers=max(1, jobs or min(len(todo), os.cpu_count() or 1))) as pool:
+            with worker_pool(jobs or min(len(todo), os.cpu_count() or 1)) as pool:  # an interrupt starts no queued file
                 results = list(pool.map(one, todo))
         finally:
             progress.end()

@@ -13,8 +13,8 @@ import base64
 import dataclasses
 import json
 import re
+import shutil
 import struct
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -29,7 +29,9 @@ from .fsutil import atomic_write_json
 from .launch import LaunchPlan, docker_run_argv, image_candidates, image_identity
 from .progress import NULL_PROGRESS, ProgressSink
 from .router import NodePlan, router_docker_argv
-from .untrusted import load_json
+from . import interrupt
+from .tools import ToolMissing, ToolResult, last_line, run_tool, start_detached
+from .untrusted import load_json, small_int
 
 REPORT_SCHEMA = "mm-warmup-report/1"
 MAX_ANSWER = 16 * 1024 * 1024  # bytes of one chat answer the checks read
@@ -101,14 +103,15 @@ def data_uri(png: bytes) -> str:
 
 # --- docker ----------------------------------------------------------------------------------
 
-def _docker(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+def _docker(args: list[str], timeout: float = 120) -> ToolResult:
+    """docker's answer, bounded in bytes and time (tools.run_tool; its text decoded with replacement)."""
     try:
-        return subprocess.run([DOCKER, *args], capture_output=True, encoding="utf-8", errors="replace",
-                              timeout=timeout)  # logs hold whatever the server wrote
-    except FileNotFoundError:
+        done = run_tool([DOCKER, *args], timeout=timeout)
+    except ToolMissing:
         raise BadInput("docker: not found on PATH (warm-up starts the server with docker)") from None
-    except subprocess.TimeoutExpired:
-        raise ProblemsFound(f"docker {args[0]}: no answer within {timeout:g}s") from None
+    if done.stopped:
+        raise ProblemsFound(f"docker {args[0]}: {done.stopped}")
+    return done
 
 
 def parse_gpu_info(text: str) -> tuple[str, str, str, int]:
@@ -123,9 +126,14 @@ def parse_gpu_info(text: str) -> tuple[str, str, str, int]:
 
 def local_image(plan: LaunchPlan) -> str:
     """How this host has the plan's image (the same search as the start script): the pinned reference, else the
-    image ID `mm image save` recorded (the classic store drops repo digests on `docker load`)."""
+    image ID `mm image save` recorded (the classic store drops repo digests on `docker load`). Docker itself first:
+    without it, or with its daemon down, that is what warm-up says (as doctor and the start script do)."""
+    from .doctor import docker_problem
+
+    if problem := docker_problem(DOCKER):
+        raise (BadInput if shutil.which(DOCKER) is None else ProblemsFound)(problem)
     for ref in image_candidates(plan):
-        if _docker(["image", "inspect", ref]).returncode == 0:
+        if _docker(["image", "inspect", "--", ref]).returncode == 0:
             return ref
     raise BadInput(f"image {image_identity(plan)} is not on this host: docker load -i {plan.archive_hint}")
 
@@ -145,7 +153,9 @@ def query_gpus(plan: LaunchPlan, image: str | None = None) -> str:
 def check_gpu_family(plan: LaunchPlan, gpu: str, compute_capability: str) -> None:
     """Blackwell recipes (MSA, DSpark on NVFP4) fail on older GPUs: say so before a long start."""
     try:
-        major = int(compute_capability.split(".")[0])
+        major = small_int(compute_capability.split(".")[0], hi=999)
+        if major is None:
+            raise ValueError(compute_capability)
     except ValueError:
         return  # AMD gfx names and the like: nothing to compare
     family = plan.hardware.family
@@ -158,8 +168,7 @@ def check_gpu_family(plan: LaunchPlan, gpu: str, compute_capability: str) -> Non
 
 
 def _last_line(text: str) -> str:
-    lines = [line for line in (text or "").splitlines() if line.strip()]
-    return lines[-1] if lines else "(no output)"
+    return last_line(text or "") or "(no output)"
 
 
 # the log lines log_checks reads; every other line is matched against the troubleshooting table as it streams by
@@ -178,13 +187,25 @@ def container_logs(name: str) -> ScannedText:
 
 
 def container_running(name: str) -> bool:
-    done = _docker(["inspect", "-f", "{{.State.Running}}", name])
+    done = _docker(["inspect", "-f", "{{.State.Running}}", "--", name])
     return done.returncode == 0 and done.stdout.strip() == "true"
 
 
+def _start_container(args: list[str], name: str) -> ToolResult:
+    """`docker run -d ...` of container NAME; interrupted meanwhile, the container (created or not) is removed."""
+    try:
+        return _docker(args)
+    except KeyboardInterrupt:
+        stop_container(name)
+        raise
+
+
 def stop_container(name: str) -> None:
-    _docker(["stop", name], timeout=180)
-    _docker(["rm", "-f", name])
+    if interrupt.requested():  # Ctrl-C: removed by a docker that outlives mm (which ends within a second)
+        start_detached([DOCKER, "rm", "-f", "--", name])
+        return
+    _docker(["stop", "--", name], timeout=180)
+    _docker(["rm", "-f", "--", name])
 
 
 # --- HTTP against the local server -----------------------------------------------------------
@@ -240,19 +261,25 @@ def _message(answer: dict) -> dict:
 
 # --- the guide's checks ----------------------------------------------------------------------
 
+MAX_KEPT_ANSWER = 64 * 1024  # bytes of a failed check's answer kept for the diagnosis (judged as JSON there)
+
+
 def request_checks(plan: LaunchPlan, image_png: bytes, timeout: float, port: int | None = None,
-                   target: str | None = None) -> list[Check]:
-    """Quickstart steps 5-7: text, thinking disabled, image input (as a data URI: the host is offline)."""
+                   target: str | None = None, answers: list[str] | None = None) -> list[Check]:
+    """Quickstart steps 5-7: text, thinking disabled, image input (as a data URI: the host is offline). The answer
+    of a check that fails goes to ANSWERS, so that the diagnosis judges its fields."""
     base = {"model": plan.container_model_path, "max_tokens": 4096, **plan.sampling}
     checks = []
 
     def run(name: str, body: dict, judge) -> None:
         try:
-            message = _message(chat(port or plan.port, {**base, **body}, timeout))
+            answer = chat(port or plan.port, {**base, **body}, timeout)
         except ProblemsFound as e:
             checks.append(Check(name, False, e.message, target))
             return
-        checks.append(dataclasses.replace(judge(message), target=target))
+        checks.append(dataclasses.replace(judge(_message(answer)), target=target))
+        if not checks[-1].ok and answers is not None:
+            answers.append(json.dumps(answer)[:MAX_KEPT_ANSWER])
 
     def has_content(name: str):
         def judge(m: dict) -> Check:
@@ -308,14 +335,25 @@ def warmup_name(plan: LaunchPlan) -> str:
     return "mm-warmup-" + plan.recipe.id.replace("/", "-")
 
 
-def _diagnosis(plan: LaunchPlan, logs: dict[str, ScannedText], error: str | None,
-               checks: list[Check]) -> tuple[Finding, ...]:
-    """The guide's troubleshooting rows that the logs and the failures match (the same as `mm diagnose`)."""
+def _diagnosis(plan: LaunchPlan, logs: dict[str, ScannedText], error: str | None, checks: list[Check],
+               answers: list[str] = ()) -> tuple[Finding, ...]:
+    """The guide's troubleshooting rows that the logs, the failures and the failed answers match (the same as
+    `mm diagnose`)."""
     failures = [error] if error else []
     failures += [f"{c.target + ': ' if c.target else ''}{c.name}: {c.detail}" for c in checks if not c.ok]
     table = load_table()
     texts = list(logs.values()) + [("warm-up failures", "\n".join(failures))]
+    texts += [(f"warm-up answer {i + 1}", answer) for i, answer in enumerate(answers)]
     return diagnose(texts, plan=plan, table=table).findings
+
+
+def _table_check(diagnosis: tuple[Finding, ...], checks: list[Check]) -> list[Check]:
+    """A log that matches a row of the troubleshooting table fails the warm-up even when every check passed
+    (e.g. the MSA kernels could not be saved: the caches warm-up exists to fill stay empty)."""
+    if not diagnosis or any(not c.ok for c in checks):
+        return []
+    f = diagnosis[0]
+    return [Check("troubleshooting table", False, f"{f.where} matches row {f.guide_row} ({f.row}): {f.line}")]
 
 
 def run_warmup(target: LaunchPlan | NodePlan, *, timeout: float = 3600, image_png: bytes | None = None,
@@ -336,11 +374,11 @@ def run_warmup(target: LaunchPlan | NodePlan, *, timeout: float = 3600, image_pn
     check_gpu_family(plan, gpu, cc)
     cache_key = CacheKey(gpu=gpu, compute_capability=cc, driver=driver, image=plan.image, recipe=plan.recipe.id, gpu_count=count)
     name = warmup_name(plan)
-    _docker(["rm", "-f", name])  # a warm-up killed earlier may have left its container behind
+    _docker(["rm", "-f", "--", name])  # a warm-up killed earlier may have left its container behind
     extra_env = (("SGLANG_WARMUP_TIMEOUT", FIRST_START_WARMUP_TIMEOUT),) if plan.recipe.engine == "sglang" else ()
     argv = [str(t) for t in docker_run_argv(plan, detach=True, name=name, extra_env=extra_env, image=image)]
     progress.note(f"starting {plan.recipe.id} as container {name}")
-    done = _docker(argv[1:])
+    done = _start_container(argv[1:], name)
     if done.returncode != 0:
         raise ProblemsFound(f"docker run failed ({done.returncode}): {_last_line(done.stderr)}")
 
@@ -351,15 +389,17 @@ def run_warmup(target: LaunchPlan | NodePlan, *, timeout: float = 3600, image_pn
             ready_after = wait_healthy(name, plan.port, timeout, poll, progress)
         except ProblemsFound as e:
             error = e.message
+        answers: list[str] = []
         if error is None:
             progress.note(f"/health ready after {ready_after:.0f}s; running the guide's checks")
-            checks += request_checks(plan, image_png or tiny_png(), request_timeout)
+            checks += request_checks(plan, image_png or tiny_png(), request_timeout, answers=answers)
         log = container_logs(name)
         if error is None:
             checks += log_checks(plan, log)
+        diagnosis = _diagnosis(plan, {name: log}, error, checks, answers)
+        checks += _table_check(diagnosis, checks)
         if error or not all(c.ok for c in checks):
             tail = tuple(log.tail)
-            diagnosis = _diagnosis(plan, {name: log}, error, checks)
     finally:
         stop_container(name)
 
@@ -412,7 +452,7 @@ def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes |
     names = [f"{base}-{i}" for i in range(len(node.replicas))]
     router_name = f"{base}-router"
     for name in (router_name, *names):
-        _docker(["rm", "-f", name])
+        _docker(["rm", "-f", "--", name])
     extra_env = (("SGLANG_WARMUP_TIMEOUT", FIRST_START_WARMUP_TIMEOUT),)
     checks: list[Check] = []
     error, ready_after, started_names = None, None, []
@@ -423,8 +463,8 @@ def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes |
         for i, (plan, name) in enumerate(zip(node.replicas, names)):
             before = cache_snapshot(first.cache_root)
             progress.note(f"starting replica {i} of {first.recipe.id} as {name} (GPUs {','.join(map(str, plan.gpus))})")
-            done = _docker([str(t) for t in docker_run_argv(plan, detach=True, name=name, extra_env=extra_env,
-                                                                     image=image)][1:])
+            done = _start_container([str(t) for t in docker_run_argv(plan, detach=True, name=name, extra_env=extra_env,
+                                                                               image=image)][1:], name)
             if done.returncode != 0:
                 error = f"docker run {name} failed ({done.returncode}): {_last_line(done.stderr)}"
                 break
@@ -440,7 +480,8 @@ def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes |
                 checks.append(_from_cache_check(before, cache_snapshot(first.cache_root), name))
         if error is None:
             progress.note(f"starting the router as {router_name} on 127.0.0.1:{router.port}")
-            done = _docker([str(t) for t in router_docker_argv(router, detach=True, name=router_name, image=image)][1:])
+            done = _start_container([str(t) for t in router_docker_argv(router, detach=True, name=router_name,
+                                                                        image=image)][1:], router_name)
             if done.returncode != 0:
                 error = f"docker run {router_name} failed ({done.returncode}): {_last_line(done.stderr)}"
             else:
@@ -449,20 +490,22 @@ def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes |
                     wait_healthy(router_name, router.port, timeout, poll, progress)
                 except ProblemsFound as e:
                     error = f"router ({router_name}): {e.message}"
+        answers: list[str] = []
         if error is None:
             png = image_png or tiny_png()
             for plan, name in zip(node.replicas, names):
-                checks += request_checks(plan, png, request_timeout, target=name)
-            checks += request_checks(first, png, request_timeout, port=router.port, target=router_name)
+                checks += request_checks(plan, png, request_timeout, target=name, answers=answers)
+            checks += request_checks(first, png, request_timeout, port=router.port, target=router_name, answers=answers)
         logs = {name: container_logs(name) for name in started_names}
         if error is None:
             for plan, name in zip(node.replicas, names):
                 checks += log_checks(plan, logs[name], target=name)
+        diagnosis = _diagnosis(first, logs, error, checks, answers)
+        checks += _table_check(diagnosis, checks)
         if error or not all(c.ok for c in checks):
             failing = {c.target for c in checks if not c.ok} or {started_names[-1] if started_names else names[0]}
             tail = tuple(f"{name}: {line}" for name in started_names if name in failing
                          for line in (logs[name].tail if name in logs else ()))
-            diagnosis = _diagnosis(first, logs, error, checks)
     finally:
         for name in reversed(started_names):  # the router first
             stop_container(name)

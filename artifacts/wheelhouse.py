@@ -25,7 +25,6 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from .errors import BadInput, IntegrityError, RemoteError
 from .fsutil import dir_lock, fsync_dir
 from .hashing import upstream_digest
 from .progress import NULL_PROGRESS, ProgressSink
+from .tools import ToolMissing, run_tool
 from .untrusted import read_json_file
 
 SCHEMA = "mm-wheelhouse/1"
@@ -50,6 +50,8 @@ GLIBC_MIN = (2, 28)
 MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 OLDEST_PYTHON = (3, 10)  # setup.cfg python_requires
 EXTRA_WHEELS = ("uv",)  # the fallback installer for a python3 without venv/pip
+PIP_TIMEOUT = 1800  # seconds for one `pip download` (mm's margin: a slow index, dozens of wheels)
+PIP_OUTPUT = 4 * 1024 * 1024  # bytes of pip's output kept (it runs --quiet: errors only)
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed timestamps: the same mm gives the same wheel, byte for byte
 
 
@@ -269,9 +271,11 @@ def _pip_download(target: Target, requirements: list[str], dest: Path) -> None:
         argv += ["--platform", plat]
     argv += ["--dest", str(dest), *requirements]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise RemoteError(f"pip download for {target.name}: {e}") from None
+        proc = run_tool(argv, timeout=PIP_TIMEOUT, max_output=PIP_OUTPUT)
+    except ToolMissing as e:
+        raise RemoteError(f"pip download for {target.name}: {e.message}") from None
+    if proc.stopped:
+        raise RemoteError(f"pip download for {target.name}: {proc.stopped}; stopped")
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")] or proc.stderr.splitlines()[-1:]
         if "No module named pip" in proc.stderr:

@@ -52,6 +52,7 @@ from ..cachekey import parse_cache_key
 from ..errors import BadInput, IntegrityError, Refused
 from ..fsutil import MM_DIR, dir_lock, publish, publish_fd, require_free_space
 from ..hashing import StreamHasher
+from ..interrupt import keeps
 from ..manifest import Manifest, export_sums, manifest_path, read_manifest
 from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..verify import require_quick_verify
@@ -600,6 +601,7 @@ def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: 
     with contextlib.ExitStack() as locks:
         for out in outs:
             locks.enter_context(dir_lock(out, "mm bundle", leave_nothing=True))
+            keeps(out)  # an interrupt names the volumes complete here (a volume half written is written again)
         progress.begin(total, f"bundle {name}", files=summary.files)
         results = _write_all(plan, finals[:plan.count], progress, sync)
         progress.end()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput, IntegrityError
+from ..interrupt import keeps
 from ..progress import NULL_PROGRESS, ProgressSink
 from .check import check_volumes, conflicting_numbers, data_bytes, parity_set, ranges, reference_bundle
 from .copyio import ChunkPipe
@@ -60,6 +61,7 @@ def repair_volumes(sources: list[Path], out_dir: Path | None = None, sync: bool 
     lost = [n for n in range(1, index.volumes + 1) if n not in good]
     out = Path(out_dir) if out_dir else vols[0].path.parent
     out.mkdir(parents=True, exist_ok=True)
+    keeps(out)  # an interrupt names the volumes complete here
     rebuilt: dict[int, Path] = {}
     if lost:
         inputs = {n: FileSource(v.path) for n, v in good.items()}

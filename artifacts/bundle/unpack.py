@@ -40,6 +40,7 @@ from ..errors import BadInput, IntegrityError, Refused
 from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, dir_lock, fsync_dir, publish,
                       publish_fd, require_free_space)
 from ..hashing import StreamHasher, blake3_file
+from ..interrupt import keeps
 from ..manifest import from_json, manifest_path, read_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
 from ..untrusted import At, load_json, read_json_file
@@ -238,6 +239,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         signature, signed_manifest = check_signature(vols + pvols, allowed_signers, identity, require_signature)
     dest.mkdir(parents=True, exist_ok=True)
     with dir_lock(dest, "mm unbundle"):
+        keeps(dest)  # an interrupt names the imported volumes and partial files kept here
         state = _State(dest / STATE_DIR / "state.json")
         ref = reference_bundle(vols, state.doc.get("bundle_id"))
         first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
