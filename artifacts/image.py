@@ -107,8 +107,8 @@ def _skopeo(args: list[str], what: str, timeout: float = 120, show_progress: boo
         raise RemoteError(f"{what}: skopeo wrote {proc.stopped}; stopped")
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines()
-        message = last_line(_skopeo_message(lines[-1])) if lines else "skopeo failed"
-        raise RemoteError(f"{what}: {_offline_hint(message) or message}")
+        message = _skopeo_message(lines[-1]) if lines else "skopeo failed"  # whole: the hint reads its end
+        raise RemoteError(f"{what}: {_offline_hint(message) or last_line(message)}")
     return proc.stdout_bytes
 
 
