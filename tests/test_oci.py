@@ -377,14 +377,14 @@ def test_a_pull_killed_before_the_tag_moved_finishes_on_the_new_revision_only(re
 def _wait_for_partial(dest: Path, proc: subprocess.Popen, at_least: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if _partial_bytes(dest) >= at_least:
+        if partial_bytes(dest) >= at_least:
             return
         assert proc.poll() is None, "pull finished before it could be killed"
         time.sleep(0.02)
     raise AssertionError("no partial download appeared")
 
 
-def _partial_bytes(dest: Path) -> int:
+def partial_bytes(dest: Path) -> int:
     """Bytes the partials hold by their range maps (a ranged partial has holes; one without a map is a prefix)."""
     done = 0
     for part in (dest / ".mm" / "partial").glob("*.part") if (dest / ".mm" / "partial").is_dir() else []:
@@ -399,7 +399,7 @@ def _partial_bytes(dest: Path) -> int:
 
 def _bytes_on_disk(dest: Path, model: Path) -> int:
     """Bytes of final files, plus the bytes each partial's range map records."""
-    return sum((dest / p).stat().st_size for p in tree(model) if (dest / p).is_file()) + _partial_bytes(dest)
+    return sum((dest / p).stat().st_size for p in tree(model) if (dest / p).is_file()) + partial_bytes(dest)
 
 
 def test_pull_killed_then_rerun_resumes_and_fetches_only_the_missing_part(registry, model_a, pushed_a, tmp_path):
