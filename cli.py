@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
+from ._version import __version__
 from .artifacts.bundle.payloads import PAYLOAD_KINDS
 from .artifacts.errors import BadInput, BadValue, IntegrityError, MMError, ProblemsFound
 from .artifacts.progress import (NULL_PROGRESS, ProgressSink, abandon_live, human_bytes, human_duration, human_rate,
@@ -358,7 +359,7 @@ def _thread_failed(hook_args) -> None:
 
 
 @click.group(cls=MMGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(None, "--version", "-V", package_name="mm")
+@click.version_option(__version__, "--version", "-V", prog_name="mm")
 def main() -> None:
     """mm: fetch a pinned model revision, prove every byte, carry it across an air gap, start it offline."""
 
@@ -367,11 +368,10 @@ def main() -> None:
 @json_option
 def version(json_out):
     """Print mm's version (as `mm --version` and `mm -V` do)."""
-    from importlib.metadata import version as dist_version
     if json_out:
-        emit_json({"ok": True, "version": dist_version("mm")})
+        emit_json({"ok": True, "version": __version__})
     else:
-        click.echo(f"mm, version {dist_version('mm')}")
+        click.echo(f"mm, version {__version__}")
 
 
 # --- fetch / manifest (issue 2) ----------------------------------------------------------------
