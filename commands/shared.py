@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -83,18 +82,23 @@ def progress_for(json_out: bool) -> ProgressSink:
     return terminal_progress(_consoles.err)
 
 
-def to_jsonable(obj: Any) -> Any:
-    if isinstance(obj, type):  # a typed outcome (an error class) is shown by name
-        return obj.__name__
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return to_jsonable(asdict(obj))
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [to_jsonable(v) for v in obj]
-    if hasattr(obj, "__fspath__"):
-        return str(obj)
-    return obj
+def to_jsonable(doc: Any) -> Any:
+    from dataclasses import asdict, is_dataclass
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, type):  # a typed outcome (an error class) is shown by name
+            return obj.__name__
+        if is_dataclass(obj) and not isinstance(obj, type):
+            return walk(asdict(obj))
+        if isinstance(obj, dict):
+            return {str(k): walk(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            return [walk(v) for v in obj]
+        if hasattr(obj, "__fspath__"):
+            return str(obj)
+        return obj
+
+    return walk(doc)
 
 
 def emit_json(doc: Any) -> None:
@@ -168,7 +172,7 @@ def fail(exc: BaseException, operation: str, json_out: bool, target: str | None 
     if isinstance(exc, MMError):
         code, message = exc.exit_code, exc.message
     elif isinstance(exc, BrokenPipeError) and exc.filename is None:
-        _quiet_stdout()
+        quiet_stdout()
         sys.exit(141)  # the reader of our output went away (`mm verify DIR | head`): end as tools do, silently
     elif isinstance(exc, OSError) and (described := describe_os_error(exc, target)) is not None:
         code, message = described
@@ -222,7 +226,7 @@ def _write_all(fd: int, data: bytes) -> None:
         pass
 
 
-def _quiet_stdout() -> None:
+def quiet_stdout() -> None:
     """stdout's reader is gone: point it at /dev/null so the interpreter's last flush does not fail again."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)

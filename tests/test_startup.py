@@ -26,11 +26,11 @@ def command_modules(modules: set[str]) -> set[str]:
     return {m.removeprefix("mm.commands.") for m in modules if m.startswith("mm.commands.")} - {"shared"}
 
 
-def test_version_loads_no_command_no_metadata_and_no_rich(run_mm):
-    for args in (["--version"], ["-V"], ["version"]):
-        modules = loaded_modules(run_mm, *args)
-        assert command_modules(modules) == set(), args
-        assert not {"importlib.metadata", "rich", "mm.artifacts.verify"} & modules, args
+def test_the_version_flags_load_neither_click_nor_metadata(run_mm):
+    for args in (["--version"], ["-V"]):
+        assert not {"click", "mm.cli", "importlib.metadata"} & loaded_modules(run_mm, *args), args
+    modules = loaded_modules(run_mm, "version")  # the command: through click, but no command module
+    assert command_modules(modules) == set() and not {"importlib.metadata", "rich"} & modules
 
 
 def test_a_commands_help_loads_its_module_alone_and_no_library(run_mm):
@@ -92,5 +92,7 @@ def test_a_top_level_typo_names_the_command_it_was_near(run_mm):
 
 def test_the_version_printed_is_the_installed_distributions(run_mm):
     installed = importlib.metadata.version("mm")
-    assert run_mm("--version").stdout == run_mm("version").stdout == f"mm, version {installed}\n"
+    line = f"mm, version {installed}\n"
+    assert run_mm("--version").stdout == run_mm("-V").stdout == run_mm("version").stdout == line
+    assert run_mm("-V", "version").stdout == line  # --version among other arguments: click's version option
     assert json.loads(run_mm("version", "--json").stdout)["version"] == installed

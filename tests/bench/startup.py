@@ -3,7 +3,8 @@
 mm is timed as users run it: a real wheel built from this checkout, installed (not editable, byte-compiled by pip)
 into a fresh venv under bench-work/startup, and this venv's editable mm (byte-compiled by run.py: these machines
 set PYTHONDONTWRITEBYTECODE=1). The peers are `python -c pass` of the same interpreter (the floor of any Python
-tool) and `b3sum --version` (a native tool's). Every command runs once per round, in a rotating order (the
+tool), `python -c 'import click'` (the floor of a click command line: what `mm verify --help` cannot go
+below) and `b3sum --version` (a native tool's). Every command runs once per round, in a rotating order (the
 machines are shared and noisy); each figure is the median of the rounds, printed with its ratio to the floor.
 
 Goals (issue 23): `mm --version` and `mm verify --help` under 60 ms, `mm verify DIR --quick` under 150 ms (median of
@@ -77,7 +78,8 @@ def main() -> None:
     installs = {"wheel": install_wheel(ROOT, work / "wheel"), "editable": Path(sys.executable).parent / "mm"}
     if before := os.environ.get("MM_BENCH_STARTUP_BEFORE"):
         installs["before (wheel)"] = install_wheel(Path(before).resolve(), work / "before")
-    commands = {"python -c pass": [sys.executable, "-c", "pass"], "b3sum --version": ["b3sum", "--version"]}
+    commands = {"python -c pass": [sys.executable, "-c", "pass"], "python -c 'import click'":
+                [sys.executable, "-c", "import click"], "b3sum --version": ["b3sum", "--version"]}
     for label, mm in installs.items():
         commands[f"{label}: mm --version"] = [str(mm), "--version"]
         commands[f"{label}: mm verify --help"] = [str(mm), "verify", "--help"]
