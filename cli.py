@@ -1,11 +1,12 @@
 """mm command line: the root of the command tree.
 
 The commands live in commands/, one module per area, each imported only when one of its commands runs (or shows its
---help): `mm --version` loads click, this module and commands/shared.py (what every command uses), `mm verify
---help` adds commands/verify.py, and no command loads another's library modules. This module holds what the root needs without
-them: the registry (each command's module and the line `mm --help` shows), the examples every --help ends with,
-`mm version`, and the guard that ends any failure in mm's one-line error and documented exit code. Commands parse
-their options, call artifacts/, and render (rich on a terminal, or one JSON document); nothing else.
+--help): `mm verify --help` loads click, this module, commands/shared.py (what every command uses) and
+commands/verify.py, and no library module; `mm --version` is answered before any of them (__main__.py). This module
+holds what the root needs without them: the registry (each command's module and the line `mm --help` shows), the
+examples every --help ends with, `mm version`, and the guard that ends any failure in mm's one-line error and
+documented exit code. Commands parse their options, call artifacts/, and render (rich on a terminal, or one JSON
+document); nothing else.
 """
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
                          "(`mm bundle verify VOL...`)."),
     "diagnose": ("launch", "Match a server log (or a container's) against the guide's troubleshooting table; exit 1 "
                            "when a row matches."),
-    "doctor": ("launch", "Will this host start MODEL_DIR with this recipe? GPUs, driver, docker, the image by identity, "
-                         "port, /dev/shm, host memory, cache disk and key, the model. One line per check with its fix; "
-                         "exit 1 when a check fails."),
+    "doctor": ("launch", "Will this host start MODEL_DIR with this recipe? GPUs, driver, docker, the image by "
+                         "identity, port, /dev/shm, host memory, cache disk and key, the model. One line per check "
+                         "with its fix; exit 1 when a check fails."),
     "fetch": ("fetch", "Download a pinned revision, verify every file against the Hub, write the manifest."),
     "image": ("image", "The pinned engine image by identity (`mm image save --out FILE`)."),
     "inspect": ("oci", "Show a registry artifact's files, sizes, revision and signature status (same as "
@@ -102,7 +103,8 @@ class MMGroup(click.Group):
             from .artifacts import interrupt
             interrupt.install(functools.partial(report_interrupt, json_out, args))
         try:
-            rv = super().main(args, prog_name=prog_name or "mm", complete_var=complete_var, standalone_mode=False, **extra)
+            rv = super().main(args, prog_name=prog_name or "mm", complete_var=complete_var, standalone_mode=False,
+                              **extra)
         except click.exceptions.NoArgsIsHelpError as e:
             click.echo(e.ctx.get_help() if e.ctx else "", err=True)
             sys.exit(e.exit_code)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 
@@ -58,7 +59,8 @@ def test_the_registry_line_is_the_commands_own_short_help(limit):
     ctx = click.Context(cli.main, info_name="mm")
     for name, (module, summary) in cli.COMMANDS.items():
         command = cli.main.get_command(ctx, name)
-        assert command is not None and command.name == name and command.callback.__module__ == f"mm.commands.{module}", name
+        assert command is not None and command.name == name, name
+        assert command.callback.__module__ == f"mm.commands.{module}", name
         assert click.Command(name, help=summary).get_short_help_str(limit) == command.get_short_help_str(limit), name
 
 
@@ -80,7 +82,8 @@ def test_the_top_level_help_is_the_same_before_and_after_every_command_is_loaded
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["loaded"] == [] and doc["lazy"] == doc["full"]
-    assert all(f"  {name} " in doc["lazy"]["80"] for name in doc["every"]) and len(doc["every"]) == len(cli.COMMANDS) + 1
+    assert len(doc["every"]) == len(cli.COMMANDS) + 1  # and `mm version`, defined in cli.py
+    assert all(f"  {name} " in doc["lazy"]["80"] for name in doc["every"])
 
 
 def test_a_top_level_typo_names_the_command_it_was_near(run_mm):
@@ -96,3 +99,14 @@ def test_the_version_printed_is_the_installed_distributions(run_mm):
     assert run_mm("--version").stdout == run_mm("-V").stdout == run_mm("version").stdout == line
     assert run_mm("-V", "version").stdout == line  # --version among other arguments: click's version option
     assert json.loads(run_mm("version", "--json").stdout)["version"] == installed
+
+
+def test_the_version_into_a_closed_pipe_ends_quietly():
+    from tests.support.run import mm_argv
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before mm writes: EPIPE, as `mm --version | true` can meet
+    try:
+        r = subprocess.run(mm_argv("--version"), stdout=write_end, stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(write_end)
+    assert r.returncode == 141 and r.stderr == b""

@@ -55,8 +55,9 @@ def install_wheel(checkout: Path, work: Path) -> Path:
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", str(wheel)], check=True)
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", where], check=True, capture_output=True,
+                               text=True).stdout.strip())
     (site / "mm_bench_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # the dependencies, from here
     return venv / "bin" / "mm"
 
@@ -98,7 +99,8 @@ def time_rounds(commands: dict[str, list[str]], rounds: int) -> dict[str, list[t
         for name in names[r % len(names):] + names[:r % len(names)]:
             wall, cpu, code, output = run_once(commands[name], terminal=name.endswith("(terminal)"))
             if code != 0:
-                raise RuntimeError(f"{' '.join(commands[name])} exited {code}: {output.decode(errors='replace')[-300:]}")
+                said = output.decode(errors="replace")[-300:]
+                raise RuntimeError(f"{' '.join(commands[name])} exited {code}: {said}")
             times[name].append((wall, cpu))
     return times
 
