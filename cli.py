@@ -238,6 +238,14 @@ def _revision(ctx, param, value):
     return value
 
 
+def _identity(ctx, param, value):
+    """A signer identity (an allowed_signers principal, e.g. alice@example.com): "" would pass as no identity."""
+    if value is not None and (not value.strip() or len(value) > 256 or not value.isprintable() or value != value.strip()):
+        raise click.BadParameter(f"{printable(value)[:60]!r}: expected a signer identity (a principal of the "
+                                 f"allowed signers file, e.g. alice@example.com)")
+    return value
+
+
 def _seconds(ctx, param, value):
     """A duration in seconds: finite, positive, at most a week (click's FloatRange lets NaN through)."""
     import math
@@ -517,7 +525,7 @@ def _problems_found(report: VerifyReport, what: str) -> None:
 @click.option("--allowed-signers", type=click.Path(path_type=Path),
               help="Check the manifest's SSH signature (.mm/manifest.json.sig) against this allowed_signers file "
                    "first (an unsigned or wrongly signed manifest: exit 5), then every byte.")
-@click.option("--identity", help="With --allowed-signers: the signer identity (principal) to require.")
+@click.option("--identity", callback=_identity, help="With --allowed-signers: the signer identity (principal) to require.")
 @json_option
 @handles_errors
 def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, allowed_signers, identity, json_out):
@@ -577,7 +585,7 @@ def _signature_options(fn: Callable) -> Callable:
         click.option("--allowed-signers", type=click.Path(path_type=Path),
                      help="OpenSSH allowed_signers file for the manifest's signature (namespace mm-manifest); "
                           "given alone, a signature present must verify and an unsigned manifest is noted."),
-        click.option("--identity", help="With --allowed-signers: the signer identity (principal) to require."),
+        click.option("--identity", callback=_identity, help="With --allowed-signers: the signer identity (principal) to require."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -1344,7 +1352,7 @@ def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
     result = mm_warmup.run_warmup(node, timeout=timeout, image_png=image_png, gpu_info=gpu_info,
                                   progress=progress_for(json_out))
     report_path = report or mm_warmup.default_report_path(node.first)
-    mm_warmup.write_report(result, report_path)
+    mm_warmup.write_report(result, report_path, root=None if report else report_path.parent)
     if json_out:
         emit_json({"report": str(report_path), **to_jsonable(result)})
         if not result.ok:

@@ -15,7 +15,7 @@ from typing import Iterator, Mapping
 
 from .download import PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources
 from .errors import BadInput, RemoteError
-from .fsutil import MM_DIR
+from .fsutil import MM_DIR, unlink_file
 from .ranges import DEFAULT_CONNECTIONS
 from .hub import HubSource, Resolved, list_remote_files, resolve_revision, select
 from .manifest import FileEntry, Manifest, expected_entry, manifest_path, public_endpoint, read_manifest, write_manifest
@@ -113,7 +113,7 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
                                     [e for _, e in results if e is not None])
         manifest = Manifest(repo_id=req.repo_id, revision=resolved.commit, files=(), repo_type=req.repo_type,
                             requested_revision=resolved.requested, endpoint=public_endpoint(hub.endpoint))
-        write_manifest(manifest.with_files(list(entries.values())), manifest_path(local_dir))
+        write_manifest(manifest.with_files(list(entries.values())), manifest_path(local_dir), root=local_dir)
         session.finished()
 
     outcomes = tuple(o for o, _ in results) + tuple(unlisted)
@@ -161,7 +161,7 @@ def _new_state_dir(local_dir: Path) -> Iterator[None]:
                 if partial.is_dir() and not any(partial.iterdir()):
                     partial.rmdir()
                     for leftover in ("lock", "journal.jsonl"):
-                        (local_dir / MM_DIR / leftover).unlink(missing_ok=True)
+                        unlink_file(local_dir, local_dir / MM_DIR / leftover)
                     (local_dir / MM_DIR).rmdir()
                     if created_dir:
                         local_dir.rmdir()

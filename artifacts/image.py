@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import BadInput, IntegrityError, Refused, RemoteError
-from .fsutil import atomic_write_json, fsync_dir
+from .fsutil import atomic_write_json, publish, unlink_file, user_path
 from .hashing import upstream_digest
 from .untrusted import load_json, read_json_file
 
@@ -358,14 +358,14 @@ def save_image(ref: str, out: Path, platform: str, fmt: str = "docker-archive", 
     if fmt not in FORMATS:
         raise BadInput(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     started = time.monotonic()
-    out = Path(out)
+    out = user_path(out)  # the user's path: links followed (their choice); nothing is written through one below
     if out.is_dir():
         raise BadInput(f"{out}: is a directory; give the archive's file name")
     chain = resolve_chain(ref, platform, tls_verify)
     tag = f"{chain.repo}:mm-{chain.pinned.split(':')[1][:12]}-{platform.split('/')[1]}"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
-    tmp.unlink(missing_ok=True)
+    unlink_file(out.parent, tmp)
     try:
         dest = f"{fmt}:{tmp}:{tag}" if fmt == "docker-archive" else f"{fmt}:{tmp}:{tag.rsplit(':', 1)[1]}"
         _skopeo(["copy", "--quiet", f"--src-tls-verify={'true' if tls_verify else 'false'}",
@@ -374,28 +374,25 @@ def save_image(ref: str, out: Path, platform: str, fmt: str = "docker-archive", 
         held = {img.config for img in read_archive(tmp)}
         if held != {chain.config}:
             raise IntegrityError(f"{out}: skopeo wrote config {', '.join(sorted(held))}, not {chain.config}")
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-        fsync_dir(out.parent)
+        publish(tmp, out, root=out.parent)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        unlink_file(out.parent, tmp)
         raise
     size, digest = out.stat().st_size, _file_sha256(out)
     record = ImageRecord(chain, out.name, fmt, size, digest, tag, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    atomic_write_json(record_path(out), record.to_json())
+    atomic_write_json(record_path(out), record.to_json(), root=out.parent)
     return SaveReport(out, record_path(out), fmt, size, digest, tag, chain, time.monotonic() - started)
 
 
 def write_record_for(archive: Path, proof: "Proof") -> Path:
     """The record `mm image save` would have written, for an archive proven against the registry (`mm bundle
     --image` on a connected host): the start script needs the image ID on the offline side."""
-    archive = Path(archive)
+    archive = user_path(archive)
     fmt = "oci-archive" if _is_oci(archive) else "docker-archive"
     record = ImageRecord(proof.record, archive.name, fmt, archive.stat().st_size, _file_sha256(archive), None,
                          time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     try:
-        atomic_write_json(record_path(archive), record.to_json())
+        atomic_write_json(record_path(archive), record.to_json(), root=archive.parent)
     except OSError as e:
         raise BadInput(f"{record_path(archive)}: cannot write the image record beside the archive ({e.strerror}); "
                        f"write the archive with `mm image save` where it can be") from None

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import ContextManager, Iterator, Protocol
 
 from .errors import BadInput, IntegrityError, MMError, RemoteError
+from .fsutil import atomic_write_bytes, check_inside, open_file, read_local_file, unlink_file
 from .hashing import Digests, StreamHasher
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import load_json
@@ -49,6 +50,7 @@ FLUSH_SECONDS = 0.1  # ...or this old, so a kill loses little
 SAVE_SECONDS = 0.2  # the range map is saved at most this often (and when a range ends)
 HASH_READ = 2 * MiB  # read-back buffer of the frontier hasher (page-aligned)
 IOV_MAX = 1024
+MAX_MAP_BYTES = 48 * MiB  # a range map: at most 1,000,000 intervals of two 12-digit numbers (from_json's bound)
 RANGE_RETRIES = 6  # failed attempts in a row (no byte gained) before a range, and its file, give up
 BACKOFF_MAX = 30.0
 RETRY_AFTER_MAX = 120.0
@@ -149,34 +151,39 @@ def state_path(partial: Path) -> Path:
     return partial.with_name(partial.name + ".ranges")
 
 
-def load_state(partial: Path, size: int, identity: str) -> RangeMap:
-    """What a partial file already holds. A partial without a map is a prefix (mm's earlier sequential format)."""
+def load_state(partial: Path, size: int, identity: str, root: Path | None = None) -> RangeMap:
+    """What a partial file already holds. A partial without a map is a prefix (mm's earlier sequential format).
+
+    ROOT: the target directory the partial lies under (default: the partial's own directory, already proven by
+    the caller); nothing is read, written or deleted through a symlink below it (fsutil's target rule)."""
+    root = root or partial.parent
     spath = state_path(partial)
+    check_inside(root, spath)
+    check_inside(root, partial)
     if spath.exists():
         try:
-            rmap = RangeMap.from_json(load_json(spath.read_bytes(), str(spath)), size, identity)
+            doc = read_local_file(spath, what="range map", max_bytes=MAX_MAP_BYTES)
+            rmap = RangeMap.from_json(load_json(doc, str(spath)), size, identity)
         except (OSError, BadInput):  # a map mm cannot read is no map: the partial is started again
             rmap = None
-        if rmap is not None and partial.exists():
+        if rmap is not None and partial.is_file():
             return rmap
-    elif partial.exists() and partial.stat().st_size <= size:
+    elif partial.is_file() and partial.stat().st_size <= size:
         return RangeMap(size, [(0, partial.stat().st_size)])
-    partial.unlink(missing_ok=True)  # a partial we cannot account for is started again
+    unlink_file(root, partial)  # a partial we cannot account for is started again
     return RangeMap(size)
 
 
-def save_state(partial: Path, rmap: RangeMap, identity: str) -> None:
+def save_state(partial: Path, rmap: RangeMap, identity: str, root: Path | None = None) -> None:
     """Rename into place (a kill leaves the old map or the new one). No fsync: a kill -9 keeps the page cache,
     and after a power cut a map ahead of the data is caught by the whole-file hash before anything is named."""
     spath = state_path(partial)
-    tmp = spath.with_name(spath.name + ".tmp")
-    tmp.write_text(json.dumps(rmap.to_json(identity)), encoding="utf-8")
-    os.replace(tmp, spath)
+    atomic_write_bytes(spath, json.dumps(rmap.to_json(identity)).encode(), root=root or partial.parent, sync=False)
 
 
-def clear_state(partial: Path) -> None:
-    partial.unlink(missing_ok=True)
-    state_path(partial).unlink(missing_ok=True)
+def clear_state(partial: Path, root: Path | None = None) -> None:
+    unlink_file(root or partial.parent, partial)
+    unlink_file(root or partial.parent, state_path(partial))
 
 
 # --- planning --------------------------------------------------------------------------------------
@@ -423,6 +430,7 @@ class RangedJob:
     partial: Path
     identity: str  # upstream identity: the range map is trusted only for the same content
     hasher: StreamHasher
+    root: Path | None = None  # the target directory PARTIAL lies under (fsutil's rule); default: its directory
 
 
 @dataclass(frozen=True)
@@ -523,7 +531,7 @@ class _File:
         with self._save_lock:
             with self.lock:
                 snapshot = RangeMap(self.rmap.size, self.rmap.intervals())
-            save_state(self.job.partial, snapshot, self.job.identity)
+            save_state(self.job.partial, snapshot, self.job.identity, self.job.root)
             self._saved_at = now
 
 
@@ -534,14 +542,14 @@ def download(job: RangedJob, source: RangeSource, connections: Connections, stat
     Returns the digests of the whole file; the caller checks them against the upstream identity and names the
     file (or clears the partial). On a failure the partial and its map are kept for the next run."""
     stats = stats if stats is not None else TransferStats()
-    rmap = load_state(job.partial, job.size, job.identity)
+    rmap = load_state(job.partial, job.size, job.identity, job.root)
     resumed = rmap.done
-    save_state(job.partial, rmap, job.identity)  # before any write: a map-less partial is read as a prefix
+    save_state(job.partial, rmap, job.identity, job.root)  # before any write: a map-less partial is read as a prefix
     share = file_share(job.size, connections.total)
     limit = getattr(source, "max_connections", None)
     if limit:
         share = min(share, limit)
-    fd = os.open(job.partial, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_file(job.root or job.partial.parent, job.partial, os.O_RDWR | os.O_CREAT, 0o644)
     f = None
     try:
         planned = min(share, connections.limit)  # ranges sized for the connections open now (more may come)

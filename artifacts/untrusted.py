@@ -106,17 +106,10 @@ def load_json(data: bytes | str, where: str, *, max_bytes: int = MAX_DOCUMENT, m
 
 
 def read_json_file(path: Path | str, *, what: str = "file", max_bytes: int = MAX_DOCUMENT) -> Any:
-    """Read and parse PATH; a missing, unreadable or oversized file is BadInput naming it."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such {what}") from None
-    except IsADirectoryError:
-        raise BadInput(f"{path}: is a directory, expected a {what}") from None
-    except OSError as e:
-        raise BadInput(f"{path}: cannot read {what}: {e.strerror or e}") from None
+    """Read and parse PATH; a missing, unreadable, oversized or not regular file (FIFO, device) is BadInput naming it."""
+    from .fsutil import read_local_file  # regular files only, size from fstat, the read bounded
+
+    data = read_local_file(path, what=what, max_bytes=max_bytes)
     return load_json(data, str(path), max_bytes=max_bytes, what=what)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from .cachekey import FILE_NAME as CACHE_KEY_FILE, CacheKey, write_cache_key
 from .diagnose import Finding, ScannedText, diagnose, load_table, scan_docker_logs
 from .errors import BadInput, ProblemsFound, Refused
-from .fsutil import atomic_write_json
+from .fsutil import atomic_write_json, read_local_file, user_path
 from .launch import LaunchPlan, docker_run_argv, image_candidates, image_identity
 from .progress import NULL_PROGRESS, ProgressSink
 from .router import NodePlan, router_docker_argv
@@ -34,6 +34,7 @@ from .untrusted import load_json
 REPORT_SCHEMA = "mm-warmup-report/1"
 MAX_ANSWER = 16 * 1024 * 1024  # bytes of one chat answer the checks read
 REPORT_NAME = "mm-warmup-report.json"
+MAX_IMAGE_FILE = 32 * 1024 * 1024  # mm's margin for the --image-file PNG sent to the server's vision check
 DSPARK_LINE = "DSpark draft found in the target checkpoint's dspark/ subfolder"
 RAW_TOKENS = re.compile(r"</?mm:think>|\]<\]minimax\[>\[")  # what the minimax-m3 parsers take out of content
 NVFP4_BACKEND = re.compile(r"nvfp4_to_fp8 backend=(\S+)")
@@ -479,15 +480,14 @@ def _schema_first(doc: dict) -> dict:
     return {"schema": doc.pop("schema"), **doc}
 
 
-def write_report(report: WarmupReport, path: Path) -> None:
-    atomic_write_json(Path(path), _schema_first(asdict(report)))
+def write_report(report: WarmupReport, path: Path, root: Path | None = None) -> None:
+    """PATH under ROOT (the kernel cache root for the default report), or, without ROOT, a path the user named."""
+    path = Path(path) if root else user_path(path)
+    atomic_write_json(path, _schema_first(asdict(report)), root=root or path.parent)
 
 
 def read_image_file(path: Path) -> bytes:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise BadInput(f"--image-file {path}: cannot read: {e.strerror}") from None
+    data = read_local_file(path, what="--image-file PNG", max_bytes=MAX_IMAGE_FILE)
     if not data.startswith(b"\x89PNG\r\n\x1a\n"):
         raise BadInput(f"--image-file {path}: not a PNG file")
     return data

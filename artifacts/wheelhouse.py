@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import BadInput, IntegrityError, RemoteError
-from .fsutil import fsync_dir
+from .fsutil import atomic_write_text, fsync_dir, remove_tree
 from .hashing import upstream_digest
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import read_json_file
@@ -404,18 +404,13 @@ def build_wheelhouse(out: Path, targets: list[Target], progress: ProgressSink = 
             if path.is_file():
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
-        if final.exists():
-            shutil.rmtree(final)
+        remove_tree(out, final)  # an earlier wheelhouse; a link planted there is refused, never followed
         os.replace(work, final)
         fsync_dir(out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    script = out / INSTALL_SCRIPT
-    tmp = out / f".{INSTALL_SCRIPT}.tmp"
-    tmp.write_text(install_script_text())
-    tmp.chmod(0o755)
-    os.replace(tmp, script)
+    atomic_write_text(out / INSTALL_SCRIPT, install_script_text(), mode=0o755, root=out)
     normalize_mtimes(out)
     return WheelhouseReport(out, dist_version, "%d.%d" % GLIBC_MIN, sets, time.monotonic() - started)
 

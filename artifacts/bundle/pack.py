@@ -41,7 +41,8 @@ from typing import Sequence
 
 from ..cachekey import parse_cache_key
 from ..errors import BadInput, IntegrityError
-from ..fsutil import dir_lock, human_bytes, publish, publish_fd
+from ..fsutil import (atomic_write_bytes, check_inside, check_targets, dir_lock, human_bytes, open_file, publish_fd, read_local_file,
+                      unlink_file)
 from ..hashing import StreamHasher
 from ..manifest import Manifest, export_sums, manifest_path, read_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
@@ -396,7 +397,7 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
     pieces = plan.volumes[n - 1]
     working = hashers.start(pieces)
     digests: dict = {}
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = open_file(tmp.parent, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # never through a link
     try:
         w = _Writer(fd, sync)
         patch_at = {}
@@ -433,7 +434,7 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
     except BaseException as e:
         w.flush.wait()
         os.close(fd)
-        os.unlink(tmp)
+        unlink_file(tmp.parent, tmp)
         if isinstance(e, OSError) and e.filename is None:
             e.filename = str(tmp)  # a write to the volume failed: name the output, never the source
         raise
@@ -504,7 +505,7 @@ def create_bundle(model_dir: Path, out_dir: Path, volume_size: int | str, name: 
         results = _write_all(plan, out_dir, progress, sync)
         progress.end()
         for f in beside:  # e.g. install-mm.sh: run where the volumes lie, it reads mm out of volume 1
-            _copy_beside(f.src, out_dir / f.path, sync)
+            _copy_beside(f.src, out_dir, out_dir / f.path, sync)
         if parity:
             data_paths = [Path(v.path) for v in results]
             progress.begin(sum(p.stat().st_size for p in data_paths), f"parity {name}")
@@ -525,23 +526,22 @@ def create_bundle(model_dir: Path, out_dir: Path, volume_size: int | str, name: 
 
 def _signature_to_carry(model_dir: Path, manifest_bytes: bytes) -> bytes | None:
     """The model's manifest signature, if it has one; a signature that does not match the manifest never travels."""
-    from ..signing import check_signature_matches, signature_path
+    from ..signing import MAX_SIG_BYTES, check_signature_matches, signature_path
 
     sig_path = signature_path(model_dir)
-    if not sig_path.is_file():
+    if not os.path.lexists(sig_path):
         return None
-    signature = sig_path.read_bytes()
+    signature = read_local_file(sig_path, what="signature", max_bytes=MAX_SIG_BYTES)
     check_signature_matches(manifest_bytes, signature, str(sig_path))
     return signature
 
 
-def _copy_beside(src: Path, final: Path, sync: bool) -> None:
-    partial = final.with_name(f".{final.name}.partial")
-    data = src.read_bytes()
-    if final.is_file() and final.read_bytes() == data:
+def _copy_beside(src: Path, out_dir: Path, final: Path, sync: bool) -> None:
+    data = src.read_bytes()  # mm's own file (install-mm.sh)
+    check_inside(out_dir, final)
+    if final.is_file() and final.stat().st_size == len(data) and final.read_bytes() == data:
         return
-    partial.write_bytes(data)
-    publish(partial, final, sync=sync, mode=src.stat().st_mode & 0o777)
+    atomic_write_bytes(final, data, mode=src.stat().st_mode & 0o777, root=out_dir, sync=sync)
 
 
 def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink, sync: bool) -> list[VolumeResult]:
@@ -549,6 +549,7 @@ def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink, sync: bool) ->
     hashers = _Hashers()
     pipe = ChunkPipe()
     finals = [out_dir / volume_filename(plan.name, n, plan.count) for n in range(1, plan.count + 1)]
+    check_targets(out_dir, [f.name for f in finals])  # a link planted in OUT is refused, never kept nor followed
     results, pending = [], []
     try:
         with ThreadPoolExecutor(max_workers=1) as publisher:
@@ -559,7 +560,7 @@ def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink, sync: bool) ->
                     if not kept:
                         tmp = final.with_name(f".{final.name}.partial")
                         working, fd = _write_volume(plan, n, tmp, hashers, pipe, progress, restore, sync)
-                        pending.append(publisher.submit(publish_fd, fd, tmp, final, sync))  # beside the next volume
+                        pending.append(publisher.submit(publish_fd, fd, tmp, final, sync, root=out_dir))  # beside the next
                     hashers.files.update(working)
                     results.append(VolumeResult(n, str(final), volume_bytes(plan, n), kept))
             finally:
@@ -568,7 +569,7 @@ def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink, sync: bool) ->
     except _SourceMismatch as e:
         for n, final in enumerate(finals, 1):  # its earlier pieces must not be kept by a rerun
             if any(p.source.key == e.key for p in plan.volumes[n - 1]):
-                final.unlink(missing_ok=True)
+                unlink_file(out_dir, final)
         raise
     finally:
         pipe.close()
@@ -627,7 +628,7 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
         for p in wanted:
             final = out_dir / parity_filename(name, p, parities)
             tmp = final.with_name(f".{final.name}.partial")
-            w = _Writer(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), sync)
+            w = _Writer(open_file(out_dir, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), sync)
             opened[p] = (w, tmp, final, 0)
             head, patch_at = _parity_head(_parity_index(name, bundle_id, manifest_bytes, meta, p, parities, layout,
                                                         files, zeros, zeros), p, manifest_bytes, meta, layout, mtime)
@@ -651,14 +652,14 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
                                           result.data_blake3, result.parity_blake3), patch_at)
             w.flush.wait()
             del opened[p]
-            publish_fd(w.fd, tmp, final, sync)
+            publish_fd(w.fd, tmp, final, sync, root=out_dir)
             written.append((p, final))
         return written
     finally:
         for w, tmp, _, _ in opened.values():
             w.flush.wait()
             os.close(w.fd)
-            tmp.unlink(missing_ok=True)
+            unlink_file(out_dir, tmp)
 
 
 def _discard(_view) -> None:

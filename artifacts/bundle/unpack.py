@@ -29,7 +29,6 @@ from __future__ import annotations
 import bisect
 import enum
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -37,12 +36,13 @@ from typing import NamedTuple
 import blake3
 
 from ..errors import BadInput, IntegrityError, Refused
-from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, dir_lock, fsync_dir, publish,
-                      publish_fd, require_free_space)
+from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_inside, check_relpath, dir_lock, fsync_dir,
+                      make_dirs, open_file, publish, publish_fd, read_local_file, remove_tree, require_free_space,
+                      unlink_file)
 from ..hashing import StreamHasher, blake3_file
-from ..manifest import from_json, manifest_path, read_manifest
+from ..manifest import MAX_MANIFEST_BYTES, from_json, manifest_path, read_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
-from ..untrusted import At, load_json, read_json_file
+from ..untrusted import MAX_DOCUMENT, At, load_json, read_json_file
 from .check import ParitySet, conflicting_numbers, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
 from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member
@@ -98,13 +98,9 @@ class Places:
         self.roots = {MODEL_KIND: dest, **self.payload_roots}
 
     def final(self, kind: str, path: str) -> Path:
+        """ROOT/PATH for a file of KIND, refused (naming the link) when a symlink lies on the way (fsutil's rule)."""
         check_relpath(path, f"{kind} path")
-        root = self.roots[kind]
-        target = root / path
-        for parent in [*reversed(target.relative_to(root).parents)][1:] + [target.relative_to(root)]:
-            if (root / parent).is_symlink():
-                raise BadInput(f"{root / parent}: is a symlink inside the destination; refusing to write through it")
-        return target
+        return check_inside(self.roots[kind], self.roots[kind] / path)
 
     def partial_dir(self, kind: str) -> Path:
         if kind == MODEL_KIND:
@@ -115,16 +111,16 @@ class Places:
         return self.partial_dir(kind) / (b3(f"{kind}:{path}".encode())[:32] + ".part")
 
     def clean_partials(self) -> None:
-        shutil.rmtree(self.dest / STATE_DIR, ignore_errors=True)
+        remove_tree(self.dest, self.dest / STATE_DIR)
         for kind in self.payload_roots:
-            shutil.rmtree(self.partial_dir(kind), ignore_errors=True)
+            remove_tree(self.roots[kind], self.partial_dir(kind))
 
 
 class _State:
     """Pieces of split files already in place, by file; written atomically after every piece."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, root: Path):
+        self.path, self.root = path, root
         try:
             self.doc = read_json_file(path, what="unbundle state") if path.is_file() else {}
             self._check()
@@ -154,7 +150,7 @@ class _State:
         return sum(int(p[1]) for p in self.doc["pieces"].get(key, {}).values())
 
     def save(self) -> None:
-        atomic_write_json(self.path, self.doc)
+        atomic_write_json(self.path, self.doc, root=self.root)
 
 
 def _is_done(target: Path, size: int) -> bool:
@@ -235,7 +231,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         signature, signed_manifest = check_signature(vols + pvols, allowed_signers, identity, require_signature)
     dest.mkdir(parents=True, exist_ok=True)
     with dir_lock(dest, "mm unbundle"):
-        state = _State(dest / STATE_DIR / "state.json")
+        state = _State(check_inside(dest, dest / STATE_DIR / "state.json"), dest)
         ref = reference_bundle(vols, state.doc.get("bundle_id"))
         first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
                       and MANIFEST_MEMBER not in v.damaged), None)
@@ -267,10 +263,10 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         state.doc.update({"bundle_id": ref, "name": idx.name, "volumes": idx.volumes,
                           "manifest_blake3": idx.manifest_blake3})
         if not manifest_path(dest).is_file():
-            atomic_write_bytes(manifest_path(dest), manifest_bytes)
+            atomic_write_bytes(manifest_path(dest), manifest_bytes, root=dest)
         _restore_signature(dest, first)
         if first is not None and not first.is_parity and (pvols or idx.parity):  # for a sitting of parity volumes only
-            atomic_write_bytes(dest / STATE_DIR / "index.json", first.index_bytes)
+            atomic_write_bytes(dest / STATE_DIR / "index.json", first.index_bytes, root=dest)
         state.save()
         run = _Import(places, state, targets, progress, sync)
         total = sum(e.length for v in accepted for e in v.entries())
@@ -326,8 +322,9 @@ def _earlier_index(dest: Path, ref: str | None) -> tuple[Index, bytes, str] | No
     or None. Read back as hostile as a volume's: parsed, and the manifest checked against its blake3."""
     path = dest / STATE_DIR / "index.json"
     try:
-        idx = parse_index(load_json(path.read_bytes(), str(path)), str(path))
-        manifest_bytes = manifest_path(dest).read_bytes()
+        idx = parse_index(load_json(read_local_file(path, what="bundle index", max_bytes=MAX_DOCUMENT), str(path)),
+                          str(path))
+        manifest_bytes = read_local_file(manifest_path(dest), what="manifest", max_bytes=MAX_MANIFEST_BYTES)
     except (OSError, ValueError, BadInput):
         return None
     if idx.bundle_id != ref or b3(manifest_bytes) != idx.manifest_blake3:
@@ -343,7 +340,7 @@ def _restore_signature(dest: Path, first: Volume | None) -> None:
         return
     sig = meta_bytes(first, SIG_MEMBER)
     if sig is not None and not signature_path(dest).is_file():
-        atomic_write_bytes(signature_path(dest), sig)
+        atomic_write_bytes(signature_path(dest), sig, root=dest)
 
 
 # --- parity: rebuilding lost data volumes -------------------------------------------------------------
@@ -399,7 +396,7 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
             sources[n] = skeleton
     try:
         progress.begin(sum(pindex.data[n - 1].size for n in lost), f"rebuild volume(s) {', '.join(map(str, lost))}")
-        rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / "rebuilt", sync, progress)
+        rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / "rebuilt", sync, progress, root=dest)
         out.notes += [f"{what}: damaged (its bytes do not match the parity index); left out of the rebuild"
                       for what in rebuilt.left_out]
     except NotRecoverable as e:
@@ -415,7 +412,7 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
         why = judge(v)
         if why:
             out.refused.append(why)
-            path.unlink()
+            unlink_file(dest, path)
             continue
         run.volume(v)
         _Skeleton.save(dest, v)
@@ -424,7 +421,7 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
             out.notes.append(f"{names[n]}: damaged; rebuilt from parity and imported")
         state.doc["done_volumes"] = sorted(set(state.doc.get("done_volumes", [])) | {n})
         state.save()
-        path.unlink()
+        unlink_file(dest, path)
         out.volumes.append(n)
     out.parity_used = rebuilt.parity_used
     return out
@@ -437,13 +434,15 @@ class RebuiltVolumes(NamedTuple):
 
 
 def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: list[int], out_dir: Path,
-                         sync: bool = True, progress: ProgressSink = NULL_PROGRESS) -> RebuiltVolumes:
+                         sync: bool = True, progress: ProgressSink = NULL_PROGRESS, *,
+                         root: Path | None = None) -> RebuiltVolumes:
     """Rebuild data volumes WANT (numbers) from the good DATA sources (number -> parity.Source) and the parity
     volumes PVOLS (parity_set's usable), each into OUT_DIR under its own file name: written under a temporary
     name, named only when its whole-file blake3 is the one the parity index records. Raises NotRecoverable naming
     what would be enough. An input whose bytes are not those the parity index records (a damaged parity stream,
     a bad byte between members of a data volume) shows as a result that does not match: it is found by hashing
-    the inputs, left out, and the rebuild runs again from the others."""
+    the inputs, left out, and the rebuild runs again from the others. ROOT: the directory OUT_DIR lies in (no
+    symlink followed below it; default OUT_DIR itself, as the user named it)."""
     if not pvols:
         raise NotRecoverable("no usable parity volume")
     index = pvols[0].parity
@@ -456,13 +455,14 @@ def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: lis
         inputs[k + pv.number - 1] = opened[-1]
     want_idx = [n - 1 for n in want]
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    root = Path(root or out_dir)
+    make_dirs(root, out_dir)
     outs: dict[int, tuple[int, Path, Path]] = {}
     try:
         for i in want_idx:
             final = out_dir / index.data[i].file
             tmp = out_dir / f".{index.data[i].file}.partial"
-            outs[i] = (os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), tmp, final)
+            outs[i] = (open_file(root, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), tmp, final)
 
         def sink(fd: int):
             def write(view) -> None:
@@ -501,7 +501,7 @@ def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: lis
         done = {}
         for i in want_idx:
             fd, tmp, final = outs.pop(i)
-            publish_fd(fd, tmp, final, sync)
+            publish_fd(fd, tmp, final, sync, root=root)
             done[i + 1] = final
         return RebuiltVolumes(done, [i - k + 1 for i in result.inputs if i >= k], [named(i) for i in sorted(damaged)])
     finally:
@@ -509,7 +509,7 @@ def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: lis
             src.close()
         for fd, tmp, _ in outs.values():
             os.close(fd)
-            tmp.unlink(missing_ok=True)
+            unlink_file(root, tmp)
 
 
 def _discard(_view) -> None:
@@ -544,17 +544,17 @@ class _Skeleton:
                     regions.append([start, length, "file", kind, path, file_offset])
                 pos = start + length
         where = dest / STATE_DIR / "skeleton"
-        where.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(where / f"vol{v.number:03d}.bin", bytes(literal))
-        atomic_write_json(where / f"vol{v.number:03d}.json", {"size": size, "regions": regions})
+        atomic_write_bytes(where / f"vol{v.number:03d}.bin", bytes(literal), root=dest)
+        atomic_write_json(where / f"vol{v.number:03d}.json", {"size": size, "regions": regions}, root=dest)
 
     @classmethod
     def load(cls, dest: Path, n: int, run: _Import) -> _Skeleton | None:
         """None when it is missing or unreadable (the volume then counts as lost)."""
         where = dest / STATE_DIR / "skeleton"
         try:
-            doc = load_json((where / f"vol{n:03d}.json").read_bytes(), str(where / f"vol{n:03d}.json"))
-            literal = (where / f"vol{n:03d}.bin").read_bytes()
+            doc = read_json_file(check_inside(dest, where / f"vol{n:03d}.json"), what="volume skeleton")
+            literal = read_local_file(check_inside(dest, where / f"vol{n:03d}.bin"), what="volume skeleton",
+                                      max_bytes=MAX_DOCUMENT)
             regions = doc["regions"]
             if not isinstance(regions, list) or not all(isinstance(r, list) and len(r) >= 4 for r in regions):
                 return None
@@ -651,12 +651,13 @@ class _Import:
         if str(e.segment) in pieces:  # this piece is in place from an earlier sitting
             return
         partial = self.places.partial(*e.key)
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        got = self._copy(v, info, partial, e.offset, e.size, fresh=e.whole)
+        root = self.places.roots[e.kind]
+        make_dirs(root, partial.parent)
+        got = self._copy(v, info, root, partial, e.offset, e.size, fresh=e.whole)
         if got != e.blake3:
             self.corrupt.append(f"{v.path.name}: member {e.member!r}: blake3 mismatch; not imported")
             if e.whole:
-                partial.unlink(missing_ok=True)
+                unlink_file(root, partial)
             return
         if not e.whole:
             if e.file_blake3:
@@ -670,23 +671,23 @@ class _Import:
         if have != want:
             self.corrupt.append(f"{v.path.name}: {file_member(*e.key)}: assembled file does not match its "
                                 f"blake3; not imported")
-            partial.unlink(missing_ok=True)
+            unlink_file(root, partial)
             self.state.doc["pieces"].pop(skey, None)
             self.state.doc["whole"].pop(skey, None)
             self.state.save()
             return
-        publish(partial, final, sync=self.sync)
+        publish(partial, final, sync=self.sync, root=root)
         self.imported.append(file_member(*e.key))
         if not e.whole:
             self.state.doc["pieces"].pop(skey, None)
             self.state.doc["whole"].pop(skey, None)
             self.state.save()
 
-    def _copy(self, v: Volume, info, partial: Path, offset: int, size: int, fresh: bool) -> str:
+    def _copy(self, v: Volume, info, root: Path, partial: Path, offset: int, size: int, fresh: bool) -> str:
         """Write the member's bytes at OFFSET of the partial file, hashing them; fsynced unless told not to.
         Returns the blake3."""
         flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if fresh else 0)
-        fd = os.open(partial, flags, 0o644)
+        fd = open_file(root, partial, flags, 0o644)
         h = StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
         flush = EarlyFlush(fd, enabled=self.sync)
         try:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..download import JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, known_entries, partial_path, prepare_dir
 from ..errors import BadInput, IntegrityError, MMError, RemoteError
-from ..fsutil import dir_lock, publish, require_free_space
+from ..fsutil import check_targets, dir_lock, open_file, publish, require_free_space, unlink_file
 from ..hashing import SLICE, StreamHasher, mapped_windows
 from ..manifest import FileEntry, Manifest, manifest_path, write_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
@@ -157,10 +157,11 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
         checked = _check_signature(r, allowed_signers, identity, require_signature)
         prepare_dir(local_dir)
         with dir_lock(local_dir, "mm pull"):
-            journal = Journal(local_dir / JOURNAL)
+            journal = Journal(local_dir / JOURNAL, local_dir)
             known = known_entries(local_dir)
             layers = {layer.path: layer for layer in r.parsed.files}
             wanted = r.manifest.files
+            check_targets(local_dir, [f.path for f in wanted] + sorted(set(known) - set(r.manifest.by_path())))
             _clean_partials(local_dir, wanted)
             _check_free_space(local_dir, wanted, known)
             progress.begin(sum(f.size for f in wanted), f"pull {ref.repository}@{r.digest[7:19]}")
@@ -183,7 +184,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
             removed: tuple[str, ...] = ()
             if len(got) == len(wanted):  # complete: the directory now holds this revision and nothing of another
                 removed = _remove_other_revision(local_dir, known, r.manifest)
-                write_manifest(r.manifest.with_files(list(got.values())), manifest_path(local_dir))
+                write_manifest(r.manifest.with_files(list(got.values())), manifest_path(local_dir), root=local_dir)
                 journal.clear()
     outcomes = tuple(sorted((o for o, _ in results), key=lambda o: o.path))
     problems: tuple[str, ...] = ()
@@ -237,7 +238,7 @@ def _clean_partials(local_dir: Path, wanted: tuple[FileEntry, ...]) -> None:
     keep = {partial_path(local_dir, _blob_file(f)).name for f in wanted}
     for p in (local_dir / PARTIAL_DIR).iterdir():
         if p.name not in keep and p.suffix == ".part":
-            p.unlink(missing_ok=True)
+            unlink_file(local_dir, p)
 
 
 def _check_free_space(local_dir: Path, wanted, known) -> None:
@@ -257,7 +258,7 @@ def _remove_other_revision(local_dir: Path, known: dict[str, FileEntry], manifes
     removed = []
     for path in sorted(set(known) - set(keep)):
         try:
-            (local_dir / path).unlink()
+            unlink_file(local_dir, local_dir / path, missing_ok=False)
             removed.append(path)
         except FileNotFoundError:
             pass
@@ -291,7 +292,7 @@ def _download(client: Client, local_dir: Path, entry: FileEntry, digest: str, pr
     received = 0
     buf = mmap.mmap(-1, BUFFER)
     view = memoryview(buf)
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = open_file(local_dir, partial, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     writeback = _Writeback(fd, have)
     try:
         if have:
@@ -344,14 +345,14 @@ def _download(client: Client, local_dir: Path, entry: FileEntry, digest: str, pr
         buf.close()
     d = hasher.digests()
     if d.sha256 != digest.split(":", 1)[1]:
-        partial.unlink(missing_ok=True)
+        unlink_file(local_dir, partial)
         raise IntegrityError(f"{entry.path}: blob {digest} from {client.ref.registry} does not match its digest "
                              f"(got sha256:{str(d.sha256)[:16]}...); not kept")
     if d.blake3 != entry.blake3:
-        partial.unlink(missing_ok=True)
+        unlink_file(local_dir, partial)
         raise IntegrityError(f"{entry.path}: blake3 {d.blake3[:16]} disagrees with the pulled mm manifest "
                              f"({entry.blake3[:16]}); not kept")
-    publish(partial, local_dir / entry.path)  # fsync, rename, fsync the directory
+    publish(partial, local_dir / entry.path, root=local_dir)  # fsync, rename, fsync the directory
     return received, have
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput, Refused, RemoteError
-from ..fsutil import MM_DIR, atomic_write_text, human_bytes
+from ..fsutil import MM_DIR, atomic_write_text, check_inside, human_bytes, remove_tree, unlink_file
 from ..manifest import manifest_path, read_manifest, to_json
 from ..progress import NULL_PROGRESS, ProgressSink
 from ..untrusted import read_json_file
@@ -202,6 +202,7 @@ class _StateDir:
 
     def __init__(self, model_dir: Path, registry: str, repository: str):
         key = hashlib.sha256(f"{registry}/{repository}".encode()).hexdigest()[:16]
+        self.model_dir = model_dir  # the target: nothing below it written through a link (fsutil's rule)
         self.dir = model_dir / STATE_DIR / key
         self.root = model_dir / STATE_DIR
 
@@ -210,26 +211,29 @@ class _StateDir:
 
     def location(self, digest: str) -> str | None:
         try:
-            doc = read_json_file(self._path(digest), what="upload state", max_bytes=64 * 1024)
+            doc = read_json_file(check_inside(self.model_dir, self._path(digest)), what="upload state",
+                                 max_bytes=64 * 1024)
             return doc["location"] if isinstance(doc.get("location"), str) else None
         except (BadInput, KeyError, AttributeError):  # a state that is not ours is no state: the upload starts over
             return None
 
     def save(self, digest: str, location: str) -> None:
         try:
-            atomic_write_text(self._path(digest), json.dumps({"location": location}) + "\n")
+            atomic_write_text(self._path(digest), json.dumps({"location": location}) + "\n", root=self.model_dir)
         except OSError:
             pass
 
     def forget(self, digest: str) -> None:
         try:
-            self._path(digest).unlink(missing_ok=True)
+            unlink_file(self.model_dir, self._path(digest))
         except OSError:
             pass
 
     def clear(self) -> None:
-        import shutil
-        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            remove_tree(self.model_dir, self.dir)
+        except OSError:
+            pass
         try:
             self.root.rmdir()
         except OSError:
