@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import BadInput, IntegrityError, Refused, RemoteError
-from .fsutil import atomic_write_json, publish, unlink_file, user_path
+from .fsutil import atomic_write_json, open_local_file, publish, unlink_file, user_path
 from .hashing import upstream_digest
 from .untrusted import load_json, read_json_file
 
@@ -301,7 +301,7 @@ def read_archive(archive: Path) -> list[ArchiveImage]:
     """The images a docker-archive (`docker save`, skopeo) or OCI archive holds, each config hashed here."""
     where = str(archive)
     try:
-        with tarfile.open(archive, "r:") as tf:
+        with open_local_file(archive, what="image archive") as raw, tarfile.open(fileobj=raw, mode="r:") as tf:
             names = set(tf.getnames())
             if "index.json" in names:
                 index = _parse_json(_read_member(tf, "index.json", where), where)
@@ -400,7 +400,7 @@ def write_record_for(archive: Path, proof: "Proof") -> Path:
 
 
 def _is_oci(archive: Path) -> bool:
-    with tarfile.open(archive, "r:") as tf:
+    with open_local_file(archive, what="image archive") as raw, tarfile.open(fileobj=raw, mode="r:") as tf:
         names = set(tf.getnames())
     return "index.json" in names and "manifest.json" not in names
 

@@ -24,11 +24,11 @@ from typing import Callable, Iterable, Iterator, TypeVar
 import blake3
 
 from .errors import BadInput, Busy, QuickVerifyFailed
-from .fsutil import MM_DIR, check_relpath, is_payload, lock_holder
+from .fsutil import MM_DIR, check_relpath, is_payload, lock_holder, read_local_file
 from .hashing import ChangedDuringRead, blake3_file, upstream_digest
 from .manifest import Manifest, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
-from .untrusted import Malformed, load_json
+from .untrusted import MAX_DOCUMENT, Malformed, load_json
 from .safetensors_check import StructureError, index_faults, read_header, read_weight_map
 
 BIG_FILE = 64 * 1024 * 1024  # below this, a file is always hashed on one core (threads cost more than they save)
@@ -202,7 +202,7 @@ def _no_writer(model_dir: Path) -> Iterator[None]:
     verifying, so that verify never judges a half-written directory and no writer starts meanwhile.
     Opens the lock read-only and never creates it: a model mounted read-only verifies too."""
     try:
-        fd = os.open(Path(model_dir) / MM_DIR / "lock", os.O_RDONLY)
+        fd = os.open(Path(model_dir) / MM_DIR / "lock", os.O_RDONLY | os.O_NONBLOCK)  # a FIFO there never blocks
     except OSError:
         yield  # no lock file: no mm writer has ever run here
         return
@@ -367,7 +367,7 @@ def _unreadable(model_dir: Path, paths: list[str]) -> list[Problem]:
     problems = []
     for rel in paths:
         try:
-            os.close(os.open(os.path.join(model_dir, rel), os.O_RDONLY))
+            os.close(os.open(os.path.join(model_dir, rel), os.O_RDONLY | os.O_NONBLOCK))
         except OSError as e:
             problems.append(Problem(rel, "unreadable", f"cannot be read: {e.strerror}"))
     return problems
@@ -478,11 +478,14 @@ def _draft_problems(model_dir: Path, sizes: dict[str, int], broken: set[str]) ->
     if "config.json" not in sizes or "config.json" in broken:
         return []
     try:
-        config = load_json((model_dir / "config.json").read_bytes(), "config.json")
+        config = load_json(read_local_file(model_dir / "config.json", what="config.json", max_bytes=MAX_DOCUMENT),
+                           "config.json")
     except OSError as e:
         return [Problem("config.json", "unreadable", f"cannot be read: {e.strerror or e}")]
     except Malformed as e:
         return [Problem("config.json", "structure", e.detail)]
+    except BadInput as e:  # not a regular file, or larger than a config can be
+        return [Problem("config.json", "unreadable", e.message.split(": ", 1)[-1])]
     if not isinstance(config, dict):
         return [Problem("config.json", "structure", "not a JSON object")]
     sub = draft_subfolder(config)

@@ -41,10 +41,10 @@ from typing import Sequence
 
 from ..cachekey import parse_cache_key
 from ..errors import BadInput, IntegrityError
-from ..fsutil import (atomic_write_bytes, check_inside, check_targets, dir_lock, human_bytes, open_file, publish_fd, read_local_file,
-                      unlink_file)
+from ..fsutil import (atomic_write_bytes, check_inside, check_targets, dir_lock, human_bytes, open_file, publish_fd,
+                      read_local_file, unlink_file)
 from ..hashing import StreamHasher
-from ..manifest import Manifest, export_sums, manifest_path, read_manifest
+from ..manifest import MAX_MANIFEST_BYTES, Manifest, export_sums, manifest_path, read_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
 from ..verify import require_quick_verify
 from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
@@ -483,7 +483,7 @@ def create_bundle(model_dir: Path, out_dir: Path, volume_size: int | str, name: 
         raise BadInput(f"--parity {parity}: must be 0 or more")
     mpath = manifest_path(model_dir)
     manifest = read_manifest(mpath)
-    manifest_bytes = mpath.read_bytes()
+    manifest_bytes = read_local_file(mpath, what="manifest", max_bytes=MAX_MANIFEST_BYTES)
     signature = _signature_to_carry(model_dir, manifest_bytes)
     require_quick_verify(model_dir, manifest, before="bundling")
     name = name or f"{manifest.repo_id.rsplit('/', 1)[-1]}-{manifest.revision[:12]}"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput, Refused, RemoteError
-from ..fsutil import MM_DIR, atomic_write_text, check_inside, human_bytes, remove_tree, unlink_file
+from ..fsutil import MM_DIR, atomic_write_text, check_inside, human_bytes, read_local_file, remove_tree, unlink_file
 from ..manifest import manifest_path, read_manifest, to_json
 from ..progress import NULL_PROGRESS, ProgressSink
 from ..untrusted import read_json_file
@@ -130,13 +130,14 @@ def push(model_dir: Path, reference: str, options: PushOptions = PushOptions(),
 def _signed_manifest(model_dir: Path, rendered: bytes) -> tuple[bytes, bytes | None]:
     """(the mm manifest layer's bytes, the signature layer's bytes or None). A signed model's layer is the manifest
     file's exact bytes (what the signature covers); a signature that no longer matches them is refused."""
-    from ..signing import check_signature_matches, signature_path
+    from ..manifest import MAX_MANIFEST_BYTES
+    from ..signing import MAX_SIG_BYTES, check_signature_matches, signature_path
 
     sig_path = signature_path(model_dir)
-    if not sig_path.is_file():
+    if not os.path.lexists(sig_path):
         return rendered, None
-    data = manifest_path(model_dir).read_bytes()
-    signature = sig_path.read_bytes()
+    data = read_local_file(manifest_path(model_dir), what="manifest", max_bytes=MAX_MANIFEST_BYTES)
+    signature = read_local_file(sig_path, what="signature", max_bytes=MAX_SIG_BYTES)
     check_signature_matches(data, signature, str(sig_path))
     return data, signature
 
