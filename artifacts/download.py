@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import ContextManager, Iterator, Mapping, Protocol, Sequence
 
 from .errors import BadInput, IntegrityError, MMError, RemoteError
-from .fsutil import (MM_DIR, check_inside, check_relpath, check_targets, dir_lock, make_dirs, open_file, publish, read_local_file,
+from .fsutil import (MM_DIR, check_inside, check_model_path, check_targets, dir_lock, make_dirs, open_file, publish, read_local_file,
                      require_free_space, unlink_file)
 from .hashing import Digests, StreamHasher
 from .manifest import FileEntry, Upstream, entry_from_dict, manifest_path, read_manifest
@@ -355,7 +355,7 @@ class Journal:
         for line in read_local_file(self.path, what="journal", max_bytes=MAX_JOURNAL).splitlines():
             try:
                 entry = entry_from_dict(load_json(line, str(self.path)))
-                check_relpath(entry.path, str(self.path))
+                check_model_path(entry.path, str(self.path))
                 if entry.proven:
                     out[entry.path] = entry
             except BadInput:

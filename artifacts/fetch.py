@@ -15,7 +15,7 @@ from typing import Iterator, Mapping
 
 from .download import PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources
 from .errors import BadInput, RemoteError
-from .fsutil import MM_DIR, unlink_file
+from .fsutil import MM_DIR, check_model_path, unlink_file
 from .ranges import DEFAULT_CONNECTIONS
 from .hub import HubSource, Resolved, list_remote_files, resolve_revision, select
 from .manifest import FileEntry, Manifest, expected_entry, manifest_path, public_endpoint, read_manifest, write_manifest
@@ -92,6 +92,8 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
         remote = list_remote_files(req.repo_id, resolved.commit, endpoint=req.endpoint, token=req.token,
                                    repo_type=req.repo_type)
     planned = select(remote, req.include, req.exclude)
+    for f in planned:  # mm's own state lives in DIR/.mm/: a repo file there would be written over it
+        check_model_path(f.path, f"{req.repo_id}@{resolved.commit[:12]} (exclude it with --exclude '.mm/*')")
     unlisted: list[FileOutcome] = []
     if refetch is not None:
         listed = {f.path for f in remote}

@@ -482,6 +482,20 @@ def check_relpath(path: str, where: str = "manifest") -> str:
     return path
 
 
+RESERVED_DIRS = (MM_DIR, ".mm-partial")  # mm's own state beside a model or a payload (bundle.payloads.PAYLOAD_PARTIAL)
+
+
+def check_model_path(path: str, where: str = "manifest") -> str:
+    """check_relpath, and not inside a directory mm keeps for itself (.mm/): no manifest, index, listing or
+    journal may name a file there (a `.mm/lock` entry would have repair fight the lock)."""
+    check_relpath(path, where)
+    top = path.split("/", 1)[0]
+    if top in RESERVED_DIRS:
+        raise BadInput(f"{where}: path {path!r} is inside {top}/, which mm keeps for its own state; no manifest may "
+                       f"name a file there")
+    return path
+
+
 def is_payload(relpath: str) -> bool:
     """True for model files; False for tool metadata kept beside them."""
     return not any(relpath.startswith(prefix) for prefix in NON_PAYLOAD_PREFIXES)

@@ -143,15 +143,35 @@ def _media_type(doc: dict) -> str:
 
 
 def _platform_of(entry: dict) -> str:
-    p = entry.get("platform") or {}
+    p = _object(entry.get("platform"))  # hostile: a platform that is a list or a string names no platform
     return f"{p.get('os')}/{p.get('architecture')}"
+
+
+def _object(value: object) -> dict:
+    """An optional sub-object of a document read from a registry or an archive: {} when it is not an object."""
+    return value if isinstance(value, dict) else {}
+
+
+def _manifests(index: dict, where: str) -> list:
+    manifests = index.get("manifests", [])
+    if not isinstance(manifests, list):
+        raise BadInput(f"{where}: the image index's manifests is not a list")
+    return manifests
+
+
+def _size(value: object) -> int:
+    """A byte count from a hostile document: an integer, never a float, a string or true."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"size {str(value)[:40]!r} is not a whole number of bytes")
+    return value
 
 
 def select_platform(index: dict, platform: str, where: str) -> str:
     """The manifest digest for PLATFORM in an image index."""
-    matches = [m for m in index.get("manifests", []) if isinstance(m, dict) and _platform_of(m) == platform]
+    manifests = _manifests(index, where)
+    matches = [m for m in manifests if isinstance(m, dict) and _platform_of(m) == platform]
     if not matches:
-        have = ", ".join(sorted({_platform_of(m) for m in index.get("manifests", []) if isinstance(m, dict)}))
+        have = ", ".join(sorted({_platform_of(m) for m in manifests if isinstance(m, dict)}))
         raise Refused(f"{where}: no {platform} image (the index has: {have or 'nothing'})")
     digest = str(matches[0].get("digest"))
     if not DIGEST.match(digest):
@@ -163,9 +183,9 @@ def _chain_from_manifest(repo: str, pinned: str, pinned_type: str, platform: str
                          manifest: dict) -> Chain:
     try:
         config = str(manifest["config"]["digest"])
-        layers = tuple(Layer(str(layer["digest"]), int(layer["size"]), str(layer.get("mediaType", "")))
+        layers = tuple(Layer(str(layer["digest"]), _size(layer["size"]), str(layer.get("mediaType", "")))
                        for layer in manifest["layers"])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         raise BadInput(f"{repo}@{manifest_digest}: not an image manifest (no config/layers)") from None
     if not DIGEST.match(config) or not all(DIGEST.match(layer.digest) for layer in layers):
         raise BadInput(f"{repo}@{manifest_digest}: malformed digests in the manifest")
@@ -229,17 +249,20 @@ def read_record(path: Path) -> ImageRecord:
         for key in ("platform_manifest", "config"):
             if not DIGEST.match(str(doc[key])):
                 raise ValueError(f"{key} {doc[key]!r} is not a sha256 digest")
-        layers = tuple(Layer(str(x["digest"]), int(x["size"]), str(x["media_type"])) for x in doc["layers"])
+        layers = tuple(Layer(str(x["digest"]), _size(x["size"]), str(x["media_type"])) for x in doc["layers"])
         archive = doc["archive"]
         if "/" in str(archive["file"]) or archive["format"] not in FORMATS:
             raise ValueError("archive entry")
+        tag = archive.get("tag")
+        if tag is not None and not isinstance(tag, str):
+            raise ValueError(f"archive tag {str(tag)[:40]!r} is not a string")
         chain = Chain(repo, pinned, str(doc["pinned_media_type"]), doc["platform"], doc["platform_manifest"],
                       doc["config"], layers)
-        return ImageRecord(chain, str(archive["file"]), archive["format"], int(archive["size"]),
-                           str(archive["sha256"]), archive.get("tag"), str(doc.get("saved_at", "")))
+        return ImageRecord(chain, str(archive["file"]), archive["format"], _size(archive["size"]),
+                           str(archive["sha256"]), tag, str(doc.get("saved_at", "")))
     except BadInput as e:
         raise BadInput(f"{path}: not an mm image record ({e.message})") from None
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise BadInput(f"{path}: not an mm image record ({e})") from None
 
 
@@ -285,11 +308,14 @@ def _oci_configs(tf: tarfile.TarFile, descriptor: dict, where: str, depth: int =
         return [] if depth else _raise_missing(where, digest)
     if _media_type(doc) in INDEX_TYPES or "manifests" in doc:
         found = []
-        for entry in doc.get("manifests", []):
+        for entry in _manifests(doc, where):
             if isinstance(entry, dict):
                 found += _oci_configs(tf, entry, where, depth + 1)
         return found
-    config_digest = str((doc.get("config") or {}).get("digest"))
+    config = doc.get("config")
+    if not isinstance(config, dict):
+        raise BadInput(f"{where}: manifest {digest}: config is not an object")
+    config_digest = str(config.get("digest"))
     return [(config_digest, _parse_json(_oci_blob(tf, config_digest, where), where))]
 
 
@@ -306,11 +332,11 @@ def read_archive(archive: Path) -> list[ArchiveImage]:
             if "index.json" in names:
                 index = _parse_json(_read_member(tf, "index.json", where), where)
                 images = []
-                for entry in index.get("manifests", []):
+                for entry in _manifests(index, f"{where}: index.json"):
                     if not isinstance(entry, dict) or not DIGEST.match(str(entry.get("digest"))):
                         continue  # `docker save` (classic) names its images here without digests
-                    ann = entry.get("annotations") or {}
-                    name = ann.get("io.containerd.image.name") or ""
+                    name = _object(entry.get("annotations")).get("io.containerd.image.name")
+                    name = name if isinstance(name, str) else ""
                     digests = [f"{name.split('@')[0]}@{entry.get('digest')}"] if name else []
                     tags = [name] if name and "@" not in name else []
                     for digest, config in _oci_configs(tf, entry, where):
@@ -324,12 +350,15 @@ def read_archive(archive: Path) -> list[ArchiveImage]:
                     raise BadInput(f"{where}: manifest.json is not a list")
                 images = []
                 for e in entries:
-                    data = _read_member(tf, str(e["Config"]), where)
+                    if not isinstance(e, dict) or not isinstance(e.get("Config"), str):
+                        raise BadInput(f"{where}: manifest.json: an entry without a Config file name")
+                    data = _read_member(tf, e["Config"], where)
                     config = _parse_json(data, where)
+                    tags = e.get("RepoTags") or []
                     images.append(ArchiveImage(sha256_digest(data), f"{config.get('os')}/{config.get('architecture')}",
-                                               [str(t) for t in e.get("RepoTags") or []]))
+                                               [str(t) for t in tags] if isinstance(tags, list) else []))
                 return images
-    except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as e:
+    except (OSError, tarfile.TarError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise BadInput(f"{archive}: cannot read the image archive ({e})") from None
     raise BadInput(f"{archive}: not an image archive (no manifest.json or index.json with an image inside)")
 

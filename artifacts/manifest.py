@@ -27,7 +27,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from .errors import BadInput
-from .fsutil import MM_DIR, atomic_write_text, check_relpath, read_local_file
+from .fsutil import MM_DIR, atomic_write_text, check_model_path, read_local_file
 from .hashing import hash_file
 from .untrusted import At, load_json
 
@@ -187,7 +187,7 @@ def validate(manifest: Manifest, where: str) -> None:
         raise BadInput(f"{where}: revision {manifest.revision!r} is not a full 40-hex commit")
     seen: set[str] = set()
     for f in manifest.files:
-        check_relpath(f.path, where)
+        check_model_path(f.path, where)
         if f.path in seen:
             raise BadInput(f"{where}: duplicate path {f.path!r}")
         seen.add(f.path)

@@ -158,6 +158,20 @@ def check_gpu_family(plan: LaunchPlan, gpu: str, compute_capability: str) -> Non
                       f"pick the recipe for this hardware")
 
 
+def refuse_wrong_gpus(plan: LaunchPlan, gpu_info: str | None) -> None:
+    """Refuse (exit 7) a recipe the GPUs cannot run before anything else is looked at: --gpu-info, else the host's
+    own nvidia-smi when it answers (the image's nvidia-smi, which the cache key records, needs the image)."""
+    if gpu_info is None and plan.hardware.vendor == "nvidia":
+        from .doctor import nvidia_gpus
+
+        gpus, _, _ = nvidia_gpus()
+        chosen = [g for g in gpus if g.index in plan.gpus] or gpus
+        gpu_info = "\n".join(f"{g.name}, {g.compute_capability}, {g.driver}" for g in chosen) or None
+    if gpu_info:
+        gpu, cc, _, _ = parse_gpu_info(gpu_info)
+        check_gpu_family(plan, gpu, cc)
+
+
 def _last_line(text: str) -> str:
     lines = [line for line in (text or "").splitlines() if line.strip()]
     return lines[-1] if lines else "(no output)"
@@ -332,6 +346,7 @@ def run_warmup(target: LaunchPlan | NodePlan, *, timeout: float = 3600, image_pn
     if plan.expose:
         raise BadInput("warm-up publishes on 127.0.0.1 only; leave out --expose")
     started = _now()
+    refuse_wrong_gpus(plan, gpu_info)  # the combination first: a missing image is not the answer on the wrong GPU
     image = local_image(plan)
     gpu, cc, driver, count = parse_gpu_info(gpu_info if gpu_info is not None else query_gpus(plan, image))
     check_gpu_family(plan, gpu, cc)
@@ -404,6 +419,7 @@ def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes |
     started = _now()
     all_gpus = [g for p in node.replicas for g in p.gpus]
     node_view = dataclasses.replace(first, gpus=tuple(all_gpus))
+    refuse_wrong_gpus(node_view, gpu_info)
     image = local_image(first)  # every replica and the router run the image found by identity, as the node script does
     gpu, cc, driver, count = parse_gpu_info(gpu_info if gpu_info is not None else query_gpus(node_view, image))
     check_gpu_family(first, gpu, cc)

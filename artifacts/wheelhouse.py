@@ -438,9 +438,10 @@ def read_index(wheelhouse: Path) -> dict:
             if not re.fullmatch(r"linux-(x86_64|aarch64)-cp3\d{1,2}", s["name"]):
                 raise ValueError(f"bad set name {s['name']!r}")
             for w in s["wheels"]:
-                if "/" in w["file"] or not w["file"].endswith(".whl") or not re.fullmatch(r"[0-9a-f]{64}", w["sha256"]):
-                    raise ValueError(f"bad wheel entry {w.get('file')!r}")
-    except (OSError, ValueError, KeyError, TypeError) as e:
+                if not isinstance(w.get("file"), str) or "/" in w["file"] or not w["file"].endswith(".whl") \
+                        or not isinstance(w.get("sha256"), str) or not re.fullmatch(r"[0-9a-f]{64}", w["sha256"]):
+                    raise ValueError(f"bad wheel entry {str(w.get('file'))[:80]!r}")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise BadInput(f"{path}: not a wheelhouse index ({e})") from None
     return doc
 
