@@ -55,6 +55,13 @@ class Listener:
             conn.close()
 
     def close(self):
+        # shutdown() wakes the accept() the thread is blocked in (close() alone would leave it listening; see
+        # tests/support/countproxy.py), then the socket is closed once the thread is gone
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._thread.join(timeout=5)
         self.sock.close()
 
 
