@@ -29,13 +29,11 @@ from pathlib import Path
 import pytest
 
 from mm.artifacts import fsutil
-from mm.artifacts.adopt import manifest_for_local_dir
 from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.errors import BadInput
-from tests.support.modelgen import write_model
+from tests.support.modelgen import write_fetched_model
 from tests.support.run import run_mm
 
-REPO = "MiniMaxAI/MiniMax-M3.1-Flash"
 REV_A = "ce7f4df87d2e05262f5775f373dac4772f134041"
 REV_B = "54e4e69dfc45aa11bb22cc33dd44ee55ff667788"
 DEADLINE = 60  # seconds any one case may take (a hang on a FIFO would be caught here)
@@ -157,8 +155,7 @@ def pushed(registry, tmp_path_factory) -> dict[str, str]:
     refs = {}
     for rev, draft, tag in ((REV_A, True, "a"), (REV_B, False, "b")):
         root = tmp_path_factory.mktemp(f"pull-{tag}") / "MiniMax-M3.1-Flash"
-        write_model(root, shards=1, shard_bytes=32 * 1024, draft=draft, seed=len(tag) + ord(tag))
-        manifest_for_local_dir(root, REPO, rev, offline=True)
+        write_fetched_model(root, rev, shards=1, shard_bytes=32 * 1024, draft=draft, seed=ord(tag))
         ref = f"{registry.host}/hostile-fs/flash:{tag}"
         r = run_mm("push", root, ref, env=_registry_env(root.parent), timeout=DEADLINE)
         assert r.returncode == 0, r.stderr
@@ -194,10 +191,8 @@ def test_pull_of_another_revision_deletes_nothing_through_a_linked_subdirectory(
 
 @pytest.fixture(scope="module")
 def small_model(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("small") / "MiniMax-M3.1-Flash"
-    write_model(root, shards=1, shard_bytes=32 * 1024)
-    manifest_for_local_dir(root, REPO, REV_A, offline=True)
-    return root
+    return write_fetched_model(tmp_path_factory.mktemp("small") / "MiniMax-M3.1-Flash", REV_A, shards=1,
+                               shard_bytes=32 * 1024)
 
 
 @pytest.fixture
@@ -234,21 +229,15 @@ def test_bundle_refuses_a_link_planted_in_out(name, small_model, outside, tmp_pa
     unchanged(outside, before)
 
 
-def test_manifest_export_refuses_a_linked_state_dir(model, outside, tmp_path):
+@pytest.mark.parametrize("command", ["manifest export", "sign"])
+def test_a_writer_of_a_model_directory_refuses_a_linked_state_dir(command, model, keys, outside):
+    """The manifest is read through the link (reading is harmless); what they write is refused."""
     shutil.copytree(model / ".mm", outside / "dir" / "state")
     shutil.rmtree(model / ".mm")
     (model / ".mm").symlink_to(outside / "dir" / "state")
     before = snapshot(outside)
-    refused(run_mm("manifest", "export", model, timeout=DEADLINE), 3, model / ".mm", "is a symlink")
-    unchanged(outside, before)
-
-
-def test_sign_refuses_a_linked_state_dir(model, keys, outside):
-    shutil.copytree(model / ".mm", outside / "dir" / "state")
-    shutil.rmtree(model / ".mm")
-    (model / ".mm").symlink_to(outside / "dir" / "state")
-    before = snapshot(outside)
-    refused(run_mm("sign", model, "--key", keys["alice"], timeout=DEADLINE), 3, model / ".mm", "is a symlink")
+    args = ["manifest", "export", model] if command == "manifest export" else ["sign", model, "--key", keys["alice"]]
+    refused(run_mm(*args, timeout=DEADLINE), 3, model / ".mm", "is a symlink")
     unchanged(outside, before)
 
 

@@ -23,13 +23,11 @@ from typing import Callable
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
 from mm.artifacts.errors import MMError
 from tests.support import fake_docker, fake_gpu
-from tests.support.modelgen import write_model
+from tests.support.modelgen import write_fetched_model
 from tests.support.run import run_mm
 
-REPO = "MiniMaxAI/MiniMax-M3.1-Flash"
 REV = "ce7f4df87d2e05262f5775f373dac4772f134041"
 DIGEST = "sha256:" + "a" * 64
 
@@ -45,10 +43,8 @@ def one_line(r, code: int, *needles: object) -> None:
 
 @pytest.fixture(scope="module")
 def small_model(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("small") / "MiniMax-M3.1-Flash"
-    write_model(root, shards=1, shard_bytes=16 * 1024)
-    manifest_for_local_dir(root, REPO, REV, offline=True)
-    return root
+    return write_fetched_model(tmp_path_factory.mktemp("small") / "MiniMax-M3.1-Flash", REV, shards=1,
+                               shard_bytes=16 * 1024)
 
 
 @pytest.fixture
