@@ -307,8 +307,9 @@ def _readers(model: Path, tmp: Path) -> dict[str, tuple[object, Callable]]:
         "cache key": ({"schema": cachekey.SCHEMA, "gpu": "g", "gpu_count": 4},
                       lambda d: cachekey.read_cache_key(write(f"ck/{cachekey.FILE_NAME}", d).parent)),
         "wheelhouse index": ({"schema": wheelhouse.SCHEMA, "glibc_min": "2.28", "sets": [
-            {"name": "linux-x86_64-cp311", "wheels": [{"file": "a-1-py3-none-any.whl", "size": 3, "sha256": "f" * 64}]}]},
-            lambda d: wheelhouse.read_index(write(f"wh/{wheelhouse.INDEX_NAME}", d).parent)),
+            {"name": "linux-x86_64-cp311", "lock": "linux-x86_64-cp311/requirements.lock",
+             "wheels": [{"file": "a-1-py3-none-any.whl", "name": "a", "version": "1", "size": 3, "sha256": "f" * 64}]}]},
+            lambda d: wheelhouse.check_wheelhouse(write(f"wh/{wheelhouse.INDEX_NAME}", d).parent)),
         "unbundle state": ({"bundle_id": "b", "pieces": {"model:a": {"1": [0, 10, "ab" * 32]}},
                             "whole": {"model:a": ["c" * 64, "d" * 64]}, "done_volumes": [1]},
                            lambda d: _State(write("state.json", d), tmp).bytes_in_place("model:a")),
