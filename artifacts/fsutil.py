@@ -402,8 +402,13 @@ def dir_lock(directory: Path, what: str = "mm", leave_nothing: bool = False) -> 
         lock_path = Path(directory)
         fd = os.open(lock_path, os.O_RDONLY | os.O_DIRECTORY)
     else:
-        lock_path = Path(directory) / MM_DIR / "lock"  # DIR/.mm reached without following a link (a target's rule)
-        fd = open_file(Path(directory), lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        from .hfcache import state_dir  # a Hugging Face cache snapshot keeps its .mm outside the cache
+
+        lock_dir = state_dir(directory, MM_DIR)
+        lock_path = lock_dir / "lock"
+        # DIR/.mm reached without following a link (a target's rule); a snapshot's is mm's own state directory
+        root = Path(directory) if lock_dir == Path(directory) / MM_DIR else lock_dir
+        fd = open_file(root, lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

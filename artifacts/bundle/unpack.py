@@ -225,7 +225,10 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
     DEST.payload/<kind dir>). sync=False skips the fsyncs of imported data (the final names still come only
     after the hashes match). ALLOWED_SIGNERS: check the manifest's signature first (IntegrityError, nothing
     written, when it is not good; with REQUIRE_SIGNATURE when there is none either)."""
+    from ..hfcache import refuse_snapshot
+
     dest = Path(dest)
+    refuse_snapshot(dest, "mm unbundle")
     vols, pvols = split_volumes([open_volume(p) for p in find_volumes(sources)])
     signature, signed_manifest = None, None
     if allowed_signers is not None:

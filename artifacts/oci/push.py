@@ -205,17 +205,21 @@ class _StateDir:
     just pushes without resume state."""
 
     def __init__(self, model_dir: Path, registry: str, repository: str):
+        from ..hfcache import state_dir  # a Hugging Face cache snapshot keeps its state outside the cache
+
         key = hashlib.sha256(f"{registry}/{repository}".encode()).hexdigest()[:16]
-        self.model_dir = model_dir  # the target: nothing below it written through a link (fsutil's rule)
-        self.dir = model_dir / STATE_DIR / key
-        self.root = model_dir / STATE_DIR
+        self.root = state_dir(model_dir, MM_DIR) / STATE_DIR.removeprefix(f"{MM_DIR}/")
+        self.dir = self.root / key
+        # the root nothing below is written through a link from (fsutil's rule): the model directory for DIR/.mm,
+        # mm's own state directory for a Hugging Face cache snapshot
+        self.base = Path(model_dir) if self.root.is_relative_to(model_dir) else self.root
 
     def _path(self, digest: str) -> Path:
         return self.dir / f"{digest.split(':', 1)[1]}.json"
 
     def location(self, digest: str) -> str | None:
         try:
-            doc = read_json_file(check_inside(self.model_dir, self._path(digest)), what="upload state",
+            doc = read_json_file(check_inside(self.base, self._path(digest)), what="upload state",
                                  max_bytes=64 * 1024)
             return doc["location"] if isinstance(doc.get("location"), str) else None
         except (BadInput, KeyError, AttributeError):  # a state that is not ours is no state: the upload starts over
@@ -223,19 +227,19 @@ class _StateDir:
 
     def save(self, digest: str, location: str) -> None:
         try:
-            atomic_write_text(self._path(digest), json.dumps({"location": location}) + "\n", root=self.model_dir)
+            atomic_write_text(self._path(digest), json.dumps({"location": location}) + "\n", root=self.base)
         except OSError:
             pass
 
     def forget(self, digest: str) -> None:
         try:
-            unlink_file(self.model_dir, self._path(digest))
+            unlink_file(self.base, self._path(digest))
         except OSError:
             pass
 
     def clear(self) -> None:
         try:
-            remove_tree(self.model_dir, self.dir)
+            remove_tree(self.base, self.dir)
         except OSError:
             pass
         try:
