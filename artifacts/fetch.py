@@ -15,7 +15,7 @@ from typing import Iterator, Mapping
 
 from .download import JOURNAL, PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources
 from .errors import BadInput, RemoteError
-from .fsutil import MM_DIR, check_model_path, unlink_file
+from .fsutil import MM_DIR, check_model_path, state_root, unlink_file
 from .ranges import DEFAULT_CONNECTIONS
 from .hub import HubSource, Resolved, list_remote_files, resolve_revision, select
 from .manifest import FileEntry, Manifest, Partial, expected_entry, manifest_path, public_endpoint, read_manifest, write_manifest
@@ -116,7 +116,7 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
         manifest = Manifest(repo_id=req.repo_id, revision=resolved.commit, files=(), repo_type=req.repo_type,
                             requested_revision=resolved.requested, endpoint=public_endpoint(hub.endpoint),
                             partial=_partial(local_dir, req, refetch, remote, entries))
-        write_manifest(manifest.with_files(list(entries.values())), manifest_path(local_dir), root=local_dir)
+        write_manifest(manifest.with_files(list(entries.values())), manifest_path(local_dir), root=state_root(local_dir))
         session.finished()
 
     outcomes = tuple(o for o, _ in results) + tuple(unlisted)

@@ -49,8 +49,7 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644, *, root: Path
                 if sync:
                     os.fsync(f.fileno())
                 os.fchmod(f.fileno(), mode)
-            _refuse_link_at(dfd, name, path, root, allowed)
-            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)  # a link at NAME is replaced, never followed
             if sync:
                 os.fsync(dfd)
         except BaseException:
@@ -71,7 +70,8 @@ def publish(partial: Path, final: Path, sync: bool = True, mode: int | None = No
             allowed: Allowed = ()) -> None:
     """The one atomic publish: a file fully written under a partial name (under ROOT, same filesystem) gets its
     final name under ROOT: fsync it, set MODE, rename, fsync the directory. sync=False: the caller chose speed
-    (--no-sync). Neither name is reached through a symlink, and the final name is never a symlink.
+    (--no-sync). Neither name is reached through a symlink; a symlink at the final name is replaced (the file it
+    pointed to is untouched).
 
     Every writer of a final file goes through here (downloads, manifests, launch scripts, bundles).
     """
@@ -86,8 +86,7 @@ def publish(partial: Path, final: Path, sync: bool = True, mode: int | None = No
                     os.fchmod(fd, mode)
             finally:
                 os.close(fd)
-        _refuse_link_at(ffd, fname, Path(final), root, allowed)
-        os.rename(pname, fname, src_dir_fd=pfd, dst_dir_fd=ffd)
+        os.rename(pname, fname, src_dir_fd=pfd, dst_dir_fd=ffd)  # a link at the final name is replaced, not followed
         if sync:
             os.fsync(ffd)
 
@@ -108,6 +107,15 @@ def publish_fd(fd: int, partial: Path, final: Path, sync: bool = True, *, root: 
 
 Allowed = Iterable[Path]
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def state_root(model_dir: Path) -> Path:
+    """The root that MODEL_DIR's own files (manifest, signature, lock, push state) are written under: MODEL_DIR,
+    whose .mm/ holds them, or, for a Hugging Face cache snapshot, mm's state directory outside hf's cache."""
+    from .hfcache import state_dir
+
+    own = state_dir(model_dir, MM_DIR)
+    return Path(model_dir) if own == Path(model_dir) / MM_DIR else own
 
 
 def user_path(path: Path) -> Path:
@@ -241,11 +249,12 @@ def check_inside(root: Path, path: Path, *, allowed: Allowed = ()) -> Path:
 
 
 def check_targets(root: Path, relpaths: Iterable[str], *, allowed: Allowed = ()) -> None:
-    """Before a command moves a byte: every path it will write, rename or delete under ROOT (relative paths) is
-    reached through real directories and is not itself a symlink (refused, naming the first link)."""
+    """Before a command moves a byte: every path it will write or rename under ROOT (relative paths) is reached
+    through real directories (refused, naming the first link). A link at a final name itself is harmless: the
+    file is published over it by rename."""
     root = Path(root)
-    for rel in relpaths:
-        check_inside(root, root / rel, allowed=allowed)
+    for parent in sorted({(root / rel).parent for rel in relpaths} - {root}):
+        check_inside(root, parent, allowed=allowed)
 
 
 def open_file(root: Path, path: Path, flags: int, mode: int = 0o644, *, allowed: Allowed = ()) -> int:
@@ -277,11 +286,10 @@ def open_file(root: Path, path: Path, flags: int, mode: int = 0o644, *, allowed:
 
 
 def unlink_file(root: Path, path: Path, *, missing_ok: bool = True, allowed: Allowed = ()) -> None:
-    """Remove PATH under ROOT (a file; a symlink there is refused, not removed)."""
+    """Remove PATH under ROOT, reached through real directories (a symlink at PATH itself is removed, as a name:
+    what it points to is untouched)."""
     try:
         with parent_dir(root, path, allowed=allowed) as (dfd, name):
-            if _refuse_link_at(dfd, name, Path(path), Path(root), allowed) is None:
-                raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(path))
             os.unlink(name, dir_fd=dfd)
     except FileNotFoundError:
         if not missing_ok:
@@ -289,14 +297,15 @@ def unlink_file(root: Path, path: Path, *, missing_ok: bool = True, allowed: All
 
 
 def remove_tree(root: Path, path: Path, *, allowed: Allowed = ()) -> None:
-    """rm -rf PATH under ROOT; nothing outside it: PATH reached through real directories, and links inside it
-    are removed, never followed (shutil.rmtree's descriptor-based walk)."""
+    """rm -rf PATH under ROOT; nothing outside it: PATH reached through real directories, and links (PATH itself
+    included) are removed as names, never followed (shutil.rmtree's descriptor-based walk)."""
     import shutil
 
     try:
         with parent_dir(root, path, allowed=allowed) as (dfd, name):
-            st = _refuse_link_at(dfd, name, Path(path), Path(root), ())
-            if st is None:
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
                 return
             if not stat.S_ISDIR(st.st_mode):
                 os.unlink(name, dir_fd=dfd)
@@ -404,11 +413,8 @@ def dir_lock(directory: Path, what: str = "mm", leave_nothing: bool = False) -> 
     else:
         from .hfcache import state_dir  # a Hugging Face cache snapshot keeps its .mm outside the cache
 
-        lock_dir = state_dir(directory, MM_DIR)
-        lock_path = lock_dir / "lock"
-        # DIR/.mm reached without following a link (a target's rule); a snapshot's is mm's own state directory
-        root = Path(directory) if lock_dir == Path(directory) / MM_DIR else lock_dir
-        fd = open_file(root, lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        lock_path = state_dir(directory, MM_DIR) / "lock"  # reached without following a link (a target's rule)
+        fd = open_file(state_root(directory), lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BadInput, IntegrityError
-from .fsutil import MM_DIR, atomic_write_bytes, open_local_file, read_local_file
+from .fsutil import MM_DIR, atomic_write_bytes, open_local_file, read_local_file, state_root
 from .tools import ToolMissing, ToolResult, run_tool
 
 NAMESPACE = "mm-manifest"
@@ -175,7 +175,7 @@ def sign_manifest(model_dir: Path, key: Path) -> SignResult:
     sig = sign_bytes(data, key, str(mpath))
     info = read_signature_info(sig, str(key))
     out = signature_path(model_dir)
-    atomic_write_bytes(out, sig, root=Path(model_dir))
+    atomic_write_bytes(out, sig, root=state_root(model_dir))
     return SignResult(str(mpath), str(out), info.key_type, info.fingerprint)
 
 

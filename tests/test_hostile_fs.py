@@ -96,7 +96,6 @@ def _plant(dest: Path, where: str, outside: Path, upstream: str) -> Path:
         "subdir": (dest / "dspark", outside / "dir"),
         "state dir": (dest / ".mm", outside / "dir"),
         "partial dir": (partial, outside / "dir"),
-        "final name": (dest / "config.json", outside / "dir" / "config.json"),
         "partial file": (partial / f"{upstream}.part", outside / "dir" / "victim"),
         "range map": (partial / f"{upstream}.part.ranges", outside / "dir" / "victim"),
         "journal": (dest / ".mm" / "journal.jsonl", outside / "dir" / "victim"),
@@ -114,8 +113,8 @@ def _plant(dest: Path, where: str, outside: Path, upstream: str) -> Path:
     return link
 
 
-@pytest.mark.parametrize("where", ["subdir", "state dir", "partial dir", "final name", "partial file", "range map",
-                                   "journal", "lock", "dangling", "loop", "hard-linked partial"])
+@pytest.mark.parametrize("where", ["subdir", "state dir", "partial dir", "partial file", "range map", "journal", "lock",
+                                   "dangling", "loop", "hard-linked partial"])
 def test_fetch_refuses_a_link_planted_in_its_target(where, run_mm, hub_env, model_repo, outside, tmp_path):
     dest = tmp_path / "model"
     named = _plant(dest, where, outside, _upstream(model_repo))
@@ -127,16 +126,22 @@ def test_fetch_refuses_a_link_planted_in_its_target(where, run_mm, hub_env, mode
     unchanged(outside, before)
 
 
-def test_fetch_over_a_final_name_hard_linked_outside_replaces_the_name_only(run_mm, hub_env, model_repo, outside,
-                                                                            tmp_path):
-    """A final name is published by rename: a hard link there is replaced, its other name keeps its bytes."""
+@pytest.mark.parametrize("link", ["symlink", "hard link"])
+def test_fetch_over_a_final_name_linked_outside_replaces_the_name_only(link, run_mm, hub_env, model_repo, outside,
+                                                                       tmp_path):
+    """A final name is published by rename: a link there is replaced, never written through; what it pointed to
+    keeps its bytes (and the file is downloaded, not adopted through the link)."""
     dest = tmp_path / "model"
     dest.mkdir()
-    os.link(outside / "dir" / "config.json", dest / "config.json")
+    if link == "symlink":
+        (dest / "config.json").symlink_to(outside / "dir" / "config.json")
+    else:
+        os.link(outside / "dir" / "config.json", dest / "config.json")
     before = snapshot(outside)
     r = run_mm("fetch", model_repo.repo_id, "--revision", model_repo.commits[-1], "--local-dir", dest, env=hub_env,
                timeout=DEADLINE)
     refused(r, 0)
+    assert not (dest / "config.json").is_symlink()
     assert (dest / "config.json").read_bytes() == model_repo.read("config.json")
     unchanged(outside, before)
 
@@ -209,12 +214,22 @@ def volumes(small_model, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("where", ["subdir", "state dir", "final name"])
+@pytest.mark.parametrize("where", ["subdir", "state dir"])
 def test_unbundle_refuses_a_link_planted_in_dest(where, volumes, outside, tmp_path):
     dest = tmp_path / "dest"
     named = _plant(dest, where, outside, "unused")
     before = snapshot(outside)
     refused(run_mm("unbundle", volumes, "--dest", dest, timeout=DEADLINE), 3, named, "is a symlink")
+    unchanged(outside, before)
+
+
+def test_unbundle_over_a_final_name_linked_outside_replaces_the_name_only(volumes, outside, tmp_path):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "config.json").symlink_to(outside / "dir" / "config.json")
+    before = snapshot(outside)
+    refused(run_mm("unbundle", volumes, "--dest", dest, timeout=DEADLINE), 0)
+    assert not (dest / "config.json").is_symlink() and (dest / "config.json").is_file()
     unchanged(outside, before)
 
 

@@ -36,9 +36,9 @@ from typing import NamedTuple
 import blake3
 
 from ..errors import BadInput, IntegrityError, Refused
-from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_inside, check_relpath, dir_lock, fsync_dir,
-                      make_dirs, open_file, publish, publish_fd, read_local_file, remove_tree, require_free_space,
-                      unlink_file)
+from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets,
+                      dir_lock, fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, remove_tree,
+                      require_free_space, unlink_file)
 from ..hashing import StreamHasher, blake3_file
 from ..interrupt import keeps
 from ..manifest import MAX_MANIFEST_BYTES, from_json, manifest_path, read_manifest
@@ -99,9 +99,12 @@ class Places:
         self.roots = {MODEL_KIND: dest, **self.payload_roots}
 
     def final(self, kind: str, path: str) -> Path:
-        """ROOT/PATH for a file of KIND, refused (naming the link) when a symlink lies on the way (fsutil's rule)."""
+        """ROOT/PATH for a file of KIND, refused (naming the link) when a symlink lies on the way (fsutil's rule);
+        a link at the name itself is replaced when the file is published, never followed."""
         check_relpath(path, f"{kind} path")
-        return check_inside(self.roots[kind], self.roots[kind] / path)
+        root = self.roots[kind]
+        check_targets(root, [path])
+        return root / path
 
     def partial_dir(self, kind: str) -> Path:
         if kind == MODEL_KIND:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..download import JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, known_entries, partial_path, prepare_dir
 from ..errors import BadInput, IntegrityError, MMError, RemoteError
-from ..fsutil import check_targets, dir_lock, open_file, publish, require_free_space, unlink_file
+from ..fsutil import check_targets, dir_lock, open_file, publish, require_free_space, state_root, unlink_file
 from ..hashing import SLICE, StreamHasher, mapped_windows
 from .. import interrupt
 from ..manifest import FileEntry, Manifest, manifest_path, write_manifest
@@ -186,7 +186,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
             removed: tuple[str, ...] = ()
             if len(got) == len(wanted):  # complete: the directory now holds this revision and nothing of another
                 removed = _remove_other_revision(local_dir, known, r.manifest)
-                write_manifest(r.manifest.with_files(list(got.values())), manifest_path(local_dir), root=local_dir)
+                write_manifest(r.manifest.with_files(list(got.values())), manifest_path(local_dir), root=state_root(local_dir))
                 journal.clear()
     outcomes = tuple(sorted((o for o, _ in results), key=lambda o: o.path))
     problems: tuple[str, ...] = ()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import interrupt
 from ..errors import BadInput, Refused, RemoteError
-from ..fsutil import MM_DIR, atomic_write_text, check_inside, read_local_file, remove_tree, unlink_file
+from ..fsutil import MM_DIR, atomic_write_text, check_inside, read_local_file, remove_tree, state_root, unlink_file
 from ..manifest import manifest_path, read_manifest, to_json
 from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..untrusted import read_json_file
@@ -210,9 +210,7 @@ class _StateDir:
         key = hashlib.sha256(f"{registry}/{repository}".encode()).hexdigest()[:16]
         self.root = state_dir(model_dir, MM_DIR) / STATE_DIR.removeprefix(f"{MM_DIR}/")
         self.dir = self.root / key
-        # the root nothing below is written through a link from (fsutil's rule): the model directory for DIR/.mm,
-        # mm's own state directory for a Hugging Face cache snapshot
-        self.base = Path(model_dir) if self.root.is_relative_to(model_dir) else self.root
+        self.base = state_root(model_dir)  # nothing below it is written through a link (fsutil's rule)
 
     def _path(self, digest: str) -> Path:
         return self.dir / f"{digest.split(':', 1)[1]}.json"
