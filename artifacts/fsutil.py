@@ -147,8 +147,8 @@ def link_refused(link: Path, root: Path) -> BadInput:
         to = os.readlink(link)
     except OSError:
         to = "?"
-    return BadInput(f"{link}: is a symlink (to {to}) inside {root}; mm never writes through or over a link under "
-                    f"the directory it works in: remove the link, or name the real directory")
+    return BadInput(f"{link}: is a symlink (to {to}) inside {root}; mm never writes through a link under the "
+                    f"directory it works in: remove the link, or name the real directory")
 
 
 def _refuse_link_at(dfd: int, name: str, full: Path, root: Path, allowed: Allowed) -> os.stat_result | None:

@@ -1,14 +1,15 @@
 """A target directory is mm's, and only its own; a local file is what it seems, or refused (issue 19 §2).
 
 The rule (README "Hostile input"): a directory or file the user names is taken as given, a symlink included (the
-user's choice); below it, mm writes, renames and deletes only through real directories, never through or over a
-symlink, and never into a file that has another hard link. A link in the way is refused, exit 3, naming it. Local
+user's choice); below it, mm writes, renames and deletes only through real directories, never through a symlink (a
+link at a final name is replaced by the rename, as a name), and never into a file that has another hard link. A link in the way is refused, exit 3, naming it. Local
 files mm reads (logs, signatures, keys, auth files, manifests, image archives, volumes) must be regular files;
 their size is checked with fstat before a bounded read, so a FIFO, /dev/zero or a huge file never hangs or swells mm.
 
 Families (each parametrized):
-  fetch     a link planted in an `mm fetch` target, in every position (subdir, .mm/, .mm/partial/, a final name,
-            a partial file, its range map, the journal, the lock, dangling, a loop), a hard-linked partial
+  fetch     a link planted in an `mm fetch` target, in every position (subdir, .mm/, .mm/partial/, a partial file,
+            its range map, the journal, the lock, dangling, a loop), a hard-linked partial; a final name linked
+            outside (symlink or hard link) is replaced as a name, what it points to untouched
   pull      the same for `mm pull`, and the file of another revision deleted through a linked subdirectory
   writers   unbundle --dest, bundle --out, launch --out and the kernel-cache root, manifest export, sign
   user      a target the user names that is itself a link: followed, as the user chose
