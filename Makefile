@@ -44,9 +44,10 @@ $(TEST_STAMP): $(STAMP)
 # Standard tools that tests and benchmarks use, all Debian packages: b3sum and sha256sum peers, shellcheck, strace (to
 # see fsyncs), the real OCI registry (docker-registry, distribution 2.8) and skopeo, ssh-keygen for signatures, the real
 # container engine (docker.io: dockerd 20.10, started by the tests on a private socket and bridge, iproute2 makes the
-# bridge), busybox-static (the stand-in server image's root file system) and curl (the node script's health checks).
-TOOLS := b3sum shellcheck strace docker-registry skopeo ssh-keygen dockerd busybox ip curl
-TOOL_PACKAGES := b3sum shellcheck strace docker-registry skopeo openssh-client docker.io busybox-static iproute2 curl
+# bridge), busybox-static (the stand-in server image's root file system), curl (the node script's health checks),
+# nginx (the fetch benchmark's CDN) and aria2c (its peer).
+TOOLS := b3sum shellcheck strace docker-registry skopeo ssh-keygen dockerd busybox ip curl nginx aria2c
+TOOL_PACKAGES := b3sum shellcheck strace docker-registry skopeo openssh-client docker.io busybox-static iproute2 curl nginx aria2
 
 tools:
 	@for t in $(TOOLS); do command -v $$t >/dev/null || missing=1; done; \
