@@ -84,8 +84,12 @@ class Expected:
 # --- entry points ------------------------------------------------------------------------------
 
 def verify_dir(model_dir: Path, manifest: Manifest | None = None, *, quick: bool = False, jobs: int | None = None,
-               progress: ProgressSink = NULL_PROGRESS, manifest_file: Path | None = None) -> VerifyReport:
+               progress: ProgressSink = NULL_PROGRESS, manifest_file: Path | None = None,
+               proven: frozenset[str] = frozenset()) -> VerifyReport:
     """Check MODEL_DIR against MANIFEST (default: the one beside the model, or MANIFEST_FILE).
+
+    PROVEN: paths whose content the caller proved against this manifest itself (unbundle hashed them on their way
+    to disk): checked like every file for presence, size, readability and structure, but not read again.
 
     Raises BadInput when it cannot run (no manifest, unreadable directory); damage is returned as problems.
     """
@@ -98,7 +102,7 @@ def verify_dir(model_dir: Path, manifest: Manifest | None = None, *, quick: bool
         expected = [Expected(f.path, f.size, "blake3", f.blake3) if f.blake3 is not None
                     else Expected(f.path, f.size, f.upstream.kind, f.upstream.value) for f in manifest.files]
         return _verify(model_dir, expected, str(manifest_file), quick=quick, jobs=jobs, progress=progress,
-                       ignore=_inside(model_dir, manifest_file))
+                       ignore=_inside(model_dir, manifest_file), proven=proven)
 
 
 def require_quick_verify(model_dir: Path, manifest: Manifest | None = None, *, before: str) -> None:
@@ -146,7 +150,8 @@ class _Scan:
 
 
 def _verify(model_dir: Path, expected: list[Expected], source: str, *, quick: bool, jobs: int | None,
-            progress: ProgressSink, ignore: str | None = None, listing: str = "the manifest") -> VerifyReport:
+            progress: ProgressSink, ignore: str | None = None, listing: str = "the manifest",
+            proven: frozenset[str] = frozenset()) -> VerifyReport:
     started = time.perf_counter()
     jobs = max(1, jobs or os.cpu_count() or 1)
     scan = _scan(model_dir, ignore)
@@ -174,6 +179,8 @@ def _verify(model_dir: Path, expected: list[Expected], source: str, *, quick: bo
         problems += _unreadable(model_dir, [e.path for e in to_hash])
         bytes_checked = 0
     else:
+        problems += _unreadable(model_dir, [e.path for e in to_hash if e.path in proven])
+        to_hash = [e for e in to_hash if e.path not in proven]
         hash_problems, bytes_checked = _hash_all(model_dir, to_hash, jobs, progress)
         problems += hash_problems
     broken |= {p.path for p in problems if p.kind in ("unreadable", "empty", "size")}

@@ -125,3 +125,35 @@ class ChunkPipe:
                     item[1].release()
                     self._free.put(item[0])
             worker.join()
+
+
+def device_read_bytes() -> int | None:
+    """Bytes this process made the kernel fetch from storage so far (/proc/self/io read_bytes: page cache hits
+    count nothing), or None where the kernel keeps no such count."""
+    try:
+        with open("/proc/self/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"read_bytes:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def read_back(path: Path, size: int, pipe: ChunkPipe, hashers) -> int | None:
+    """Hash PATH's SIZE bytes as the disk holds them: fsync the file (only clean pages can be dropped), drop its
+    pages from the page cache (posix_fadvise DONTNEED), then read it again through PIPE, feeding HASHERS. Returns
+    the bytes the kernel fetched from the storage device meanwhile (SIZE when every page came from the disk; less
+    on a file system without a device, e.g. tmpfs, or where the pages could not be dropped), or None where the
+    kernel does not count them. The caller reads nothing else meanwhile, so the count is this file's."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    before = device_read_bytes()
+    for _ in pipe.stream(path, 0, size, hashers):
+        pass
+    after = device_read_bytes()
+    return None if before is None or after is None else after - before
