@@ -191,6 +191,14 @@ def lease(fd: int) -> bool:
         return False
 
 
+def unlease(fd: int) -> None:
+    """Give a lease back before the descriptor is closed (a mapping still held keeps the open file, and its lease)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    except OSError:
+        pass
+
+
 def lease_broken(fd: int) -> bool:
     try:
         return fcntl.fcntl(fd, fcntl.F_GETLEASE) != fcntl.F_RDLCK

@@ -42,7 +42,7 @@ from ..manifest import from_json, manifest_path, read_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
 from ..untrusted import At, load_json, read_json_file
 from .check import ParitySet, conflicting_numbers, parity_set, reference_bundle
-from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush, read_back
+from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back
 from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member
 from .index import Entry, Index, disagreements, parse_index
 from .parity import FileSource, NotRecoverable, describe_shortfall, rebuild
@@ -814,7 +814,7 @@ class _Import:
         state records it next. A whole file is fsynced by publish."""
         flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if fresh else 0)
         fd = os.open(partial, flags, 0o644)
-        flush = EarlyFlush(fd, enabled=self.sync)
+        flush = WriteBehind(fd, start=offset, enabled=self.sync)
         try:
             if os.fstat(fd).st_size != size:
                 os.ftruncate(fd, size)
@@ -835,8 +835,6 @@ class _Import:
                 if e.filename is not None:
                     raise
                 raise BadInput(f"{v.path.name}: member {info.name!r}: cannot be read ({e.strerror or e})") from None
-            finally:
-                flush.wait()
         finally:
             os.close(fd)
         if self.sync and not fresh:  # a piece recorded in the state must survive a crash
