@@ -40,17 +40,18 @@ PEAKS: dict[str, dict[str, int]] = {}  # command's first words -> the peaks of R
 def _sample_rss(timer: subprocess.Popen, key: str) -> None:
     """Peaks of RssAnon (the process's own memory) and RssFile (mapped file pages: page cache it maps, no memory
     of its own) of the command /usr/bin/time runs, from /proc/PID/status every 2 ms."""
+    from tests.bench.verify_cores import peak_status
+
     peaks = PEAKS.setdefault(key, {"RssAnon": 0, "RssFile": 0})
-    while timer.poll() is None:
+    child: list[str] = []
+    while not child and timer.poll() is None:
         try:
             child = Path(f"/proc/{timer.pid}/task/{timer.pid}/children").read_text().split()
-            for line in Path(f"/proc/{child[0]}/status").read_text().splitlines() if child else []:
-                name, _, value = line.partition(":")
-                if name in peaks:
-                    peaks[name] = max(peaks[name], int(value.split()[0]))
-        except (OSError, ValueError, IndexError):
+        except OSError:
             pass
-        time.sleep(0.002)
+        time.sleep(0.001)
+    if child:
+        peak_status(child[0], peaks, lambda: timer.poll() is not None)
 
 
 def run(cmd: list[str], cwd: Path) -> tuple[float, int, str]:

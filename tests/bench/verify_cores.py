@@ -42,23 +42,26 @@ def gen():
     (MODEL / ".mm" / "B3SUMS").write_text(export_sums(m, "blake3"))
     return sum(d.size for d in ds)
 
+def peak_status(pid, peak, stop) -> None:
+    """Raise each field of PEAK (e.g. RssAnon, RssFile, kB) to the most /proc/PID/status shows, every 2 ms, until
+    STOP() is true."""
+    while not stop():
+        try:
+            for line in open(f"/proc/{pid}/status"):
+                k, _, v = line.partition(":")
+                if k in peak:
+                    peak[k] = max(peak[k], int(v.split()[0]))
+        except (OSError, ValueError, IndexError):
+            pass
+        time.sleep(0.002)
+
 def measure(cmd, env):
     """wall s, VmHWM kB (from the last sample), max RssAnon kB, max RssFile kB, ru_maxrss kB (wait4)."""
     proc = subprocess.Popen(cmd, env=env, cwd=MODEL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     t = time.perf_counter()
     peak = {"VmHWM": 0, "RssAnon": 0, "RssFile": 0, "VmRSS": 0}
     done = threading.Event()
-    def sample():
-        while not done.is_set():
-            try:
-                for line in open(f"/proc/{proc.pid}/status"):
-                    k, _, v = line.partition(":")
-                    if k in peak:
-                        peak[k] = max(peak[k], int(v.split()[0]))
-            except (OSError, ValueError, IndexError):
-                pass
-            time.sleep(0.002)
-    th = threading.Thread(target=sample); th.start()
+    th = threading.Thread(target=peak_status, args=(proc.pid, peak, done.is_set)); th.start()
     _, status, ru = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t
     done.set(); th.join()
@@ -113,7 +116,8 @@ def main():
               + (f"; start-up (verify --help) {start[k]:.2f} s; its own hashing (JSON seconds) "
                  f"{statistics.median(x[3] for x in v):.2f} s" if k in start else ""))
 
-if sys.argv[1:] == ["gen"]:
-    print(gen())
-else:
-    main()
+if __name__ == "__main__":
+    if sys.argv[1:] == ["gen"]:
+        print(gen())
+    else:
+        main()
