@@ -46,13 +46,32 @@ def model(tmp_path_factory) -> Path:
     return root
 
 
+DURABILITY = "write,pwrite64,fsync,fdatasync,rename"
+READS = "read,pread64,readv,preadv,preadv2,mmap"
+
+
 @pytest.fixture(scope="module")
-def vols(model, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("io-vols")
-    r = run_mm("bundle", model, "--out", out, "--volume-size", VOLUME_SIZE)
+def traced_bundle(model, tmp_path_factory, strace_works):
+    """The model bundled once under strace: (volume directory, syscalls)."""
+    tmp = tmp_path_factory.mktemp("io-bundle")
+    r, calls = traced(tmp, DURABILITY, "bundle", model, "--out", tmp / "vols", "--volume-size", VOLUME_SIZE)
     assert r.returncode == 0, r.stderr
-    assert len(list(out.glob("*.tar"))) >= 3
-    return out
+    assert len(list((tmp / "vols").glob("*.tar"))) >= 3
+    return tmp / "vols", calls
+
+
+@pytest.fixture(scope="module")
+def vols(traced_bundle) -> Path:
+    return traced_bundle[0]
+
+
+@pytest.fixture(scope="module")
+def traced_unbundle(vols, tmp_path_factory):
+    """The volumes imported once under strace: (destination, syscalls, the --json report)."""
+    tmp = tmp_path_factory.mktemp("io-unbundle")
+    r, calls = traced(tmp, f"{READS},{DURABILITY}", "unbundle", vols, "--dest", tmp / "dest", "--json")
+    assert r.returncode == 0, r.stderr
+    return tmp / "dest", calls, json.loads(r.stdout)
 
 
 def files_of(model: Path):
@@ -112,10 +131,8 @@ def shared_maps(calls) -> set[str]:
 
 # --- one read per byte -----------------------------------------------------------------------------
 
-def test_unbundle_reads_each_volume_byte_once_and_no_imported_byte_again(model, vols, tmp_path, strace_works):
-    dest = tmp_path / "dest"
-    r, calls = traced(tmp_path, "read,pread64,readv,preadv,preadv2,mmap", "unbundle", vols, "--dest", dest)
-    assert r.returncode == 0, r.stderr
+def test_unbundle_reads_each_volume_byte_once_and_no_imported_byte_again(model, vols, traced_unbundle):
+    dest, calls, doc = traced_unbundle
     read, maps, taken = bytes_read(calls), shared_maps(calls), bytes_mapped(calls)
     for v in sorted(vols.glob("*.tar")):
         members = open_volume(v).data.values()
@@ -129,7 +146,6 @@ def test_unbundle_reads_each_volume_byte_once_and_no_imported_byte_again(model, 
     written = {str(dest / f.path) for f in files_of(model)}
     assert not maps & written
     assert not [p for p in read if "/.mm/unbundle/partial/" in p] and not [p for p in maps if ".part" in p]
-    doc = json.loads(run_mm("unbundle", vols, "--dest", tmp_path / "again", "--json").stdout)
     assert doc["verify"]["hashed_as_written"]["files"] == len(files_of(model)) and doc["verify"]["hashed_now"] == {
         "files": 0, "bytes": 0}
     assert "nothing was read back from the disk (--readback does)" in doc["verify"]["proven"]
@@ -176,7 +192,7 @@ def test_file_found_in_place_with_other_bytes_is_hashed_at_the_end_and_named(mod
 def test_readback_drops_each_synced_file_from_the_page_cache_and_reads_it_whole_before_naming_it(
         model, vols, tmp_path, strace_works):
     dest = tmp_path / "dest"
-    r, calls = traced(tmp_path, "fsync,fdatasync,fadvise64,read,pread64,readv,preadv,preadv2,rename", "unbundle", vols,
+    r, calls = traced(tmp_path, f"fadvise64,{READS},{DURABILITY}", "unbundle", vols,
                       "--dest", dest, "--readback", "--json")
     assert r.returncode == 0, r.stderr
     for f in files_of(model):
@@ -290,21 +306,14 @@ def _sync_then_rename_then_dir_sync(calls, partial: str, final: str) -> bool:
     return bool(synced and renamed and dir_synced) and last_write < max(synced) < renamed[0] < max(dir_synced)
 
 
-def test_bundle_syncs_each_volume_after_its_last_write_then_names_it_then_syncs_the_directory(
-        model, tmp_path, strace_works):
-    out = tmp_path / "v"
-    r, calls = traced(tmp_path, "write,pwrite64,fsync,fdatasync,rename", "bundle", model, "--out", out,
-                      "--volume-size", VOLUME_SIZE)
-    assert r.returncode == 0, r.stderr
+def test_bundle_syncs_each_volume_after_its_last_write_then_names_it_then_syncs_the_directory(traced_bundle):
+    out, calls = traced_bundle
     for v in sorted(out.glob("*.tar")):
         assert _sync_then_rename_then_dir_sync(calls, str(v.with_name(f".{v.name}.partial")), str(v)), v.name
 
 
-def test_unbundle_syncs_each_file_after_its_last_write_then_names_it_then_syncs_the_directory(
-        model, vols, tmp_path, strace_works):
-    dest = tmp_path / "dest"
-    r, calls = traced(tmp_path, "write,pwrite64,fsync,fdatasync,rename", "unbundle", vols, "--dest", dest)
-    assert r.returncode == 0, r.stderr
+def test_unbundle_syncs_each_file_after_its_last_write_then_names_it_then_syncs_the_directory(model, traced_unbundle):
+    dest, calls, _ = traced_unbundle
     for f in files_of(model):
         partial = str(dest / ".mm" / "unbundle" / "partial" / partial_name(f.path))
         assert _sync_then_rename_then_dir_sync(calls, partial, str(dest / f.path)), f.path
