@@ -768,7 +768,8 @@ class _Import:
         publish(partial, final, sync=self.sync)
         self.imported.append(file_member(*e.key))
         self.named.append(e.key)
-        self.state.doc.setdefault("proven", {})[skey] = _stamp(final)  # saved with the volume's state
+        if self.sync:  # a later sitting trusts it by its stamp (not a file a crash may have cut: --no-sync)
+            self.state.doc.setdefault("proven", {})[skey] = _stamp(final)  # saved with the volume's state
         if not e.whole:
             self.state.doc["pieces"].pop(skey, None)
             self.state.doc["whole"].pop(skey, None)
