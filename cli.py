@@ -965,8 +965,8 @@ def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
 def unbundle(volumes, dest, no_sync, readback, require_signature, allowed_signers, identity, json_out, **kw):
     """Import volumes (files or directories, any order, some now and the rest later) into DEST, then verify.
 
-    Exit 0 imported (volumes may still be missing), 5 a volume or member was refused, 1 the final verify
-    failed, 7 not enough space.
+    Exit 0 imported (volumes may still be missing), 5 a volume or member was refused (or a file read back
+    with --readback differed), 1 the final verify failed, 7 not enough space.
     """
     from .artifacts.bundle.unpack import Outcome, unbundle as import_volumes
     _signature_policy(require_signature, allowed_signers, identity)
