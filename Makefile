@@ -31,9 +31,10 @@ $(STAMP): setup.cfg pyproject.toml $(PACKAGE_FILES)
 	touch $(STAMP)
 
 # Standard tools that tests and benchmarks use, all Debian packages: b3sum and sha256sum peers, shellcheck, strace (to
-# see fsyncs), the real OCI registry (docker-registry, distribution 2.8) and skopeo, ssh-keygen for signatures.
-TOOLS := b3sum shellcheck strace docker-registry skopeo ssh-keygen
-TOOL_PACKAGES := b3sum shellcheck strace docker-registry skopeo openssh-client
+# see fsyncs), the real OCI registry (docker-registry, distribution 2.8) and skopeo, ssh-keygen for signatures,
+# losetup, mkfs.ext4 and filefrag for the ext4 on a loop device that `mm unbundle --readback` is tested on.
+TOOLS := b3sum shellcheck strace docker-registry skopeo ssh-keygen losetup mkfs.ext4 filefrag
+TOOL_PACKAGES := b3sum shellcheck strace docker-registry skopeo openssh-client mount e2fsprogs
 
 tools:
 	@for t in $(TOOLS); do command -v $$t >/dev/null || missing=1; done; \
