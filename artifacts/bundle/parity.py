@@ -210,8 +210,8 @@ def encode(layout: Layout, sources: list[Source], sinks: list[Callable[[memoryvi
     data_h = [blake3.blake3() for _ in range(layout.k)]
     par_h = [blake3.blake3() for _ in range(layout.m)]
 
-    def read_stripe(j: int) -> bytes:
-        parts = []
+    def read_stripe(j: int) -> tuple[bytes, int]:
+        parts, read = [], 0
         size = layout.chunk(j)
         for i, src in enumerate(sources):
             c = _chunk(src, j * S, size, layout.lengths[i])
@@ -219,14 +219,15 @@ def encode(layout: Layout, sources: list[Source], sinks: list[Callable[[memoryvi
             if real:
                 data_h[i].update(memoryview(c)[:real])
             parts.append(c)
-        return b"".join(parts)
+            read += real
+        return b"".join(parts), read
 
-    for j, data in _stripes(read_stripe, layout.nstripes):
+    for j, (data, read) in _stripes(read_stripe, layout.nstripes):
         for p, chunk in enumerate(codes(j).encode(data)):
             sinks[p](chunk)
             par_h[p].update(chunk)
         if on_bytes:
-            on_bytes(len(data))
+            on_bytes(read)  # bytes of the data volumes read (padding is virtual): adds up to their sizes
     return EncodeResult([h.hexdigest() for h in data_h], [h.hexdigest() for h in par_h])
 
 
@@ -310,7 +311,7 @@ class DirectEncoder:
         data, parity = memoryview(self._data), memoryview(self._parity)
         try:
             for j in range(layout.nstripes):
-                size = layout.chunk(j)
+                size, read = layout.chunk(j), 0
                 for i, src in enumerate(sources):
                     chunk = data[i * S: i * S + size]
                     want = max(0, min(size, layout.lengths[i] - j * S))
@@ -319,13 +320,14 @@ class DirectEncoder:
                         chunk[got:] = bytes(size - got)
                     if want:
                         data_h[i].update(chunk[:want])
+                        read += want
                 self._encode(size)
                 for p in range(layout.m):
                     out = parity[p * S: p * S + size]
                     sinks[p](out)
                     par_h[p].update(out)
                 if on_bytes:
-                    on_bytes(size * layout.k)
+                    on_bytes(read)  # bytes of the data volumes read (padding is virtual): adds up to their sizes
         finally:
             data.release()
             parity.release()
