@@ -1058,8 +1058,9 @@ def unbundle(volumes, dest, no_sync, readback, require_signature, allowed_signer
                   f"{human_duration(time.monotonic() - started)}.", highlight=False, markup=False, soft_wrap=True)
         if report.complete:
             v = report.verify
-            out.print(f"verify {dest}: {'OK' if v['ok'] else 'PROBLEMS'} ({v['files_checked']} files: "
-                      f"{v['hashed_as_written']['files']} hashed as they were written, "
+            checked = sum(v[k]["bytes"] for k in ("hashed_as_written", "named_earlier_unchanged", "hashed_now"))
+            out.print(f"verify {dest}: {'OK' if v['ok'] else 'PROBLEMS'} ({v['files_checked']} files, "
+                      f"{human_bytes(checked)}: {v['hashed_as_written']['files']} hashed as they were written, "
                       + (f"{v['named_earlier_unchanged']['files']} named by an earlier run and unchanged, "
                          if v['named_earlier_unchanged']['files'] else "")
                       + f"{v['hashed_now']['files']} hashed now ({human_bytes(v['hashed_now']['bytes'])}); "
