@@ -428,9 +428,9 @@ class _Writer:
     """Appends to a volume file descriptor, remembering the position. KEEP: leave its pages in the page cache (the
     parity pass reads the data volumes next)."""
 
-    def __init__(self, fd: int, sync: bool, keep: bool = False):
+    def __init__(self, fd: int, keep: bool = False):
         self.fd, self.pos = fd, 0
-        self.flush = WriteBehind(fd, enabled=sync, keep=keep)
+        self.flush = WriteBehind(fd, drop=not keep)
 
     def write(self, data) -> None:
         view = memoryview(data)
@@ -473,7 +473,7 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
     digests: dict = {}
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        w = _Writer(fd, sync, keep=plan.parity > 0)
+        w = _Writer(fd, keep=plan.parity > 0)
         patch_at = {}
         for name, data in meta_members(plan, n, {}, restore):
             w.write(tar_header(name, len(data), plan.mtime))
@@ -856,7 +856,7 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
         for p in wanted:
             final = Path((out_dirs or {}).get(p, out_dir)) / parity_filename(name, p, parities)
             tmp = final.with_name(f".{final.name}.partial")
-            w = _Writer(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), sync)
+            w = _Writer(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
             opened[p] = (w, tmp, final, 0)
             head, patch_at = _parity_head(_parity_index(name, bundle_id, manifest_bytes, meta, p, parities, layout,
                                                         files, zeros, zeros), p, manifest_bytes, meta, layout, mtime)

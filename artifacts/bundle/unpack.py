@@ -833,7 +833,7 @@ class _Import:
         state records it next. A whole file is fsynced by publish."""
         flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if fresh else 0)
         fd = os.open(partial, flags, 0o644)
-        flush = WriteBehind(fd, start=offset, enabled=self.sync)
+        flush = WriteBehind(fd, start=offset)  # the pages stay cached: the engine reads the model next
         try:
             if os.fstat(fd).st_size != size:
                 os.ftruncate(fd, size)

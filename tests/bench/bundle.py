@@ -1,5 +1,5 @@
 """Bundle and unbundle >= 4 GiB (several ~1 GiB shards), interleaved with `tar -cf` and `tar -xf` of the same
-directory, on the same disk, page cache warm. Prints time ratios mm/tar, the CPU each spent (user and sys, from
+directory, on the same disk, page cache warm (each run's input read into it just before). Prints time ratios mm/tar, the CPU each spent (user and sys, from
 getrusage of the children), the bytes each read from the disk, mm's peak RSS, and the load average of each round.
 
 mm fsyncs every volume and file it writes; tar does neither. So each mm figure is set against the tar run of the
@@ -49,6 +49,13 @@ def _fresh(*paths: Path) -> None:
     subprocess.run(["sync"], check=True)  # no dirty pages left from the run before
 
 
+def _warm(*paths: Path) -> None:
+    """Read the inputs of the next run into the page cache: mm bundle leaves its volumes out of it (they go to
+    another disk), tar -cf leaves its archive in; each reader starts warm, as the bundle runs do."""
+    files = [str(f) for p in paths for f in ([p] if p.is_file() else sorted(p.iterdir()))]
+    subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
+
+
 def one_round(src: Path) -> dict[str, Usage]:
     t = lambda cmd: run_usage(cmd, WORK / "time.txt")  # noqa: E731
     tar_file, tar_out, vols, dest = WORK / "model.tar", WORK / "tar-x", WORK / "vols", WORK / "dest"
@@ -67,15 +74,19 @@ def one_round(src: Path) -> dict[str, Usage]:
     _fresh(staging)
     _fresh(tar_out)
     tar_out.mkdir()
+    _warm(tar_file)
     got["tar -xf"] = t(["tar", "-xf", str(tar_file), "-C", str(tar_out)])
     _fresh(tar_out)
     tar_out.mkdir()
+    _warm(tar_file)
     x = t(["tar", "-xf", str(tar_file), "-C", str(tar_out)])
     got["tar -xf + sync"] = _sum(x, t(["sync", *_files(tar_out)]))
     _fresh(tar_out, dest)
+    _warm(vols)
     got["unbundle"] = t([str(MM), "unbundle", str(vols), "--dest", str(dest)])
     scratch = WORK / "dest-nosync"
     _fresh(scratch)
+    _warm(vols)
     got["unbundle --no-sync"] = t([str(MM), "unbundle", str(vols), "--dest", str(scratch), "--no-sync"])
     _fresh(scratch, dest)
     return got
