@@ -1,6 +1,7 @@
 """Bundle and unbundle >= 4 GiB (several ~1 GiB shards), interleaved with `tar -cf` and `tar -xf` of the same
-directory, on the same disk, page cache warm (each run's input read into it just before). Prints time ratios mm/tar, the CPU each spent (user and sys, from
-getrusage of the children), the bytes each read from the disk, mm's peak RSS, and the load average of each round.
+directory, on the same disk, page cache warm (each run's input read into it just before). Prints time ratios mm/tar,
+the CPU each spent (user and sys, from getrusage of the children), the bytes each read from the disk, mm's peak RSS,
+and the load average of each round.
 
 mm fsyncs every volume and file it writes; tar does neither. So each mm figure is set against the tar run of the
 same durability: `mm bundle` against `tar -cf` + `sync FILE`, `mm bundle --no-sync` against plain `tar -cf` (mm
