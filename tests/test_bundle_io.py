@@ -329,18 +329,27 @@ class _Bytes:
         return self.data[offset:offset + n]
 
 
-@pytest.mark.parametrize("k, m, stripe", [(5, 3, 4096), (10, 2, 64 * 1024), (1, 1, 640)])
-def test_parity_encoded_by_isal_directly_is_byte_identical_to_pyeclibs_and_rebuilds(k, m, stripe, monkeypatch):
+@pytest.mark.parametrize("k, m, stripe, files", [(5, 3, 4096, True), (10, 2, 64 * 1024, True), (1, 1, 640, False),
+                                                (4, 2, 8192, False)])
+def test_parity_encoded_by_isal_directly_is_byte_identical_to_pyeclibs_and_rebuilds(k, m, stripe, files, tmp_path,
+                                                                                   monkeypatch):
+    """FILES: the streams are files (mapped, their chunks handed to ISA-L by address), else bytes (read into its
+    buffer)."""
     from mm.artifacts.bundle import parity
 
     rng = random.Random(k * 1000 + m)
     streams = [rng.randbytes(rng.randrange(1, 5 * stripe)) for _ in range(k)]  # unequal, a short last stripe
+    for i, data in enumerate(streams):
+        (tmp_path / f"v{i}").write_bytes(data)
     layout = parity.Layout(k, m, stripe, tuple(len(s) for s in streams))
     assert parity.DirectEncoder.for_layout(layout) is not None, "ISA-L not found beside pyeclib"
 
     def run() -> tuple:
         out = [bytearray() for _ in range(m)]
-        result = parity.encode(layout, [_Bytes(s) for s in streams], [o.extend for o in out])
+        sources = [parity.FileSource(tmp_path / f"v{i}") if files else _Bytes(s) for i, s in enumerate(streams)]
+        result = parity.encode(layout, sources, [o.extend for o in out])
+        for src in sources:
+            getattr(src, "close", lambda: None)()
         return result, [bytes(o) for o in out]
 
     direct = run()

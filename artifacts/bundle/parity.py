@@ -19,6 +19,7 @@ aborts the process on a malformed fragment, so it is only ever given fragments b
 """
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,7 +170,25 @@ class FileSource:
         n = max(0, min(len(view), self.size - offset))
         return os.preadv(self._fd, [view[:n]], self.offset + offset) if n else 0
 
+    def map(self) -> tuple[mmap.mmap, int] | None:
+        """The stream mapped (copy-on-write, never written: so that its address can be taken) under a read lease (a
+        writer or a truncation waits for us: the mapping cannot lose its pages), and where it starts in the
+        mapping; None where no lease is granted or the file is shorter than the stream. The lease goes with close()."""
+        from ..hashing import lease  # here: hashing is no import of this module's otherwise
+
+        if self.size <= 0 or not lease(self._fd):
+            return None
+        self._leased = True
+        if os.fstat(self._fd).st_size < self.offset + self.size:
+            return None
+        head = self.offset % mmap.ALLOCATIONGRANULARITY
+        return mmap.mmap(self._fd, head + self.size, offset=self.offset - head, access=mmap.ACCESS_COPY), head
+
     def close(self) -> None:
+        if getattr(self, "_leased", False):  # explicitly: a mapping still held would keep the lease with the file
+            from ..hashing import unlease
+
+            unlease(self._fd)
         os.close(self._fd)
 
 
@@ -256,7 +275,7 @@ class DirectEncoder:
         lib.ec_init_tables(k, m, ctypes.byref(matrix, k * k), self._tables)
         self._data = bytearray(k * stripe)
         self._parity = bytearray(m * stripe)
-        base = ctypes.addressof((ctypes.c_char * len(self._data)).from_buffer(self._data))
+        base = self._base = ctypes.addressof((ctypes.c_char * len(self._data)).from_buffer(self._data))
         pbase = ctypes.addressof((ctypes.c_char * len(self._parity)).from_buffer(self._parity))
         self._data_ptrs = (ctypes.c_void_p * k)(*[base + i * stripe for i in range(k)])
         self._parity_ptrs = (ctypes.c_void_p * m)(*[pbase + i * stripe for i in range(m)])
@@ -309,19 +328,25 @@ class DirectEncoder:
         data_h = [blake3.blake3(max_threads=blake3.blake3.AUTO) for _ in range(layout.k)]
         par_h = [blake3.blake3(max_threads=blake3.blake3.AUTO) for _ in range(layout.m)]
         data, parity = memoryview(self._data), memoryview(self._parity)
+        mapped = _Mappings(sources, layout.lengths)
         try:
             for j in range(layout.nstripes):
                 size, read = layout.chunk(j), 0
                 for i, src in enumerate(sources):
-                    chunk = data[i * S: i * S + size]
                     want = max(0, min(size, layout.lengths[i] - j * S))
-                    got = _read_into(src, j * S, chunk[:want]) if want else 0
-                    if got < size:  # past the volume's end (or a cut file): zeros, as the layout says
-                        chunk[got:] = bytes(size - got)
+                    if want == size and (view := mapped.chunk(i, j * S, size)) is not None:
+                        self._data_ptrs[i] = mapped.address(i, j * S)  # ISA-L reads the page cache itself
+                    else:
+                        view = data[i * S: i * S + size]
+                        self._data_ptrs[i] = self._slot(i)
+                        got = _read_into(src, j * S, view[:want]) if want else 0
+                        if got < size:  # past the volume's end (or a cut file): zeros, as the layout says
+                            view[got:] = bytes(size - got)
                     if want:
-                        data_h[i].update(chunk[:want])
+                        data_h[i].update(view[:want])
                         read += want
                 self._encode(size)
+                mapped.done(j * S, size)
                 for p in range(layout.m):
                     out = parity[p * S: p * S + size]
                     sinks[p](out)
@@ -329,9 +354,57 @@ class DirectEncoder:
                 if on_bytes:
                     on_bytes(read)  # bytes of the data volumes read (padding is virtual): adds up to their sizes
         finally:
+            view = None  # the last chunk: a view of a mapping would keep it open
+            mapped.close()
             data.release()
             parity.release()
         return EncodeResult([h.hexdigest() for h in data_h], [h.hexdigest() for h in par_h])
+
+    def _slot(self, i: int) -> int:
+        return self._base + i * self.stripe
+
+
+class _Mappings:
+    """The data streams that can be mapped (FileSource.map), their whole chunks handed to the encoder by address:
+    the read's copy into a buffer goes (measured, 1 GiB of ten volumes: 0.25 s of 0.95 s in preadv). A chunk's
+    pages leave our page tables once encoded (the page cache keeps them), so memory stays flat."""
+
+    def __init__(self, sources: list[Source], lengths: tuple[int, ...]):
+        import ctypes
+
+        self._maps: dict[int, tuple[mmap.mmap, int, memoryview, object, int]] = {}
+        for i, src in enumerate(sources):
+            got = src.map() if isinstance(src, FileSource) and lengths[i] == src.size else None
+            if got is not None:
+                mapping, head = got
+                anchor = ctypes.c_char.from_buffer(mapping)
+                self._maps[i] = (mapping, head, memoryview(mapping), anchor, ctypes.addressof(anchor))
+
+    def chunk(self, i: int, offset: int, size: int) -> memoryview | None:
+        if i not in self._maps:
+            return None
+        _, head, view, _, _ = self._maps[i]
+        return view[head + offset: head + offset + size]
+
+    def address(self, i: int, offset: int) -> int:
+        _, head, _, _, base = self._maps[i]
+        return base + head + offset
+
+    def done(self, offset: int, size: int) -> None:
+        for mapping, head, _, _, _ in self._maps.values():
+            start = (head + offset) // mmap.PAGESIZE * mmap.PAGESIZE
+            end = min(len(mapping), head + offset + size) // mmap.PAGESIZE * mmap.PAGESIZE
+            if end > start:
+                mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    def close(self) -> None:
+        for i, (mapping, _, view, anchor, _) in list(self._maps.items()):
+            view.release()
+            del self._maps[i], anchor  # the address's buffer export, before the mapping can close
+            try:
+                mapping.close()
+            except BufferError:  # a view a caller still holds: the mapping goes with it
+                pass
 
 
 def _read_into(src: Source, offset: int, view: memoryview) -> int:
