@@ -18,7 +18,7 @@ from .errors import BadInput, RemoteError
 from .fsutil import MM_DIR
 from .ranges import DEFAULT_CONNECTIONS
 from .hub import HubSource, Resolved, list_remote_files, resolve_revision, select
-from .manifest import FileEntry, Manifest, expected_entry, manifest_path, public_endpoint, read_manifest, write_manifest
+from .manifest import FileEntry, Manifest, Partial, expected_entry, manifest_path, public_endpoint, read_manifest, write_manifest
 from .pins import pin_for_repo
 from .progress import NULL_PROGRESS, ProgressSink
 
@@ -112,7 +112,8 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
         entries = _manifest_entries(local_dir, refetch, remote, planned, session.known,
                                     [e for _, e in results if e is not None])
         manifest = Manifest(repo_id=req.repo_id, revision=resolved.commit, files=(), repo_type=req.repo_type,
-                            requested_revision=resolved.requested, endpoint=public_endpoint(hub.endpoint))
+                            requested_revision=resolved.requested, endpoint=public_endpoint(hub.endpoint),
+                            partial=_partial(local_dir, req, refetch, remote, entries))
         write_manifest(manifest.with_files(list(entries.values())), manifest_path(local_dir))
         session.finished()
 
@@ -145,6 +146,20 @@ def _manifest_entries(local_dir: Path, refetch: frozenset[str] | None, remote: l
         if f.path not in entries:
             entries[f.path] = expected_entry(f.path, f.size, f.upstream)
     return entries
+
+
+def _partial(local_dir: Path, req: FetchRequest, refetch: frozenset[str] | None, remote: list[RemoteFile],
+             entries: Mapping[str, FileEntry]) -> Partial | None:
+    """What the manifest says was asked for: None when it holds the whole revision, else the patterns (a
+    repair keeps the ones of the fetch it repairs) and the revision's files they left out."""
+    left_out = tuple(sorted({f.path for f in remote} - set(entries)))
+    if not left_out:
+        return None
+    include, exclude = req.include, req.exclude
+    if refetch is not None and manifest_path(local_dir).is_file():
+        earlier = read_manifest(manifest_path(local_dir)).partial
+        include, exclude = (earlier.include, earlier.exclude) if earlier else (include, exclude)
+    return Partial(include=tuple(include), exclude=tuple(exclude), left_out=left_out)
 
 
 @contextmanager

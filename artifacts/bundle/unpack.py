@@ -234,7 +234,10 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
     after the hashes match). ALLOWED_SIGNERS: check the manifest's signature first (IntegrityError, nothing
     written, when it is not good; with REQUIRE_SIGNATURE when there is none either). READBACK: each file, once
     fsynced, is read back from the disk (its pages dropped from the page cache) before it is named."""
+    from ..hfcache import refuse_snapshot
+
     dest = Path(dest)
+    refuse_snapshot(dest, "mm unbundle")
     if readback and not sync:
         raise BadInput("--readback reads back what was fsynced to the disk: not with --no-sync")
     vols, pvols = split_volumes([open_volume(p) for p in find_volumes(sources)])
@@ -647,8 +650,8 @@ def _final_check(dest: Path, run: _Import, state: _State, manifest, progress: Pr
         if kind == MODEL_KIND and path not in now and target is not None and _stamp(target) == stamp:
             earlier.add(path)
     proven = frozenset(now | earlier)
-    to_hash = any(f.path not in proven for f in manifest.files)  # no empty bar when nothing is read again
-    report = verify_dir(dest, progress=progress if to_hash else NULL_PROGRESS, proven=proven)
+    rehash = frozenset(f.path for f in manifest.files) - proven
+    report = verify_dir(dest, progress=progress if rehash else NULL_PROGRESS, rehash=rehash)  # no empty bar
     count = lambda paths: {"files": len(paths), "bytes": sum(sizes.get(p, 0) for p in paths)}  # noqa: E731
     return {"ok": report.ok, "files_checked": report.files_checked, "bytes_checked": report.bytes_checked,
             "problems": [f"{p.path}: {p.kind}: {p.detail}" for p in report.problems],
