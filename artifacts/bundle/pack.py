@@ -58,7 +58,7 @@ from ..manifest import MAX_MANIFEST_BYTES, Manifest, export_sums, manifest_path,
 from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..verify import require_quick_verify
 from .check import ranges
-from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
+from .copyio import HASH_THREADS, ChunkPipe, WriteBehind
 from .format import (
     END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3, data_member,
     file_member, index_member, member_bytes, padded, parity_data_member, parity_filename, parity_index_member,
@@ -426,11 +426,12 @@ def volume_bytes(plan: Plan, n: int) -> int:
 # --- writing ------------------------------------------------------------------------------------
 
 class _Writer:
-    """Appends to a volume file descriptor, remembering the position."""
+    """Appends to a volume file descriptor, remembering the position. KEEP: leave its pages in the page cache (the
+    parity pass reads the data volumes next)."""
 
-    def __init__(self, fd: int, sync: bool):
+    def __init__(self, fd: int, keep: bool = False):
         self.fd, self.pos = fd, 0
-        self.flush = EarlyFlush(fd, enabled=sync)
+        self.flush = WriteBehind(fd, drop=not keep)
 
     def write(self, data) -> None:
         view = memoryview(data)
@@ -473,7 +474,7 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
     digests: dict = {}
     fd = open_file(tmp.parent, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # never through a link
     try:
-        w = _Writer(fd, sync)
+        w = _Writer(fd, keep=plan.parity > 0)
         patch_at = {}
         for name, data in meta_members(plan, n, {}, restore):
             w.write(tar_header(name, len(data), plan.mtime))
@@ -505,9 +506,7 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
         w.write(bytes(END_OF_ARCHIVE))
         for name, data in meta_members(plan, n, digests, restore):
             os.pwrite(fd, data, patch_at[name])
-        w.flush.wait()
     except BaseException as e:
-        w.flush.wait()
         os.close(fd)
         unlink_file(tmp.parent, tmp)
         if isinstance(e, OSError) and e.filename is None:
@@ -859,7 +858,7 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
         for p in wanted:
             final = Path((out_dirs or {}).get(p, out_dir)) / parity_filename(name, p, parities)
             tmp = final.with_name(f".{final.name}.partial")
-            w = _Writer(open_file(final.parent, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), sync)
+            w = _Writer(open_file(final.parent, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
             opened[p] = (w, tmp, final, 0)
             head, patch_at = _parity_head(_parity_index(name, bundle_id, manifest_bytes, meta, p, parities, layout,
                                                         files, zeros, zeros), p, manifest_bytes, meta, layout, mtime)
@@ -881,14 +880,12 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
             w.write(bytes(END_OF_ARCHIVE))
             os.pwrite(w.fd, _parity_index(name, bundle_id, manifest_bytes, meta, p, parities, layout, files,
                                           result.data_blake3, result.parity_blake3), patch_at)
-            w.flush.wait()
             del opened[p]
             publish_fd(w.fd, tmp, final, sync, root=final.parent)
             written.append((p, final))
         return written
     finally:
         for w, tmp, _, _ in opened.values():
-            w.flush.wait()
             os.close(w.fd)
             unlink_file(tmp.parent, tmp)
 
