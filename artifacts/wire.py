@@ -30,7 +30,6 @@ Values are read when a request starts, so tests can use short ones.
 from __future__ import annotations
 
 import http.client
-import os
 import re
 import socket
 import ssl
@@ -46,7 +45,7 @@ import httpcore2
 import httpx2
 
 from . import interrupt
-from .errors import BadValue, RemoteError
+from .errors import RemoteError
 
 KiB, MiB = 1 << 10, 1 << 20
 MAX_REDIRECTS = 5  # a Hub resolve goes through one (CDN or Xet bridge); 5 is mm's margin
@@ -78,19 +77,10 @@ _ENV = {"MM_NET_TIMEOUT": "timeout", "MM_NET_DEADLINE": "deadline", "MM_NET_MIN_
 
 def limits() -> Limits:
     """The bounds in force: Limits' defaults, each replaced by its MM_NET_* variable when set."""
-    given = {}
-    for var, name in _ENV.items():
-        text = os.environ.get(var, "").strip()
-        if not text:
-            continue
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not 0 < value < 1e7:  # NaN fails too
-            raise BadValue(f"{var}={text[:40]!r}: expected a positive number (seconds, or bytes/s for MM_NET_MIN_RATE)")
-        given[name] = value
-    return Limits(**given)
+    from .untrusted import env_number
+
+    given = {name: env_number(var, "bytes/s" if var == "MM_NET_MIN_RATE" else "seconds") for var, name in _ENV.items()}
+    return Limits(**{name: value for name, value in given.items() if value is not None})
 
 
 def origin(url: str) -> str:
