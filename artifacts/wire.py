@@ -455,12 +455,16 @@ def open_raw(url: str, headers: dict[str, str], where: str, *, ssl_context: ssl.
     while True:
         if conn is None:
             conn = _connection(parts, proxy, ssl_context, lim.timeout)
-        unwatch = interrupt.on_stop(lambda c=conn: _shut(c))  # a stop wakes a read blocked on a silent server
+        # A stop wakes a read blocked on a silent server. The socket itself is kept: http.client drops conn.sock
+        # (the response keeps reading from it) when the server says it closes the connection.
+        sock: list = [getattr(conn, "sock", None)]
+        unwatch = interrupt.on_stop(lambda: _shutdown(sock[0]))
         try:
             if not kept:
                 conn.connect()
+                sock[0] = conn.sock
                 if interrupt.requested():
-                    _shut(conn)  # (the stop came while the socket was being made)
+                    _shutdown(sock[0])  # (the stop came while the socket was being made)
             with watchdog(conn, answer_timeout or lim.deadline, where, "send its answer's headers"):
                 conn.request("GET", target, headers=headers)
                 resp = conn.getresponse()
@@ -534,8 +538,11 @@ def _cut(conn: http.client.HTTPConnection, fired: threading.Event) -> None:
 
 
 def _shut(conn) -> None:
-    """Shut CONN's socket down (a read blocked on it returns at once); the reader closes it."""
-    sock = getattr(conn, "sock", None)
+    _shutdown(getattr(conn, "sock", None))
+
+
+def _shutdown(sock: socket.socket | None) -> None:
+    """Shut SOCK down (a read blocked on it returns at once); its reader closes it."""
     if sock is not None:
         try:
             sock.shutdown(socket.SHUT_RDWR)
@@ -589,33 +596,33 @@ _watching = _Watching()  # the request this thread is sending through a bounded 
 
 
 class _Watch:
-    """One request on a bounded session: the connections it uses, shut down when its deadline passes or mm is
+    """One request on a bounded session: the sockets it reads, shut down when its deadline passes or mm is
     stopped (`fired` says which)."""
 
     def __init__(self, seconds: float):
         self.fired: str | None = None
-        self._conns: list = []
+        self._socks: list = []
         self._lock = threading.Lock()
         self._timer = threading.Timer(seconds, self._fire, ("deadline",))
         self._timer.daemon = True
         self._timer.start()
         self._unwatch = interrupt.on_stop(lambda: self._fire("stop"))
 
-    def attach(self, conn) -> None:
+    def attach(self, sock) -> None:
         with self._lock:
-            self._conns.append(conn)
+            self._socks.append(sock)
             fired = self.fired
         if fired:
-            _shut(conn)
+            _shutdown(sock)
 
     def _fire(self, why: str) -> None:
         with self._lock:
             if self.fired:
                 return
             self.fired = why
-            conns = list(self._conns)
-        for conn in conns:
-            _shut(conn)
+            socks = list(self._socks)
+        for sock in socks:
+            _shutdown(sock)
 
     def no_deadline(self) -> None:
         """A bulk body follows: only an interrupt ends it from here (the caller's engine bounds its rate)."""
@@ -627,16 +634,12 @@ class _Watch:
 
 
 class _WatchedConnection:
-    """A urllib3 connection the request being sent on this thread (its _Watch) can shut down."""
-
-    def request(self, *args, **kwargs):
-        if _watching.watch is not None:
-            _watching.watch.attach(self)
-        return super().request(*args, **kwargs)
+    """A urllib3 connection whose socket the request being sent on this thread (its _Watch) can shut down: the
+    socket itself is kept (http.client drops the connection's when the server says it closes it)."""
 
     def getresponse(self, *args, **kwargs):
-        if _watching.watch is not None:
-            _watching.watch.attach(self)  # again: the socket exists now (a stop while connecting shuts it)
+        if _watching.watch is not None and self.sock is not None:  # the request went out on it
+            _watching.watch.attach(self.sock)
         return super().getresponse(*args, **kwargs)
 
 

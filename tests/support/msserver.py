@@ -57,6 +57,8 @@ class Repo:
     failing_revisions: dict[str, object] = field(default_factory=dict)
     # path -> byte offset at which every download of it drops the connection (a transfer that keeps breaking)
     cut_at: dict[str, int] = field(default_factory=dict)
+    # path -> byte offset at which the next download of it falls silent until the client hangs up (once)
+    stall_at: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,10 @@ class MSServer:
         HOSTILE), for every repo, until the server stops."""
         assert endpoint in ("files", "revisions") and how in HOSTILE, (endpoint, how)
         self.hostile[endpoint] = how
+
+    def stall_download(self, model_id: str, path: str, offset: int) -> None:
+        """The next download of PATH sends its headers and the bytes before OFFSET, then nothing at all."""
+        self.repos[model_id].stall_at[path] = offset
 
     def fail_listing(self, model_id: str, how: object, revision: str | None = None) -> None:
         """how: "success-false" (HTTP 200, Success:false, no files) or an HTTP status such as 404/500;
@@ -284,6 +290,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         self.end_headers()
         if self.command == "HEAD":
+            return
+        stall = repo.stall_at.pop(file_path, None)
+        if stall is not None:
+            self.wfile.write(body[: max(0, stall - (start or 0))])
+            self.wfile.flush()
+            self.close_connection = True
+            try:
+                while self.connection.recv(65536):  # silent until the client hangs up
+                    pass
+            except OSError:
+                pass
             return
         cut = repo.cut_at.get(file_path)
         if cut is not None:
