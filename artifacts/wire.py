@@ -252,6 +252,32 @@ def _size(n: int) -> str:
 CapFor = Callable[[httpx2.Request, httpx2.Response], "tuple[int, str]"]
 
 
+def _answer_cap(method: str, url: str, status: int, headers, where: str,
+                document: Callable[[], "tuple[int, str] | None"]) -> "tuple[int | None, str]":
+    """(byte cap, document kind) of an answer's body, after the checks its headers allow: no Content-Encoding, a
+    redirect to an http(s) URL, a Content-Length within the cap. Errors and redirects have their own caps; a
+    success's is DOCUMENT()'s (None: a bulk body, no cap)."""
+    encoding = headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise RemoteError(f"{where} answered with Content-Encoding {shown(encoding, 40)!r} although mm asked for "
+                          f"identity; refused (mm does not decompress what servers send)")
+    if status in REDIRECT_STATUSES and "Location" in headers:
+        join_url(url, headers["Location"], where)
+        cap, what = CAP_REDIRECT, "a redirect"
+    elif status >= 400:
+        cap, what = CAP_ERROR, f"an error answer (HTTP {status})"
+    else:
+        kind = document()
+        if kind is None:
+            return None, "a file's bytes"
+        cap, what = kind
+    length = headers.get("Content-Length") if method != "HEAD" else None
+    if length is not None and length.strip().isdigit() and int(length) > cap:
+        raise RemoteError(f"{where} announced {int(length)} bytes as {what}, more than its cap of {_size(cap)}; "
+                          f"refused")
+    return cap, what
+
+
 def _hooks(cap_for: CapFor, name: str):
     def on_request(request: httpx2.Request) -> None:
         _deadline.at = time.monotonic() + limits().deadline
@@ -265,22 +291,8 @@ def _hooks(cap_for: CapFor, name: str):
         request = response.request
         peer = origin(str(request.url))
         where = name if peer.split("://", 1)[-1] in name else f"{name} at {peer}"
-        status = response.status_code
-        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
-            raise RemoteError(f"{where} answered with Content-Encoding {shown(encoding, 40)!r} although mm asked for "
-                              f"identity; refused (mm does not decompress what servers send)")
-        if status in REDIRECT_STATUSES and "Location" in response.headers:
-            join_url(str(request.url), response.headers["Location"], where)
-            cap, what = CAP_REDIRECT, "a redirect"
-        elif status >= 400:
-            cap, what = CAP_ERROR, f"an error answer (HTTP {status})"
-        else:
-            cap, what = cap_for(request, response)
-        length = response.headers.get("Content-Length") if request.method != "HEAD" else None
-        if length is not None and length.strip().isdigit() and int(length) > cap:
-            raise RemoteError(f"{where} announced {int(length)} bytes as {what}, more than its cap of {_size(cap)}; "
-                              f"refused")
+        cap, what = _answer_cap(request.method, str(request.url), response.status_code, response.headers, where,
+                                lambda: cap_for(request, response))
         response.stream = _CappedStream(response.stream, cap, where, what)
 
     return {"request": [on_request], "response": [on_response]}
@@ -700,7 +712,8 @@ class _BoundedAdapter:
         finally:
             _watching.watch = saved
         try:
-            cap, what = _answer_cap(request, response, cap_for, where)
+            cap, what = _answer_cap(request.method, request.url, response.status_code, response.headers, where,
+                                    lambda: cap_for(request.url))
         except BaseException:
             watch.done()
             response.close()
@@ -711,28 +724,6 @@ class _BoundedAdapter:
         return response
 
 
-def _answer_cap(request, response, cap_for: BulkOrCap, where: str) -> "tuple[int | None, str]":
-    """(byte cap, document kind) of RESPONSE's body (None: a bulk body), after the checks its headers allow."""
-    status = response.status_code
-    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):
-        raise RemoteError(f"{where} answered with Content-Encoding {shown(encoding, 40)!r} although mm asked for "
-                          f"identity; refused (mm does not decompress what servers send)")
-    if status in REDIRECT_STATUSES and "Location" in response.headers:
-        join_url(request.url, response.headers["Location"], where)
-        cap, what = CAP_REDIRECT, "a redirect"
-    elif status >= 400:
-        cap, what = CAP_ERROR, f"an error answer (HTTP {status})"
-    else:
-        kind = cap_for(request.url)
-        if kind is None:
-            return None, "a file's bytes"
-        cap, what = kind
-    length = response.headers.get("Content-Length") if request.method != "HEAD" else None
-    if length is not None and length.strip().isdigit() and int(length) > cap:
-        raise RemoteError(f"{where} announced {int(length)} bytes as {what}, more than its cap of {_size(cap)}; "
-                          f"refused")
-    return cap, what
 
 
 class _BoundedBody:

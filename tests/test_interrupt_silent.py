@@ -6,9 +6,9 @@ what that worker held in its buffer. mm shuts down the socket of every answer be
 (artifacts/wire.py), so the worker lands what it received and the range map is saved on the way out.
 
 Each case serves a 3 MiB file whose first answer sends PART bytes and then nothing (the Hub and a registry from
-tests/support/hostile.py, a ModelScope mirror from tests/support/msserver.py), sends a real SIGINT while the server is silent, and asserts: exit 130 within the interrupt tests' limit, the
-range map on disk holds the bytes received before the stall, and the rerun (the server honest again) is served
-at most 1.25x what was missing.
+tests/support/hostile.py, a ModelScope mirror from tests/support/msserver.py), sends a real SIGINT while the
+server is silent, and asserts: exit 130 within the interrupt tests' limit, the range map on disk holds the bytes
+received before the stall, and the rerun (the server honest again) is served at most 1.25x what was missing.
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ import pytest
 
 from tests.support.hostile import HostileServer, Out, Request
 from tests.support.msserver import MSServer
-from tests.test_hostile_net import (BIG, COMMIT, MS_ID, REPO, Harness, _blob_script, _tensor_bytes, artifact,  # noqa: F401
-                                    asked, honest, hub, mirror_env, pin_manifest, recorded, registry)
+from tests.test_hostile_net import artifact, pin_manifest  # noqa: F401 - module fixtures this file uses too
+from tests.test_hostile_net import (BIG, COMMIT, MS_ID, REPO, Harness, _blob_script, _tensor_bytes, asked, honest, hub,
+                                    mirror_env, recorded, registry)
 from tests.test_interrupt import interrupt, one_line, start, wait_until
 
 MiB = 1 << 20
@@ -40,10 +41,13 @@ def silent_after_part():
         if first:
             return honest(req, out, data)
         first.append(req)
-        start_at, last = asked(req, len(data)) or (0, len(data) - 1)
-        status, extra = (206, {"Content-Range": f"bytes {start_at}-{last}/{len(data)}"}) if asked(req, len(data)) else (200, {})
-        out.head(status, {"Content-Length": str(last + 1 - start_at), **extra})
-        out.body(data[start_at:start_at + PART])
+        span = asked(req, len(data))
+        begin, last = span or (0, len(data) - 1)
+        headers = {"Content-Length": str(last + 1 - begin)}
+        if span:
+            headers["Content-Range"] = f"bytes {begin}-{last}/{len(data)}"
+        out.head(206 if span else 200, headers)
+        out.body(data[begin:begin + PART])
         out.stall()
     return resolve
 
@@ -58,7 +62,8 @@ def weights(tmp_path_factory) -> bytes:
 
 
 def _fetch(h: Harness, server: HostileServer) -> tuple:
-    return ("fetch", REPO, "--revision", "main", "--local-dir", h.dest, "--connections", "1"), {"HF_ENDPOINT": server.url}
+    args = ("fetch", REPO, "--revision", "main", "--local-dir", h.dest, "--connections", "1")
+    return args, {"HF_ENDPOINT": server.url}
 
 
 def _pull(h: Harness, server: HostileServer) -> tuple:
@@ -84,17 +89,18 @@ def test_ctrl_c_while_the_server_sends_nothing_keeps_what_arrived_and_the_rerun_
         server = MSServer()
         server.add_revision(MS_ID, "master", {BIG: data})
         server.stall_download(MS_ID, BIG, PART)
-        sent = lambda: len(server.downloads(BIG))  # noqa: E731 - msserver counts requests, not bytes
+        started = lambda: server.downloads(BIG)  # noqa: E731 - msserver counts requests, not bytes
         served = lambda: _served_by_mirror(server, len(data))  # noqa: E731
     else:
         server = HostileServer(hub(weights, resolve=silent_after_part()) if command == "fetch" else
                                registry(artifact, blob=_blob_script(artifact, silent_after_part())))
-        sent = served = lambda: server.body_bytes  # noqa: E731
+        started = lambda: server.body_bytes >= PART  # noqa: E731
+        served = lambda: server.body_bytes  # noqa: E731
     with server:
         args, env = (_mirror(h, server, pin_manifest) if command.startswith("fetch --source") else
                      _fetch(h, server) if command == "fetch" else _pull(h, server))
         proc = start(*args, env={**h.env, **SILENT_NET, **env}, cwd=tmp_path / "work")
-        wait_until(proc, lambda: sent() >= (1 if command.startswith("fetch --source") else PART), "the first bytes sent")
+        wait_until(proc, started, "the first bytes sent")
         time.sleep(0.5)  # mm reads them into its buffer; the server says nothing more
         _, err, _ = interrupt(proc, signal.SIGINT, f"{command}, server silent, SIGINT")
         line = one_line(err, "SIGINT")
