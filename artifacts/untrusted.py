@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput
+from .errors import BadInput, BadValue
 
 MAX_DEPTH = 64  # deepest nesting accepted; real documents mm reads stay under 6
 MAX_DOCUMENT = 64 * 1024 * 1024  # default size bound; callers with larger documents pass their own
@@ -115,6 +116,21 @@ def read_json_file(path: Path | str, *, what: str = "file", max_bytes: int = MAX
 
 _DECIMAL = re.compile(r"[0-9]{1,18}")
 _DIGIT_RUN = re.compile(r"[0-9]+")
+
+
+def env_number(var: str, unit: str = "seconds") -> float | None:
+    """The positive number environment variable VAR holds (below 10^7; in UNIT), None when it is unset or blank;
+    anything else is BadValue (exit 2) naming the variable."""
+    text = os.environ.get(var, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < 1e7:  # NaN fails too
+        raise BadValue(f"{var}={printable(text[:40])!r}: expected a positive number ({unit})")
+    return value
 
 
 def small_int(text: str, lo: int = 0, hi: int = 10**18 - 1) -> int | None:
