@@ -280,14 +280,17 @@ def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
 @click.option("--no-sync", "no_sync", is_flag=True,
               help="Do not fsync imported files (a scratch copy): files are still named only once their hashes match, "
                    "and the final verify still runs; a crash can lose what the page cache held.")
+@click.option("--readback", is_flag=True,
+              help="Also read each file back from the disk once fsynced (its pages dropped from the page cache) and "
+                   "name it only if it still matches: proves the disk holds the bytes, at the cost of a second read.")
 @signature_options
 @json_option
 @handles_errors
-def unbundle(volumes, dest, no_sync, require_signature, allowed_signers, identity, json_out, **kw):
+def unbundle(volumes, dest, no_sync, readback, require_signature, allowed_signers, identity, json_out, **kw):
     """Import volumes (files or directories, any order, some now and the rest later) into DEST, then verify.
 
-    Exit 0 imported (volumes may still be missing), 5 a volume or member was refused, 1 the final verify
-    failed, 7 not enough space.
+    Exit 0 imported (volumes may still be missing), 5 a volume or member was refused (or a file read back
+    with --readback differed), 1 the final verify failed, 7 not enough space.
     """
     import time
 
@@ -296,7 +299,7 @@ def unbundle(volumes, dest, no_sync, require_signature, allowed_signers, identit
     started = time.monotonic()
     report = import_volumes(list(volumes), dest, payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS},
                             progress=progress_for(json_out), sync=not no_sync, allowed_signers=allowed_signers,
-                            identity=identity, require_signature=required)
+                            identity=identity, require_signature=required, readback=readback)
     exit_code, why = {Outcome.IMPORTED: (0, ""),
                       Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),
                       Outcome.VERIFY_FAILED: (ProblemsFound.exit_code, "final verify found problems")}[report.outcome]
@@ -320,8 +323,14 @@ def unbundle(volumes, dest, no_sync, require_signature, allowed_signers, identit
                   f"{human_duration(time.monotonic() - started)}.", highlight=False, markup=False, soft_wrap=True)
         if report.complete:
             v = report.verify
+            checked = sum(v[k]["bytes"] for k in ("hashed_as_written", "named_earlier_unchanged", "hashed_now"))
             out.print(f"verify {dest}: {'OK' if v['ok'] else 'PROBLEMS'} ({v['files_checked']} files, "
-                      f"{human_bytes(v['bytes_checked'])})", highlight=False, markup=False, soft_wrap=True)
+                      f"{human_bytes(checked)}: {v['hashed_as_written']['files']} hashed as they were written, "
+                      + (f"{v['named_earlier_unchanged']['files']} named by an earlier run and unchanged, "
+                         if v['named_earlier_unchanged']['files'] else "")
+                      + f"{v['hashed_now']['files']} hashed now ({human_bytes(v['hashed_now']['bytes'])}); "
+                      f"sizes and shard headers checked)", highlight=False, markup=False, soft_wrap=True)
+            out.print(f"proven: {v['proven']}", highlight=False, markup=False, soft_wrap=True)
             for problem in v["problems"]:
                 out.print(f"  {problem}", highlight=False, markup=False, soft_wrap=True)
             for cmd in report.next_commands:

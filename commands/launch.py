@@ -170,7 +170,7 @@ def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
     result = mm_warmup.run_warmup(node, timeout=timeout, image_png=image_png, gpu_info=gpu_info,
                                   progress=progress_for(json_out))
     report_path = report or mm_warmup.default_report_path(node.first)
-    mm_warmup.write_report(result, report_path)
+    mm_warmup.write_report(result, report_path, root=None if report else report_path.parent)
     if json_out:
         emit_json({"report": str(report_path), **to_jsonable(result)})
         if not result.ok:

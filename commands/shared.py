@@ -252,6 +252,15 @@ def check_revision(ctx, param, value):
     return value
 
 
+def check_identity(ctx, param, value):
+    """A signer identity (an allowed_signers principal, e.g. alice@example.com): "" would pass as no identity."""
+    if value is not None and (not value.strip() or len(value) > 256 or not value.isprintable() or value != value.strip()):
+        from ..artifacts.untrusted import printable
+        raise click.BadParameter(f"{printable(value)[:60]!r}: expected a signer identity (a principal of the "
+                                 f"allowed signers file, e.g. alice@example.com)")
+    return value
+
+
 
 json_option = click.option("--json", "json_out", is_flag=True, help="Print one JSON document instead of text.")
 
@@ -310,7 +319,8 @@ def signature_options(fn: Callable) -> Callable:
                      help="OpenSSH allowed_signers file (namespace mm-manifest): the manifest must carry a good "
                           "signature by a key it allows; unsigned or not good: exit 5, before anything is written. "
                           "The same meaning in verify, unbundle, pull and launch."),
-        click.option("--identity", help="With --allowed-signers: the signer identity (principal) to require."),
+        click.option("--identity", callback=check_identity,
+                     help="With --allowed-signers: the signer identity (principal) to require."),
     ]
     for option in reversed(options):
         fn = option(fn)

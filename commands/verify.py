@@ -11,8 +11,8 @@ import click
 
 from ..artifacts.errors import MMError, ProblemsFound
 from ..artifacts.progress import human_bytes, human_duration, human_rate
-from .shared import (check_repo_id, check_revision, emit_json, handles_errors, json_option, out, progress_for,
-                     render_signed, to_jsonable)
+from .shared import (check_identity, check_repo_id, check_revision, emit_json, handles_errors, json_option, out,
+                     progress_for, render_signed, to_jsonable)
 
 if TYPE_CHECKING:
     from ..artifacts.verify import VerifyReport
@@ -81,7 +81,8 @@ def _next_step(report: VerifyReport) -> str | None:
               help="OpenSSH allowed_signers file (namespace mm-manifest): the manifest must carry a good signature by "
                    "a key it allows (unsigned or not good: exit 5), checked before every byte. The same meaning in "
                    "verify, unbundle, pull and launch.")
-@click.option("--identity", help="With --allowed-signers: the signer identity (principal) to require.")
+@click.option("--identity", callback=check_identity,
+              help="With --allowed-signers: the signer identity (principal) to require.")
 @json_option
 @handles_errors
 def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revision, allowed_signers, identity, json_out):
