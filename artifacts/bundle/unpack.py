@@ -23,6 +23,10 @@ name in DEST/.mm/unbundle/rebuilt/ and names it only when its whole-file blake3 
 records); a rebuilt volume is then judged and imported like any other and deleted. Data volumes imported in an
 earlier sitting still count: their skeleton (every byte that is not member data) is kept at import, and the
 member bytes are read back from the imported files (_Skeleton).
+
+Deltas (delta.py): a bundle whose index names a base needs --from BASE_DIR, checked before anything is written;
+the files it does not carry are taken from there (reflink, --link, or a copy, each hashed) after the volumes are
+imported, in every sitting, and the free-space check counts them only when they are copied.
 """
 from __future__ import annotations
 
@@ -36,13 +40,15 @@ from typing import NamedTuple
 
 import blake3
 
-from ..errors import BadInput, IntegrityError, Refused
+from ..errors import BadInput, BadValue, IntegrityError, Refused
 from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, dir_lock, fsync_dir, publish,
                       publish_fd, require_free_space)
 from ..hashing import StreamHasher, blake3_file
 from ..manifest import from_json, manifest_path, read_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
+from ..sharing import COPY, how_to_share
 from ..untrusted import At, load_json, read_json_file
+from . import delta as deltas
 from .check import ParitySet, conflicting_numbers, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
 from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member
@@ -87,6 +93,7 @@ class UnbundleReport:
     parity_used: list[int] = field(default_factory=list)
     recovery: str | None = None  # why lost volumes could not be rebuilt yet, and what would be enough
     signature: dict | None = None  # the checked manifest signature (identity, key fingerprint)
+    delta: dict | None = None  # a delta: its base (delta.summary), the base dir, how files were taken (mode), taken
 
 
 class Places:
@@ -223,11 +230,13 @@ def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | N
 
 def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | None] | None = None,
              progress: ProgressSink = NULL_PROGRESS, sync: bool = True, allowed_signers: Path | None = None,
-             identity: str | None = None, require_signature: bool = False) -> UnbundleReport:
+             identity: str | None = None, require_signature: bool = False, base_dir: Path | None = None,
+             link: bool = False) -> UnbundleReport:
     """Import the volumes in SOURCES into DEST; PAYLOAD_DESTS: payload kind -> its destination (default
     DEST.payload/<kind dir>). sync=False skips the fsyncs of imported data (the final names still come only
     after the hashes match). ALLOWED_SIGNERS: check the manifest's signature first (IntegrityError, nothing
-    written, when it is not good; with REQUIRE_SIGNATURE when there is none either)."""
+    written, when it is not good; with REQUIRE_SIGNATURE when there is none either). BASE_DIR: a delta's base
+    revision (--from), whose files are taken by reflink, by hard link when LINK, else by a copy."""
     dest = Path(dest)
     vols, pvols = split_volumes([open_volume(p) for p in find_volumes(sources)])
     signature, signed_manifest = None, None
@@ -259,11 +268,18 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         refused += pset.refused
         if signed_manifest is not None and manifest_bytes != signed_manifest:
             raise IntegrityError(f"{where}: another manifest than the one whose signature was checked")
+        if idx.delta is None and base_dir is not None:
+            raise BadValue(f"--from {base_dir}: bundle {idx.name} is not a delta; it carries every file")
+        base = deltas.open_base(base_dir, idx.delta, first.path.name if first else where, dest) if idx.delta else None
         _check_dest_manifest(dest, manifest_bytes)
         places = Places(dest, payload_dests)
         expected = {**{(MODEL_KIND, f.path): f.size for f in manifest.files}, **files_expected(idx.payloads)}
         targets = {key: places.final(*key) for key in expected}
-        check_free_space(places, _still_needed(expected, targets, state))
+        needed = _still_needed(expected, targets, state)
+        mode = how_to_share(base.path, places.partial_dir(MODEL_KIND), link) if base else None
+        if base and mode != COPY:  # a reflink or a hard link writes no data
+            needed[MODEL_KIND] -= sum(t.size for t in idx.delta.take if not _is_done(targets[(MODEL_KIND, t.path)], t.size))
+        check_free_space(places, needed)
         state.doc.update({"bundle_id": ref, "name": idx.name, "volumes": idx.volumes,
                           "manifest_blake3": idx.manifest_blake3})
         if not manifest_path(dest).is_file():
@@ -287,11 +303,15 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
                 state.save()
             progress.end()
             rebuild_report = _Rebuilt(notes=list(pset.unused))
-            if pset.usable and any(not _is_done(targets[key], size) for key, size in expected.items()):
+            from_base = {(MODEL_KIND, t.path) for t in idx.delta.take} if base else set()
+            carried = {key: size for key, size in expected.items() if key not in from_base}
+            if pset.usable and any(not _is_done(targets[key], size) for key, size in carried.items()):
                 rebuild_report = _rebuild_from_parity(dest, accepted, pset, run, state, idx.volumes, sync, progress,
                                                       lambda v: _judge_rebuilt(v, ref, manifest_b3, manifest, idx),
                                                       volume_size=idx.volume_size)
                 refused += rebuild_report.refused
+            taken = _take_from_base(base, idx, mode, targets, places, sync, progress) if base else None
+            run.corrupt += taken.refused if taken else []
         finally:
             run.pipe.close()
         waiting = sorted(file_member(*key) for key, size in expected.items() if not _is_done(targets[key], size))
@@ -311,7 +331,29 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
                               next_commands(idx.payloads, roots) if complete else [], verify_doc,
                               notes=rebuild_report.notes, synced=sync, rebuilt=rebuild_report.volumes,
                               parity_used=rebuild_report.parity_used, recovery=rebuild_report.recovery,
-                              signature=_signature_doc(signature))
+                              signature=_signature_doc(signature), delta=_delta_doc(idx, manifest, base, taken))
+
+
+def _take_from_base(base: deltas.BaseDir, idx: Index, mode: str, targets: dict, places: Places, sync: bool,
+                    progress: ProgressSink) -> deltas.Taken:
+    """The delta's files not yet in place, taken from the base directory (each hashed before it gets its name)."""
+    todo = [t for t in idx.delta.take if not _is_done(targets[(MODEL_KIND, t.path)], t.size)]
+    progress.begin(sum(t.size for t in todo), f"take {len(todo)} file(s) from {base.path} ({mode})")
+    try:
+        return deltas.take_from_base(base, todo, mode, lambda path: targets[(MODEL_KIND, path)],
+                                     lambda path: places.partial(MODEL_KIND, path), sync, progress)
+    finally:
+        progress.end()
+
+
+def _delta_doc(idx: Index, manifest, base: deltas.BaseDir | None, taken: deltas.Taken | None) -> dict | None:
+    if idx.delta is None:
+        return None
+    doc = {**deltas.summary(idx.delta, manifest), "from": str(base.path) if base else None}
+    if taken is not None:
+        doc.update(mode=taken.mode, taken=len(taken.files), taken_bytes=taken.bytes, copied_bytes=taken.copied_bytes,
+                   refused=taken.refused)
+    return doc
 
 
 def _signature_doc(report) -> dict | None:
