@@ -71,11 +71,12 @@ def how_to_share(src_dir: Path, dst_dir: Path, allow_link: bool) -> str:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where one file's bytes lie: its inode (device, number), allocated bytes, and its extents on disk
-    ((physical start, length), sorted) when the file system tells (None: it does not, count the inode whole)."""
+    """Where one file's bytes lie: its inode (device, number), its hard links, allocated bytes, and its extents on
+    disk ((physical start, length), sorted) when the file system tells (None: it does not, count the inode whole)."""
 
     dev: int
     ino: int
+    links: int
     allocated: int
     extents: tuple[tuple[int, int], ...] | None
 
@@ -85,7 +86,7 @@ def layout(path: Path | str) -> Layout:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         st = os.fstat(fd)
-        return Layout(st.st_dev, st.st_ino, st.st_blocks * 512, _extents(fd, st.st_size))
+        return Layout(st.st_dev, st.st_ino, st.st_nlink, st.st_blocks * 512, _extents(fd, st.st_size))
     finally:
         os.close(fd)
 
