@@ -31,9 +31,10 @@ $(STAMP): setup.cfg pyproject.toml $(PACKAGE_FILES)
 	touch $(STAMP)
 
 # Standard tools that tests and benchmarks use, all Debian packages: b3sum and sha256sum peers, shellcheck, strace (to
-# see fsyncs), the real OCI registry (docker-registry, distribution 2.8) and skopeo, ssh-keygen for signatures.
-TOOLS := b3sum shellcheck strace docker-registry skopeo ssh-keygen
-TOOL_PACKAGES := b3sum shellcheck strace docker-registry skopeo openssh-client
+# see fsyncs), the real OCI registry (docker-registry, distribution 2.8) and skopeo, ssh-keygen for signatures,
+# mkfs.xfs (xfsprogs) for the XFS images with reflinks of the delta tests and benchmark.
+TOOLS := b3sum shellcheck strace docker-registry skopeo ssh-keygen mkfs.xfs
+TOOL_PACKAGES := b3sum shellcheck strace docker-registry skopeo openssh-client xfsprogs
 
 tools:
 	@for t in $(TOOLS); do command -v $$t >/dev/null || missing=1; done; \
