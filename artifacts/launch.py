@@ -9,7 +9,6 @@ unless exposed with an API key read from the environment at run time.
 """
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from dataclasses import dataclass, field, replace
@@ -377,8 +376,9 @@ def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = 
     """One server. IDENTITY (repo_id, revision) skips the model-directory checks: the caller made them."""
     catalog = catalog or load_catalog()
     recipe = choose_recipe(catalog, opts)
-    from .store import is_pointer  # a store's `current` pointer is mounted as named: `mm use` decides the next start
-    mount_dir = Path(os.path.abspath(model_dir)) if is_pointer(Path(model_dir)) else None
+    from .store import as_mounted  # a store's `current` pointer is mounted as named: `mm use` decides the next start
+
+    mount_dir = as_mounted(model_dir)
     model_dir = Path(model_dir).resolve()
     # the model directory first, then the request
     repo_id, revision = identity or check_model_dir(model_dir, recipe, catalog.pin)
@@ -418,7 +418,7 @@ def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = 
 
     container_model = f"{CONTAINER_MODELS}/{repo_id.rsplit('/', 1)[-1]}"
     cache_root = None
-    mounts = [Mount(mount_dir or model_dir, container_model, read_only=True)]
+    mounts = [Mount(mount_dir, container_model, read_only=True)]
     env: list[tuple[str, str]] = [("HF_HUB_OFFLINE", "1")]
     if hw.family == "blackwell":
         env += list(engine.msa_jit_env.items())

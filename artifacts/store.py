@@ -209,13 +209,18 @@ def _pointer(repo_dir: Path, revisions: list[Revision]) -> tuple[str | None, str
 
 
 def is_pointer(path: Path) -> bool:
-    """PATH is a store's `current` pointer (a symlink to a sibling revision directory): what a start script may
-    name so that `mm use` decides what the next start serves."""
+    """PATH is a store's `current` pointer (a symlink to a sibling revision directory)."""
     path = Path(path)
     if path.name != POINTER or not path.is_symlink():
         return False
     target = os.readlink(path)
     return "/" not in target and manifest_path(path.parent / target).is_file()
+
+
+def as_mounted(path: Path) -> Path:
+    """The host path a start script mounts for the model directory PATH: a store's `current` pointer as named
+    (absolute, not resolved), so that `mm use` decides what the next start serves; any other path resolved."""
+    return Path(os.path.abspath(path)) if is_pointer(path) else Path(path).resolve()
 
 
 # --- the switch log ---------------------------------------------------------------------------------------
