@@ -4,9 +4,16 @@ The flow: resolve the revision and list its files on the Hub (artifacts/hub.py),
 source plan (the ModelScope mirror's reconciliation, artifacts/mirror.py); hand the files and their
 sources to the download engine (artifacts/download.py); write DIR/.mm/manifest.json from what the
 engine proved, under the engine's lock.
+
+`--from BASE_DIR` (BaseDirSource): a file whose upstream identity and size are a file's of another revision's
+directory on this host is read from there instead of downloaded, through the same engine (hashed in the pass that
+writes it, checked against the pin's identity, named only then; a base file whose bytes are not the pinned ones
+is taken from the Hub instead, with a note).
 """
 from __future__ import annotations
 
+import os
+import stat
 import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -37,6 +44,7 @@ class FetchRequest:
     endpoint: str | None = None
     token: str | None = field(default=None, repr=False)
     repo_type: str = "model"
+    base_dir: Path | None = None  # another revision's directory here: content it has is read from it (--from)
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,8 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
     if not planned and not unlisted:
         raise BadInput(f"{req.repo_id}@{resolved.commit[:12]}: no files match the include/exclude patterns")
     hub = HubSource(req.repo_id, resolved.commit, endpoint=req.endpoint, token=req.token, repo_type=req.repo_type)
-    sources = Sources(default=hub, by_path=plan.by_path if plan else {},
+    from_base = base_sources(req.base_dir, planned, local_dir) if req.base_dir is not None else {}
+    sources = Sources(default=hub, by_path={**(plan.by_path if plan else {}), **from_base},
                       fallback=hub if plan is None or plan.hub_fallback else None, fallback_name="the Hub")
 
     with _new_state_dir(local_dir), Session(local_dir, "mm fetch") as session:
@@ -145,6 +154,72 @@ def _manifest_entries(local_dir: Path, refetch: frozenset[str] | None, remote: l
         if f.path not in entries:
             entries[f.path] = expected_entry(f.path, f.size, f.upstream)
     return entries
+
+
+class BaseDirSource:
+    """A byte source for fetch (download.Source): files of another revision's directory on this host (--from),
+    read where the pinned revision has the same content (maybe under another path)."""
+
+    label = "local"
+    max_connections = 1  # one stream per file: a local disk gains nothing from ranges in parallel
+    CHUNK = 8 * 1024 * 1024
+
+    def __init__(self, base_dir: Path, paths: dict[str, str]):
+        self.base_dir, self.paths = Path(base_dir), paths  # path in the revision -> path in BASE_DIR
+
+    @contextmanager
+    def stream(self, path: str, offset: int, end: int | None = None) -> Iterator[tuple[int, Iterator[bytes]]]:
+        src = self.base_dir / self.paths[path]
+        try:
+            fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as e:
+            raise RemoteError(f"--from {src}: cannot read it ({e.strerror or e})") from None
+        try:
+            yield offset, self._chunks(fd, offset, end)
+        finally:
+            os.close(fd)
+
+    def _chunks(self, fd: int, offset: int, end: int | None) -> Iterator[bytes]:
+        while end is None or offset < end:
+            chunk = os.pread(fd, self.CHUNK if end is None else min(self.CHUNK, end - offset), offset)
+            if not chunk:
+                return
+            offset += len(chunk)
+            yield chunk
+
+
+def base_sources(base_dir: Path, files: list[RemoteFile], local_dir: Path) -> dict[str, BaseDirSource]:
+    """{path: source} for each file of FILES whose upstream identity and size a file of BASE_DIR has (by its
+    manifest: the LFS sha256, or the git blob sha1 of a small file), the same path preferred. Only regular files
+    inside BASE_DIR of the right size are used; the engine checks every byte read from them."""
+    base_dir = Path(base_dir)
+    if not base_dir.is_dir():
+        raise BadInput(f"--from {base_dir}: not a directory")
+    if os.path.realpath(base_dir) == os.path.realpath(local_dir):
+        raise BadInput(f"--from {base_dir}: is the target directory itself")
+    base = read_manifest(manifest_path(base_dir))
+    by_identity: dict[tuple[str, str, int], list[str]] = {}
+    for e in base.files:
+        if e.sha256:
+            by_identity.setdefault(("lfs-sha256", e.sha256, e.size), []).append(e.path)
+        if e.upstream is not None and e.upstream.kind == "git-blob-sha1":
+            by_identity.setdefault((e.upstream.kind, e.upstream.value, e.size), []).append(e.path)
+    root = os.path.realpath(base_dir)
+    paths = {}
+    for f in files:
+        found = by_identity.get((f.upstream.kind, f.upstream.value, f.size), [])
+        for candidate in sorted(found, key=lambda p: p != f.path):
+            full = base_dir / candidate
+            try:
+                st = os.lstat(full)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_size == f.size and \
+                    os.path.realpath(full) == os.path.join(root, *candidate.split("/")):
+                paths[f.path] = candidate
+                break
+    source = BaseDirSource(base_dir, paths)
+    return {path: source for path in paths}
 
 
 @contextmanager

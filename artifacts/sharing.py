@@ -24,7 +24,6 @@ from typing import Iterable
 
 FICLONE = 0x40049409  # _IOW(0x94, 9, int), linux/fs.h
 FS_IOC_FIEMAP = 0xC020660B  # _IOWR('f', 11, struct fiemap)
-FIEMAP_FLAG_SYNC = 0x1  # flush delayed allocation first, so a file just written has its physical extents
 FIEMAP_EXTENT_LAST = 0x1
 FIEMAP_EXTENT_UNKNOWN = 0x2
 FIEMAP_EXTENT_DELALLOC = 0x4
@@ -96,7 +95,7 @@ def _extents(fd: int, size: int) -> tuple[tuple[int, int], ...] | None:
     start = 0
     while start < max(size, 1):
         buf = bytearray(_HEAD.size + _BATCH * _EXTENT.size)
-        _HEAD.pack_into(buf, 0, start, 2**64 - 1 - start, FIEMAP_FLAG_SYNC, 0, _BATCH, 0)
+        _HEAD.pack_into(buf, 0, start, 2**64 - 1 - start, 0, 0, _BATCH, 0)  # no FIEMAP_FLAG_SYNC: never writes
         try:
             fcntl.ioctl(fd, FS_IOC_FIEMAP, buf)
         except OSError as e:
@@ -110,7 +109,7 @@ def _extents(fd: int, size: int) -> tuple[tuple[int, int], ...] | None:
         for i in range(mapped):
             logical, physical, length, _, _, flags, *_ = _EXTENT.unpack_from(buf, _HEAD.size + i * _EXTENT.size)
             if flags & (FIEMAP_EXTENT_UNKNOWN | FIEMAP_EXTENT_DELALLOC | FIEMAP_EXTENT_INLINE):
-                return None  # no physical address to compare: count the inode whole
+                return None  # no physical address yet (not written back) or none at all: count the inode whole
             out.append((physical, length))
             start = logical + length
             last = bool(flags & FIEMAP_EXTENT_LAST)

@@ -279,3 +279,18 @@ def test_a_delta_in_two_sittings_with_its_second_volume_rebuilt_from_parity(upda
     assert (second["exit_code"], second["complete"], second["rebuilt"]) == (0, True, [2]), second
     assert (second["delta"]["taken"], second["verify"]["ok"]) == (0, True)
     assert payload(dest) == payload(update.conn_b)
+
+
+# --- the connected side: fetch --from ----------------------------------------------------------------------------
+
+def test_fetch_from_reads_what_the_base_has_and_downloads_only_what_changed(update, tmp_path, hub_server):
+    r = ok(mm(update, "fetch", REPO, "--revision", update.b, "--local-dir", tmp_path / "B", "--from", update.conn_a,
+              "--json"))
+    doc = json.loads(r.stdout)
+    sources = {f["path"]: f["source"] for f in doc["files"]}
+    assert {p for p, s in sources.items() if s == "hub"} == set(CHANGED)
+    assert sources[RENAMED] == "local" and len(sources) == len(payload(update.conn_b))
+    changed = sum(len((update.conn_b / p).read_bytes()) for p in CHANGED)
+    assert hub_server.total_bytes_served == changed
+    assert payload(tmp_path / "B") == payload(update.conn_b)
+    ok(mm(update, "verify", tmp_path / "B"))
