@@ -18,7 +18,7 @@ from mm.artifacts.adopt import manifest_for_local_dir
 from mm.artifacts.sharing import DiskUse, layout
 from mm.artifacts.store import gc, scan, use
 from mm.artifacts.verify import verify_dir
-from tests.support import fake_docker
+from tests.support import fake_docker, fake_gpu
 from tests.support.killstep import kill_at_step_env
 from tests.support.modelgen import write_model
 from tests.support.run import run_mm
@@ -117,6 +117,16 @@ def test_launch_of_the_pointer_mounts_the_pointer_so_the_next_start_serves_the_c
     assert f"-v {root / REPO / 'current'}:/models/MiniMax-M3.1-Flash:ro" in r.stdout
     r = mm(env, "launch", revs["C"], "--hardware", "b300")  # any revision directory
     assert r.returncode == 0 and f"-v {revs['C']}:/models/MiniMax-M3.1-Flash:ro" in r.stdout, r.stderr
+
+
+def test_doctor_checks_the_revision_the_pointer_names(root, revs, docker, tmp_path):
+    env, _ = docker
+    fake_gpu.install(tmp_path / "bin", 4 * [fake_gpu.B300])
+    assert mm(env, "use", REPO, "bbbb", "--root", root).returncode == 0
+    (revs["B"] / "tokenizer.json").unlink()  # the model check must be B's, read through the pointer
+    r = mm(env, "doctor", root / REPO / "current", "--hardware", "b300", "--json")
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert r.returncode == 1 and checks["model"]["status"] == "fail" and "tokenizer.json" in checks["model"]["detail"]
 
 
 # --- mm ls -------------------------------------------------------------------------------------------------------
