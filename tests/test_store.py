@@ -153,6 +153,20 @@ def test_ls_shows_sizes_shared_bytes_current_verification_signatures_and_mounts(
     assert f"* {'c' * 12}" in text and "mounted by server-1" in text and "signed (ssh-ed25519" in text
 
 
+def test_ls_reads_its_records_as_hostile(root, revs, docker):
+    env, _ = docker
+    assert mm(env, "use", REPO, "bbbb", "--root", root).returncode == 0
+    (root / ".mm" / "uses.jsonl").write_bytes(b'{"time": 1e400}\n[[[[\n\xff\xfe\n{"time": true, "dir": 5}\n')
+    (revs["A"] / ".mm" / "verified.json").write_bytes(b'{"schema": "mm-verified/1", "time": "\\ud800", "ok": 1}')
+    (revs["C"] / ".mm" / "manifest.json").write_text("{" * 100_000)
+    r = mm(env, "ls", root, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert {x["dir"] for x in doc["revisions"]} == {revs["A"].name, revs["B"].name}
+    assert [x["verified"] for x in doc["revisions"]] == [None, None]
+    assert any(str(revs["C"]) in n and "not listed" in n for n in doc["notes"])
+
+
 # --- mm gc -------------------------------------------------------------------------------------------------------
 
 def test_gc_keeps_the_current_the_kept_and_the_mounted_revisions_and_says_what_it_frees(root, revs, docker):
