@@ -294,3 +294,27 @@ def test_fetch_from_reads_what_the_base_has_and_downloads_only_what_changed(upda
     assert hub_server.total_bytes_served == changed
     assert payload(tmp_path / "B") == payload(update.conn_b)
     ok(mm(update, "verify", tmp_path / "B"))
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda d: d.pop("delta"), "without a delta record"),
+    (lambda d: d.update(schema="mm-bundle-index/1"), "with a delta record"),
+    (lambda d: d["delta"].update(take={}), "take is not a list"),
+    (lambda d: d["delta"]["base"].update(revision="main"), "not a full 40-hex commit"),
+    (lambda d: d["delta"]["base"].update(manifest_sha256="x" * 64), "not a 64-digit hex digest"),
+    (lambda d: d["delta"]["take"][0].update(base_path="../../etc/passwd"), "unsafe path"),
+    (lambda d: d["delta"]["take"][0].update(path="/abs"), "unsafe path"),
+    (lambda d: d["delta"]["take"][0].update(size=-1), "outside"),
+    (lambda d: d["delta"]["take"].append(dict(d["delta"]["take"][0])), "takes one path twice"),
+])
+def test_a_hostile_delta_record_is_refused_naming_the_volume(update, edit, says):
+    from mm.artifacts.bundle.index import parse_index
+    from mm.artifacts.errors import BadInput
+
+    vol = next(update.delta.glob("*.tar"))
+    with tarfile.open(vol) as tf:
+        doc = json.loads(tf.extractfile(next(m for m in tf.getmembers() if "index-vol" in m.name)).read())
+    edit(doc)
+    with pytest.raises(BadInput) as e:
+        parse_index(doc, vol.name)
+    assert vol.name in e.value.message and says in e.value.message, e.value.message
