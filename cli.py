@@ -991,6 +991,8 @@ def unbundle(volumes, dest, no_sync, base_dir, link, require_signature, allowed_
     failed, 7 not enough space.
     """
     from .artifacts.bundle.unpack import Outcome, unbundle as import_volumes
+    if link and base_dir is None:
+        raise click.UsageError("--link hard-links files of the base: it needs --from BASE_DIR")
     _signature_policy(require_signature, allowed_signers, identity)
     report = import_volumes(list(volumes), dest, payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS},
                             progress=progress_for(json_out), sync=not no_sync, allowed_signers=allowed_signers,
