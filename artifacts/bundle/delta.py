@@ -30,7 +30,7 @@ from ..fsutil import human_bytes, publish
 from ..hashing import StreamHasher, blake3_file
 from ..manifest import Manifest, from_json, manifest_path
 from ..progress import NULL_PROGRESS, ProgressSink
-from ..sharing import COPY, LINK, REFLINK, reflink
+from ..sharing import LINK, REFLINK, reflink
 from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
 from .format import MANIFEST_MEMBER, PARITY_RE, VOLUME_RE
 from .index import DeltaNote, Take
@@ -218,13 +218,13 @@ def take_from_base(base: BaseDir, take: list[Take], mode: str, final: Callable[[
     """Make each file of TAKE (not yet in place) from its base file by MODE, hash it, and publish it under
     FINAL(path) only when its blake3 is the recorded one; PARTIAL(path) is where it is made."""
     out = Taken(mode)
-    pipe = ChunkPipe() if mode == COPY else None
+    pipe = ChunkPipe()
     try:
         for t in take:
             target, work = final(t.path), partial(t.path)
             work.parent.mkdir(parents=True, exist_ok=True)
             source = _base_file(base, t)
-            got = _make(source, work, t.size, mode, pipe, sync, progress)
+            got, copied = _make(source, work, t.size, mode, pipe, sync, progress)
             if got != t.blake3:
                 work.unlink(missing_ok=True)
                 out.refused.append(f"{source}: does not match the base manifest (blake3); the base file changed since "
@@ -233,10 +233,9 @@ def take_from_base(base: BaseDir, take: list[Take], mode: str, final: Callable[[
             publish(work, target, sync=sync)
             out.files.append(t.path)
             out.bytes += t.size
-            out.copied_bytes += t.size if mode == COPY else 0
+            out.copied_bytes += t.size if copied else 0
     finally:
-        if pipe is not None:
-            pipe.close()
+        pipe.close()
     return out
 
 
@@ -249,31 +248,35 @@ def _base_file(base: BaseDir, t: Take) -> Path:
     return path
 
 
-def _make(source: Path, work: Path, size: int, mode: str, pipe: ChunkPipe | None, sync: bool,
-          progress: ProgressSink) -> str:
-    """WORK made from SOURCE by MODE; returns the blake3 of what WORK holds (read back from WORK, or, for a copy,
-    hashed in the pass that writes it). A source that is not a regular file of SIZE bytes hashes as 'changed'."""
+def _make(source: Path, work: Path, size: int, mode: str, pipe: ChunkPipe, sync: bool,
+          progress: ProgressSink) -> tuple[str, bool]:
+    """WORK made from SOURCE by MODE: (the blake3 of what WORK holds, whether it was copied). The hash is read back
+    from WORK after a reflink or a link, or computed in the pass that writes a copy. A reflink the file system
+    refuses for this one file falls back to a copy. A source that is not a regular file of SIZE bytes hashes as
+    'changed'."""
     work.unlink(missing_ok=True)
     src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         st = os.fstat(src)
         if not stat.S_ISREG(st.st_mode) or st.st_size != size:
             progress.advance(size)
-            return "changed"
+            return "changed", False
         if mode == LINK:
             os.link(source, work, follow_symlinks=False)
         elif mode == REFLINK:
             dst = os.open(work, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                if not reflink(src, dst):
-                    raise OSError(f"{work}: the file system stopped cloning (FICLONE) mid-import")
+                cloned = reflink(src, dst)
             finally:
                 os.close(dst)
+            if not cloned:
+                work.unlink()
+                return _copy(source, work, size, pipe, sync, progress), True
         else:
-            return _copy(source, work, size, pipe, sync, progress)
+            return _copy(source, work, size, pipe, sync, progress), True
     finally:
         os.close(src)
-    return blake3_file(work, threads=blake3.blake3.AUTO, on_bytes=progress.advance)
+    return blake3_file(work, threads=blake3.blake3.AUTO, on_bytes=progress.advance), False
 
 
 def _copy(source: Path, work: Path, size: int, pipe: ChunkPipe, sync: bool, progress: ProgressSink) -> str:
