@@ -20,8 +20,8 @@ import click
 
 from .artifacts.bundle.payloads import PAYLOAD_KINDS
 from .artifacts.errors import BadInput, BadValue, IntegrityError, MMError, ProblemsFound
-from .artifacts.fsutil import human_bytes
-from .artifacts.progress import NULL_PROGRESS, ProgressSink
+from .artifacts.progress import (NULL_PROGRESS, ProgressSink, abandon_live, human_bytes, human_duration, human_rate,
+                                 terminal_progress)
 from .artifacts.untrusted import printable, redact
 
 if TYPE_CHECKING:  # library modules are imported inside the commands that use them (start-up time)
@@ -80,46 +80,10 @@ def escape(text: str) -> str:
 
 # --- rendering helpers shared by every command ------------------------------------------------
 
-class RichProgress:
-    """A byte progress bar (bytes, rate, ETA) for long work on a terminal."""
-
-    def __init__(self, console: Console):
-        # Imported here: only a terminal needs it, and it costs start-up time for every command.
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-
-        self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            TimeRemainingColumn(), console=console, transient=False,
-        )
-        self._task = None
-        self._lock = threading.Lock()
-
-    def begin(self, total_bytes: int, label: str) -> None:
-        with self._lock:
-            if self._task is None:
-                self._progress.start()
-                self._task = self._progress.add_task(label, total=total_bytes)
-            else:
-                self._progress.update(self._task, total=total_bytes, description=label)
-
-    def advance(self, nbytes: int) -> None:
-        if self._task is not None:
-            self._progress.advance(self._task, nbytes)
-
-    def note(self, message: str) -> None:
-        self._progress.console.print(message)
-
-    def end(self) -> None:
-        with self._lock:
-            if self._task is not None:
-                self._progress.stop()
-                self._task = None
-
-
 def progress_for(json_out: bool) -> ProgressSink:
     if json_out or not err.is_terminal:
         return NULL_PROGRESS
-    return RichProgress(_consoles.err)
+    return terminal_progress(_consoles.err)
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -152,13 +116,16 @@ def _redacted(obj: Any) -> Any:
 
 
 # Where each command writes: a full disk or a read-only file system is reported against this path.
-_WRITE_TARGETS = ("out_dir", "dest", "local_dir", "out", "directory", "model_dir")
+_WRITE_TARGETS = ("out_dir", "out_dirs", "dest", "local_dir", "out", "directory", "model_dir")
 
 
 def _target_of(kwargs: dict) -> str | None:
     for name in _WRITE_TARGETS:
-        if kwargs.get(name) is not None:
-            return str(kwargs[name])
+        value = kwargs.get(name)
+        if isinstance(value, (tuple, list)):  # a repeatable option (bundle --out): the first
+            value = value[0] if value else None
+        if value is not None:
+            return str(value)
     return None
 
 
@@ -189,10 +156,11 @@ def fail(exc: BaseException, operation: str, json_out: bool, target: str | None 
     from .artifacts.oserrors import describe_os_error
 
     kind = type(exc).__name__
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C or SIGTERM: what is kept, the command that resumes, 130/143
+        from .artifacts import interrupt
+        interrupt.end(exc if isinstance(exc, interrupt.Interrupted) else interrupt.current(), flush=True)
     if isinstance(exc, MMError):
         code, message = exc.exit_code, exc.message
-    elif isinstance(exc, KeyboardInterrupt):
-        code, message = 130, "interrupted"
     elif isinstance(exc, BrokenPipeError) and exc.filename is None:
         _quiet_stdout()
         sys.exit(141)  # the reader of our output went away (`mm verify DIR | head`): end as tools do, silently
@@ -208,10 +176,42 @@ def fail(exc: BaseException, operation: str, json_out: bool, target: str | None 
         import traceback
         traceback.print_exception(exc)
     message = redact(message)
+    abandon_live()  # a bar cut short leaves the screen; the error line takes its place
     if json_out:
         emit_json({"ok": False, "error": message, "exit_code": code, "kind": kind})
     err.print(f"mm: {printable(message)}", markup=False, highlight=False, soft_wrap=True)
     sys.exit(code)
+
+
+def _report_interrupt(json_out: bool, argv: list[str], exc) -> None:
+    """The interrupt's one line (and JSON document): the signal, what resumable work is kept where, and the command
+    that resumes it. Written with os.write: it may run in the interrupt's watcher thread while the main thread
+    is anywhere (in the middle of a rich render, too)."""
+    from shlex import join
+
+    from .artifacts.interrupt import kept_work, working_dirs
+
+    dirs = working_dirs()
+    kept = kept_work(dirs) if dirs else []
+    resume = redact(printable("mm " + join(argv))) if dirs else None
+    message = f"interrupted by {exc.signal_name}"
+    if dirs:
+        message += f"; kept: {'; '.join(kept) if kept else 'nothing yet'}; resume with: {resume}"
+    message = redact(printable(message))
+    if json_out:
+        doc = {"ok": False, "error": message, "exit_code": exc.exit_code, "kind": "Interrupted",
+               "signal": exc.signal_name, "kept": [redact(printable(k)) for k in kept], "resume": resume}
+        _write_all(1, (json.dumps(doc, indent=2) + "\n").encode())
+    show_cursor = "\x1b[?25h" if sys.stderr.isatty() else ""  # a live progress bar hides it
+    _write_all(2, f"{show_cursor}mm: {message}\n".encode("utf-8", "replace"))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        pass
 
 
 def _quiet_stdout() -> None:
@@ -235,6 +235,17 @@ def _repo_id(ctx, param, value):
 def _revision(ctx, param, value):
     if value is not None and (not value.strip() or len(value) > 256 or not value.isprintable() or value != value.strip()):
         raise click.BadParameter(f"{printable(value)[:60]!r}: expected a commit sha, branch or tag")
+    return value
+
+
+def _container_name(ctx, param, value):
+    """A container name handed to docker: never something docker could take as an option (`--follow`)."""
+    from .artifacts.tools import check_name
+    if value is not None:
+        try:
+            check_name(value, param.opts[0])
+        except MMError as e:
+            raise click.BadParameter(e.message.removeprefix(f"{param.opts[0]} ")) from None
     return value
 
 
@@ -295,6 +306,9 @@ class MMGroup(click.Group):
         args = list(sys.argv[1:] if args is None else args)
         json_out = "--json" in args
         threading.excepthook = _thread_failed
+        if threading.current_thread() is threading.main_thread():  # (click's test runner may call from elsewhere)
+            from .artifacts import interrupt
+            interrupt.install(functools.partial(_report_interrupt, json_out, args))
         try:
             rv = super().main(args, prog_name=prog_name or "mm", complete_var=complete_var, standalone_mode=False, **extra)
         except click.exceptions.NoArgsIsHelpError as e:
@@ -316,8 +330,8 @@ class MMGroup(click.Group):
 
 def _thread_failed(hook_args) -> None:
     """A worker thread died of an unexpected exception: one line, not Python's thread traceback."""
-    if hook_args.exc_type is SystemExit:
-        return
+    if hook_args.exc_type is SystemExit or issubclass(hook_args.exc_type, KeyboardInterrupt):
+        return  # a worker stopped by an interrupt: the CLI reports the interrupt
     if os.environ.get("MM_DEBUG") == "1":
         import traceback
         traceback.print_exception(hook_args.exc_value)
@@ -355,7 +369,7 @@ def _render_fetch(result: mm_fetch.FetchResult) -> None:
     resumed = [f for f in counts["downloaded"] if f.resumed_from]
     rate = result.bytes_transferred / result.seconds if result.seconds else 0
     out.print(f"{result.repo_id}@{result.commit[:12]}: {len(counts['downloaded'])} downloaded"
-              f" ({human_bytes(result.bytes_transferred)}, {human_bytes(rate)}/s"
+              f" ({human_bytes(result.bytes_transferred)} in {human_duration(result.seconds)}, {human_rate(rate)}"
               f"{f', {len(resumed)} resumed' if resumed else ''}), {len(counts['present'])} already present,"
               f" {len(counts['failed'])} failed", highlight=False)
     t = result.transfer
@@ -363,7 +377,7 @@ def _render_fetch(result: mm_fetch.FetchResult) -> None:
         retried = ", ".join(f"{n} {why}" for why, n in sorted(t["retries_by_reason"].items()))
         per_conn = rate / t["connections_used"] if t["connections_used"] else 0
         out.print(f"Connections: {t['connections_used']} of {t['connections']} used, {t['requests']} requests,"
-                  f" {human_bytes(per_conn)}/s per connection; retries: {t['retries']} of {t['retry_budget']}"
+                  f" {human_rate(per_conn)} per connection; retries: {t['retries']} of {t['retry_budget']}"
                   f"{f' ({retried})' if retried else ''}", highlight=False)
     sources = Counter(f.source for f in counts["downloaded"])
     if len(sources) > 1 or "hub" not in sources and sources:
@@ -446,7 +460,10 @@ def manifest():
 @handles_errors
 def manifest_create(directory, repo, revision, offline, jobs, json_out):
     """Hash a directory another tool filled (e.g. `hf download`) and write DIR/.mm/manifest.json."""
+    import time
+
     from .artifacts import adopt
+    started = time.monotonic()
     result = adopt.manifest_for_local_dir(directory, repo, revision, offline=offline, jobs=jobs, progress=progress_for(json_out))
     if json_out:
         emit_json({"ok": True, "manifest_path": result.manifest_path, "checked_upstream": result.checked_upstream,
@@ -456,8 +473,9 @@ def manifest_create(directory, repo, revision, offline, jobs, json_out):
     if result.note:
         err.print(f"note: {result.note}", markup=False)
     checked = "checked against the Hub" if result.checked_upstream else "NOT checked against the Hub"
-    out.print(f"{len(result.manifest.files)} files ({human_bytes(result.manifest.total_bytes)}) at "
-              f"{result.manifest.revision}, {checked}. Manifest: {result.manifest_path}", highlight=False)
+    out.print(f"{len(result.manifest.files)} files ({human_bytes(result.manifest.total_bytes)}) hashed in "
+              f"{human_duration(time.monotonic() - started)} at {result.manifest.revision}, {checked}. "
+              f"Manifest: {result.manifest_path}", highlight=False)
 
 
 @manifest.command("export")
@@ -496,10 +514,10 @@ def _render_verify(report: VerifyReport, title: str = "verify") -> None:
     for p in report.problems:
         out.print(f"{p.kind.upper():<10} {p.path}: {p.detail}", markup=False, highlight=False, soft_wrap=True)
     read = ("sizes only (--quick)" if report.quick else
-            f"{human_bytes(report.bytes_checked)} hashed at {report.bytes_per_second / 1e9:.2f} GB/s")
+            f"{human_bytes(report.bytes_checked)} hashed at {human_rate(report.bytes_per_second)}")
     verdict = "OK" if report.ok else f"DAMAGED: {len(report.problems)} problem(s) ({_counts_text(report)})"
     out.print(f"{title} {report.model_dir} against {report.manifest_path}: {report.files_checked} files, {read}, "
-              f"{report.seconds:.2f} s. {verdict}", markup=False, highlight=False, soft_wrap=True)
+              f"{human_duration(report.seconds)}. {verdict}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _problems_found(report: VerifyReport, what: str) -> None:
@@ -789,7 +807,9 @@ def bundle():
 
 @bundle.command("create")
 @click.argument("directory", required=False, type=click.Path(path_type=Path))
-@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Directory for the volume files.")
+@click.option("--out", "out_dirs", required=True, multiple=True, type=click.Path(path_type=Path),
+              help="Directory for the volume files: one per disk, repeatable (--out /media/disk1 --out /media/disk2): "
+                   "filled in order, each volume where it fits (free space is checked before writing).")
 @click.option("--volume-size", type=VolumeSize(),
               help="Size of each volume, decimal as disks are sold: 750M, 4G (=4,000,000,000 bytes), 500G, 1.8T; "
                    "binary with 'i': 4GiB. Volume 1 must hold mm's wheelhouse whole.")
@@ -821,18 +841,22 @@ def bundle():
 @click.option("--parity", type=click.IntRange(0, 31), default=0, show_default=True,
               help="Reed-Solomon parity volumes to add: any that many lost or damaged volumes can be rebuilt "
                    "(e.g. 2 for ten data volumes).")
+@click.option("--yes", is_flag=True, help="Write a plan of more than 10,000 volumes (refused otherwise: most likely a "
+                                          "--volume-size typo, 100K for 100G).")
 @click.option("--base", type=click.Path(path_type=Path),
               help="Make a delta: carry only the files whose content this base revision lacks (its manifest file, "
                    "its model directory, or a volume of its bundle); the destination takes the rest from its copy "
                    "of the base (mm unbundle --from).")
 @json_option
 @handles_errors
-def bundle_create(directory, out_dir, volume_size, name, cache_key, no_mm, only_mm, target_platforms, target_pythons,
-                  image_ref, allow_other_image, insecure_registry, no_sync, parity, base, json_out, **kw):
+def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only_mm, target_platforms, target_pythons,
+                  image_ref, allow_other_image, insecure_registry, no_sync, parity, yes, base, json_out, **kw):
     """Write the model (and payloads, and mm itself) as self-describing tar volumes, plus --parity volumes; a
     rerun resumes."""
+    import contextlib
+
     from .artifacts import wheelhouse
-    from .artifacts.bundle.pack import create_bundle
+    from .artifacts.bundle.pack import create_bundle, precheck_volume_count
     from .artifacts.bundle.payloads import CollectOptions
     from .artifacts.errors import BadInput
     sources = _payload_sources(kw)
@@ -840,7 +864,9 @@ def bundle_create(directory, out_dir, volume_size, name, cache_key, no_mm, only_
         if directory or volume_size or any(sources.values()) or parity or base:
             raise BadInput("--only-mm writes only install-mm.sh and wheelhouse/ into --out: give no model directory, "
                            "--volume-size or payload")
-        report = wheelhouse.build_wheelhouse(out_dir, wheelhouse.targets_for(target_platforms, target_pythons),
+        if len(out_dirs) > 1:
+            raise BadInput("--only-mm writes into one --out directory")
+        report = wheelhouse.build_wheelhouse(out_dirs[0], wheelhouse.targets_for(target_platforms, target_pythons),
                                              progress_for(json_out))
         if json_out:
             emit_json({"ok": True, **to_jsonable(report), "size": report.size})
@@ -855,15 +881,20 @@ def bundle_create(directory, out_dir, volume_size, name, cache_key, no_mm, only_
         raise BadInput("give the model DIRECTORY and --volume-size (or --only-mm for mm alone)")
     if no_mm and sources.get("mm"):
         raise BadInput("--no-mm and --wheelhouse: choose one")
-    if not no_mm and not sources.get("mm"):
-        sources["mm"] = [wheelhouse.bundle_wheelhouse(out_dir, target_platforms, target_pythons, progress_for(json_out))]
-    elif target_platforms or target_pythons:
+    if (no_mm or sources.get("mm")) and (target_platforms or target_pythons):
         raise BadInput("--target-platform/--target-python choose the wheelhouse mm bundle builds; "
                        "not with --no-mm or --wheelhouse")
-    result = create_bundle(directory, out_dir, volume_size, name=name, payloads=sources, cache_key=cache_key,
-                           progress=progress_for(json_out), sync=not no_sync, parity=parity,
-                           collect=CollectOptions(image_ref=image_ref, allow_other_image=allow_other_image,
-                                                  tls_verify=not insecure_registry), base=base)
+    precheck_volume_count(directory, volume_size, yes)  # a typo in --volume-size ends here, before any work
+    progress = progress_for(json_out)
+    with contextlib.ExitStack() as stack:
+        if not no_mm and not sources.get("mm"):  # built in mm's cache directory, removed after the run
+            sources["mm"] = [stack.enter_context(wheelhouse.bundle_wheelhouse(target_platforms, target_pythons,
+                                                                              progress))]
+        result = create_bundle(directory, list(out_dirs), volume_size, name=name, payloads=sources,
+                               cache_key=cache_key, progress=progress, sync=not no_sync, parity=parity,
+                               collect=CollectOptions(image_ref=image_ref, allow_other_image=allow_other_image,
+                                                      tls_verify=not insecure_registry),
+                               yes=yes, on_plan=None if json_out else _render_bundle_plan, base=base)
     if json_out:  # each payload kind under its own key, beside the rest
         emit_json({key: value for field_name, v in to_jsonable(result).items()
                    for key, value in (v.items() if field_name == "payloads" else [(field_name, v)])})
@@ -878,8 +909,10 @@ def bundle_create(directory, out_dir, volume_size, name, cache_key, no_mm, only_
     if result.signed:
         out.print("the manifest's signature travels in every volume (MMBUNDLE/manifest.json.sig)",
                   highlight=False, markup=False, soft_wrap=True)
-    out.print(f"bundle {result.name} (id {result.bundle_id}): {len(result.volumes)} volume(s), "
-              f"{human_bytes(result.total_bytes)} of data. Check the disks with: mm bundle verify {result.out}",
+    parity_part = f" + {len(result.parity_volumes)} parity" if result.parity_volumes else ""
+    out.print(f"bundle {result.name} (id {result.bundle_id}): {len(result.volumes)} volume(s){parity_part}, "
+              f"{result.files} files, {human_bytes(result.total_bytes)} of data in {human_duration(result.seconds)}. "
+              f"Check the disks with: mm bundle verify {' '.join(result.outs)}",
               highlight=False, markup=False, soft_wrap=True)
     if result.delta:
         from .artifacts.bundle.delta import describe
@@ -891,8 +924,23 @@ def bundle_create(directory, out_dir, volume_size, name, cache_key, no_mm, only_
                   f"air-gapped host, where the volumes lie: sh install-mm.sh [DIR]", highlight=False, markup=False,
                   soft_wrap=True)
     if not result.synced:
-        out.print(f"not synced (--no-sync): run `sync` or unmount before removing the disk holding {result.out}",
+        out.print(f"not synced (--no-sync): run `sync` or unmount before removing the disk holding "
+                  f"{' and '.join(result.outs)}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _render_bundle_plan(plan) -> None:
+    """The plan, before a byte is written: how many volumes, how large, which disk holds which (on stderr, with
+    the progress: stdout keeps the results)."""
+    parity = f" + {plan.parity} parity volume(s)" if plan.parity else ""
+    last = f" (the last {human_bytes(plan.last)})" if plan.volumes > 1 else ""
+    err.print(f"plan: {plan.files} files, {human_bytes(plan.data_bytes)}, in {plan.volumes} volume(s) of up to "
+              f"{human_bytes(plan.volume_size)}{last}{parity}; {human_bytes(plan.total_bytes)} to the disks",
+              highlight=False, markup=False, soft_wrap=True)
+    for d in plan.disks:
+        err.print(f"  {d.out}: {d.holds} ({human_bytes(d.to_write)} to write, {human_bytes(d.free)} free)",
                   highlight=False, markup=False, soft_wrap=True)
+    for note in plan.notes:
+        err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
 
 
 @bundle.command("verify")
@@ -916,6 +964,8 @@ def bundle_verify(volumes, json_out):
             for problem in v.problems:
                 out.print(f"         {problem}", highlight=False, markup=False, soft_wrap=True)
         missing = ", ".join(str(n) for n in report.missing) or "none"
+        out.print(f"checked {report.files_checked} volume file(s), {human_bytes(report.bytes_checked)} in "
+                  f"{human_duration(report.seconds)}", highlight=False, markup=False, soft_wrap=True)
         if report.bundle_id is None:
             out.print("no readable bundle volume among those given", highlight=False, markup=False, soft_wrap=True)
         else:
@@ -952,7 +1002,10 @@ def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
     Every volume given is checked first; a rebuilt data volume gets its name only when its whole-file blake3 is
     the one the parity index records. Exit 0 repaired (or nothing to repair), 1 too many volumes lost (the
     message says which would be enough), 3 no usable parity volume."""
+    import time
+
     from .artifacts.bundle.repair import repair_volumes
+    started = time.monotonic()
     report = repair_volumes(list(volumes), out_dir, sync=not no_sync, progress=progress_for(json_out))
     if json_out:
         emit_json(report)
@@ -963,8 +1016,14 @@ def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
         out.print(f"rebuilt  {path} (byte-identical, blake3 checked)", highlight=False, markup=False, soft_wrap=True)
     for path in report.parity_rewritten:
         out.print(f"rewrote  {path} (parity)", highlight=False, markup=False, soft_wrap=True)
-    if not report.rebuilt and not report.parity_rewritten:
+    written = [Path(p) for p in report.rebuilt + report.parity_rewritten]
+    if not written:
         out.print(f"bundle {report.name}: nothing to repair ({len(report.intact)} data volume(s) intact)",
+                  highlight=False, markup=False, soft_wrap=True)
+    else:
+        out.print(f"bundle {report.name}: {len(written)} volume file(s) written, "
+                  f"{human_bytes(sum(p.stat().st_size for p in written))}, "
+                  f"in {human_duration(time.monotonic() - started)}",
                   highlight=False, markup=False, soft_wrap=True)
 
 
@@ -990,10 +1049,13 @@ def unbundle(volumes, dest, no_sync, base_dir, link, require_signature, allowed_
     Exit 0 imported (volumes may still be missing), 5 a volume or member was refused, 1 the final verify
     failed, 7 not enough space.
     """
+    import time
+
     from .artifacts.bundle.unpack import Outcome, unbundle as import_volumes
     if link and base_dir is None:
         raise click.UsageError("--link hard-links files of the base: it needs --from BASE_DIR")
     _signature_policy(require_signature, allowed_signers, identity)
+    started = time.monotonic()
     report = import_volumes(list(volumes), dest, payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS},
                             progress=progress_for(json_out), sync=not no_sync, allowed_signers=allowed_signers,
                             identity=identity, require_signature=require_signature, base_dir=base_dir, link=link)
@@ -1016,7 +1078,8 @@ def unbundle(volumes, dest, no_sync, base_dir, link, require_signature, allowed_
         if report.recovery:
             out.print(report.recovery, highlight=False, markup=False, soft_wrap=True)
         out.print(f"{len(report.imported)} file(s) imported, {report.skipped} already present, from "
-                  f"{len(report.used)} volume(s) of {report.name} ({report.bundle_id}).", highlight=False, markup=False, soft_wrap=True)
+                  f"{len(report.used)} volume(s) of {report.name} ({report.bundle_id}) in "
+                  f"{human_duration(time.monotonic() - started)}.", highlight=False, markup=False, soft_wrap=True)
         if report.delta and report.delta.get("mode"):
             d = report.delta
             how = {"reflink": "by reflink (no bytes copied)", "link": "by hard link (--link)",
@@ -1229,8 +1292,8 @@ def _transfer_summary(items, nbytes: int, seconds: float) -> tuple[Counter, str]
     """Counts by status, and "(bytes, rate[, N resumed])" for a push or pull report's blobs or files."""
     resumed = sum(1 for item in items if item.resumed_from)
     rate = nbytes / seconds if seconds else 0
-    return Counter(item.status for item in items), \
-        f"({human_bytes(nbytes)}, {human_bytes(rate)}/s{f', {resumed} resumed' if resumed else ''})"
+    return Counter(item.status for item in items), (f"({human_bytes(nbytes)} in {human_duration(seconds)}, "
+                                                    f"{human_rate(rate)}{f', {resumed} resumed' if resumed else ''})")
 
 
 @main.command()
@@ -1409,7 +1472,8 @@ def recipe_options(fn: Callable) -> Callable:
                      help="Image archive carried in the bundle; the script runs `docker load -i` when the image is absent."),
         click.option("--cache-root", type=click.Path(path_type=Path), default=None,
                      help="Host directory for kernel caches (default: DIR/../mm-kernel-cache/<recipe>)."),
-        click.option("--name", default=None, help="Container name. Default: the pin's container_name (minimax-m3-1-flash)."),
+        click.option("--name", default=None, callback=_container_name,
+                     help="Container name. Default: the pin's container_name (minimax-m3-1-flash)."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -1540,7 +1604,8 @@ def doctor(model_dir, json_out, **kw):
 
 @main.command()
 @click.argument("logfile", required=False, type=click.Path(path_type=Path))
-@click.option("--container", default=None, help="Read `docker logs NAME` and its mounts instead of a file.")
+@click.option("--container", default=None, callback=_container_name,
+              help="Read `docker logs NAME` and its mounts instead of a file.")
 @click.option("--answer", "answers", multiple=True, type=click.Path(path_type=Path),
               help="A saved HTTP answer or request body (repeatable).")
 @click.option("--model-dir", type=click.Path(path_type=Path), default=None,

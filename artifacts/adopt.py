@@ -55,6 +55,7 @@ def manifest_for_local_dir(local_dir: Path, repo_id: str, revision: str, *, endp
     progress.begin(sum((local_dir / p).stat().st_size for p in paths), f"hash {local_dir.name}")
 
     def one(path: str) -> tuple[FileEntry, str | None]:
+        progress.item(path)
         upstream = remote[path].upstream if remote and path in remote else None
         result = entry_for_file(local_dir, path, upstream=upstream, want_git_sha1=bool(upstream and upstream.kind == "git-blob-sha1"))
         progress.advance(result[0].size)

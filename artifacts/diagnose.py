@@ -9,8 +9,6 @@ adapted to it (the cache paths, flags and ports mm uses); otherwise it is the gu
 from __future__ import annotations
 
 import re
-import subprocess
-import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +18,8 @@ from .errors import BadInput
 from .cachekey import FILE_NAME as CACHE_KEY_FILE
 from .launch import LaunchPlan, _pairs
 from .pins import Pin, default_pin, manifests_dir
-from .untrusted import At, Malformed, load_json, read_json_file
+from .tools import ToolMissing, check_name, run_tool, stream_tool
+from .untrusted import At, Malformed, load_json, read_json_file, small_int
 
 SCHEMA = "mm-troubleshooting/1"
 SOURCES = ("log", "http", "container", "host")
@@ -335,33 +334,18 @@ def scan_log(path: Path, table: Table) -> ScannedText:
 
 def scan_docker_logs(name: str, table: Table, *, docker: str = "docker", tail: int = 0, keep: re.Pattern | None = None,
                      timeout: float = 120, check: bool = True) -> ScannedText:
-    """`docker logs NAME` (stdout and stderr, as docker interleaves them) read streaming, like a log file. With
-    CHECK, docker failing (no such container) is an error; without, what it wrote is the log."""
+    """`docker logs NAME` (stdout and stderr, as docker interleaves them) read streaming, like a log file, within
+    TIMEOUT (tools.stream_tool: the process group is killed then, or when docker exits and a child of it still
+    holds the pipe). With CHECK, docker failing (no such container) is an error; without, what it wrote is the log."""
+    check_name(name, "--container")
     try:
-        proc = subprocess.Popen([docker, "logs", name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT)
-    except FileNotFoundError:
-        raise BadInput("docker: not found on PATH (mm reads `docker logs`)") from None
-    timed_out = threading.Event()
-
-    def stop() -> None:  # a log holds whatever the server wrote, and docker may hang
-        timed_out.set()
-        proc.kill()
-
-    timer = threading.Timer(timeout, stop)
-    timer.start()
-    try:
-        with proc.stdout:
+        with stream_tool([docker, "logs", "--", name], timeout=timeout) as proc:
             scan = scan_text(f"docker logs {name}", iter_lines(proc.stdout), table, tail=max(tail, 1), keep=keep)
-        returncode = proc.wait()
-    finally:
-        timer.cancel()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    if timed_out.is_set():
-        raise BadInput(f"docker logs {name}: no answer within {timeout:g}s")
-    if check and returncode != 0:
+    except ToolMissing:
+        raise BadInput("docker: not found on PATH (mm reads `docker logs`)") from None
+    if proc.stopped:
+        raise BadInput(f"docker logs {name}: {proc.stopped}")
+    if check and proc.returncode != 0:
         last = next((line for line in reversed(scan.tail) if line.strip()), "(no output)")
         raise BadInput(f"--container {name}: docker logs failed: {last.strip()}")
     if not tail:
@@ -371,13 +355,13 @@ def scan_docker_logs(name: str, table: Table, *, docker: str = "docker", tail: i
 
 def container_mounts(name: str, docker: str = "docker") -> list[dict]:
     """The container's mounts from `docker inspect` (read like any other answer: within limits, objects only)."""
+    check_name(name, "--container")
     try:
-        inspect = subprocess.run([docker, "inspect", "-f", "{{json .Mounts}}", name], capture_output=True,
-                                 encoding="utf-8", errors="replace", timeout=60)
-    except FileNotFoundError:
+        inspect = run_tool([docker, "inspect", "-f", "{{json .Mounts}}", "--", name], timeout=60)
+    except ToolMissing:
         raise BadInput("docker: not found on PATH (--container reads `docker logs`)") from None
-    except subprocess.TimeoutExpired:
-        raise BadInput(f"--container {name}: docker did not answer") from None
+    if inspect.stopped:
+        raise BadInput(f"--container {name}: docker inspect: {inspect.stopped}")
     try:
         mounts = load_json(inspect.stdout, f"docker inspect {name}") if inspect.returncode == 0 else []
     except Malformed:
@@ -401,7 +385,7 @@ def _gpu_family(plan: LaunchPlan, gpu_info: str | None) -> str | None:
         return None
     for line in gpu_info.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 2 and parts[1].split(".")[0].isdigit() and int(parts[1].split(".")[0]) < 10:
+        if len(parts) >= 2 and (major := small_int(parts[1].split(".")[0], hi=999)) is not None and major < 10:
             return f"GPU {parts[0]} (compute {parts[1]}) with DSpark recipe {plan.recipe.id}"
     return None
 

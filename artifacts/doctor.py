@@ -23,16 +23,16 @@ import os
 import re
 import shutil
 import socket
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cachekey import FILE_NAME as CACHE_KEY_FILE
 from .errors import BadInput
-from .fsutil import human_bytes
 from .launch import LaunchOptions, LaunchPlan, hicache_host_gb, image_candidates, image_identity
 from .pins import Pin
-from .untrusted import load_json, read_json_file
+from .progress import human_bytes
+from .tools import IMAGE_REF, ToolMissing, ToolResult, check_name, last_line, run_tool
+from .untrusted import load_json, read_json_file, small_int, version_numbers
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 SHM_GUIDE = 32 * 10**9  # the guide's --shm-size 32g; with --ipc=host the host's /dev/shm is what the server gets
@@ -41,6 +41,7 @@ CACHE_DISK_MARGIN = 20 * 10**9  # mm's margin for compiled kernels (the guide pu
 GPU_TOKENS = {"b300": "B300", "gb300": "GB300", "b200": "B200", "gb200": "GB200", "h200": "H200", "h100": "H100",
               "mi355x": "MI355X", "mi350x": "MI350X"}
 FAMILY_CC_MAJOR = {"blackwell": "10", "hopper": "9"}
+MAX_FIELD = 256  # characters of a field of nvidia-smi's or rocm-smi's answer kept (a GPU name is ~25)
 
 
 @dataclass
@@ -67,22 +68,16 @@ class DoctorReport:
         return {s: sum(c.status == s for c in self.checks) for s in (OK, WARN, FAIL)}
 
 
-def _run(argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess | None:
+def _run(argv: list[str], timeout: float = 60) -> ToolResult | None:
+    """The tool's answer, bounded in bytes and time (tools.run_tool); None when it is not installed."""
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except (FileNotFoundError, PermissionError):
+        return run_tool(argv, timeout=timeout)
+    except ToolMissing:
         return None
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(argv, 124, "", f"no answer within {timeout:g} s")
-
-
-def _last(text: str) -> str:
-    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
-    return lines[-1] if lines else "no output"
 
 
 def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", text)[:2])
+    return version_numbers(text, 2)
 
 
 # --- GPUs ------------------------------------------------------------------------------------------------
@@ -101,14 +96,14 @@ def nvidia_gpus() -> tuple[list[Gpu], str | None, str | None]:
     if done is None:
         return [], None, "nvidia-smi: not found"
     if done.returncode != 0:
-        return [], None, f"nvidia-smi failed: {_last(done.stderr or done.stdout)}"
+        return [], None, f"nvidia-smi failed: {done.last_line()}"
     gpus = []
     for line in done.stdout.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 4 and parts[0].isdigit():
-            gpus.append(Gpu(int(parts[0]), parts[1], parts[2], parts[3]))
+        parts = [p.strip()[:MAX_FIELD] for p in line.split(",")]
+        if len(parts) == 4 and (index := small_int(parts[0], hi=4095)) is not None:
+            gpus.append(Gpu(index, parts[1], parts[2], parts[3]))
     header = _run(["nvidia-smi"])
-    m = re.search(r"CUDA Version:\s*([0-9.]+)", header.stdout if header else "")
+    m = re.search(r"CUDA Version:\s*([0-9]{1,4}(?:\.[0-9]{1,4}){0,2})(?![0-9.])", header.stdout if header else "")
     return gpus, (m.group(1) if m else None), None
 
 
@@ -117,7 +112,7 @@ def amd_gpus() -> tuple[list[Gpu], str | None, str | None]:
     if done is None:
         return [], None, "rocm-smi: not found"
     if done.returncode != 0:
-        return [], None, f"rocm-smi failed: {_last(done.stderr or done.stdout)}"
+        return [], None, f"rocm-smi failed: {done.last_line()}"
     try:
         doc = load_json(done.stdout, "rocm-smi")
     except BadInput:
@@ -126,10 +121,10 @@ def amd_gpus() -> tuple[list[Gpu], str | None, str | None]:
         return [], None, "rocm-smi printed no JSON object"
     gpus = []
     for card, info in sorted(doc.items()):
-        m = re.fullmatch(r"card(\d+)", card)
+        m = re.fullmatch(r"card([0-9]{1,4})", card)
         if m and isinstance(info, dict):
-            name = str(info.get("Card Series") or info.get("Card series") or info.get("Card Model") or "")
-            gpus.append(Gpu(int(m.group(1)), name, str(info.get("GFX Version", "")), ""))
+            name = str(info.get("Card Series") or info.get("Card series") or info.get("Card Model") or "")[:MAX_FIELD]
+            gpus.append(Gpu(int(m.group(1)), name, str(info.get("GFX Version", ""))[:MAX_FIELD], ""))
     return gpus, None, None
 
 
@@ -212,7 +207,7 @@ def docker_checks(plan: LaunchPlan) -> tuple[list[Check], str | None]:
         return [Check("docker", FAIL, "docker: not found on PATH", "install Docker Engine")], None
     info = _run(["docker", "info", "--format", "{{json .}}"])
     if info is None or info.returncode != 0:
-        return [Check("docker", FAIL, f"docker daemon not answering: {_last(info.stderr if info else '')}",
+        return [Check("docker", FAIL, f"docker daemon not answering: {info.last_line() if info else 'no output'}",
                       "start it (systemctl start docker) and make sure this user may use it")], None
     try:
         doc = load_json(info.stdout, "docker info")
@@ -222,7 +217,7 @@ def docker_checks(plan: LaunchPlan) -> tuple[list[Check], str | None]:
     checks = [Check("docker", OK, f"Docker {doc.get('ServerVersion', '?')} answering")]
     found = None
     for ref in image_candidates(plan):  # the start script's search
-        if (done := _run(["docker", "image", "inspect", ref])) is not None and done.returncode == 0:
+        if (done := _run(["docker", "image", "inspect", "--", ref])) is not None and done.returncode == 0:
             found = ref
             how = ("by its pinned reference" if ref == plan.image else "by the image ID mm image save recorded (the "
                    f"repo digest did not survive the load): {ref}")
@@ -231,9 +226,9 @@ def docker_checks(plan: LaunchPlan) -> tuple[list[Check], str | None]:
     if found is None:
         ident = image_identity(plan)
         tag = _image_tag(plan)
-        other = _run(["docker", "image", "inspect", "--format", "{{.Id}}", tag]) if tag else None
+        other = _run(["docker", "image", "inspect", "--format", "{{.Id}}", "--", tag]) if tag else None
         if other is not None and other.returncode == 0:
-            checks.append(Check("image", FAIL, f"wrong image: {tag} is {other.stdout.strip()}, but the pinned image is "
+            checks.append(Check("image", FAIL, f"wrong image: {tag} is {last_line(other.stdout)}, but the pinned image is "
                                                f"{ident}", f"docker load -i {plan.archive_hint} (the bundle proved it)"))
         else:
             checks.append(Check("image", FAIL, f"{ident} is not on this host", f"docker load -i {plan.archive_hint}"))
@@ -250,10 +245,11 @@ def _nvidia_runtime_check(plan: LaunchPlan, image: str | None, info: dict) -> Ch
             return Check("nvidia container runtime", WARN, "registered with docker, not tried (the image is missing)")
         return Check("nvidia container runtime", FAIL, "docker has no nvidia runtime registered", fix)
     done = _run(["docker", "run", "--rm", "--pull", "never", "--gpus", '"device=%s"' % ",".join(map(str, plan.gpus)),
-                 "--entrypoint", "nvidia-smi", image, "--query-gpu=name", "--format=csv,noheader"], timeout=120)
+                 "--entrypoint", "nvidia-smi", check_name(image, "image", IMAGE_REF), "--query-gpu=name",
+                 "--format=csv,noheader"], timeout=120)
     if done is None or done.returncode != 0:
         return Check("nvidia container runtime", FAIL,
-                     f"a container cannot reach the GPUs: {_last(done.stderr if done else '')}", fix)
+                     f"a container cannot reach the GPUs: {done.last_line() if done else 'docker: not found'}", fix)
     seen = [ln for ln in done.stdout.splitlines() if ln.strip()]
     return Check("nvidia container runtime", OK, f"the image's nvidia-smi sees {len(seen)} GPU(s)")
 
@@ -296,8 +292,8 @@ def meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
         for line in Path(path).read_text().splitlines():
             key, _, rest = line.partition(":")
             parts = rest.split()
-            if parts and parts[0].isdigit():
-                out[key] = int(parts[0]) * 1024
+            if parts and (kib := small_int(parts[0])) is not None:
+                out[key] = kib * 1024
     except OSError:
         pass
     return out

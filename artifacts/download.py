@@ -20,7 +20,6 @@ import json
 import os
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import ContextManager, Iterator, Mapping, Protocol, Sequence
 from .errors import BadInput, IntegrityError, MMError, RemoteError
 from .fsutil import MM_DIR, check_relpath, dir_lock, publish, require_free_space
 from .hashing import Digests, StreamHasher
+from .interrupt import keeps, requested as interrupt_requested, worker_pool
 from .manifest import FileEntry, Upstream, entry_from_dict, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import load_json
@@ -203,6 +203,7 @@ class Session:
     def __enter__(self) -> "Session":
         prepare_dir(self.local_dir)
         self._stack.enter_context(dir_lock(self.local_dir, self.what))
+        keeps(self.local_dir)  # an interrupt names the partial files and the journal kept here
         self.known = known_entries(self.local_dir)
         return self
 
@@ -218,12 +219,13 @@ class Session:
         _clean_stale_partials(self.local_dir, files)
         self._check_free_space(files, refetch)
         total, finished, lock = sum(f.size for f in files), [0], threading.Lock()
-        progress.begin(total, f"{label} 0/{len(files)} files")
+        progress.begin(total, f"{label} 0/{len(files)} files", files=len(files))
         budget = Connections(connections)
         stats = TransferStats(retry_budget=max(64, 16 * connections))
 
         def one(f: RemoteFile) -> tuple[FileOutcome, FileEntry | None]:
             try:
+                progress.item(f.path)
                 entry = None if refetch else self.present(f)
                 if entry is not None:
                     progress.advance(f.size)
@@ -231,11 +233,11 @@ class Session:
                 return self._fetch_one(f, sources, progress, budget, stats)
             finally:
                 with lock:  # the bar's label counts files done; the bar itself, bytes and the aggregate rate
-                    finished[0] += 1
-                    progress.begin(total, f"{label} {finished[0]}/{len(files)} files")
+                    finished[0] += not interrupt_requested()  # a file stopped by Ctrl-C is not done
+                    progress.begin(total, f"{label} {finished[0]}/{len(files)} files", files=len(files))
 
         try:
-            with ThreadPoolExecutor(max_workers=max(1, workers or connections)) as pool:
+            with worker_pool(workers or connections) as pool:  # an interrupt starts no queued file
                 return list(pool.map(one, files))
         finally:
             progress.end()

@@ -12,7 +12,8 @@ Exit codes (documented in README.md):
   6  busy (another mm process holds the directory's lock)
   7  refused (a combination the deployment guide says fails, or not enough disk)
  70  internal error: a bug in mm (an unexpected exception; one line, never a traceback unless MM_DEBUG=1)
-130  interrupted
+130  interrupted (SIGINT; the work is kept: artifacts/interrupt.py)
+143  stopped by SIGTERM (the same)
 """
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ EXIT_CODES = {
     6: "busy (another mm process holds the directory lock)",
     7: "refused (unsupported combination per the deployment guide, or not enough disk)",
     70: "internal error: a bug in mm (please report it; MM_DEBUG=1 shows the traceback)",
-    130: "interrupted",
+    130: "interrupted by Ctrl-C (SIGINT); the work done so far is kept",
+    143: "stopped by SIGTERM; the work done so far is kept",
 }
 
 INTERNAL_ERROR = 70

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from .download import PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources
+from .download import JOURNAL, PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources
 from .errors import BadInput, RemoteError
 from .fsutil import MM_DIR
 from .ranges import DEFAULT_CONNECTIONS
@@ -224,16 +224,19 @@ def base_sources(base_dir: Path, files: list[RemoteFile], local_dir: Path) -> di
 
 @contextmanager
 def _new_state_dir(local_dir: Path) -> Iterator[None]:
-    """A run that fails before anything was kept leaves no empty .mm/ (nor an empty LOCAL_DIR it created)."""
+    """A run that fails before anything was kept leaves no empty .mm/ (nor an empty LOCAL_DIR it created).
+    An interrupted run leaves everything: its journal names files proven (and published) before the stop."""
     created_dir = not local_dir.exists()
     created_state = not (local_dir / MM_DIR).exists()
     try:
         yield
-    except BaseException:
-        if created_state:
+    except BaseException as e:
+        if created_state and not isinstance(e, KeyboardInterrupt):
             with suppress(OSError):
                 partial = local_dir / PARTIAL_DIR
-                if partial.is_dir() and not any(partial.iterdir()):
+                journal = local_dir / JOURNAL
+                if (partial.is_dir() and not any(partial.iterdir())
+                        and (not journal.exists() or journal.stat().st_size == 0)):
                     partial.rmdir()
                     for leftover in ("lock", "journal.jsonl"):
                         (local_dir / MM_DIR / leftover).unlink(missing_ok=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .errors import BadInput, Busy, Refused
+from .progress import human_bytes  # the one size format (decimal units); here for require_free_space
 
 MM_DIR = ".mm"
 # Files that tools put beside the weights; never payload.
@@ -201,14 +202,6 @@ def check_relpath(path: str, where: str = "manifest") -> str:
 def is_payload(relpath: str) -> bool:
     """True for model files; False for tool metadata kept beside them."""
     return not any(relpath.startswith(prefix) for prefix in NON_PAYLOAD_PREFIXES)
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def payload_files(root: Path) -> list[str]:

@@ -19,7 +19,6 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import tarfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,6 +27,7 @@ from pathlib import Path
 from .errors import BadInput, IntegrityError, Refused, RemoteError
 from .fsutil import atomic_write_json, fsync_dir
 from .hashing import upstream_digest
+from .tools import ToolMissing, last_line, run_tool
 from .untrusted import load_json, read_json_file
 
 RECORD_SCHEMA = "mm-image/1"
@@ -91,22 +91,24 @@ class Chain:
 
 
 def _skopeo(args: list[str], what: str, timeout: float = 120, show_progress: bool = False) -> bytes:
-    """Run skopeo; SHOW_PROGRESS (a terminal): its own per-layer progress bars go to the terminal."""
+    """Run skopeo within TIMEOUT, its answer at most MAX_JSON bytes (tools.run_tool); SHOW_PROGRESS (a terminal):
+    its own per-layer progress bars go to the terminal."""
     if shutil.which("skopeo") is None:
         raise BadInput("skopeo: not installed; mm reads registries with skopeo (Debian package `skopeo`; `make tools`)")
+    if show_progress:
+        args = [a for a in args if a != "--quiet"]
     try:
-        if show_progress:
-            proc = subprocess.run(["skopeo", *[a for a in args if a != "--quiet"]], stdout=2,  # its progress: to the terminal
-                                  stderr=None, timeout=timeout)
-            proc.stderr = b""
-        else:
-            proc = subprocess.run(["skopeo", *args], capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise RemoteError(f"{what}: the registry did not answer within {timeout:.0f} s") from None
+        proc = run_tool(["skopeo", *args], timeout=timeout, max_output=MAX_JSON, passthrough=show_progress)
+    except ToolMissing as e:
+        raise BadInput(e.message) from None
+    if proc.stopped and proc.stopped.startswith("no answer"):
+        raise RemoteError(f"{what}: {proc.stopped} from the registry (skopeo stopped)")
+    if proc.stopped:
+        raise RemoteError(f"{what}: skopeo wrote {proc.stopped}; stopped")
     if proc.returncode != 0:
-        lines = proc.stderr.decode(errors="replace").strip().splitlines()
-        raise RemoteError(f"{what}: {_skopeo_message(lines[-1]) if lines else 'skopeo failed'}")
-    return proc.stdout
+        lines = proc.stderr.strip().splitlines()
+        raise RemoteError(f"{what}: {last_line(_skopeo_message(lines[-1])) if lines else 'skopeo failed'}")
+    return proc.stdout_bytes
 
 
 SKOPEO_LOG = re.compile(r'level=\w+ msg="((?:[^"\\]|\\.)*)"')

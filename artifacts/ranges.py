@@ -36,6 +36,7 @@ from typing import ContextManager, Iterator, Protocol
 
 from .errors import BadInput, IntegrityError, MMError, RemoteError
 from .hashing import Digests, StreamHasher
+from . import interrupt  # the stop flag: workers return within a chunk, the map is saved (interrupt.py)
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import load_json
 
@@ -555,6 +556,9 @@ def download(job: RangedJob, source: RangeSource, connections: Connections, stat
         _work(f, connections)
         for w in workers:
             w.join()
+        if interrupt.requested():  # stopped: the partial and its map (saved below) are the work kept
+            f.hasher.close()
+            interrupt.check()
         if f.error is None and not f.rmap.complete:
             f.error = RemoteError(f"{job.path}: download from {source.label} stopped with "
                                   f"{job.size - f.rmap.done} bytes missing; run again to resume")
@@ -571,7 +575,7 @@ def download(job: RangedJob, source: RangeSource, connections: Connections, stat
 
 
 def _work(f: _File, connections: Connections) -> None:
-    while f.error is None:
+    while f.error is None and not interrupt.requested():
         with connections.slot():
             r = f.take()
             if r is None:
@@ -588,10 +592,12 @@ def _work(f: _File, connections: Connections) -> None:
 
 def _run_range(f: _File, r: _Range) -> None:
     failures = 0
-    while r.pos < r.end and f.error is None:
+    while r.pos < r.end and f.error is None and not interrupt.requested():
         before = r.landed
         try:
             _attempt(f, r)
+            if interrupt.requested():
+                return
             if r.pos < r.end and r.landed == before:
                 with f.lock:
                     if f.sequential:
@@ -603,7 +609,8 @@ def _run_range(f: _File, r: _Range) -> None:
                 why = f"{failures} failed attempts in a row" if failures > RANGE_RETRIES else "retry budget spent"
                 raise RemoteError(f"{e.message} ({why}); run again to resume") from None
             backoff = min(BACKOFF_MAX, 0.25 * 2 ** (failures - 1)) if failures else 0.0
-            time.sleep(min(RETRY_AFTER_MAX, max(0.0, e.after if e.after is not None else backoff)))
+            if interrupt.STOP.wait(min(RETRY_AFTER_MAX, max(0.0, e.after if e.after is not None else backoff))):
+                return  # stopped while waiting to retry
 
 
 def _attempt(f: _File, r: _Range) -> None:
@@ -658,7 +665,7 @@ def _land(f: _File, r: _Range, body_start: int, chunks: Iterator[bytes], sequent
                 f.commit(r, batch_at, batch, batched)
                 batch_at += batched
                 batch, batched, began = [], 0, time.monotonic()
-            if full or f.error is not None:
+            if full or f.error is not None or interrupt.requested():
                 break
     finally:
         if batch and f.error is None:  # what arrived before a cut is kept

@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import shutil
 import struct
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BadInput, IntegrityError
 from .fsutil import MM_DIR, atomic_write_bytes
+from .tools import ToolMissing, ToolResult, run_tool
 
 NAMESPACE = "mm-manifest"
 SIG_SUFFIX = ".sig"
@@ -109,21 +110,21 @@ def read_signature_info(sig: bytes, where: str) -> SignatureInfo:
 
 # --- running ssh-keygen -----------------------------------------------------------------------------
 
-def _ssh_keygen(args: list[str], stdin: bytes | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def _ssh_keygen(args: list[str], stdin: bytes | None = None, cwd: Path | None = None) -> ToolResult:
+    """ssh-keygen, bounded (tools.run_tool): in a session of its own, so with no terminal to prompt on, and with
+    askpass turned off (SSH_ASKPASS_REQUIRE=never): a passphrase it needs and the agent lacks makes it fail."""
     exe = shutil.which(SSH_KEYGEN)
     if exe is None:
         raise BadInput("ssh-keygen: not found; install OpenSSH (Debian: apt-get install openssh-client)")
+    env = {k: v for k, v in os.environ.items() if k not in ("SSH_ASKPASS", "DISPLAY")}
+    env["SSH_ASKPASS_REQUIRE"] = "never"
     try:
-        return subprocess.run([exe, *args], input=stdin if stdin is not None else None,
-                              stdin=subprocess.DEVNULL if stdin is None else None, capture_output=True,
-                              cwd=cwd, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise BadInput(f"ssh-keygen: could not run ({e})") from None
-
-
-def _last_line(proc: subprocess.CompletedProcess) -> str:
-    lines = [ln.strip() for ln in (proc.stderr or b"").decode("utf-8", "replace").splitlines() if ln.strip()]
-    return lines[-1] if lines else f"exit status {proc.returncode}"
+        proc = run_tool([exe, *args], timeout=300, input=stdin, cwd=cwd, env=env, max_output=MAX_SIG_BYTES)
+    except ToolMissing as e:
+        raise BadInput(f"ssh-keygen: could not run ({e.message})") from None
+    if proc.stopped:
+        raise BadInput(f"ssh-keygen: {proc.stopped}; stopped")
+    return proc
 
 
 def sign_bytes(data: bytes, key: Path, where: str = "manifest") -> bytes:
@@ -137,9 +138,10 @@ def sign_bytes(data: bytes, key: Path, where: str = "manifest") -> bytes:
         proc = _ssh_keygen(["-Y", "sign", "-f", str(key.absolute()), "-n", NAMESPACE, str(target)])
         sig = Path(str(target) + SIG_SUFFIX)
         if proc.returncode != 0 or not sig.is_file():
+            why = proc.last_line().removeprefix("Enter passphrase: ")  # the prompt it printed, with no one to answer
             hint = ("; a key with a passphrase must be in ssh-agent (ssh-add KEY) and KEY may be its .pub"
-                    if "passphrase" in _last_line(proc) else "")
-            raise BadInput(f"{key}: ssh-keygen could not sign {where}: {_last_line(proc)}{hint}")
+                    if "passphrase" in why else "")
+            raise BadInput(f"{key}: ssh-keygen could not sign {where}: {why}{hint}")
         return sig.read_bytes()
 
 
@@ -211,7 +213,7 @@ def verify_manifest_signature(manifest_bytes: bytes, signature: bytes | None, al
         sig_file.write_bytes(signature)
         found = _ssh_keygen(["-Y", "find-principals", "-f", str(allowed_signers.absolute()), "-s", str(sig_file),
                              "-n", NAMESPACE])
-        principals = [p for p in found.stdout.decode("utf-8", "replace").split("\n") if p.strip()] \
+        principals = [p for p in found.stdout.split("\n") if p.strip()] \
             if found.returncode == 0 else []
         if not principals:
             raise IntegrityError(f"{sig_where}: signed by {info.key_type} key {info.fingerprint}, which "
@@ -223,7 +225,7 @@ def verify_manifest_signature(manifest_bytes: bytes, signature: bytes | None, al
             if proc.returncode == 0:
                 return SignatureReport(principal, info.key_type, info.fingerprint, info.namespace,
                                        str(allowed_signers), signature_where)
-            last = _last_line(proc)
+            last = proc.last_line()
         if identity and any(_ssh_keygen(["-Y", "verify", "-f", str(allowed_signers.absolute()), "-I", p, "-n",
                                          NAMESPACE, "-s", str(sig_file)], stdin=manifest_bytes).returncode == 0
                             for p in principals):
@@ -259,6 +261,6 @@ def check_signature_matches(manifest_bytes: bytes, signature: bytes, where: str)
         sig_file.write_bytes(signature)
         proc = _ssh_keygen(["-Y", "check-novalidate", "-n", NAMESPACE, "-s", str(sig_file)], stdin=manifest_bytes)
     if proc.returncode != 0:
-        raise IntegrityError(f"{where}: signature does not match the manifest ({_last_line(proc)}): the manifest "
+        raise IntegrityError(f"{where}: signature does not match the manifest ({proc.last_line()}): the manifest "
                              f"changed after it was signed; sign it again with `mm sign`")
     return info

@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -375,18 +374,17 @@ def running_containers(docker: str = "docker") -> tuple[list[Container], str | N
 
 
 def _docker(argv: list[str], what: str) -> str | None:
+    """The tool's stdout (tools.run_tool: bounded, its own process group); None when docker is not installed."""
+    from .tools import ToolMissing, run_tool
+
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=DOCKER_TIMEOUT, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
+        done = run_tool(argv, timeout=DOCKER_TIMEOUT, max_output=MAX_DOCKER_ANSWER)
+    except ToolMissing:
         return None
-    except subprocess.TimeoutExpired:
-        raise Refused(f"{what}: no answer within {DOCKER_TIMEOUT}s; cannot tell which revisions running containers "
-                      f"mount") from None
-    if done.returncode != 0:
-        last = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["(no output)"]
-        raise Refused(f"{what} failed ({last[0][:200]}); cannot tell which revisions running containers mount, so "
-                      f"nothing is removed")
-    return done.stdout[:MAX_DOCKER_ANSWER].decode("utf-8", "replace")
+    if not done.ok:
+        raise Refused(f"{what} failed ({done.last_line()}); cannot tell which revisions running containers mount, "
+                      f"so nothing is removed")
+    return done.stdout
 
 
 def _epoch(text: object) -> float | None:

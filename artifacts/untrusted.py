@@ -120,6 +120,31 @@ def read_json_file(path: Path | str, *, what: str = "file", max_bytes: int = MAX
     return load_json(data, str(path), max_bytes=max_bytes, what=what)
 
 
+_DECIMAL = re.compile(r"[0-9]{1,18}")
+_DIGIT_RUN = re.compile(r"[0-9]+")
+
+
+def small_int(text: str, lo: int = 0, hi: int = 10**18 - 1) -> int | None:
+    """TEXT (stripped) as an integer in [LO, HI] written in at most 18 ASCII digits, else None. For numbers in a
+    tool's output: int() takes '١٢' and '²'-free Unicode digits, and fails (exit 70) on 5,000 digits."""
+    text = text.strip()
+    if not _DECIMAL.fullmatch(text):
+        return None
+    value = int(text)
+    return value if lo <= value <= hi else None
+
+
+def version_numbers(text: str, count: int = 2) -> tuple[int, ...]:
+    """The first COUNT numbers in TEXT ("12.4" -> (12, 4)), ASCII digits only; a run of more than 9 digits is no
+    version number and ends the tuple there."""
+    out = []
+    for run in _DIGIT_RUN.findall(text)[:count]:
+        if len(run) > 9:
+            break
+        out.append(int(run))
+    return tuple(out)
+
+
 _URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@?#]*@")
 _SECRETS = re.compile(r"(?i)\b(bearer\s+|token=|api[_-]?key=|hf_)[A-Za-z0-9._~+/=-]{8,}")
 

@@ -321,7 +321,7 @@ def _digest(path: str | Path, exp: Expected, threads: int, on_bytes: Callable[[i
 
 def _hash_all(model_dir: Path, files: list[Expected], jobs: int, progress: ProgressSink) -> tuple[list[Problem], int]:
     """Hash every file whose size already matched (see the module docstring for the schedule)."""
-    progress.begin(sum(e.size for e in files), "verify")
+    progress.begin(sum(e.size for e in files), "verify", files=len(files))
     try:
         per_core, all_cores = hash_schedule(files, jobs)
         threads = blake3.blake3.AUTO if jobs == (os.cpu_count() or 1) else jobs
@@ -349,6 +349,7 @@ def hash_schedule(files: list[Expected], jobs: int) -> tuple[list[Expected], lis
 
 
 def _check_one(model_dir: Path, exp: Expected, threads: int, progress: ProgressSink) -> tuple[Problem | None, int]:
+    progress.item(exp.path)
     try:
         got = _digest(os.path.join(model_dir, exp.path), exp, threads, progress.advance)
     except OSError as e:

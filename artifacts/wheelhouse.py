@@ -15,6 +15,8 @@ Layout written under OUT:
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import importlib.metadata
 import io
@@ -23,18 +25,19 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from .errors import BadInput, IntegrityError, RemoteError
-from .fsutil import fsync_dir
+from .fsutil import dir_lock, fsync_dir
 from .hashing import upstream_digest
 from .progress import NULL_PROGRESS, ProgressSink
+from .tools import ToolMissing, run_tool
 from .untrusted import read_json_file
 
 SCHEMA = "mm-wheelhouse/1"
@@ -47,6 +50,8 @@ GLIBC_MIN = (2, 28)
 MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 OLDEST_PYTHON = (3, 10)  # setup.cfg python_requires
 EXTRA_WHEELS = ("uv",)  # the fallback installer for a python3 without venv/pip
+PIP_TIMEOUT = 1800  # seconds for one `pip download` (mm's margin: a slow index, dozens of wheels)
+PIP_OUTPUT = 4 * 1024 * 1024  # bytes of pip's output kept (it runs --quiet: errors only)
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed timestamps: the same mm gives the same wheel, byte for byte
 
 
@@ -257,9 +262,11 @@ def _pip_download(target: Target, requirements: list[str], dest: Path) -> None:
         argv += ["--platform", plat]
     argv += ["--dest", str(dest), *requirements]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise RemoteError(f"pip download for {target.name}: {e}") from None
+        proc = run_tool(argv, timeout=PIP_TIMEOUT, max_output=PIP_OUTPUT)
+    except ToolMissing as e:
+        raise RemoteError(f"pip download for {target.name}: {e.message}") from None
+    if proc.stopped:
+        raise RemoteError(f"pip download for {target.name}: {proc.stopped}; stopped")
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")] or proc.stderr.splitlines()[-1:]
         if "No module named pip" in proc.stderr:
@@ -499,14 +506,48 @@ def payload_files(out: Path) -> tuple[dict, list[tuple[str, Path, int]]]:
     return record, [(rel, src, src.stat().st_size) for rel, src in files]
 
 
-BUNDLE_WORK = ".mm-wheelhouse"  # under `mm bundle --out`: the wheelhouse it builds (build/) and its set cache (sets/)
+def cache_dir() -> Path:
+    """mm's cache directory: $XDG_CACHE_HOME/mm, else ~/.cache/mm (the XDG base directory default; a relative
+    XDG_CACHE_HOME is ignored, as the specification says)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "mm"
 
 
-def bundle_wheelhouse(out_dir: Path, platforms: tuple[str, ...] = (), pythons: tuple[str, ...] = (),
-                      progress: ProgressSink = NULL_PROGRESS) -> Path:
-    """The wheelhouse `mm bundle` carries by default, built under OUT_DIR/.mm-wheelhouse/build. Sets downloaded
-    by an earlier run (same mm wheel, byte for byte) are copied from OUT_DIR/.mm-wheelhouse/sets, so a rerun
-    downloads nothing and, with the same bytes and fixed mtimes, keeps the bundle id (its volumes are kept)."""
-    work = Path(out_dir) / BUNDLE_WORK
-    build_wheelhouse(work / "build", targets_for(tuple(platforms), tuple(pythons)), progress, cache=work / "sets")
-    return work / "build"
+@contextlib.contextmanager
+def bundle_wheelhouse(platforms: tuple[str, ...] = (), pythons: tuple[str, ...] = (),
+                      progress: ProgressSink = NULL_PROGRESS) -> Iterator[Path]:
+    """The wheelhouse `mm bundle` carries by default, built in mm's cache directory, never on the output disks:
+    CACHE/wheelhouse/build-XXXX for this run (locked while it runs, removed after; one a kill left is removed by
+    the next run). Sets downloaded by an earlier run (same mm wheel, byte for byte) are copied from
+    CACHE/wheelhouse/sets, so a rerun downloads nothing and, with the same bytes and fixed mtimes, keeps the bundle
+    id (its volumes are kept)."""
+    root = cache_dir() / "wheelhouse"
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_builds(root)
+    fresh = Path(tempfile.mkdtemp(prefix=".build-", dir=root))  # a dot: no cleaner takes it before it is locked
+    build = root / fresh.name[1:]
+    try:
+        with dir_lock(fresh, "mm bundle", leave_nothing=True):
+            os.replace(fresh, build)  # the lock is on the directory itself: it moves with it
+            build_wheelhouse(build, targets_for(tuple(platforms), tuple(pythons)), progress, cache=root / "sets")
+            yield build
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+        shutil.rmtree(fresh, ignore_errors=True)
+
+
+def _remove_abandoned_builds(root: Path) -> None:
+    """Remove the build directories no running `mm bundle` holds (a kill -9 left them)."""
+    for build in root.glob("build-*"):
+        try:
+            fd = os.open(build, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a run holds it
+        else:
+            shutil.rmtree(build, ignore_errors=True)
+        finally:
+            os.close(fd)

@@ -26,6 +26,12 @@ BIG_FILE = "model.safetensors"
 BIG_BYTES = 8 * 1024 * 1024  # big enough that a rate-limited download can be killed mid-file
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _xdg_cache_home(tmp_path_factory) -> None:
+    """mm's cache directory (the wheelhouse `mm bundle` builds) under the session's tmp, never the user's ~/.cache."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+
+
 @pytest.fixture(scope="session")
 def hub_root(tmp_path_factory) -> Path:
     """The directory the session's Hub server serves (<owner>/<name> git repos)."""

@@ -88,17 +88,27 @@ def test_a_volume_too_small_for_mm_is_refused_naming_the_minimum(connected):
     assert "too small to carry mm whole in volume 1" in connected.too_small.stderr
 
 
-def test_mm_travels_whole_in_volume_1_with_the_installer_beside_the_volumes(connected):
+def test_mm_travels_whole_in_volume_1_with_the_installer_beside_the_volumes(connected, tmp_path):
     doc = json.loads(connected.bundled.stdout)
     assert doc["mm"]["sets"] == [HOST.name] and doc["mm"]["install"] == "sh install-mm.sh [DIR]"
     vols = volumes(connected.out)
     assert len(vols) >= 2  # the minimum holds mm; the model spills over to the next disk
     first = members(vols[0])
-    house = wheelhouse.read_index(connected.out / ".mm-wheelhouse" / "build" / "wheelhouse")
+    with tarfile.open(vols[0]) as tf:
+        (tmp_path / "wheelhouse.json").write_bytes(tf.extractfile("payload/mm/wheelhouse/wheelhouse.json").read())
+    house = wheelhouse.read_index(tmp_path)
     wheels = [f"payload/mm/wheelhouse/{HOST.name}/{w['file']}" for w in house["sets"][0]["wheels"]]
     assert "payload/mm/install-mm.sh" in first and set(wheels) <= set(first)
     assert not any(m.startswith("segments/payload/mm/") for v in vols for m in members(v))  # never split
     assert (connected.out / "install-mm.sh").read_bytes() == wheelhouse.install_script_text().encode()
+
+
+def test_bundle_leaves_nothing_of_its_own_on_the_disks_and_keeps_the_wheelhouse_in_the_xdg_cache(connected):
+    assert sorted(p.name for p in connected.out.iterdir()) == sorted([v.name for v in volumes(connected.out)]
+                                                                      + ["install-mm.sh"])
+    cache = Path(os.environ["XDG_CACHE_HOME"]) / "mm" / "wheelhouse"
+    assert (cache / "sets" / HOST.name / "requirements.lock").is_file()  # a rerun downloads nothing
+    assert not list(cache.glob("build-*"))  # this run's build is removed after it
 
 
 def test_restore_txt_and_bundle_verify_name_install_mm_sh(connected):

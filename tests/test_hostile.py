@@ -706,10 +706,17 @@ def _read_only(point: Path) -> None:
 
 
 def test_fs_bundle_out_of_space_names_the_full_disk(model, tmpfs):
-    out = tmpfs("media", size="256k")
+    out = tmpfs("media", size="16m", inodes=1)  # the free-space check passes; creating the volume fails (ENOSPC)
     r = run("bundle", model, "--out", out, "--volume-size", "1G")
     fails_cleanly(r, 7, str(out), "no space left")
     assert "mm verify" not in r.stderr and list(out.iterdir()) == []
+
+
+def test_fs_bundle_without_room_is_refused_before_writing(model, tmpfs):
+    out = tmpfs("media", size="256k")
+    r = run("bundle", model, "--out", out, "--volume-size", "1G")
+    fails_cleanly(r, 7, str(out), "not enough free disk", "nothing written")
+    assert list(out.iterdir()) == []
 
 
 def test_fs_unbundle_out_of_inodes_mid_import(vols, tmpfs):

@@ -27,10 +27,19 @@ Decisions where the issue is silent:
   A parity volume is planned like a data volume: no larger than --volume-size.
 - `--base BASE` makes a delta (delta.py): the model files whose content the base has are left out of the volumes
   and named in every index (DeltaNote), with the base manifest's identity; the rest is packed as usual.
+- The plan comes first (plan_summary: how many volumes, how large, which disk holds which), before a byte is
+  written: more than MAX_VOLUMES volumes is refused unless `--yes` (a `--volume-size 100K` typo for 100G), and
+  so is a plan the output disks have no room for (fsutil.require_free_space, per file system).
+- Several output directories (`--out` repeated: one per disk) are filled in order (place_volumes): each volume
+  goes to the first disk, from the one the previous volume went to, with room for it (free space read before
+  writing); parity volumes follow the data volumes in the same fill. A volume already on one of them under its
+  name (a rerun) stays where it is. install-mm.sh goes beside volume 1. Nothing else of mm's lands on the disks.
 """
 from __future__ import annotations
 
 import calendar
+import contextlib
+import functools
 import json
 import os
 import re
@@ -39,15 +48,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..cachekey import parse_cache_key
-from ..errors import BadInput, IntegrityError
-from ..fsutil import dir_lock, human_bytes, publish, publish_fd
+from ..errors import BadInput, IntegrityError, Refused
+from ..fsutil import MM_DIR, dir_lock, publish, publish_fd, require_free_space
 from ..hashing import StreamHasher
+from ..interrupt import keeps
 from ..manifest import Manifest, export_sums, manifest_path, read_manifest
-from ..progress import NULL_PROGRESS, ProgressSink
+from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..verify import require_quick_verify
+from .check import ranges
 from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
 from .format import (
     END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3, data_member,
@@ -64,6 +75,7 @@ from .volume import open_volume
 
 MIN_PIECE = 64 * 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MAX_VOLUMES = 10_000  # issue 21's limit: more is almost surely a --volume-size typo; `--yes` writes them anyway
 
 
 @dataclass(frozen=True)
@@ -122,13 +134,22 @@ class Plan:
     def parity_note(self) -> ParityNote | None:
         return ParityNote(self.parity, self.stripe, CODEC) if self.parity else None
 
+    @functools.cached_property
+    def restore(self) -> bytes:
+        """RESTORE.txt, the same in every volume (computed once: it lists every volume)."""
+        return restore_text(self)
+
+    @functools.cached_property
+    def sums(self) -> bytes:
+        return export_sums(self.manifest, "sha256").encode()
+
     def parity_meta(self, restore: bytes) -> list[tuple[str, bytes]]:
         """Metadata members of a parity volume after its index and the manifest."""
         return [*([(SIG_MEMBER, self.signature)] if self.signature else []), (RESTORE_MEMBER, restore)]
 
     def parity_volume_bytes(self) -> int:
         files = [volume_filename(self.name, n, self.count) for n in range(1, self.count + 1)]
-        return parity_volume_bytes(self.name, self.bundle_id, self.manifest_bytes, self.parity_meta(restore_text(self)),
+        return parity_volume_bytes(self.name, self.bundle_id, self.manifest_bytes, self.parity_meta(self.restore),
                                    self.mtime, files, [volume_bytes(self, n) for n in range(1, self.count + 1)],
                                    self.parity, self.stripe)
 
@@ -141,12 +162,46 @@ class VolumeResult:
     kept: bool
 
 
+@dataclass(frozen=True)
+class DiskShare:
+    """What one output directory (a disk) gets: volume and parity numbers, bytes still to write, free bytes."""
+
+    out: str
+    volumes: list[int]
+    parity: list[int]
+    to_write: int  # bytes of the volumes written there this run (volumes already there under their name: not counted)
+    free: int
+
+    @property
+    def holds(self) -> str:
+        """'volumes 1-2, parity 1'."""
+        return ", ".join(([f"volume{'s' if len(self.volumes) > 1 else ''} {ranges(self.volumes)}"] if self.volumes
+                          else []) + ([f"parity {ranges(self.parity)}"] if self.parity else [])) or "nothing"
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """The plan, told before anything is written."""
+
+    name: str
+    volumes: int
+    parity: int
+    volume_size: int
+    largest: int  # the largest volume file (data or parity)
+    last: int  # the last data volume's size
+    total_bytes: int  # every volume file, parity included
+    data_bytes: int  # the files carried
+    files: int
+    disks: list[DiskShare]
+    notes: list[str] = field(default_factory=list)
+
+
 @dataclass
 class BundleResult:
     ok: bool
     bundle_id: str
     name: str
-    out: str
+    out: str  # the first output directory (all of them: outs)
     volume_size: int
     volumes: list[VolumeResult]
     total_bytes: int
@@ -156,6 +211,10 @@ class BundleResult:
     parity_volumes: list[VolumeResult] = field(default_factory=list)
     signed: bool = False  # the manifest's signature travels in every volume
     delta: dict | None = None  # a delta bundle: its base and what comes from it (delta.summary)
+    outs: list[str] = field(default_factory=list)
+    files: int = 0  # files carried (model files and payload files)
+    seconds: float = 0.0
+    plan: PlanSummary | None = None
 
 
 # --- planning ---------------------------------------------------------------------------------
@@ -204,8 +263,9 @@ def _require_first_volume(plan: Plan, first: list[Source], reserve: int) -> None
     need += MIN_PIECE + 4096 + 512 * len(first)  # room the planner keeps, and the index entries of those files
     minimum = -(-need // 10**6) * 10**6
     kinds = sorted({s.kind for s in first})
-    raise BadInput(f"--volume-size {plan.volume_size}: too small to carry {' and '.join(kinds)} whole in volume 1 "
-                   f"({human_bytes(sum(s.size for s in first))} that must install from the first disk alone); "
+    raise BadInput(f"--volume-size {human_bytes(plan.volume_size)}: too small to carry {' and '.join(kinds)} whole "
+                   f"in volume 1 ({human_bytes(sum(s.size for s in first))} that must install from the first disk "
+                   f"alone); "
                    f"use --volume-size {minimum // 10**6}M or more, or --no-mm")
 
 
@@ -281,8 +341,9 @@ def restore_text(plan: Plan) -> bytes:
         "files into one directory, cd",
         "there, and run the lines between the markers (e.g. save them as restore.sh and run `sh restore.sh"
         + (" BASE_DIR`)." if plan.delta else "`)."),
-        f"The model ends up in ./restore/{MODEL_PREFIX}, payloads in ./restore/{PAYLOAD_ROOT}; sha256sum -c checks "
-        "every byte.",
+        f"The model ends up in ./restore/{MODEL_PREFIX} with its manifest in {MODEL_PREFIX}/{MM_DIR}/ (so that "
+        f"`mm verify`, `mm launch` work on it),",
+        f"payloads in ./restore/{PAYLOAD_ROOT}; sha256sum -c checks every byte.",
         "",
         "--- begin restore script ---",
         "set -e",
@@ -308,6 +369,13 @@ def restore_text(plan: Plan) -> bytes:
     payload_sums = [payload_sums_member(n) for n in range(1, plan.count + 1) if _payload_ends(plan, n)]
     if payload_sums:
         lines.append(f"cat {' '.join(payload_sums)} | sha256sum -c -")
+    # where mm looks for the manifest (and its signature): the restored model is a model directory like any other
+    from ..signing import signature_path
+
+    lines.append(f"mkdir -p {q(str(manifest_path(Path(MODEL_PREFIX)).parent))}")
+    lines.append(f"cat {MANIFEST_MEMBER} > {q(str(manifest_path(Path(MODEL_PREFIX))))}")
+    if plan.signature:
+        lines.append(f"cat {SIG_MEMBER} > {q(str(signature_path(Path(MODEL_PREFIX))))}")
     lines.append("--- end restore script ---")
     if plan.signature:
         from ..signing import verify_command
@@ -338,14 +406,14 @@ def _payload_ends(plan: Plan, n: int) -> list[Piece]:
 
 def meta_members(plan: Plan, n: int, digests: dict, restore: bytes) -> list[tuple[str, bytes]]:
     """This volume's metadata members in tar order, index first. DIGESTS fills in what is known."""
-    sums = export_sums(plan.manifest, "sha256").encode()
+    sums = plan.sums
     extra = []
     ends = _payload_ends(plan, n)
     if ends:
         lines = [f"{digests.get(p.source.key, (PLACEHOLDER, PLACEHOLDER))[1]}  {file_member(*p.source.key)}"
                  for p in ends]
         extra.append((payload_sums_member(n), ("\n".join(lines) + "\n").encode()))
-    meta = {SUMS_MEMBER: b3(sums), RESTORE_MEMBER: b3(restore)}
+    meta = {SUMS_MEMBER: _b3_once(sums), RESTORE_MEMBER: _b3_once(restore)}
     sig = [(SIG_MEMBER, plan.signature)] if plan.signature else []
     meta.update({name: b3(data) for name, data in sig})
     meta.update({name: (b3(data) if digests else PLACEHOLDER) for name, data in extra})
@@ -357,8 +425,14 @@ def meta_members(plan: Plan, n: int, digests: dict, restore: bytes) -> list[tupl
             (SUMS_MEMBER, sums), (RESTORE_MEMBER, restore), *extra]
 
 
+@functools.lru_cache(maxsize=8)
+def _b3_once(data: bytes) -> str:
+    """b3 of the members every volume carries (RESTORE.txt lists every volume: hashed once, not once a volume)."""
+    return b3(data)
+
+
 def volume_bytes(plan: Plan, n: int) -> int:
-    restore = restore_text(plan)
+    restore = plan.restore
     total = sum(member_bytes(name, len(data)) for name, data in meta_members(plan, n, {}, restore))
     total += sum(member_bytes(p.member, p.length) for p in plan.volumes[n - 1])
     return total + END_OF_ARCHIVE
@@ -422,6 +496,7 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
             w.write(data)
             w.pad()
         for p in pieces:
+            progress.item(p.source.path)
             w.write(tar_header(p.member, p.length, plan.mtime))
             whole, piece_hash = _piece_hashers(p, working)
             stream = iter(pipe.stream(p.source.src, p.offset, p.length, {whole, piece_hash}))
@@ -474,26 +549,35 @@ def _keep_volume(plan: Plan, n: int, final: Path, hashers: _Hashers, pipe: Chunk
     if [(e.member, e.offset, e.length) for e in vol.entries()] != planned:
         return None
     working = hashers.start(plan.volumes[n - 1])
+    checked = 0
     for p, e in zip(plan.volumes[n - 1], vol.entries()):
+        progress.item(p.source.path)
         info = vol.data[p.member]
         whole, piece_hash = _piece_hashers(p, working)
         for view in pipe.stream(final, info.offset_data, info.size, {whole, piece_hash}):
             progress.advance(len(view))
+            checked += len(view)
         if piece_hash.digests().blake3 != e.blake3:
+            progress.advance(-checked)  # the volume is written again: the bar counts its bytes once
             return None
     return working
 
 
-def create_bundle(model_dir: Path, out_dir: Path, volume_size: int | str, name: str | None = None,
+def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: int | str, name: str | None = None,
                   payloads: dict[str, Sequence[Path]] | None = None, cache_key: Sequence[str] = (),
                   progress: ProgressSink = NULL_PROGRESS, sync: bool = True, parity: int = 0,
-                  stripe: int = STRIPE, collect: CollectOptions | None = None, base: Path | None = None) -> BundleResult:
-    """Bundle MODEL_DIR into OUT_DIR. PAYLOADS: payload kind -> paths to carry (payloads.PAYLOAD_KINDS);
-    CACHE_KEY: `KEY=VALUE` pairs for kernel caches without a key of their own. PARITY > 0 adds that many
-    Reed-Solomon parity volumes; STRIPE is the code's stripe size (tests use small ones); COLLECT: the other
-    options payload kinds read (the pinned image reference, --allow-other-image, registry TLS). BASE: make a
-    delta against this base (a manifest, a model directory or a volume of its bundle; delta.load_base)."""
-    model_dir, out_dir = Path(model_dir), Path(out_dir)
+                  stripe: int = STRIPE, collect: CollectOptions | None = None, yes: bool = False,
+                  on_plan: Callable[[PlanSummary], None] | None = None, base: Path | None = None) -> BundleResult:
+    """Bundle MODEL_DIR into OUT_DIR (one directory, or several: one per disk, filled in order). PAYLOADS: payload
+    kind -> paths to carry (payloads.PAYLOAD_KINDS); CACHE_KEY: `KEY=VALUE` pairs for kernel caches without a key
+    of their own. PARITY > 0 adds that many Reed-Solomon parity volumes; STRIPE is the code's stripe size (tests
+    use small ones); COLLECT: the other options payload kinds read (the pinned image reference,
+    --allow-other-image, registry TLS). ON_PLAN gets the plan before anything is written; YES: more than
+    MAX_VOLUMES volumes are written too. BASE: make a delta against this base (a manifest, a model directory or a
+    volume of its bundle; delta.load_base)."""
+    started = time.monotonic()
+    model_dir = Path(model_dir)
+    outs = _distinct([Path(out_dir)] if isinstance(out_dir, (str, Path)) else [Path(o) for o in out_dir])
     volume_size = parse_size(volume_size)
     if parity < 0:
         raise BadInput(f"--parity {parity}: must be 0 or more")
@@ -510,36 +594,181 @@ def create_bundle(model_dir: Path, out_dir: Path, volume_size: int | str, name: 
     opts = (collect or CollectOptions())._replace(cache_key=parse_cache_key(tuple(cache_key)))
     records, files, notes, beside = collect_payloads(dict(payloads or {}), opts)
     payload_sources = [Source(kind, f.path, f.src, f.size) for kind, f in files]
+    carried = manifest.total_bytes - (delta.taken_bytes if delta else 0) + sum(s.size for s in payload_sources)
+    refuse_too_many_volumes(-(-carried // volume_size), volume_size, carried, yes)  # before planning them all
     plan = plan_bundle(manifest, manifest_bytes, model_dir, volume_size, name, records, payload_sources,
                        signature=signature, parity=parity, stripe=stripe, delta=delta)
     if parity and plan.count + parity > MAX_TOTAL:
         raise BadInput(f"--parity {parity}: {plan.count} data volumes plus {parity} parity volumes is more than "
                        f"{MAX_TOTAL}; choose a larger --volume-size")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    refuse_too_many_volumes(plan.count + parity, volume_size, carried, yes)
+    for out in outs:
+        out.mkdir(parents=True, exist_ok=True)
+    sizes = [volume_bytes(plan, n) for n in range(1, plan.count + 1)]
+    names = [volume_filename(name, n, plan.count) for n in range(1, plan.count + 1)]
+    if parity:
+        sizes += [plan.parity_volume_bytes()] * parity
+        names += [parity_filename(name, p, parity) for p in range(1, parity + 1)]
+    where = place_volumes(outs, list(zip(names, sizes)))
+    summary = plan_summary(plan, outs, where, names, sizes, carried,
+                           len(payload_sources) + len(manifest.files) - (len(delta.take) if delta else 0))
+    if on_plan:
+        on_plan(summary)
+    _require_room(outs, summary, names, sizes, where)
     total = sum(p.length for v in plan.volumes for p in v)
+    finals = [outs[where[i]] / names[i] for i in range(len(names))]
     parity_results: list[VolumeResult] = []
-    with dir_lock(out_dir, "mm bundle", leave_nothing=True):
-        progress.begin(total, f"bundle {name}")
-        results = _write_all(plan, out_dir, progress, sync)
+    with contextlib.ExitStack() as locks:
+        for out in outs:
+            locks.enter_context(dir_lock(out, "mm bundle", leave_nothing=True))
+            keeps(out)  # an interrupt names the volumes complete here (a volume half written is written again)
+        progress.begin(total, f"bundle {name}", files=summary.files)
+        results = _write_all(plan, finals[:plan.count], progress, sync)
         progress.end()
         for f in beside:  # e.g. install-mm.sh: run where the volumes lie, it reads mm out of volume 1
-            _copy_beside(f.src, out_dir / f.path, sync)
+            _copy_beside(f.src, finals[0].parent / f.path, sync)
         if parity:
             data_paths = [Path(v.path) for v in results]
-            progress.begin(sum(p.stat().st_size for p in data_paths), f"parity {name}")
-            written = write_parity_volumes(out_dir, name=name, bundle_id=plan.bundle_id, manifest_bytes=manifest_bytes,
-                                           meta=plan.parity_meta(restore_text(plan)), mtime=plan.mtime,
+            progress.begin(sum(p.stat().st_size for p in data_paths), f"parity {name}", files=len(data_paths))
+            parity_dirs = {p: finals[plan.count + p - 1].parent for p in range(1, parity + 1)}
+            written = write_parity_volumes(outs[0], name=name, bundle_id=plan.bundle_id, manifest_bytes=manifest_bytes,
+                                           meta=plan.parity_meta(plan.restore), mtime=plan.mtime,
                                            data_paths=data_paths, parities=parity, stripe=stripe, sync=sync,
-                                           progress=progress)
+                                           progress=progress, out_dirs=parity_dirs)
             progress.end()
             parity_results = [VolumeResult(n, str(path), path.stat().st_size, False) for n, path in written]
-    ours = {Path(v.path).name for v in results + parity_results}
-    for stale in sorted([*out_dir.glob(f"{name}.vol*-of-*.tar"), *out_dir.glob(f"{name}.par*-of-*.tar")]):
-        if stale.name not in ours:
-            notes.append(f"{stale}: a volume of an earlier, different bundle run; remove it before copying the disks")
-    return BundleResult(True, plan.bundle_id, name, str(out_dir), volume_size, results, total,
+    stale = leftovers(outs, name, set(names))
+    if stale:
+        notes.append(f"{len(stale)} volume file(s) of an earlier, different run of bundle {name} in "
+                     f"{', '.join(sorted({str(p.parent) for p in stale}))} (e.g. {stale[0].name}); remove them "
+                     f"before copying the disks")
+    return BundleResult(True, plan.bundle_id, name, str(outs[0]), volume_size, results, total,
                         payloads_document(records, "summary"), notes, synced=sync, parity_volumes=parity_results,
-                        signed=signature is not None, delta=deltas.summary(delta, manifest) if delta else None)
+                        signed=signature is not None, outs=[str(o) for o in outs], files=summary.files,
+                        seconds=time.monotonic() - started, plan=summary,
+                        delta=deltas.summary(delta, manifest) if delta else None)
+
+
+def refuse_too_many_volumes(count: int, volume_size: int, carried: int, yes: bool) -> None:
+    """More than MAX_VOLUMES volumes is refused unless YES (`--volume-size 100K` typed for 100G)."""
+    if count > MAX_VOLUMES and not yes:
+        raise BadInput(f"--volume-size {human_bytes(volume_size)}: {human_bytes(carried)} would take {count:,} "
+                       f"volumes, more than {MAX_VOLUMES:,} (a typo, e.g. 100K for 100G?); choose a larger "
+                       f"--volume-size, or give --yes to write them all")
+
+
+def precheck_volume_count(model_dir: Path, volume_size: int | str, yes: bool) -> None:
+    """refuse_too_many_volumes from the manifest alone: the CLI calls it before building mm's wheelhouse."""
+    manifest = read_manifest(manifest_path(Path(model_dir)))
+    size = parse_size(volume_size)
+    refuse_too_many_volumes(-(-manifest.total_bytes // size), size, manifest.total_bytes, yes)
+
+
+def _distinct(outs: list[Path]) -> list[Path]:
+    """The output directories in order, each once (the same directory given twice is one disk)."""
+    seen, kept = set(), []
+    for out in outs:
+        key = os.path.realpath(out)
+        if key not in seen:
+            seen.add(key)
+            kept.append(out)
+    return kept
+
+
+def place_volumes(outs: list[Path], files: list[tuple[str, int]]) -> list[int]:
+    """For each volume file (NAME, SIZE), in order, the index in OUTS of the directory it goes to. A file already
+    there under its name stays where it is (a rerun keeps it when it checks, else rewrites it in place); the
+    others fill the disks in order: the first, from the one the previous volume went to, whose file system has
+    room for it (free space read now, shared by directories on one file system). What fits nowhere goes to the
+    last disk, where _require_room refuses it before anything is written."""
+    devices = [os.stat(o).st_dev for o in outs]
+    free = {}
+    for dev, out in zip(devices, outs):
+        free.setdefault(dev, _free_bytes(out))
+    where, current = [], 0
+    for file_name, size in files:
+        there = next((i for i, o in enumerate(outs) if (o / file_name).is_file()), None)
+        if there is not None:
+            free[devices[there]] -= _need(outs[there], file_name, size)
+            where.append(there)
+            continue
+        fits = next((i for i in range(current, len(outs)) if free[devices[i]] >= _need(outs[i], file_name, size)),
+                    len(outs) - 1)
+        free[devices[fits]] -= _need(outs[fits], file_name, size)
+        where.append(fits)
+        current = fits
+    return where
+
+
+def _free_bytes(out: Path) -> int:
+    st = os.statvfs(out)
+    return st.f_bavail * st.f_frsize  # what an unprivileged writer may use (shutil.disk_usage's "free")
+
+
+def plan_summary(plan: Plan, outs: list[Path], where: list[int], names: list[str], sizes: list[int], carried: int,
+                 files: int) -> PlanSummary:
+    """What the plan puts where (WHERE: place_volumes's answer for the volume files NAMES of SIZES)."""
+    disks = []
+    for i, out in enumerate(outs):
+        mine = [j for j, w in enumerate(where) if w == i]
+        to_write = sum(_to_write(out / names[j], sizes[j]) for j in mine)
+        disks.append(DiskShare(str(out), [j + 1 for j in mine if j < plan.count],
+                               [j - plan.count + 1 for j in mine if j >= plan.count], to_write, _free_bytes(out)))
+    return PlanSummary(plan.name, plan.count, plan.parity, plan.volume_size, max(sizes), sizes[plan.count - 1],
+                       sum(sizes), carried, files, disks, _disk_loss_notes(plan.parity, disks))
+
+
+def _disk_loss_notes(parity: int, disks: list[DiskShare]) -> list[str]:
+    """With parity over several disks: the disks whose loss parity cannot rebuild (they hold more volumes)."""
+    used = [d for d in disks if d.volumes or d.parity]
+    if not parity or len(used) < 2:
+        return []
+    return [f"{d.out} holds {len(d.volumes) + len(d.parity)} volumes of the bundle and parity rebuilds any "
+            f"{parity}: losing that whole disk is not recoverable (a disk per {parity} volume(s) is)"
+            for d in used if len(d.volumes) + len(d.parity) > parity]
+
+
+def _to_write(path: Path, size: int) -> int:
+    """Bytes a volume of SIZE still needs at PATH: none when a file of that size is there (a rerun keeps it)."""
+    try:
+        return 0 if path.stat().st_size == size else size
+    except OSError:
+        return size
+
+
+def _require_room(outs: list[Path], summary: PlanSummary, names: list[str], sizes: list[int],
+                  where: list[int]) -> None:
+    """Refuse (exit 7) before writing when a disk's file system has not room for what the plan puts on it."""
+    by_device: dict[int, list[tuple[Path, int]]] = {}
+    for i, out in enumerate(outs):
+        need = sum(_need(out, names[j], sizes[j]) for j, w in enumerate(where) if w == i)
+        by_device.setdefault(os.stat(out).st_dev, []).append((out, need))
+    for needs in by_device.values():
+        shares = [d for d in summary.disks if Path(d.out) in {o for o, _ in needs}]
+        what = "mm bundle (" + "; ".join(d.holds for d in shares if d.volumes or d.parity) + ")"
+        try:
+            require_free_space(needs, what)
+        except Refused as e:
+            raise Refused(f"{e.message}; add a disk (another --out) or free space; nothing written") from None
+
+
+def _need(out: Path, file_name: str, size: int) -> int:
+    """Free bytes a volume file of SIZE takes in OUT: whole blocks of its file system, plus room for the blocks
+    that map them (an ext4 extent maps at most 128 MiB: one block per 128 MiB is more than its extent tree takes),
+    less what a file already there under its name holds (it is kept, or replaced)."""
+    block = os.statvfs(out).f_frsize or 4096
+    need = -(-size // block) * block + block * (1 + size // 2**27)
+    try:
+        return max(0, need - (out / file_name).stat().st_blocks * 512)
+    except OSError:
+        return need
+
+
+def leftovers(outs: list[Path], name: str, ours: set[str]) -> list[Path]:
+    """Volume files of bundle NAME in OUTS that this plan does not name (an earlier run with other sizes)."""
+    found = [p for out in outs for pattern in (f"{name}.vol*-of-*.tar", f"{name}.par*-of-*.tar")
+             for p in out.glob(pattern)]
+    return sorted(p for p in found if p.name not in ours)
 
 
 def _signature_to_carry(model_dir: Path, manifest_bytes: bytes) -> bytes | None:
@@ -563,11 +792,11 @@ def _copy_beside(src: Path, final: Path, sync: bool) -> None:
     publish(partial, final, sync=sync, mode=src.stat().st_mode & 0o777)
 
 
-def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink, sync: bool) -> list[VolumeResult]:
-    restore = restore_text(plan)
+def _write_all(plan: Plan, finals: list[Path], progress: ProgressSink, sync: bool) -> list[VolumeResult]:
+    """Write (or keep) data volume N at FINALS[N-1]."""
+    restore = plan.restore
     hashers = _Hashers()
     pipe = ChunkPipe()
-    finals = [out_dir / volume_filename(plan.name, n, plan.count) for n in range(1, plan.count + 1)]
     results, pending = [], []
     try:
         with ThreadPoolExecutor(max_workers=1) as publisher:
@@ -576,6 +805,7 @@ def _write_all(plan: Plan, out_dir: Path, progress: ProgressSink, sync: bool) ->
                     working = _keep_volume(plan, n, final, hashers, pipe, progress) if final.exists() else None
                     kept = working is not None
                     if not kept:
+                        final.unlink(missing_ok=True)  # not this plan's volume N: its room goes to the new one
                         tmp = final.with_name(f".{final.name}.partial")
                         working, fd = _write_volume(plan, n, tmp, hashers, pipe, progress, restore, sync)
                         pending.append(publisher.submit(publish_fd, fd, tmp, final, sync))  # beside the next volume
@@ -630,11 +860,13 @@ def parity_volume_bytes(name: str, bundle_id: str, manifest_bytes: bytes, meta: 
 
 def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_bytes: bytes, meta: list[tuple[str, bytes]],
                          mtime: int, data_paths: list[Path], parities: int, stripe: int = STRIPE, sync: bool = True,
-                         progress: ProgressSink = NULL_PROGRESS, only: set[int] | None = None) -> list[tuple[int, Path]]:
+                         progress: ProgressSink = NULL_PROGRESS, only: set[int] | None = None,
+                         out_dirs: dict[int, Path] | None = None) -> list[tuple[int, Path]]:
     """Read the data volume files DATA_PATHS (in volume order) once, stripe by stripe, and write PARITIES parity
-    volumes to OUT_DIR (temporary names, published once complete). META: metadata members after the index and
-    the manifest (the signature, RESTORE.txt), the same in every parity volume. ONLY: write just these parity
-    numbers (repair-volume); the others are computed and dropped. Returns (number, path) of each written."""
+    volumes to OUT_DIR (temporary names, published once complete; OUT_DIRS: another directory for some parity
+    numbers, e.g. another disk). META: metadata members after the index and the manifest (the signature,
+    RESTORE.txt), the same in every parity volume. ONLY: write just these parity numbers (repair-volume); the
+    others are computed and dropped. Returns (number, path) of each written."""
     out_dir = Path(out_dir)
     sizes = tuple(os.stat(p).st_size for p in data_paths)
     files = [Path(p).name for p in data_paths]
@@ -644,7 +876,7 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
     opened: dict[int, tuple[_Writer, Path, Path, int]] = {}
     try:
         for p in wanted:
-            final = out_dir / parity_filename(name, p, parities)
+            final = Path((out_dirs or {}).get(p, out_dir)) / parity_filename(name, p, parities)
             tmp = final.with_name(f".{final.name}.partial")
             w = _Writer(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), sync)
             opened[p] = (w, tmp, final, 0)

@@ -202,8 +202,8 @@ def encode(layout: Layout, sources: list[Source], sinks: list[Callable[[memoryvi
     data_h = [blake3.blake3() for _ in range(layout.k)]
     par_h = [blake3.blake3() for _ in range(layout.m)]
 
-    def read_stripe(j: int) -> bytes:
-        parts = []
+    def read_stripe(j: int) -> tuple[bytes, int]:
+        parts, read = [], 0
         size = layout.chunk(j)
         for i, src in enumerate(sources):
             c = _chunk(src, j * S, size, layout.lengths[i])
@@ -211,14 +211,15 @@ def encode(layout: Layout, sources: list[Source], sinks: list[Callable[[memoryvi
             if real:
                 data_h[i].update(memoryview(c)[:real])
             parts.append(c)
-        return b"".join(parts)
+            read += real
+        return b"".join(parts), read
 
-    for j, data in _stripes(read_stripe, layout.nstripes):
+    for j, (data, read) in _stripes(read_stripe, layout.nstripes):
         for p, chunk in enumerate(codes(j).encode(data)):
             sinks[p](chunk)
             par_h[p].update(chunk)
         if on_bytes:
-            on_bytes(len(data))
+            on_bytes(read)  # bytes of the data volumes read (padding is virtual): adds up to their sizes
     return EncodeResult([h.hexdigest() for h in data_h], [h.hexdigest() for h in par_h])
 
 

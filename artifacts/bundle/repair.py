@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput, IntegrityError
+from ..interrupt import keeps
 from ..progress import NULL_PROGRESS, ProgressSink
-from .check import check_volumes, conflicting_numbers, data_bytes, parity_set, reference_bundle
+from .check import check_volumes, conflicting_numbers, data_bytes, parity_set, ranges, reference_bundle
 from .copyio import ChunkPipe
 from .format import RESTORE_MEMBER, SIG_MEMBER
 from .parity import CODEC, FileSource
@@ -42,7 +43,7 @@ def repair_volumes(sources: list[Path], out_dir: Path | None = None, sync: bool 
     vols = [open_volume(p) for p in find_volumes(sources)]
     data, parity = split_volumes(vols)
     ref = reference_bundle(data) or reference_bundle(parity)
-    progress.begin(data_bytes(vols), "check volumes")
+    progress.begin(data_bytes(vols, ref), "check volumes", files=len(vols))
     pipe = ChunkPipe()
     try:
         check_volumes(vols, ref, pipe, progress)
@@ -60,11 +61,13 @@ def repair_volumes(sources: list[Path], out_dir: Path | None = None, sync: bool 
     lost = [n for n in range(1, index.volumes + 1) if n not in good]
     out = Path(out_dir) if out_dir else vols[0].path.parent
     out.mkdir(parents=True, exist_ok=True)
+    keeps(out)  # an interrupt names the volumes complete here
     rebuilt: dict[int, Path] = {}
     if lost:
         inputs = {n: FileSource(v.path) for n, v in good.items()}
         try:
-            progress.begin(sum(index.data[n - 1].size for n in lost), "rebuild")
+            progress.begin(sum(index.data[n - 1].size for n in lost),
+                           f"rebuild volume{'s' if len(lost) > 1 else ''} {ranges(lost)}", files=len(lost))
             result = rebuild_data_volumes(pset.usable, inputs, lost, out, sync=sync, progress=progress)
             rebuilt = result.files
             notes += [f"{what}: damaged (its bytes do not match the parity index); left out of the rebuild"
@@ -97,7 +100,7 @@ def _rewrite_parity(model: Volume, data_paths: list[Path], numbers: list[int], o
     """Parity volumes NUMBERS again, from the (whole) data volumes, with MODEL's metadata; each new parity volume
     must check, and hash as every parity index records it."""
     index = model.parity
-    progress.begin(sum(p.stat().st_size for p in data_paths), "parity")
+    progress.begin(sum(p.stat().st_size for p in data_paths), f"parity {ranges(numbers)}", files=len(data_paths))
     written = write_parity_volumes(out, name=index.name, bundle_id=index.bundle_id, manifest_bytes=model.manifest_bytes,
                                    meta=_carried_meta(model), mtime=int(model.data[index.member].mtime),
                                    data_paths=data_paths, parities=index.parities, stripe=index.stripe, sync=sync,
@@ -139,7 +142,8 @@ def _parity_from_data_alone(data: list[Volume], ref: str | None, out_dir: Path |
     out = Path(out_dir) if out_dir else first.path.parent
     out.mkdir(parents=True, exist_ok=True)
     paths = [good[n].path for n in range(1, count + 1)]
-    progress.begin(sum(p.stat().st_size for p in paths), "parity")
+    progress.begin(sum(p.stat().st_size for p in paths), f"parity {ranges(list(range(1, note.parities + 1)))}",
+                   files=len(paths))
     written = write_parity_volumes(out, name=first.index.name, bundle_id=ref, manifest_bytes=first.manifest_bytes,
                                    meta=_carried_meta(first), mtime=int(first.meta[RESTORE_MEMBER].mtime),
                                    data_paths=paths, parities=note.parities, stripe=note.stripe, sync=sync,

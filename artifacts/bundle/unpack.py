@@ -44,6 +44,7 @@ from ..errors import BadInput, BadValue, IntegrityError, Refused
 from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, dir_lock, fsync_dir, publish,
                       publish_fd, require_free_space)
 from ..hashing import StreamHasher, blake3_file
+from ..interrupt import keeps
 from ..manifest import from_json, manifest_path, read_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
 from ..sharing import COPY, how_to_share
@@ -244,6 +245,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         signature, signed_manifest = check_signature(vols + pvols, allowed_signers, identity, require_signature)
     dest.mkdir(parents=True, exist_ok=True)
     with dir_lock(dest, "mm unbundle"):
+        keeps(dest)  # an interrupt names the imported volumes and partial files kept here
         state = _State(dest / STATE_DIR / "state.json")
         ref = reference_bundle(vols, state.doc.get("bundle_id"))
         first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
@@ -440,7 +442,8 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
         if skeleton is not None:
             sources[n] = skeleton
     try:
-        progress.begin(sum(pindex.data[n - 1].size for n in lost), f"rebuild volume(s) {', '.join(map(str, lost))}")
+        progress.begin(sum(pindex.data[n - 1].size for n in lost), f"rebuild volume(s) {', '.join(map(str, lost))}",
+                       files=len(lost))
         rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / "rebuilt", sync, progress)
         out.notes += [f"{what}: damaged (its bytes do not match the parity index); left out of the rebuild"
                       for what in rebuilt.left_out]
@@ -452,22 +455,27 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
         for src in sources.values():
             src.close()
     names = {v.number: v.path.name for v in accepted}
-    for n, path in sorted(rebuilt.files.items()):
-        v = open_volume(path)
-        why = judge(v)
-        if why:
-            out.refused.append(why)
-            path.unlink()
-            continue
-        run.volume(v)
-        _Skeleton.save(dest, v)
-        if n in names:  # its damaged members are now imported from the rebuilt copy
-            run.corrupt = [c for c in run.corrupt if not c.startswith(f"{names[n]}: ")]
-            out.notes.append(f"{names[n]}: damaged; rebuilt from parity and imported")
-        state.doc["done_volumes"] = sorted(set(state.doc.get("done_volumes", [])) | {n})
-        state.save()
-        path.unlink()
-        out.volumes.append(n)
+    opened = {n: open_volume(path) for n, path in sorted(rebuilt.files.items())}
+    judged = {n: judge(v) for n, v in opened.items()}
+    progress.begin(sum(e.length for n, v in opened.items() if not judged[n] for e in v.entries()),
+                   f"unbundle rebuilt volume(s) {', '.join(str(n) for n in opened if not judged[n])}")
+    try:
+        for n, v in opened.items():
+            if judged[n]:
+                out.refused.append(judged[n])
+                v.path.unlink()
+                continue
+            run.volume(v)
+            _Skeleton.save(dest, v)
+            if n in names:  # its damaged members are now imported from the rebuilt copy
+                run.corrupt = [c for c in run.corrupt if not c.startswith(f"{names[n]}: ")]
+                out.notes.append(f"{names[n]}: damaged; rebuilt from parity and imported")
+            state.doc["done_volumes"] = sorted(set(state.doc.get("done_volumes", [])) | {n})
+            state.save()
+            v.path.unlink()
+            out.volumes.append(n)
+    finally:
+        progress.end()
     out.parity_used = rebuilt.parity_used
     return out
 
@@ -521,13 +529,20 @@ def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: lis
             return f"volume {i + 1}" if i < k else f"parity {i - k + 1}"
 
         damaged: set[int] = set()
+        written = [0]
+
+        def advance(n: int) -> None:
+            written[0] += n
+            progress.advance(n)
+
         while True:  # an input found damaged is left out and the rebuild run again while enough are left
             usable = {i: src for i, src in inputs.items() if i not in damaged}
-            result = rebuild(layout, usable, want_idx, {i: sink(outs[i][0]) for i in want_idx},
-                             on_bytes=progress.advance)
+            result = rebuild(layout, usable, want_idx, {i: sink(outs[i][0]) for i in want_idx}, on_bytes=advance)
             bad = [i for i in want_idx if result.output_blake3[i] != index.data[i].blake3]
             if not bad:
                 break
+            progress.advance(-written[0])  # the bar starts this rebuild again: never past 100%
+            written[0] = 0
             checked = rebuild(layout, usable, want_idx, {i: _discard for i in want_idx}, hash_inputs=True)
             found = {i for i, d in checked.input_blake3.items() if d != expected(i)}
             if not found:
@@ -667,6 +682,7 @@ class _Import:
         self.imported: list[str] = []
         self.corrupt: list[str] = []
         self.present: set[tuple[str, str]] = set()  # files found complete (counted once, however many pieces)
+        self.counted = 0
         self.pipe = ChunkPipe()
 
     @property
@@ -679,9 +695,11 @@ class _Import:
             self.corrupt.append(f"{v.path.name}: member {member!r}: {why}")
         for e in v.entries():
             info = v.data.get(e.member)
+            self.counted = 0  # bytes of this entry the copy already showed on the bar
             if info is not None:
+                self.progress.item(e.path)
                 self.member(v, e, info)
-            self.progress.advance(e.length)
+            self.progress.advance(e.length - self.counted)
 
     def member(self, v: Volume, e: Entry, info) -> None:
         final = self.targets.get(e.key)
@@ -748,6 +766,8 @@ class _Import:
                             raise
                         view, pos = view[n:], pos + n
                         flush.wrote(n)
+                        self.progress.advance(n)
+                        self.counted += n
             except EOFError:  # the volume shrank since it was scanned
                 return "truncated"
             except OSError as e:

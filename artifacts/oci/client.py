@@ -25,6 +25,7 @@ from urllib.parse import urlencode, urljoin, urlsplit
 
 import httpx2
 
+from .. import interrupt
 from ..errors import BadInput, IntegrityError, RemoteError
 from ..untrusted import load_json, read_json_file
 
@@ -512,6 +513,7 @@ class Client:
                 with open(path, "rb") as f:
                     pos, left = start, length
                     while left:
+                        interrupt.check()  # stopped mid-chunk: the rerun starts this blob again (README, "Resume")
                         n = conn.sock.sendfile(f, pos, min(left, SENDFILE_SLICE))
                         if not n:
                             raise BadInput(f"{path}: file shrank while it was being pushed")

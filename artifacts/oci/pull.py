@@ -16,7 +16,6 @@ import http.client
 import mmap
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from ..download import JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, known
 from ..errors import BadInput, IntegrityError, MMError, RemoteError
 from ..fsutil import dir_lock, publish, require_free_space
 from ..hashing import SLICE, StreamHasher, mapped_windows
+from .. import interrupt
 from ..manifest import FileEntry, Manifest, manifest_path, write_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
 from ..untrusted import load_json
@@ -157,13 +157,14 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
         checked = _check_signature(r, allowed_signers, identity, require_signature)
         prepare_dir(local_dir)
         with dir_lock(local_dir, "mm pull"):
+            interrupt.keeps(local_dir)  # an interrupt names the partial files kept here
             journal = Journal(local_dir / JOURNAL)
             known = known_entries(local_dir)
             layers = {layer.path: layer for layer in r.parsed.files}
             wanted = r.manifest.files
             _clean_partials(local_dir, wanted)
             _check_free_space(local_dir, wanted, known)
-            progress.begin(sum(f.size for f in wanted), f"pull {ref.repository}@{r.digest[7:19]}")
+            progress.begin(sum(f.size for f in wanted), f"pull {ref.repository}@{r.digest[7:19]}", files=len(wanted))
 
             # files with the same bytes share one blob and one partial: one worker takes them all, in turn
             groups: dict[str, list[FileEntry]] = {}
@@ -171,11 +172,12 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
                 groups.setdefault(layers[entry.path].digest, []).append(entry)
 
             def one(group: list[FileEntry]) -> list[tuple[PulledFile, FileEntry | None]]:
+                progress.item(group[0].path)
                 return [_pull_file(client, local_dir, entry, layers[entry.path].digest, known, source, progress, journal)
                         for entry in group]
 
             try:
-                with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+                with interrupt.worker_pool(workers) as pool:  # an interrupt starts no queued blob
                     results = [r for rs in pool.map(one, sorted(groups.values(), key=lambda g: -g[0].size)) for r in rs]
             finally:
                 progress.end()
@@ -310,7 +312,7 @@ def _download(client: Client, local_dir: Path, entry: FileEntry, digest: str, pr
                     while True:
                         filled, cut = 0, None
                         try:
-                            while filled < BUFFER:
+                            while filled < BUFFER and not interrupt.requested():
                                 n = body.readinto(view[filled:])
                                 if not n:
                                     break
@@ -328,6 +330,7 @@ def _download(client: Client, local_dir: Path, entry: FileEntry, digest: str, pr
                             received += filled
                             progress.advance(filled)
                             writeback.wrote(hasher.size)
+                        interrupt.check()  # stopped: the partial keeps what arrived (interrupt.py)
                         if cut is not None or filled < BUFFER:
                             break
             except RemoteError:

@@ -12,14 +12,14 @@ import hashlib
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import interrupt
 from ..errors import BadInput, Refused, RemoteError
-from ..fsutil import MM_DIR, atomic_write_text, human_bytes
+from ..fsutil import MM_DIR, atomic_write_text
 from ..manifest import manifest_path, read_manifest, to_json
-from ..progress import NULL_PROGRESS, ProgressSink
+from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..untrusted import read_json_file
 from . import modelpack
 from .client import OCI_MANIFEST, Client, Credentials, Transport, parse_reference
@@ -91,9 +91,10 @@ def push(model_dir: Path, reference: str, options: PushOptions = PushOptions(),
     artifact = modelpack.build(model_dir, manifest, mm_bytes, modelpack.model_config_fields(model_dir, manifest),
                                signature)
     state = _StateDir(model_dir, ref.registry, ref.repository)
+    interrupt.keeps(model_dir)  # an interrupt names the upload state kept here
     sizes = {layer.digest: layer.size for layer in artifact.layers}
     total = sum(sizes.values()) + len(artifact.config)
-    progress.begin(total, f"push {ref.repository}:{tag}")
+    progress.begin(total, f"push {ref.repository}:{tag}", files=len(manifest.files))
     with Client(ref, options.credentials, options.transport, push=True, mount_from=options.mount_from) as client:
         client.ping()
         jobs: list[tuple[str, str, int, Path | bytes]] = []
@@ -110,10 +111,11 @@ def push(model_dir: Path, reference: str, options: PushOptions = PushOptions(),
         jobs.sort(key=lambda j: -j[2])
 
         def one(job: tuple[str, str, int, Path | bytes]) -> BlobOutcome:
+            progress.item(job[0])
             return _push_blob(client, state, options, progress, *job)
 
         try:
-            with ThreadPoolExecutor(max_workers=max(1, options.workers)) as pool:
+            with interrupt.worker_pool(options.workers) as pool:  # an interrupt starts no queued blob
                 outcomes = list(pool.map(one, jobs))
         finally:
             progress.end()
@@ -172,6 +174,7 @@ def _push_blob(client: Client, state: "_StateDir", options: PushOptions, progres
         client.finish_upload(location, digest, path=data, length=size, on_bytes=progress.advance)
         return BlobOutcome(path, digest, size, "uploaded", size)
     while offset < size:
+        interrupt.check()  # between chunks: the upload URL saved after the last one resumes it (interrupt.py)
         length = min(options.chunk_size, size - offset)
         new_offset, location = client.patch(location, data, offset, length, progress.advance)
         sent += length
@@ -191,7 +194,7 @@ def _test_pause() -> None:
     between chunks (distribution cancels an upload killed mid-chunk; README, "Resume")."""
     pause = os.environ.get("MM_TEST_OCI_CHUNK_PAUSE")
     if pause:
-        time.sleep(float(pause))
+        interrupt.STOP.wait(float(pause))
 
 
 class _StateDir:

@@ -1,0 +1,235 @@
+"""Progress and units (issue 21): one live bar per phase that leaves one summary line when it ends, figures
+restic shows (percent, bytes, rate, elapsed, ETA, the current file), never past 100%, decimal units throughout.
+
+What a user sees is read on a real pseudo-terminal (tests/support/tty.py: `script`, then pyte plays the bytes
+back); what each phase counts is read with a recording sink, since the bar itself never draws past its total.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.bundle.pack import create_bundle
+from mm.artifacts.bundle.repair import repair_volumes
+from mm.artifacts.bundle.unpack import unbundle
+from mm.artifacts.progress import human_bytes, human_duration, human_rate, phase_summary
+from tests.support.modelgen import write_model
+from tests.support.run import run_mm
+from tests.support.tty import run_on_tty
+from tests.test_bundle_parity import flip_byte_in_member
+from tests.test_repair import flip_middle_byte
+
+VOLUME_SIZE = 500_000
+REVISION = "ce7f4df87d2e05262f5775f373dac4772f134041"
+NAME = f"MiniMax-M3.1-Flash-{REVISION[:12]}"
+BAR_GLYPHS = re.compile("[━╸╺]")  # rich's bar: on the final screen, none may be left
+UNIT = re.compile(r"\d(?:\.\d)? ?(B|kB|MB|GB|TB|KiB|MiB|GiB|TiB|KB)\b")
+
+
+class Recorder:
+    """A ProgressSink keeping, for each phase, [label, total, bytes advanced] (thread-safe)."""
+
+    def __init__(self):
+        self.phases: list[list] = []
+        self.items: set[str] = set()
+        self._open = False
+        self._lock = threading.Lock()
+
+    def begin(self, total_bytes, label, files=None):
+        with self._lock:
+            if self._open:
+                self.phases[-1][:2] = [label, total_bytes]
+            else:
+                self.phases.append([label, total_bytes, 0])
+                self._open = True
+
+    def advance(self, nbytes):
+        with self._lock:
+            if self._open:
+                self.phases[-1][2] += nbytes
+
+    def item(self, name):
+        self.items.add(name)
+
+    def note(self, message):
+        pass
+
+    def end(self):
+        self._open = False
+
+
+def assert_each_phase_counts_its_total(rec: Recorder) -> None:
+    assert rec.phases
+    for label, total, advanced in rec.phases:
+        assert advanced == total, f"{label}: {advanced} of {total}"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("progress") / "model"
+    write_model(root, shards=3, shard_bytes=600 * 1024)
+    manifest_for_local_dir(root, "MiniMaxAI/MiniMax-M3.1-Flash", REVISION, offline=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def bundled(model, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("progress-vols")
+    create_bundle(model, out, VOLUME_SIZE, parity=2, sync=False)
+    return out
+
+
+@pytest.fixture
+def vols(bundled, tmp_path) -> Path:
+    d = tmp_path / "vols"
+    shutil.copytree(bundled, d)
+    return d
+
+
+# --- units --------------------------------------------------------------------------------------------------
+
+def test_one_decimal_unit_system():
+    assert human_bytes(150_000_000) == "150.0 MB"  # --volume-size 150M, as given (was 143.0 MiB)
+    assert [human_bytes(n) for n in (0, 999, 1000, 999_949, 999_950, 252 * 10**9, 4 * 10**12)] == [
+        "0 B", "999 B", "1.0 kB", "999.9 kB", "1.0 MB", "252.0 GB", "4.0 TB"]
+    assert human_rate(614_400_000) == "614.4 MB/s"
+    assert [human_duration(s) for s in (0.04, 12.34, 192, 7380)] == ["0.0 s", "12.3 s", "3 min 12 s", "2 h 03 min"]
+    assert phase_summary("verify", 628_900_000, 1.5, 14) == "verify: 14 files, 628.9 MB in 1.5 s (419.3 MB/s)"
+
+
+def test_a_run_speaks_one_unit_system(model, vols, tmp_path):
+    """The plan, the volumes, the summaries, verify and unbundle: MB and MB/s, never MiB (--json stays in bytes)."""
+    runs = [run_mm("bundle", model, "--out", tmp_path / "out", "--volume-size", "1.5M"),
+            run_mm("bundle", "verify", tmp_path / "out"), run_mm("verify", model),
+            run_mm("unbundle", tmp_path / "out", "--dest", tmp_path / "dest")]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    text = "\n".join(r.stdout + r.stderr for r in runs)
+    assert "of up to 1.5 MB" in text
+    assert {m.group(1) for m in UNIT.finditer(text)} <= {"B", "kB", "MB", "GB"} and "iB" not in text
+    assert re.search(r"hashed at \d+\.\d (kB|MB|GB)/s", text)
+
+
+def test_long_commands_end_with_files_bytes_and_time_off_a_terminal_too(model, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(model, copy, ignore=shutil.ignore_patterns(".mm"))
+    ends = {"manifest": (("manifest", copy, "--repo", "MiniMaxAI/MiniMax-M3.1-Flash", "--revision", REVISION,
+                          "--offline"), r"13 files \(2\.2 MB\) hashed in \d+\.\d s "),
+            "bundle": (("bundle", model, "--out", tmp_path / "out", "--volume-size", VOLUME_SIZE),
+                       r"5 volume\(s\), 13 files, 2\.2 MB of data in \d+\.\d s\."),
+            "bundle verify": (("bundle", "verify", tmp_path / "out"),
+                              r"checked 5 volume file\(s\), 2\.2 MB in \d+\.\d s"),
+            "unbundle": (("unbundle", tmp_path / "out", "--dest", tmp_path / "dest"),
+                         r"13 file\(s\) imported, .* in \d+\.\d s\.\n.*OK \(13 files, 2\.2 MB\)")}
+    for what, (args, pattern) in ends.items():
+        r = run_mm(*args)
+        assert r.returncode == 0 and re.search(pattern, r.stdout), (what, r.stdout, r.stderr)
+
+
+# --- what each phase counts ----------------------------------------------------------------------------------
+
+def test_bundle_with_parity_counts_each_phase_to_its_total(model, tmp_path):
+    rec = Recorder()
+    create_bundle(model, tmp_path / "out", VOLUME_SIZE, parity=2, sync=False, progress=rec)
+    assert [p[0] for p in rec.phases] == [f"bundle {NAME}", f"parity {NAME}"]
+    assert_each_phase_counts_its_total(rec)  # the parity phase went to 750/629 MB: padding counted as read
+    assert "model-00001-of-00003.safetensors" in rec.items
+
+
+def test_a_rerun_over_a_damaged_volume_counts_its_bytes_once(model, vols):
+    flip_byte_in_member(sorted(vols.glob("*.vol003-*.tar"))[0], "segments/")
+    rec = Recorder()
+    create_bundle(model, vols, VOLUME_SIZE, parity=2, sync=False, progress=rec)
+    assert_each_phase_counts_its_total(rec)
+
+
+def test_unbundle_rebuilding_past_a_damaged_parity_stream_counts_each_phase_once(vols, tmp_path):
+    flip_byte_in_member(sorted(vols.glob("*.par001-*.tar"))[0], "parity/")
+    sorted(vols.glob("*.vol003-*.tar"))[0].unlink()
+    rec = Recorder()
+    report = unbundle([vols], tmp_path / "dest", progress=rec, sync=False)
+    assert report.ok and report.rebuilt == [3]
+    assert [p[0] for p in rec.phases] == [f"unbundle {NAME}", "rebuild volume(s) 3", "unbundle rebuilt volume(s) 3",
+                                         "verify"]
+    assert_each_phase_counts_its_total(rec)  # the rebuild ran twice (parity 1 left out): counted once
+
+
+def test_repair_volume_counts_each_phase_to_its_total(vols):
+    sorted(vols.glob("*.vol002-*.tar"))[0].unlink()
+    sorted(vols.glob("*.par002-*.tar"))[0].unlink()
+    rec = Recorder()
+    repair_volumes([vols], sync=False, progress=rec)
+    assert [p[0] for p in rec.phases] == ["check volumes", "rebuild volume 2", "parity 2"]
+    assert_each_phase_counts_its_total(rec)
+
+
+# --- on a terminal ---------------------------------------------------------------------------------------------
+
+def summaries(screen: list[str], label: str) -> list[str]:
+    return [line for line in screen if line.startswith(f"{label}: ")]
+
+
+def assert_no_bar_left_and_never_past_100(run) -> None:
+    assert not [line for line in run.screen if BAR_GLYPHS.search(line) or " ETA " in line], run.text
+    for frame in run.frames:
+        for percent in re.findall(r"(\d+)%", frame):
+            assert int(percent) <= 100, frame
+
+
+def test_bundle_with_parity_on_a_terminal(model, tmp_path):
+    run = run_on_tty("bundle", model, "--out", tmp_path / "out", "--volume-size", VOLUME_SIZE, "--parity", "2")
+    assert run.returncode == 0, run.text
+    assert_no_bar_left_and_never_past_100(run)
+    assert run.screen[0].startswith("plan: 13 files, 2.2 MB, in 5 volume(s) of up to 500.0 kB")
+    (bundle,), (parity,) = summaries(run.screen, f"bundle {NAME}"), summaries(run.screen, f"parity {NAME}")
+    assert re.fullmatch(rf"bundle {NAME}: 13 files, 2\.2 MB in \d+\.\d s( \(.+/s\))?", bundle)
+    assert re.fullmatch(rf"parity {NAME}: 5 files, 2\.3 MB in \d+\.\d s( \(.+/s\))?", parity)
+    bars = [f for f in run.frames if f.startswith(f"bundle {NAME} ") and "%" in f]
+    assert bars and re.search(r"  0%\s+0 B / 2\.2 MB", bars[0])  # shown from the first byte
+    assert all(re.search(r"\d+%\s+\S+ \S+ / \S+ \S+\s+\S+ \S+/s\s+\d:\d\d:\d\d ETA", f) for f in bars)
+    assert any(re.fullmatch(r"  [\w./-]+\.(safetensors|json)", f) for f in run.frames)  # the current file
+    assert run.frames[-1].startswith(f"bundle {NAME} (id ") and " 13 files, 2.2 MB of data in " in run.frames[-1]
+
+
+def test_unbundle_with_a_parity_rebuild_on_a_terminal(vols, tmp_path):
+    sorted(vols.glob("*.vol002-*.tar"))[0].unlink()
+    run = run_on_tty("unbundle", vols, "--dest", tmp_path / "dest")
+    assert run.returncode == 0, run.text
+    assert_no_bar_left_and_never_past_100(run)
+    for label in (f"unbundle {NAME}", "rebuild volume(s) 2", "unbundle rebuilt volume(s) 2", "verify"):
+        assert len(summaries(run.screen, label)) == 1, (label, run.text)
+
+
+def test_repair_volume_on_a_terminal(vols):
+    sorted(vols.glob("*.vol004-*.tar"))[0].unlink()
+    sorted(vols.glob("*.par001-*.tar"))[0].unlink()
+    run = run_on_tty("bundle", "repair-volume", vols)
+    assert run.returncode == 0, run.text
+    assert_no_bar_left_and_never_past_100(run)
+    for label in ("check volumes", "rebuild volume 4", "parity 1"):
+        assert len(summaries(run.screen, label)) == 1, (label, run.text)
+    assert re.fullmatch(rf"bundle {NAME}: 2 volume file\(s\) written, \d+\.\d kB, in \d+\.\d s", run.screen[-1])
+
+
+def test_bundle_verify_on_a_terminal_ends_with_files_bytes_and_time(bundled):
+    run = run_on_tty("bundle", "verify", bundled)
+    assert run.returncode == 0, run.text
+    assert_no_bar_left_and_never_past_100(run)
+    assert len(summaries(run.screen, "bundle verify")) == 1
+    assert any(re.fullmatch(r"checked 7 volume file\(s\), 3\.\d MB in \d+\.\d s", line) for line in run.screen)
+
+
+def test_repair_on_a_terminal_leaves_one_line_per_phase(hub_env, hub_server, model_repo, tmp_path):
+    dest = tmp_path / "MiniMax-M3.1-Flash"
+    fetched = run_mm("fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", dest, env=hub_env)
+    assert fetched.returncode == 0, fetched.stderr
+    flip_middle_byte(dest / "model-00002-of-00004.safetensors")
+    run = run_on_tty("repair", dest, env=hub_env)
+    assert run.returncode == 0, run.text
+    assert_no_bar_left_and_never_past_100(run)
+    fetched = [line for line in run.screen if re.fullmatch(r"fetch \S+: 1 file, .* in .*", line)]
+    assert len(summaries(run.screen, "verify")) == 2 and len(fetched) == 1, run.text
