@@ -221,6 +221,7 @@ def take_from_base(base: BaseDir, take: list[Take], mode: str, final: Callable[[
     pipe = ChunkPipe()
     try:
         for t in take:
+            progress.item(t.path)
             target, work = final(t.path), partial(t.path)
             work.parent.mkdir(parents=True, exist_ok=True)
             source = _base_file(base, t)

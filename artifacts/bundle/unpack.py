@@ -340,7 +340,7 @@ def _take_from_base(base: deltas.BaseDir, idx: Index, mode: str, targets: dict, 
                     progress: ProgressSink) -> deltas.Taken:
     """The delta's files not yet in place, taken from the base directory (each hashed before it gets its name)."""
     todo = [t for t in idx.delta.take if not _is_done(targets[(MODEL_KIND, t.path)], t.size)]
-    progress.begin(sum(t.size for t in todo), f"take {len(todo)} file(s) from {base.path} ({mode})")
+    progress.begin(sum(t.size for t in todo), f"take from {base.path} ({mode})", files=len(todo))
     try:
         return deltas.take_from_base(base, todo, mode, lambda path: targets[(MODEL_KIND, path)],
                                      lambda path: places.partial(MODEL_KIND, path), sync, progress)
