@@ -1612,7 +1612,8 @@ def doctor(model_dir, json_out, **kw):
               help="The model directory: adapt each fix to its recipe (with --hardware and the launch options).")
 @click.option("--hardware", default=None, help="With --model-dir: the hardware of the launch.")
 @click.option("--recipe", default=None)
-@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True)
+@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None,
+              help="The engine that served (its detectors and fixes). Default: the one the logs show, else sglang.")
 @click.option("--gpus", callback=_gpu_list, default=None)
 @click.option("--port", type=click.IntRange(1, 65535), default=30000, show_default=True)
 @click.option("--cache-root", type=click.Path(path_type=Path), default=None)
@@ -1625,19 +1626,19 @@ def diagnose(logfile, container, answers, model_dir, hardware, recipe, engine, g
              host_checks, gpu_info, json_out):
     """Match a server log (or a container's) against the guide's troubleshooting table; exit 1 when a row matches."""
     from .artifacts import diagnose as mm_diagnose, launch as mm_launch
-    launch = (mm_launch.LaunchOptions(hardware=hardware, recipe=recipe, engine=engine, gpus=gpus, port=port,
+    launch = (mm_launch.LaunchOptions(hardware=hardware, recipe=recipe, engine=engine or "sglang", gpus=gpus, port=port,
                                       cache_root=cache_root, image=image) if hardware else None)
     result = mm_diagnose.run_diagnosis(mm_diagnose.DiagnoseRequest(
         logfile=logfile, container=container, answers=tuple(answers), model_dir=model_dir, launch=launch,
-        host_checks=host_checks, gpu_info=gpu_info))
+        host_checks=host_checks, gpu_info=gpu_info, engine=engine))
     if json_out:
         emit_json({"ok": result.ok, **to_jsonable(result)})
     else:
         _render_findings(result.findings)
         verdict = (f"{len(result.findings)} row(s) of the guide's troubleshooting table match" if result.findings
                    else "no row of the guide's troubleshooting table matches")
-        out.print(f"{verdict} ({result.lines_read} lines read{', recipe ' + result.recipe if result.recipe else ''})",
-                  markup=False, highlight=False)
+        out.print(f"{verdict} ({result.lines_read} lines read, engine {result.engine} ({result.engine_from})"
+                  f"{', recipe ' + result.recipe if result.recipe else ''})", markup=False, highlight=False)
     if not result.ok:
         sys.exit(ProblemsFound.exit_code)
 

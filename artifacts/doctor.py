@@ -2,16 +2,21 @@
 
 Runs on the destination before `mm launch`, offline. It plans the same start `mm launch` would (same recipe
 options) and checks what that start needs from the host:
-  GPUs      nvidia-smi (rocm-smi on AMD): model and count against the recipe and --gpus, compute capability, the
-            highest CUDA version the driver supports against the pinned image's CUDA runtime (the guide publishes
-            no minimum driver version, so none is invented here)
+  GPUs      nvidia-smi (rocm-smi on AMD): model and count against the recipe and --gpus, compute capability
+  driver    as the NVIDIA Container Toolkit judges it (cudareq): the image's own NVIDIA_REQUIRE_* (from the `mm image
+            save` record, the archive, else `docker image inspect`) evaluated for each GPU the way libnvidia-container
+            does, NVIDIA_DISABLE_REQUIRE honoured; FAIL only where the container will not start. A runtime newer than
+            the driver's CUDA within its major version is a WARN explaining minor-version compatibility and
+            cuda-compat. The guide's CUDA 13.4 belongs to the pinned SGLang image only (it publishes no minimum
+            driver, so none is invented here)
   docker    present and answering; the image present by identity (pinned reference, else the image ID
             `mm image save` recorded); the NVIDIA container runtime usable (the image's own nvidia-smi sees the GPUs)
   host      every port the start binds free on 127.0.0.1 (with replicas: theirs, the router's and its metrics),
             /dev/shm (the start uses --ipc=host), host memory for HiCache recipes (launch.hicache_host_gb and
             diagnose.hicache_fits: --hicache-size is per rank, times the replicas), free disk for the kernel caches
   caches    the kernel caches' key (mm-cache-key.json) against this GPU, driver, image and recipe
-  model     `verify --quick`, dspark/ present when the recipe uses DSpark
+  model     the rule `mm launch` applies (launch.check_model_dir): manifest, the recipe's repository, dspark/ where
+            the recipe uses DSpark, quick verify
 The checks `mm diagnose --host-checks` also runs (kernel cache warm, GPU family, model complete) come from the
 troubleshooting table through diagnose.host_findings, with the table's fix for this plan.
 Status: ok, warn (the start works but something costs time), fail (the start will not work). Exit 1 on any fail.
@@ -28,14 +33,16 @@ from pathlib import Path
 
 from .cachekey import FILE_NAME as CACHE_KEY_FILE
 from .errors import BadInput
-from .launch import LaunchOptions, LaunchPlan, hicache_host_gb, image_candidates, image_identity
+from .launch import (DOCKER_DOWN, DOCKER_MISSING, LaunchOptions, LaunchPlan, hicache_host_gb, image_candidates,
+                     image_identity)
+from . import cudareq
 from .pins import Pin
 from .progress import human_bytes
 from .tools import IMAGE_REF, ToolMissing, ToolResult, check_name, last_line, run_tool
 from .untrusted import load_json, read_json_file, small_int, version_numbers
 
 OK, WARN, FAIL = "ok", "warn", "fail"
-SHM_GUIDE = 32 * 10**9  # the guide's --shm-size 32g; with --ipc=host the host's /dev/shm is what the server gets
+SHM_GUIDE = 32 * 2**30  # the guide's --shm-size 32g (docker reads g as GiB); with --ipc=host the host's /dev/shm is what the server gets
 CACHE_DISK_MARGIN = 20 * 10**9  # mm's margin for compiled kernels (the guide publishes no figure)
 # The GPU product token each hardware name stands for (nvidia-smi's name holds it as one word).
 GPU_TOKENS = {"b300": "B300", "gb300": "GB300", "b200": "B200", "gb200": "GB200", "h200": "H200", "h100": "H100",
@@ -136,14 +143,15 @@ def _hardware_for(name: str) -> str | None:
     return next((hw for hw, token in GPU_TOKENS.items() if _has_token(name, token)), None)
 
 
-def gpu_checks(plan: LaunchPlan, cuda_runtime: str | None) -> tuple[list[Check], list[Gpu]]:
+def gpu_checks(plan: LaunchPlan) -> tuple[list[Check], list[Gpu], str | None]:
+    """GPU count, model and compute capability; also the GPUs selected and the driver's CUDA version."""
     hw = plan.hardware
     gpus, cuda, error = amd_gpus() if hw.vendor == "amd" else nvidia_gpus()
     tool = "rocm-smi" if hw.vendor == "amd" else "nvidia-smi"
     if error:
         fix = ("install the NVIDIA driver (nvidia-smi comes with it) and check the GPUs are visible"
                if hw.vendor == "nvidia" else "install ROCm (rocm-smi comes with it)")
-        return [Check("gpus", FAIL, error, fix)], []
+        return [Check("gpus", FAIL, error, fix)], [], None
     checks = []
     want = ",".join(map(str, plan.gpus))
     by_index = {g.index: g for g in gpus}
@@ -177,19 +185,7 @@ def gpu_checks(plan: LaunchPlan, cuda_runtime: str | None) -> tuple[list[Check],
                                 f"{hw.family} recipes need {major}.x", "check the driver sees the GPUs correctly"))
         else:
             checks.append(Check("compute capability", OK, f"{selected[0].compute_capability} ({hw.family})"))
-    if hw.vendor == "nvidia" and cuda_runtime:
-        driver = selected[0].driver if selected else (gpus[0].driver if gpus else "?")
-        if cuda is None:
-            checks.append(Check("driver", WARN, f"driver {driver}: nvidia-smi does not say which CUDA version it "
-                                               f"supports; the pinned image needs the CUDA {cuda_runtime} runtime",
-                                "check `nvidia-smi` shows 'CUDA Version' of at least " + cuda_runtime))
-        elif _version(cuda) < _version(cuda_runtime):
-            checks.append(Check("driver", FAIL, f"driver {driver} supports CUDA up to {cuda}; the pinned image needs "
-                                               f"the CUDA {cuda_runtime} runtime",
-                                f"install a driver whose `nvidia-smi` shows CUDA Version {cuda_runtime} or newer"))
-        else:
-            checks.append(Check("driver", OK, f"driver {driver} supports CUDA {cuda} (the image needs {cuda_runtime})"))
-    return checks, selected
+    return checks, selected, cuda
 
 
 # --- docker and the image -----------------------------------------------------------------------------------
@@ -201,20 +197,31 @@ def _image_tag(plan: LaunchPlan) -> str | None:
     return read_record(plan.image_record).tag
 
 
+def docker_server(docker: str = "docker") -> tuple[str | None, str | None]:
+    """(the daemon's version, None), or (None, why docker cannot start a container here: not installed, daemon not
+    answering). `docker version` asks the daemon and exits non-zero when none answers; Debian's 20.10 `docker info`
+    exits 0 then (with ServerErrors), so it is no probe. Doctor, warm-up and the start script say it in the same
+    words."""
+    if shutil.which(docker) is None:
+        return None, DOCKER_MISSING
+    done = _run([docker, "version", "--format", "{{.Server.Version}}"])
+    version = last_line(done.stdout) if done is not None and done.returncode == 0 else ""
+    if not version:
+        return None, f"{DOCKER_DOWN} ({done.last_line() if done else 'no output'})"
+    return version, None
+
+
+def docker_problem(docker: str = "docker") -> str | None:
+    return docker_server(docker)[1]
+
+
 def docker_checks(plan: LaunchPlan) -> tuple[list[Check], str | None]:
     """Checks, and how the image was found (reference or ID) or None."""
-    if shutil.which("docker") is None:
-        return [Check("docker", FAIL, "docker: not found on PATH", "install Docker Engine")], None
-    info = _run(["docker", "info", "--format", "{{json .}}"])
-    if info is None or info.returncode != 0:
-        return [Check("docker", FAIL, f"docker daemon not answering: {info.last_line() if info else 'no output'}",
-                      "start it (systemctl start docker) and make sure this user may use it")], None
-    try:
-        doc = load_json(info.stdout, "docker info")
-    except BadInput:
-        doc = {}
-    doc = doc if isinstance(doc, dict) else {}
-    checks = [Check("docker", OK, f"Docker {doc.get('ServerVersion', '?')} answering")]
+    version, problem = docker_server()
+    if problem:
+        fix = "install Docker Engine" if problem == DOCKER_MISSING else "start the docker daemon (systemctl start docker)"
+        return [Check("docker", FAIL, problem, fix)], None
+    checks = [Check("docker", OK, f"Docker {version} answering")]
     found = None
     for ref in image_candidates(plan):  # the start script's search
         if (done := _run(["docker", "image", "inspect", "--", ref])) is not None and done.returncode == 0:
@@ -233,15 +240,24 @@ def docker_checks(plan: LaunchPlan) -> tuple[list[Check], str | None]:
         else:
             checks.append(Check("image", FAIL, f"{ident} is not on this host", f"docker load -i {plan.archive_hint}"))
     if plan.hardware.vendor == "nvidia":
-        checks.append(_nvidia_runtime_check(plan, found, doc))
+        checks.append(_nvidia_runtime_check(plan, found))
     return checks, found
 
 
-def _nvidia_runtime_check(plan: LaunchPlan, image: str | None, info: dict) -> Check:
+def _docker_runtimes() -> dict:
+    """The runtimes docker has registered (`docker info`), {} when its answer is no JSON object."""
+    done = _run(["docker", "info", "--format", "{{json .Runtimes}}"])
+    try:
+        runtimes = load_json(done.stdout, "docker info") if done is not None and done.returncode == 0 else {}
+    except BadInput:
+        runtimes = {}
+    return runtimes if isinstance(runtimes, dict) else {}
+
+
+def _nvidia_runtime_check(plan: LaunchPlan, image: str | None) -> Check:
     fix = "install the NVIDIA Container Toolkit, then `nvidia-ctk runtime configure --runtime=docker` and restart docker"
     if image is None:
-        runtimes = info.get("Runtimes") or {}
-        if "nvidia" in runtimes:
+        if "nvidia" in _docker_runtimes():
             return Check("nvidia container runtime", WARN, "registered with docker, not tried (the image is missing)")
         return Check("nvidia container runtime", FAIL, "docker has no nvidia runtime registered", fix)
     done = _run(["docker", "run", "--rm", "--pull", "never", "--gpus", '"device=%s"' % ",".join(map(str, plan.gpus)),
@@ -252,6 +268,135 @@ def _nvidia_runtime_check(plan: LaunchPlan, image: str | None, info: dict) -> Ch
                      f"a container cannot reach the GPUs: {done.last_line() if done else 'docker: not found'}", fix)
     seen = [ln for ln in done.stdout.splitlines() if ln.strip()]
     return Check("nvidia container runtime", OK, f"the image's nvidia-smi sees {len(seen)} GPU(s)")
+
+
+# --- the driver, judged as the container runtime judges it -------------------------------------------------
+
+def image_env(plan: LaunchPlan, found: str | None) -> tuple[dict[str, str] | None, str]:
+    """The image's NVIDIA_*/CUDA_* environment and where it was read: the `mm image save` record, else the
+    archive beside it, else `docker image inspect` of the image found on this host. (None, why) when none says."""
+    from .image import config_env, read_archive, read_record
+
+    if plan.image_record is not None:
+        record = read_record(plan.image_record)
+        if record.env is not None:
+            return record.env, f"the image record {plan.image_record}"
+        archive = Path(plan.image_record).parent / record.archive
+        if archive.is_file():
+            env = next((img.env for img in read_archive(archive) if img.config == record.chain.config), None)
+            if env is not None:
+                return env, f"the image archive {archive}"
+    if found is not None:
+        done = _run(["docker", "image", "inspect", "--format", "{{json .Config.Env}}", "--", found])
+        if done is not None and done.returncode == 0:
+            try:
+                env = load_json(done.stdout, f"docker image inspect {found}")
+            except BadInput:
+                env = None
+            if isinstance(env, list):
+                return config_env({"config": {"Env": env}}), f"docker image inspect {found}"
+    return None, "no mm image save record or archive says, and the image is not on this host"
+
+
+def gpu_brands() -> list[str | None]:
+    """Each GPU's 'Product Brand' as `nvidia-smi -q` prints it (the toolkit's brand= conditions read it)."""
+    done = _run(["nvidia-smi", "-q"])
+    if done is None or done.returncode != 0:
+        return []
+    return [m.group(1).strip() for m in re.finditer(r"^\s*Product Brand\s*:\s*(.+)$", done.stdout, re.M)]
+
+
+def _requirement_verdict(reqs: list[str], gpus: list[Gpu], cuda: str | None) -> tuple[str, str | None]:
+    """("ok" | "fail" | "depends", the refused requirement) for every selected GPU, as libnvidia-container
+    evaluates them; "depends" when the verdict turns on which brand string the toolkit reports."""
+    brands: list[str | None] = []
+    if any("brand" in r.lower() for r in reqs):
+        brands = gpu_brands()
+    outcomes = set()
+    refused = None
+    for i, gpu in enumerate(gpus or [None]):
+        brand = brands[i] if i < len(brands) else None
+        for candidate in cudareq.brand_candidates(brand):
+            host = cudareq.Host(cuda=cuda, driver=gpu.driver if gpu else None,
+                                arch=gpu.compute_capability if gpu else None, brand=candidate)
+            bad = None
+            for req in reqs:
+                try:
+                    ok = cudareq.satisfied(req, host)
+                except cudareq.Invalid:
+                    ok = False
+                if not ok:
+                    bad = req
+                    break
+            outcomes.add(bad is None)
+            refused = refused or bad
+    if outcomes == {True}:
+        return "ok", None
+    return ("fail", refused) if outcomes == {False} else ("depends", refused)
+
+
+def _runtime_note(runtime: str | None, cuda: str | None, driver: str) -> tuple[str, str | None]:
+    """(status, detail) of a CUDA runtime RUNTIME on a driver that supports CUDA up to CUDA, once the container
+    starts: NVIDIA's CUDA compatibility rules (docs.nvidia.com/deploy/cuda-compatibility)."""
+    have, need = cudareq.major_minor(cuda), cudareq.major_minor(runtime)
+    if have is None or need is None or have >= need:
+        return OK, None
+    minimum = cudareq.MINOR_COMPAT_MIN_DRIVER.get(need[0])
+    driver_major = cudareq.major_minor(driver)
+    if have[0] == need[0] and minimum is not None and driver_major is not None and driver_major[0] >= minimum:
+        return WARN, (f"the image's CUDA {runtime} runtime is newer than the driver's CUDA {cuda}: CUDA minor-version "
+                      f"compatibility runs a {need[0]}.x runtime on any driver >= {minimum} (NVIDIA CUDA Compatibility, "
+                      f"minor version compatibility), with a limited feature set: PTX newer than the driver cannot be "
+                      f"JIT-compiled by it (CUDA_ERROR_UNSUPPORTED_PTX_VERSION for kernels shipped as PTX); an image's "
+                      f"cuda-compat package (forward compatibility, datacenter GPUs on LTS drivers) is the other way")
+    return WARN, (f"the image's CUDA {runtime} runtime is a newer major version than the driver's CUDA {cuda}: the "
+                  f"container starts, but CUDA initialises only through the image's cuda-compat package (forward "
+                  f"compatibility: datacenter GPUs on LTS drivers), else it fails with 'CUDA driver version is "
+                  f"insufficient'")
+
+
+def driver_check(plan: LaunchPlan, gpus: list[Gpu], cuda: str | None, found: str | None, pin: Pin) -> Check | None:
+    """Will the NVIDIA Container Toolkit start this image on this driver? Its own rule (cudareq), on the image's own
+    NVIDIA_REQUIRE_CUDA; FAIL only where it refuses. The guide's CUDA 13.4 is the pinned SGLang image's runtime and
+    applies to that image only; it publishes no minimum driver."""
+    if plan.hardware.vendor != "nvidia" or not gpus:
+        return None
+    driver = gpus[0].driver
+    env, source = image_env(plan, found)
+    pinned = plan.image == pin.image
+    upgrade = "a driver whose `nvidia-smi` shows a CUDA Version the image's runtime needs"
+    if env is None:
+        runtime = pin.cuda_runtime if pinned else None
+        status, note = _runtime_note(runtime, cuda, driver)
+        why = f"cannot read the image's NVIDIA_REQUIRE_CUDA ({source})"
+        if runtime is None:
+            return Check("driver", WARN, f"driver {driver} supports CUDA {cuda or '?'}; {why}, so whether the container "
+                                         f"runtime starts {plan.image} is not judged", f"docker load -i {plan.archive_hint}")
+        detail = f"driver {driver} supports CUDA {cuda or '?'}; the guide's pinned image carries the CUDA {runtime} runtime; {why}"
+        return Check("driver", WARN, detail + (f"; {note}" if note else ""), upgrade if note else f"docker load -i {plan.archive_hint}")
+    try:
+        reqs = cudareq.requirements(env)
+    except cudareq.Invalid as e:
+        return Check("driver", FAIL, f"the image's {e} (read from {source}): the NVIDIA Container Toolkit refuses it",
+                     "run an image with a valid CUDA_VERSION")
+    runtime = env.get(cudareq.CUDA_VERSION) or (pin.cuda_runtime if pinned else None)
+    said = "; ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(cudareq.REQUIRE_PREFIX) or k == cudareq.DISABLE)
+    said = said or "no NVIDIA_REQUIRE_* variable"
+    verdict, refused = _requirement_verdict(reqs, gpus, cuda)
+    head = f"driver {driver} (CUDA {cuda or '?'}) with {plan.image}: {said} (read from {source})"
+    if verdict == "fail":
+        return Check("driver", FAIL, f"{head}: the container will not start: {cudareq.refusal(refused)}",
+                     f"install a driver that satisfies {refused.split(' ')[0]} (nvidia-smi's 'CUDA Version'), or run "
+                     f"an image built for CUDA {cuda or 'this driver'}")
+    if verdict == "depends":
+        return Check("driver", WARN, f"{head}: the toolkit starts it or not depending on the brand name it reports "
+                                     f"for these GPUs ({refused})", "try `docker run --rm --gpus all IMAGE true` once")
+    started = ("NVIDIA_DISABLE_REQUIRE is set, so the toolkit checks nothing" if env.get(cudareq.DISABLE, "") in cudareq.TRUE
+               else "the NVIDIA Container Toolkit's requirement holds")
+    status, note = _runtime_note(runtime, cuda, driver)
+    if status == WARN:
+        return Check("driver", WARN, f"{head}: the container starts ({started}); {note}", upgrade)
+    return Check("driver", OK, f"{head}: the container starts ({started})")
 
 
 # --- host ------------------------------------------------------------------------------------------------
@@ -282,7 +427,8 @@ def shm_check(path: str = "/dev/shm") -> Check:
     if size < SHM_GUIDE:
         return Check("/dev/shm", WARN, f"{human_bytes(size)}; the guide runs with --shm-size 32g and --ipc=host, so the "
                                        f"server gets the host's /dev/shm",
-                     "mount -o remount,size=64G /dev/shm (or larger)")
+                     "mount -o remount,size=32G /dev/shm (the guide's --shm-size 32g; with --ipc=host the server "
+                     "uses the host's /dev/shm)")
     return Check("/dev/shm", OK, f"{human_bytes(size)} (the guide's --shm-size 32g)")
 
 
@@ -364,22 +510,15 @@ def cache_key_check(plan: LaunchPlan, gpus: list[Gpu], findings: dict) -> Check:
 
 # --- the model ----------------------------------------------------------------------------------------------
 
-def model_checks(plan: LaunchPlan, draft_dir: str | None, findings: dict) -> list[Check]:
-    """The model's quick verify is the troubleshooting table's model_dir_complete check (diagnose)."""
+def model_checks(plan: LaunchPlan, findings: dict) -> list[Check]:
+    """The model: the troubleshooting table's model_dir_complete check, which is `mm launch`'s own
+    (launch.check_model_dir: manifest, the recipe's repository, the draft subfolder where the recipe uses it,
+    quick verify)."""
     incomplete = findings.get("model_dir_complete")
-    checks = []
     if incomplete is not None:
-        checks.append(Check("model", FAIL, incomplete.line, incomplete.fix))
-    else:
-        checks.append(Check("model", OK, f"verify --quick of {plan.model_dir}: sizes and headers good"))
-    if plan.uses_dspark and draft_dir:
-        draft = plan.model_dir / draft_dir
-        if draft.is_dir():
-            checks.append(Check("dspark draft", OK, f"{draft} present ({plan.recipe.id} uses DSpark)"))
-        else:
-            checks.append(Check("dspark draft", FAIL, f"{draft} missing; {plan.recipe.id} uses DSpark",
-                                f"unbundle the pinned revision again: {draft_dir}/ is part of it"))
-    return checks
+        return [Check("model", FAIL, incomplete.line, incomplete.fix)]
+    return [Check("model", OK, f"{plan.model_dir}: the model mm launch would start (manifest, "
+                               f"{plan.repo_id}{', draft' if plan.uses_dspark else ''}, quick verify)")]
 
 
 def run_doctor(model_dir: Path, opts: LaunchOptions, pin: Pin) -> DoctorReport:
@@ -393,15 +532,17 @@ def run_doctor(model_dir: Path, opts: LaunchOptions, pin: Pin) -> DoctorReport:
     plan = node.first
     every_gpu = dataclasses.replace(plan, gpus=tuple(g for p in node.replicas for g in p.gpus))
     report = DoctorReport(str(plan.model_dir), plan.recipe.id, plan.image)
-    gchecks, gpus = gpu_checks(every_gpu, pin.cuda_runtime)
+    gchecks, gpus, cuda = gpu_checks(every_gpu)
     report.checks += gchecks
     gpu_info = "\n".join(f"{g.name}, {g.compute_capability}, {g.driver}" for g in gpus) or None
     findings = {f.where: f for f in host_findings(plan, gpu_info)}
     family = findings.get("gpu_family")
     if family is not None:
         report.checks.append(Check("gpu family", FAIL, f"{family.line}: {family.cause}", family.fix))
-    dchecks, _found = docker_checks(every_gpu)
+    dchecks, found = docker_checks(every_gpu)
     report.checks += dchecks
+    if (driver := driver_check(plan, gpus, cuda, found, pin)) is not None:
+        report.checks.append(driver)
     if node.router is None:
         ports = [("port", plan.port)]
     else:
@@ -410,5 +551,5 @@ def run_doctor(model_dir: Path, opts: LaunchOptions, pin: Pin) -> DoctorReport:
     report.checks += port_checks(ports, plan.expose or bool(node.router and node.router.expose))
     report.checks += [shm_check(), memory_check(plan, len(node.replicas)), disk_check(plan),
                       cache_key_check(plan, gpus, findings)]
-    report.checks += model_checks(plan, pin.draft_dir, findings)
+    report.checks += model_checks(plan, findings)
     return report

@@ -207,6 +207,7 @@ class ImageRecord:
     sha256: str
     tag: str | None
     saved_at: str
+    env: dict[str, str] | None = None  # the image's NVIDIA_*/CUDA_* environment (config_env); None: not recorded
 
     def to_json(self) -> dict:
         c = self.chain
@@ -216,7 +217,7 @@ class ImageRecord:
                 "layers": [asdict(layer) for layer in c.layers],
                 "archive": {"file": self.archive, "format": self.format, "size": self.size, "sha256": self.sha256,
                             "tag": self.tag},
-                "saved_at": self.saved_at}
+                "config_env": self.env, "saved_at": self.saved_at}
 
 
 def read_record(path: Path) -> ImageRecord:
@@ -237,8 +238,13 @@ def read_record(path: Path) -> ImageRecord:
             raise ValueError("archive entry")
         chain = Chain(repo, pinned, str(doc["pinned_media_type"]), doc["platform"], doc["platform_manifest"],
                       doc["config"], layers)
+        env = doc.get("config_env")
+        if env is not None and not isinstance(env, dict) or isinstance(env, dict) and not all(isinstance(k, str) and RUNTIME_ENV.match(k) and isinstance(v, str)
+                                                and len(v) <= MAX_ENV_VALUE for k, v in env.items()):
+            raise ValueError("config_env must map NVIDIA_*/CUDA_* names to strings")
         return ImageRecord(chain, str(archive["file"]), archive["format"], int(archive["size"]),
-                           str(archive["sha256"]), archive.get("tag"), str(doc.get("saved_at", "")))
+                           str(archive["sha256"]), archive.get("tag"), str(doc.get("saved_at", "")),
+                           None if env is None else dict(env))
     except BadInput as e:
         raise BadInput(f"{path}: not an mm image record ({e.message})") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -253,6 +259,25 @@ class ArchiveImage:
     platform: str
     tags: list[str] = field(default_factory=list)
     repo_digests: list[str] = field(default_factory=list)  # names with @digest the archive carries (OCI/containerd)
+    env: dict[str, str] = field(default_factory=dict)  # the image's NVIDIA_* and CUDA_* environment (config_env)
+
+
+RUNTIME_ENV = re.compile(r"^(?:NVIDIA|CUDA)_[A-Z0-9_]{1,64}$")  # what the NVIDIA Container Toolkit reads of an image
+MAX_ENV_VALUE = 8192
+
+
+def config_env(config: dict) -> dict[str, str]:
+    """The NVIDIA_* and CUDA_* variables of an image config's Env ("K=V" strings), bounded: what the container
+    runtime's GPU hook decides from (NVIDIA_REQUIRE_*, NVIDIA_DISABLE_REQUIRE, CUDA_VERSION); nothing else is kept."""
+    inner = config.get("config") or config.get("Config") or {}
+    env = inner.get("Env") if isinstance(inner, dict) else None
+    out: dict[str, str] = {}
+    for item in env if isinstance(env, list) else []:
+        if isinstance(item, str) and "=" in item:
+            key, value = item.split("=", 1)
+            if RUNTIME_ENV.match(key) and len(value) <= MAX_ENV_VALUE:
+                out[key] = value
+    return out
 
 
 def _read_member(tf: tarfile.TarFile, name: str, where: str) -> bytes:
@@ -317,7 +342,7 @@ def read_archive(archive: Path) -> list[ArchiveImage]:
                     tags = [name] if name and "@" not in name else []
                     for digest, config in _oci_configs(tf, entry, where):
                         images.append(ArchiveImage(digest, f"{config.get('os')}/{config.get('architecture')}",
-                                                   tags, digests))
+                                                   tags, digests, config_env(config)))
                 if images:
                     return images
             if "manifest.json" in names:
@@ -329,7 +354,7 @@ def read_archive(archive: Path) -> list[ArchiveImage]:
                     data = _read_member(tf, str(e["Config"]), where)
                     config = _parse_json(data, where)
                     images.append(ArchiveImage(sha256_digest(data), f"{config.get('os')}/{config.get('architecture')}",
-                                               [str(t) for t in e.get("RepoTags") or []]))
+                                               [str(t) for t in e.get("RepoTags") or []], env=config_env(config)))
                 return images
     except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as e:
         raise BadInput(f"{archive}: cannot read the image archive ({e})") from None
@@ -373,7 +398,8 @@ def save_image(ref: str, out: Path, platform: str, fmt: str = "docker-archive", 
         _skopeo(["copy", "--quiet", f"--src-tls-verify={'true' if tls_verify else 'false'}",
                  f"docker://{chain.repo}@{chain.platform_manifest}", dest], f"skopeo copy {chain.reference}", timeout,
                 show_progress)
-        held = {img.config for img in read_archive(tmp)}
+        images = read_archive(tmp)
+        held = {img.config for img in images}
         if held != {chain.config}:
             raise IntegrityError(f"{out}: skopeo wrote config {', '.join(sorted(held))}, not {chain.config}")
         with open(tmp, "rb") as f:
@@ -384,7 +410,8 @@ def save_image(ref: str, out: Path, platform: str, fmt: str = "docker-archive", 
         tmp.unlink(missing_ok=True)
         raise
     size, digest = out.stat().st_size, _file_sha256(out)
-    record = ImageRecord(chain, out.name, fmt, size, digest, tag, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    record = ImageRecord(chain, out.name, fmt, size, digest, tag, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                         images[0].env)
     atomic_write_json(record_path(out), record.to_json())
     return SaveReport(out, record_path(out), fmt, size, digest, tag, chain, time.monotonic() - started)
 
@@ -394,8 +421,9 @@ def write_record_for(archive: Path, proof: "Proof") -> Path:
     --image` on a connected host): the start script needs the image ID on the offline side."""
     archive = Path(archive)
     fmt = "oci-archive" if _is_oci(archive) else "docker-archive"
+    env = next((img.env for img in read_archive(archive) if img.config == proof.config), {})
     record = ImageRecord(proof.record, archive.name, fmt, archive.stat().st_size, _file_sha256(archive), None,
-                         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), env)
     try:
         atomic_write_json(record_path(archive), record.to_json())
     except OSError as e:

@@ -555,6 +555,10 @@ def render_script(plan: LaunchPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
+# What doctor, warm-up and the start script say when docker cannot start a container (one wording for all three).
+DOCKER_MISSING = "docker: not found on PATH (install Docker Engine and the NVIDIA Container Toolkit)"
+DOCKER_DOWN = "the docker daemon is not answering; start it (systemctl start docker) and make sure this user may use it"
+
 IMAGE_VAR = EnvRef("image")  # how the script found the image on this host (image_lines); every docker run uses it
 
 
@@ -588,7 +592,12 @@ def image_lines(plan: LaunchPlan) -> list[str]:
     pulled), else the image ID `mm image save` recorded (Docker's classic store drops repo digests on load).
     Neither: load --image-archive and check the loaded ID, or stop naming the archive to load."""
     q = shlex.quote
-    lines = ["# The image by identity, never pulled: the pinned reference if this host has it, else the image ID",
+    lines = ["# Docker first: a host without it, or with its daemon down, is told so (not that the image is missing).",
+             f"command -v docker >/dev/null 2>&1 || {{ echo {q('mm: ' + DOCKER_MISSING)} >&2; exit 1; }}",
+             "docker version --format '{{.Server.Version}}' >/dev/null 2>&1 || "
+             f"{{ echo {q('mm: ' + DOCKER_DOWN)} >&2; exit 1; }}",
+             "",
+             "# The image by identity, never pulled: the pinned reference if this host has it, else the image ID",
              "# (config digest) `mm image save` recorded; Docker's classic store drops repo digests on `docker load`.",
              f"image_ref={q(plan.image)}",
              f"image_id={q(plan.image_id or '')}",

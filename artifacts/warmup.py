@@ -13,6 +13,7 @@ import base64
 import dataclasses
 import json
 import re
+import shutil
 import struct
 import time
 import urllib.error
@@ -125,7 +126,12 @@ def parse_gpu_info(text: str) -> tuple[str, str, str, int]:
 
 def local_image(plan: LaunchPlan) -> str:
     """How this host has the plan's image (the same search as the start script): the pinned reference, else the
-    image ID `mm image save` recorded (the classic store drops repo digests on `docker load`)."""
+    image ID `mm image save` recorded (the classic store drops repo digests on `docker load`). Docker itself first:
+    without it, or with its daemon down, that is what warm-up says (as doctor and the start script do)."""
+    from .doctor import docker_problem
+
+    if problem := docker_problem(DOCKER):
+        raise (BadInput if shutil.which(DOCKER) is None else ProblemsFound)(problem)
     for ref in image_candidates(plan):
         if _docker(["image", "inspect", "--", ref]).returncode == 0:
             return ref
@@ -255,19 +261,25 @@ def _message(answer: dict) -> dict:
 
 # --- the guide's checks ----------------------------------------------------------------------
 
+MAX_KEPT_ANSWER = 64 * 1024  # bytes of a failed check's answer kept for the diagnosis (judged as JSON there)
+
+
 def request_checks(plan: LaunchPlan, image_png: bytes, timeout: float, port: int | None = None,
-                   target: str | None = None) -> list[Check]:
-    """Quickstart steps 5-7: text, thinking disabled, image input (as a data URI: the host is offline)."""
+                   target: str | None = None, answers: list[str] | None = None) -> list[Check]:
+    """Quickstart steps 5-7: text, thinking disabled, image input (as a data URI: the host is offline). The answer
+    of a check that fails goes to ANSWERS, so that the diagnosis judges its fields."""
     base = {"model": plan.container_model_path, "max_tokens": 4096, **plan.sampling}
     checks = []
 
     def run(name: str, body: dict, judge) -> None:
         try:
-            message = _message(chat(port or plan.port, {**base, **body}, timeout))
+            answer = chat(port or plan.port, {**base, **body}, timeout)
         except ProblemsFound as e:
             checks.append(Check(name, False, e.message, target))
             return
-        checks.append(dataclasses.replace(judge(message), target=target))
+        checks.append(dataclasses.replace(judge(_message(answer)), target=target))
+        if not checks[-1].ok and answers is not None:
+            answers.append(json.dumps(answer)[:MAX_KEPT_ANSWER])
 
     def has_content(name: str):
         def judge(m: dict) -> Check:
@@ -323,14 +335,25 @@ def warmup_name(plan: LaunchPlan) -> str:
     return "mm-warmup-" + plan.recipe.id.replace("/", "-")
 
 
-def _diagnosis(plan: LaunchPlan, logs: dict[str, ScannedText], error: str | None,
-               checks: list[Check]) -> tuple[Finding, ...]:
-    """The guide's troubleshooting rows that the logs and the failures match (the same as `mm diagnose`)."""
+def _diagnosis(plan: LaunchPlan, logs: dict[str, ScannedText], error: str | None, checks: list[Check],
+               answers: list[str] = ()) -> tuple[Finding, ...]:
+    """The guide's troubleshooting rows that the logs, the failures and the failed answers match (the same as
+    `mm diagnose`)."""
     failures = [error] if error else []
     failures += [f"{c.target + ': ' if c.target else ''}{c.name}: {c.detail}" for c in checks if not c.ok]
     table = load_table()
     texts = list(logs.values()) + [("warm-up failures", "\n".join(failures))]
+    texts += [(f"warm-up answer {i + 1}", answer) for i, answer in enumerate(answers)]
     return diagnose(texts, plan=plan, table=table).findings
+
+
+def _table_check(diagnosis: tuple[Finding, ...], checks: list[Check]) -> list[Check]:
+    """A log that matches a row of the troubleshooting table fails the warm-up even when every check passed
+    (e.g. the MSA kernels could not be saved: the caches warm-up exists to fill stay empty)."""
+    if not diagnosis or any(not c.ok for c in checks):
+        return []
+    f = diagnosis[0]
+    return [Check("troubleshooting table", False, f"{f.where} matches row {f.guide_row} ({f.row}): {f.line}")]
 
 
 def run_warmup(target: LaunchPlan | NodePlan, *, timeout: float = 3600, image_png: bytes | None = None,
@@ -366,15 +389,17 @@ def run_warmup(target: LaunchPlan | NodePlan, *, timeout: float = 3600, image_pn
             ready_after = wait_healthy(name, plan.port, timeout, poll, progress)
         except ProblemsFound as e:
             error = e.message
+        answers: list[str] = []
         if error is None:
             progress.note(f"/health ready after {ready_after:.0f}s; running the guide's checks")
-            checks += request_checks(plan, image_png or tiny_png(), request_timeout)
+            checks += request_checks(plan, image_png or tiny_png(), request_timeout, answers=answers)
         log = container_logs(name)
         if error is None:
             checks += log_checks(plan, log)
+        diagnosis = _diagnosis(plan, {name: log}, error, checks, answers)
+        checks += _table_check(diagnosis, checks)
         if error or not all(c.ok for c in checks):
             tail = tuple(log.tail)
-            diagnosis = _diagnosis(plan, {name: log}, error, checks)
     finally:
         stop_container(name)
 
@@ -465,20 +490,22 @@ def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes |
                     wait_healthy(router_name, router.port, timeout, poll, progress)
                 except ProblemsFound as e:
                     error = f"router ({router_name}): {e.message}"
+        answers: list[str] = []
         if error is None:
             png = image_png or tiny_png()
             for plan, name in zip(node.replicas, names):
-                checks += request_checks(plan, png, request_timeout, target=name)
-            checks += request_checks(first, png, request_timeout, port=router.port, target=router_name)
+                checks += request_checks(plan, png, request_timeout, target=name, answers=answers)
+            checks += request_checks(first, png, request_timeout, port=router.port, target=router_name, answers=answers)
         logs = {name: container_logs(name) for name in started_names}
         if error is None:
             for plan, name in zip(node.replicas, names):
                 checks += log_checks(plan, logs[name], target=name)
+        diagnosis = _diagnosis(first, logs, error, checks, answers)
+        checks += _table_check(diagnosis, checks)
         if error or not all(c.ok for c in checks):
             failing = {c.target for c in checks if not c.ok} or {started_names[-1] if started_names else names[0]}
             tail = tuple(f"{name}: {line}" for name in started_names if name in failing
                          for line in (logs[name].tail if name in logs else ()))
-            diagnosis = _diagnosis(first, logs, error, checks)
     finally:
         for name in reversed(started_names):  # the router first
             stop_container(name)

@@ -253,3 +253,15 @@ def keys(tmp_path_factory) -> dict[str, Path]:
     """SSH keys made by the real ssh-keygen: alice and bob (passphrase) allowed, mallory not (support/sshkeys.py)."""
     return make_keys(tmp_path_factory.mktemp("keys"))
 # --- end signatures ---
+
+
+# --- the real container engine (issue 20) ---
+@pytest.fixture(scope="session")
+def real_docker(tmp_path_factory):
+    """Debian's dockerd on a private socket, data root, exec root and bridge, started once per session (root only;
+    tests/support/dockerd.py). Its `env` puts the docker wrapper (drops --gpus) first on PATH."""
+    from tests.support.dockerd import Dockerd
+
+    with Dockerd(tmp_path_factory.mktemp("dockerd")) as engine:
+        yield engine
+# --- end real container engine ---

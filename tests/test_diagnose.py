@@ -31,9 +31,17 @@ ROW_INPUTS = {
                          'got \'on\'.", "type": "BadRequestError", "code": 400}',
     "reasoning-effort-ignored": '{"model": "/models/MiniMax-M3.1-Flash", "messages": [{"role": "user", "content": "hi"}], '
                                 '"chat_template_kwargs": {"reasoning_effort": "high"}}',
-    "health-failing": 'INFO:     127.0.0.1:50312 - "GET /health HTTP/1.1" 503 Service Unavailable',
+    "health-failing": "curl: (7) Failed to connect to 127.0.0.1 port 30000 after 0 ms: Couldn't connect to server",
     "remote-image-failed": '{"object": "error", "message": "Timed out while downloading media URL: '
                            'https://raw.githubusercontent.com/sgl-project/sglang/example_image.png", "code": 400}',
+}
+# What a finding quotes for an input judged as JSON: the field, not the raw text.
+JUDGED = {
+    "raw-think-tokens": "content: <mm:think>The user asks about primes.",
+    "thinking-type-400": "error: thinking.type must be 'adaptive', 'enabled' or 'disabled', got 'on'.",
+    "reasoning-effort-ignored": '"chat_template_kwargs": {"reasoning_effort": "high"}',
+    "remote-image-failed": "error: Timed out while downloading media URL: "
+                           "https://raw.githubusercontent.com/sgl-project/sglang/example_image.png",
 }
 # Rows seen outside any text: on the container (its mounts) or on the host.
 NON_TEXT_ROWS = {"kernel-cache-not-persisted"}
@@ -82,7 +90,8 @@ def test_each_rows_synthetic_input_gives_exactly_that_row(row, tmp_path):
     doc = json.loads(result.stdout)
     assert [f["row"] for f in doc["findings"]] == [row]
     finding = doc["findings"][0]
-    assert finding["line"] == ROW_INPUTS[row] and finding["line_number"] == 2 and finding["where"] == str(log)
+    assert finding["line"] == JUDGED.get(row, ROW_INPUTS[row]) and finding["line_number"] == 2
+    assert finding["where"] == str(log) and finding["pattern_source"]
     assert finding["cause"] and finding["fix"] and finding["guide"]
 
 
@@ -90,7 +99,7 @@ def test_a_clean_log_matches_nothing_with_or_without_the_recipe(model_dir, tmp_p
     log = tmp_path / "clean.log"
     log.write_text(CLEAN_LOG)
     plain = diagnose(log)
-    assert plain.returncode == 0 and "no row of the guide's troubleshooting table matches (8 lines read)" in plain.stdout
+    assert plain.returncode == 0 and "no row of the guide's troubleshooting table matches (8 lines read, engine sglang (log))" in plain.stdout
     with_recipe = diagnose(log, "--model-dir", model_dir, "--hardware", "b300", "--json")
     assert with_recipe.returncode == 0 and json.loads(with_recipe.stdout)["findings"] == []
 
@@ -303,10 +312,26 @@ def test_a_single_server_warmup_that_dies_reports_the_rows_its_log_matches(model
                     extra_env=env)
     assert result.returncode == 1
     report = json.loads((tmp_path / "cache" / "mm-warmup-report.json").read_text())
-    assert [f["row"] for f in report["diagnosis"]] == ["cuda-oom", "health-failing"]
-    assert "exited before /health answered" in report["diagnosis"][1]["line"]
+    # the cause only: "exited before /health answered" is the symptom the OOM explains
+    assert [f["row"] for f in report["diagnosis"]] == ["cuda-oom"]
+    assert "exited before /health answered" in report["error"]
     assert "--mem-fraction-static 0.8 and --chunked-prefill-size 32768" in report["diagnosis"][0]["fix"]
     assert "the guide's troubleshooting table:" in result.stdout and "row 4 cuda-oom" in result.stdout
+
+
+def test_a_warmup_that_never_becomes_ready_with_nothing_else_in_its_log_is_row_11(model_dir, tmp_path):
+    docker = fake_docker.install(tmp_path / "bin", tmp_path / "docker-state")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"PATH": f"{docker.parent}{os.pathsep}{os.environ['PATH']}", "NO_PROXY": "127.0.0.1",
+           "FAKE_SGLANG_NEVER_READY": "1"}
+    result = run_mm("warmup", model_dir, "--hardware", "b300", "--port", port, "--cache-root", tmp_path / "cache",
+                    "--timeout", "3", extra_env=env)
+    assert result.returncode == 1
+    report = json.loads((tmp_path / "cache" / "mm-warmup-report.json").read_text())
+    assert [(f["row"], f["where"]) for f in report["diagnosis"]] == [("health-failing", "warm-up failures")]
+    assert "did not answer within 3s" in report["diagnosis"][0]["line"]
 
 
 def test_a_saved_answer_is_read_beside_the_log(tmp_path):

@@ -47,6 +47,12 @@ class Host:
         fake_docker.install(self.bin, self.state, store="classic")
         self.cache_key()
 
+    def image_env(self, env: dict) -> None:
+        """The image's NVIDIA_*/CUDA_* environment as `mm image save` recorded it."""
+        record = mm_image.record_path(self.archive)
+        doc = json.loads(record.read_text())
+        record.write_text(json.dumps({**doc, "config_env": env}))
+
     def gpus(self, gpus, cuda: str = "13.4") -> None:
         fake_gpu.install(self.bin, gpus, cuda)
 
@@ -92,9 +98,12 @@ def test_healthy_host(host):
     code, checks = host.checks()
     assert code == 0
     expected_ok = ["gpu count", "gpu model", "compute capability", "driver", "docker", "image",
-                   "nvidia container runtime", "port", "host memory", "kernel cache key", "model", "dspark draft"]
+                   "nvidia container runtime", "port", "host memory", "kernel cache key", "model"]
     assert [n for n in expected_ok if checks[n]["status"] != "ok"] == []
-    assert checks["driver"]["detail"] == "driver 590.48.01 supports CUDA 13.4 (the image needs 13.4)"
+    assert checks["driver"]["detail"] == (
+        f"driver 590.48.01 (CUDA 13.4) with {host.ref}: no NVIDIA_REQUIRE_* variable (read from the image record "
+        f"{mm_image.record_path(host.archive).resolve()}): the container starts (the NVIDIA Container Toolkit's "
+        f"requirement holds)")
     assert checks["image"]["detail"].startswith(f"{host.ref} present by the image ID mm image save recorded")
     assert checks["nvidia container runtime"]["detail"] == "the image's nvidia-smi sees 4 GPU(s)"
     assert all(c["status"] in ("ok", "warn") for c in checks.values())  # /dev/shm, cache disk: this machine's sizes
@@ -120,14 +129,15 @@ def test_too_few_gpus(host):
     assert checks["gpu count"]["detail"] == f"recipe {RECIPE} runs on 4 GPUs (--gpus 0,1,2,3); nvidia-smi shows 2 (0, 1)"
 
 
-def test_old_driver(host):
+def test_a_driver_the_images_requirement_refuses_fails_with_the_toolkits_own_message(host):
+    host.image_env({"NVIDIA_REQUIRE_CUDA": "cuda>=13.4 brand=tesla,driver>=535,driver<536", "CUDA_VERSION": "13.4.1"})
     host.gpus(4 * [fake_gpu.B300], cuda="12.8")
     code, checks = host.checks()
-    assert code == 1
-    assert checks["driver"] == {
-        "name": "driver", "status": "fail",
-        "detail": "driver 590.48.01 supports CUDA up to 12.8; the pinned image needs the CUDA 13.4 runtime",
-        "fix": "install a driver whose `nvidia-smi` shows CUDA Version 13.4 or newer"}
+    assert code == 1 and checks["driver"]["status"] == "fail"
+    assert checks["driver"]["detail"].endswith(
+        "the container will not start: nvidia-container-cli: requirement error: unsatisfied condition: cuda>=13.4, "
+        "please update your driver to a newer version, or use an earlier cuda container")
+    assert checks["driver"]["fix"].startswith("install a driver that satisfies cuda>=13.4")
 
 
 def test_no_image(tmp_path, pinned_image, saved, unused_port):
@@ -176,7 +186,7 @@ def test_missing_draft_and_damaged_model_fail(host):
     shutil.rmtree(host.model / "dspark")
     code, checks = host.checks()
     assert code == 1
-    assert checks["dspark draft"]["status"] == "fail" and checks["model"]["status"] == "fail"
+    assert checks["model"]["status"] == "fail" and "uses DSpark" in checks["model"]["detail"]
 
 
 def test_no_nvidia_smi(host):

@@ -4,7 +4,9 @@
 `run` (detached: starts a real HTTP server on 127.0.0.1 at the published port; with nvidia-smi as
 entrypoint: prints GPU info), `logs`, `inspect -f {{.State.Running}}` and `-f {{json .Mounts}}`, `inspect NAME...` (the
 whole JSON array: Id, Name, State with Running and StartedAt, Mounts), `ps -q [--no-trunc]` (running containers),
-`stop`/`rm [-f]` of one or more containers, `image inspect`, `load -i`, `info`, `version`.
+`stop`/`rm [-f]` of one or more containers, `image inspect`, `load -i`, `info`, `version`. `STATE/.store/down`
+existing: the daemon is down (docker version exits 1, docker info exits 0 with ServerErrors as Debian's 20.10
+client does, every other command exits 1).
 `add_container(state_dir, name, volumes, started)` records a running container without starting a server (a
 stand-in that only mounts things, e.g. for `mm gc`); its process is a `sleep` the caller stops with stop_container.
 A run without -d stays in the foreground until the container stops (`docker stop` from elsewhere, or a
@@ -370,7 +372,26 @@ def cmd_image_inspect(args: list[str]) -> int:
     return 0
 
 
+DAEMON_DOWN = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+
+
+def _down() -> bool:
+    return (_state() / ".store" / "down").exists()
+
+
+def cmd_version(args: list[str]) -> int:
+    """Like Debian's docker 20.10 client: with the daemon down it prints the client part and exits 1."""
+    if _down():
+        print(DAEMON_DOWN, file=sys.stderr)
+        return 1
+    print("27.3.1" if "--format" in args else "Server: Docker Engine\n Version: 27.3.1")
+    return 0
+
+
 def cmd_info(args: list[str]) -> int:
+    if _down():  # Debian's 20.10 `docker info --format '{{json .}}'` exits 0 and reports ServerErrors
+        print(json.dumps({"ServerErrors": [DAEMON_DOWN], "ClientInfo": {"Debug": False}}))
+        return 0
     path = _state() / ".store" / "runtimes.json"
     runtimes = json.loads(path.read_text()) if path.exists() else ["runc"]
     doc = {"Runtimes": {r: {"path": r} for r in runtimes}, "DefaultRuntime": "runc", "ServerVersion": "27.3.1",
@@ -536,7 +557,10 @@ def main(argv: list[str]) -> int:
         return 0
     _record(argv)
     commands = {"run": cmd_run, "logs": cmd_logs, "inspect": cmd_inspect, "stop": cmd_stop, "rm": cmd_rm,
-                "load": cmd_load, "info": cmd_info, "ps": cmd_ps}
+                "load": cmd_load, "info": cmd_info, "version": cmd_version, "ps": cmd_ps}
+    if _down() and argv[:1] not in (["version"], ["info"]):
+        print(DAEMON_DOWN, file=sys.stderr)
+        return 1
     if argv[:2] == ["image", "inspect"]:
         return cmd_image_inspect(argv[2:])
     if not argv or argv[0] not in commands:
