@@ -382,8 +382,10 @@ def _docker(argv: list[str], what: str) -> str | None:
     except ToolMissing:
         return None
     if not done.ok:
-        raise Refused(f"{what} failed ({done.last_line()}); cannot tell which revisions running containers mount, "
-                      f"so nothing is removed")
+        from .launch import DOCKER_DOWN  # the one wording doctor, warm-up and the start script use
+
+        raise Refused(f"{what}: {DOCKER_DOWN} ({done.last_line()}); mm cannot tell which revisions running containers "
+                      f"mount, so nothing is removed")
     return done.stdout
 
 
@@ -503,7 +505,7 @@ def ls(root: Path, docker: str = "docker") -> LsReport:
         notes += [note] if note else []
     except Refused as e:
         containers = []
-        notes.append(f"{e.message.split('; ')[0]}: mounts not shown")
+        notes.append(f"{e.message.split('; mm cannot')[0]}: containers' mounts not shown")
     users, mount_notes = mounted(store, containers, read_uses(store.root))
     notes += mount_notes
     all_revs = [r for repo in store.repos for r in repo.revisions]
