@@ -102,7 +102,7 @@ def main() -> None:
     for d in (full_a, full_b, delta_b):
         shutil.rmtree(d, ignore_errors=True)
     subprocess.run([str(MM), "bundle", str(a), "--out", str(full_a), "--volume-size", VOLUME_SIZE, "--no-mm",
-                    "--no-sync"], check=True, stdout=subprocess.DEVNULL)
+                    "--no-sync", "--json"], check=True, stdout=subprocess.DEVNULL)
     image, mnt = xfs(3 * total + 2 * 2**30)
     plain = WORK / "plain"
     rows: dict[str, list[float]] = {k: [] for k in ("bundle-full", "bundle-delta", "xfs-full", "xfs-delta",
