@@ -1,14 +1,19 @@
 # mm: two commands on a fresh machine
 #   make demo   install mm into .venv and run the whole pipeline against a local model server
 #   make test   run the test suite, then the wheel check (build, install into a fresh venv, run outside the checkout)
+# make install installs mm and what it needs (no more); make install-test adds the test tools (pytest, and the
+# engines' own argument parsers the launch tests run: SGLang, sglang-router, vLLM, ~1.3 GB).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install tools demo test wheel-check bench clean
+.PHONY: install install-test tools demo test wheel-check bench clean
 
 install: $(STAMP)
+
+install-test: $(TEST_STAMP)
 
 # A strict editable install links each package file into build/__editable__*; a new module or pin file needs a
 # re-install, so the stamp depends on the list of package files.
@@ -17,6 +22,12 @@ PACKAGE_FILES := $(wildcard cli.py artifacts/*.py artifacts/*.sh artifacts/*/*.p
 $(STAMP): setup.cfg pyproject.toml $(PACKAGE_FILES)
 	test -x $(BIN)/pip || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e . --config-settings editable_mode=strict
+	touch $(STAMP)
+
+# The test tools, on top of mm: re-made whenever mm is re-installed (the stamp above is newer), so a `make test`
+# after a package change re-links the editable install with its test extras.
+$(TEST_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=strict
 	# SGLang's own argument parser, for the launch tests (no torch needed; tests stub what it imports)
 	$(BIN)/pip install -q --no-deps sglang==0.5.23 msgspec
@@ -28,7 +39,7 @@ $(STAMP): setup.cfg pyproject.toml $(PACKAGE_FILES)
 	# huggingface_hub, safetensors from mm itself); tests/support/vllm_stubs stubs the rest
 	$(BIN)/pip install -q --no-deps vllm==0.33.0
 	$(BIN)/pip install -q pydantic regex pyyaml msgspec
-	touch $(STAMP)
+	touch $(TEST_STAMP)
 
 # Standard tools that tests and benchmarks use, all Debian packages: b3sum and sha256sum peers, shellcheck, strace (to
 # see fsyncs), the real OCI registry (docker-registry, distribution 2.8) and skopeo, ssh-keygen for signatures, the real
@@ -44,8 +55,11 @@ tools:
 
 demo: install
 	$(BIN)/python -m tests.support.demo
+	@echo
+	@echo "mm is installed at $(abspath $(BIN))/mm; to run it as \`mm\` in this shell:"
+	@echo "  export PATH=\"$(abspath $(BIN)):\$$PATH\""
 
-test: install tools
+test: install-test tools
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory wheel-check
 
@@ -54,7 +68,7 @@ test: install tools
 wheel-check: install
 	tests/wheel_check.sh $(BIN)/python
 
-bench: install tools
+bench: install-test tools
 	$(BIN)/python -m tests.bench.run
 
 clean:

@@ -238,6 +238,11 @@ def _revision(ctx, param, value):
     return value
 
 
+def _hardware(ctx, param, value):
+    """GPU names as users write them (B300, GB300, MI355X) are the guide's rows in any case."""
+    return value.strip().lower() if value is not None else None
+
+
 def _container_name(ctx, param, value):
     """A container name handed to docker: never something docker could take as an option (`--follow`)."""
     from .artifacts.tools import check_name
@@ -294,8 +299,20 @@ class DefaultGroup(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            self._refuse_typo(ctx, args[0])
             args = [self.default_command, *args]
         return super().parse_args(ctx, args)
+
+    def _refuse_typo(self, ctx: click.Context, word: str) -> None:
+        """`mm bundle verfy VOL`: a word that names no file but nearly names a subcommand is a typo, not the
+        default subcommand's argument (which would end in "Missing option '--out'")."""
+        import difflib
+        if word.startswith("-") or os.path.lexists(word):
+            return
+        others = [name for name in self.commands if name != self.default_command]
+        close = difflib.get_close_matches(word, others, n=1, cutoff=0.6)
+        if close:
+            raise click.UsageError(f"No such command {word!r} (and no such file). Did you mean {close[0]!r}?", ctx)
 
 
 class MMGroup(click.Group):
@@ -341,9 +358,20 @@ def _thread_failed(hook_args) -> None:
 
 
 @click.group(cls=MMGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="mm")
+@click.version_option(None, "--version", "-V", package_name="mm")
 def main() -> None:
     """mm: fetch a pinned model revision, prove every byte, carry it across an air gap, start it offline."""
+
+
+@main.command()
+@json_option
+def version(json_out):
+    """Print mm's version (as `mm --version` and `mm -V` do)."""
+    from importlib.metadata import version as dist_version
+    if json_out:
+        emit_json({"ok": True, "version": dist_version("mm")})
+    else:
+        click.echo(f"mm, version {dist_version('mm')}")
 
 
 # --- fetch / manifest (issue 2) ----------------------------------------------------------------
@@ -356,11 +384,22 @@ def _fetch_request(repo: str | None, revision: str | None, local_dir: Path | Non
                                  local_dir=local_dir or Path(t.repo_id.split("/")[-1]), **options)
 
 
+def _with_pin_origin(e: MMError, repo: str | None, revision: str | None, req: mm_fetch.FetchRequest) -> MMError:
+    """E, saying where a revision the user never typed came from (the pin), when it is about that revision."""
+    from .artifacts.pins import pinned_target
+    pin = pinned_target(repo, revision).pin
+    if revision is not None or pin is None or req.revision not in e.message:
+        return e
+    e.message += (f" (no --revision given: {req.revision[:12]} is the revision of mm's pin {pin.name} for "
+                  f"{req.repo_id}; pass --revision to fetch another)")
+    return e
+
+
 def _render_fetch(result: mm_fetch.FetchResult) -> None:
     if result.revision_kind != "commit":
         moving = " (a moving branch)" if result.revision_kind == "branch" else ""
         out.print(f"Resolved {result.requested_revision}{moving} -> {result.commit}; the manifest pins this commit.")
-    counts = {s: [f for f in result.files if f.status == s] for s in ("downloaded", "present", "failed")}
+    counts = {s: [f for f in result.files if f.status == s] for s in FETCH_STATUSES}
     for f in counts["failed"]:
         err.print(f"FAILED {f.path}: {f.error}", markup=False)
     for f in result.files:
@@ -368,10 +407,13 @@ def _render_fetch(result: mm_fetch.FetchResult) -> None:
             err.print(f"note: {f.path}: {f.note}", markup=False)
     resumed = [f for f in counts["downloaded"] if f.resumed_from]
     rate = result.bytes_transferred / result.seconds if result.seconds else 0
-    out.print(f"{result.repo_id}@{result.commit[:12]}: {len(counts['downloaded'])} downloaded"
-              f" ({human_bytes(result.bytes_transferred)} in {human_duration(result.seconds)}, {human_rate(rate)}"
-              f"{f', {len(resumed)} resumed' if resumed else ''}), {len(counts['present'])} already present,"
-              f" {len(counts['failed'])} failed", highlight=False)
+    moved = (f" ({human_bytes(result.bytes_transferred)} in {human_duration(result.seconds)}, {human_rate(rate)}"
+             f"{f', {len(resumed)} resumed' if resumed else ''})") if counts["downloaded"] else ""
+    adopted = f" ({human_bytes(sum(f.size for f in counts['adopted']))} already on disk, hashed here)" \
+        if counts["adopted"] else ""
+    out.print(f"{result.repo_id}@{result.commit[:12]}: {len(counts['downloaded'])} downloaded{moved}, "
+              f"{len(counts['adopted'])} adopted{adopted}, {len(counts['present'])} already present, "
+              f"{len(counts['failed'])} failed", highlight=False)
     t = result.transfer
     if t.get("requests"):
         retried = ", ".join(f"{n} {why}" for why, n in sorted(t["retries_by_reason"].items()))
@@ -386,6 +428,14 @@ def _render_fetch(result: mm_fetch.FetchResult) -> None:
     if result.draft is not None:  # the pin names a draft model
         out.print(f"DSpark draft ({result.draft.subfolder}): {'present' if result.draft.present else 'MISSING'}",
                   highlight=False)
+
+
+FETCH_STATUSES = ("downloaded", "adopted", "present", "failed")
+
+
+def _fetch_counts(files) -> dict[str, int]:
+    """Files by outcome, every status named (0 included): what --json's "counts" holds."""
+    return {status: sum(1 for f in files if f.status == status) for status in FETCH_STATUSES}
 
 
 def _fetch_exit_code(result: mm_fetch.FetchResult) -> int:
@@ -428,13 +478,17 @@ def fetch(repo, revision, local_dir, include, exclude, connections, workers, sou
     plan = _mirror_plan(req, source, mirror_only, pin_manifest)  # mirror (issue 4)
     if sign_with is not None and not Path(sign_with).exists():  # before the download, not after it
         raise MMError(f"{sign_with}: no such key file (give a private key, or KEY.pub with its key in ssh-agent)")
-    result = mm_fetch.fetch(req, progress_for(json_out), plan=plan)
+    try:
+        result = mm_fetch.fetch(req, progress_for(json_out), plan=plan)
+    except MMError as e:
+        raise _with_pin_origin(e, repo, revision, req) from None
     signed = None
     if sign_with is not None and not result.failed:
         from .artifacts import signing
         signed = signing.sign_manifest(req.local_dir, sign_with)
     if json_out:
-        emit_json({"ok": not result.failed, **to_jsonable(result), "signed": to_jsonable(signed)})
+        emit_json({"ok": not result.failed, **to_jsonable(result), "counts": _fetch_counts(result.files),
+                   "signed": to_jsonable(signed)})
     else:
         _render_fetch(result)
         if signed:
@@ -451,9 +505,11 @@ def manifest():
 
 @manifest.command("create")
 @click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--repo", required=True, callback=_repo_id,
-              help="The Hub repo the directory holds, e.g. MiniMaxAI/MiniMax-M3.1-Flash.")
-@click.option("--revision", required=True, callback=_revision, help="Its revision (full sha when offline).")
+@click.option("--repo", callback=_repo_id,
+              help="The Hub repo the directory holds, e.g. MiniMaxAI/MiniMax-M3.1-Flash. Default for a Hugging Face "
+                   "cache snapshot: the repo its folder names.")
+@click.option("--revision", callback=_revision, help="Its revision (full sha when offline). Default for a Hugging "
+                                                     "Face cache snapshot: its commit.")
 @click.option("--offline", is_flag=True, help="Do not ask the Hub; record local hashes only.")
 @click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True)
 @json_option
@@ -463,7 +519,13 @@ def manifest_create(directory, repo, revision, offline, jobs, json_out):
     import time
 
     from .artifacts import adopt
+    from .artifacts.hfcache import snapshot_of
     started = time.monotonic()
+    snapshot = snapshot_of(directory)
+    if snapshot is not None:  # hf's cache layout names both
+        repo, revision = repo or snapshot.repo_id, revision or snapshot.revision
+    if not repo or not revision:
+        raise click.UsageError("--repo and --revision are required (only a Hugging Face cache snapshot names them)")
     result = adopt.manifest_for_local_dir(directory, repo, revision, offline=offline, jobs=jobs, progress=progress_for(json_out))
     if json_out:
         emit_json({"ok": True, "manifest_path": result.manifest_path, "checked_upstream": result.checked_upstream,
@@ -476,6 +538,9 @@ def manifest_create(directory, repo, revision, offline, jobs, json_out):
     out.print(f"{len(result.manifest.files)} files ({human_bytes(result.manifest.total_bytes)}) hashed in "
               f"{human_duration(time.monotonic() - started)} at {result.manifest.revision}, {checked}. "
               f"Manifest: {result.manifest_path}", highlight=False)
+    if snapshot is not None:
+        out.print(f"{directory} is a Hugging Face cache snapshot: its manifest is kept outside hf's cache (above), "
+                  f"and mm verify, bundle, launch and push find it there", highlight=False, soft_wrap=True)
 
 
 @manifest.command("export")
@@ -505,24 +570,45 @@ def _verify_doc(report: VerifyReport) -> dict:
             "counts": summary_counts(report.problems)}
 
 
-def _counts_text(report: VerifyReport) -> str:
+def _counts_text(problems) -> str:
     from .artifacts.verify import summary_counts
-    return ", ".join(f"{n} {kind}" for kind, n in sorted(summary_counts(report.problems).items()))
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(summary_counts(problems).items()))
 
 
 def _render_verify(report: VerifyReport, title: str = "verify") -> None:
     for p in report.problems:
         out.print(f"{p.kind.upper():<10} {p.path}: {p.detail}", markup=False, highlight=False, soft_wrap=True)
-    read = ("sizes only (--quick)" if report.quick else
+    if report.left_out:
+        shown = ", ".join(report.left_out[:3]) + (f" and {len(report.left_out) - 3} more" if len(report.left_out) > 3 else "")
+        out.print(f"partial fetch ({report.asked}): {len(report.left_out)} file(s) of the revision left out, not "
+                  f"judged: {shown}", markup=False, highlight=False, soft_wrap=True)
+    read = ("presence, sizes, readability and shard headers (--quick: nothing hashed)" if report.quick else
             f"{human_bytes(report.bytes_checked)} hashed at {human_rate(report.bytes_per_second)}")
-    verdict = "OK" if report.ok else f"DAMAGED: {len(report.problems)} problem(s) ({_counts_text(report)})"
+    failures = report.failures
+    extras = len(report.problems) - len(failures)
+    verdict = "OK" if report.ok else f"DAMAGED: {len(failures)} problem(s) ({_counts_text(failures)})"
+    if extras:
+        verdict += f"; {extras} extra file(s) reported, not failed (--strict fails on them)"
     out.print(f"{title} {report.model_dir} against {report.manifest_path}: {report.files_checked} files, {read}, "
               f"{human_duration(report.seconds)}. {verdict}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _problems_found(report: VerifyReport, what: str) -> None:
-    raise ProblemsFound(f"{report.model_dir}: {len(report.problems)} problem(s) {what} ({_counts_text(report)}); "
-                        f"see the lines above")
+    raise ProblemsFound(f"{report.model_dir}: {len(report.failures)} problem(s) {what} "
+                        f"({_counts_text(report.failures)}); see the lines above")
+
+
+def _next_step(report: VerifyReport) -> str | None:
+    """What a user runs after a verify that found damage: repair when a download fixes some of it."""
+    from .artifacts.verify import REPAIRABLE
+    import shlex
+    fixable = [p for p in report.failures if p.kind in REPAIRABLE]
+    if report.ok or report.manifest_path.startswith("hub:"):
+        return None
+    if fixable:
+        return (f"next: mm repair {shlex.quote(report.model_dir)}   (re-fetches the {len(fixable)} missing or "
+                f"damaged file(s) from the Hub, then verifies again)")
+    return "next: nothing a download fixes; fix or remove the files named above by hand"
 
 
 @main.command()
@@ -530,20 +616,24 @@ def _problems_found(report: VerifyReport, what: str) -> None:
 @click.option("--manifest", "manifest_file", type=click.Path(path_type=Path),
               help="Manifest to check against. Default: DIR/.mm/manifest.json.")
 @click.option("--quick", is_flag=True, help="Presence, sizes, readability and shard headers only; no hashing.")
+@click.option("--strict", is_flag=True, help="Files not in the manifest fail too (exit 1); by default they are "
+                                             "reported and pass.")
 @click.option("--jobs", type=click.IntRange(1, 256), help="Threads. Default: one per core.")
 @click.option("--upstream", is_flag=True, help="Check against the Hub's own identities (LFS sha256, git blob sha1), "
                                                "not the manifest; needs the Hub.")
 @click.option("--repo", callback=_repo_id, help="With --upstream: the Hub repo. Default: the manifest's.")
 @click.option("--revision", callback=_revision, help="With --upstream: the revision. Default: the manifest's commit.")
 @click.option("--allowed-signers", type=click.Path(path_type=Path),
-              help="Check the manifest's SSH signature (.mm/manifest.json.sig) against this allowed_signers file "
-                   "first (an unsigned or wrongly signed manifest: exit 5), then every byte.")
+              help="OpenSSH allowed_signers file (namespace mm-manifest): the manifest must carry a good signature by "
+                   "a key it allows (unsigned or not good: exit 5), checked before every byte. The same meaning in "
+                   "verify, unbundle, pull and launch.")
 @click.option("--identity", help="With --allowed-signers: the signer identity (principal) to require.")
 @json_option
 @handles_errors
-def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, allowed_signers, identity, json_out):
-    """Check every byte of DIR against its manifest, every file present and nothing extra, every
-    safetensors shard and index sound. Exit 0 all good, 1 problems found, 3 could not run, 5 bad signature."""
+def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revision, allowed_signers, identity, json_out):
+    """Check every byte of DIR against its manifest, every file present, every safetensors shard and index
+    sound; files not in the manifest are reported (and fail with --strict). A partial fetch is judged on what
+    was asked for. Exit 0 all good, 1 problems found, 3 could not run, 5 bad signature."""
     from .artifacts.verify import upstream_target, verify_dir, verify_upstream
     progress = progress_for(json_out)
     signature = None
@@ -553,7 +643,7 @@ def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, allo
         if allowed_signers:
             raise click.UsageError("--allowed-signers checks the manifest; --upstream does not use it")
         repo_id, rev = upstream_target(directory, manifest_file, repo, revision)
-        report = verify_upstream(directory, repo_id, rev, quick=quick, jobs=jobs, progress=progress)
+        report = verify_upstream(directory, repo_id, rev, quick=quick, jobs=jobs, progress=progress, strict=strict)
     else:
         if repo or revision:
             raise click.UsageError("--repo and --revision only apply with --upstream")
@@ -563,15 +653,18 @@ def verify(directory, manifest_file, quick, jobs, upstream, repo, revision, allo
             if not json_out:
                 _render_signature(signature)
         report = verify_dir(directory, manifest_obj, quick=quick, jobs=jobs, progress=progress,
-                            manifest_file=manifest_file)
+                            manifest_file=manifest_file, strict=strict)
         if not quick and manifest_file is None:  # for `mm ls`: when this directory was last verified in full
             from .artifacts.store import record_verified
             record_verified(directory, report.ok, report.files_checked, report.bytes_checked, len(report.problems),
                             "mm verify")
     if json_out:
-        emit_json({**_verify_doc(report), **({"signature": to_jsonable(signature)} if signature else {})})
+        emit_json({**_verify_doc(report), "next": _next_step(report),
+                   **({"signature": to_jsonable(signature)} if signature else {})})
         sys.exit(0 if report.ok else ProblemsFound.exit_code)
     _render_verify(report)
+    if (step := _next_step(report)) is not None:
+        out.print(step, markup=False, highlight=False, soft_wrap=True)
     if not report.ok:
         _problems_found(report, "found")
 
@@ -597,11 +690,11 @@ def _signature_options(fn: Callable) -> Callable:
     """--require-signature / --allowed-signers / --identity for commands that consume a manifest."""
     options = [
         click.option("--require-signature", is_flag=True,
-                     help="Refuse (exit 5), before writing anything, a manifest that is unsigned or not signed by a "
-                          "key in --allowed-signers."),
+                     help="Kept for scripts: --allowed-signers alone already requires a good signature."),
         click.option("--allowed-signers", type=click.Path(path_type=Path),
-                     help="OpenSSH allowed_signers file for the manifest's signature (namespace mm-manifest); "
-                          "given alone, a signature present must verify and an unsigned manifest is noted."),
+                     help="OpenSSH allowed_signers file (namespace mm-manifest): the manifest must carry a good "
+                          "signature by a key it allows; unsigned or not good: exit 5, before anything is written. "
+                          "The same meaning in verify, unbundle, pull and launch."),
         click.option("--identity", help="With --allowed-signers: the signer identity (principal) to require."),
     ]
     for option in reversed(options):
@@ -609,17 +702,19 @@ def _signature_options(fn: Callable) -> Callable:
     return fn
 
 
-def _render_carried_signature(signature: dict | None, allowed_signers: Path | None, whose: str) -> None:
+def _render_carried_signature(signature: dict | None, allowed_signers: Path | None) -> None:
     """The signature a bundle or an artifact carried, as unbundle and pull checked it."""
+    from .artifacts.signing import SignatureReport
     if signature:
-        out.print(f"signature: good, signed by {signature['identity']} ({signature['key_type']} key "
-                  f"{signature['fingerprint']})", highlight=False, markup=False, soft_wrap=True)
-    elif allowed_signers:
-        err.print(f"note: {whose} manifest is not signed", markup=False, highlight=False, soft_wrap=True)
+        described = SignatureReport(signature["identity"], signature["key_type"], signature["fingerprint"], "",
+                                    str(allowed_signers)).describe()
+        out.print(f"signature: good, {described}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _signature_policy(require_signature: bool, allowed_signers: Path | None, identity: str | None) -> bool:
-    """True when a signature must be checked; usage errors for options that make no sense together."""
+    """True when a signature is required, which --allowed-signers means on its own everywhere (verify, unbundle,
+    pull, launch): naming who may sign and then taking an unsigned manifest would be two meanings. Usage errors
+    for options that make no sense together."""
     if require_signature and not allowed_signers:
         raise click.UsageError("--require-signature needs --allowed-signers FILE")
     if identity and not allowed_signers:
@@ -669,11 +764,15 @@ def repair(directory, jobs, workers, json_out):
         emit_json({"ok": report.ok, "model_dir": report.model_dir, "source": report.source,
                    "restored": report.restored, "before": _verify_doc(report.before), "after": _verify_doc(report.after)})
         sys.exit(0 if report.ok else ProblemsFound.exit_code)
-    if not report.restored:
+    if not report.restored:  # one pass: the verify that found nothing to re-fetch is the verdict
+        _render_verify(report.after, "verify")
         out.print(f"{directory}: nothing to re-fetch (no missing or corrupt files)", highlight=False)
     for path in report.restored:
         out.print(f"RESTORED   {path} (from {report.source})", markup=False, highlight=False)
-    _render_verify(report.after, "re-verify")
+    if report.restored:
+        out.print("re-verify: the restored file(s) hashed; the others were hashed once, before, and not rewritten",
+                  markup=False, highlight=False, soft_wrap=True)
+        _render_verify(report.after, "re-verify")
     if not report.ok:
         _problems_found(report.after, "remain that re-fetching cannot fix (fix or remove them by hand)")
 
@@ -834,7 +933,7 @@ def bundle():
               help="Carry an --image that is not (or cannot be proven to be) the pinned image; the bundle and the "
                    "start script say so.")
 @click.option("--insecure-registry", is_flag=True, help="Plain HTTP or unverified TLS when proving --image against a "
-                                                        "registry (a local mirror).")
+                                                        "registry that is not on loopback (loopback always is).")
 @click.option("--no-sync", "no_sync", is_flag=True,
               help="Do not fsync the volumes (a staging disk you copy from with other tools). A rerun still re-checks "
                    "every volume before keeping it; flush (`sync`, unmount) before unplugging the disk.")
@@ -1054,11 +1153,11 @@ def unbundle(volumes, dest, no_sync, base_dir, link, require_signature, allowed_
     from .artifacts.bundle.unpack import Outcome, unbundle as import_volumes
     if link and base_dir is None:
         raise click.UsageError("--link hard-links files of the base: it needs --from BASE_DIR")
-    _signature_policy(require_signature, allowed_signers, identity)
+    required = _signature_policy(require_signature, allowed_signers, identity)
     started = time.monotonic()
     report = import_volumes(list(volumes), dest, payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS},
                             progress=progress_for(json_out), sync=not no_sync, allowed_signers=allowed_signers,
-                            identity=identity, require_signature=require_signature, base_dir=base_dir, link=link)
+                            identity=identity, require_signature=required, base_dir=base_dir, link=link)
     exit_code, why = {Outcome.IMPORTED: (0, ""),
                       Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),
                       Outcome.VERIFY_FAILED: (ProblemsFound.exit_code, "final verify found problems")}[report.outcome]
@@ -1066,7 +1165,7 @@ def unbundle(volumes, dest, no_sync, base_dir, link, require_signature, allowed_
         doc = to_jsonable(report)
         emit_json({"ok": doc.pop("ok"), "exit_code": exit_code, **doc})
     else:
-        _render_carried_signature(report.signature, allowed_signers, "the bundle's")
+        _render_carried_signature(report.signature, allowed_signers)
         for line in report.refused + report.corrupt:
             err.print(f"refused: {line}", markup=False, highlight=False, soft_wrap=True)
         for note in report.notes:
@@ -1120,11 +1219,7 @@ root_option = click.option("--root", type=click.Path(path_type=Path), envvar="MM
 @handles_errors
 def ls_command(root, json_out):
     """The revisions under ROOT (ROOT/<repo id>/<dir>/): sizes, bytes shared on disk, which is current, when each was
-    verified, signatures, containers mounting them.
-
-    \b
-    Example:  mm ls /data/models
-    """
+    verified, signatures, containers mounting them."""
     from .artifacts.store import ls
     report = ls(root)
     if json_out:
@@ -1165,11 +1260,7 @@ def _revision_line(r) -> str:
 def use_command(repo, revision, root, json_out):
     """Make REVISION (a commit prefix or its directory name) the current one of REPO under the model root: the
     ROOT/REPO/current symlink is replaced atomically, once `verify --quick` passes on it. A rollback is the same
-    command with the earlier revision; a start script that names ROOT/REPO/current serves it at its next start.
-
-    \b
-    Example:  mm use MiniMaxAI/MiniMax-M3.1-Flash 2f3a91c0 --root /data/models
-    """
+    command with the earlier revision; a start script that names ROOT/REPO/current serves it at its next start."""
     from .artifacts.store import use
     result = use(root, repo, revision)
     if json_out:
@@ -1195,11 +1286,7 @@ def use_command(repo, revision, root, json_out):
 def gc_command(root, keep, dry_run, json_out):
     """Remove the revisions under ROOT that are not current, not kept (--keep) and not mounted by a running
     container (docker is asked), and say what it frees. Interrupted, it leaves every revision whole or gone;
-    the next run finishes.
-
-    \b
-    Example:  mm gc /data/models --keep 1 --dry-run
-    """
+    the next run finishes."""
     from .artifacts.store import gc
     report = gc(root, keep=keep, dry_run=dry_run)
     if json_out:
@@ -1233,7 +1320,8 @@ def image():
 @click.option("--out", "out_file", required=True, type=click.Path(path_type=Path), help="The archive to write.")
 @click.option("--format", "fmt", type=click.Choice(["docker-archive", "oci-archive"]), default="docker-archive",
               show_default=True, help="docker-archive loads on every Docker; oci-archive needs Docker 25 or newer.")
-@click.option("--insecure-registry", is_flag=True, help="Plain HTTP or unverified TLS to the registry (a local mirror).")
+@click.option("--insecure-registry", is_flag=True, help="Plain HTTP or unverified TLS to a registry that is not on "
+                                                         "loopback (loopback always is, as for push and pull).")
 @json_option
 @handles_errors
 def image_save(reference, platform_, out_file, fmt, insecure_registry, json_out):
@@ -1368,21 +1456,21 @@ def pull(reference, local_dir, list_only, username, password_stdin, plain_http, 
     With --allowed-signers the manifest's signature is checked before anything is written (exit 5 if not good).
     """
     from .artifacts.oci import pull as oci_pull
-    _signature_policy(require_signature, allowed_signers, identity)
+    required = _signature_policy(require_signature, allowed_signers, identity)
     creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
     if list_only:
         report = oci_pull.inspect(reference, creds, transport)
-        emit_json(report) if json_out else _render_inspect(report)
+        emit_json({"ok": True, **to_jsonable(report)}) if json_out else _render_inspect(report)
         return
     if local_dir is None:
         raise click.UsageError("--local-dir is required (or --list)")
     report = oci_pull.pull(reference, local_dir, creds, transport, workers=workers, progress=progress_for(json_out),
-                           allowed_signers=allowed_signers, identity=identity, require_signature=require_signature)
+                           allowed_signers=allowed_signers, identity=identity, require_signature=required)
     code = max((f.error_kind.exit_code for f in report.failed), default=0) or (ProblemsFound.exit_code if report.verify_problems else 0)
     if json_out:
         emit_json({"ok": code == 0, **to_jsonable(report)})
         sys.exit(code)
-    _render_carried_signature(report.signature, allowed_signers, "the artifact's")
+    _render_carried_signature(report.signature, allowed_signers)
     for f in report.failed:
         err.print(f"FAILED {f.path}: {f.error}", markup=False, highlight=False, soft_wrap=True)
     counts, moved = _transfer_summary(report.files, report.bytes_transferred, report.seconds)
@@ -1416,7 +1504,7 @@ def inspect(reference, username, password_stdin, plain_http, ca_file, json_out):
     from .artifacts.oci import pull as oci_pull
     creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
     report = oci_pull.inspect(reference, creds, transport)
-    emit_json(report) if json_out else _render_inspect(report)
+    emit_json({"ok": True, **to_jsonable(report)}) if json_out else _render_inspect(report)
 
 
 # --- launch / warmup (issue 6) -----------------------------------------------------------------
@@ -1450,7 +1538,8 @@ def recipe_options(fn: Callable) -> Callable:
     """The options `mm launch` and `mm warmup` share: they must produce the same command line."""
     options = [
         click.argument("model_dir", type=click.Path(path_type=Path)),
-        click.option("--hardware", required=True, help="b300, gb300, b200, gb200, h200, h100 (vLLM), mi355x, mi350x."),
+        click.option("--hardware", required=True, callback=_hardware,
+                     help="b300, gb300, b200, gb200, h200, h100 (vLLM), mi355x, mi350x (any case: B300 is b300)."),
         click.option("--recipe", default=None, help="balanced, low-latency, high-throughput, ... (default: the hardware's reference)."),
         click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True),
         click.option("--gpus", callback=_gpu_list, default=None,
@@ -1524,11 +1613,6 @@ def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers:
     """Check the model's manifest signature before anything is planned or written (exit 5 when refused)."""
     from .artifacts import signing
     if not _signature_policy(require_signature, allowed_signers, identity):
-        return None
-    if not require_signature and not signing.signature_path(model_dir).is_file():
-        if not json_out:
-                err.print(f"note: {signing.signature_path(model_dir)}: manifest not signed (add --require-signature "
-                      f"to refuse unsigned models)", markup=False, highlight=False, soft_wrap=True)
         return None
     report, _ = signing.verify_dir_signature(model_dir, allowed_signers, identity)
     if not json_out:
@@ -1610,7 +1694,7 @@ def doctor(model_dir, json_out, **kw):
               help="A saved HTTP answer or request body (repeatable).")
 @click.option("--model-dir", type=click.Path(path_type=Path), default=None,
               help="The model directory: adapt each fix to its recipe (with --hardware and the launch options).")
-@click.option("--hardware", default=None, help="With --model-dir: the hardware of the launch.")
+@click.option("--hardware", default=None, callback=_hardware, help="With --model-dir: the hardware of the launch.")
 @click.option("--recipe", default=None)
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None,
               help="The engine that served (its detectors and fixes). Default: the one the logs show, else sglang.")
@@ -1650,6 +1734,101 @@ def _render_findings(findings) -> None:
         out.print(f"  seen in {escape(f.where)}{at}: {escape(f.line)}", highlight=False)
         out.print(f"  cause: {escape(f.cause)}", highlight=False)
         out.print(f"  fix: {escape(f.fix)}", highlight=False)
+
+
+# --- examples at the end of every --help (as `hf` does), in one place -----------------------------------------
+
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "mm": ("mm fetch --local-dir /data/models/MiniMax-M3.1-Flash      # the pinned revision",
+           "mm verify /data/models/MiniMax-M3.1-Flash",
+           "mm bundle /data/models/MiniMax-M3.1-Flash --out /media/disk1 --volume-size 500G",
+           "mm unbundle /media/disk1 --dest /data/models/MiniMax-M3.1-Flash   # on the air-gapped host",
+           "mm launch /data/models/MiniMax-M3.1-Flash --hardware b300 --out start.sh",
+           "mm COMMAND --help    # each command's options and examples"),
+    "mm version": ("mm version", "mm -V", "mm version --json"),
+    "mm fetch": ("mm fetch --local-dir /data/models/MiniMax-M3.1-Flash             # the pin's repo and revision",
+                 "mm fetch Qwen/Qwen3-8B --revision main --local-dir /data/models/Qwen3-8B",
+                 "mm fetch --local-dir ./m --include '*.json'                        # a partial fetch, recorded",
+                 "mm fetch --local-dir ./m --source modelscope                       # the mirror, then the Hub",
+                 "mm fetch --local-dir ./m --json | jq .counts",
+                 "mm fetch REPO -r NEW --local-dir ROOT/REPO/NEW --from ROOT/REPO/current   # download what changed"),
+    "mm manifest": ("mm manifest ./model --repo Qwen/Qwen3-8B --revision main",
+                    "mm manifest ~/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/COMMIT",
+                    "mm manifest export ./model"),
+    "mm manifest create": ("mm manifest ./model --repo Qwen/Qwen3-8B --revision main      # filled by hf download",
+                           "mm manifest ./model --repo Qwen/Qwen3-8B --revision FULL_SHA --offline",
+                           "mm manifest ~/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/COMMIT"),
+    "mm manifest export": ("mm manifest export ./model && cd ./model && sha256sum -c .mm/SHA256SUMS",
+                           "mm manifest export ./model --format blake3"),
+    "mm verify": ("mm verify /data/models/MiniMax-M3.1-Flash",
+                  "mm verify --quick /data/models/MiniMax-M3.1-Flash          # no hashing: the pre-flight check",
+                  "mm verify --strict /data/models/MiniMax-M3.1-Flash         # files not in the manifest fail too",
+                  "mm verify --upstream /data/models/MiniMax-M3.1-Flash       # against the Hub's own hashes",
+                  "mm verify DIR --allowed-signers allowed_signers --identity release@example.com"),
+    "mm sign": ("mm sign /data/models/MiniMax-M3.1-Flash --key ~/.ssh/id_ed25519",
+                "mm sign /data/models/MiniMax-M3.1-Flash --key ~/.ssh/id_ed25519.pub   # the key in ssh-agent"),
+    "mm repair": ("mm repair /data/models/MiniMax-M3.1-Flash",
+                  "mm repair /data/models/MiniMax-M3.1-Flash --json | jq .restored"),
+    "mm mirror": ("mm mirror reconcile", "mm mirror reconcile --all-revisions"),
+    "mm mirror reconcile": ("mm mirror reconcile                                  # the pin's repo, revision and mirror",
+                            "mm mirror reconcile --ms-revision v1.0",
+                            "mm mirror reconcile --all-revisions",
+                            "mm mirror reconcile --pin-manifest DIR/.mm/manifest.json     # no Hub needed"),
+    "mm bundle": ("mm bundle /data/models/MiniMax-M3.1-Flash --out /media/disk1 --volume-size 500G",
+                  "mm bundle verify /media/disk1 /media/disk2",
+                  "mm bundle repair-volume /media/disk1 /media/disk2"),
+    "mm bundle create": ("mm bundle /data/models/MiniMax-M3.1-Flash --out /media/disk1 --volume-size 500G",
+                         "mm bundle DIR --out /media/disk1 --volume-size 1.8T --parity 2 --image sglang.tar",
+                         "mm bundle --only-mm --out ./mm-upgrade       # mm itself, for a host that has the model",
+                         "mm bundle ROOT/REPO/NEW --base ROOT/REPO/OLD --out /media/disk1 --volume-size 500G   # a delta"),
+    "mm bundle verify": ("mm bundle verify /media/disk1 /media/disk2",
+                         "mm bundle verify /media/disk1/MiniMax-M3.1-Flash-ce7f4df87d2e.vol001-of-003.tar --json"),
+    "mm bundle repair-volume": ("mm bundle repair-volume /media/disk1 /media/disk2 /media/parity",
+                                "mm bundle repair-volume /media/disk1 --out /media/spare"),
+    "mm unbundle": ("mm unbundle /media/disk1 /media/disk2 --dest /data/models/MiniMax-M3.1-Flash",
+                    "mm unbundle /media/disk1 --dest DIR        # some volumes now, the rest later",
+                    "mm unbundle /media/disk1 --dest DIR --allowed-signers allowed_signers",
+                    "mm unbundle /media/disk1 --dest ROOT/REPO/NEW --from ROOT/REPO/OLD   # a delta: the rest from OLD"),
+    "mm ls": ("mm ls /data/models",
+              "mm ls /data/models --json | jq '.revisions[] | {dir, current, shared}'"),
+    "mm use": ("mm use MiniMaxAI/MiniMax-M3.1-Flash 2f3a91c0 --root /data/models",
+               "MM_ROOT=/data/models mm use MiniMaxAI/MiniMax-M3.1-Flash ce7f4df8    # the rollback"),
+    "mm gc": ("mm gc /data/models --dry-run",
+              "mm gc /data/models --keep 2"),
+    "mm image": ("mm image save --out sglang.tar",),
+    "mm image save": ("mm image save --out sglang.tar                      # the pinned engine image, this platform",
+                      "mm image save --platform linux/arm64 --out sglang-arm64.tar      # for GB200/GB300 nodes",
+                      "mm image save 127.0.0.1:5000/lmsysorg/sglang@sha256:DIGEST --out sglang.tar"),
+    "mm push": ("mm push /data/models/MiniMax-M3.1-Flash registry.example.com/models/minimax-m3.1-flash",
+                "mm push DIR 127.0.0.1:5000/models/flash:v1                # loopback: plain HTTP",
+                "echo \"$TOKEN\" | mm push DIR registry.example.com/models/flash --username ci --password-stdin"),
+    "mm pull": ("mm pull registry.example.com/models/minimax-m3.1-flash:ce7f4df87d2e --local-dir DIR",
+                "mm pull registry.example.com/models/flash@sha256:DIGEST --local-dir DIR --allowed-signers allowed_signers",
+                "mm pull registry.example.com/models/flash:ce7f4df87d2e --list"),
+    "mm inspect": ("mm inspect registry.example.com/models/minimax-m3.1-flash:ce7f4df87d2e",
+                   "mm inspect 127.0.0.1:5000/models/flash:v1 --json | jq .files"),
+    "mm launch": ("mm launch /data/models/MiniMax-M3.1-Flash --hardware b300 --out start.sh",
+                  "mm launch DIR --hardware B300 --recipe low-latency --format json",
+                  "mm launch DIR --hardware h200 --engine vllm --gpus 0,1,2,3,4,5,6,7",
+                  "mm launch DIR --hardware b300 --gpus 0,1,2,3,4,5,6,7 --replicas 2   # two servers behind the router"),
+    "mm warmup": ("mm warmup /data/models/MiniMax-M3.1-Flash --hardware b300",
+                  "mm warmup DIR --hardware b300 --timeout 7200 --report warmup.json"),
+    "mm doctor": ("mm doctor /data/models/MiniMax-M3.1-Flash --hardware b300",
+                  "mm doctor DIR --hardware gb300 --json"),
+    "mm diagnose": ("mm diagnose server.log",
+                    "mm diagnose --container minimax-m3-1-flash",
+                    "mm diagnose server.log --model-dir DIR --hardware b300 --host-checks"),
+}
+
+
+def _add_examples(cmd: click.Command, path: str = "mm") -> None:
+    """Every command's --help ends with its EXAMPLES ("\b": click keeps the lines as written)."""
+    cmd.epilog = "\b\nExamples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[path])
+    for name, sub in getattr(cmd, "commands", {}).items():
+        _add_examples(sub, f"{path} {name}")
+
+
+_add_examples(main)
 
 
 if __name__ == "__main__":

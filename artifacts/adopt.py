@@ -5,6 +5,7 @@ Offline (`mm manifest DIR --offline`) this never imports huggingface_hub.
 """
 from __future__ import annotations
 
+import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from .errors import BadInput, BadValue, IntegrityError
 from .fsutil import dir_lock, payload_files
+from .hfcache import snapshot_of
 from .manifest import FileEntry, Manifest, entry_for_file, manifest_path, public_endpoint, write_manifest
 from .progress import NULL_PROGRESS, ProgressSink
 
@@ -52,6 +54,7 @@ def manifest_for_local_dir(local_dir: Path, repo_id: str, revision: str, *, endp
     paths = payload_files(local_dir)
     if not paths:
         raise BadInput(f"{local_dir}: no files to record")
+    _check_links(local_dir, paths)
     progress.begin(sum((local_dir / p).stat().st_size for p in paths), f"hash {local_dir.name}")
 
     def one(path: str) -> tuple[FileEntry, str | None]:
@@ -74,6 +77,19 @@ def manifest_for_local_dir(local_dir: Path, repo_id: str, revision: str, *, endp
         manifest = manifest.with_files(manifest.files)
         write_manifest(manifest, manifest_path(local_dir))
     return LocalManifest(manifest, str(manifest_path(local_dir)), remote is not None, note)
+
+
+def _check_links(local_dir: Path, paths: list[str]) -> None:
+    """In a Hugging Face cache snapshot every link must lead to that repo's blobs/ (the one allowance); a
+    link elsewhere is refused before anything is hashed or written."""
+    snapshot = snapshot_of(local_dir)
+    if snapshot is None:
+        return
+    for rel in paths:
+        full = local_dir / rel
+        if full.is_symlink() and not snapshot.allows(os.path.realpath(full)):
+            raise BadInput(f"{full}: a symlink in a Hugging Face cache snapshot that does not lead to a file of "
+                           f"{snapshot.repo_folder}/blobs/ (it leads to {os.path.realpath(full)}); no manifest written")
 
 
 def _check_against_upstream(local_dir: Path, hashed: list[tuple[FileEntry, str | None]], remote: Mapping[str, RemoteFile]) -> None:

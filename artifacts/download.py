@@ -8,6 +8,11 @@ connections, hashing every byte in the pass that writes it (blake3, sha256, git 
 against the identity before the file gets its final name, the journal of files proven so far (a killed
 run does not re-hash them), the directory lock, parallel workers, progress and the free-space check.
 
+Before anything is downloaded, the engine adopts known content on disk (`Session.adopt`): a file whose bytes
+are already where they belong (an `hf download --local-dir` of the same commit, a copy from another host), or in
+another local file a caller names (`mm fetch --from BASE_DIR`), is hashed locally in one read (blake3, sha256,
+and the git sha1 a small file needs) and kept when it matches the file's upstream identity and size.
+
 `fetch_into(partial, file, source, progress)` is the per-file loop: a function of the source, the file's
 identity and its partial state on disk (`Partial`); `download_file` adds the final name, and `Session.run`
 applies it to many files in parallel. The loop is artifacts/ranges.py's: the file's missing ranges over up to
@@ -19,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import threading
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
@@ -27,10 +33,11 @@ from typing import ContextManager, Iterator, Mapping, Protocol, Sequence
 
 from .errors import BadInput, IntegrityError, MMError, RemoteError
 from .fsutil import MM_DIR, check_relpath, dir_lock, publish, require_free_space
-from .hashing import Digests, StreamHasher
+from .hashing import SLICE, Digests, StreamHasher, hash_file, mapped_windows
 from .interrupt import keeps, requested as interrupt_requested, worker_pool
 from .manifest import FileEntry, Upstream, entry_from_dict, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
+from .sharing import clone_file
 from .untrusted import load_json
 from . import ranges
 from .ranges import DEFAULT_CONNECTIONS, Connections, RangedJob, RetryLater, TransferStats, clear_state, state_path
@@ -109,7 +116,7 @@ class Sources:
 class FileOutcome:
     path: str
     size: int
-    status: str  # "downloaded" | "present" | "failed"
+    status: str  # "downloaded" | "adopted" (its bytes were already on disk, hashed here) | "present" | "failed"
     source: str
     bytes_transferred: int = 0
     resumed_from: int = 0
@@ -169,7 +176,7 @@ def fetch_into(partial: Partial, f: RemoteFile, source: Source, progress: Progre
     done = ranges.download(RangedJob(f.path, f.size, partial.path, f.upstream.value, _new_hasher(f)), source,
                            connections, stats, progress)
     digests = done.digests
-    if digests.size != f.size or not f.upstream.matches(digests.sha256, digests.git_sha1):
+    if not _matches(f, digests):
         clear_state(partial.path)
         got = digests.sha256 if f.lfs_sha256 else digests.git_sha1
         raise IntegrityError(f"{f.path}: bytes from {source.label} do not match the pinned revision "
@@ -199,9 +206,10 @@ class Session:
         self.known: dict[str, FileEntry] = {}
         self.journal = Journal(self.local_dir / JOURNAL)
         self.transfer: dict = {}  # after run(): connections, requests, retries (ranges.TransferStats.report)
+        self.differing: set[str] = set()  # after adopt(): paths whose bytes on disk were not the pinned ones
 
     def __enter__(self) -> "Session":
-        prepare_dir(self.local_dir)
+        prepare_dir(self.local_dir, self.what)
         self._stack.enter_context(dir_lock(self.local_dir, self.what))
         keeps(self.local_dir)  # an interrupt names the partial files and the journal kept here
         self.known = known_entries(self.local_dir)
@@ -212,29 +220,46 @@ class Session:
 
     def run(self, files: Sequence[RemoteFile], sources: Sources, *, refetch: bool = False, workers: int | None = None,
             connections: int = DEFAULT_CONNECTIONS, progress: ProgressSink = NULL_PROGRESS,
-            label: str = "download") -> list[tuple[FileOutcome, FileEntry | None]]:
+            label: str = "download", candidates: Mapping[str, Path] | None = None) -> list[tuple[FileOutcome, FileEntry | None]]:
         """Every file of FILES present and proven, in parallel: up to WORKERS files at once (default: up to
         CONNECTIONS), their ranges sharing CONNECTIONS connections. A file already proven (same identity and
-        size as a known entry, final file of that size) is kept unless REFETCH."""
+        size as a known entry, final file of that size) is kept unless REFETCH. Unless REFETCH, known content
+        on disk is adopted first (`adopt`): each file's own path, and CANDIDATES ({path: another local file}).
+        """
         _clean_stale_partials(self.local_dir, files)
-        self._check_free_space(files, refetch)
-        total, finished, lock = sum(f.size for f in files), [0], threading.Lock()
-        progress.begin(total, f"{label} 0/{len(files)} files", files=len(files))
+        adopted: dict[str, tuple[FileOutcome, FileEntry]] = {}
+        if not refetch:
+            wanted = [f for f in files if self.present(f) is None]
+            adopted = self.adopt(wanted, {**in_place_candidates(self.local_dir, wanted), **(candidates or {})},
+                                 progress=progress)
+        self._check_free_space([f for f in files if f.path not in adopted], refetch)
+        if adopted and len(adopted) == len(files):
+            return [adopted[f.path] for f in files]  # nothing left to download: no second bar
+        # the bar counts what this pass does (adopted bytes were counted by adopt's own phase)
+        rest = [f for f in files if f.path not in adopted]
+        total, finished, lock = sum(f.size for f in rest), [0], threading.Lock()
+        progress.begin(total, f"{label} 0/{len(files)} files", files=len(rest))
         budget = Connections(connections)
         stats = TransferStats(retry_budget=max(64, 16 * connections))
 
         def one(f: RemoteFile) -> tuple[FileOutcome, FileEntry | None]:
             try:
+                if f.path in adopted:
+                    return adopted[f.path]
                 progress.item(f.path)
                 entry = None if refetch else self.present(f)
                 if entry is not None:
                     progress.advance(f.size)
                     return FileOutcome(f.path, f.size, "present", entry.source), entry
-                return self._fetch_one(f, sources, progress, budget, stats)
+                outcome, entry = self._fetch_one(f, sources, progress, budget, stats)
+                if f.path in self.differing and outcome.note is None:
+                    outcome = replace(outcome, note="the file already there is not the pinned one (its hash differs); "
+                                                    "downloaded over it")
+                return outcome, entry
             finally:
                 with lock:  # the bar's label counts files done; the bar itself, bytes and the aggregate rate
                     finished[0] += not interrupt_requested()  # a file stopped by Ctrl-C is not done
-                    progress.begin(total, f"{label} {finished[0]}/{len(files)} files", files=len(files))
+                    progress.begin(total, f"{label} {finished[0]}/{len(files)} files", files=len(rest))
 
         try:
             with worker_pool(workers or connections) as pool:  # an interrupt starts no queued file
@@ -243,6 +268,70 @@ class Session:
             progress.end()
             self.transfer = {"connections": connections, "connections_used": budget.peak,
                              "connections_kept": budget.limit, **stats.report()}
+
+    def adopt(self, files: Sequence[RemoteFile], candidates: Mapping[str, Path], *, jobs: int | None = None,
+              progress: ProgressSink = NULL_PROGRESS) -> dict[str, tuple[FileOutcome, FileEntry]]:
+        """Known content on disk, used instead of downloaded: for each file of FILES with a candidate in
+        CANDIDATES ({path in the revision: a local file}) that is a regular file of the file's size, hash the
+        candidate in one read (blake3, sha256, and the git blob sha1 a small file's identity needs) and keep it
+        when it matches the upstream identity. A candidate at the file's own path is adopted where it lies; one
+        elsewhere is copied in (hashed in the same read, published under the final name only once it matches).
+        Adopted entries are journaled like downloaded ones. Returns {path: (outcome "adopted", entry)}; a
+        candidate that does not match is left alone (the download replaces it) and its path kept in `differing`."""
+        todo = [(f, Path(candidates[f.path])) for f in files if f.path in candidates and same_size(candidates[f.path], f.size)]
+        if not todo:
+            return {}
+        progress.begin(sum(f.size for f, _ in todo), f"hash {len(todo)} file(s) already on disk", files=len(todo))
+
+        def one(item: tuple[RemoteFile, Path]) -> tuple[FileOutcome, FileEntry] | None:
+            f, candidate = item
+            progress.item(f.path)
+            try:
+                digests = self._hash_candidate(f, candidate, progress)
+            except (OSError, BadInput):
+                return None  # gone, unreadable or changed meanwhile: downloaded instead
+            if digests is None:
+                return None
+            entry = FileEntry(path=f.path, size=digests.size, blake3=digests.blake3, sha256=digests.sha256 or "",
+                              upstream=f.upstream, source="local", xet_hash=f.xet_hash)
+            self.journal.append(entry)
+            return FileOutcome(f.path, f.size, "adopted", "local"), entry
+
+        try:
+            with worker_pool(jobs or min(len(todo), os.cpu_count() or 1)) as pool:  # an interrupt starts no queued file
+                results = list(pool.map(one, todo))
+        finally:
+            progress.end()
+        adopted = {r[0].path: r for r in results if r is not None}
+        self.differing |= {f.path for f, _ in todo} - set(adopted)
+        return adopted
+
+    def _hash_candidate(self, f: RemoteFile, candidate: Path, progress: ProgressSink) -> Digests | None:
+        """CANDIDATE's digests when they match F (copied to F's final path first when it lies elsewhere)."""
+        final = self.local_dir / f.path
+        if candidate == final:
+            digests = hash_file(candidate, sha256=True, git_sha1=not f.lfs_sha256)
+            progress.advance(f.size)
+            return digests if _matches(f, digests) else None
+        # its own temporary name: never taken for a download's partial (a prefix to resume), removed unless published
+        partial = partial_path(self.local_dir, f).with_suffix(".adopt")
+        hasher = _new_hasher(f)
+        try:
+            if clone_file(candidate, partial):  # a reflink (mm fetch --from on XFS, btrfs): no byte written, one read
+                digests = hash_file(partial, sha256=True, git_sha1=not f.lfs_sha256)
+                progress.advance(f.size)
+            else:
+                with open(partial, "wb") as out:
+                    for piece in mapped_windows(candidate, SLICE, progress.advance):
+                        hasher.update(piece)
+                        out.write(piece)
+                digests = hasher.digests()
+            if not _matches(f, digests):
+                return None
+            publish(partial, final)
+            return digests
+        finally:
+            partial.unlink(missing_ok=True)
 
     def finished(self) -> None:
         """The manifest now holds what the journal recorded."""
@@ -293,13 +382,41 @@ class Session:
         require_free_space([(self.local_dir, needed)], "the download")
 
 
+def in_place_candidates(local_dir: Path, files: Sequence[RemoteFile]) -> dict[str, Path]:
+    """{path: LOCAL_DIR/path} for each file of FILES whose final name already holds a regular file inside
+    LOCAL_DIR (no symlink, itself or a directory above it: a planted link is never followed)."""
+    root = os.path.realpath(local_dir)
+    found = {}
+    for f in files:
+        final = Path(local_dir) / f.path
+        if os.path.realpath(final) == os.path.join(root, *f.path.split("/")) and same_size(final, f.size):
+            found[f.path] = final
+    return found
+
+
+def same_size(path: Path, size: int) -> bool:
+    """PATH is a regular file (not a symlink) of SIZE bytes."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == size
+
+
+def _matches(f: RemoteFile, digests: Digests) -> bool:
+    return digests.size == f.size and f.upstream.matches(digests.sha256, digests.git_sha1)
+
+
 def _failed(f: RemoteFile, source: Source, e: MMError) -> tuple[FileOutcome, None]:
     return FileOutcome(f.path, f.size, "failed", source.label, error=e.message, error_kind=type(e)), None
 
 
-def prepare_dir(local_dir: Path) -> None:
+def prepare_dir(local_dir: Path, what: str = "mm fetch") -> None:
+    from .hfcache import refuse_snapshot
+
     if local_dir.exists() and not local_dir.is_dir():
         raise BadInput(f"{local_dir}: exists and is not a directory")
+    refuse_snapshot(local_dir, what)
     (local_dir / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)  # OSError: the CLI names the path and the errno
 
 

@@ -5,27 +5,26 @@ source plan (the ModelScope mirror's reconciliation, artifacts/mirror.py); hand 
 sources to the download engine (artifacts/download.py); write DIR/.mm/manifest.json from what the
 engine proved, under the engine's lock.
 
-`--from BASE_DIR` (BaseDirSource): a file whose upstream identity and size are a file's of another revision's
-directory on this host is read from there instead of downloaded, through the same engine (hashed in the pass that
-writes it, checked against the pin's identity, named only then; a base file whose bytes are not the pinned ones
-is taken from the Hub instead, with a note).
+`--from BASE_DIR` (base_candidates): a file whose upstream identity and size are a file's of another revision's
+directory on this host is adopted from there instead of downloaded (download.Session.adopt: reflinked where the file
+system clones, else copied, hashed, checked against the pin's identity, named only then; a base file whose bytes
+are not the pinned ones is downloaded instead).
 """
 from __future__ import annotations
 
 import os
-import stat
 import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from .download import JOURNAL, PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources
+from .download import JOURNAL, PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources, same_size
 from .errors import BadInput, RemoteError
 from .fsutil import MM_DIR
 from .ranges import DEFAULT_CONNECTIONS
 from .hub import HubSource, Resolved, list_remote_files, resolve_revision, select
-from .manifest import FileEntry, Manifest, expected_entry, manifest_path, public_endpoint, read_manifest, write_manifest
+from .manifest import FileEntry, Manifest, Partial, expected_entry, manifest_path, public_endpoint, read_manifest, write_manifest
 from .pins import pin_for_repo
 from .progress import NULL_PROGRESS, ProgressSink
 
@@ -110,18 +109,19 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
     if not planned and not unlisted:
         raise BadInput(f"{req.repo_id}@{resolved.commit[:12]}: no files match the include/exclude patterns")
     hub = HubSource(req.repo_id, resolved.commit, endpoint=req.endpoint, token=req.token, repo_type=req.repo_type)
-    from_base = base_sources(req.base_dir, planned, local_dir) if req.base_dir is not None else {}
-    sources = Sources(default=hub, by_path={**(plan.by_path if plan else {}), **from_base},
+    from_base = base_candidates(req.base_dir, planned, local_dir) if req.base_dir is not None else {}
+    sources = Sources(default=hub, by_path=plan.by_path if plan else {},
                       fallback=hub if plan is None or plan.hub_fallback else None, fallback_name="the Hub")
 
     with _new_state_dir(local_dir), Session(local_dir, "mm fetch") as session:
         results = session.run(planned, sources, refetch=refetch is not None, workers=req.workers,
                               connections=req.connections, progress=progress,
-                              label=f"fetch {req.repo_id}@{resolved.commit[:12]}")
+                              label=f"fetch {req.repo_id}@{resolved.commit[:12]}", candidates=from_base)
         entries = _manifest_entries(local_dir, refetch, remote, planned, session.known,
                                     [e for _, e in results if e is not None])
         manifest = Manifest(repo_id=req.repo_id, revision=resolved.commit, files=(), repo_type=req.repo_type,
-                            requested_revision=resolved.requested, endpoint=public_endpoint(hub.endpoint))
+                            requested_revision=resolved.requested, endpoint=public_endpoint(hub.endpoint),
+                            partial=_partial(local_dir, req, refetch, remote, entries))
         write_manifest(manifest.with_files(list(entries.values())), manifest_path(local_dir))
         session.finished()
 
@@ -156,42 +156,11 @@ def _manifest_entries(local_dir: Path, refetch: frozenset[str] | None, remote: l
     return entries
 
 
-class BaseDirSource:
-    """A byte source for fetch (download.Source): files of another revision's directory on this host (--from),
-    read where the pinned revision has the same content (maybe under another path)."""
-
-    label = "local"
-    max_connections = 1  # one stream per file: a local disk gains nothing from ranges in parallel
-    CHUNK = 8 * 1024 * 1024
-
-    def __init__(self, base_dir: Path, paths: dict[str, str]):
-        self.base_dir, self.paths = Path(base_dir), paths  # path in the revision -> path in BASE_DIR
-
-    @contextmanager
-    def stream(self, path: str, offset: int, end: int | None = None) -> Iterator[tuple[int, Iterator[bytes]]]:
-        src = self.base_dir / self.paths[path]
-        try:
-            fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError as e:
-            raise RemoteError(f"--from {src}: cannot read it ({e.strerror or e})") from None
-        try:
-            yield offset, self._chunks(fd, offset, end)
-        finally:
-            os.close(fd)
-
-    def _chunks(self, fd: int, offset: int, end: int | None) -> Iterator[bytes]:
-        while end is None or offset < end:
-            chunk = os.pread(fd, self.CHUNK if end is None else min(self.CHUNK, end - offset), offset)
-            if not chunk:
-                return
-            offset += len(chunk)
-            yield chunk
-
-
-def base_sources(base_dir: Path, files: list[RemoteFile], local_dir: Path) -> dict[str, BaseDirSource]:
-    """{path: source} for each file of FILES whose upstream identity and size a file of BASE_DIR has (by its
-    manifest: the LFS sha256, or the git blob sha1 of a small file), the same path preferred. Only regular files
-    inside BASE_DIR of the right size are used; the engine checks every byte read from them."""
+def base_candidates(base_dir: Path, files: list[RemoteFile], local_dir: Path) -> dict[str, Path]:
+    """{path: BASE_DIR's file} for each file of FILES whose upstream identity and size a file of BASE_DIR has (by its
+    manifest: the LFS sha256, or the git blob sha1 of a small file), the same path preferred: candidates the engine
+    adopts (download.Session.adopt: cloned or copied in, hashed, kept only when they match the pin). Only regular
+    files inside BASE_DIR (no symlink on the way) are named."""
     base_dir = Path(base_dir)
     if not base_dir.is_dir():
         raise BadInput(f"--from {base_dir}: not a directory")
@@ -205,21 +174,30 @@ def base_sources(base_dir: Path, files: list[RemoteFile], local_dir: Path) -> di
         if e.upstream is not None and e.upstream.kind == "git-blob-sha1":
             by_identity.setdefault((e.upstream.kind, e.upstream.value, e.size), []).append(e.path)
     root = os.path.realpath(base_dir)
-    paths = {}
+    found = {}
     for f in files:
-        found = by_identity.get((f.upstream.kind, f.upstream.value, f.size), [])
-        for candidate in sorted(found, key=lambda p: p != f.path):
+        for candidate in sorted(by_identity.get((f.upstream.kind, f.upstream.value, f.size), []),
+                                key=lambda p: p != f.path):
             full = base_dir / candidate
-            try:
-                st = os.lstat(full)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode) and st.st_size == f.size and \
-                    os.path.realpath(full) == os.path.join(root, *candidate.split("/")):
-                paths[f.path] = candidate
+            if os.path.realpath(full) == os.path.join(root, *candidate.split("/")) and same_size(full, f.size):
+                found[f.path] = full
                 break
-    source = BaseDirSource(base_dir, paths)
-    return {path: source for path in paths}
+    return found
+
+
+
+def _partial(local_dir: Path, req: FetchRequest, refetch: frozenset[str] | None, remote: list[RemoteFile],
+             entries: Mapping[str, FileEntry]) -> Partial | None:
+    """What the manifest says was asked for: None when it holds the whole revision, else the patterns (a
+    repair keeps the ones of the fetch it repairs) and the revision's files they left out."""
+    left_out = tuple(sorted({f.path for f in remote} - set(entries)))
+    if not left_out:
+        return None
+    include, exclude = req.include, req.exclude
+    if refetch is not None and manifest_path(local_dir).is_file():
+        earlier = read_manifest(manifest_path(local_dir)).partial
+        include, exclude = (earlier.include, earlier.exclude) if earlier else (include, exclude)
+    return Partial(include=tuple(include), exclude=tuple(exclude), left_out=left_out)
 
 
 @contextmanager

@@ -116,7 +116,9 @@ def dir_lock(directory: Path, what: str = "mm", leave_nothing: bool = False) -> 
         lock_path = Path(directory)
         fd = os.open(lock_path, os.O_RDONLY | os.O_DIRECTORY)
     else:
-        lock_dir = Path(directory) / MM_DIR
+        from .hfcache import state_dir  # a Hugging Face cache snapshot keeps its .mm outside the cache
+
+        lock_dir = state_dir(directory, MM_DIR)
         lock_dir.mkdir(parents=True, exist_ok=True)
         lock_path = lock_dir / "lock"
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)

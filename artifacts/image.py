@@ -107,8 +107,27 @@ def _skopeo(args: list[str], what: str, timeout: float = 120, show_progress: boo
         raise RemoteError(f"{what}: skopeo wrote {proc.stopped}; stopped")
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines()
-        raise RemoteError(f"{what}: {last_line(_skopeo_message(lines[-1])) if lines else 'skopeo failed'}")
+        message = _skopeo_message(lines[-1]) if lines else "skopeo failed"  # whole: the hint reads its end
+        raise RemoteError(f"{what}: {_offline_hint(message) or last_line(message)}")
     return proc.stdout_bytes
+
+
+# What Go's resolver and dialer say when the network is not there (no DNS, no route, nothing listening).
+_OFFLINE = re.compile(r"no such host|network is unreachable|i/o timeout|connection refused|no route to host|"
+                      r"server misbehaving|Temporary failure in name resolution")
+_REGISTRY_HOST = re.compile(r"(?:pinging container registry|lookup|dial tcp) \[?([\w.:-]+?)\]?(?::\d+)?[: ]")
+
+
+def _offline_hint(message: str) -> str | None:
+    """A network failure said as what it means for a user: this host cannot reach the registry, and the
+    image is saved on the connected side. None when MESSAGE is not about reaching the registry."""
+    if not _OFFLINE.search(message):
+        return None
+    host = _REGISTRY_HOST.search(message)
+    reason = _OFFLINE.search(message).group(0)
+    return (f"cannot reach the registry {host.group(1) if host else ''} ({reason}): this host looks offline. "
+            f"`mm image save` runs on the connected side: save the image there and carry the archive "
+            f"(`mm bundle DIR --image FILE ...`); on the air-gapped host `mm launch --image-archive FILE` loads it")
 
 
 SKOPEO_LOG = re.compile(r'level=\w+ msg="((?:[^"\\]|\\.)*)"')
@@ -122,6 +141,14 @@ def _skopeo_message(line: str) -> str:
 
 def _tls(tls_verify: bool) -> str:
     return f"--tls-verify={'true' if tls_verify else 'false'}"
+
+
+def _verify_tls(repo: str, tls_verify: bool) -> bool:
+    """The one rule of mm's registry clients (push, pull, inspect: oci/client.py): a registry on loopback
+    speaks plain HTTP by itself; elsewhere TLS is verified unless --insecure-registry."""
+    from .oci.client import is_loopback
+
+    return tls_verify and not is_loopback(repo.split("/", 1)[0])
 
 
 def _fetch_manifest(repo: str, digest: str, tls_verify: bool, timeout: float) -> dict:
@@ -177,6 +204,7 @@ def _chain_from_manifest(repo: str, pinned: str, pinned_type: str, platform: str
 def resolve_chain(ref: str, platform: str, tls_verify: bool = True, timeout: float = 120) -> Chain:
     """Ask the registry: pinned digest -> platform manifest -> config and layers, each manifest's sha256 checked."""
     repo, pinned = parse_ref(ref)
+    tls_verify = _verify_tls(repo, tls_verify)
     top = _fetch_manifest(repo, pinned, tls_verify, timeout)
     top_type = _media_type(top)
     if top_type in INDEX_TYPES:
@@ -395,7 +423,7 @@ def save_image(ref: str, out: Path, platform: str, fmt: str = "docker-archive", 
     tmp.unlink(missing_ok=True)
     try:
         dest = f"{fmt}:{tmp}:{tag}" if fmt == "docker-archive" else f"{fmt}:{tmp}:{tag.rsplit(':', 1)[1]}"
-        _skopeo(["copy", "--quiet", f"--src-tls-verify={'true' if tls_verify else 'false'}",
+        _skopeo(["copy", "--quiet", f"--src-tls-verify={'true' if _verify_tls(chain.repo, tls_verify) else 'false'}",
                  f"docker://{chain.repo}@{chain.platform_manifest}", dest], f"skopeo copy {chain.reference}", timeout,
                 show_progress)
         images = read_archive(tmp)

@@ -172,7 +172,7 @@ reinstall=
 
 install_pip() {  # returns 10 when this python3 cannot make a venv with pip (then uv takes over)
   "$py" -m venv "$dest" >"$tmp/venv.log" 2>&1 || return 10
-  [ -x "$dest/bin/pip" ] || return 10
+  [ -x "$dest/bin/pip" ] || { echo "the venv it made has no pip" >"$tmp/venv.log"; return 10; }
   PIP_CONFIG_FILE=/dev/null "$dest/bin/python" -m pip --isolated install --quiet --disable-pip-version-check \
     --no-input --no-cache-dir --no-index --find-links "$set_dir" --require-hashes -r "$lock" ${reinstall:+--force-reinstall}
 }
@@ -216,7 +216,9 @@ case $with in
     elif [ "$rc" -ne 10 ]; then
       die 1 "pip install into $dest failed (see above)"
     else
-      say "$py -m venv/pip not usable here ($(tail -n 1 "$tmp/venv.log" 2>/dev/null || true)); installing with the bundled uv"
+      # venv's whole complaint on one line (Debian's ends with blank lines; its first line stops mid-sentence)
+      why=$(tr -s ' \t\n' '   ' <"$tmp/venv.log" 2>/dev/null | cut -c1-300 | sed 's/ *$//')
+      say "$py -m venv/pip not usable here (${why:-python3 -m venv failed without a word}); installing with the bundled uv"
       rm -rf "$dest"
       install_uv || die 1 "uv install into $dest failed (see above)"
       used=uv

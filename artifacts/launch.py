@@ -16,11 +16,15 @@ from pathlib import Path
 
 from .errors import BadInput, BadValue, Refused
 from .fsutil import atomic_write_text
+from .hfcache import snapshot_of, state_dir
 from .manifest import manifest_path, read_manifest
 from .pins import Pin, default_pin, manifests_dir, sourced_value
 from .untrusted import read_json_file
 
 RECIPES_SCHEMA = "mm-recipes/1"
+# A snapshot at CONTAINER_MODELS/<name> sits two levels down, as snapshots/<commit> does in hf's repo folder, so
+# its relative links (../../blobs/<id>, one more ../ per subdirectory) land in this mount.
+HF_BLOBS_MOUNT = "/blobs"
 CONTAINER_MODELS = "/models"
 DEFAULT_PORT = 30000
 DEFAULT_API_KEY_ENV = "MM_API_KEY"
@@ -347,6 +351,10 @@ def check_model_dir(model_dir: Path, recipe: Recipe, pin: Pin) -> tuple[str, str
     if not mpath.is_file():
         raise BadInput(f"{mpath}: no manifest; run `mm fetch` (or `mm unbundle`) for this directory first")
     manifest = read_manifest(mpath)
+    if manifest.partial is not None:  # verify passes it (it judges what was asked for); a server needs it all
+        raise Refused(f"{model_dir}: a partial fetch ({manifest.partial.asked()}) left {len(manifest.partial.left_out)} "
+                      f"file(s) of the revision out (e.g. {manifest.partial.left_out[0]}); fetch the whole revision "
+                      f"before launching")
     if manifest.repo_id != recipe.weights_repo:
         raise Refused(f"{model_dir}: holds {manifest.repo_id}, but recipe {recipe.id} is for {recipe.weights_repo}; "
                       f"fetch {recipe.weights_repo} or pick a recipe for these weights")
@@ -419,12 +427,16 @@ def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = 
     container_model = f"{CONTAINER_MODELS}/{repo_id.rsplit('/', 1)[-1]}"
     cache_root = None
     mounts = [Mount(mount_dir, container_model, read_only=True)]
+    snapshot = snapshot_of(model_dir)
+    if snapshot is not None:  # a Hugging Face cache snapshot: its links (../../blobs/<id>) must resolve in the container
+        mounts.append(Mount(Path(snapshot.blobs), HF_BLOBS_MOUNT, read_only=True))
     env: list[tuple[str, str]] = [("HF_HUB_OFFLINE", "1")]
     if hw.family == "blackwell":
         env += list(engine.msa_jit_env.items())
     caches = [c for c in engine.caches if hw.family in c.families]
     if caches:
-        cache_root = Path(opts.cache_root or model_dir.parent / "mm-kernel-cache" / recipe.id.replace("/", "-")).resolve()
+        beside = state_dir(model_dir) if snapshot is not None else model_dir.parent  # never inside hf's cache
+        cache_root = Path(opts.cache_root or beside / "mm-kernel-cache" / recipe.id.replace("/", "-")).resolve()
         for c in caches:
             mounts.append(Mount(cache_root / c.name, c.container))
             if c.env:

@@ -12,6 +12,11 @@ Schema `mm-manifest/1`:
              "source": "hub" | "modelscope:<id>@<rev>" | "local" | "bundle:<id>"}]
 }
 Files are sorted by path. Secrets never enter it (the endpoint is stored without credentials).
+A partial fetch (`--include`/`--exclude`) adds, still under schema `mm-manifest/1`:
+  "partial": {"include": ["*.json"], "exclude": [], "left_out": ["model-00001-of-00004.safetensors", ...]}
+the patterns asked for and the revision's files left out. The key is optional and absent from a whole
+revision's manifest (byte for byte the same as before it existed); an older mm ignores it and judges a partial
+directory as a whole one (reports the shards its index names as missing), never the other way round.
 The manifest describes the revision, not what happened to arrive: a file the fetch could not get is still
 listed, with its size and upstream identity and "blake3": null (not yet proven here), so verify, bundle and
 launch see it as missing (or, once it is there, check it against the upstream identity).
@@ -73,6 +78,22 @@ def expected_entry(path: str, size: int, upstream: Upstream) -> FileEntry:
 
 
 @dataclass(frozen=True)
+class Partial:
+    """A partial fetch: the patterns asked for, and the revision's files they left out (not judged by verify)."""
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    left_out: tuple[str, ...] = ()
+
+    def asked(self) -> str:
+        """The selection as the user typed it: --include '*.json' --exclude 'x'."""
+        import shlex
+
+        return " ".join([f"--include {shlex.quote(p)}" for p in self.include] +
+                        [f"--exclude {shlex.quote(p)}" for p in self.exclude]) or "a selection"
+
+
+@dataclass(frozen=True)
 class Manifest:
     repo_id: str
     revision: str
@@ -82,6 +103,7 @@ class Manifest:
     endpoint: str | None = None
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     schema: str = SCHEMA
+    partial: Partial | None = None  # None: the whole revision was asked for
 
     def by_path(self) -> dict[str, FileEntry]:
         return {f.path: f for f in self.files}
@@ -100,7 +122,10 @@ class Manifest:
 
 
 def manifest_path(model_dir: Path) -> Path:
-    return Path(model_dir) / MM_DIR / MANIFEST_NAME
+    """DIR/.mm/manifest.json; for a Hugging Face cache snapshot, kept outside the cache (artifacts/hfcache.py)."""
+    from .hfcache import state_dir
+
+    return state_dir(model_dir, MM_DIR) / MANIFEST_NAME
 
 
 def public_endpoint(endpoint: str | None) -> str | None:
@@ -116,6 +141,8 @@ def public_endpoint(endpoint: str | None) -> str | None:
 def to_json(manifest: Manifest) -> str:
     doc = asdict(manifest)
     ordered = {k: doc[k] for k in ("schema", "repo_id", "repo_type", "revision", "requested_revision", "endpoint", "created")}
+    if manifest.partial is not None:
+        ordered["partial"] = {k: list(v) for k, v in doc["partial"].items()}
     ordered["files"] = [{k: v for k, v in f.items() if k != "xet_hash" or v is not None} for f in doc["files"]]
     return json.dumps(ordered, indent=2) + "\n"
 
@@ -154,9 +181,23 @@ def from_dict(doc: object, where: str) -> Manifest:
         requested_revision=at.get_str(doc, "requested_revision", None, max_len=256),
         endpoint=at.get_str(doc, "endpoint", None, max_len=2048),
         created=at.get_str(doc, "created", "", max_len=64),
+        partial=_partial_from_dict(doc, at),
     )
     validate(manifest, where)
     return manifest
+
+
+def _partial_from_dict(doc: dict, at: At) -> Partial | None:
+    part = at.get_obj(doc, "partial", None)
+    if part is None:
+        return None
+    here = at.key("partial")
+
+    def strings(key: str, max_len: int) -> tuple[str, ...]:
+        values = here.get_list(part, key, [], max_len=MAX_FILES)
+        return tuple(here.key(key).index(i).str(v, max_len, empty=False) for i, v in enumerate(values))
+
+    return Partial(include=strings("include", 1024), exclude=strings("exclude", 1024), left_out=strings("left_out", 4096))
 
 
 def entry_from_dict(d: object, at: At | None = None) -> FileEntry:
@@ -198,6 +239,10 @@ def validate(manifest: Manifest, where: str) -> None:
             raise BadInput(f"{where}: {f.path!r} has neither a blake3 nor an upstream identity to check it against")
         if f.xet_hash is not None and not HEX64.match(f.xet_hash):
             raise BadInput(f"{where}: bad xet_hash for {f.path!r}")
+    for path in manifest.partial.left_out if manifest.partial else ():
+        check_relpath(path, where)
+        if path in seen:
+            raise BadInput(f"{where}: {path!r} is both a file of the manifest and left out of it (partial.left_out)")
 
 
 def export_sums(manifest: Manifest, algorithm: str) -> str:

@@ -1,5 +1,8 @@
 """Repair a model directory: re-fetch only what verify found missing or corrupt, then verify again.
 
+Every byte is hashed once: the re-verify hashes only the files the source rewrote (the others were hashed by
+the first verify and left untouched), and on a healthy directory there is no re-verify at all.
+
 Good files are never touched: a source writes the damaged files under temporary names and renames
 each over its final name only after it matches the upstream identity. The Hub is the only source
 today; a bundle can become a second one by implementing RepairSource.
@@ -79,7 +82,8 @@ def repair_dir(model_dir: Path, *, source: RepairSource | None = None, jobs: int
     damaged = before.repairable() | {f.path for f in manifest.unproven}
     if damaged:
         source.restore(model_dir, manifest, damaged, progress)
-        after = verify_dir(model_dir, jobs=jobs, progress=progress)  # the source rewrote the manifest's entries
+        # the source rewrote the manifest's entries; only its files are hashed again
+        after = verify_dir(model_dir, jobs=jobs, progress=progress, rehash=damaged)
     else:
         after = before
     return RepairReport(model_dir=str(model_dir), source=source.label, before=before,

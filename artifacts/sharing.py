@@ -49,6 +49,20 @@ def reflink(src_fd: int, dst_fd: int) -> bool:
         raise
 
 
+def clone_file(src: Path, dst: Path) -> bool:
+    """DST (created, or truncated) made a reflink of SRC (never following a symlink at SRC); False, with DST left
+    empty, where the file system or the pair cannot clone."""
+    fd_src = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        fd_dst = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            return reflink(fd_src, fd_dst)
+        finally:
+            os.close(fd_dst)
+    finally:
+        os.close(fd_src)
+
+
 def how_to_share(src_dir: Path, dst_dir: Path, allow_link: bool) -> str:
     """How files of SRC_DIR can become files of DST_DIR here: REFLINK when the file system clones (probed with a
     real clone of a scratch file in DST_DIR), else LINK when ALLOW_LINK and both are on one file system, else COPY."""

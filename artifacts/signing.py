@@ -56,7 +56,15 @@ class SignatureReport:
     signature_path: str | None = None
 
     def describe(self) -> str:
+        if is_pattern(self.identity):  # what matched is a line of allowed_signers, not a person: say so
+            return (f"signed by {self.key_type} key {self.fingerprint}, a key allowed for any principal matching "
+                    f"{self.identity!r} (give --identity to require one principal)")
         return f"signed by {self.identity} ({self.key_type} key {self.fingerprint})"
+
+
+def is_pattern(principal: str) -> bool:
+    """An allowed_signers principal that is a pattern (OpenSSH: *, ?, and comma-separated lists, ! negation)."""
+    return any(c in principal for c in "*?,!")
 
 
 @dataclass(frozen=True)
@@ -69,7 +77,10 @@ class SignResult:
 
 
 def signature_path(model_dir: Path) -> Path:
-    return Path(model_dir) / MM_DIR / ("manifest.json" + SIG_SUFFIX)
+    """Beside the manifest (for a Hugging Face cache snapshot, outside the cache: artifacts/hfcache.py)."""
+    from .hfcache import state_dir
+
+    return state_dir(model_dir, MM_DIR) / ("manifest.json" + SIG_SUFFIX)
 
 
 def verify_command(allowed_signers: str = "allowed_signers", identity: str = "ID", sig: str = "manifest.json.sig",
@@ -125,6 +136,13 @@ def _ssh_keygen(args: list[str], stdin: bytes | None = None, cwd: Path | None = 
     if proc.stopped:
         raise BadInput(f"ssh-keygen: {proc.stopped}; stopped")
     return proc
+
+
+def _reasons(proc: ToolResult) -> str:
+    """ssh-keygen's own reasons (an expired key, a malformed valid-before: `FILE:LINE: why`), not its verdict."""
+    lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+    verdicts = ("No principal matched", "Could not verify signature")
+    return "; ".join(dict.fromkeys(ln for ln in lines if not ln.startswith(verdicts)))[:500]
 
 
 def sign_bytes(data: bytes, key: Path, where: str = "manifest") -> bytes:
@@ -216,6 +234,9 @@ def verify_manifest_signature(manifest_bytes: bytes, signature: bytes | None, al
         principals = [p for p in found.stdout.split("\n") if p.strip()] \
             if found.returncode == 0 else []
         if not principals:
+            if why := _reasons(found):  # e.g. the key's line has expired, or its valid-before is malformed
+                raise IntegrityError(f"{sig_where}: signed by {info.key_type} key {info.fingerprint}; ssh-keygen "
+                                     f"refuses it: {why}; refused")
             raise IntegrityError(f"{sig_where}: signed by {info.key_type} key {info.fingerprint}, which "
                                  f"{allowed_signers} does not allow for {NAMESPACE}; refused")
         last = ""

@@ -146,15 +146,18 @@ def version_numbers(text: str, count: int = 2) -> tuple[int, ...]:
 
 
 _URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@?#]*@")
-_SECRETS = re.compile(r"(?i)\b(bearer\s+|token=|api[_-]?key=|hf_)[A-Za-z0-9._~+/=-]{8,}")
+# Values that look like secrets, never names: a Hugging Face token is `hf_` and letters/digits only (34 of them),
+# so variable names such as HF_HUB_OFFLINE or HF_ENDPOINT (upper case, underscores) are left as they are.
+_SECRETS = re.compile(r"(?i:\b(bearer\s+|token=|api[_-]?key=))[A-Za-z0-9._~+/=-]{8,}|\b(hf_)[A-Za-z0-9]{16,}\b")
 
 
 def redact(text: str) -> str:
     """TEXT without credentials: user:password@ in URLs (HF_ENDPOINT=http://user:pw@host), bearer tokens,
-    token=/api_key= query values and Hugging Face tokens (hf_...). Applied to everything mm prints."""
+    token=/api_key= query values and Hugging Face tokens (hf_...). Values are redacted, never variable names.
+    Applied to everything mm prints."""
     if "@" not in text and not _SECRETS.search(text):
         return text
-    return _SECRETS.sub(lambda m: m.group(1) + "***", _URL_CREDENTIALS.sub(r"\1", text))
+    return _SECRETS.sub(lambda m: (m.group(1) or m.group(2)) + "***", _URL_CREDENTIALS.sub(r"\1", text))
 
 
 _BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")

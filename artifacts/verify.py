@@ -1,5 +1,7 @@
 """Verify a model directory: every byte against the manifest (or the Hub's own identities), every
-file present and nothing extra, every safetensors shard and index structurally sound.
+file present, every safetensors shard and index structurally sound; files nobody expects are reported (and
+fail only with strict, as `hf cache verify --fail-on-extra-files` does). A partial fetch is judged on what
+was asked for: what its manifest records as left out is named, not missed.
 
 Speed: each byte is read once. Sizes are compared first (a size mismatch is already a verdict, and
 mapping a file shorter than expected risks SIGBUS). Files are then hashed one per core with
@@ -17,7 +19,7 @@ import stat
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, TypeVar
 
@@ -26,6 +28,7 @@ import blake3
 from .errors import BadInput, Busy, QuickVerifyFailed
 from .fsutil import MM_DIR, check_relpath, is_payload, lock_holder
 from .hashing import ChangedDuringRead, blake3_file, upstream_digest
+from .hfcache import Snapshot, snapshot_of, state_dir
 from .manifest import Manifest, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import Malformed, load_json
@@ -35,6 +38,8 @@ BIG_FILE = 64 * 1024 * 1024  # below this, a file is always hashed on one core (
 ROUND_SPREAD = 1.5  # largest / smallest file in one round of files hashed one per core
 # Problems a re-download fixes; the others (extra files, symlinks, structure of good bytes) it cannot.
 REPAIRABLE = frozenset({"missing", "size", "hash", "empty", "unreadable"})
+# Reported, but a failure only when asked for (--strict): a user's own file beside the model is no damage.
+LENIENT = frozenset({"extra"})
 SHORT = 12  # hex digits shown of a digest
 T = TypeVar("T")
 R = TypeVar("R")
@@ -57,10 +62,18 @@ class VerifyReport:
     bytes_checked: int
     seconds: float
     problems: tuple[Problem, ...]
+    strict: bool = False  # extra files fail too
+    left_out: tuple[str, ...] = ()  # a partial fetch: the revision's files not asked for (not judged)
+    asked: str | None = None  # a partial fetch: what was asked for, e.g. "--include '*.json'"
+
+    @property
+    def failures(self) -> tuple[Problem, ...]:
+        """The problems that make the verdict DAMAGED (extra files only with strict)."""
+        return self.problems if self.strict else tuple(p for p in self.problems if p.kind not in LENIENT)
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.failures
 
     @property
     def bytes_per_second(self) -> float:
@@ -84,8 +97,12 @@ class Expected:
 # --- entry points ------------------------------------------------------------------------------
 
 def verify_dir(model_dir: Path, manifest: Manifest | None = None, *, quick: bool = False, jobs: int | None = None,
-               progress: ProgressSink = NULL_PROGRESS, manifest_file: Path | None = None) -> VerifyReport:
-    """Check MODEL_DIR against MANIFEST (default: the one beside the model, or MANIFEST_FILE).
+               progress: ProgressSink = NULL_PROGRESS, manifest_file: Path | None = None,
+               strict: bool = False, rehash: frozenset[str] | None = None) -> VerifyReport:
+    """Check MODEL_DIR against MANIFEST (default: the one beside the model, or MANIFEST_FILE). STRICT: extra
+    files fail the verdict too. A partial manifest's left-out files are not judged (nor what names them).
+    REHASH: hash only these paths (repair's re-verify: the rest was hashed just before and not rewritten);
+    every file is still checked for presence, size and structure.
 
     Raises BadInput when it cannot run (no manifest, unreadable directory); damage is returned as problems.
     """
@@ -97,8 +114,12 @@ def verify_dir(model_dir: Path, manifest: Manifest | None = None, *, quick: bool
             manifest = read_manifest(manifest_file)
         expected = [Expected(f.path, f.size, "blake3", f.blake3) if f.blake3 is not None
                     else Expected(f.path, f.size, f.upstream.kind, f.upstream.value) for f in manifest.files]
-        return _verify(model_dir, expected, str(manifest_file), quick=quick, jobs=jobs, progress=progress,
-                       ignore=_inside(model_dir, manifest_file))
+        report = _verify(model_dir, expected, str(manifest_file), quick=quick, jobs=jobs, progress=progress,
+                         ignore=_inside(model_dir, manifest_file), rehash=rehash,
+                         left_out=frozenset(manifest.partial.left_out if manifest.partial else ()))
+    partial = manifest.partial
+    return replace(report, strict=strict, left_out=partial.left_out if partial else (),
+                   asked=partial.asked() if partial else None)
 
 
 def require_quick_verify(model_dir: Path, manifest: Manifest | None = None, *, before: str) -> None:
@@ -107,9 +128,10 @@ def require_quick_verify(model_dir: Path, manifest: Manifest | None = None, *, b
     what is refused, e.g. "bundling"."""
     report = verify_dir(model_dir, manifest, quick=True)
     if not report.ok:
-        named = ", ".join(f"{p.path} ({p.kind}: {p.detail})" for p in report.problems[:3])
-        more = f" and {len(report.problems) - 3} more" if len(report.problems) > 3 else ""
-        raise QuickVerifyFailed(f"{model_dir}: quick verify found {len(report.problems)} problem(s): {named}{more}; "
+        failures = report.failures
+        named = ", ".join(f"{p.path} ({p.kind}: {p.detail})" for p in failures[:3])
+        more = f" and {len(failures) - 3} more" if len(failures) > 3 else ""
+        raise QuickVerifyFailed(f"{model_dir}: quick verify found {len(failures)} problem(s): {named}{more}; "
                                 f"run `mm verify {model_dir}` (or `mm repair`) before {before}")
     manifest = manifest or read_manifest(manifest_path(model_dir))
     if unproven := manifest.unproven:  # listed by the revision, never fetched and proven here
@@ -119,7 +141,7 @@ def require_quick_verify(model_dir: Path, manifest: Manifest | None = None, *, b
 
 def verify_upstream(model_dir: Path, repo_id: str, revision: str, *, quick: bool = False, jobs: int | None = None,
                     endpoint: str | None = None, token: str | None = None,
-                    progress: ProgressSink = NULL_PROGRESS) -> VerifyReport:
+                    progress: ProgressSink = NULL_PROGRESS, strict: bool = False) -> VerifyReport:
     """Check MODEL_DIR against the Hub's own identities (LFS sha256, git blob sha1) for REVISION; no manifest needed."""
     from .hub import list_remote_files, resolve_revision  # the Hub client loads only when asked for
 
@@ -129,8 +151,9 @@ def verify_upstream(model_dir: Path, repo_id: str, revision: str, *, quick: bool
     remote = list_remote_files(repo_id, resolved.commit, endpoint=endpoint, token=token)
     expected = [Expected(f.path, f.size, f.upstream.kind, f.upstream.value) for f in remote]
     with _no_writer(model_dir):
-        return _verify(model_dir, expected, f"hub:{repo_id}@{resolved.commit}", quick=quick, jobs=jobs,
-                       progress=progress, listing="the Hub's file list")
+        report = _verify(model_dir, expected, f"hub:{repo_id}@{resolved.commit}", quick=quick, jobs=jobs,
+                         progress=progress, listing="the Hub's file list")
+    return replace(report, strict=strict)
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -146,7 +169,8 @@ class _Scan:
 
 
 def _verify(model_dir: Path, expected: list[Expected], source: str, *, quick: bool, jobs: int | None,
-            progress: ProgressSink, ignore: str | None = None, listing: str = "the manifest") -> VerifyReport:
+            progress: ProgressSink, ignore: str | None = None, listing: str = "the manifest",
+            left_out: frozenset[str] = frozenset(), rehash: frozenset[str] | None = None) -> VerifyReport:
     started = time.perf_counter()
     jobs = max(1, jobs or os.cpu_count() or 1)
     scan = _scan(model_dir, ignore)
@@ -164,7 +188,7 @@ def _verify(model_dir: Path, expected: list[Expected], source: str, *, quick: bo
             problems.append(Problem(exp.path, "missing", f"expected {exp.size} bytes, no such file"))
         elif found != exp.size:
             problems.append(_size_problem(exp, found))
-        else:
+        elif rehash is None or exp.path in rehash:
             to_hash.append(exp)
     extras = sorted(set(scan.sizes) - {e.path for e in expected})
     problems += _extra_problems(model_dir, extras, missing, scan.sizes, quick, listing)
@@ -177,7 +201,7 @@ def _verify(model_dir: Path, expected: list[Expected], source: str, *, quick: bo
         hash_problems, bytes_checked = _hash_all(model_dir, to_hash, jobs, progress)
         problems += hash_problems
     broken |= {p.path for p in problems if p.kind in ("unreadable", "empty", "size")}
-    problems += _structure(model_dir, scan.sizes, broken, jobs)
+    problems += _structure(model_dir, scan.sizes, broken, jobs, left_out)
     return VerifyReport(
         model_dir=str(model_dir), manifest_path=source, quick=quick,
         files_checked=examined - len(missing), bytes_checked=bytes_checked,
@@ -201,8 +225,9 @@ def _no_writer(model_dir: Path) -> Iterator[None]:
     """Share the directory's lock (DIR/.mm/lock, held exclusively by fetch, unbundle, manifest) while
     verifying, so that verify never judges a half-written directory and no writer starts meanwhile.
     Opens the lock read-only and never creates it: a model mounted read-only verifies too."""
+    lock = state_dir(model_dir, MM_DIR) / "lock"
     try:
-        fd = os.open(Path(model_dir) / MM_DIR / "lock", os.O_RDONLY)
+        fd = os.open(lock, os.O_RDONLY)
     except OSError:
         yield  # no lock file: no mm writer has ever run here
         return
@@ -214,7 +239,7 @@ def _no_writer(model_dir: Path) -> Iterator[None]:
             # fsutil.dir_lock records the holder's pid: our own caller (e.g. unbundle) may verify.
             held_elsewhere = os.pread(fd, 32, 0).strip() != str(os.getpid()).encode()
         if held_elsewhere:
-            raise Busy(f"{model_dir}: verify cannot start: {lock_holder(fd, Path(model_dir) / MM_DIR / 'lock')}; "
+            raise Busy(f"{model_dir}: verify cannot start: {lock_holder(fd, lock)}; "
                        f"verify when it has finished")
         yield
     finally:
@@ -229,8 +254,10 @@ def _inside(model_dir: Path, path: Path) -> str | None:
 
 
 def _scan(model_dir: Path, ignore: str | None) -> _Scan:
-    """Every payload file under MODEL_DIR with its size; symlinks leaving the directory are problems."""
+    """Every payload file under MODEL_DIR with its size; symlinks leaving the directory are problems (in a
+    Hugging Face cache snapshot, links to files of that repo's blobs/ read as those files)."""
     root = os.path.realpath(model_dir)
+    snapshot = snapshot_of(model_dir)
     scan = _Scan()
     pending = [""]
     while pending:
@@ -247,7 +274,7 @@ def _scan(model_dir: Path, ignore: str | None) -> _Scan:
                 continue
             try:
                 if entry.is_symlink():
-                    _judge_symlink(entry.path, rel, root, scan)
+                    _judge_symlink(entry.path, rel, root, scan, snapshot)
                 elif entry.is_dir(follow_symlinks=False):
                     pending.append(rel)
                 elif entry.is_file(follow_symlinks=False):
@@ -261,8 +288,11 @@ def _scan(model_dir: Path, ignore: str | None) -> _Scan:
     return scan
 
 
-def _judge_symlink(full: str, rel: str, root: str, scan: _Scan) -> None:
+def _judge_symlink(full: str, rel: str, root: str, scan: _Scan, snapshot: Snapshot | None = None) -> None:
     target = os.path.realpath(full)
+    if snapshot is not None and snapshot.allows(target):
+        scan.sizes[rel] = os.stat(target).st_size  # the one allowance: hf's link to its own blob
+        return
     if os.path.commonpath([root, target]) != root:
         scan.flagged.add(rel)
         scan.problems.append(Problem(rel, "symlink", f"points outside the model directory, to {target}"))
@@ -408,8 +438,10 @@ def _in_parallel(items: list[T], fn: Callable[[T], R], jobs: int) -> list[R]:
 
 # --- structure ---------------------------------------------------------------------------------
 
-def _structure(model_dir: Path, sizes: dict[str, int], broken: set[str], jobs: int) -> list[Problem]:
-    """Shard headers, index files against those headers, and the draft the config names."""
+def _structure(model_dir: Path, sizes: dict[str, int], broken: set[str], jobs: int,
+               left_out: frozenset[str] = frozenset()) -> list[Problem]:
+    """Shard headers, index files against those headers, and the draft the config names; shards and a draft
+    that a partial fetch LEFT_OUT are not asked for."""
     shards = [rel for rel in sizes if rel.endswith(".safetensors") and rel not in broken]
     headers: dict[str, frozenset[str] | None] = {}  # None: unreadable or malformed (already reported)
     problems = []
@@ -428,13 +460,14 @@ def _structure(model_dir: Path, sizes: dict[str, int], broken: set[str], jobs: i
             problems.append(problem)
     for rel in sorted(sizes):
         if rel.endswith(".safetensors.index.json") and rel not in broken:
-            problems += _index_problems(model_dir, rel, sizes, headers, broken)
-    problems += _draft_problems(model_dir, sizes, broken)
+            problems += _index_problems(model_dir, rel, sizes, headers, broken, left_out)
+    problems += _draft_problems(model_dir, sizes, broken, left_out)
     return problems
 
 
 def _index_problems(model_dir: Path, index_rel: str, sizes: dict[str, int],
-                    headers: dict[str, frozenset[str] | None], broken: set[str]) -> list[Problem]:
+                    headers: dict[str, frozenset[str] | None], broken: set[str],
+                    left_out: frozenset[str] = frozenset()) -> list[Problem]:
     try:
         weight_map = read_weight_map(model_dir / index_rel)
     except StructureError as e:
@@ -451,6 +484,8 @@ def _index_problems(model_dir: Path, index_rel: str, sizes: dict[str, int],
         except BadInput as e:
             problems.append(Problem(index_rel, "index", f"names shard {shard!r}: {e.message}"))
             continue
+        if rel in left_out and rel not in sizes:
+            continue  # not asked for (a partial fetch): not compared
         if rel not in sizes:
             shard_tensors[shard] = None
         elif rel not in broken and headers.get(rel) is not None:
@@ -475,7 +510,8 @@ def draft_subfolder(config: dict) -> str | None:
     return None
 
 
-def _draft_problems(model_dir: Path, sizes: dict[str, int], broken: set[str]) -> list[Problem]:
+def _draft_problems(model_dir: Path, sizes: dict[str, int], broken: set[str],
+                    left_out: frozenset[str] = frozenset()) -> list[Problem]:
     if "config.json" not in sizes or "config.json" in broken:
         return []
     try:
@@ -488,6 +524,8 @@ def _draft_problems(model_dir: Path, sizes: dict[str, int], broken: set[str]) ->
         return [Problem("config.json", "structure", "not a JSON object")]
     sub = draft_subfolder(config)
     if sub is None or sub in broken:  # e.g. a symlink leaving the directory: reported as such
+        return []
+    if any(rel.startswith(sub + "/") for rel in left_out):  # a partial fetch left (part of) the draft out
         return []
     inside = [rel for rel in sizes if rel.startswith(sub + "/")]
     lacking = [what for what, ok in (("config.json", f"{sub}/config.json" in inside),

@@ -130,18 +130,27 @@ def _zip_write(zf: zipfile.ZipFile, name: str, data: bytes, mode: int = 0o644) -
     zf.writestr(info, data)
 
 
+# mm's file list, as setup.cfg declares it: its packages (`packages =`, as directories under the `mm` package) and
+# their package data (`[options.package_data]`). tests/test_userpath.py holds the two in step. The wheel is built
+# from this list, never by walking a directory: a plain `pip install -e .` makes the checkout itself the `mm`
+# package, and a walk would pack its .git/, tests/ and .venv/.
+PACKAGES = ("", "artifacts", "artifacts/bundle", "artifacts/oci")
+PACKAGE_DATA = {"": ("manifests/*.json",), "artifacts": ("*.sh",)}
+
+
 def package_files() -> dict[str, bytes]:
-    """{path inside the wheel: bytes} of the installed `mm` package (code and package data, no bytecode)."""
+    """{path inside the wheel: bytes} of the installed `mm` package: each package's modules and its package data
+    (no bytecode, nothing else that lies beside them)."""
     root = Path(__file__).parent.parent  # not resolved: an editable install links each file into its own tree
     files: dict[str, bytes] = {}
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if "__pycache__" in rel.parts or path.suffix == ".pyc" or not path.is_file():
-            continue
-        files[f"mm/{rel.as_posix()}"] = path.read_bytes()
+    for package in PACKAGES:
+        for pattern in ("*.py", *PACKAGE_DATA.get(package, ())):
+            for path in sorted((root / package).glob(pattern)):
+                if path.is_file():
+                    files[f"mm/{path.relative_to(root).as_posix()}"] = path.read_bytes()
     if "mm/cli.py" not in files:
         raise BadInput(f"{root}: not the mm package (no cli.py); reinstall mm")
-    return files
+    return dict(sorted(files.items()))
 
 
 def _mm_distribution() -> importlib.metadata.Distribution:

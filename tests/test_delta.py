@@ -132,6 +132,9 @@ def test_unbundle_from_on_xfs_takes_the_base_files_by_reflink_and_matches_a_fres
         renamed = layout(b_dir / RENAMED)
         assert shared_bytes([renamed], [layout(a_dir / SHARD)]) == renamed.allocated > 4 * 2**20
         assert shutil.disk_usage(mnt).used - used < 2 * 2**20  # the model is 18 MB; B added its three small files
+        ok(mm(update, "fetch", REPO, "--revision", update.b, "--local-dir", mnt / "fetched", "--from", a_dir))
+        fetched = layout(mnt / "fetched" / RENAMED)  # the connected side's --from reflinks too
+        assert shared_bytes([fetched], [layout(a_dir / SHARD)]) == fetched.allocated
 
 
 def test_unbundle_from_on_tmpfs_copies_and_with_link_hard_links(update, tmp_path):
@@ -287,9 +290,9 @@ def test_fetch_from_reads_what_the_base_has_and_downloads_only_what_changed(upda
     r = ok(mm(update, "fetch", REPO, "--revision", update.b, "--local-dir", tmp_path / "B", "--from", update.conn_a,
               "--json"))
     doc = json.loads(r.stdout)
-    sources = {f["path"]: f["source"] for f in doc["files"]}
-    assert {p for p, s in sources.items() if s == "hub"} == set(CHANGED)
-    assert sources[RENAMED] == "local" and len(sources) == len(payload(update.conn_b))
+    status = {f["path"]: f["status"] for f in doc["files"]}
+    assert {p for p, s in status.items() if s == "downloaded"} == set(CHANGED)
+    assert status[RENAMED] == "adopted" and len(status) == len(payload(update.conn_b))
     changed = sum(len((update.conn_b / p).read_bytes()) for p in CHANGED)
     assert hub_server.total_bytes_served == changed
     assert payload(tmp_path / "B") == payload(update.conn_b)

@@ -84,10 +84,10 @@ def test_repair_of_an_intact_model_downloads_nothing(run_mm, hub_env, hub_server
     assert hub_server.resolve_requests() == [] and identity(fetched) == before
 
 
-def test_repair_leaves_extra_files_and_exits_1_naming_them(run_mm, hub_env, fetched):
+def test_repair_leaves_extra_files_and_names_them(run_mm, hub_env, fetched):
     (fetched / SHARD2).rename(fetched / "model-2.safetensors")
     r = run_mm("repair", fetched, env=hub_env)
-    assert r.returncode == 1 and "remain that re-fetching cannot fix" in r.stderr, r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr  # an extra file is reported, not failed (verify --strict fails)
     assert any(ln.startswith(f"RESTORED   {SHARD2}") for ln in r.stdout.splitlines())
     assert any(ln.startswith("EXTRA      model-2.safetensors:") for ln in r.stdout.splitlines())
     assert (fetched / "model-2.safetensors").exists()

@@ -30,7 +30,7 @@ from ..fsutil import human_bytes, publish
 from ..hashing import StreamHasher, blake3_file
 from ..manifest import Manifest, from_json, manifest_path
 from ..progress import NULL_PROGRESS, ProgressSink
-from ..sharing import LINK, REFLINK, reflink
+from ..sharing import LINK, REFLINK, clone_file
 from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
 from .format import MANIFEST_MEMBER, PARITY_RE, VOLUME_RE
 from .index import DeltaNote, Take
@@ -264,16 +264,8 @@ def _make(source: Path, work: Path, size: int, mode: str, pipe: ChunkPipe, sync:
             return "changed", False
         if mode == LINK:
             os.link(source, work, follow_symlinks=False)
-        elif mode == REFLINK:
-            dst = os.open(work, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                cloned = reflink(src, dst)
-            finally:
-                os.close(dst)
-            if not cloned:
-                work.unlink()
-                return _copy(source, work, size, pipe, sync, progress), True
-        else:
+        elif mode != REFLINK or not clone_file(source, work):  # a copy, or a reflink refused for this file
+            work.unlink(missing_ok=True)
             return _copy(source, work, size, pipe, sync, progress), True
     finally:
         os.close(src)

@@ -238,7 +238,10 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
     after the hashes match). ALLOWED_SIGNERS: check the manifest's signature first (IntegrityError, nothing
     written, when it is not good; with REQUIRE_SIGNATURE when there is none either). BASE_DIR: a delta's base
     revision (--from), whose files are taken by reflink, by hard link when LINK, else by a copy."""
+    from ..hfcache import refuse_snapshot
+
     dest = Path(dest)
+    refuse_snapshot(dest, "mm unbundle")
     vols, pvols = split_volumes([open_volume(p) for p in find_volumes(sources)])
     signature, signed_manifest = None, None
     if allowed_signers is not None:

@@ -3,7 +3,8 @@
 An mm model directory becomes one OCI image manifest:
   artifactType application/vnd.cncf.model.manifest.v1+json, config application/vnd.cncf.model.config.v1+json,
   one raw layer per file (no tar, no compression), media type by role (weight / weight.config / doc / code),
-  annotations org.cncf.model.filepath and org.cncf.model.file.metadata+json,
+  annotations org.cncf.model.filepath and org.cncf.model.file.metadata+json, and beside them the relative path as
+  org.opencontainers.image.title (the OCI annotation `oras pull` names a layer's file by, instead of its digest),
   plus one layer holding mm's own manifest (media type MM_MANIFEST), so a pull restores `.mm/manifest.json`
   with blake3 and the Hub's identities; the Hub repo and revision also go in the manifest's annotations;
   and, for a signed model, one layer holding the manifest's SSH signature (MM_SIGNATURE, signing.py) over the
@@ -146,6 +147,11 @@ def _dtypes(path: Path) -> set[str]:
             if k != "__metadata__" and isinstance(v, dict) and isinstance(v.get("dtype"), str)}
 
 
+def _path_annotations(path: str, size: int) -> dict[str, str]:
+    """A layer's file: the model-spec's path and metadata, and the OCI title (what `oras pull` writes it as)."""
+    return {FILEPATH: path, FILE_METADATA: _file_metadata(path, size), TITLE: path}
+
+
 def build(model_dir: Path, manifest: Manifest, mm_manifest: bytes, config_fields: dict[str, str],
           signature: bytes | None = None) -> Artifact:
     """The ModelPack artifact for MODEL_DIR, from its manifest (digests are the recorded sha256s); SIGNATURE (over
@@ -154,20 +160,18 @@ def build(model_dir: Path, manifest: Manifest, mm_manifest: bytes, config_fields
     for f in manifest.files:
         mt, tested = media_type(f.path)
         layer = Layer(mt, f"sha256:{f.sha256}", f.size, f.path)
-        annotations = {FILEPATH: f.path, FILE_METADATA: _file_metadata(f.path, f.size)}
+        annotations = _path_annotations(f.path, f.size)
         if not tested:
             annotations[UNTESTED] = "true"
         layers.append(layer)
         descriptors.append(layer.descriptor(annotations))
     mm_layer = Layer(MM_MANIFEST, _sha256(mm_manifest), len(mm_manifest), MM_MANIFEST_PATH)
     layers.append(mm_layer)
-    descriptors.append(mm_layer.descriptor({FILEPATH: MM_MANIFEST_PATH,
-                                            FILE_METADATA: _file_metadata(MM_MANIFEST_PATH, len(mm_manifest))}))
+    descriptors.append(mm_layer.descriptor(_path_annotations(MM_MANIFEST_PATH, len(mm_manifest))))
     if signature is not None:
         sig_layer = Layer(MM_SIGNATURE, _sha256(signature), len(signature), MM_SIGNATURE_PATH)
         layers.append(sig_layer)
-        descriptors.append(sig_layer.descriptor({FILEPATH: MM_SIGNATURE_PATH,
-                                                 FILE_METADATA: _file_metadata(MM_SIGNATURE_PATH, len(signature))}))
+        descriptors.append(sig_layer.descriptor(_path_annotations(MM_SIGNATURE_PATH, len(signature))))
     source = f"{(manifest.endpoint or 'https://huggingface.co').rstrip('/')}/{manifest.repo_id}"
     descriptor = {"name": manifest.repo_id, "revision": manifest.revision, "sourceURL": source}
     if manifest.created:

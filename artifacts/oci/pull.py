@@ -155,7 +155,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
                            f"pushed, so that every file has its blake3 and the Hub's identity")
         source = f"oci:{ref.at(r.digest)}"
         checked = _check_signature(r, allowed_signers, identity, require_signature)
-        prepare_dir(local_dir)
+        prepare_dir(local_dir, "mm pull")
         with dir_lock(local_dir, "mm pull"):
             interrupt.keeps(local_dir)  # an interrupt names the partial files kept here
             journal = Journal(local_dir / JOURNAL)
@@ -191,7 +191,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
     problems: tuple[str, ...] = ()
     if not any(o.status == "failed" for o in outcomes):
         report = verify_dir(local_dir, quick=True)
-        problems = tuple(f"{p.kind} {p.path}: {p.detail}" for p in report.problems)
+        problems = tuple(f"{p.kind} {p.path}: {p.detail}" for p in report.failures)
     if draft_subfolder is None:
         from ..pins import pin_for_repo
         pin = pin_for_repo(r.manifest.repo_id)

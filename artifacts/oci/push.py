@@ -204,9 +204,11 @@ class _StateDir:
     just pushes without resume state."""
 
     def __init__(self, model_dir: Path, registry: str, repository: str):
+        from ..hfcache import state_dir  # a Hugging Face cache snapshot keeps its state outside the cache
+
         key = hashlib.sha256(f"{registry}/{repository}".encode()).hexdigest()[:16]
-        self.dir = model_dir / STATE_DIR / key
-        self.root = model_dir / STATE_DIR
+        self.root = state_dir(model_dir, MM_DIR) / STATE_DIR.removeprefix(f"{MM_DIR}/")
+        self.dir = self.root / key
 
     def _path(self, digest: str) -> Path:
         return self.dir / f"{digest.split(':', 1)[1]}.json"
