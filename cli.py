@@ -1792,7 +1792,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "mm ls": ("mm ls /data/models",
               "mm ls /data/models --json | jq '.revisions[] | {dir, current, shared}'"),
     "mm use": ("mm use MiniMaxAI/MiniMax-M3.1-Flash 2f3a91c0 --root /data/models",
-               "MM_ROOT=/data/models mm use MiniMaxAI/MiniMax-M3.1-Flash ce7f4df8    # the rollback"),
+               "mm use MiniMaxAI/MiniMax-M3.1-Flash ce7f4df8 --root /data/models    # the rollback"),
     "mm gc": ("mm gc /data/models --dry-run",
               "mm gc /data/models --keep 2"),
     "mm image": ("mm image save --out sglang.tar",),
