@@ -185,7 +185,6 @@ def base_candidates(base_dir: Path, files: list[RemoteFile], local_dir: Path) ->
     return found
 
 
-
 def _partial(local_dir: Path, req: FetchRequest, refetch: frozenset[str] | None, remote: list[RemoteFile],
              entries: Mapping[str, FileEntry]) -> Partial | None:
     """What the manifest says was asked for: None when it holds the whole revision, else the patterns (a

@@ -669,9 +669,8 @@ def _check_dest_manifest(dest: Path, manifest_bytes: bytes) -> None:
 
 
 def _final_verify(dest: Path, progress: ProgressSink) -> dict:
-    from ..verify import verify_dir  # the verify capability (issue 3)
-
     from ..store import record_verified
+    from ..verify import verify_dir  # the verify capability (issue 3)
 
     report = verify_dir(dest, progress=progress)
     record_verified(dest, report.ok, report.files_checked, report.bytes_checked, len(report.problems), "mm unbundle")
