@@ -44,10 +44,11 @@ $(TEST_STAMP): $(STAMP)
 # Standard tools that tests and benchmarks use, all Debian packages: b3sum and sha256sum peers, shellcheck, strace (to
 # see fsyncs), the real OCI registry (docker-registry, distribution 2.8) and skopeo, ssh-keygen for signatures, the real
 # container engine (docker.io: dockerd 20.10, started by the tests on a private socket and bridge, iproute2 makes the
-# bridge), busybox-static (the stand-in server image's root file system), curl (the node script's health checks), and
-# mkfs.xfs (xfsprogs) for the XFS images with reflinks of the delta tests and benchmark.
-TOOLS := b3sum shellcheck strace docker-registry skopeo ssh-keygen dockerd busybox ip curl mkfs.xfs
-TOOL_PACKAGES := b3sum shellcheck strace docker-registry skopeo openssh-client docker.io busybox-static iproute2 curl xfsprogs
+# bridge), busybox-static (the stand-in server image's root file system), curl (the node script's health checks),
+# nginx (the fetch benchmark's CDN), aria2c (its peer), and mkfs.xfs (xfsprogs) for the XFS images with reflinks of
+# the delta tests and benchmark.
+TOOLS := b3sum shellcheck strace docker-registry skopeo ssh-keygen dockerd busybox ip curl nginx aria2c mkfs.xfs
+TOOL_PACKAGES := b3sum shellcheck strace docker-registry skopeo openssh-client docker.io busybox-static iproute2 curl nginx aria2 xfsprogs
 
 tools:
 	@for t in $(TOOLS); do command -v $$t >/dev/null || missing=1; done; \

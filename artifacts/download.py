@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import threading
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import ContextManager, Iterator, Mapping, Protocol, Sequence
+from typing import ContextManager, Mapping, Protocol, Sequence
 
 from .errors import BadInput, IntegrityError, MMError, RemoteError
 from .fsutil import MM_DIR, check_relpath, dir_lock, publish, require_free_space
@@ -40,7 +39,8 @@ from .progress import NULL_PROGRESS, ProgressSink
 from .sharing import clone_file
 from .untrusted import load_json
 from . import ranges
-from .ranges import DEFAULT_CONNECTIONS, Connections, RangedJob, RetryLater, TransferStats, clear_state, state_path
+from .ranges import DEFAULT_CONNECTIONS, Answer, Connections, RangedJob, TransferStats, clear_state, state_path
+from .ranges import RetryLater, TransferCut  # noqa: F401 - what a Source raises, importable from here as before
 
 PARTIAL_DIR = f"{MM_DIR}/partial"
 JOURNAL = f"{MM_DIR}/journal.jsonl"
@@ -73,29 +73,13 @@ class Source(Protocol):
 
     label: str  # recorded as the manifest entry's "source" and shown in reports
 
-    def stream(self, path: str, start: int, end: int | None = None) -> ContextManager[tuple[int, Iterator[bytes]]]:
+    def stream(self, path: str, start: int, end: int | None = None) -> ContextManager[Answer]:
         """Bytes [START, END) of PATH (END None: to the end; START 0 and END None: the whole file, no Range).
-        Yield (start, chunks), start being the offset the body really starts at (0 when the source ignored
-        the offset; the engine copes with any answer). Raise RetryLater for what may pass (429, 5xx, an
-        expired signed URL; TransferCut when the body breaks mid-way: what arrived is kept and the engine
-        asks again from there), RemoteError when the source refuses. A source may set `max_connections`
-        (e.g. 1) to cap the connections one of its files gets."""
-
-
-class TransferCut(RetryLater):
-    """The connection broke mid-body; what arrived is on disk and the transfer can continue."""
-
-    def __init__(self, message: str):
-        super().__init__(message, "cut")
-
-
-def content_start(status: int, content_range: str | None) -> int:
-    """The byte offset an HTTP response body starts at: 0 for a 200, the range start for a 206."""
-    if status == 206 and content_range:
-        m = re.match(r"bytes (\d+)-", content_range)
-        if m:
-            return int(m.group(1))
-    return 0
+        Yield the server's Answer (status, Content-Range, a read into the engine's buffer): the engine proves
+        where its bytes belong and copes with any answer (ranges.prove). Raise RetryLater for what may pass
+        (429, 5xx, an expired signed URL; the read raises TransferCut when the body breaks mid-way: what
+        arrived is kept and the engine asks again from there), RemoteError when the source refuses. A source
+        may set `max_connections` (e.g. 1) to cap the connections one of its files gets."""
 
 
 @dataclass(frozen=True)

@@ -2,19 +2,22 @@
 upstream identities (LFS sha256 or git blob sha1), and serve a file's bytes as a download.Source (URL,
 auth headers, Range).
 
-huggingface_hub does the talking (HfApi for the API, its shared HTTP session, headers, token and error
-mapping). What happens to the bytes (partials, resume, hashing, checks, naming) is the download engine's
-(artifacts/download.py); the fetch flow is artifacts/fetch.py.
+huggingface_hub does the talking for the API (HfApi, headers, token and error mapping) over a session mm
+bounds (artifacts/wire.py: a byte cap per answer, a deadline, checked redirects). A file's bytes come over
+plain http.client connections (wire.open_raw), read straight into the download engine's buffers; what happens
+to them (partials, resume, hashing, checks, naming) is the engine's (artifacts/ranges.py, download.py); the
+fetch flow is artifacts/fetch.py.
 """
 from __future__ import annotations
 
+import http.client
 import re
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Sequence
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 import httpx2
 from huggingface_hub import HfApi, constants, hf_hub_url
@@ -27,17 +30,21 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import build_hf_headers, filter_repo_objects, get_session, hf_raise_for_status
+from huggingface_hub.utils import build_hf_headers, filter_repo_objects, hf_raise_for_status
 
-from .download import RemoteFile, TransferCut, content_start
-from .errors import BadInput, BadValue, RemoteError, first_line
-from .ranges import RetryLater
+from . import wire
+from .download import RemoteFile
+from .errors import BadValue, RemoteError, first_line
+from .ranges import Answer, RetryLater, http_answer
 from .fsutil import check_relpath
 from .manifest import public_endpoint
 
 HEX = re.compile(r"^[0-9a-f]+$")
 XET_HASH = re.compile(r"^[0-9a-f]{64}$")
-MAX_REDIRECTS = 5
+MAX_REDIRECTS = wire.MAX_REDIRECTS
+MAX_LISTED = 200_000  # files in one listing: mm's margin (the largest model repos hold a few thousand)
+LISTING_REQUESTS = 2 * (MAX_LISTED // 1000) + 10  # the Hub pages a tree 1000 entries at a time: mm's margin of 2x
+RESOLVE_REQUESTS = 1000  # refs, then commit lists 50 at a time for a short sha (50,000 commits): mm's margin
 
 
 # --- what the Hub says -----------------------------------------------------------------------
@@ -51,7 +58,9 @@ class Resolved:
 
 
 def hub_endpoint(endpoint: str | None = None) -> str:
-    return (endpoint or constants.ENDPOINT).rstrip("/")
+    """The Hub's base URL (ENDPOINT, else HF_ENDPOINT, else huggingface.co), checked to be an http(s) URL."""
+    url = (endpoint or constants.ENDPOINT).rstrip("/")
+    return wire.check_url(url, "the Hub endpoint (HF_ENDPOINT)", "is")
 
 
 class Unreachable(RemoteError):
@@ -76,6 +85,12 @@ def hub_errors(repo_id: str, revision: str | None = None) -> Iterator[None]:
         raise Unreachable(f"{at}: HF_HUB_OFFLINE is set; the Hub cannot be reached in offline mode") from None
     except HfHubHTTPError as e:
         raise RemoteError(f"{at}: Hub request failed: {first_line(e)}") from None
+    except httpx2.TooManyRedirects:
+        raise RemoteError(f"{at}: the Hub at {public_endpoint(hub_endpoint())} redirected more than {MAX_REDIRECTS} "
+                          f"times; refused") from None
+    except httpx2.TimeoutException as e:
+        raise Unreachable(f"{at}: the Hub at {public_endpoint(hub_endpoint())} did not answer within "
+                          f"MM_NET_TIMEOUT ({wire.limits().timeout:g} s): {type(e).__name__}") from None
     except httpx2.HTTPError as e:
         raise Unreachable(f"{at}: cannot reach the Hub at {public_endpoint(hub_endpoint())}: {type(e).__name__}: {first_line(e)}") from None
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
@@ -86,6 +101,7 @@ def hub_errors(repo_id: str, revision: str | None = None) -> Iterator[None]:
 
 def _api(endpoint: str | None, token: str | None) -> HfApi:
     # token=None lets huggingface_hub take HF_TOKEN or the stored login; mm never reads or keeps it.
+    wire.use_for_hub()  # every answer capped and under a deadline, redirects checked
     return HfApi(endpoint=hub_endpoint(endpoint), token=token, library_name="mm")
 
 
@@ -96,7 +112,7 @@ def resolve_revision(repo_id: str, revision: str, *, endpoint: str | None = None
     rev = revision.strip()
     if not rev:
         raise BadValue("--revision: empty revision")
-    with hub_errors(repo_id, rev):
+    with hub_errors(repo_id, rev), wire.request_budget(RESOLVE_REQUESTS, "resolving a revision"):
         refs = api.list_repo_refs(repo_id, repo_type=repo_type)
         for kind, group in (("branch", refs.branches), ("tag", refs.tags)):
             for ref in group:
@@ -132,9 +148,14 @@ def list_remote_files(repo_id: str, commit: str, *, endpoint: str | None = None,
                       repo_type: str = "model") -> list[RemoteFile]:
     """Every file of the commit with its size and upstream identity, sorted by path."""
     api = _api(endpoint, token)
-    with hub_errors(repo_id, commit):
-        entries = [e for e in api.list_repo_tree(repo_id, revision=commit, recursive=True, repo_type=repo_type)
-                   if isinstance(e, RepoFile)]
+    entries = []
+    with hub_errors(repo_id, commit), wire.request_budget(LISTING_REQUESTS, "the file listing"):
+        for e in api.list_repo_tree(repo_id, revision=commit, recursive=True, repo_type=repo_type):
+            if len(entries) >= MAX_LISTED:  # a server paging forever
+                raise RemoteError(f"{repo_id}@{commit[:12]}: the Hub at {public_endpoint(hub_endpoint())} listed more "
+                                  f"than {MAX_LISTED} files; refused")
+            if isinstance(e, RepoFile):
+                entries.append(e)
     files = []
     for e in entries:
         check_relpath(e.path, f"{repo_id}@{commit[:12]} listing")
@@ -205,48 +226,57 @@ class HubSource:
         return _origin(url) == _origin(self.endpoint)
 
     @contextmanager
-    def stream(self, path: str, start: int, end: int | None = None) -> Iterator[tuple[int, Iterator[bytes]]]:
+    def stream(self, path: str, start: int, end: int | None = None) -> Iterator[Answer]:
         url, resolving = self._start_url(path)
         rng = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if start or end is not None else {}
-        session = get_session()
         try:
             for _ in range(MAX_REDIRECTS + 1):
                 headers = {**(self._hub_headers if self._on_hub(url) else self._cdn_headers), **rng}
+                where = f"{path}: {_where(url)}"
                 try:
-                    request = session.build_request("GET", url, headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
-                    response = session.send(request, stream=True, follow_redirects=False)
-                except httpx2.TransportError as e:
+                    raw = wire.open_raw(url, headers, _where(url), use_proxy=True)
+                except wire.TooSlow as e:
+                    raise RetryLater(f"{path}: {e.message}", "slow-headers") from None
+                except (OSError, http.client.HTTPException) as e:
                     raise RetryLater(f"{path}: cannot reach {_where(url)}: {type(e).__name__}", "connect") from None
                 try:
-                    if response.has_redirect_location:
-                        url = urljoin(url, response.headers["Location"])
+                    location = raw.header("Location")
+                    if raw.status in wire.REDIRECT_STATUSES and location:
+                        url = wire.join_url(url, location, where)
+                        raw.discard(wire.CAP_REDIRECT)  # so the Hub's connection is kept for the next file
                         continue
                     if resolving:
                         resolving = False
                         self._settle(path, None if self._on_hub(url) else url)
-                    self._check(response, path, url)
-                    yield content_start(response.status_code, response.headers.get("Content-Range")), _body(response, path)
+                    self._check(raw, path, url)
+                    yield http_answer(raw, where)
                     return
                 finally:
-                    response.close()
+                    raw.close()
             raise RemoteError(f"{self.repo_id}@{self.commit[:12]}: {path}: more than {MAX_REDIRECTS} redirects")
         finally:
             if resolving:
                 self._settle(path, None)
 
-    def _check(self, response: httpx2.Response, path: str, url: str) -> None:
-        status = response.status_code
+    def _check(self, raw: "wire.RawAnswer", path: str, url: str) -> None:
+        status = raw.status
         if status in (200, 206):
             return
         where = f"{path}: {_where(url)} answered {status}"
         if status == 429:
-            raise RetryLater(f"{where} (rate limited)", "429", _retry_after(response.headers.get("Retry-After")))
+            raise RetryLater(f"{where} (rate limited)", "429", _retry_after(raw.header("Retry-After")))
         if status == 408 or status >= 500:
-            raise RetryLater(where, f"{status}", _retry_after(response.headers.get("Retry-After")))
+            raise RetryLater(where, f"{status}", _retry_after(raw.header("Retry-After")))
         if not self._on_hub(url):  # an expired or revoked signed URL: resolve the file again
             self._forget(path, url)
             raise RetryLater(f"{where} (signed URL expired or refused; resolving again)", "expired", after=0)
-        response.read()
+        try:
+            body = raw.read_capped(wire.CAP_ERROR, f"an error answer (HTTP {status})")
+        except (OSError, http.client.HTTPException):
+            body = b""
+        # huggingface_hub's own mapping of the Hub's errors (gated, not found, ...), from the bounded body
+        response = httpx2.Response(status, headers=list(raw.headers.items()), content=body,
+                                   request=httpx2.Request("GET", url))
         with hub_errors(self.repo_id, self.commit[:12]):
             hf_raise_for_status(response)
         raise RemoteError(where)
@@ -275,16 +305,3 @@ def _retry_after(value: str | None) -> float | None:
         return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
     except (TypeError, ValueError, IndexError):
         return None
-
-
-def _body(response: httpx2.Response, path: str) -> Iterator[bytes]:
-    # Bytes as they arrive, nothing buffered is lost on a cut; raw when the body is not encoded (identity was
-    # asked for), which skips the client's decoder layer.
-    received = 0
-    encoded = response.headers.get("Content-Encoding", "identity").lower() not in ("", "identity")
-    try:
-        for chunk in (response.iter_bytes() if encoded else response.iter_raw()):
-            received += len(chunk)
-            yield chunk
-    except httpx2.TransportError as e:
-        raise TransferCut(f"{path}: transfer cut ({type(e).__name__}) after {received} bytes of this response") from None

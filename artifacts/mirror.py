@@ -19,13 +19,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from .download import RemoteFile, TransferCut, content_start
+from .download import RemoteFile
 from .errors import BadInput, BadValue, RemoteError, first_line
 from .fetch import FetchRequest, SourcePlan
 from .hashing import git_blob_sha1
 from .hub import Resolved, Unreachable, list_remote_files, resolve_revision, select
 from .manifest import Manifest, read_manifest
 from .pins import pinned_target
+from .ranges import Answer, TransferCut, chunk_reader
 
 DEFAULT_MS_REVISION = "master"  # ModelScope's default branch; always passed explicitly (an omitted revision may pick a tag)
 CHUNK = 1024 * 1024
@@ -184,7 +185,7 @@ class MirrorSource:
     max_connections = 1  # one stream per file from the mirror
 
     @contextmanager
-    def stream(self, path: str, offset: int, end: int | None = None) -> Iterator[tuple[int, Iterator[bytes]]]:
+    def stream(self, path: str, offset: int, end: int | None = None) -> Iterator[Answer]:
         # END is not asked for: the engine stops reading at the end of its range
         headers = {"Accept-Encoding": "identity"}  # byte offsets must be offsets into the file itself
         if offset:
@@ -195,19 +196,24 @@ class MirrorSource:
         except _sdk_errors() as e:
             raise RemoteError(f"{where}: download failed: {first_line(e)}") from None
         try:
-            yield content_start(resp.status_code, resp.headers.get("Content-Range")), _chunks(resp, where)
+            length = resp.headers.get("Content-Length", "")
+            encoded = resp.headers.get("Content-Encoding", "identity").lower() not in ("", "identity")
+            yield Answer(resp.status_code, resp.headers.get("Content-Range"), chunk_reader(_chunks(resp, where)),
+                         int(length) if length.isdigit() and not encoded else None)
         finally:
             resp.close()
 
     def read(self, path: str, limit: int = SMALL_FILE_LIMIT) -> bytes:
         """The whole file, for hashing small files during reconciliation."""
-        buf = bytearray()
-        with self.stream(path, 0) as (_, chunks):
-            for chunk in chunks:
-                buf += chunk
-                if len(buf) > limit:
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        out = bytearray()
+        with self.stream(path, 0) as answer:
+            while n := answer.read(view):
+                out += view[:n]
+                if len(out) > limit:
                     raise RemoteError(f"ModelScope {self.model_id}@{self.revision}: {path} is larger than {limit} bytes")
-        return bytes(buf)
+        return bytes(out)
 
 
 def _chunks(resp, where: str) -> Iterator[bytes]:

@@ -8,33 +8,46 @@ received for nothing, megabytes per connection on a fast link.)
 
 Bytes are written at their offset in the partial file (``pwrite``) and recorded in a ``RangeMap`` saved beside
 it (``<partial>.ranges``, rewritten by rename at most every ``SAVE_SECONDS``), so a rerun after kill -9 asks
-only for the gaps. Hashing stays one pass over each byte, in file order (``OrderedHasher``): bytes that land
-exactly at the hashed frontier are hashed from memory; bytes that land ahead of it are hashed later, read back
-from the page cache once the contiguous prefix reaches them. Memory is bounded by the write batches (one per
-connection) and one read buffer per file being hashed, whatever the file size.
+only for the gaps. Every byte is received into the connection's own buffer (``BUFFER``, one socket read at a
+time: ``Answer.read``) and written from it with ``pwritev`` at the offset its answer proved. Hashing stays one
+pass over each byte, in file order (``OrderedHasher``): bytes that land exactly at the hashed frontier are hashed
+from that buffer; bytes that land ahead of it are hashed later, read back from the page cache once the contiguous
+prefix reaches them. Memory is bounded by the buffers (one per connection) and one read-back buffer per file being
+hashed, whatever the file size.
 
-Answers that do not match the question are handled here, for every source: a body that starts before the
-offset asked (a 200 to a Range request, or a 206 whose Content-Range starts earlier) is used at its true
-offsets, becoming the file's single stream when the gap is large; a body that starts after the offset asked is
-refused and, after a second time, the whole file is asked for without Range. Failures are retried per range
-with backoff (``Retry-After`` honoured) within a per-range limit and a budget for the whole fetch.
+Answers are hostile until proven, for every source (the Hub, its CDN, a mirror, an OCI registry): a body is used
+only at the offsets its answer proves (``prove``: a 200 is the whole file from byte 0; a 206 needs a
+``Content-Range: bytes S-E/SIZE`` that fits the file; anything else, ``bytes banana``, ``bytes */N`` or none, is
+refused before a byte is written or recorded). A body that starts before the offset asked (a 200 to a Range
+request, or a 206 whose Content-Range starts earlier) is used at its true offsets, becoming the file's single
+stream when the gap is large; a body that starts after the offset asked is refused and, after a second time,
+the whole file is asked for without Range. Failures are retried per range with backoff (``Retry-After``
+honoured) within a per-range limit and a budget for the whole fetch. Each file has its own budget too: bytes
+received at most 1.5x its size plus ``BUDGET_MARGIN``, requests at most twice its planned ranges plus
+``REQUEST_MARGIN``; past either the file fails (exit 4: the server answers wrongly) and keeps its partial. A
+connection that averages less than ``MM_NET_MIN_RATE`` over ``MM_NET_RATE_WINDOW`` (artifacts/wire.py) is cut
+and the range retried on a fresh one. Workers loop while the file has no error (``_File.error``) and no stop
+was asked (artifacts/interrupt.py); bytes already in a buffer are kept either way.
 """
 from __future__ import annotations
 
 import bisect
+import http.client
 import json
 import math
 import mmap
 import os
+import re
 import threading
 import time
 from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ContextManager, Iterator, Protocol
+from typing import Callable, ContextManager, Iterator, Protocol
 
-from .errors import BadInput, IntegrityError, MMError, RemoteError
+from . import wire
+from .errors import BadInput, MMError, RemoteError
 from .hashing import Digests, StreamHasher
 from . import interrupt  # the stop flag: workers return within a chunk, the map is saved (interrupt.py)
 from .progress import NULL_PROGRESS, ProgressSink
@@ -45,15 +58,21 @@ DEFAULT_CONNECTIONS = 32  # the most at once; Connections opens 16 and adds more
 RANGE_MAX = 16 * MiB  # ranges no longer than this keep the hashing frontier close behind the downloads
 RANGE_MIN = 1 * MiB  # a file smaller than this is one request
 SKIP_LIMIT = RANGE_MIN  # a body starting further than this before the asked offset becomes the file's single stream
-FLUSH_BYTES = 256 * 1024  # received bytes are written in batches of this size (one batch held per connection)...
+BUFFER = 1 * MiB  # each connection's receive buffer: written (and hashed at the frontier) when full...
 FLUSH_SECONDS = 0.1  # ...or this old, so a kill loses little
-SAVE_SECONDS = 0.2  # the range map is saved at most this often (and when a range ends)
+SAVE_SECONDS = 0.2  # the range map is saved at most this often per file (and when the file ends)
 HASH_READ = 2 * MiB  # read-back buffer of the frontier hasher (page-aligned)
+WRITEBACK = 32 * MiB  # behind the hashing frontier, pages are handed to writeback in windows of this size
+BUDGET_FACTOR = 1.5  # a file may receive 1.5x its size (a range re-sent, a 200 to a Range request)...
+BUDGET_MARGIN = RANGE_MAX  # ...plus one more full range: mm's margin, so a small file survives one whole re-send
+REQUEST_MARGIN = 64  # a file may make twice its planned requests plus this many: mm's margin (the floor of the
+# fetch-wide retry budget), so transient 5xx/429 hit the fetch's retry budget first
 IOV_MAX = 1024
 RANGE_RETRIES = 6  # failed attempts in a row (no byte gained) before a range, and its file, give up
 BACKOFF_MAX = 30.0
 RETRY_AFTER_MAX = 120.0
 MAP_SCHEMA = "mm-ranges/1"
+WRONG_ANSWERS = ("bad-range", "wrong-length", "wrong-range", "short-body", "slow")  # retry reasons that are the server's
 
 
 class RetryLater(RemoteError):
@@ -65,14 +84,94 @@ class RetryLater(RemoteError):
         self.after = after
 
 
+class TransferCut(RetryLater):
+    """The connection broke mid-body; what arrived is on disk and the transfer can continue."""
+
+    def __init__(self, message: str):
+        super().__init__(message, "cut")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A source's answer to a request for bytes: what the server said, and its body.
+
+    STATUS 200 is the whole file from byte 0; 206 is the bytes CONTENT_RANGE names (``prove`` checks both).
+    READ(view) fills VIEW with what one read brought (at most len(view) bytes; 0: the body ended) and raises
+    TransferCut when the connection breaks. LENGTH: the Content-Length the server announced, if any."""
+
+    status: int
+    content_range: str | None
+    read: Callable[[memoryview], int]
+    length: int | None = None
+    peer: str = ""  # who answered (an origin, scheme://host:port), for messages; "" names the source
+
+
 class RangeSource(Protocol):
     label: str  # recorded as the manifest entry's "source"
 
-    def stream(self, path: str, start: int, end: int | None = None) -> ContextManager[tuple[int, Iterator[bytes]]]:
+    def stream(self, path: str, start: int, end: int | None = None) -> ContextManager[Answer]:
         """Ask for bytes [start, end) of PATH (end None: to the end; start 0 and end None: no Range header).
 
-        Yields (offset the body really starts at, chunks). Raises RetryLater for what may pass, RemoteError for
-        what will not; the chunk iterator raises RetryLater when the connection breaks."""
+        Yields the Answer (the engine proves where its bytes belong). Raises RetryLater for what may pass,
+        RemoteError for what will not."""
+
+
+_CONTENT_RANGE = re.compile(r"bytes (\d{1,20})-(\d{1,20})/(\d{1,20}|\*)")
+
+
+def prove(answer: Answer, size: int, where: str) -> tuple[int, int]:
+    """[start, end) of the file that ANSWER's body holds, as its status and headers prove; RetryLater (nothing
+    written, nothing recorded) when they prove nothing: a 206 without a Content-Range, or with one that is not
+    `bytes S-E/SIZE` inside this file, a Content-Length that disagrees, another status."""
+    if answer.status == 200:
+        if answer.length is not None and answer.length != size:
+            raise RetryLater(f"{where} answered 200 with Content-Length {answer.length} for a file of {size} bytes; "
+                             f"none of its bytes kept", "wrong-length", after=0)
+        return 0, size
+    m = _CONTENT_RANGE.fullmatch((answer.content_range or "").strip())
+    if answer.status == 206 and m:
+        start, end = int(m[1]), int(m[2]) + 1
+        if start < end <= size and m[3] in ("*", str(size)) and answer.length in (None, end - start):
+            return start, end
+    said = "no Content-Range" if answer.content_range is None else f"Content-Range {wire.shown(answer.content_range, 60)!r}"
+    length = f" and Content-Length {answer.length}" if answer.length is not None else ""
+    raise RetryLater(f"{where} answered {answer.status} with {said}{length}, which does not say where its bytes "
+                     f"belong in a file of {size} bytes; none of its bytes kept", "bad-range", after=0)
+
+
+def http_answer(raw: "wire.RawAnswer", where: str) -> Answer:
+    """The Answer of an http.client answer (wire.open_raw): a read that fails is a TransferCut."""
+
+    def read(view: memoryview) -> int:
+        try:
+            return raw.readinto(view)
+        except (OSError, http.client.HTTPException) as e:
+            raise TransferCut(f"{where}: transfer cut ({type(e).__name__})") from None
+
+    encoding = (raw.header("Content-Encoding") or "identity").strip().lower()
+    if encoding != "identity":  # offsets into compressed bytes are not offsets into the file
+        raise RemoteError(f"{where} answered with Content-Encoding {wire.shown(encoding, 40)!r} although mm asked for "
+                          f"identity; refused")
+    return Answer(raw.status, raw.header("Content-Range"), read, raw.length, raw.where)
+
+
+def chunk_reader(chunks: Iterator[bytes]) -> Callable[[memoryview], int]:
+    """A READ over an iterator of chunks (a client library that hands out bytes objects): one copy per byte."""
+    left = memoryview(b"")
+
+    def read(view: memoryview) -> int:
+        nonlocal left
+        while not left:
+            chunk = next(chunks, None)
+            if chunk is None:
+                return 0
+            left = memoryview(chunk)
+        n = min(len(view), len(left))
+        view[:n] = left[:n]
+        left = left[n:]
+        return n
+
+    return read
 
 
 # --- the range map -------------------------------------------------------------------------------
@@ -326,14 +425,17 @@ class TransferStats:
 class OrderedHasher:
     """Feeds a StreamHasher every byte of a file in order while ranges land in any order.
 
-    ``written(offset, data)`` is called after DATA is on disk at OFFSET. If it lands exactly at the frontier and
-    nobody is hashing, it is hashed from memory; otherwise a helper thread reads it back (page cache) once the
-    contiguous prefix reaches it."""
+    ``written(offset, pieces, length)`` is called after PIECES are on disk at OFFSET, while the caller still holds
+    them in its buffer. If they land exactly at the frontier and nobody is hashing, they are hashed from that
+    buffer; otherwise a helper thread reads them back (page cache) once the contiguous prefix reaches them.
+    Behind the frontier, pages are handed to writeback and dropped from the page cache (``WRITEBACK``), so the
+    fsync before a file is named waits for little and a 252 GB fetch does not push the host's cache out."""
 
-    def __init__(self, fd: int, rmap: RangeMap, hasher: StreamHasher, lock: threading.Condition):
+    def __init__(self, fd: int, rmap: RangeMap, hasher: StreamHasher, lock: threading.Condition, start: int = 0):
         self._fd, self._rmap, self._hasher = fd, rmap, hasher
         self._cv = lock  # shared with the file's state: guards rmap too
         self.hashed = 0
+        self._kicked = self._dropped = start  # writeback: started up to _kicked, dropped up to _dropped
         self._busy = False
         self._closed = False
         self._error: BaseException | None = None
@@ -353,10 +455,26 @@ class OrderedHasher:
             for piece in pieces:
                 self._hasher.update(piece)
         finally:
-            with self._cv:
-                self.hashed = offset + length
-                self._busy = False
-                self._cv.notify_all()
+            self._advance(offset + length)
+
+    def _advance(self, end: int) -> None:
+        with self._cv:
+            self.hashed = end
+            self._busy = False
+            self._cv.notify_all()
+        if end - self._kicked >= WRITEBACK:  # only the hashing thread of the moment gets here
+            self._writeback(end)
+
+    def _writeback(self, end: int) -> None:
+        """Start writing [kicked, end) to disk, and drop [dropped, kicked) (written by now) from the page cache:
+        posix_fadvise(DONTNEED) starts writeback of dirty pages and frees clean ones."""
+        try:
+            if self._kicked > self._dropped:  # (a length of 0 would mean "to the end of the file")
+                os.posix_fadvise(self._fd, self._dropped, self._kicked - self._dropped, os.POSIX_FADV_DONTNEED)
+            os.posix_fadvise(self._fd, self._kicked, end - self._kicked, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+        self._dropped, self._kicked = self._kicked, end
 
     def _catch_up(self) -> None:
         buf = mmap.mmap(-1, HASH_READ)
@@ -385,10 +503,7 @@ class OrderedHasher:
                         self._error, self._busy, self._closed = e, False, True
                         self._cv.notify_all()
                     return
-                with self._cv:
-                    self.hashed = end
-                    self._busy = False
-                    self._cv.notify_all()
+                self._advance(end)
         finally:
             buf.close()
 
@@ -449,6 +564,7 @@ class _File:
                  progress: ProgressSink, rsize: int, share: int, connections: "Connections"):
         self.job, self.source, self.rmap, self.fd, self.stats, self.progress = job, source, rmap, fd, stats, progress
         self.connections = connections
+        self.limits = wire.limits()
         self.lock = threading.Condition()
         self.pending: deque[tuple[int, int]] = deque(plan_ranges(rmap.gaps(), rsize, tail=share if share > 1 else 0))
         self.inflight: set[_Range] = set()
@@ -457,11 +573,18 @@ class _File:
         self.wrong_offsets = 0
         self.error: MMError | None = None
         self.transferred = 0
+        self.requests = 0
+        self.byte_budget = int(BUDGET_FACTOR * job.size) + BUDGET_MARGIN
+        self.request_budget = 2 * len(self.pending) + REQUEST_MARGIN
         self.ranges_landed: set[_Range] = set()
         self.peak = 0
         self._save_lock = threading.Lock()
         self._saved_at = time.monotonic()
-        self.hasher = OrderedHasher(fd, rmap, job.hasher, self.lock)
+        self.hasher = OrderedHasher(fd, rmap, job.hasher, self.lock, start=rmap.prefix())
+
+    @property
+    def where(self) -> str:
+        return f"{self.job.path}: {self.source.label}"
 
     # -- handing out work --
 
@@ -494,11 +617,40 @@ class _File:
             if self.error is None:
                 self.error = e
 
+    # -- the file's budget --
+
+    def request(self) -> None:
+        """One more request for this file, within its budget (RemoteError past it)."""
+        self.stats.request()
+        with self.lock:
+            self.requests += 1
+            over = self.requests > self.request_budget
+        if over:
+            self._over_budget(f"more than {self.request_budget} requests (twice the {self.request_budget - REQUEST_MARGIN >> 1}"
+                              f" planned, plus {REQUEST_MARGIN})")
+
+    def received(self, n: int) -> None:
+        """N more body bytes arrived (kept or not), within the file's budget (RemoteError past it)."""
+        if not n:
+            return
+        with self.lock:
+            self.transferred += n
+            over = self.transferred > self.byte_budget
+        if over:
+            self._over_budget(f"{self.transferred} bytes received, more than its budget of {self.byte_budget} "
+                              f"({BUDGET_FACTOR}x its {self.job.size} bytes plus {BUDGET_MARGIN >> 20} MiB)")
+
+    def _over_budget(self, what: str) -> None:
+        e = RemoteError(f"{self.where} answers wrongly: {what}; the file is given up, its partial kept "
+                        f"({self.rmap.done} of {self.job.size} bytes)")
+        self.fail(e)
+        raise e
+
     # -- landing bytes --
 
     def commit(self, r: _Range, offset: int, pieces: list[memoryview], length: int) -> None:
         """PIECES (LENGTH body bytes from OFFSET) to disk where no other response put them yet (one pwritev, no
-        copy in between), then to the range map and the hasher."""
+        copy in between), then to the range map and the hasher (from the same buffer)."""
         end = offset + length
         with self.lock:
             gaps = self.rmap.gaps(offset, end)
@@ -518,10 +670,14 @@ class _File:
         self.save()
 
     def save(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._saved_at < SAVE_SECONDS:
+        """The range map to disk, at most every SAVE_SECONDS: the time is checked again under the lock, so
+        connections that all found it due save once, not once each."""
+        if not force and time.monotonic() - self._saved_at < SAVE_SECONDS:
             return
         with self._save_lock:
+            now = time.monotonic()
+            if not force and now - self._saved_at < SAVE_SECONDS:
+                return  # another connection saved it while this one waited for the lock
             with self.lock:
                 snapshot = RangeMap(self.rmap.size, self.rmap.intervals())
             save_state(self.job.partial, snapshot, self.job.identity)
@@ -575,55 +731,74 @@ def download(job: RangedJob, source: RangeSource, connections: Connections, stat
 
 
 def _work(f: _File, connections: Connections) -> None:
-    while f.error is None and not interrupt.requested():
-        with connections.slot():
-            r = f.take()
-            if r is None:
-                return
-            try:
-                _run_range(f, r)
-            except MMError as e:
-                f.fail(e)
-            except OSError as e:
-                f.fail(RemoteError(f"{f.job.partial}: cannot write the partial file: {e.strerror or e}"))
-            finally:
-                f.release(r)
+    """One connection's loop: take a range, fetch it into this connection's buffer; until the file is done or
+    has an error (a failure, or a cancellation set there)."""
+    buf = mmap.mmap(-1, BUFFER)  # page-aligned, reused for every read of this connection
+    view = memoryview(buf)
+    try:
+        while f.error is None and not interrupt.requested():
+            with connections.slot():
+                r = f.take()
+                if r is None:
+                    return
+                try:
+                    _run_range(f, r, view)
+                except MMError as e:
+                    f.fail(e)
+                except OSError as e:
+                    f.fail(RemoteError(f"{f.job.partial}: cannot write the partial file: {e.strerror or e}"))
+                finally:
+                    f.release(r)
+    finally:
+        view.release()
+        try:
+            buf.close()
+        except BufferError:  # a view of it is still held by an exception on its way up: the GC frees it
+            pass
 
 
-def _run_range(f: _File, r: _Range) -> None:
+def _run_range(f: _File, r: _Range, view: memoryview) -> None:
     failures = 0
     while r.pos < r.end and f.error is None and not interrupt.requested():
         before = r.landed
         try:
-            _attempt(f, r)
+            _attempt(f, r, view)
             if interrupt.requested():
                 return
+            with f.lock:  # another response (a whole-file stream) may have landed the rest of R meanwhile
+                gaps = f.rmap.gaps(r.pos, r.end)
+                r.pos = gaps[0][0] if gaps else r.end
             if r.pos < r.end and r.landed == before:
                 with f.lock:
                     if f.sequential:
                         return  # another response streams the rest of the file; this range is handed back
-                raise RetryLater(f"{f.job.path}: {f.source.label} ended the body at byte {r.pos}", "short-body")
+                raise RetryLater(f"{f.where} ended the body at byte {r.pos}", "short-body")
         except RetryLater as e:
-            failures = 0 if r.landed > before else failures + 1
+            # a cut for slowness is a failure even when a few bytes came: a trickle never resets the count
+            failures = 0 if r.landed > before and e.reason != "slow" else failures + 1
             if failures > RANGE_RETRIES or not f.stats.retry(f.job.path, r.pos, e.reason):
                 why = f"{failures} failed attempts in a row" if failures > RANGE_RETRIES else "retry budget spent"
-                raise RemoteError(f"{e.message} ({why}); run again to resume") from None
-            backoff = min(BACKOFF_MAX, 0.25 * 2 ** (failures - 1)) if failures else 0.0
+                if e.reason in WRONG_ANSWERS:
+                    why += ": the server answers wrongly"
+                raise RemoteError(f"{e.message} ({why}); the partial is kept, run again to resume") from None
+            backoff = min(BACKOFF_MAX, f.limits.backoff * 2 ** (failures - 1)) if failures else 0.0
             if interrupt.STOP.wait(min(RETRY_AFTER_MAX, max(0.0, e.after if e.after is not None else backoff))):
                 return  # stopped while waiting to retry
 
 
-def _attempt(f: _File, r: _Range) -> None:
-    """One request for the rest of R; what arrives lands at its true offsets (see the module docstring)."""
+def _attempt(f: _File, r: _Range, view: memoryview) -> None:
+    """One request for the rest of R; what arrives lands at the offsets its answer proves (module docstring)."""
     job = f.job
     start, end = (0, None) if f.whole_file else (r.pos, r.end if r.end < job.size else None)
-    f.stats.request()
-    with f.source.stream(job.path, start, end) as (body_start, chunks):
+    f.request()
+    with f.source.stream(job.path, start, end) as answer:
+        where = f"{job.path}: {answer.peer}" if answer.peer else f.where
+        body_start, body_end = prove(answer, job.size, where)
         if body_start > r.pos:
             with f.lock:
                 f.wrong_offsets += 1
                 f.whole_file = f.whole_file or f.wrong_offsets >= 2
-            raise RetryLater(f"{job.path}: {f.source.label} answered a request for byte {r.pos} from byte {body_start}",
+            raise RetryLater(f"{where} answered a request for byte {r.pos} from byte {body_start}",
                              "wrong-range", after=0)
         sequential = False
         if r.pos - body_start > SKIP_LIMIT:
@@ -633,45 +808,57 @@ def _attempt(f: _File, r: _Range) -> None:
                 f.sequential = sequential = True
                 r.pos, r.end = body_start, job.size
         try:
-            _land(f, r, body_start, chunks, sequential)
+            _land(f, r, body_start, body_end, answer.read, view, where)
         finally:
             if sequential:
                 with f.lock:
                     f.sequential = False
 
 
-def _land(f: _File, r: _Range, body_start: int, chunks: Iterator[bytes], sequential: bool) -> None:
-    """Land a response body: the chunks of a batch are kept as they arrived (no concatenation) and written
-    with one pwritev once FLUSH_BYTES or FLUSH_SECONDS old."""
-    job = f.job
-    at = body_start  # file offset of the next body byte
-    batch: list[memoryview] = []
-    batched, batch_at, began = 0, r.pos, time.monotonic()
+def _land(f: _File, r: _Range, at: int, body_end: int, read: Callable[[memoryview], int], view: memoryview,
+          where: str) -> None:
+    """Read a body holding bytes [AT, BODY_END) of the file into VIEW (one socket read at a time) and land the
+    part R still needs: bytes before R.pos are read and dropped, bytes up to R's end are written from VIEW at
+    their offset once it is full or FLUSH_SECONDS old; nothing past R's end (or the body's) is read. A connection
+    slower than the minimum rate over a window is cut (RetryLater: retried on a fresh connection)."""
+    lim = f.limits
+    stop = min(body_end, r.end)
+    filled, batch_at = 0, max(at, r.pos)  # VIEW[:filled] holds the file's bytes from batch_at
     received = 0
+    now = began = window_at = time.monotonic()
+    window_bytes = 0
     try:
-        for chunk in chunks:
-            c_start = at
-            at += len(chunk)
-            received += len(chunk)
-            if at > job.size:
-                raise IntegrityError(f"{job.path}: {f.source.label} sent more than the listed {job.size} bytes; not kept")
-            stop = job.size if sequential else r.end
-            lo, hi = max(c_start, batch_at + batched), min(at, stop)
-            if hi > lo:
-                batch.append(memoryview(chunk)[lo - c_start:hi - c_start])
-                batched += hi - lo
-            full = batch_at + batched >= stop
-            if batch and (full or batched >= FLUSH_BYTES or time.monotonic() - began >= FLUSH_SECONDS):
-                f.commit(r, batch_at, batch, batched)
-                batch_at += batched
-                batch, batched, began = [], 0, time.monotonic()
-            if full or f.error is not None or interrupt.requested():
+        while at < stop and f.error is None and not interrupt.requested():
+            if at < r.pos:  # before the range: read and dropped
+                n = read(view[:min(len(view), r.pos - at)])
+                batch_at = at + n
+            else:
+                n = read(view[filled:filled + min(len(view) - filled, stop - at)])
+                filled += n
+            if not n:
                 break
+            at += n
+            received += n
+            window_bytes += n
+            now = time.monotonic()
+            if filled and (filled == len(view) or at >= stop or now - began >= FLUSH_SECONDS):
+                f.commit(r, batch_at, [view[:filled]], filled)
+                batch_at, filled, began = batch_at + filled, 0, now
+                f.received(received)
+                received = 0
+            if now - window_at >= lim.rate_window:
+                if window_bytes < lim.min_rate * (now - window_at):
+                    raise RetryLater(f"{where} sent {window_bytes} bytes in {now - window_at:.1f} s, less than "
+                                     f"MM_NET_MIN_RATE ({lim.min_rate:g} bytes/s); cut, to be asked again on a fresh "
+                                     f"connection", "slow", after=0)
+                window_at, window_bytes = now, 0
+    except OSError:  # the partial cannot be written: nothing more is tried
+        filled = 0
+        raise
     finally:
-        if batch and f.error is None:  # what arrived before a cut is kept
-            f.commit(r, batch_at, batch, batched)
-        with f.lock:
-            f.transferred += received
+        if filled:  # what arrived before a cut, a stop or another connection's failure is kept (its place is proven)
+            f.commit(r, batch_at, [view[:filled]], filled)
+        f.received(received)
 
 
 def _slice(pieces: list[memoryview], start: int, end: int) -> list[memoryview]:

@@ -149,15 +149,18 @@ _URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@?#]*@")
 # Values that look like secrets, never names: a Hugging Face token is `hf_` and letters/digits only (34 of them),
 # so variable names such as HF_HUB_OFFLINE or HF_ENDPOINT (upper case, underscores) are left as they are.
 _SECRETS = re.compile(r"(?i:\b(bearer\s+|token=|api[_-]?key=))[A-Za-z0-9._~+/=-]{8,}|\b(hf_)[A-Za-z0-9]{16,}\b")
+# user:password@host[:port]/ without a scheme, as in a registry reference (mm pull user:pw@host/repo:tag)
+_REFERENCE_CREDENTIALS = re.compile(r"(?<![\w.:/@-])[^\s/@:'\"]+:[^\s/@'\"]*@(?=[A-Za-z0-9.\-\[\]]+(?::\d+)?/)")
 
 
 def redact(text: str) -> str:
-    """TEXT without credentials: user:password@ in URLs (HF_ENDPOINT=http://user:pw@host), bearer tokens,
-    token=/api_key= query values and Hugging Face tokens (hf_...). Values are redacted, never variable names.
-    Applied to everything mm prints."""
+    """TEXT without credentials: user:password@ in URLs (HF_ENDPOINT=http://user:pw@host) and in registry
+    references (user:pw@host/repo), bearer tokens, token=/api_key= query values and Hugging Face tokens (hf_...).
+    Values are redacted, never variable names. Applied to everything mm prints."""
     if "@" not in text and not _SECRETS.search(text):
         return text
-    return _SECRETS.sub(lambda m: (m.group(1) or m.group(2)) + "***", _URL_CREDENTIALS.sub(r"\1", text))
+    text = _REFERENCE_CREDENTIALS.sub("***@", _URL_CREDENTIALS.sub(r"\1", text))
+    return _SECRETS.sub(lambda m: (m.group(1) or m.group(2)) + "***", text)
 
 
 _BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")

@@ -332,3 +332,15 @@ def test_wrong_bytes_in_one_range_fail_that_file_by_name_and_nothing_is_named(ru
     assert not (tmp_path / "m" / BIG).exists()
     assert not list((tmp_path / "m" / ".mm" / "partial").iterdir())  # neither the partial nor its range map
     assert (tmp_path / "m" / "config.json").exists()
+
+
+def test_ranges_of_a_file_reuse_their_connections(run_mm, hub_env, hub_server, one_file_repo, tmp_path):
+    """A range after a range goes over the same kept-alive connection: no new TCP (and, on a real CDN, TLS)
+    handshake per range. 32 MiB in 1 MiB ranges over 4 connections: 32 requests, at most a handful of connections."""
+    hub_server.redirect_lfs = True
+    r = fetch(run_mm, hub_env, one_file_repo, tmp_path / "m", "--connections", "4")
+    assert r.returncode == 0, r.stderr
+    ranges = [row for row in hub_server.served_for(BIG, "bridge") if row[3] == 206]
+    assert len(ranges) >= 8
+    # without reuse: one bridge connection per range plus the Hub's; with it: one per mm connection plus the Hub's
+    assert hub_server.connections <= len(ranges) // 2 + 4, (hub_server.connections, len(ranges))

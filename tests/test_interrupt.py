@@ -22,7 +22,7 @@ from mm.artifacts.manifest import manifest_path
 from tests.support.countproxy import CountingProxy
 from tests.support.run import mm_argv, run_mm
 from tests.support.slowio import slow_io_env, slow_stripes_env
-from tests.test_oci import REV_A, env_for, make_model, missing_bytes, tree
+from tests.test_oci import REV_A, env_for, make_model, missing_bytes, partial_bytes, tree
 
 STOP_LIMIT = 2.0  # seconds from the signal to the exit; mm's own deadline is 0.7 s (interrupt.GRACE)
 TIMES: dict[str, float] = {}
@@ -132,16 +132,6 @@ def test_fetch_interrupted_keeps_the_partial_and_the_rerun_fetches_only_the_rest
 
 def oci_env(tmp_path: Path) -> dict[str, str]:
     return {k: v for k, v in env_for(tmp_path).items() if k != "SSH_AUTH_SOCK"}
-
-
-def partial_bytes(dest: Path) -> int:
-    total = 0
-    for p in (dest / ".mm" / "partial").glob("*.part") if (dest / ".mm" / "partial").is_dir() else ():
-        try:
-            total += p.stat().st_size
-        except FileNotFoundError:
-            pass
-    return total
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT])

@@ -374,28 +374,32 @@ def test_a_pull_killed_before_the_tag_moved_finishes_on_the_new_revision_only(re
 
 # --- resume after kill -9 --------------------------------------------------------------------------
 
-def _size_or_0(path: Path) -> int:
-    """A partial's size, 0 when it got its final name between the listing and the stat."""
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
 def _wait_for_partial(dest: Path, proc: subprocess.Popen, at_least: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        parts = list((dest / ".mm" / "partial").glob("*.part")) if (dest / ".mm" / "partial").is_dir() else []
-        if sum(_size_or_0(p) for p in parts) >= at_least:
+        if partial_bytes(dest) >= at_least:
             return
         assert proc.poll() is None, "pull finished before it could be killed"
         time.sleep(0.02)
     raise AssertionError("no partial download appeared")
 
 
+def partial_bytes(dest: Path) -> int:
+    """Bytes the partials hold by their range maps (a ranged partial has holes; one without a map is a prefix)."""
+    done = 0
+    for part in (dest / ".mm" / "partial").glob("*.part") if (dest / ".mm" / "partial").is_dir() else []:
+        state = part.with_name(part.name + ".ranges")
+        try:
+            done += (sum(e - s for s, e in json.loads(state.read_text())["done"]) if state.exists()
+                     else part.stat().st_size)
+        except (OSError, ValueError):
+            pass  # a map being replaced, or a partial just published
+    return done
+
+
 def _bytes_on_disk(dest: Path, model: Path) -> int:
-    done = sum((dest / p).stat().st_size for p in tree(model) if (dest / p).is_file())
-    return done + sum(p.stat().st_size for p in (dest / ".mm" / "partial").glob("*.part"))
+    """Bytes of final files, plus the bytes each partial's range map records."""
+    return sum((dest / p).stat().st_size for p in tree(model) if (dest / p).is_file()) + partial_bytes(dest)
 
 
 def test_pull_killed_then_rerun_resumes_and_fetches_only_the_missing_part(registry, model_a, pushed_a, tmp_path):

@@ -14,10 +14,11 @@ from contextlib import contextmanager
 import blake3
 import pytest
 
-from mm.artifacts.errors import IntegrityError, RemoteError
+from mm.artifacts.errors import RemoteError
 from mm.artifacts.hashing import StreamHasher, git_blob_header
-from mm.artifacts.ranges import (MiB, RANGE_MAX, Connections, RangedJob, RangeMap, RetryLater, TransferStats, download,
-                                 file_share, load_state, plan_ranges, range_size, save_state, state_path)
+from mm.artifacts.ranges import (BUDGET_FACTOR, BUDGET_MARGIN, BUFFER, MiB, RANGE_MAX, SAVE_SECONDS, Answer,
+                                 Connections, RangedJob, RangeMap, RetryLater, TransferStats, chunk_reader, download,
+                                 file_share, load_state, plan_ranges, prove, range_size, save_state, state_path)
 
 
 # --- the range map ---
@@ -185,7 +186,10 @@ class MemorySource:
         body_start, body_end, cut = start, len(self.data) if end is None else end, None
         if self.answer is not None:
             body_start, body_end, cut = self.answer(start, end, n, body_start, body_end)
-        yield body_start, self._chunks(body_start, body_end, cut)
+        size = len(self.data)
+        whole = body_start == 0 and body_end >= size
+        yield Answer(200 if whole else 206, None if whole else f"bytes {body_start}-{body_end - 1}/{size}",
+                     chunk_reader(self._chunks(body_start, body_end, cut)))
 
     def _chunks(self, start, end, cut):
         pos = start
@@ -323,8 +327,110 @@ def test_the_retry_budget_bounds_the_whole_fetch_and_keeps_the_partial(tmp_path)
     assert stats.report()["retries"] == 2 and state_path(tmp_path / "w.part").exists()
 
 
-def test_more_bytes_than_listed_is_an_integrity_error(tmp_path):
+def test_a_body_longer_than_the_file_is_never_read_past_the_file_end(tmp_path):
     data = payload(MiB // 2)
     src = MemorySource(data + b"extra", chunk=len(data) + 5)
-    with pytest.raises(IntegrityError, match="more than the listed"):
-        download(job(tmp_path, data), src, Connections(2))
+    check_digests(download(job(tmp_path, data), src, Connections(2)), data)
+    assert (tmp_path / "w.part").read_bytes() == data
+
+
+# --- answers are proven before a byte is kept; each file has a budget (issue 19) ---
+
+@pytest.mark.parametrize("status,content_range,length,span", [
+    (200, None, None, (0, 1000)),
+    (200, None, 1000, (0, 1000)),
+    (206, "bytes 10-19/1000", 10, (10, 20)),
+    (206, "bytes 990-999/*", None, (990, 1000)),
+    (206, "bytes banana", None, None),
+    (206, "bytes */1000", None, None),
+    (206, None, None, None),
+    (206, "bytes 10-19/999", None, None),  # another file's size
+    (206, "bytes 20-10/1000", None, None),
+    (206, "bytes 990-1000/1000", None, None),  # past the end of the file
+    (206, "bytes 10-19/1000", 11, None),  # Content-Length disagrees
+    (200, None, 1001, None),
+    (206, "bytes 0-9/1000, 20-29/1000", None, None),  # multipart, not asked for
+])
+def test_an_answer_is_used_only_where_its_status_and_headers_prove_it_belongs(status, content_range, length, span):
+    answer = Answer(status, content_range, lambda view: 0, length)
+    if span is None:
+        with pytest.raises(RetryLater, match="none of its bytes kept"):
+            prove(answer, 1000, "f: hostile")
+    else:
+        assert prove(answer, 1000, "f: hostile") == span
+
+
+class ProvesNothing(MemorySource):
+    @contextmanager
+    def stream(self, path, start, end=None):
+        self.requests.append((start, end))
+        yield Answer(206, "bytes banana", chunk_reader(iter([self.data[:MiB]])))
+
+
+def test_bytes_of_an_answer_that_proves_nothing_are_never_written_nor_recorded(tmp_path):
+    data = payload(3 * MiB)
+    with pytest.raises(RemoteError, match="bytes banana"):
+        download(job(tmp_path, data), ProvesNothing(data), Connections(4))
+    assert json.loads(state_path(tmp_path / "w.part").read_text())["done"] == []
+    assert (tmp_path / "w.part").read_bytes().strip(b"\0") == b""
+
+
+def test_a_file_that_receives_more_than_its_byte_budget_fails_saying_the_server_answers_wrongly(tmp_path):
+    data = payload(4 * MiB)
+    # every request answered with the whole file from byte 0, cut a little past the offset asked: progress each
+    # time, but every answer re-sends everything before it
+    src = MemorySource(data, answer=lambda start, end, n, bs, be: (0, len(data), start + 256 * 1024))
+    with pytest.raises(RemoteError, match="answers wrongly: .* bytes received, more than its budget"):
+        download(job(tmp_path, data), src, Connections(1), TransferStats(retry_budget=10_000))
+    assert src.sent <= BUDGET_FACTOR * len(data) + BUDGET_MARGIN + BUFFER
+
+
+def test_a_file_that_needs_more_than_its_request_budget_fails_saying_the_server_answers_wrongly(tmp_path):
+    data = payload(2 * MiB)
+    src = MemorySource(data, chunk=100, answer=lambda start, end, n, bs, be: (bs, be, 100))  # 100 bytes an answer
+    with pytest.raises(RemoteError, match="answers wrongly: more than 68 requests"):
+        download(job(tmp_path, data), src, Connections(2), TransferStats(retry_budget=10_000))
+    assert len(src.requests) <= 68 + 2
+
+
+def test_a_trickle_is_cut_by_the_minimum_rate_and_asked_again_on_a_fresh_request(tmp_path, monkeypatch):
+    monkeypatch.setenv("MM_NET_MIN_RATE", "100000")
+    monkeypatch.setenv("MM_NET_RATE_WINDOW", "0.2")
+    data = payload(MiB // 2)
+    slow_first = MemorySource(data, chunk=1000, answer=lambda start, end, n, bs, be: (bs, be, None))
+    original = slow_first._chunks
+
+    def chunks(start, end, cut):
+        for piece in original(start, end, cut):
+            if len(slow_first.requests) == 1:
+                time.sleep(0.05)  # 20 KB/s on the first request only
+            yield piece
+    slow_first._chunks = chunks
+    stats = TransferStats()
+    check_digests(download(job(tmp_path, data), slow_first, Connections(1), stats), data)
+    assert stats.report()["retries_by_reason"] == {"slow": 1} and len(slow_first.requests) == 2
+
+
+def test_a_trickle_that_never_speeds_up_fails_the_file_after_bounded_attempts(tmp_path, monkeypatch):
+    monkeypatch.setenv("MM_NET_MIN_RATE", "100000")
+    monkeypatch.setenv("MM_NET_RATE_WINDOW", "0.1")
+    monkeypatch.setenv("MM_NET_BACKOFF", "0.01")
+    data = payload(MiB // 2)
+    with pytest.raises(RemoteError, match="less than MM_NET_MIN_RATE .* failed attempts in a row"):
+        download(job(tmp_path, data), MemorySource(data, chunk=500, delay=0.02), Connections(1))
+
+
+def test_the_range_map_is_saved_at_most_every_save_seconds_however_many_connections(tmp_path, monkeypatch):
+    from mm.artifacts import ranges
+    saves = []
+    real = ranges.save_state
+    monkeypatch.setattr(ranges, "save_state", lambda *a: (saves.append(time.monotonic()), real(*a)))
+    data = payload(24 * MiB)
+    started = time.monotonic()
+    check_digests(download(job(tmp_path, data), MemorySource(data, chunk=64 * 1024, delay=0.03), Connections(16)),
+                  data)
+    seconds = time.monotonic() - started
+    assert seconds > 0.6  # long enough for the bound to mean something
+    assert len(saves) <= seconds / SAVE_SECONDS + 3, (len(saves), seconds)  # + the first, the last, one in between
+    periodic = saves[1:-1]  # between the save before any write and the forced one at the end
+    assert all(b - a >= 0.9 * SAVE_SECONDS for a, b in zip(periodic, periodic[1:])), periodic  # no burst of saves

@@ -21,11 +21,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
-from urllib.parse import urlencode, urljoin, urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import httpx2
 
-from .. import interrupt
+from .. import interrupt, wire
 from ..errors import BadInput, IntegrityError, RemoteError
 from ..untrusted import load_json, read_json_file
 
@@ -81,8 +81,11 @@ def parse_reference(text: str) -> Reference:
     text = text.strip()
     where = f"{text or repr(text)}"
     if "/" not in text or "://" in text:
-        raise BadInput(f"{where}: not a registry reference (expected host[:port]/repository[:tag|@sha256:...])")
+        raise BadInput(f"{wire.shown(where)}: not a registry reference (expected host[:port]/repository[:tag|@sha256:...])")
     host, rest = text.split("/", 1)
+    if "@" in host:  # user:password@host: the credentials are never echoed, and never taken from here
+        raise BadInput(f"***@{wire.shown(host.rsplit('@', 1)[1], 80)}/...: a registry reference holds no credentials; "
+                       f"give --username with --password-stdin, or an entry in ~/.docker/config.json / REGISTRY_AUTH_FILE")
     if not HOST.match(host):
         raise BadInput(f"{where}: {host!r} is not a registry host[:port]")
     digest = None
@@ -172,7 +175,7 @@ def _auth_key_host(key: str) -> str:
 class Transport:
     plain_http: bool = False
     ca_file: Path | None = None
-    timeout: float = 300.0
+    timeout: float | None = None  # a connect or one read; None: MM_NET_TIMEOUT (artifacts/wire.py)
 
 
 def _challenge(header: str) -> tuple[str, dict[str, str]]:
@@ -181,12 +184,18 @@ def _challenge(header: str) -> tuple[str, dict[str, str]]:
 
 
 def _registry_error(resp: httpx2.Response) -> str:
-    """The registry's own error code and message (distribution's JSON errors), one short line."""
+    """The registry's own error code and message (distribution's JSON errors), one short line. The body is read
+    within its cap (wire.CAP_ERROR) and deadline; a larger one ends as a RemoteError of its own."""
     try:
-        body = resp.read()[:65536]
+        body = resp.read()
     except httpx2.HTTPError:
         body = b""
     return _error_text(resp.status_code, body)
+
+
+def _cap(cap: int, what: str) -> dict:
+    """Request extensions naming the byte cap and document kind of the answer (see Client._cap_for)."""
+    return {"mm_cap": (cap, what)}
 
 
 def _error_text(status: int, body: bytes) -> str:
@@ -214,17 +223,17 @@ class Client:
             self.scopes.append(f"repository:{mount_from}:pull")
         verify: ssl.SSLContext | bool = True
         self._ssl: ssl.SSLContext | None = None
-        self._timeout = transport.timeout
+        self._timeout = transport.timeout or wire.limits().timeout
         if scheme == "https":
             try:
                 verify = ssl.create_default_context(cafile=str(transport.ca_file) if transport.ca_file else None)
             except (OSError, ssl.SSLError) as e:
                 raise BadInput(f"{transport.ca_file}: cannot load CA certificates ({type(e).__name__})") from None
             self._ssl = verify
-        self._http = httpx2.Client(verify=verify, follow_redirects=False, trust_env=False,
-                                   timeout=httpx2.Timeout(transport.timeout, connect=15.0),
-                                   limits=httpx2.Limits(max_connections=64, max_keepalive_connections=32),
-                                   headers={"User-Agent": "mm (model-artifact manager)"})
+        self._http = wire.http_client(self._cap_for, f"registry {ref.registry}", verify=verify, follow_redirects=False,
+                                      trust_env=False, timeout=httpx2.Timeout(self._timeout),
+                                      limits=httpx2.Limits(max_connections=64, max_keepalive_connections=32),
+                                      headers={"User-Agent": "mm (model-artifact manager)"})
         self._auth_header: str | None = None
         self._lock = threading.Lock()
         self._authed = False
@@ -239,7 +248,13 @@ class Client:
         self.close()
 
     def url(self, path: str) -> str:
-        return urljoin(self.base + "/", path)
+        """PATH (an API path, or an upload Location the registry sent) as a URL on the registry, checked."""
+        return wire.join_url(self.base + "/", path, f"registry {self.ref.registry}", "sent the location")
+
+    @staticmethod
+    def _cap_for(request: httpx2.Request, response: httpx2.Response) -> tuple[int, str]:
+        """The byte cap of a successful answer: what the request named (_cap), else a small API answer."""
+        return request.extensions.get("mm_cap") or (wire.CAP_ERROR, "an API answer")
 
     # -- auth ---------------------------------------------------------------------------------------
     def _where(self) -> str:
@@ -255,15 +270,19 @@ class Client:
             self._auth_header = self.credentials.basic()
             return
         if scheme != "bearer" or "realm" not in params:
-            raise RemoteError(f"{self._where()}: unsupported authentication scheme {scheme!r}")
+            raise RemoteError(f"{self._where()}: unsupported authentication scheme {wire.shown(scheme, 40)!r}")
+        realm = wire.check_url(params["realm"], f"{self._where()}: the WWW-Authenticate challenge",
+                               "names as its token service")
         query = [("service", params["service"])] if params.get("service") else []
         query += [("scope", s) for s in self.scopes]  # one scope parameter each, as distribution's token servers read them
-        url = params["realm"] + ("&" if "?" in params["realm"] else "?") + urlencode(query)
+        url = realm + ("&" if "?" in realm else "?") + urlencode(query)
         headers = {"Authorization": self.credentials.basic()} if self.credentials else {}
         try:
-            resp = self._http.get(url, headers=headers)
-        except httpx2.HTTPError as e:
-            raise RemoteError(f"{self._where()}: cannot reach the token service ({type(e).__name__})") from None
+            resp = self._http.send(self._http.build_request("GET", url, headers=headers,
+                                                            extensions=_cap(MAX_TOKEN_ANSWER, "a token answer")))
+        except (httpx2.HTTPError, httpx2.InvalidURL) as e:
+            raise RemoteError(f"{self._where()}: cannot reach the token service at {wire.origin(url)} "
+                              f"({type(e).__name__})") from None
         if resp.status_code in (401, 403):
             raise RemoteError(f"{self._where()}: the token service refused "
                               f"{'the credentials from ' + self.credentials.origin if self.credentials else 'anonymous access'} "
@@ -294,7 +313,7 @@ class Client:
         with self._lock:
             if self._authed:
                 return
-            resp = self._send("GET", "/v2/", auth=False)
+            resp = self._send("GET", "/v2/", auth=False, cap=(wire.CAP_PING, "its /v2/ answer"))
             if resp.status_code == 401:
                 self._login(resp.headers.get("WWW-Authenticate", ""))
             elif resp.status_code not in (200, 404):
@@ -303,30 +322,37 @@ class Client:
 
     # -- requests -----------------------------------------------------------------------------------
     def _send(self, method: str, url: str, *, headers: dict | None = None, content=None, auth: bool = True,
-              stream: bool = False) -> httpx2.Response:
+              stream: bool = False, cap: tuple[int, str] | None = None) -> httpx2.Response:
+        """One request; the answer is read within CAP (bytes, document kind; default a small API answer) and the
+        deadline (wire.http_client)."""
         hdrs = dict(headers or {})
         target = self.url(url)
         # credentials go to the registry only, never to another host an upload URL (Location) may name
         if auth and self._auth_header and urlsplit(target).netloc == urlsplit(self.base).netloc:
             hdrs["Authorization"] = self._auth_header
-        request = self._http.build_request(method, target, headers=hdrs, content=content)
+        request = self._http.build_request(method, target, headers=hdrs, content=content,
+                                           extensions=_cap(*cap) if cap else {})
         try:
             return self._http.send(request, stream=stream)
-        except httpx2.HTTPError as e:
+        except httpx2.TimeoutException as e:
+            raise RemoteError(f"{self._where()}: the registry at {self.base} did not answer within MM_NET_TIMEOUT "
+                              f"({self._timeout:g} s): {type(e).__name__}") from None
+        except (httpx2.HTTPError, httpx2.InvalidURL) as e:
             raise RemoteError(f"{self._where()}: cannot reach the registry at {self.base} "
                               f"({type(e).__name__}{': ' + _short(e) if _short(e) else ''})") from None
 
     def request(self, method: str, url: str, *, headers: dict | None = None,
-                body: Callable[[], object] | None = None, stream: bool = False) -> httpx2.Response:
+                body: Callable[[], object] | None = None, stream: bool = False,
+                cap: tuple[int, str] | None = None) -> httpx2.Response:
         """Send; on a 401 (token expired, or a scope not yet granted) log in again once and resend.
         BODY is a factory, so a streamed body can be produced again for the retry."""
         self.ping()
-        resp = self._send(method, url, headers=headers, content=body() if body else None, stream=stream)
+        resp = self._send(method, url, headers=headers, content=body() if body else None, stream=stream, cap=cap)
         if resp.status_code == 401:
             resp.close()
             with self._lock:
                 self._login(resp.headers.get("WWW-Authenticate", ""))
-            resp = self._send(method, url, headers=headers, content=body() if body else None, stream=stream)
+            resp = self._send(method, url, headers=headers, content=body() if body else None, stream=stream, cap=cap)
             if resp.status_code == 401:
                 resp.read()
                 raise self._refused(resp)
@@ -340,18 +366,13 @@ class Client:
         """(bytes, media type, sha256 digest) of REF's manifest; the digest is computed here, and must match what
         was asked for (a digest reference) and what the registry says (Docker-Content-Digest)."""
         resp = self.request("GET", f"/v2/{ref.repository}/manifests/{ref.lookup}", headers={"Accept": MANIFEST_ACCEPT},
-                            stream=True)
+                            stream=True, cap=(MAX_MANIFEST, "a manifest"))
         try:
             if resp.status_code == 404:
                 raise RemoteError(f"{ref}: not found in the registry")
             if resp.status_code != 200:
-                resp.read()
                 raise RemoteError(f"{ref}: manifest request failed ({_registry_error(resp)})")
-            data = bytearray()
-            for chunk in resp.iter_bytes():
-                data += chunk
-                if len(data) > MAX_MANIFEST:
-                    raise BadInput(f"{ref}: manifest larger than {MAX_MANIFEST} bytes; refused")
+            data = resp.read()  # within MAX_MANIFEST and the deadline
         finally:
             resp.close()
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
@@ -385,78 +406,87 @@ class Client:
             return -1
 
     @contextmanager
-    def open_blob(self, digest: str, offset: int = 0) -> Iterator[tuple[int, "http.client.HTTPResponse"]]:
-        """GET the blob from OFFSET (Range) on a plain http.client connection; yields (start actually honoured,
-        the response, whose readinto() fills a caller's buffer). The bulk path: httpx hands out 64 KiB pieces
-        and copies each, which costs a third of a core at 1 GB/s; this reads straight into mm's page-aligned
-        buffer. Follows a redirect to blob storage (S3 and the like) without the registry's Authorization."""
+    def open_blob(self, digest: str, offset: int = 0, end: int | None = None) -> Iterator["wire.RawAnswer"]:
+        """GET bytes [OFFSET, END) of the blob (Range; END None: to its end) on a plain http.client connection
+        (wire.open_raw: headers within the deadline, a body read straight into the caller's buffer). The bulk path:
+        httpx hands out 64 KiB pieces and copies each. Follows a redirect to blob storage (S3 and the like), checked
+        to be an http(s) URL, without the registry's Authorization. Yields a 200 or 206 answer; the caller proves
+        its offsets (ranges.prove). 429, 408 and 5xx raise RetryLater; other refusals RemoteError."""
+        from ..ranges import RetryLater
+
         self.ping()
         url = self.url(f"/v2/{self.ref.repository}/blobs/{digest}")
         base = urlsplit(url).netloc
+        where = f"{self.ref.name}@{digest}"
         relogged = False
-        for _ in range(6):
-            headers = {"User-Agent": "mm (model-artifact manager)", **({"Range": f"bytes={offset}-"} if offset else {})}
-            if self._auth_header and urlsplit(url).netloc == base:
+        rng = {"Range": f"bytes={offset}-{'' if end is None else end - 1}"} if offset or end is not None else {}
+        for _ in range(wire.MAX_REDIRECTS + 1):
+            headers = {"User-Agent": "mm (model-artifact manager)", "Accept-Encoding": "identity", **rng}
+            on_registry = urlsplit(url).netloc == base
+            if self._auth_header and on_registry:
                 headers["Authorization"] = self._auth_header
-            conn, resp = self._raw_get(url, headers)
-            if resp.status == 401 and not relogged and urlsplit(url).netloc == base:
-                challenge = resp.getheader("WWW-Authenticate", "")
-                conn.close()
+            peer = f"registry {self.ref.registry}" if on_registry else f"blob storage at {wire.origin(url)}"
+            try:
+                raw = wire.open_raw(url, headers, peer, ssl_context=self._ssl)
+            except wire.TooSlow as e:
+                raise RetryLater(f"{where}: {e.message}", "slow-headers") from None
+            except (OSError, http.client.HTTPException) as e:
+                raise RetryLater(f"{where}: cannot reach {wire.origin(url)} ({type(e).__name__})", "connect") from None
+            if raw.status == 401 and not relogged and on_registry:
+                challenge = raw.header("WWW-Authenticate") or ""
+                raw.close()
                 with self._lock:
                     self._login(challenge)
                 relogged = True
                 continue
-            if resp.status in (301, 302, 303, 307, 308) and resp.getheader("Location"):
-                url = urljoin(url, resp.getheader("Location"))
-                conn.close()
+            location = raw.header("Location")
+            if raw.status in wire.REDIRECT_STATUSES and location:
+                raw.close()
+                url = wire.join_url(url, location, f"{where}: {peer}")
                 continue
             break
+        else:
+            raise RemoteError(f"{where}: more than {wire.MAX_REDIRECTS} redirects; refused")
         try:
-            where = f"{self.ref.name}@{digest}"
-            if resp.status == 401:
+            status = raw.status
+            if status == 401:
                 raise RemoteError(f"{self._where()}: the registry refused the credentials"
                                   + (f" from {self.credentials.origin}" if self.credentials else " (anonymous)"))
-            if resp.status == 404:
+            if status == 404:
                 raise RemoteError(f"{where}: blob not found in the registry")
-            if resp.status == 416:
+            if status == 416:
                 raise RemoteError(f"{where}: registry refused the range from byte {offset}")
-            if resp.status not in (200, 206):
-                raise RemoteError(f"{where}: blob download failed (HTTP {resp.status})")
-            start = 0
-            if resp.status == 206:
-                m = re.match(r"bytes (\d+)-", resp.getheader("Content-Range", ""))
-                start = int(m.group(1)) if m else 0
-            yield start, resp
+            if status in (408, 429) or status >= 500:
+                raise RetryLater(f"{where}: {wire.origin(url)} answered HTTP {status}", str(status))
+            if status not in (200, 206):
+                raise RemoteError(f"{where}: blob download failed (HTTP {status})")
+            yield raw
         finally:
-            conn.close()
+            raw.close()
 
     def _connection(self, parts) -> "http.client.HTTPConnection":
-        """A new http.client connection for a blob body (one per transfer; the API calls pool theirs in httpx)."""
+        """A new http.client connection for an upload body (one per transfer; the API calls pool theirs in httpx)."""
         if parts.scheme == "https":
             return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=self._timeout,
                                                context=self._ssl or ssl.create_default_context())
         return http.client.HTTPConnection(parts.hostname, parts.port, timeout=self._timeout)
 
-    def _raw_get(self, url: str, headers: dict) -> tuple["http.client.HTTPConnection", "http.client.HTTPResponse"]:
-        parts = urlsplit(url)
-        conn = self._connection(parts)
-        try:
-            conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""), headers=headers)
-            return conn, conn.getresponse()
-        except (OSError, http.client.HTTPException) as e:
-            conn.close()
-            raise RemoteError(f"{self._where()}: cannot reach the registry at {parts.scheme}://{parts.netloc} "
-                              f"({type(e).__name__})") from None
-
     def read_blob(self, digest: str, limit: int) -> bytes:
-        """A small blob (config, mm manifest) in memory, refused above LIMIT bytes, checked against DIGEST."""
+        """A small blob (config, mm manifest) in memory, refused above LIMIT bytes or past the deadline, checked
+        against DIGEST."""
+        from ..ranges import RetryLater
+
         try:
-            with self.open_blob(digest) as (_, body):
-                data = body.read(limit + 1)
-        except (OSError, http.client.HTTPException) as e:
-            raise RemoteError(f"{self.ref.name}@{digest}: download cut ({type(e).__name__})") from None
-        if len(data) > limit:
-            raise BadInput(f"{self.ref.name}@{digest}: blob larger than {limit} bytes where a small document was expected")
+            with self.open_blob(digest) as raw:
+                if raw.status != 200:
+                    raise RemoteError(f"{self.ref.name}@{digest}: the registry answered {raw.status} to a request for "
+                                      f"the whole blob")
+                try:
+                    data = raw.read_capped(limit, "a small blob (config or manifest)")
+                except (OSError, http.client.HTTPException) as e:
+                    raise RemoteError(f"{self.ref.name}@{digest}: download cut ({type(e).__name__})") from None
+        except RetryLater as e:
+            raise RemoteError(e.message) from None
         if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
             raise IntegrityError(f"{self.ref.name}@{digest}: blob bytes do not match their digest; refused")
         return data
@@ -521,8 +551,11 @@ class Client:
                         left -= n
                         if on_bytes is not None:
                             on_bytes(n)
-                resp = conn.getresponse()
-                body = resp.read(65536)
+                with wire.watchdog(conn, wire.limits().deadline, f"registry {self.ref.registry}",
+                                   "answer the upload"):
+                    resp = conn.getresponse()
+                    answer = wire.RawAnswer(conn, resp, f"registry {self.ref.registry}")
+                    body = answer.read_capped(wire.CAP_ERROR, "its answer to an upload")
                 status, rheaders = resp.status, {k.lower(): v for k, v in resp.getheaders()}
             except (OSError, http.client.HTTPException) as e:
                 raise RemoteError(f"{self._where()}: upload to {parts.scheme}://{parts.netloc} cut "

@@ -42,7 +42,8 @@ TITLE = "org.opencontainers.image.title"
 CREATED = "org.opencontainers.image.created"
 MM_MANIFEST_PATH = f"{MM_DIR}/{MANIFEST_NAME}"
 MM_SIGNATURE_PATH = f"{MM_MANIFEST_PATH}.sig"
-MAX_MM_MANIFEST = 256 * 1024 * 1024
+MAX_MM_MANIFEST = 16 * 1024 * 1024  # mm's margin: about 50,000 files at ~300 bytes an entry (the largest model
+# repos hold a few thousand); read whole and parsed, so it is also what bounds pull's memory
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".onnx", ".ckpt", ".h5", ".msgpack", ".nemo")
 CODE_SUFFIXES = (".py", ".sh", ".ipynb")

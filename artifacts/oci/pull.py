@@ -4,7 +4,9 @@ The tag is resolved to a digest once; everything after uses that digest (a tag m
 revisions). mm's manifest comes first (its own layer, cross-checked with the layers); then each file's blob is
 streamed into DIR/.mm/partial/<sha256>.part (continued with Range after a kill), hashed in the pass that writes
 it (sha256 against the layer digest, blake3 against the manifest), and named only when both match. The same
-lock, free-space check, journal and atomic names as `mm fetch`; it ends with the quick verify.
+lock, free-space check, journal and atomic names as `mm fetch`, and the same ranged engine (artifacts/ranges.py:
+a blob's missing ranges over several connections, every answer's offsets proven, a budget per file, a range map
+beside the partial); it ends with the quick verify.
 With --allowed-signers, the signature layer (a signed model's, modelpack.MM_SIGNATURE) is checked over the mm
 manifest layer's exact bytes with ssh-keygen before anything is written (signing.py); --require-signature refuses
 an unsigned artifact too. The pulled manifest records the registry as each file's source, so it is no longer the
@@ -12,26 +14,23 @@ signed bytes: the signature is checked at pull and reported, not stored beside i
 """
 from __future__ import annotations
 
-import http.client
-import mmap
-import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Iterator
 
-from ..download import JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, known_entries, partial_path, prepare_dir
-from ..errors import BadInput, IntegrityError, MMError, RemoteError
+from ..download import (JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, fetch_into, known_entries, partial_path,
+                        prepare_dir)
+from ..errors import BadInput, IntegrityError, MMError
 from ..fsutil import dir_lock, publish, require_free_space
-from ..hashing import SLICE, StreamHasher, mapped_windows
 from .. import interrupt
 from ..manifest import FileEntry, Manifest, manifest_path, write_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
+from ..ranges import DEFAULT_CONNECTIONS, Answer, Connections, TransferStats, clear_state, http_answer, state_path
 from ..untrusted import load_json
 from . import modelpack
 from .client import Client, Credentials, Reference, Transport, parse_reference
-
-BUFFER = 1024 * 1024  # one page-aligned receive buffer per worker; what a kill can lose of a file
-CUT_RETRIES = 5
 
 
 @dataclass(frozen=True)
@@ -171,9 +170,13 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
             for entry in wanted:
                 groups.setdefault(layers[entry.path].digest, []).append(entry)
 
+            blobs = BlobSource(client, {path: layer.digest for path, layer in layers.items()})
+            budget = Connections(DEFAULT_CONNECTIONS)
+            stats = TransferStats(retry_budget=max(64, 16 * workers))
+
             def one(group: list[FileEntry]) -> list[tuple[PulledFile, FileEntry | None]]:
                 progress.item(group[0].path)
-                return [_pull_file(client, local_dir, entry, layers[entry.path].digest, known, source, progress, journal)
+                return [_pull_file(blobs, local_dir, entry, known, source, progress, journal, budget, stats)
                         for entry in group]
 
             try:
@@ -236,9 +239,10 @@ def _present(local_dir: Path, entry: FileEntry, known: dict[str, FileEntry]) -> 
 
 
 def _clean_partials(local_dir: Path, wanted: tuple[FileEntry, ...]) -> None:
-    keep = {partial_path(local_dir, _blob_file(f)).name for f in wanted}
+    keep = {p.name for f in wanted for p in (partial_path(local_dir, _blob_file(f)),
+                                             state_path(partial_path(local_dir, _blob_file(f))))}
     for p in (local_dir / PARTIAL_DIR).iterdir():
-        if p.name not in keep and p.suffix == ".part":
+        if p.name not in keep and p.suffix in (".part", ".ranges"):
             p.unlink(missing_ok=True)
 
 
@@ -247,8 +251,7 @@ def _check_free_space(local_dir: Path, wanted, known) -> None:
     for f in wanted:
         if _present(local_dir, f, known):
             continue
-        partial = partial_path(local_dir, _blob_file(f))
-        needed += f.size - (partial.stat().st_size if partial.exists() else 0)
+        needed += f.size - Partial.of(local_dir, _blob_file(f)).have
     require_free_space([(local_dir, needed)], "the pull")
 
 
@@ -268,13 +271,30 @@ def _remove_other_revision(local_dir: Path, known: dict[str, FileEntry], manifes
     return tuple(removed)
 
 
-def _pull_file(client: Client, local_dir: Path, entry: FileEntry, digest: str, known: dict[str, FileEntry],
-               source: str, progress: ProgressSink, journal: "Journal") -> tuple[PulledFile, FileEntry | None]:
+class BlobSource:
+    """The artifact's blobs as a source for the ranged engine (ranges.RangeSource): a file's path names its layer,
+    whose digest names the blob; each request is a ranged GET on its own connection (Client.open_blob)."""
+
+    def __init__(self, client: Client, digests: dict[str, str]):
+        self.client, self.digests = client, digests
+        self.label = f"registry {client.ref.registry}"
+
+    @contextmanager
+    def stream(self, path: str, start: int, end: int | None = None) -> Iterator[Answer]:
+        digest = self.digests[path]
+        with self.client.open_blob(digest, start, end) as raw:
+            yield http_answer(raw, f"{self.client.ref.name}@{digest}")
+
+
+def _pull_file(blobs: BlobSource, local_dir: Path, entry: FileEntry, known: dict[str, FileEntry], source: str,
+               progress: ProgressSink, journal: "Journal", budget: Connections,
+               stats: TransferStats) -> tuple[PulledFile, FileEntry | None]:
+    digest = blobs.digests[entry.path]
     if _present(local_dir, entry, known):
         progress.advance(entry.size)
         return PulledFile(entry.path, entry.size, digest, "present"), known[entry.path]
     try:
-        transferred, resumed = _download(client, local_dir, entry, digest, progress)
+        transferred, resumed = _download(blobs, local_dir, entry, digest, progress, budget, stats)
     except MMError as e:
         return PulledFile(entry.path, entry.size, digest, "failed", error=e.message, error_kind=type(e)), None
     got = replace(entry, source=source)
@@ -282,106 +302,21 @@ def _pull_file(client: Client, local_dir: Path, entry: FileEntry, digest: str, k
     return PulledFile(entry.path, entry.size, digest, "downloaded", transferred, resumed), got
 
 
-def _download(client: Client, local_dir: Path, entry: FileEntry, digest: str, progress: ProgressSink) -> tuple[int, int]:
-    """Continue (or start) the blob's partial file, hash every byte in the pass that writes it, check, publish.
-
-    Bytes are read straight into one page-aligned buffer (BUFFER), then written and hashed from it: no copy
-    in Python, memory bounded by the buffer whatever the file size."""
-    state = Partial.of(local_dir, _blob_file(entry))
-    partial, have = state.path, state.have
-    hasher = StreamHasher(sha256=True)
-    received = 0
-    buf = mmap.mmap(-1, BUFFER)
-    view = memoryview(buf)
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    writeback = _Writeback(fd, have)
+def _download(blobs: BlobSource, local_dir: Path, entry: FileEntry, digest: str, progress: ProgressSink,
+              budget: Connections, stats: TransferStats) -> tuple[int, int]:
+    """Continue (or start) the blob's partial file with the ranged engine (every byte hashed once, sha256 checked
+    against the layer digest), check blake3 against the pulled manifest, publish."""
+    blob = _blob_file(entry)
+    partial = Partial.of(local_dir, blob)
+    registry = blobs.client.ref.registry
     try:
-        if have:
-            for piece in mapped_windows(partial, SLICE):  # what a killed run kept, hashed again
-                hasher.update(piece)
-            progress.advance(have)
-        stalls = 0
-        while hasher.size < entry.size:
-            before = hasher.size
-            try:
-                with client.open_blob(digest, hasher.size) as (start, body):
-                    if start != hasher.size:  # the registry ignored the range: start over
-                        os.ftruncate(fd, 0)
-                        progress.advance(-hasher.size)
-                        hasher = StreamHasher(sha256=True)
-                    while True:
-                        filled, cut = 0, None
-                        try:
-                            while filled < BUFFER and not interrupt.requested():
-                                n = body.readinto(view[filled:])
-                                if not n:
-                                    break
-                                filled += n
-                        except (OSError, http.client.HTTPException) as e:
-                            cut = e  # keep what arrived, then ask again from there
-                        if hasher.size + filled > entry.size:
-                            raise IntegrityError(f"{entry.path}: the registry sent more than the layer's {entry.size} "
-                                                 f"bytes for {digest}; not kept")
-                        if filled:
-                            piece = view[:filled]
-                            _write_all(fd, piece)
-                            hasher.update(piece)
-                            piece.release()
-                            received += filled
-                            progress.advance(filled)
-                            writeback.wrote(hasher.size)
-                        interrupt.check()  # stopped: the partial keeps what arrived (interrupt.py)
-                        if cut is not None or filled < BUFFER:
-                            break
-            except RemoteError:
-                if hasher.size == before:
-                    raise
-            if hasher.size == before:
-                stalls += 1
-                if stalls > CUT_RETRIES:
-                    raise RemoteError(f"{entry.path}: transfer of {digest} keeps breaking at byte {before} of "
-                                      f"{entry.size}; run again to resume")
-    finally:
-        os.close(fd)
-        view.release()
-        buf.close()
-    d = hasher.digests()
-    if d.sha256 != digest.split(":", 1)[1]:
-        partial.unlink(missing_ok=True)
-        raise IntegrityError(f"{entry.path}: blob {digest} from {client.ref.registry} does not match its digest "
-                             f"(got sha256:{str(d.sha256)[:16]}...); not kept")
-    if d.blake3 != entry.blake3:
-        partial.unlink(missing_ok=True)
-        raise IntegrityError(f"{entry.path}: blake3 {d.blake3[:16]} disagrees with the pulled mm manifest "
+        done = fetch_into(partial, blob, blobs, progress, connections=budget, stats=stats)
+    except IntegrityError:  # fetch_into dropped the partial
+        raise IntegrityError(f"{entry.path}: blob {digest} from {registry} does not match its digest; not kept") from None
+    if done.digests.blake3 != entry.blake3:
+        clear_state(partial.path)
+        raise IntegrityError(f"{entry.path}: blake3 {done.digests.blake3[:16]} disagrees with the pulled mm manifest "
                              f"({entry.blake3[:16]}); not kept")
-    publish(partial, local_dir / entry.path)  # fsync, rename, fsync the directory
-    return received, have
-
-
-class _Writeback:
-    """Start writing each WINDOW to disk as soon as it is in the page cache, and drop the window before it once it
-    is written (posix_fadvise DONTNEED: on Linux it starts writeback of dirty pages and frees clean ones). The fsync
-    before the file is named then waits for the last window only, and a pull of a 252 GB model does not push the
-    node's page cache out."""
-
-    WINDOW = 32 * 1024 * 1024
-
-    def __init__(self, fd: int, start: int):
-        self.fd, self.kicked, self.dropped = fd, start, start
-
-    def wrote(self, end: int) -> None:
-        if end - self.kicked < self.WINDOW:
-            return
-        try:
-            if self.kicked > self.dropped:  # (a length of 0 would mean "to the end of the file")
-                os.posix_fadvise(self.fd, self.dropped, self.kicked - self.dropped, os.POSIX_FADV_DONTNEED)
-            os.posix_fadvise(self.fd, self.kicked, end - self.kicked, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
-        self.dropped, self.kicked = self.kicked, end
-
-
-def _write_all(fd: int, data: memoryview) -> None:
-    while len(data):
-        n = os.write(fd, data)
-        data = data[n:]
+    publish(partial.path, local_dir / entry.path)  # fsync, rename, fsync the directory
+    state_path(partial.path).unlink(missing_ok=True)
+    return done.transferred, done.resumed_from

@@ -1,108 +1,199 @@
-"""Benchmark: `mm fetch` vs `hf download` (both with their defaults) of the same repo from the local Hub server.
+"""Benchmark: `mm fetch` against aria2c and `hf download`, from a real CDN behind the test Hub's redirect (issue 23).
 
-Runs alternate (hf, mm, hf, mm, ...) into fresh directories so both see the same machine load, and
-prints the ratio of median wall times. mm also hashes every byte (blake3 + sha256), checks each file
-against the Hub's identity and writes the manifest; hf download checks sizes only.
+The Hub API and the small files come from the local Hub server (tests/support/hubserver.py); every LFS file is
+redirected (302) to nginx (the Debian package), which serves the repo's .git/lfs/objects with sendfile and caps each
+connection with `limit_rate`, as a CDN does. So the CDN is not the bottleneck, and all three clients get the same
+server. Peers, interleaved round by round in the same run (the machine is shared: only ratios mean something):
 
-1. Loopback, no cap: 4 x 320 MiB shards + the draft. Goal: mm's wall time <= 0.92 x hf download's.
-2. WAN (issue 13): the server caps each TCP connection (MM_BENCH_CAP_MB, default 20 MB/s) and redirects LFS
-   files to its bridge origin, like the Hub's CDN. A repo of one 1 GiB shard (goal: mm >= 4x faster) and a
-   repo of 8 shards, 1 GiB in all (goal: >= 2x). Printed: connections used, throughput per connection, ratio.
-Peak RSS goal for mm: < 150 MB.
+- aria2c -x16 -s16 -k16M (Debian aria2, its other defaults): downloads, does not hash, does not fsync;
+- hf download (huggingface_hub's CLI, its defaults): downloads into its cache, checks sizes;
+- mm fetch (its defaults): downloads, hashes blake3 and sha256 of every byte in the pass that writes it (and the git
+  sha1 of non-LFS files; an LFS file's git blob is its pointer, so hashing its content with sha1 would prove
+  nothing), checks each file against the Hub's identity, fsyncs, writes the manifest.
 
-The goals are for mm's defaults: up to 32 connections, 16 to start with, more only while they raise the
-aggregate rate (artifacts/ranges.py Connections). Loopback and the 8-shard repo also run `mm fetch --connections
-16` (16 fixed), printed apart: what adding connections buys behind a per-connection cap, and what probing costs
-where there is none. (16 fixed against hf download's 8 workers can reach at most ~1.8x on the 8-shard repo once
-start-up is counted: 3.4 s of wire time + ~0.4-0.75 s against 6.7 s + ~0.8 s.)
+Cases: 20 MB/s per connection (MM_BENCH_CAP_MB) with one 1 GiB file and with 8 x 128 MiB; uncapped loopback with
+one 1 GiB file. Printed per case: each round's times and the load average before it; the median wall time of each
+tool; RATIO mm speed / aria2c speed (goal >= 1.0) and mm / hf download; CPU-seconds per GiB (user + sys from
+/usr/bin/time) of mm (goal <= 2) and aria2c; peak RSS (goal < 150 MB).
+MM_BENCH_ROUNDS (default 3) rounds; MM_BENCH_CASES picks cases by number (e.g. "1,3"); MM_BENCH_HF=0 leaves
+hf download out (its single stream takes about 54 s a round on the capped 1 GiB case).
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
 
-from tests.bench.common import bench_dir, peer_bin, run_measured, start_hub_server
+from tests.bench.common import bench_dir, peer_bin, start_hub_server
 
 ROUNDS = int(os.environ.get("MM_BENCH_ROUNDS", "3"))
 CAP = int(float(os.environ.get("MM_BENCH_CAP_MB", "20")) * 1e6)  # bytes/s per connection
+WITH_HF = os.environ.get("MM_BENCH_HF", "1") != "0"
 GIB = 1 << 30
+MIB = 1 << 20
 RSS_GOAL = 150e6
-MORE = ("--connections", "16")  # the variant printed apart (see above)
+CPU_GOAL = 2.0
+ARIA2 = ["-x16", "-s16", "-k16M"]
+
+
+CASES = {
+    1: ("20 MB/s per connection, one 1 GiB file", 1, GIB, CAP),
+    2: ("20 MB/s per connection, 8 x 128 MiB", 8, 128 * MIB, CAP),
+    3: ("uncapped loopback, one 1 GiB file", 1, GIB, 0),
+}
 
 
 def main() -> None:
-    loopback(more=MORE)
-    wan("one 1 GiB shard", shards=1, shard_bytes=GIB, goal=4.0)
-    wan("8 shards, 1 GiB", shards=8, shard_bytes=GIB // 8, goal=2.0, more=MORE)
+    picked = [int(c) for c in os.environ.get("MM_BENCH_CASES", ",".join(map(str, CASES))).split(",") if c]
+    for number in picked:
+        name, shards, shard_bytes, cap = CASES[number]
+        case(f"{number}. {name}", shards, shard_bytes, cap)
 
 
-def loopback(more: tuple[str, ...] = ()) -> None:
-    print("--- loopback, no per-connection cap ---", flush=True)
-    times, peak, _, total = _rounds("fetch", shards=4, shard_bytes=320 * 1024 * 1024, server_args=(), more=more)
-    hf_t = statistics.median(times["hf download"])
-    print(f"repo: {total / 2**30:.2f} GiB in 4 shards + dspark/, {ROUNDS} interleaved rounds")
-    print(f"hf download median {hf_t:.2f} s ({total / hf_t / 1e9:.2f} GB/s), peak RSS {peak['hf download'] / 1e6:.0f} MB")
-    for tool in [t for t in times if t.startswith("mm fetch")]:
-        mm_t = statistics.median(times[tool])
-        print(f"{tool} median {mm_t:.2f} s ({total / mm_t / 1e9:.2f} GB/s), peak RSS {peak[tool] / 1e6:.0f} MB"
-              f" (goal < {RSS_GOAL / 1e6:.0f})")
-        goal_note = "goal <= 0.92" if tool == "mm fetch" else "not the goal's defaults"
-        print(f"RATIO {tool} / hf download wall time = {mm_t / hf_t:.3f}  ({goal_note})", flush=True)
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def wan(name: str, shards: int, shard_bytes: int, goal: float, more: tuple[str, ...] = ()) -> None:
-    """MORE: mm options for one more interleaved variant, printed apart (not the goal's: defaults are)."""
-    print(f"--- WAN: {CAP / 1e6:.0f} MB/s per connection, redirect to the bridge; {name} ---", flush=True)
-    server_args = ("--conn-rate", str(CAP), "--redirect-lfs", "--no-draft")
-    times, peak, transfers, total = _rounds(f"fetch-wan-{shards}", shards, shard_bytes, server_args, more)
-    hf_t = statistics.median(times["hf download"])
-    print(f"repo: {total / 2**30:.2f} GiB in {shards} shard(s), {ROUNDS} interleaved rounds")
-    print(f"hf download median {hf_t:.2f} s ({total / hf_t / 1e6:.0f} MB/s)")
-    for tool in [t for t in times if t.startswith("mm fetch")]:
-        mm_t = statistics.median(times[tool])
-        used = statistics.median(t["connections_used"] for t in transfers[tool])
-        kept = statistics.median(t["connections_kept"] for t in transfers[tool])
-        retries = sum(t["retries"] for t in transfers[tool])
-        print(f"{tool} median {mm_t:.2f} s ({total / mm_t / 1e6:.0f} MB/s), {used:.0f} connections used ({kept:.0f} kept)"
-              f" ({total / mm_t / used / 1e6:.1f} MB/s per connection), {retries} retries,"
-              f" peak RSS {peak[tool] / 1e6:.0f} MB (goal < {RSS_GOAL / 1e6:.0f})")
-        goal_note = f"goal >= {goal}x" if tool == "mm fetch" else "not the goal's defaults"
-        print(f"RATIO hf download / {tool} wall time = {hf_t / mm_t:.2f}x  ({goal_note})", flush=True)
+@contextmanager
+def nginx(objects: Path, port: int, rate: int, work: Path) -> Iterator[str]:
+    """nginx serving OBJECTS under /lfs/ on 127.0.0.1:PORT, each connection capped at RATE bytes/s (0: none);
+    yields the base URL."""
+    prefix = work / "nginx"
+    shutil.rmtree(prefix, ignore_errors=True)
+    (prefix / "tmp").mkdir(parents=True)
+    user = "user root root;" if os.geteuid() == 0 else ""
+    temp = "\n".join(f"  {kind}_temp_path {prefix}/tmp/{kind};" for kind in
+                     ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    (prefix / "nginx.conf").write_text(f"""{user}
+worker_processes auto;
+error_log {prefix}/error.log warn;
+pid {prefix}/nginx.pid;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  sendfile on;
+  tcp_nopush on;
+  default_type application/octet-stream;
+{temp}
+  server {{
+    listen 127.0.0.1:{port};
+    location /lfs/ {{
+      alias {objects}/;
+      limit_rate {rate};
+    }}
+  }}
+}}
+""")
+    proc = subprocess.Popen(["nginx", "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-g", "daemon off;"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(100):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if proc.poll() is not None:
+                raise RuntimeError(f"nginx did not start: {proc.stderr.read().decode()[-500:]}")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/lfs"
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
-def _rounds(name: str, shards: int, shard_bytes: int, server_args: tuple[str, ...], more: tuple[str, ...] = ()):
-    work = bench_dir(name)
-    transfers: dict[str, list[dict]] = {}
+@contextmanager
+def cdn_repo(work: Path, shards: int, shard_bytes: int, cap: int) -> Iterator[tuple[str, str, str, int, list[str]]]:
+    """The test Hub (a generated repo of SHARDS x SHARD_BYTES) redirecting its LFS files to nginx capped at CAP
+    bytes/s per connection; yields (hub URL, repo id, commit, bytes, file paths)."""
+    from tests.support.gitrepo import tree_sizes
+
+    port = free_port()
+    server_args = ("--no-draft", "--redirect-to", f"http://127.0.0.1:{port}/lfs")
     with start_hub_server(work / "hub", shards=shards, shard_bytes=shard_bytes, server_args=server_args) as (
             url, repo_id, commit, total):
+        with nginx(work / "hub" / repo_id / ".git" / "lfs" / "objects", port, cap, work):
+            yield url, repo_id, commit, total, sorted(tree_sizes(work / "hub" / repo_id, commit))
+
+
+def run_usage(cmd: list[str], env: dict, stdout: Path | None = None) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds (user + sys) and peak RSS (bytes) of CMD, from /usr/bin/time (a small parent)."""
+    with tempfile.NamedTemporaryFile("r", prefix="mm-bench-usage-") as usage, open(stdout or os.devnull, "wb") as out:
+        start = time.perf_counter()
+        proc = subprocess.run(["/usr/bin/time", "-f", "%U %S %M", "-o", usage.name, *cmd], env=env, stdout=out,
+                              stderr=subprocess.PIPE)
+        seconds = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode()[-800:]}")
+        user, system, rss = usage.read().split()[-3:]
+        return seconds, float(user) + float(system), int(rss) * 1024
+
+
+def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
+    print(f"--- {name} ---", flush=True)
+    work = bench_dir(f"fetch-{shards}x{shard_bytes >> 20}-{cap}")
+    with cdn_repo(work, shards, shard_bytes, cap) as (url, repo_id, commit, total, files):
         env = dict(os.environ, HF_ENDPOINT=url, HF_HOME=str(work / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1",
                    HF_HUB_DISABLE_PROGRESS_BARS="1", NO_PROXY="127.0.0.1,localhost")
         env.pop("HF_TOKEN", None)
-        hf = [peer_bin("hf"), "download", repo_id, "--revision", commit, "--quiet"]
-        mm = [peer_bin("mm"), "fetch", repo_id, "--revision", commit, "--json"]
-        tools = [("hf download", hf), ("mm fetch", mm)] + ([(f"mm fetch {' '.join(more)}", [*mm, *more])] if more else [])
-        times: dict[str, list[float]] = {tool: [] for tool, _ in tools}
-        peak: dict[str, int] = {}
+        urls = work / "aria2.txt"
+        urls.write_text("".join(f"{url}/{repo_id}/resolve/{commit}/{p}\n  out={p}\n" for p in files))
+        tools = {
+            "aria2c": lambda dest: ["aria2c", *ARIA2, "-q", "--auto-file-renaming=false", "--allow-overwrite=true",
+                                    "-d", str(dest), "-i", str(urls)],
+            "mm fetch": lambda dest: [peer_bin("mm"), "fetch", repo_id, "--revision", commit, "--local-dir", str(dest),
+                                      "--json"],
+        }
+        if WITH_HF:
+            tools["hf download"] = lambda dest: [peer_bin("hf"), "download", repo_id, "--revision", commit, "--quiet"]
+        wall: dict[str, list[float]] = {t: [] for t in tools}
+        cpu: dict[str, list[float]] = {t: [] for t in tools}
+        rss: dict[str, int] = {}
+        loads = []
         for i in range(ROUNDS):
-            for tool, cmd in tools:
-                dest = work / f"out-{i}-{tool.split()[0]}"
+            for tool, cmd in tools.items():
+                dest = work / "out"
                 shutil.rmtree(dest, ignore_errors=True)
                 shutil.rmtree(work / "hf-home", ignore_errors=True)
-                report = work / "mm.json"
-                is_mm = tool.startswith("mm fetch")
-                seconds, rss = run_measured([*cmd, "--local-dir", str(dest)], env, stdout=report if is_mm else None)
-                if is_mm:
-                    transfers.setdefault(tool, []).append(json.loads(report.read_text())["transfer"])
-                times[tool].append(seconds)
-                peak[tool] = max(peak.get(tool, 0), rss)
+                load = os.getloadavg()[0]
+                loads.append(load)
+                report = work / "mm.json" if tool == "mm fetch" else None
+                seconds, cpu_s, peak = run_usage(cmd(dest), env, stdout=report)
+                if report is not None and not json.loads(report.read_text())["ok"]:
+                    raise RuntimeError(f"mm fetch failed: {report.read_text()[-800:]}")
+                got = sum((dest / p).stat().st_size for p in files if (dest / p).is_file())
+                if tool != "hf download" and got != total:
+                    raise RuntimeError(f"{tool} left {got} of {total} bytes")
+                wall[tool].append(seconds)
+                cpu[tool].append(cpu_s)
+                rss[tool] = max(rss.get(tool, 0), peak)
+                print(f"  round {i + 1} {tool:12s} {seconds:6.2f} s  {total / seconds / 1e6:7.0f} MB/s  "
+                      f"CPU {cpu_s:5.2f} s  RSS {peak / 1e6:5.0f} MB  (load {load:.1f})", flush=True)
                 shutil.rmtree(dest, ignore_errors=True)
-                print(f"  round {i + 1} {tool:28s} {seconds:6.2f} s  {total / seconds / 1e6:7.0f} MB/s"
-                      f"  RSS {rss / 1e6:5.0f} MB", flush=True)
+        shutil.rmtree(work / "hf-home", ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
-    return times, peak, transfers, total
+    gib = total / GIB
+    med = {t: statistics.median(v) for t, v in wall.items()}
+    print(f"repo: {gib:.2f} GiB in {shards} file(s) + small files, {ROUNDS} interleaved rounds, "
+          f"load average {min(loads):.1f}-{max(loads):.1f}")
+    for tool in tools:
+        print(f"{tool:12s} median {med[tool]:6.2f} s ({total / med[tool] / 1e6:5.0f} MB/s), "
+              f"{statistics.median(cpu[tool]) / gib:.2f} CPU-s/GiB, peak RSS {rss[tool] / 1e6:.0f} MB")
+    print(f"RATIO mm fetch / aria2c speed = {med['aria2c'] / med['mm fetch']:.2f}x  (goal >= 1.0)")
+    if WITH_HF:
+        print(f"RATIO mm fetch / hf download speed = {med['hf download'] / med['mm fetch']:.2f}x")
+    print(f"CPU mm fetch {statistics.median(cpu['mm fetch']) / gib:.2f} CPU-s/GiB (goal <= {CPU_GOAL}), "
+          f"aria2c {statistics.median(cpu['aria2c']) / gib:.2f}; peak RSS mm {rss['mm fetch'] / 1e6:.0f} MB "
+          f"(goal < {RSS_GOAL / 1e6:.0f})", flush=True)
 
 
 if __name__ == "__main__":

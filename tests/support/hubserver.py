@@ -23,6 +23,7 @@ is up to date when the client has the bytes; a dropped connection may over-count
 ``fail_file[path] = status`` (answer that status, e.g. 404 or 500, to every download of the file),
 ``api_body`` (bytes answered with 200 to every /api/ request instead of the real answer: a hostile Hub),
 ``auth_headers_seen`` (count of requests carrying an Authorization header; never their value),
+``connections`` (TCP connections accepted, both listeners: keep-alive reuse shows as fewer than requests),
 ``tree_page_size`` / ``tree_page_size_expand`` / ``commits_page_size`` (the Hub's 1000/50/50;
 longer listings are paged with a ``Link: <...>; rel="next"`` header, as the Hub does).
 
@@ -43,7 +44,9 @@ huggingface_hub 2.4's ``parse_xet_file_data_from_response`` reads them) and redi
 LFS file to the bridge; ``redirect_lfs`` does the same for every repo's LFS files (the Hub's CDN
 redirect). Bridge URLs are signed (HMAC) and expire after ``signed_url_ttl`` seconds: then the bridge
 answers ``expired_status`` (403 like S3, or 410); a bad signature is 403. The bridge honours Range and
-counts ``bridge_auth_headers_seen`` (a token sent to it is a leak).
+counts ``bridge_auth_headers_seen`` (a token sent to it is a leak). ``redirect_to`` (a base URL) redirects every LFS
+file to ``<base>/<oid[:2]>/<oid[2:4]>/<oid>`` instead: a real CDN (the fetch benchmark's nginx) serving
+``.git/lfs/objects``.
 
 Tokens: ``HubServer(root, token=T)`` makes every repo private, ``private_repos[repo_id] = T`` one
 repo. A request for a private repo without ``Authorization`` gets 401 + RepoNotFound (what the Hub
@@ -318,6 +321,8 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self):
         super().setup()
         self.server.track(self.connection, True)
+        with self.server.hub._lock:
+            self.server.hub.connections += 1
 
     def finish(self):
         try:
@@ -487,6 +492,11 @@ class _Handler(BaseHTTPRequestHandler):
                 headers["X-Xet-Hash"] = xet_hash
                 headers["Link"] = (f'<{hub.url}/api/models/{repo_id}/xet-read-token/{commit}>; rel="xet-auth", '
                                    f'<{hub.bridge_url}/reconstruction/{xet_hash}>; rel="xet-reconstruction-info"')
+            if hub.redirect_to:
+                oid = entry.lfs_sha256
+                headers["Location"] = f"{hub.redirect_to.rstrip('/')}/{oid[:2]}/{oid[2:4]}/{oid}"
+                self._send(302, b"", "text/plain", headers)
+                return
             if xet or hub.redirect_lfs:
                 self._fault(path)  # the Hub itself rate-limits resolve calls
                 headers["Location"] = hub.signed_url(repo_id, entry.lfs_sha256, path)
@@ -713,6 +723,7 @@ class HubServer:
             self.fail_file: dict[str, int] = {}
             self.api_body: bytes | None = None
             self.auth_headers_seen = 0
+            self.connections = 0
             # WAN hooks (issue 13)
             self.conn_rate: int | None = None
             self.served: list[list] = []  # [listener, path, range, status, bytes]; see served_for()
@@ -726,6 +737,7 @@ class HubServer:
             self.corrupt_at: dict[str, int] = {}
             self.xet_repos: set[str] = set()
             self.redirect_lfs = False
+            self.redirect_to: str | None = None
             self.signed_url_ttl = 3600.0
             self.expired_status = 403
             self.bridge_auth_headers_seen = 0
@@ -877,6 +889,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token-env", metavar="VAR", help="require the token held in environment variable VAR")
     parser.add_argument("--conn-rate", type=int, metavar="BYTES_PER_S", help="per-connection throttle (default off)")
     parser.add_argument("--redirect-lfs", action="store_true", help="redirect LFS files to the bridge (the Hub's CDN)")
+    parser.add_argument("--redirect-to", metavar="URL",
+                        help="redirect LFS files to URL/<oid[:2]>/<oid[2:4]>/<oid> (a CDN serving .git/lfs/objects)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     args.root.mkdir(parents=True, exist_ok=True)
@@ -887,7 +901,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, _raise_stop)  # raising (not Event.set) cannot deadlock inside a lock's wait
     try:
         with HubServer(args.root, port=args.port, token=token, verbose=args.verbose) as hub:
-            hub.conn_rate, hub.redirect_lfs = args.conn_rate, args.redirect_lfs
+            hub.conn_rate, hub.redirect_lfs, hub.redirect_to = args.conn_rate, args.redirect_lfs, args.redirect_to
             print(f"HUB_URL={hub.url}", flush=True)
             while True:
                 time.sleep(3600)

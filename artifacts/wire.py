@@ -1,0 +1,538 @@
+"""The network edge: every answer mm reads is bounded in bytes and in time, every URL a server names is checked.
+
+Two ways bytes come in, both bounded here:
+
+- Documents (Hub API answers read by huggingface_hub, the registry's ping, token, manifests, error bodies,
+  redirects): httpx2 clients made by ``http_client`` (and installed as huggingface_hub's session factory by
+  ``use_for_hub``). A response hook checks what the headers promise (no Content-Encoding: mm asks for identity,
+  so no decompression bomb; a Content-Length within the cap; a redirect to an http(s) URL) and wraps the body
+  in a stream that refuses the byte past the document kind's cap (``cap_for``). Every socket read of such a
+  client waits at most until the answer's deadline (``MM_NET_DEADLINE`` after the request went out, headers
+  included: a server trickling its headers is cut too).
+- Bulk bodies (a file's bytes, the ranged engine's): ``open_raw`` on the standard library's http.client, so
+  the engine reads straight into its own buffers (``RawAnswer.readinto``: one socket read, what arrived).
+  The status line and headers must arrive within the deadline; each read waits at most ``MM_NET_TIMEOUT``;
+  the engine's minimum-rate rule (artifacts/ranges.py) bounds a trickle.
+
+Bounds (README, "Network bounds"), all mm's own margins, none an upstream default:
+  MM_NET_TIMEOUT      30 s   a connection attempt, or one read, waits at most this long
+  MM_NET_DEADLINE     120 s  a whole document, or the status line and headers of any answer
+  MM_NET_MIN_RATE     1024   bytes/s a download connection must average over...
+  MM_NET_RATE_WINDOW  60 s   ...each window of this length, else it is cut and retried on a fresh one
+  MM_NET_BACKOFF      0.25 s the wait before a failed range is asked again, doubling per failure up to 30 s
+Values are read when a request starts, so tests can use short ones.
+"""
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import socket
+import ssl
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+from urllib.parse import urlsplit
+
+import httpcore2
+import httpx2
+
+from .errors import BadValue, RemoteError
+
+KiB, MiB = 1 << 10, 1 << 20
+MAX_REDIRECTS = 5  # a Hub resolve goes through one (CDN or Xet bridge); 5 is mm's margin
+REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+
+# Byte caps per document kind (mm's margins over what honest servers send)
+CAP_ERROR = 64 * KiB  # an error answer: one JSON error or an HTML page
+CAP_REDIRECT = 64 * KiB  # a redirect's body (never needed)
+CAP_HUB_API = 4 * MiB  # one Hub API answer: a 1000-entry tree page with LFS and Xet fields is about 350 KB
+CAP_PING = 64 * KiB  # a registry's /v2/ answer is `{}`
+MAX_CONTAINERS = 250_000  # '[' and '{' in one document: parsed, each costs 56-200 bytes; an honest 4 MiB Hub answer
+# (model info listing 40,000 files) holds about 80,000. Within 4 MiB, a million empty lists would cost 100 MB.
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout: float = 30.0
+    deadline: float = 120.0
+    min_rate: float = 1024.0
+    rate_window: float = 60.0
+    backoff: float = 0.25
+
+
+_ENV = {"MM_NET_TIMEOUT": "timeout", "MM_NET_DEADLINE": "deadline", "MM_NET_MIN_RATE": "min_rate",
+        "MM_NET_RATE_WINDOW": "rate_window", "MM_NET_BACKOFF": "backoff"}
+
+
+def limits() -> Limits:
+    """The bounds in force: Limits' defaults, each replaced by its MM_NET_* variable when set."""
+    given = {}
+    for var, name in _ENV.items():
+        text = os.environ.get(var, "").strip()
+        if not text:
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not 0 < value < 1e7:  # NaN fails too
+            raise BadValue(f"{var}={text[:40]!r}: expected a positive number (seconds, or bytes/s for MM_NET_MIN_RATE)")
+        given[name] = value
+    return Limits(**given)
+
+
+def origin(url: str) -> str:
+    """scheme://host:port of URL, to name in a message: never a path, query (signatures) or credentials."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+        return f"{parts.scheme}://{parts.hostname or ''}:{port}"
+    except ValueError:
+        return shown(url)
+
+
+def shown(text: str, limit: int = 120) -> str:
+    """A value a server sent, fit for a one-line message: credentials and query strings cut, length bounded."""
+    from .untrusted import printable, redact
+
+    text = redact(re.sub(r"\?.*", "?...", str(text)[:64 * KiB], flags=re.S))  # redacted whole, then cut
+    return printable(text[:limit] + ("..." if len(text) > limit else ""))
+
+
+def check_url(url: str, where: str, what: str) -> str:
+    """URL if it is an absolute http(s) URL mm can ask; else RemoteError naming WHERE and what it sent."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number or out of range
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and not any(c in url for c in "\r\n\0 ")
+    except ValueError:
+        ok = False
+    if not ok:
+        raise RemoteError(f"{where} {what} {shown(url)!r}, which is not an http(s) URL mm can follow; refused")
+    return url
+
+
+def join_url(base: str, location: str, where: str, what: str = "redirected to") -> str:
+    from urllib.parse import urljoin
+
+    try:
+        target = urljoin(base, location)
+    except ValueError:
+        target = location
+    return check_url(target, where, what)
+
+
+# --- documents: httpx2 clients with a byte cap per answer and a deadline --------------------------------
+
+class _Deadline(threading.local):
+    at: float | None = None
+
+
+_deadline = _Deadline()
+
+
+class _Requests(threading.local):
+    left: int | None = None
+    what: str = ""
+
+
+_requests = _Requests()
+
+
+@contextmanager
+def request_budget(n: int, what: str) -> Iterator[None]:
+    """At most N requests (redirects and pages included) from this thread inside: a server paging or redirecting
+    forever ends as a RemoteError naming WHAT (e.g. "the file listing")."""
+    saved = (_requests.left, _requests.what)
+    _requests.left, _requests.what = n, what
+    try:
+        yield
+    finally:
+        _requests.left, _requests.what = saved
+
+
+class TooSlow(RemoteError):
+    """An answer that did not arrive within its deadline."""
+
+
+def _remaining(timeout: float | None, where: str) -> float | None:
+    at = _deadline.at
+    if at is None:
+        return timeout
+    left = at - time.monotonic()
+    if left <= 0:
+        raise TooSlow(f"{where} did not finish its answer within MM_NET_DEADLINE ({limits().deadline:g} s); cut")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream:
+    """A network stream whose every read waits at most until the thread's answer deadline."""
+
+    def __init__(self, stream, where: str):
+        self._stream, self._where = stream, where
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        left = _remaining(timeout, self._where)
+        try:
+            return self._stream.read(max_bytes, left)
+        except httpcore2.ReadTimeout:
+            if timeout is None or left is not None and left < timeout:  # the deadline, not one slow read
+                _remaining(0.0, self._where)
+                raise TooSlow(f"{self._where} did not finish its answer within MM_NET_DEADLINE "
+                              f"({limits().deadline:g} s); cut") from None
+            raise
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None):
+        return _DeadlineStream(self._stream.start_tls(ssl_context, server_hostname, timeout), self._where)
+
+    def get_extra_info(self, info: str):
+        return self._stream.get_extra_info(info)
+
+
+class _DeadlineBackend:
+    def __init__(self, backend):
+        self._backend = backend
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        stream = self._backend.connect_tcp(host, port, timeout, local_address, socket_options)
+        return _DeadlineStream(stream, f"{host}:{port}")
+
+    def connect_unix_socket(self, path, timeout=None, socket_options=None):
+        return _DeadlineStream(self._backend.connect_unix_socket(path, timeout, socket_options), path)
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+class _CappedStream(httpx2.SyncByteStream):
+    """A response body that refuses the byte past CAP and any read past the deadline."""
+
+    def __init__(self, inner, cap: int, where: str, what: str):
+        self._inner, self._cap, self._where, self._what = inner, cap, where, what
+
+    def __iter__(self) -> Iterator[bytes]:
+        got = containers = 0
+        for chunk in self._inner:
+            got += len(chunk)
+            if got > self._cap:
+                raise RemoteError(f"{self._where} sent more than {_size(self._cap)} as {self._what}; cut")
+            containers += chunk.count(b"[") + chunk.count(b"{")  # (strings holding brackets count too: stricter)
+            if containers > MAX_CONTAINERS:
+                raise RemoteError(f"{self._where} sent more than {MAX_CONTAINERS} JSON arrays and objects as "
+                                  f"{self._what}; refused (no honest answer holds so many)")
+            _remaining(None, self._where)
+            yield chunk
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _size(n: int) -> str:
+    return f"{n // MiB} MiB" if n >= MiB and n % MiB == 0 else f"{n // KiB} KiB" if n % KiB == 0 else f"{n} bytes"
+
+
+CapFor = Callable[[httpx2.Request, httpx2.Response], "tuple[int, str]"]
+
+
+def _hooks(cap_for: CapFor, name: str):
+    def on_request(request: httpx2.Request) -> None:
+        _deadline.at = time.monotonic() + limits().deadline
+        if _requests.left is not None:
+            _requests.left -= 1
+            if _requests.left < 0:
+                raise RemoteError(f"{name} at {origin(str(request.url))} needed more requests than mm allows for "
+                                  f"{_requests.what} (it keeps paging or redirecting); refused")
+
+    def on_response(response: httpx2.Response) -> None:
+        request = response.request
+        peer = origin(str(request.url))
+        where = name if peer.split("://", 1)[-1] in name else f"{name} at {peer}"
+        status = response.status_code
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise RemoteError(f"{where} answered with Content-Encoding {shown(encoding, 40)!r} although mm asked for "
+                              f"identity; refused (mm does not decompress what servers send)")
+        if status in REDIRECT_STATUSES and "Location" in response.headers:
+            join_url(str(request.url), response.headers["Location"], where)
+            cap, what = CAP_REDIRECT, "a redirect"
+        elif status >= 400:
+            cap, what = CAP_ERROR, f"an error answer (HTTP {status})"
+        else:
+            cap, what = cap_for(request, response)
+        length = response.headers.get("Content-Length") if request.method != "HEAD" else None
+        if length is not None and length.strip().isdigit() and int(length) > cap:
+            raise RemoteError(f"{where} announced {int(length)} bytes as {what}, more than its cap of {_size(cap)}; "
+                              f"refused")
+        response.stream = _CappedStream(response.stream, cap, where, what)
+
+    return {"request": [on_request], "response": [on_response]}
+
+
+def http_client(cap_for: CapFor, name: str, *, request_hooks: tuple = (), **kwargs) -> httpx2.Client:
+    """An httpx2 client whose answers are bounded: CAP_FOR(request, response) gives the byte cap and the name of
+    the document kind for a successful answer (errors and redirects have their own caps); NAME names the peer in
+    messages ("the Hub", "registry HOST"). Timeouts default to MM_NET_TIMEOUT; KWARGS go to httpx2.Client."""
+    lim = limits()
+    hooks = _hooks(cap_for, name)
+    hooks["request"] = [*request_hooks, *hooks["request"]]
+    kwargs.setdefault("timeout", httpx2.Timeout(lim.timeout))
+    headers = {"Accept-Encoding": "identity", **kwargs.pop("headers", {})}
+    client = httpx2.Client(event_hooks=hooks, headers=headers, max_redirects=MAX_REDIRECTS, **kwargs)
+    for transport in [client._transport, *client._mounts.values()]:  # every pool, proxies' included
+        pool = getattr(transport, "_pool", None)
+        if pool is not None and hasattr(pool, "_network_backend"):
+            pool._network_backend = _DeadlineBackend(pool._network_backend)
+    return client
+
+
+def read_capped(response: httpx2.Response) -> bytes:
+    """The whole body of a streamed answer of an http_client (its cap and deadline apply)."""
+    try:
+        return response.read()
+    finally:
+        response.close()
+
+
+def use_for_hub() -> None:
+    """huggingface_hub's shared session becomes a bounded client (its request hook kept): every Hub API answer
+    is capped at CAP_HUB_API, every read bounded by MM_NET_DEADLINE, at most MAX_REDIRECTS redirects."""
+    from huggingface_hub.utils import _http, set_client_factory
+
+    if getattr(_http, "_mm_bounded", False):
+        return
+
+    def factory() -> httpx2.Client:
+        return http_client(lambda req, resp: (CAP_HUB_API, "a Hub API answer"), "the Hub",
+                           request_hooks=(_http.hf_request_event_hook,), follow_redirects=True)
+
+    set_client_factory(factory)
+    _http._mm_bounded = True
+
+
+# --- bulk bodies: http.client, read into the caller's buffer -----------------------------------------
+
+class RawAnswer:
+    """An answer on a plain http.client connection: status, headers, and a body read into the caller's buffer."""
+
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, where: str,
+                 key: tuple | None = None):
+        self._conn, self._resp, self.where, self._key = conn, resp, where, key
+        self.status = resp.status
+        self.headers = resp.headers
+        length = resp.getheader("Content-Length")
+        self.length = int(length) if length is not None and length.strip().isdigit() else None
+        self._plain = self.length is not None and not resp.chunked
+        self._left = self.length
+
+    def header(self, name: str) -> str | None:
+        return self._resp.getheader(name)
+
+    def readinto(self, view: memoryview) -> int:
+        """One read from the socket into VIEW: the bytes that arrived (0: the body ended)."""
+        if self._plain:
+            if not self._left:
+                return 0
+            n = self._resp.fp.readinto1(view[:self._left] if len(view) > self._left else view)
+            if n == 0:
+                raise http.client.IncompleteRead(b"", self._left)
+            self._left -= n
+            return n
+        data = self._resp.read1(len(view))  # chunked: the client decodes the framing
+        view[:len(data)] = data
+        return len(data)
+
+    def read_capped(self, cap: int, what: str) -> bytes:
+        """The whole body, at most CAP bytes and MAX_CONTAINERS JSON arrays and objects, within the deadline (a
+        small document on this connection). Memory grows with what arrives, not with CAP."""
+        lim = limits()
+        until = time.monotonic() + lim.deadline
+        piece = memoryview(bytearray(64 * KiB))
+        out = bytearray()
+        containers = 0
+        while n := self.readinto(piece):
+            chunk = piece[:n].tobytes()
+            out += chunk
+            if len(out) > cap:
+                raise RemoteError(f"{self.where} sent more than {_size(cap)} as {what}; cut")
+            containers += chunk.count(b"[") + chunk.count(b"{")
+            if containers > MAX_CONTAINERS:
+                raise RemoteError(f"{self.where} sent more than {MAX_CONTAINERS} JSON arrays and objects as {what}; "
+                                  f"refused (no honest answer holds so many)")
+            if time.monotonic() > until:
+                raise TooSlow(f"{self.where} did not finish {what} within MM_NET_DEADLINE ({lim.deadline:g} s); cut")
+        return bytes(out)
+
+    def discard(self, limit: int) -> None:
+        """Read and drop a small body (a redirect's) to its end, so that its connection can be kept."""
+        if self._plain and self._left is not None and self._left <= limit:
+            scratch = memoryview(bytearray(min(self._left, limit) or 1))
+            try:
+                while self._left and self.readinto(scratch):
+                    pass
+            except (OSError, http.client.HTTPException):
+                pass
+
+    def close(self) -> None:
+        """Done with the answer: its connection is kept for this thread's next request to the same origin when the
+        body was read to its end and the server did not say it closes; else it is closed."""
+        if self._key is not None and self._plain and self._left == 0 and not self._resp.will_close:
+            self._resp.close()  # the response is done; the connection's socket stays open
+            old = _idle.conns.pop(self._key, None)
+            if old is not None:
+                old.close()
+            _idle.conns[self._key] = self._conn
+        else:
+            self._conn.close()
+
+
+def _proxy_for(url: str) -> str | None:
+    """The proxy the environment names for URL (HTTPS_PROXY, HTTP_PROXY, NO_PROXY), as httpx honours them."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass_environment(parts.hostname or "", proxies):
+        return None
+    return proxy
+
+
+_ssl_context: ssl.SSLContext | None = None
+_ssl_lock = threading.Lock()
+
+
+def default_ssl_context() -> ssl.SSLContext:
+    """The CAs httpx2 (and so huggingface_hub) trusts: SSL_CERT_FILE / SSL_CERT_DIR, else certifi's bundle."""
+    global _ssl_context
+    with _ssl_lock:
+        if _ssl_context is None:
+            _ssl_context = httpx2.create_ssl_context(trust_env=True)
+        return _ssl_context
+
+
+class _Idle(threading.local):
+    """This thread's kept-alive connections, one per (scheme, host, port, proxy)."""
+
+    def __init__(self):
+        self.conns: dict[tuple, http.client.HTTPConnection] = {}
+
+
+_idle = _Idle()
+
+
+def open_raw(url: str, headers: dict[str, str], where: str, *, ssl_context: ssl.SSLContext | None = None,
+             use_proxy: bool = False, answer_timeout: float | None = None) -> RawAnswer:
+    """GET URL on an http.client connection: this thread's kept-alive one to that origin when there is one (a
+    range after a range costs no new TCP and TLS handshake), else a new one. The status line and headers must
+    arrive within MM_NET_DEADLINE (a watchdog shuts the socket down); each later read waits at most MM_NET_TIMEOUT.
+    USE_PROXY: honour the proxy variables, as huggingface_hub's client does. OSError / http.client.HTTPException
+    propagate (the caller decides what a failed connection means); TooSlow when the deadline cut the headers.
+    RawAnswer.close() keeps the connection for the next request when its body was read to the end."""
+    lim = limits()
+    parts = urlsplit(check_url(url, where, "was to be asked at"))
+    target = parts.path or "/"
+    if parts.query:
+        target += "?" + parts.query
+    proxy = _proxy_for(url) if use_proxy else None
+    if proxy and parts.scheme == "http":
+        target = url  # absolute form, to the proxy
+    headers = {**headers, **_proxy_auth(proxy)} if proxy and parts.scheme == "http" else headers
+    key = (parts.scheme, parts.hostname, parts.port, proxy, id(ssl_context))
+    conn = _idle.conns.pop(key, None)
+    kept = conn is not None
+    while True:
+        if conn is None:
+            conn = _connection(parts, proxy, ssl_context, lim.timeout)
+        try:
+            if not kept:
+                conn.connect()
+            with watchdog(conn, answer_timeout or lim.deadline, where, "send its answer's headers"):
+                conn.request("GET", target, headers=headers)
+                resp = conn.getresponse()
+            return RawAnswer(conn, resp, where, key)
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            conn.close()
+            if not kept:
+                raise
+            conn, kept = None, False  # the server closed the kept connection meanwhile: once more, on a new one
+        except BaseException:
+            conn.close()
+            raise
+
+
+def _connection(parts, proxy: str | None, ssl_context: ssl.SSLContext | None,
+                timeout: float) -> http.client.HTTPConnection:
+    https = parts.scheme == "https"
+    context = (ssl_context or default_ssl_context()) if https else None
+    if proxy:
+        p = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        if p.scheme != "http" or not p.hostname:
+            raise RemoteError(f"proxy {shown(proxy)!r}: mm downloads through http:// proxies only")
+        if not https:
+            return http.client.HTTPConnection(p.hostname, p.port or 80, timeout=timeout)
+        conn = http.client.HTTPSConnection(p.hostname, p.port or 80, timeout=timeout, context=context)
+        conn.set_tunnel(parts.hostname, parts.port, headers=_proxy_auth(proxy))
+        return conn
+    if https:
+        return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout, context=context)
+    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+
+
+def _proxy_auth(proxy: str | None) -> dict[str, str]:
+    p = urlsplit(proxy if proxy and "://" in proxy else f"http://{proxy or ''}")
+    if not p.username:
+        return {}
+    import base64
+    from urllib.parse import unquote
+    token = base64.b64encode(f"{unquote(p.username)}:{unquote(p.password or '')}".encode()).decode()
+    return {"Proxy-Authorization": f"Basic {token}"}
+
+
+@contextmanager
+def watchdog(conn: http.client.HTTPConnection, seconds: float, where: str, what: str) -> Iterator[None]:
+    """Whatever CONN does inside must end within SECONDS: then its socket is shut down and TooSlow raised (a
+    server trickling its status line and headers, which per-read timeouts never end). Headers that http.client
+    refuses (too long, too many) are a RemoteError too."""
+    fired = threading.Event()
+    timer = threading.Timer(seconds, _cut, (conn, fired))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except (OSError, http.client.HTTPException) as e:
+        if fired.is_set():
+            raise TooSlow(f"{where} did not {what} within {seconds:g} s (MM_NET_DEADLINE); cut") from None
+        if isinstance(e, http.client.LineTooLong) or isinstance(e, http.client.HTTPException) and "header" in str(e):
+            raise RemoteError(f"{where} sent headers mm refuses ({type(e).__name__}: {shown(str(e), 80)})") from None
+        raise
+    finally:
+        timer.cancel()
+    if fired.is_set():
+        raise TooSlow(f"{where} did not {what} within {seconds:g} s (MM_NET_DEADLINE); cut")
+
+
+def _cut(conn: http.client.HTTPConnection, fired: threading.Event) -> None:
+    fired.set()
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+@contextmanager
+def raw_answer(url: str, headers: dict[str, str], where: str, **kwargs) -> Iterator[RawAnswer]:
+    answer = open_raw(url, headers, where, **kwargs)
+    try:
+        yield answer
+    finally:
+        answer.close()
