@@ -238,6 +238,14 @@ def _revision(ctx, param, value):
     return value
 
 
+def _identity(ctx, param, value):
+    """A signer identity (an allowed_signers principal, e.g. alice@example.com): "" would pass as no identity."""
+    if value is not None and (not value.strip() or len(value) > 256 or not value.isprintable() or value != value.strip()):
+        raise click.BadParameter(f"{printable(value)[:60]!r}: expected a signer identity (a principal of the "
+                                 f"allowed signers file, e.g. alice@example.com)")
+    return value
+
+
 def _hardware(ctx, param, value):
     """GPU names as users write them (B300, GB300, MI355X) are the guide's rows in any case."""
     return value.strip().lower() if value is not None else None
@@ -627,7 +635,7 @@ def _next_step(report: VerifyReport) -> str | None:
               help="OpenSSH allowed_signers file (namespace mm-manifest): the manifest must carry a good signature by "
                    "a key it allows (unsigned or not good: exit 5), checked before every byte. The same meaning in "
                    "verify, unbundle, pull and launch.")
-@click.option("--identity", help="With --allowed-signers: the signer identity (principal) to require.")
+@click.option("--identity", callback=_identity, help="With --allowed-signers: the signer identity (principal) to require.")
 @json_option
 @handles_errors
 def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revision, allowed_signers, identity, json_out):
@@ -695,7 +703,7 @@ def _signature_options(fn: Callable) -> Callable:
                      help="OpenSSH allowed_signers file (namespace mm-manifest): the manifest must carry a good "
                           "signature by a key it allows; unsigned or not good: exit 5, before anything is written. "
                           "The same meaning in verify, unbundle, pull and launch."),
-        click.option("--identity", help="With --allowed-signers: the signer identity (principal) to require."),
+        click.option("--identity", callback=_identity, help="With --allowed-signers: the signer identity (principal) to require."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -1133,6 +1141,9 @@ def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
 @click.option("--no-sync", "no_sync", is_flag=True,
               help="Do not fsync imported files (a scratch copy): files are still named only once their hashes match, "
                    "and the final verify still runs; a crash can lose what the page cache held.")
+@click.option("--readback", is_flag=True,
+              help="Also read each file back from the disk once fsynced (its pages dropped from the page cache) and "
+                   "name it only if it still matches: proves the disk holds the bytes, at the cost of a second read.")
 @click.option("--from", "base_dir", type=click.Path(path_type=Path),
               help="A delta bundle's base: the directory holding the base revision. Files the delta does not carry are "
                    "taken from there (reflink where the file system clones, else a copy), each hashed.")
@@ -1142,11 +1153,12 @@ def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
 @_signature_options
 @json_option
 @handles_errors
-def unbundle(volumes, dest, no_sync, base_dir, link, require_signature, allowed_signers, identity, json_out, **kw):
+def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature, allowed_signers, identity, json_out,
+             **kw):
     """Import volumes (files or directories, any order, some now and the rest later) into DEST, then verify.
 
-    Exit 0 imported (volumes may still be missing), 5 a volume or member was refused, 1 the final verify
-    failed, 7 not enough space.
+    Exit 0 imported (volumes may still be missing), 5 a volume or member was refused (or a file read back
+    with --readback differed), 1 the final verify failed, 7 not enough space.
     """
     import time
 
@@ -1157,7 +1169,8 @@ def unbundle(volumes, dest, no_sync, base_dir, link, require_signature, allowed_
     started = time.monotonic()
     report = import_volumes(list(volumes), dest, payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS},
                             progress=progress_for(json_out), sync=not no_sync, allowed_signers=allowed_signers,
-                            identity=identity, require_signature=required, base_dir=base_dir, link=link)
+                            identity=identity, require_signature=required, readback=readback, base_dir=base_dir,
+                            link=link)
     exit_code, why = {Outcome.IMPORTED: (0, ""),
                       Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),
                       Outcome.VERIFY_FAILED: (ProblemsFound.exit_code, "final verify found problems")}[report.outcome]
@@ -1188,8 +1201,14 @@ def unbundle(volumes, dest, no_sync, base_dir, link, require_signature, allowed_
                       markup=False, soft_wrap=True)
         if report.complete:
             v = report.verify
+            checked = sum(v[k]["bytes"] for k in ("hashed_as_written", "named_earlier_unchanged", "hashed_now"))
             out.print(f"verify {dest}: {'OK' if v['ok'] else 'PROBLEMS'} ({v['files_checked']} files, "
-                      f"{human_bytes(v['bytes_checked'])})", highlight=False, markup=False, soft_wrap=True)
+                      f"{human_bytes(checked)}: {v['hashed_as_written']['files']} hashed as they were written, "
+                      + (f"{v['named_earlier_unchanged']['files']} named by an earlier run and unchanged, "
+                         if v['named_earlier_unchanged']['files'] else "")
+                      + f"{v['hashed_now']['files']} hashed now ({human_bytes(v['hashed_now']['bytes'])}); "
+                      f"sizes and shard headers checked)", highlight=False, markup=False, soft_wrap=True)
+            out.print(f"proven: {v['proven']}", highlight=False, markup=False, soft_wrap=True)
             for problem in v["problems"]:
                 out.print(f"  {problem}", highlight=False, markup=False, soft_wrap=True)
             for cmd in report.next_commands:
@@ -1638,7 +1657,7 @@ def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
     result = mm_warmup.run_warmup(node, timeout=timeout, image_png=image_png, gpu_info=gpu_info,
                                   progress=progress_for(json_out))
     report_path = report or mm_warmup.default_report_path(node.first)
-    mm_warmup.write_report(result, report_path)
+    mm_warmup.write_report(result, report_path, root=None if report else report_path.parent)
     if json_out:
         emit_json({"report": str(report_path), **to_jsonable(result)})
         if not result.ok:

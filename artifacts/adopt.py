@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from .errors import BadInput, BadValue, IntegrityError
-from .fsutil import dir_lock, payload_files
+from .fsutil import dir_lock, payload_files, state_root
 from .hfcache import snapshot_of
 from .manifest import FileEntry, Manifest, entry_for_file, manifest_path, public_endpoint, write_manifest
 from .progress import NULL_PROGRESS, ProgressSink
@@ -75,7 +75,7 @@ def manifest_for_local_dir(local_dir: Path, repo_id: str, revision: str, *, endp
         manifest = Manifest(repo_id=repo_id, revision=commit, files=tuple(e for e, _ in hashed), repo_type=repo_type,
                             requested_revision=revision, endpoint=public_endpoint(hub_endpoint(endpoint)) if remote is not None else None)
         manifest = manifest.with_files(manifest.files)
-        write_manifest(manifest, manifest_path(local_dir))
+        write_manifest(manifest, manifest_path(local_dir), root=state_root(local_dir))
     return LocalManifest(manifest, str(manifest_path(local_dir)), remote is not None, note)
 
 

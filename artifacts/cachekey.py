@@ -36,7 +36,7 @@ class CacheKey:
 
 
 def write_cache_key(cache_dir: Path, key: CacheKey) -> None:
-    atomic_write_json(Path(cache_dir) / FILE_NAME, key.document())
+    atomic_write_json(Path(cache_dir) / FILE_NAME, key.document(), root=Path(cache_dir))
 
 
 def read_cache_key(cache_dir: Path) -> dict | None:

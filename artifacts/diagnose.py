@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
 from .errors import BadInput
+from .fsutil import open_local_file
 from .cachekey import FILE_NAME as CACHE_KEY_FILE
 from .launch import LaunchPlan, _pairs
 from .pins import Pin, default_pin, manifests_dir
@@ -670,7 +671,7 @@ def diagnose(texts: Iterable[tuple[str, str] | ScannedText] = (), *, plan: Launc
 def scan_log(path: Path, table: Table) -> ScannedText:
     """A log file (or saved answer), read streaming: see `iter_lines`."""
     try:
-        with open(path, "rb") as f:
+        with open_local_file(path, what="log") as f:  # a regular file: a FIFO or /dev/zero would never end
             return scan_text(str(path), iter_lines(f), table)
     except OSError as e:
         raise BadInput(f"{path}: cannot read: {e.strerror}") from None

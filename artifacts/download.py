@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import ContextManager, Mapping, Protocol, Sequence
 
 from .errors import BadInput, IntegrityError, MMError, RemoteError
-from .fsutil import MM_DIR, check_relpath, dir_lock, publish, require_free_space
+from .fsutil import (MM_DIR, check_inside, check_model_path, check_targets, dir_lock, make_dirs, open_file, publish,
+                     read_local_file, require_free_space, unlink_file)
 from .hashing import SLICE, Digests, StreamHasher, hash_file, mapped_windows
 from .interrupt import keeps, requested as interrupt_requested, worker_pool
 from .manifest import FileEntry, Upstream, entry_from_dict, manifest_path, read_manifest
@@ -44,6 +45,7 @@ from .ranges import RetryLater, TransferCut  # noqa: F401 - what a Source raises
 
 PARTIAL_DIR = f"{MM_DIR}/partial"
 JOURNAL = f"{MM_DIR}/journal.jsonl"
+MAX_JOURNAL = 64 * 1024 * 1024  # mm's margin: 100,000 proven files of ~600 bytes a line
 
 
 # --- what is downloaded, and from where --------------------------------------------------------
@@ -138,30 +140,32 @@ class Partial:
     @classmethod
     def of(cls, local_dir: Path, f: RemoteFile) -> "Partial":
         path = partial_path(local_dir, f)
-        return cls(path, ranges.load_state(path, f.size, f.upstream.value).done)  # not this file's bytes: start over
+        return cls(path, ranges.load_state(path, f.size, f.upstream.value, local_dir).done)  # not this file's bytes: start over
 
 
 def download_file(local_dir: Path, f: RemoteFile, source: Source, progress: ProgressSink = NULL_PROGRESS, *,
                   connections: Connections | None = None, stats: TransferStats | None = None) -> Downloaded:
     """F from SOURCE into LOCAL_DIR/F.path, continuing its partial file: fetch_into, then publish."""
     partial = Partial.of(local_dir, f)
-    done = fetch_into(partial, f, source, progress, connections=connections, stats=stats)
-    publish(partial.path, local_dir / f.path)
-    state_path(partial.path).unlink(missing_ok=True)
+    done = fetch_into(partial, f, source, progress, connections=connections, stats=stats, root=local_dir)
+    publish(partial.path, local_dir / f.path, root=local_dir)
+    unlink_file(local_dir, state_path(partial.path))
     return Downloaded(done.digests, done.transferred, done.resumed_from, done.ranges, done.connections)
 
 
 def fetch_into(partial: Partial, f: RemoteFile, source: Source, progress: ProgressSink = NULL_PROGRESS, *,
-               connections: Connections | None = None, stats: TransferStats | None = None) -> ranges.RangedResult:
+               connections: Connections | None = None, stats: TransferStats | None = None,
+               root: Path | None = None) -> ranges.RangedResult:
     """The per-file loop, a function of (source, file identity, partial state): fill PARTIAL's missing ranges
     from SOURCE over up to CONNECTIONS, hashing every byte once in file order (the kept bytes first); then check
-    F's identity. Raises IntegrityError (the partial and its map are dropped) or RemoteError (both kept)."""
+    F's identity. Raises IntegrityError (the partial and its map are dropped) or RemoteError (both kept).
+    ROOT: the target directory the partial lies under (nothing below it is written through a symlink)."""
     connections = connections or Connections(DEFAULT_CONNECTIONS)
-    done = ranges.download(RangedJob(f.path, f.size, partial.path, f.upstream.value, _new_hasher(f)), source,
+    done = ranges.download(RangedJob(f.path, f.size, partial.path, f.upstream.value, _new_hasher(f), root), source,
                            connections, stats, progress)
     digests = done.digests
     if not _matches(f, digests):
-        clear_state(partial.path)
+        clear_state(partial.path, root)
         got = digests.sha256 if f.lfs_sha256 else digests.git_sha1
         raise IntegrityError(f"{f.path}: bytes from {source.label} do not match the pinned revision "
                              f"({f.upstream.kind} expected {f.upstream.value[:16]}, got {str(got)[:16]}); not kept")
@@ -188,7 +192,7 @@ class Session:
         self.what = what
         self._stack = ExitStack()
         self.known: dict[str, FileEntry] = {}
-        self.journal = Journal(self.local_dir / JOURNAL)
+        self.journal = Journal(self.local_dir / JOURNAL, self.local_dir)
         self.transfer: dict = {}  # after run(): connections, requests, retries (ranges.TransferStats.report)
         self.differing: set[str] = set()  # after adopt(): paths whose bytes on disk were not the pinned ones
 
@@ -210,6 +214,7 @@ class Session:
         size as a known entry, final file of that size) is kept unless REFETCH. Unless REFETCH, known content
         on disk is adopted first (`adopt`): each file's own path, and CANDIDATES ({path: another local file}).
         """
+        check_targets(self.local_dir, [f.path for f in files])  # a link planted in the target: refused before any byte
         _clean_stale_partials(self.local_dir, files)
         adopted: dict[str, tuple[FileOutcome, FileEntry]] = {}
         if not refetch:
@@ -301,21 +306,22 @@ class Session:
         partial = partial_path(self.local_dir, f).with_suffix(".adopt")
         hasher = _new_hasher(f)
         try:
-            if clone_file(candidate, partial):  # a reflink (mm fetch --from on XFS, btrfs): no byte written, one read
+            if clone_file(candidate, partial, root=self.local_dir):  # a reflink (mm fetch --from on XFS, btrfs): one read
                 digests = hash_file(partial, sha256=True, git_sha1=not f.lfs_sha256)
                 progress.advance(f.size)
             else:
-                with open(partial, "wb") as out:
+                out = os.fdopen(open_file(self.local_dir, partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
+                with out:
                     for piece in mapped_windows(candidate, SLICE, progress.advance):
                         hasher.update(piece)
                         out.write(piece)
                 digests = hasher.digests()
             if not _matches(f, digests):
                 return None
-            publish(partial, final)
+            publish(partial, final, root=self.local_dir)
             return digests
         finally:
-            partial.unlink(missing_ok=True)
+            unlink_file(self.local_dir, partial)
 
     def finished(self) -> None:
         """The manifest now holds what the journal recorded."""
@@ -401,7 +407,7 @@ def prepare_dir(local_dir: Path, what: str = "mm fetch") -> None:
     if local_dir.exists() and not local_dir.is_dir():
         raise BadInput(f"{local_dir}: exists and is not a directory")
     refuse_snapshot(local_dir, what)
-    (local_dir / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)  # OSError: the CLI names the path and the errno
+    make_dirs(local_dir, local_dir / PARTIAL_DIR)  # OSError: the CLI names the path and the errno
 
 
 def known_entries(local_dir: Path) -> dict[str, FileEntry]:
@@ -417,7 +423,7 @@ def known_entries(local_dir: Path) -> dict[str, FileEntry]:
             entries.update(read_manifest(mpath).by_path())
         except BadInput:
             pass  # a damaged manifest is rewritten from what this run proves
-    entries.update(Journal(local_dir / JOURNAL).entries())
+    entries.update(Journal(local_dir / JOURNAL, local_dir).entries())
     return entries
 
 
@@ -425,31 +431,35 @@ def _clean_stale_partials(local_dir: Path, planned: Sequence[RemoteFile]) -> Non
     keep = {p.name for f in planned for p in (partial_path(local_dir, f), state_path(partial_path(local_dir, f)))}
     for p in (local_dir / PARTIAL_DIR).iterdir():
         if p.name not in keep:
-            p.unlink(missing_ok=True)
+            unlink_file(local_dir, p)
 
 
 class Journal:
     """Append-only record of files proven during a run, so a killed run does not re-hash them."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, root: Path):
         self.path = path
+        self.root = root  # the target directory (fsutil's rule: no write through a link below it)
         self._lock = threading.Lock()
 
     def append(self, entry: FileEntry) -> None:
-        line = json.dumps(asdict(entry)) + "\n"
-        with self._lock, open(self.path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        line = (json.dumps(asdict(entry)) + "\n").encode()
+        with self._lock:
+            fd = open_file(self.root, self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def entries(self) -> dict[str, FileEntry]:
         out: dict[str, FileEntry] = {}
-        if not self.path.exists():
+        if not check_inside(self.root, self.path).exists():
             return out
-        for line in self.path.read_bytes().splitlines():
+        for line in read_local_file(self.path, what="journal", max_bytes=MAX_JOURNAL).splitlines():
             try:
                 entry = entry_from_dict(load_json(line, str(self.path)))
-                check_relpath(entry.path, str(self.path))
+                check_model_path(entry.path, str(self.path))
                 if entry.proven:
                     out[entry.path] = entry
             except BadInput:
@@ -457,4 +467,4 @@ class Journal:
         return out
 
     def clear(self) -> None:
-        self.path.unlink(missing_ok=True)
+        unlink_file(self.root, self.path)

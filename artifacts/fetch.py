@@ -21,7 +21,7 @@ from typing import Iterator, Mapping
 
 from .download import JOURNAL, PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources, same_size
 from .errors import BadInput, RemoteError
-from .fsutil import MM_DIR
+from .fsutil import MM_DIR, check_model_path, state_root, unlink_file
 from .ranges import DEFAULT_CONNECTIONS
 from .hub import HubSource, Resolved, list_remote_files, resolve_revision, select
 from .manifest import FileEntry, Manifest, Partial, expected_entry, manifest_path, public_endpoint, read_manifest, write_manifest
@@ -99,6 +99,8 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
         remote = list_remote_files(req.repo_id, resolved.commit, endpoint=req.endpoint, token=req.token,
                                    repo_type=req.repo_type)
     planned = select(remote, req.include, req.exclude)
+    for f in planned:  # mm's own state lives in DIR/.mm/: a repo file there would be written over it
+        check_model_path(f.path, f"{req.repo_id}@{resolved.commit[:12]} (exclude it with --exclude '.mm/*')")
     unlisted: list[FileOutcome] = []
     if refetch is not None:
         listed = {f.path for f in remote}
@@ -122,7 +124,7 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
         manifest = Manifest(repo_id=req.repo_id, revision=resolved.commit, files=(), repo_type=req.repo_type,
                             requested_revision=resolved.requested, endpoint=public_endpoint(hub.endpoint),
                             partial=_partial(local_dir, req, refetch, remote, entries))
-        write_manifest(manifest.with_files(list(entries.values())), manifest_path(local_dir))
+        write_manifest(manifest.with_files(list(entries.values())), manifest_path(local_dir), root=state_root(local_dir))
         session.finished()
 
     outcomes = tuple(o for o, _ in results) + tuple(unlisted)
@@ -216,7 +218,7 @@ def _new_state_dir(local_dir: Path) -> Iterator[None]:
                         and (not journal.exists() or journal.stat().st_size == 0)):
                     partial.rmdir()
                     for leftover in ("lock", "journal.jsonl"):
-                        (local_dir / MM_DIR / leftover).unlink(missing_ok=True)
+                        unlink_file(local_dir, local_dir / MM_DIR / leftover)
                     (local_dir / MM_DIR).rmdir()
                     if created_dir:
                         local_dir.rmdir()

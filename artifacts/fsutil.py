@@ -1,14 +1,17 @@
-"""Filesystem edges shared by every capability: atomic writes, directory locks, path checks."""
+"""Filesystem edges shared by every capability: atomic writes, directory locks, path checks, the rule that a
+target directory is mm's only (no write through a symlink under it), and bounded reads of local files."""
 from __future__ import annotations
 
 import errno
 import fcntl
 import json
 import os
+import stat
+import sys
 import unicodedata
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 from .errors import BadInput, Busy, Refused
 from .progress import human_bytes  # the one size format (decimal units); here for require_free_space
@@ -27,51 +30,343 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write to a temporary name in the same directory, then publish it: never half a file."""
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644, *, root: Path, allowed: Allowed = (),
+                       sync: bool = True) -> None:
+    """Write PATH (under ROOT) to a temporary name in its directory, then publish it: never half a file.
+
+    Every directory from ROOT down is reached without following a symlink (see `parent_dir`). sync=False: no
+    fsync (state a kill -9 keeps in the page cache, and a power cut may lose)."""
+    import secrets  # here: start-up time (`mm verify` never writes)
+
     path = Path(path)
-    import tempfile  # here: its import costs ~8 ms of start-up, and `mm verify` never writes
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        publish(Path(tmp), path, mode=mode)
-    except BaseException:
-        with _ignore_missing():
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"), mode)
-
-
-def atomic_write_json(path: Path, obj: object) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    with parent_dir(root, path, create=True, allowed=allowed) as (dfd, name):
+        tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                if sync:
+                    os.fsync(f.fileno())
+                os.fchmod(f.fileno(), mode)
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)  # a link at NAME is replaced, never followed
+            if sync:
+                os.fsync(dfd)
+        except BaseException:
+            with _ignore_missing():
+                os.unlink(tmp, dir_fd=dfd)
+            raise
 
 
-def publish(partial: Path, final: Path, sync: bool = True, mode: int | None = None) -> None:
-    """The one atomic publish: a file fully written under a partial name (same filesystem) gets its final
-    name: fsync it, set MODE, rename, fsync the directory. sync=False: the caller chose speed (--no-sync).
+def atomic_write_text(path: Path, text: str, mode: int = 0o644, *, root: Path, allowed: Allowed = ()) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), mode, root=root, allowed=allowed)
+
+
+def atomic_write_json(path: Path, obj: object, *, root: Path, allowed: Allowed = ()) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n", root=root, allowed=allowed)
+
+
+def publish(partial: Path, final: Path, sync: bool = True, mode: int | None = None, *, root: Path,
+            allowed: Allowed = ()) -> None:
+    """The one atomic publish: a file fully written under a partial name (under ROOT, same filesystem) gets its
+    final name under ROOT: fsync it, set MODE, rename, fsync the directory. sync=False: the caller chose speed
+    (--no-sync). Neither name is reached through a symlink; a symlink at the final name is replaced (the file it
+    pointed to is untouched).
 
     Every writer of a final file goes through here (downloads, manifests, launch scripts, bundles).
     """
-    if sync:
-        fsync_dir(partial)
-    if mode is not None:
-        os.chmod(partial, mode)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(partial, final)
-    if sync:
-        fsync_dir(final.parent)
+    with parent_dir(root, partial, allowed=allowed) as (pfd, pname), \
+            parent_dir(root, final, create=True, allowed=allowed) as (ffd, fname):
+        if sync or mode is not None:
+            fd = os.open(pname, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=pfd)
+            try:
+                if sync:
+                    os.fsync(fd)
+                if mode is not None:
+                    os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+        os.rename(pname, fname, src_dir_fd=pfd, dst_dir_fd=ffd)  # a link at the final name is replaced, not followed
+        if sync:
+            os.fsync(ffd)
 
 
-def publish_fd(fd: int, partial: Path, final: Path, sync: bool = True) -> None:
+def publish_fd(fd: int, partial: Path, final: Path, sync: bool = True, *, root: Path) -> None:
     """A file written through FD under PARTIAL: close FD, then publish it (fsync, rename, fsync dir)."""
     os.close(fd)
-    publish(partial, final, sync)
+    publish(partial, final, sync, root=root)
+
+
+# --- a target directory is mm's, and only its own ----------------------------------------------------
+# The rule: a directory the user names (--local-dir, --dest, --out, --cache-root, ...) is taken as given, a
+# symlink included (the user's choice); below it, mm writes, renames and deletes only through real directories.
+# Each parent is opened from the root one component at a time with O_NOFOLLOW (openat), so a symlink planted
+# inside the target, or swapped in while mm runs, is refused (exit 3, naming the link) and never followed; the
+# operation then runs on that directory's descriptor. ALLOWED: roots that a symlink may point into (a layout
+# that links by design, e.g. a Hugging Face cache's snapshots/ into its blobs/).
+
+Allowed = Iterable[Path]
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def state_root(model_dir: Path) -> Path:
+    """The root that MODEL_DIR's own files (manifest, signature, lock, push state) are written under: MODEL_DIR,
+    whose .mm/ holds them, or, for a Hugging Face cache snapshot, mm's state directory outside hf's cache."""
+    from .hfcache import state_dir
+
+    own = state_dir(model_dir, MM_DIR)
+    return Path(model_dir) if own == Path(model_dir) / MM_DIR else own
+
+
+def user_path(path: Path) -> Path:
+    """A file or directory the user named, its symlinks followed (the user's choice): what a writer takes as root."""
+    return Path(os.path.realpath(path))
+
+
+def _rel_parts(root: Path, path: Path) -> list[str]:
+    rel = os.path.relpath(path, root)
+    if rel == ".":
+        return []
+    parts = rel.split(os.sep)
+    if parts[0] == "..":
+        raise ValueError(f"{path} is not under {root}")  # a bug in the caller, not the user's input
+    return parts
+
+
+def _link_allowed(link: Path, allowed: Allowed) -> bool:
+    real = os.path.realpath(link)
+    for root in allowed:
+        top = os.path.realpath(root)
+        if real == top or real.startswith(top.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def link_refused(link: Path, root: Path) -> BadInput:
+    try:
+        to = os.readlink(link)
+    except OSError:
+        to = "?"
+    return BadInput(f"{link}: is a symlink (to {to}) inside {root}; mm never writes through a link under the "
+                    f"directory it works in: remove the link, or name the real directory")
+
+
+def _refuse_link_at(dfd: int, name: str, full: Path, root: Path, allowed: Allowed) -> os.stat_result | None:
+    """The lstat of NAME in DFD (None if absent); a symlink there is refused unless ALLOWED lets it in."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode) and not _link_allowed(full, allowed):
+        raise link_refused(full, root)
+    return st
+
+
+def _open_dir_at(dfd: int, name: str, full: Path, root: Path, create: bool, allowed: Allowed) -> int:
+    for attempt in range(3):
+        try:
+            return os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=dfd)
+        except FileNotFoundError:
+            if not create or attempt == 2:
+                raise
+            with suppress(FileExistsError):  # made meanwhile by another: the next open judges what it is
+                os.mkdir(name, 0o755, dir_fd=dfd)
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            st = _refuse_link_at(dfd, name, full, root, allowed)
+            if st is not None and stat.S_ISLNK(st.st_mode):  # allowed: follow it
+                return os.open(name, _DIR_FLAGS, dir_fd=dfd)
+            raise BadInput(f"{full}: is not a directory, and mm needs one there") from None
+    raise FileNotFoundError(errno.ENOENT, "vanished while created", str(full))
+
+
+def _walk(root: Path, parts: list[str], create: bool, allowed: Allowed) -> int:
+    """A descriptor of ROOT/PARTS..., each component opened without following a symlink (created if CREATE)."""
+    if create:
+        os.makedirs(root, exist_ok=True)  # the root itself: the user's path, as named
+    fd = os.open(root, _DIR_FLAGS)
+    here = Path(root)
+    try:
+        for part in parts:
+            here = here / part
+            nfd = _open_dir_at(fd, part, here, Path(root), create, allowed)
+            os.close(fd)
+            fd = nfd
+    except OSError as e:
+        os.close(fd)
+        _full_names(e, here.parent)
+        raise
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _full_names(e: OSError, where: Path) -> None:
+    """An error of a call relative to a directory descriptor names the file by its full path (the CLI shows it)."""
+    if e.filename is not None and not os.path.isabs(os.fsdecode(e.filename)):
+        e.filename = str(where / os.fsdecode(e.filename))
+    if e.filename2 is not None and not os.path.isabs(os.fsdecode(e.filename2)):
+        e.filename2 = str(where / os.fsdecode(e.filename2))
+
+
+@contextmanager
+def parent_dir(root: Path, path: Path, *, create: bool = False, allowed: Allowed = ()) -> Iterator[tuple[int, str]]:
+    """(descriptor of PATH's directory, PATH's last name), reached from ROOT without following a symlink.
+
+    CREATE: make the missing directories (each one judged again once made). A symlink on the way is refused
+    (BadInput naming it) unless it points into one of ALLOWED; a missing directory is FileNotFoundError."""
+    parts = _rel_parts(Path(root), Path(path))
+    if not parts:
+        raise ValueError(f"{path}: the root itself has no parent under it")
+    fd = _walk(Path(root), parts[:-1], create, allowed)
+    try:
+        yield fd, parts[-1]
+    except OSError as e:
+        _full_names(e, Path(path).parent)
+        raise
+    finally:
+        os.close(fd)
+
+
+def make_dirs(root: Path, path: Path, *, allowed: Allowed = ()) -> Path:
+    """mkdir -p PATH under ROOT, through real directories only (a symlink on the way is refused)."""
+    os.close(_walk(Path(root), _rel_parts(Path(root), Path(path)), True, allowed))
+    return Path(path)
+
+
+def check_inside(root: Path, path: Path, *, allowed: Allowed = ()) -> Path:
+    """PATH, once every existing component of it below ROOT is known not to be a symlink (refused, naming it).
+
+    For callers that hand a path to a library (tarfile, huggingface_hub): check before, and after it created."""
+    try:
+        with parent_dir(root, path, allowed=allowed) as (dfd, name):
+            _refuse_link_at(dfd, name, Path(path), Path(root), allowed)
+    except (FileNotFoundError, ValueError):
+        pass
+    return Path(path)
+
+
+def check_targets(root: Path, relpaths: Iterable[str], *, allowed: Allowed = ()) -> None:
+    """Before a command moves a byte: every path it will write or rename under ROOT (relative paths) is reached
+    through real directories (refused, naming the first link). A link at a final name itself is harmless: the
+    file is published over it by rename."""
+    root = Path(root)
+    for parent in sorted({(root / rel).parent for rel in relpaths} - {root}):
+        check_inside(root, parent, allowed=allowed)
+
+
+def open_file(root: Path, path: Path, flags: int, mode: int = 0o644, *, allowed: Allowed = ()) -> int:
+    """os.open of PATH under ROOT: parents through real directories (created with O_CREAT), PATH itself not a
+    symlink and a regular file. A file opened for writing must have no other hard link (writing would change
+    the bytes under the other name too). Returns the descriptor."""
+    writing = bool(flags & (os.O_WRONLY | os.O_RDWR))
+    with parent_dir(root, path, create=bool(flags & os.O_CREAT), allowed=allowed) as (dfd, name):
+        try:
+            fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=dfd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise link_refused(Path(path), Path(root)) from None
+            if e.errno == errno.ENXIO:  # a FIFO without a reader
+                raise BadInput(f"{path}: is a FIFO, not a regular file") from None
+            raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"{path}: is {file_kind(st.st_mode)}, not a regular file")
+        if writing and st.st_nlink > 1:
+            raise BadInput(f"{path}: has {st.st_nlink} hard links; mm will not write into it (the bytes under the "
+                           f"other names would change too): remove it")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def unlink_file(root: Path, path: Path, *, missing_ok: bool = True, allowed: Allowed = ()) -> None:
+    """Remove PATH under ROOT, reached through real directories (a symlink at PATH itself is removed, as a name:
+    what it points to is untouched)."""
+    try:
+        with parent_dir(root, path, allowed=allowed) as (dfd, name):
+            os.unlink(name, dir_fd=dfd)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+
+
+def remove_tree(root: Path, path: Path, *, allowed: Allowed = ()) -> None:
+    """rm -rf PATH under ROOT; nothing outside it: PATH reached through real directories, and links (PATH itself
+    included) are removed as names, never followed (shutil.rmtree's descriptor-based walk)."""
+    import shutil
+
+    try:
+        with parent_dir(root, path, allowed=allowed) as (dfd, name):
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+            if not stat.S_ISDIR(st.st_mode):
+                os.unlink(name, dir_fd=dfd)
+            elif sys.version_info >= (3, 11):
+                shutil.rmtree(name, dir_fd=dfd)
+            else:  # Python 3.10: no dir_fd; the path was just proven free of links
+                shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+
+
+def file_kind(mode: int) -> str:
+    """'a directory', 'a FIFO', ... for an st_mode that is not a regular file."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+# --- local files: regular, bounded ----------------------------------------------------------------------------
+
+def open_local_file(path: Path | str, *, what: str = "file", max_bytes: int | None = None) -> BinaryIO:
+    """A local file the user or a model directory gave, opened for reading: a regular file (a FIFO, a device such
+    as /dev/zero, a socket or a directory is refused, and opening never blocks), its size from fstat within
+    MAX_BYTES. The caller reads it bounded (read_local_file, or a stream with its own cap)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such {what}") from None
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read {what}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise BadInput(f"{path}: is a directory, expected a {what}")
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"{path}: is {file_kind(st.st_mode)}, not a regular file; mm reads a {what} only "
+                           f"from a regular file")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise BadInput(f"{path}: {what} of {human_bytes(st.st_size)}, larger than the {human_bytes(max_bytes)} "
+                           f"mm reads for it")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_local_file(path: Path | str, *, what: str = "file", max_bytes: int) -> bytes:
+    """The bytes of a small local file (a manifest, a signature, a key, an auth file, a lock): see open_local_file.
+    At most MAX_BYTES are read, even from a file that grows while it is read."""
+    with open_local_file(path, what=what, max_bytes=max_bytes) as f:
+        try:
+            data = f.read(max_bytes + 1)
+        except OSError as e:
+            raise BadInput(f"{path}: cannot read {what}: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        raise BadInput(f"{path}: {what} grew past the {human_bytes(max_bytes)} mm reads for it while it was read")
+    return data
 
 
 def require_free_space(needs: Iterable[tuple[Path, int]], what: str) -> None:
@@ -118,10 +413,8 @@ def dir_lock(directory: Path, what: str = "mm", leave_nothing: bool = False) -> 
     else:
         from .hfcache import state_dir  # a Hugging Face cache snapshot keeps its .mm outside the cache
 
-        lock_dir = state_dir(directory, MM_DIR)
-        lock_dir.mkdir(parents=True, exist_ok=True)
-        lock_path = lock_dir / "lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        lock_path = state_dir(directory, MM_DIR) / "lock"  # reached without following a link (a target's rule)
+        fd = open_file(state_root(directory), lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -198,6 +491,20 @@ def check_relpath(path: str, where: str = "manifest") -> str:
     # Plain string parts, not PurePosixPath: this runs once a manifest entry (10,000-file repos) at every load.
     if any(part in ("..", ".", "") for part in path.split("/")):
         raise BadInput(f"{where}: path {path!r} is not normalised or escapes the directory")
+    return path
+
+
+RESERVED_DIRS = (MM_DIR, ".mm-partial")  # mm's own state beside a model or a payload (bundle.payloads.PAYLOAD_PARTIAL)
+
+
+def check_model_path(path: str, where: str = "manifest") -> str:
+    """check_relpath, and not inside a directory mm keeps for itself (.mm/): no manifest, index, listing or
+    journal may name a file there (a `.mm/lock` entry would have repair fight the lock)."""
+    check_relpath(path, where)
+    top = path.split("/", 1)[0]
+    if top in RESERVED_DIRS:
+        raise BadInput(f"{where}: path {path!r} is inside {top}/, which mm keeps for its own state; no manifest may "
+                       f"name a file there")
     return path
 
 

@@ -159,7 +159,8 @@ def blake3_file(path: Path | str, threads: int = 1, on_bytes: Callable[[int], No
     return h.hexdigest()
 
 
-def upstream_digest(path: Path | str, kind: str, on_bytes: Callable[[int], None] | None = None) -> str:
+def upstream_digest(path: Path | str, kind: str, on_bytes: Callable[[int], None] | None = None,
+                    window: int = SLICE) -> str:
     """The Hub's identity of a local file: kind "lfs-sha256" (sha256) or "git-blob-sha1", memory bounded."""
     if kind == "lfs-sha256":
         h = hashlib.sha256()
@@ -167,7 +168,7 @@ def upstream_digest(path: Path | str, kind: str, on_bytes: Callable[[int], None]
         h = hashlib.sha1(git_blob_header(os.stat(path).st_size))
     else:
         raise ValueError(f"unknown upstream identity kind {kind!r}")
-    for piece in mapped_windows(path, SLICE, on_bytes):
+    for piece in mapped_windows(path, window, on_bytes):
         h.update(piece)
     return h.hexdigest()
 
@@ -189,6 +190,14 @@ def lease(fd: int) -> bool:
         return True
     except (OSError, AttributeError):
         return False
+
+
+def unlease(fd: int) -> None:
+    """Give a lease back before the descriptor is closed (a mapping still held keeps the open file, and its lease)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    except OSError:
+        pass
 
 
 def lease_broken(fd: int) -> bool:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import BadInput, IntegrityError, Refused, RemoteError
-from .fsutil import atomic_write_json, fsync_dir
+from .fsutil import atomic_write_json, open_local_file, publish, unlink_file, user_path
 from .hashing import upstream_digest
 from .tools import ToolMissing, last_line, run_tool
 from .untrusted import load_json, read_json_file
@@ -172,15 +172,35 @@ def _media_type(doc: dict) -> str:
 
 
 def _platform_of(entry: dict) -> str:
-    p = entry.get("platform") or {}
+    p = _object(entry.get("platform"))  # hostile: a platform that is a list or a string names no platform
     return f"{p.get('os')}/{p.get('architecture')}"
+
+
+def _object(value: object) -> dict:
+    """An optional sub-object of a document read from a registry or an archive: {} when it is not an object."""
+    return value if isinstance(value, dict) else {}
+
+
+def _manifests(index: dict, where: str) -> list:
+    manifests = index.get("manifests", [])
+    if not isinstance(manifests, list):
+        raise BadInput(f"{where}: the image index's manifests is not a list")
+    return manifests
+
+
+def _size(value: object) -> int:
+    """A byte count from a hostile document: an integer, never a float, a string or true."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"size {str(value)[:40]!r} is not a whole number of bytes")
+    return value
 
 
 def select_platform(index: dict, platform: str, where: str) -> str:
     """The manifest digest for PLATFORM in an image index."""
-    matches = [m for m in index.get("manifests", []) if isinstance(m, dict) and _platform_of(m) == platform]
+    manifests = _manifests(index, where)
+    matches = [m for m in manifests if isinstance(m, dict) and _platform_of(m) == platform]
     if not matches:
-        have = ", ".join(sorted({_platform_of(m) for m in index.get("manifests", []) if isinstance(m, dict)}))
+        have = ", ".join(sorted({_platform_of(m) for m in manifests if isinstance(m, dict)}))
         raise Refused(f"{where}: no {platform} image (the index has: {have or 'nothing'})")
     digest = str(matches[0].get("digest"))
     if not DIGEST.match(digest):
@@ -192,9 +212,9 @@ def _chain_from_manifest(repo: str, pinned: str, pinned_type: str, platform: str
                          manifest: dict) -> Chain:
     try:
         config = str(manifest["config"]["digest"])
-        layers = tuple(Layer(str(layer["digest"]), int(layer["size"]), str(layer.get("mediaType", "")))
+        layers = tuple(Layer(str(layer["digest"]), _size(layer["size"]), str(layer.get("mediaType", "")))
                        for layer in manifest["layers"])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         raise BadInput(f"{repo}@{manifest_digest}: not an image manifest (no config/layers)") from None
     if not DIGEST.match(config) or not all(DIGEST.match(layer.digest) for layer in layers):
         raise BadInput(f"{repo}@{manifest_digest}: malformed digests in the manifest")
@@ -260,22 +280,25 @@ def read_record(path: Path) -> ImageRecord:
         for key in ("platform_manifest", "config"):
             if not DIGEST.match(str(doc[key])):
                 raise ValueError(f"{key} {doc[key]!r} is not a sha256 digest")
-        layers = tuple(Layer(str(x["digest"]), int(x["size"]), str(x["media_type"])) for x in doc["layers"])
+        layers = tuple(Layer(str(x["digest"]), _size(x["size"]), str(x["media_type"])) for x in doc["layers"])
         archive = doc["archive"]
         if "/" in str(archive["file"]) or archive["format"] not in FORMATS:
             raise ValueError("archive entry")
+        tag = archive.get("tag")
+        if tag is not None and not isinstance(tag, str):
+            raise ValueError(f"archive tag {str(tag)[:40]!r} is not a string")
         chain = Chain(repo, pinned, str(doc["pinned_media_type"]), doc["platform"], doc["platform_manifest"],
                       doc["config"], layers)
         env = doc.get("config_env")
         if env is not None and not isinstance(env, dict) or isinstance(env, dict) and not all(isinstance(k, str) and RUNTIME_ENV.match(k) and isinstance(v, str)
                                                 and len(v) <= MAX_ENV_VALUE for k, v in env.items()):
             raise ValueError("config_env must map NVIDIA_*/CUDA_* names to strings")
-        return ImageRecord(chain, str(archive["file"]), archive["format"], int(archive["size"]),
-                           str(archive["sha256"]), archive.get("tag"), str(doc.get("saved_at", "")),
+        return ImageRecord(chain, str(archive["file"]), archive["format"], _size(archive["size"]),
+                           str(archive["sha256"]), tag, str(doc.get("saved_at", "")),
                            None if env is None else dict(env))
     except BadInput as e:
         raise BadInput(f"{path}: not an mm image record ({e.message})") from None
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise BadInput(f"{path}: not an mm image record ({e})") from None
 
 
@@ -340,11 +363,14 @@ def _oci_configs(tf: tarfile.TarFile, descriptor: dict, where: str, depth: int =
         return [] if depth else _raise_missing(where, digest)
     if _media_type(doc) in INDEX_TYPES or "manifests" in doc:
         found = []
-        for entry in doc.get("manifests", []):
+        for entry in _manifests(doc, where):
             if isinstance(entry, dict):
                 found += _oci_configs(tf, entry, where, depth + 1)
         return found
-    config_digest = str((doc.get("config") or {}).get("digest"))
+    config = doc.get("config")
+    if not isinstance(config, dict):
+        raise BadInput(f"{where}: manifest {digest}: config is not an object")
+    config_digest = str(config.get("digest"))
     return [(config_digest, _parse_json(_oci_blob(tf, config_digest, where), where))]
 
 
@@ -356,16 +382,16 @@ def read_archive(archive: Path) -> list[ArchiveImage]:
     """The images a docker-archive (`docker save`, skopeo) or OCI archive holds, each config hashed here."""
     where = str(archive)
     try:
-        with tarfile.open(archive, "r:") as tf:
+        with open_local_file(archive, what="image archive") as raw, tarfile.open(fileobj=raw, mode="r:") as tf:
             names = set(tf.getnames())
             if "index.json" in names:
                 index = _parse_json(_read_member(tf, "index.json", where), where)
                 images = []
-                for entry in index.get("manifests", []):
+                for entry in _manifests(index, f"{where}: index.json"):
                     if not isinstance(entry, dict) or not DIGEST.match(str(entry.get("digest"))):
                         continue  # `docker save` (classic) names its images here without digests
-                    ann = entry.get("annotations") or {}
-                    name = ann.get("io.containerd.image.name") or ""
+                    name = _object(entry.get("annotations")).get("io.containerd.image.name")
+                    name = name if isinstance(name, str) else ""
                     digests = [f"{name.split('@')[0]}@{entry.get('digest')}"] if name else []
                     tags = [name] if name and "@" not in name else []
                     for digest, config in _oci_configs(tf, entry, where):
@@ -379,12 +405,16 @@ def read_archive(archive: Path) -> list[ArchiveImage]:
                     raise BadInput(f"{where}: manifest.json is not a list")
                 images = []
                 for e in entries:
-                    data = _read_member(tf, str(e["Config"]), where)
+                    if not isinstance(e, dict) or not isinstance(e.get("Config"), str):
+                        raise BadInput(f"{where}: manifest.json: an entry without a Config file name")
+                    data = _read_member(tf, e["Config"], where)
                     config = _parse_json(data, where)
+                    tags = e.get("RepoTags") or []
                     images.append(ArchiveImage(sha256_digest(data), f"{config.get('os')}/{config.get('architecture')}",
-                                               [str(t) for t in e.get("RepoTags") or []], env=config_env(config)))
+                                               [str(t) for t in tags] if isinstance(tags, list) else [],
+                                               env=config_env(config)))
                 return images
-    except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as e:
+    except (OSError, tarfile.TarError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise BadInput(f"{archive}: cannot read the image archive ({e})") from None
     raise BadInput(f"{archive}: not an image archive (no manifest.json or index.json with an image inside)")
 
@@ -413,14 +443,14 @@ def save_image(ref: str, out: Path, platform: str, fmt: str = "docker-archive", 
     if fmt not in FORMATS:
         raise BadInput(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     started = time.monotonic()
-    out = Path(out)
+    out = user_path(out)  # the user's path: links followed (their choice); nothing is written through one below
     if out.is_dir():
         raise BadInput(f"{out}: is a directory; give the archive's file name")
     chain = resolve_chain(ref, platform, tls_verify)
     tag = f"{chain.repo}:mm-{chain.pinned.split(':')[1][:12]}-{platform.split('/')[1]}"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
-    tmp.unlink(missing_ok=True)
+    unlink_file(out.parent, tmp)
     try:
         dest = f"{fmt}:{tmp}:{tag}" if fmt == "docker-archive" else f"{fmt}:{tmp}:{tag.rsplit(':', 1)[1]}"
         _skopeo(["copy", "--quiet", f"--src-tls-verify={'true' if _verify_tls(chain.repo, tls_verify) else 'false'}",
@@ -430,30 +460,27 @@ def save_image(ref: str, out: Path, platform: str, fmt: str = "docker-archive", 
         held = {img.config for img in images}
         if held != {chain.config}:
             raise IntegrityError(f"{out}: skopeo wrote config {', '.join(sorted(held))}, not {chain.config}")
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-        fsync_dir(out.parent)
+        publish(tmp, out, root=out.parent)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        unlink_file(out.parent, tmp)
         raise
     size, digest = out.stat().st_size, _file_sha256(out)
     record = ImageRecord(chain, out.name, fmt, size, digest, tag, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                          images[0].env)
-    atomic_write_json(record_path(out), record.to_json())
+    atomic_write_json(record_path(out), record.to_json(), root=out.parent)
     return SaveReport(out, record_path(out), fmt, size, digest, tag, chain, time.monotonic() - started)
 
 
 def write_record_for(archive: Path, proof: "Proof") -> Path:
     """The record `mm image save` would have written, for an archive proven against the registry (`mm bundle
     --image` on a connected host): the start script needs the image ID on the offline side."""
-    archive = Path(archive)
+    archive = user_path(archive)
     fmt = "oci-archive" if _is_oci(archive) else "docker-archive"
     env = next((img.env for img in read_archive(archive) if img.config == proof.config), {})
     record = ImageRecord(proof.record, archive.name, fmt, archive.stat().st_size, _file_sha256(archive), None,
                          time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), env)
     try:
-        atomic_write_json(record_path(archive), record.to_json())
+        atomic_write_json(record_path(archive), record.to_json(), root=archive.parent)
     except OSError as e:
         raise BadInput(f"{record_path(archive)}: cannot write the image record beside the archive ({e.strerror}); "
                        f"write the archive with `mm image save` where it can be") from None
@@ -461,7 +488,7 @@ def write_record_for(archive: Path, proof: "Proof") -> Path:
 
 
 def _is_oci(archive: Path) -> bool:
-    with tarfile.open(archive, "r:") as tf:
+    with open_local_file(archive, what="image archive") as raw, tarfile.open(fileobj=raw, mode="r:") as tf:
         names = set(tf.getnames())
     return "index.json" in names and "manifest.json" not in names
 

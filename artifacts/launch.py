@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import BadInput, BadValue, Refused
-from .fsutil import atomic_write_text
+from .fsutil import atomic_write_text, check_inside, user_path
 from .hfcache import snapshot_of, state_dir
 from .manifest import manifest_path, read_manifest
 from .pins import Pin, default_pin, manifests_dir, sourced_value
@@ -435,10 +435,11 @@ def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = 
         env += list(engine.msa_jit_env.items())
     caches = [c for c in engine.caches if hw.family in c.families]
     if caches:
-        beside = state_dir(model_dir) if snapshot is not None else model_dir.parent  # never inside hf's cache
-        cache_root = Path(opts.cache_root or beside / "mm-kernel-cache" / recipe.id.replace("/", "-")).resolve()
+        beside = state_dir(model_dir) if snapshot is not None else None  # never inside hf's cache
+        cache_root = kernel_cache_root(model_dir, recipe.id, opts.cache_root, beside)
         for c in caches:
-            mounts.append(Mount(cache_root / c.name, c.container))
+            # docker -v would mount whatever a link planted here points to, read-write, into the container
+            mounts.append(Mount(check_inside(cache_root, cache_root / c.name), c.container))
             if c.env:
                 env.append((c.env, c.container))
 
@@ -704,6 +705,18 @@ def plan_document(plan: LaunchPlan) -> dict:
     }
 
 
+def kernel_cache_root(model_dir: Path, recipe_id: str, given: Path | None, beside: Path | None = None) -> Path:
+    """The kernel caches' root: --cache-root as the user named it (links followed: their choice), or mm's default
+    BESIDE/mm-kernel-cache/<recipe> (BESIDE: MODEL_DIR/.., or mm's state directory for a Hugging Face cache
+    snapshot), whose two directories mm names and so must not be links."""
+    if given:
+        return user_path(given)
+    parent = user_path(beside or Path(model_dir).parent)
+    return user_path(check_inside(parent, parent / "mm-kernel-cache" / recipe_id.replace("/", "-")))
+
+
 def write_output(text: str, out: Path, executable: bool) -> None:
-    """Atomically (temporary name, fsync, rename); a start script is executable, a JSON plan is not."""
-    atomic_write_text(Path(out), text, mode=0o755 if executable else 0o644)
+    """Atomically (temporary name, fsync, rename); a start script is executable, a JSON plan is not. OUT is the
+    user's: its links are followed (their choice), and the file is written at the real path."""
+    out = user_path(out)
+    atomic_write_text(out, text, mode=0o755 if executable else 0o644, root=out.parent)

@@ -24,6 +24,7 @@ launch see it as missing (or, once it is there, check it against the upstream id
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -31,7 +32,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from .errors import BadInput
-from .fsutil import MM_DIR, atomic_write_text, check_relpath
+from .fsutil import MM_DIR, atomic_write_text, check_model_path, read_local_file
 from .hashing import hash_file
 from .untrusted import At, load_json
 
@@ -147,20 +148,18 @@ def to_json(manifest: Manifest) -> str:
     return json.dumps(ordered, indent=2) + "\n"
 
 
-def write_manifest(manifest: Manifest, path: Path) -> None:
+def write_manifest(manifest: Manifest, path: Path, *, root: Path | None = None) -> None:
+    """Write PATH atomically; ROOT: the model directory it lies in (nothing below it written through a link;
+    default PATH's own directory)."""
     validate(manifest, str(path))
-    atomic_write_text(Path(path), to_json(manifest))
+    atomic_write_text(Path(path), to_json(manifest), root=root or Path(path).parent)
 
 
 def read_manifest(path: Path) -> Manifest:
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no manifest here (run `mm fetch` or `mm manifest` first)") from None
-    except OSError as e:
-        raise BadInput(f"{path}: cannot read manifest: {e.strerror or e}") from None
-    return from_json(data, str(path))
+    if not os.path.lexists(path):
+        raise BadInput(f"{path}: no manifest here (run `mm fetch` or `mm manifest` first)")
+    return from_json(read_local_file(path, what="manifest", max_bytes=MAX_MANIFEST_BYTES), str(path))
 
 
 def from_json(data: bytes | str, where: str) -> Manifest:
@@ -229,7 +228,7 @@ def validate(manifest: Manifest, where: str) -> None:
         raise BadInput(f"{where}: revision {manifest.revision!r} is not a full 40-hex commit")
     seen: set[str] = set()
     for f in manifest.files:
-        check_relpath(f.path, where)
+        check_model_path(f.path, where)
         if f.path in seen:
             raise BadInput(f"{where}: duplicate path {f.path!r}")
         seen.add(f.path)
@@ -240,7 +239,7 @@ def validate(manifest: Manifest, where: str) -> None:
         if f.xet_hash is not None and not HEX64.match(f.xet_hash):
             raise BadInput(f"{where}: bad xet_hash for {f.path!r}")
     for path in manifest.partial.left_out if manifest.partial else ():
-        check_relpath(path, where)
+        check_model_path(path, where)
         if path in seen:
             raise BadInput(f"{where}: {path!r} is both a file of the manifest and left out of it (partial.left_out)")
 
@@ -277,6 +276,6 @@ def export_sums_files(model_dir: Path, algorithms: tuple[str, ...]) -> list[str]
     written = []
     for algorithm in algorithms:
         target = Path(model_dir) / MM_DIR / SUMS_FILES[algorithm]
-        atomic_write_text(target, export_sums(manifest, algorithm))
+        atomic_write_text(target, export_sums(manifest, algorithm), root=Path(model_dir))
         written.append(str(target))
     return written

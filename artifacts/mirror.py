@@ -8,11 +8,15 @@ the Hub gives only a git blob sha1, the git blob sha1 of the mirror's bytes. LFS
 are never compared. hub.fetch verifies every byte a mirror serves against the pin's identity anyway.
 
 The SDK (modelscope 1.40, delegating to modelscope_hub) reads its endpoint from MODELSCOPE_ENDPOINT
-once, at the first HubApi(); pass `endpoint` to point one call elsewhere.
+once, at the first HubApi(); pass `endpoint` to point one call elsewhere. Every answer it reads for mm is
+bounded like the Hub's (wire.bound_session on the SDK's requests sessions: API answers capped at
+wire.CAP_MIRROR_API and MM_NET_DEADLINE, file bodies under the header deadline and the ranged engine's rules),
+and what it hands back is checked before use: a hostile mirror ends as one RemoteError naming the host.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -20,13 +24,14 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from .download import RemoteFile
+from . import wire
 from .errors import BadInput, BadValue, RemoteError, first_line
 from .fetch import FetchRequest, SourcePlan
 from .hashing import git_blob_sha1
 from .hub import Resolved, Unreachable, list_remote_files, resolve_revision, select
 from .manifest import Manifest, read_manifest
 from .pins import pinned_target
-from .ranges import Answer, TransferCut, chunk_reader
+from .ranges import Answer, RetryLater, TransferCut, chunk_reader
 
 DEFAULT_MS_REVISION = "master"  # ModelScope's default branch; always passed explicitly (an omitted revision may pick a tag)
 CHUNK = 1024 * 1024
@@ -129,10 +134,31 @@ class RevisionRanking:
 # --- the SDK at the edge ---------------------------------------------------------------------------
 
 def ms_api(endpoint: str | None = None):
-    """The SDK's HubApi (modelscope.hub.api, delegating to modelscope_hub). Imported late: it is slow to load."""
+    """The SDK's HubApi (modelscope.hub.api, delegating to modelscope_hub), every answer it reads bounded (module
+    docstring). Imported late: it is slow to load."""
+    import requests
     from modelscope.hub.api import HubApi
 
-    return HubApi(endpoint=endpoint)
+    api = HubApi(endpoint=endpoint)
+    # The SDK's two clients (modelscope_hub.api.HubApi's legacy and openapi) each hold a requests session for
+    # API calls and one for reads; all of them are bounded.
+    sessions = [value for client in (api._api.legacy, api._api.openapi) for value in vars(client).values()
+                if isinstance(value, requests.Session)]
+    if not sessions:
+        raise RuntimeError("the modelscope SDK holds no requests session mm can bound (an SDK mm does not know)")
+    for session in sessions:
+        wire.bound_session(session, _cap_for, "ModelScope")
+    return api
+
+
+def _cap_for(url: str) -> tuple[int, str] | None:
+    """A file download (GET .../repo?...FilePath=...) is a bulk body; every other answer is an API document."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.path.endswith("/repo") and "FilePath=" in parts.query:
+        return None
+    return wire.CAP_MIRROR_API, "a ModelScope API answer"
 
 
 def _sdk_errors() -> tuple[type[BaseException], ...]:
@@ -142,6 +168,28 @@ def _sdk_errors() -> tuple[type[BaseException], ...]:
     return (HubError, requests.RequestException, OSError)
 
 
+# What the SDK raises when an answer parsed as JSON is not the shape it expects (a list for an object, a string
+# for a number, nesting deeper than the parser goes, a date out of range).
+_SHAPE_ERRORS = (ValueError, TypeError, AttributeError, LookupError, RecursionError, ArithmeticError)
+
+
+@contextmanager
+def _sdk_call(what: str, api) -> Iterator[str]:
+    """The SDK's failures (and RemoteErrors inside) as one RemoteError: WHAT, then why, naming the host (yielded)."""
+    host = wire.origin(getattr(api, "endpoint", "") or "")
+    try:
+        yield host
+    except RemoteError as e:  # wire's bounds: the message names the host and what it sent
+        raise RemoteError(f"{what}: {e.message}") from None
+    except json.JSONDecodeError as e:  # (requests' too)
+        raise RemoteError(f"{what}: {host} sent an answer that is not JSON ({wire.shown(first_line(e), 80)})") from None
+    except _sdk_errors() as e:
+        raise RemoteError(f"{what} from {host}: {wire.shown(first_line(e), 200)}") from None
+    except _SHAPE_ERRORS as e:
+        raise RemoteError(f"{what}: {host} sent an answer that is not what the ModelScope API sends "
+                          f"({type(e).__name__}: {wire.shown(first_line(e), 80)})") from None
+
+
 def list_mirror_files(model_id: str, revision: str = DEFAULT_MS_REVISION, *, api=None) -> list[MirrorFile]:
     """The blobs of MODEL_ID@REVISION with their Sha256 (`list_repo_files` keeps it; `get_model_files` drops it).
 
@@ -149,25 +197,39 @@ def list_mirror_files(model_id: str, revision: str = DEFAULT_MS_REVISION, *, api
     empty listing is an error here.
     """
     api = api or ms_api()
-    try:
+    what = f"ModelScope {model_id}@{revision}: cannot list files"
+    with _sdk_call(what, api) as host:
         entries = api.list_repo_files(model_id, "model", revision=revision, recursive=True)
-    except _sdk_errors() as e:
-        raise RemoteError(f"ModelScope {model_id}@{revision}: cannot list files: {first_line(e)}") from None
-    files = [MirrorFile(e.path, int(e.size), (e.sha256 or "").lower()) for e in entries if not e.is_dir]
+        files = [_mirror_file(e, host) for e in entries if not e.is_dir]
     if not files:
         raise RemoteError(f"ModelScope {model_id}@{revision}: the file listing is empty "
                           "(the mirror failed to list it, or the revision holds no files)")
     return files
 
 
+def _mirror_file(entry, host: str) -> MirrorFile:
+    """ENTRY of the SDK's listing as a MirrorFile, once its fields are what a listing holds."""
+    from .untrusted import printable
+
+    path, size, sha256 = entry.path, entry.size, entry.sha256 or ""
+    if not (isinstance(path, str) and 0 < len(path) <= 4096 and printable(path) == path) \
+            or type(size) is not int or size < 0 or not isinstance(sha256, str):
+        raise RemoteError(f"{host} sent a listing entry that is not a file's path, size and sha256 "
+                          f"({wire.shown(repr((path, size, sha256)), 80)}); refused")
+    return MirrorFile(path, size, sha256.lower())
+
+
 def list_mirror_revisions(model_id: str, *, api=None) -> list[tuple[str, str]]:
     """(name, "branch" | "tag") for every branch and tag of the mirror, branches first."""
+    from .untrusted import printable
+
     api = api or ms_api()
-    try:
+    what = f"ModelScope {model_id}: cannot list branches and tags"
+    with _sdk_call(what, api) as host:
         branches, tags = api.get_model_branches_and_tags_details(model_id)
-    except _sdk_errors() as e:
-        raise RemoteError(f"ModelScope {model_id}: cannot list branches and tags: {first_line(e)}") from None
-    found = [(b["Revision"], "branch") for b in branches] + [(t["Revision"], "tag") for t in tags]
+        found = [(b["Revision"], "branch") for b in branches] + [(t["Revision"], "tag") for t in tags]
+        if any(not isinstance(name, str) or not 0 < len(name) <= 256 or printable(name) != name for name, _ in found):
+            raise RemoteError(f"{host} named a revision that is not a branch or tag name; refused")
     if not found:
         raise RemoteError(f"ModelScope {model_id}: the mirror lists no branches or tags")
     return found
@@ -193,6 +255,8 @@ class MirrorSource:
         where = f"ModelScope {self.model_id}@{self.revision}: {path}"
         try:
             resp = self._api.legacy.download_stream(self.model_id, "model", path, self.revision, headers=headers)
+        except wire.TooSlow as e:  # headers trickled: asked again on a fresh connection, within the file's budget
+            raise RetryLater(f"{where}: {e.message}", "slow-headers") from None
         except _sdk_errors() as e:
             raise RemoteError(f"{where}: download failed: {first_line(e)}") from None
         try:

@@ -48,6 +48,7 @@ from typing import Callable, ContextManager, Iterator, Protocol
 
 from . import wire
 from .errors import BadInput, MMError, RemoteError
+from .fsutil import atomic_write_bytes, check_inside, open_file, read_local_file, unlink_file
 from .hashing import Digests, StreamHasher
 from . import interrupt  # the stop flag: workers return within a chunk, the map is saved (interrupt.py)
 from .progress import NULL_PROGRESS, ProgressSink
@@ -68,6 +69,7 @@ BUDGET_MARGIN = RANGE_MAX  # ...plus one more full range: mm's margin, so a smal
 REQUEST_MARGIN = 64  # a file may make twice its planned requests plus this many: mm's margin (the floor of the
 # fetch-wide retry budget), so transient 5xx/429 hit the fetch's retry budget first
 IOV_MAX = 1024
+MAX_MAP_BYTES = 48 * MiB  # a range map: at most 1,000,000 intervals of two 12-digit numbers (from_json's bound)
 RANGE_RETRIES = 6  # failed attempts in a row (no byte gained) before a range, and its file, give up
 BACKOFF_MAX = 30.0
 RETRY_AFTER_MAX = 120.0
@@ -249,34 +251,39 @@ def state_path(partial: Path) -> Path:
     return partial.with_name(partial.name + ".ranges")
 
 
-def load_state(partial: Path, size: int, identity: str) -> RangeMap:
-    """What a partial file already holds. A partial without a map is a prefix (mm's earlier sequential format)."""
+def load_state(partial: Path, size: int, identity: str, root: Path | None = None) -> RangeMap:
+    """What a partial file already holds. A partial without a map is a prefix (mm's earlier sequential format).
+
+    ROOT: the target directory the partial lies under (default: the partial's own directory, already proven by
+    the caller); nothing is read, written or deleted through a symlink below it (fsutil's target rule)."""
+    root = root or partial.parent
     spath = state_path(partial)
+    check_inside(root, spath)
+    check_inside(root, partial)
     if spath.exists():
         try:
-            rmap = RangeMap.from_json(load_json(spath.read_bytes(), str(spath)), size, identity)
+            doc = read_local_file(spath, what="range map", max_bytes=MAX_MAP_BYTES)
+            rmap = RangeMap.from_json(load_json(doc, str(spath)), size, identity)
         except (OSError, BadInput):  # a map mm cannot read is no map: the partial is started again
             rmap = None
-        if rmap is not None and partial.exists():
+        if rmap is not None and partial.is_file():
             return rmap
-    elif partial.exists() and partial.stat().st_size <= size:
+    elif partial.is_file() and partial.stat().st_size <= size:
         return RangeMap(size, [(0, partial.stat().st_size)])
-    partial.unlink(missing_ok=True)  # a partial we cannot account for is started again
+    unlink_file(root, partial)  # a partial we cannot account for is started again
     return RangeMap(size)
 
 
-def save_state(partial: Path, rmap: RangeMap, identity: str) -> None:
+def save_state(partial: Path, rmap: RangeMap, identity: str, root: Path | None = None) -> None:
     """Rename into place (a kill leaves the old map or the new one). No fsync: a kill -9 keeps the page cache,
     and after a power cut a map ahead of the data is caught by the whole-file hash before anything is named."""
     spath = state_path(partial)
-    tmp = spath.with_name(spath.name + ".tmp")
-    tmp.write_text(json.dumps(rmap.to_json(identity)), encoding="utf-8")
-    os.replace(tmp, spath)
+    atomic_write_bytes(spath, json.dumps(rmap.to_json(identity)).encode(), root=root or partial.parent, sync=False)
 
 
-def clear_state(partial: Path) -> None:
-    partial.unlink(missing_ok=True)
-    state_path(partial).unlink(missing_ok=True)
+def clear_state(partial: Path, root: Path | None = None) -> None:
+    unlink_file(root or partial.parent, partial)
+    unlink_file(root or partial.parent, state_path(partial))
 
 
 # --- planning --------------------------------------------------------------------------------------
@@ -539,6 +546,7 @@ class RangedJob:
     partial: Path
     identity: str  # upstream identity: the range map is trusted only for the same content
     hasher: StreamHasher
+    root: Path | None = None  # the target directory PARTIAL lies under (fsutil's rule); default: its directory
 
 
 @dataclass(frozen=True)
@@ -680,7 +688,7 @@ class _File:
                 return  # another connection saved it while this one waited for the lock
             with self.lock:
                 snapshot = RangeMap(self.rmap.size, self.rmap.intervals())
-            save_state(self.job.partial, snapshot, self.job.identity)
+            save_state(self.job.partial, snapshot, self.job.identity, self.job.root)
             self._saved_at = now
 
 
@@ -691,14 +699,14 @@ def download(job: RangedJob, source: RangeSource, connections: Connections, stat
     Returns the digests of the whole file; the caller checks them against the upstream identity and names the
     file (or clears the partial). On a failure the partial and its map are kept for the next run."""
     stats = stats if stats is not None else TransferStats()
-    rmap = load_state(job.partial, job.size, job.identity)
+    rmap = load_state(job.partial, job.size, job.identity, job.root)
     resumed = rmap.done
-    save_state(job.partial, rmap, job.identity)  # before any write: a map-less partial is read as a prefix
+    save_state(job.partial, rmap, job.identity, job.root)  # before any write: a map-less partial is read as a prefix
     share = file_share(job.size, connections.total)
     limit = getattr(source, "max_connections", None)
     if limit:
         share = min(share, limit)
-    fd = os.open(job.partial, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_file(job.root or job.partial.parent, job.partial, os.O_RDWR | os.O_CREAT, 0o644)
     f = None
     try:
         planned = min(share, connections.limit)  # ranges sized for the connections open now (more may come)

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 
+from .errors import BadInput
+from .fsutil import read_local_file
 from .hashing import lease
-from .untrusted import Malformed, load_json
+from .untrusted import MAX_DOCUMENT, Malformed, load_json
 
 # Element width in bits, as safetensors' Rust Dtype::bitsize spells the header names.
 DTYPE_BITS = {
@@ -136,9 +138,11 @@ class IndexFault:
 def read_weight_map(path: Path) -> dict[str, str]:
     """tensor name -> shard file name from a *.safetensors.index.json; StructureError if malformed."""
     try:
-        doc = load_json(Path(path).read_bytes(), "index")
+        doc = load_json(read_local_file(path, what="index", max_bytes=MAX_DOCUMENT), "index")
     except Malformed as e:
         raise StructureError(f"index: {e.detail}") from None
+    except BadInput as e:  # not a regular file, or larger than an index can be
+        raise StructureError(f"index: {e.message.split(': ', 1)[-1]}") from None
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise StructureError("index has no weight_map of tensor name -> shard file")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,12 +50,17 @@ def reflink(src_fd: int, dst_fd: int) -> bool:
         raise
 
 
-def clone_file(src: Path, dst: Path) -> bool:
-    """DST (created, or truncated) made a reflink of SRC (never following a symlink at SRC); False, with DST left
-    empty, where the file system or the pair cannot clone."""
-    fd_src = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
+def clone_file(src: Path, dst: Path, *, root: Path) -> bool:
+    """DST (under ROOT, created or truncated; reached by fsutil's target rule, never through a link) made a reflink
+    of SRC (never following a symlink at SRC, never blocking on a FIFO there); False, with DST left empty, where
+    the file system or the pair cannot clone, or SRC is not a regular file."""
+    from .fsutil import open_file
+
+    fd_src = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        fd_dst = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        if not stat.S_ISREG(os.fstat(fd_src).st_mode):
+            return False
+        fd_dst = open_file(root, dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             return reflink(fd_src, fd_dst)
         finally:
@@ -63,23 +69,32 @@ def clone_file(src: Path, dst: Path) -> bool:
         os.close(fd_src)
 
 
-def how_to_share(src_dir: Path, dst_dir: Path, allow_link: bool) -> str:
-    """How files of SRC_DIR can become files of DST_DIR here: REFLINK when the file system clones (probed with a
-    real clone of a scratch file in DST_DIR), else LINK when ALLOW_LINK and both are on one file system, else COPY."""
-    dst_dir.mkdir(parents=True, exist_ok=True)
+def how_to_share(src_dir: Path, dst_dir: Path, allow_link: bool, *, root: Path) -> str:
+    """How files of SRC_DIR can become files of DST_DIR (under ROOT) here: REFLINK when the file system clones
+    (probed with a real clone of a scratch file in DST_DIR), else LINK when ALLOW_LINK and both are on one file
+    system, else COPY. DST_DIR and the scratch files are reached by fsutil's target rule."""
+    from .fsutil import make_dirs, open_file, unlink_file
+
+    make_dirs(root, dst_dir)
     probe_src, probe_dst = dst_dir / f".mm-reflink-probe-{os.getpid()}", dst_dir / f".mm-reflink-probe-{os.getpid()}.2"
     try:
         same_fs = os.stat(src_dir).st_dev == os.stat(dst_dir).st_dev
         if same_fs:
-            with open(probe_src, "wb") as f:
-                f.write(b"\0" * 4096)
-            with open(probe_src, "rb") as s, open(probe_dst, "wb") as d:
-                if reflink(s.fileno(), d.fileno()):
-                    return REFLINK
+            s = open_file(root, probe_src, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+            try:
+                os.write(s, b"\0" * 4096)
+                d = open_file(root, probe_dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                try:
+                    if reflink(s, d):
+                        return REFLINK
+                finally:
+                    os.close(d)
+            finally:
+                os.close(s)
         return LINK if allow_link and same_fs else COPY
     finally:
-        probe_src.unlink(missing_ok=True)
-        probe_dst.unlink(missing_ok=True)
+        unlink_file(root, probe_src)
+        unlink_file(root, probe_dst)
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BadInput, IntegrityError
-from .fsutil import MM_DIR, atomic_write_bytes
+from .fsutil import MM_DIR, atomic_write_bytes, open_local_file, read_local_file, state_root
 from .tools import ToolMissing, ToolResult, run_tool
 
 NAMESPACE = "mm-manifest"
 SIG_SUFFIX = ".sig"
 MAX_SIG_BYTES = 64 * 1024
+MAX_KEY_FILE_BYTES = 1024 * 1024  # mm's margin: an allowed signers file of thousands of keys; a private key is < 20 KiB
 SSH_KEYGEN = "ssh-keygen"
 _ARMOR_BEGIN = b"-----BEGIN SSH SIGNATURE-----"
 _ARMOR_END = b"-----END SSH SIGNATURE-----"
@@ -148,8 +149,9 @@ def _reasons(proc: ToolResult) -> str:
 def sign_bytes(data: bytes, key: Path, where: str = "manifest") -> bytes:
     """An SSHSIG over DATA made by `ssh-keygen -Y sign -f KEY -n mm-manifest` (agent or key file)."""
     key = Path(key)
-    if not key.exists():
+    if not os.path.lexists(key):
         raise BadInput(f"{key}: no such key file (give a private key, or KEY.pub with its key in ssh-agent)")
+    open_local_file(key, what="key file", max_bytes=MAX_KEY_FILE_BYTES).close()  # ssh-keygen reads it: no FIFO
     with tempfile.TemporaryDirectory(prefix="mm-sign-") as tmp:
         target = Path(tmp) / "manifest.json"
         target.write_bytes(data)
@@ -173,17 +175,16 @@ def sign_manifest(model_dir: Path, key: Path) -> SignResult:
     sig = sign_bytes(data, key, str(mpath))
     info = read_signature_info(sig, str(key))
     out = signature_path(model_dir)
-    atomic_write_bytes(out, sig)
+    atomic_write_bytes(out, sig, root=state_root(model_dir))
     return SignResult(str(mpath), str(out), info.key_type, info.fingerprint)
 
 
 def _manifest_bytes(mpath: Path) -> bytes:
-    try:
-        return mpath.read_bytes()
-    except FileNotFoundError:
-        raise BadInput(f"{mpath}: no manifest here (run `mm fetch` or `mm manifest` first)") from None
-    except OSError as e:
-        raise BadInput(f"{mpath}: cannot read manifest: {e}") from None
+    from .manifest import MAX_MANIFEST_BYTES
+
+    if not os.path.lexists(mpath):
+        raise BadInput(f"{mpath}: no manifest here (run `mm fetch` or `mm manifest` first)")
+    return read_local_file(mpath, what="manifest", max_bytes=MAX_MANIFEST_BYTES)
 
 
 def _parse_manifest(data: bytes, where: str, from_dict) -> None:
@@ -196,13 +197,8 @@ def _parse_manifest(data: bytes, where: str, from_dict) -> None:
 
 def _read_allowed_signers(allowed_signers: Path) -> Path:
     allowed_signers = Path(allowed_signers)
-    if not allowed_signers.is_file():
-        raise BadInput(f"{allowed_signers}: no such allowed signers file")
-    try:
-        with open(allowed_signers, "rb"):
-            pass
-    except OSError as e:
-        raise BadInput(f"{allowed_signers}: cannot read allowed signers file ({e})") from None
+    # ssh-keygen reads it: a regular file of a sane size (a FIFO would keep it waiting), readable by us
+    open_local_file(allowed_signers, what="allowed signers file", max_bytes=MAX_KEY_FILE_BYTES).close()
     return allowed_signers
 
 
@@ -266,10 +262,7 @@ def verify_dir_signature(model_dir: Path, allowed_signers: Path, identity: str |
     mpath = Path(manifest_file) if manifest_file else manifest_path(model_dir)
     data = _manifest_bytes(mpath)
     spath = Path(str(mpath) + SIG_SUFFIX)
-    try:
-        sig = spath.read_bytes() if spath.is_file() else None
-    except OSError as e:
-        raise BadInput(f"{spath}: cannot read signature: {e}") from None
+    sig = read_local_file(spath, what="signature", max_bytes=MAX_SIG_BYTES) if os.path.lexists(spath) else None
     return verify_manifest_signature(data, sig, allowed_signers, identity, str(mpath), str(spath)), data
 
 

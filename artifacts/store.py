@@ -31,15 +31,16 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import time
 from collections import Counter
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import BadInput, BadValue, Refused
-from .fsutil import MM_DIR, atomic_write_json, dir_lock, fsync_dir
-from .manifest import Manifest, from_json, manifest_path
+from .fsutil import (MM_DIR, atomic_write_json, dir_lock, open_file, parent_dir, read_local_file, remove_tree, state_root,
+                     unlink_file)
+from .manifest import MAX_MANIFEST_BYTES, Manifest, from_json, manifest_path
 from .sharing import DiskUse, Layout, layout, shared_bytes
 from .untrusted import At, Malformed, load_json
 
@@ -61,14 +62,21 @@ HEX = re.compile(r"^[0-9a-f]{4,40}$")
 
 def record_verified(model_dir: Path, ok: bool, files: int, nbytes: int, problems: int, by: str) -> None:
     """Note in DIR/.mm/verified.json that DIR was verified in full now, against its manifest as it is (its sha256).
-    Best effort: a directory mm cannot write (a read-only mount) keeps no stamp."""
+    Best effort: a directory mm cannot write (a read-only mount, a link planted under it) keeps no stamp."""
     try:
-        digest = hashlib.sha256(manifest_path(model_dir).read_bytes()).hexdigest()
-        atomic_write_json(Path(model_dir) / MM_DIR / STAMP, {
-            "schema": STAMP_SCHEMA, "time": _iso(time.time()), "ok": ok, "manifest_sha256": digest,
-            "files": files, "bytes": nbytes, "problems": problems, "by": by})
-    except OSError:
+        data = read_local_file(manifest_path(model_dir), what="manifest", max_bytes=MAX_MANIFEST_BYTES)
+        atomic_write_json(_stamp_path(model_dir), {
+            "schema": STAMP_SCHEMA, "time": _iso(time.time()), "ok": ok, "manifest_sha256": hashlib.sha256(data).hexdigest(),
+            "files": files, "bytes": nbytes, "problems": problems, "by": by}, root=state_root(model_dir))
+    except (OSError, BadInput):
         pass
+
+
+def _stamp_path(model_dir: Path) -> Path:
+    """Beside the manifest (for a Hugging Face cache snapshot, in mm's state directory outside the cache)."""
+    from .hfcache import state_dir
+
+    return state_dir(model_dir, MM_DIR) / STAMP
 
 
 @dataclass(frozen=True)
@@ -80,9 +88,10 @@ class Verified:
 
 
 def read_verified(model_dir: Path, manifest_bytes: bytes) -> Verified | None:
-    path = Path(model_dir) / MM_DIR / STAMP
+    path = _stamp_path(model_dir)
     try:
-        doc = load_json(path.read_bytes(), str(path), max_bytes=64 * 1024)
+        doc = load_json(read_local_file(path, what="verification stamp", max_bytes=64 * 1024), str(path),
+                        max_bytes=64 * 1024)
         at = At(str(path))
         at.obj(doc)
         if doc.get("schema") != STAMP_SCHEMA:
@@ -187,7 +196,7 @@ def _repo_dirs(root: Path) -> list[Path]:
 def _revision(path: Path, notes: list[str]) -> Revision | None:
     mpath = manifest_path(path)
     try:
-        data = mpath.read_bytes()
+        data = read_local_file(mpath, what="manifest", max_bytes=MAX_MANIFEST_BYTES)
         manifest = from_json(data, str(mpath))
         arrived = mpath.stat().st_mtime
     except (OSError, BadInput) as e:
@@ -239,13 +248,11 @@ def _uses_path(root: Path) -> Path:
 def read_uses(root: Path) -> list[Use] | None:
     """The switch log, oldest first; a line torn by a kill (or not mm's) is skipped. None when it cannot be read."""
     path = _uses_path(root)
-    try:
-        if path.stat().st_size > MAX_USES:
-            return None
-        lines = path.read_bytes().splitlines()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return []
-    except OSError:
+    try:
+        lines = read_local_file(path, what="switch log", max_bytes=MAX_USES).splitlines()
+    except BadInput:
         return None
     out = []
     for line in lines:
@@ -265,10 +272,9 @@ def read_uses(root: Path) -> list[Use] | None:
 
 def _append_use(root: Path, use: Use) -> None:
     path = _uses_path(root)
-    path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps({"time": use.time, "at": _iso(use.time), "repo_id": use.repo_id, "dir": use.dir,
                        "previous": use.previous}) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_file(root, path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # never through a link (fsutil's rule)
     try:
         os.write(fd, b"\n" + line.encode())  # a line torn by an earlier kill ends here
         os.fsync(fd)
@@ -314,24 +320,26 @@ def use(root: Path, repo_id: str, wanted: str) -> UseResult:
         require_quick_verify(rev.path, rev.manifest, before="making it current")
         pointer = repo.path / POINTER
         result = UseResult(str(root), repo_id, rev.revision, rev.name, str(pointer), repo.current, rev.name != repo.current)
-        _clean_pointer_leftovers(repo.path)
+        _clean_pointer_leftovers(root, repo.path)
         if not result.changed:
             return result
         if pointer.exists() and not pointer.is_symlink():
             raise BadInput(f"{pointer}: exists and is not a symlink; move it away (mm keeps the pointer there)")
         _append_use(root, Use(time.time(), repo_id, rev.name, repo.current))
-        tmp = repo.path / f"{POINTER_TMP}{os.getpid()}"
-        tmp.unlink(missing_ok=True)
-        os.symlink(rev.name, tmp)
-        os.replace(tmp, pointer)
-        fsync_dir(repo.path)
+        with parent_dir(root, pointer) as (dfd, name):  # the repo's directory, reached through real directories
+            tmp = f"{POINTER_TMP}{os.getpid()}"
+            with suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dfd)
+            os.symlink(rev.name, tmp, dir_fd=dfd)
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.fsync(dfd)
         return result
 
 
-def _clean_pointer_leftovers(repo_dir: Path) -> None:
+def _clean_pointer_leftovers(root: Path, repo_dir: Path) -> None:
     for stale in repo_dir.glob(f"{POINTER_TMP}*"):
         if stale.is_symlink():
-            stale.unlink(missing_ok=True)
+            unlink_file(root, stale)
 
 
 # --- who mounts what: docker ---------------------------------------------------------------------------------
@@ -539,7 +547,8 @@ def _signature_status(rev: Revision) -> tuple[str, str | None]:
     if not sig.is_file():
         return "none", None
     try:
-        info = check_signature_matches(rev.manifest_bytes, sig.read_bytes()[:1024 * 1024], str(sig))
+        info = check_signature_matches(rev.manifest_bytes, read_local_file(sig, what="signature", max_bytes=1024 * 1024),
+                                       str(sig))
     except IntegrityError:
         return "stale", None
     except BadInput:
@@ -587,15 +596,16 @@ def gc(root: Path, keep: int = DEFAULT_KEEP, dry_run: bool = False, docker: str 
                           notes)
         if dry_run:
             return report
-        for path in leftovers:
-            shutil.rmtree(path)
+        for path in leftovers:  # below ROOT, through real directories only (fsutil's rule)
+            remove_tree(root, path)
         for rev, _ in removed:
             gone = rev.path.with_name(REMOVING + rev.name)
-            os.rename(rev.path, gone)  # from here on the revision is gone as a whole
-            fsync_dir(rev.path.parent)
-            shutil.rmtree(gone)
+            with parent_dir(root, rev.path) as (dfd, name):
+                os.rename(name, gone.name, src_dir_fd=dfd, dst_dir_fd=dfd)  # from here on the revision is gone whole
+                os.fsync(dfd)
+            remove_tree(root, gone)
         for repo in store.repos:
-            _clean_pointer_leftovers(repo.path)
+            _clean_pointer_leftovers(root, repo.path)
         return report
 
 

@@ -12,6 +12,11 @@ cap, when mm is interrupted (interrupt.on_stop), and once the tool itself has ex
 still holds its output open (after LINGER): mm never waits on a pipe a grandchild keeps. Standard input is
 /dev/null, or INPUT from a temporary file (never a pipe mm must feed).
 
+Each caller names mm's own deadline for its tool (seconds: nvidia-smi and docker probes 60-180, skopeo's inspections
+20-120 and its copy 3600, ssh-keygen 300, pip 1800); `MM_TOOL_TIMEOUT`, when set, is every tool's deadline
+instead (`deadline`): an operator on a slow host raises it, one who wants a hung tool to fail fast lowers it.
+A tool stopped at its deadline says so: "no answer within N s (MM_TOOL_TIMEOUT)".
+
 Output is bytes; `ToolResult.stdout` / `.stderr` decode it as UTF-8 with replacement (any byte is readable
 text), and what is parsed from it goes through the untrusted rules (`untrusted.load_json`, `small_int`).
 Names from the user handed to a tool (container names, image references) are checked first (`check_name`),
@@ -33,7 +38,7 @@ from typing import IO, Iterator, Mapping, Sequence
 
 from . import interrupt
 from .errors import BadInput, BadValue
-from .untrusted import printable
+from .untrusted import env_number, printable
 
 MAX_OUTPUT = 1024 * 1024  # bytes of each stream kept by default; over it the tool is stopped
 LINGER = 0.5  # seconds a tool's leftover children may keep its output open after it exited
@@ -81,6 +86,15 @@ def last_line(text: str) -> str:
     return ""
 
 
+def deadline(timeout: float) -> float:
+    """The seconds a tool may run: MM_TOOL_TIMEOUT when set (every tool's), else TIMEOUT, the caller's own."""
+    return env_number("MM_TOOL_TIMEOUT") or timeout
+
+
+def _late(timeout: float) -> str:
+    return f"no answer within {timeout:g} s (MM_TOOL_TIMEOUT)"
+
+
 def _start(argv: Sequence[str], stdin, stdout, stderr, cwd, env) -> subprocess.Popen:
     try:
         return subprocess.Popen(list(argv), stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd,
@@ -104,7 +118,8 @@ def run_tool(argv: Sequence[str | os.PathLike], *, timeout: float, max_output: i
     (a tool's progress on the terminal) and only the deadline applies. Raises ToolMissing when it
     cannot be started, Interrupted when mm is."""
     argv = tuple(os.fspath(a) for a in argv)
-    deadline = time.monotonic() + timeout
+    timeout = deadline(timeout)
+    ends = time.monotonic() + timeout
     stdin_file = None
     if input is not None:
         stdin_file = tempfile.TemporaryFile()
@@ -119,9 +134,9 @@ def run_tool(argv: Sequence[str | os.PathLike], *, timeout: float, max_output: i
     unregister = interrupt.on_stop(lambda: kill_group(proc))
     try:
         if passthrough:
-            out, err, stopped = b"", b"", _wait(proc, deadline, timeout)
+            out, err, stopped = b"", b"", _wait(proc, ends, timeout)
         else:
-            out, err, stopped = _collect(proc, deadline, timeout, max_output)
+            out, err, stopped = _collect(proc, ends, timeout, max_output)
     finally:
         unregister()
         kill_group(proc)  # leftovers of the tool (or the tool itself, when stopped)
@@ -133,12 +148,12 @@ def run_tool(argv: Sequence[str | os.PathLike], *, timeout: float, max_output: i
     return ToolResult(argv, None if stopped else proc.returncode, out, err, stopped)
 
 
-def _wait(proc: subprocess.Popen, deadline: float, timeout: float) -> str | None:
+def _wait(proc: subprocess.Popen, ends: float, timeout: float) -> str | None:
     while proc.poll() is None:
         if interrupt.requested():
             return "interrupted"
-        if time.monotonic() >= deadline:
-            return f"no answer within {timeout:g} s"
+        if time.monotonic() >= ends:
+            return _late(timeout)
         try:
             proc.wait(timeout=0.1)
         except subprocess.TimeoutExpired:
@@ -146,7 +161,7 @@ def _wait(proc: subprocess.Popen, deadline: float, timeout: float) -> str | None
     return None
 
 
-def _collect(proc: subprocess.Popen, deadline: float, timeout: float, cap: int) -> tuple[bytes, bytes, str | None]:
+def _collect(proc: subprocess.Popen, ends: float, timeout: float, cap: int) -> tuple[bytes, bytes, str | None]:
     """Read stdout and stderr together until both end, each up to CAP bytes, within the deadline."""
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     names = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
@@ -159,14 +174,13 @@ def _collect(proc: subprocess.Popen, deadline: float, timeout: float, cap: int) 
             now = time.monotonic()
             if interrupt.requested():
                 return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), "interrupted"
-            if now >= deadline:
-                return (bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]),
-                        f"no answer within {timeout:g} s")
+            if now >= ends:
+                return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), _late(timeout)
             if proc.poll() is not None:
                 exited_at = exited_at or now
                 if now - exited_at >= LINGER:  # something the tool started holds its output open: not our wait
                     break
-            for key, _ in sel.select(timeout=min(0.1, deadline - now)):
+            for key, _ in sel.select(timeout=min(0.1, ends - now)):
                 try:
                     chunk = os.read(key.fd, READ)
                 except BlockingIOError:
@@ -200,6 +214,7 @@ def stream_tool(argv: Sequence[str | os.PathLike], *, timeout: float,
     caller's reader). A guard thread kills the process group at the deadline, on an interrupt, and LINGER after
     the tool exited (a child holding the pipe): the caller's read then ends. Raises ToolMissing, Interrupted."""
     argv = tuple(os.fspath(a) for a in argv)
+    timeout = deadline(timeout)
     proc = _start(argv, subprocess.DEVNULL, subprocess.PIPE, subprocess.STDOUT, None, env)
     stream = ToolStream(proc.stdout)
     done = threading.Event()
@@ -219,14 +234,14 @@ def stream_tool(argv: Sequence[str | os.PathLike], *, timeout: float,
     interrupt.check()
 
 
-def _guard(proc: subprocess.Popen, deadline: float, timeout: float, done: threading.Event, reason: list) -> None:
+def _guard(proc: subprocess.Popen, ends: float, timeout: float, done: threading.Event, reason: list) -> None:
     exited_at = None
     while not done.wait(0.05):
         now = time.monotonic()
         if interrupt.requested():
             reason.append("interrupted")
-        elif now >= deadline:
-            reason.append(f"no answer within {timeout:g} s")
+        elif now >= ends:
+            reason.append(_late(timeout))
         elif proc.poll() is not None:
             exited_at = exited_at or now
             if now - exited_at < LINGER:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput
+from .errors import BadInput, BadValue
 
 MAX_DEPTH = 64  # deepest nesting accepted; real documents mm reads stay under 6
 MAX_DOCUMENT = 64 * 1024 * 1024  # default size bound; callers with larger documents pass their own
@@ -106,22 +107,30 @@ def load_json(data: bytes | str, where: str, *, max_bytes: int = MAX_DOCUMENT, m
 
 
 def read_json_file(path: Path | str, *, what: str = "file", max_bytes: int = MAX_DOCUMENT) -> Any:
-    """Read and parse PATH; a missing, unreadable or oversized file is BadInput naming it."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such {what}") from None
-    except IsADirectoryError:
-        raise BadInput(f"{path}: is a directory, expected a {what}") from None
-    except OSError as e:
-        raise BadInput(f"{path}: cannot read {what}: {e.strerror or e}") from None
+    """Read and parse PATH; a missing, unreadable, oversized or not regular file (FIFO, device) is BadInput naming it."""
+    from .fsutil import read_local_file  # regular files only, size from fstat, the read bounded
+
+    data = read_local_file(path, what=what, max_bytes=max_bytes)
     return load_json(data, str(path), max_bytes=max_bytes, what=what)
 
 
 _DECIMAL = re.compile(r"[0-9]{1,18}")
 _DIGIT_RUN = re.compile(r"[0-9]+")
+
+
+def env_number(var: str, unit: str = "seconds") -> float | None:
+    """The positive number environment variable VAR holds (below 10^7; in UNIT), None when it is unset or blank;
+    anything else is BadValue (exit 2) naming the variable."""
+    text = os.environ.get(var, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < 1e7:  # NaN fails too
+        raise BadValue(f"{var}={printable(text[:40])!r}: expected a positive number ({unit})")
+    return value
 
 
 def small_int(text: str, lo: int = 0, hi: int = 10**18 - 1) -> int | None:

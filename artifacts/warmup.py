@@ -25,7 +25,7 @@ from pathlib import Path
 from .cachekey import FILE_NAME as CACHE_KEY_FILE, CacheKey, write_cache_key
 from .diagnose import Finding, ScannedText, diagnose, load_table, scan_docker_logs
 from .errors import BadInput, ProblemsFound, Refused
-from .fsutil import atomic_write_json
+from .fsutil import atomic_write_json, read_local_file, user_path
 from .launch import LaunchPlan, docker_run_argv, image_candidates, image_identity
 from .progress import NULL_PROGRESS, ProgressSink
 from .router import NodePlan, router_docker_argv
@@ -36,6 +36,7 @@ from .untrusted import load_json, small_int
 REPORT_SCHEMA = "mm-warmup-report/1"
 MAX_ANSWER = 16 * 1024 * 1024  # bytes of one chat answer the checks read
 REPORT_NAME = "mm-warmup-report.json"
+MAX_IMAGE_FILE = 32 * 1024 * 1024  # mm's margin for the --image-file PNG sent to the server's vision check
 DSPARK_LINE = "DSpark draft found in the target checkpoint's dspark/ subfolder"
 RAW_TOKENS = re.compile(r"</?mm:think>|\]<\]minimax\[>\[")  # what the minimax-m3 parsers take out of content
 NVFP4_BACKEND = re.compile(r"nvfp4_to_fp8 backend=(\S+)")
@@ -165,6 +166,20 @@ def check_gpu_family(plan: LaunchPlan, gpu: str, compute_capability: str) -> Non
     if family == "hopper" and major != 9:
         raise Refused(f"GPUs are {gpu} (compute {compute_capability}), but recipe {plan.recipe.id} is for Hopper; "
                       f"pick the recipe for this hardware")
+
+
+def refuse_wrong_gpus(plan: LaunchPlan, gpu_info: str | None) -> None:
+    """Refuse (exit 7) a recipe the GPUs cannot run before anything else is looked at: --gpu-info, else the host's
+    own nvidia-smi when it answers (the image's nvidia-smi, which the cache key records, needs the image)."""
+    if gpu_info is None and plan.hardware.vendor == "nvidia":
+        from .doctor import nvidia_gpus
+
+        gpus, _, _ = nvidia_gpus()
+        chosen = [g for g in gpus if g.index in plan.gpus] or gpus
+        gpu_info = "\n".join(f"{g.name}, {g.compute_capability}, {g.driver}" for g in chosen) or None
+    if gpu_info:
+        gpu, cc, _, _ = parse_gpu_info(gpu_info)
+        check_gpu_family(plan, gpu, cc)
 
 
 def _last_line(text: str) -> str:
@@ -369,6 +384,7 @@ def run_warmup(target: LaunchPlan | NodePlan, *, timeout: float = 3600, image_pn
     if plan.expose:
         raise BadInput("warm-up publishes on 127.0.0.1 only; leave out --expose")
     started = _now()
+    refuse_wrong_gpus(plan, gpu_info)  # the combination first: a missing image is not the answer on the wrong GPU
     image = local_image(plan)
     gpu, cc, driver, count = parse_gpu_info(gpu_info if gpu_info is not None else query_gpus(plan, image))
     check_gpu_family(plan, gpu, cc)
@@ -443,6 +459,7 @@ def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes |
     started = _now()
     all_gpus = [g for p in node.replicas for g in p.gpus]
     node_view = dataclasses.replace(first, gpus=tuple(all_gpus))
+    refuse_wrong_gpus(node_view, gpu_info)
     image = local_image(first)  # every replica and the router run the image found by identity, as the node script does
     gpu, cc, driver, count = parse_gpu_info(gpu_info if gpu_info is not None else query_gpus(node_view, image))
     check_gpu_family(first, gpu, cc)
@@ -522,15 +539,14 @@ def _schema_first(doc: dict) -> dict:
     return {"schema": doc.pop("schema"), **doc}
 
 
-def write_report(report: WarmupReport, path: Path) -> None:
-    atomic_write_json(Path(path), _schema_first(asdict(report)))
+def write_report(report: WarmupReport, path: Path, root: Path | None = None) -> None:
+    """PATH under ROOT (the kernel cache root for the default report), or, without ROOT, a path the user named."""
+    path = Path(path) if root else user_path(path)
+    atomic_write_json(path, _schema_first(asdict(report)), root=root or path.parent)
 
 
 def read_image_file(path: Path) -> bytes:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise BadInput(f"--image-file {path}: cannot read: {e.strerror}") from None
+    data = read_local_file(path, what="--image-file PNG", max_bytes=MAX_IMAGE_FILE)
     if not data.startswith(b"\x89PNG\r\n\x1a\n"):
         raise BadInput(f"--image-file {path}: not a PNG file")
     return data

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import BadInput, IntegrityError, RemoteError
-from .fsutil import dir_lock, fsync_dir
+from .fsutil import atomic_write_text, dir_lock, fsync_dir, read_local_file, remove_tree
 from .hashing import upstream_digest
 from .progress import NULL_PROGRESS, ProgressSink
 from .tools import ToolMissing, run_tool
@@ -44,6 +44,7 @@ SCHEMA = "mm-wheelhouse/1"
 WHEELHOUSE_DIR = "wheelhouse"
 INSTALL_SCRIPT = "install-mm.sh"
 LOCK_NAME = "requirements.lock"
+MAX_LOCK_BYTES = 1024 * 1024  # a lock: one line a wheel (install-mm.sh's bound too)
 INDEX_NAME = "wheelhouse.json"
 # modelscope pulls in cryptography, whose wheels need glibc 2.28 or newer; every set targets manylinux_2_28.
 GLIBC_MIN = (2, 28)
@@ -420,18 +421,13 @@ def build_wheelhouse(out: Path, targets: list[Target], progress: ProgressSink = 
             if path.is_file():
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
-        if final.exists():
-            shutil.rmtree(final)
+        remove_tree(out, final)  # an earlier wheelhouse; a link planted there is refused, never followed
         os.replace(work, final)
         fsync_dir(out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    script = out / INSTALL_SCRIPT
-    tmp = out / f".{INSTALL_SCRIPT}.tmp"
-    tmp.write_text(install_script_text())
-    tmp.chmod(0o755)
-    os.replace(tmp, script)
+    atomic_write_text(out / INSTALL_SCRIPT, install_script_text(), mode=0o755, root=out)
     normalize_mtimes(out)
     return WheelhouseReport(out, dist_version, "%d.%d" % GLIBC_MIN, sets, time.monotonic() - started)
 
@@ -456,12 +452,17 @@ def read_index(wheelhouse: Path) -> dict:
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise ValueError(f"expected schema {SCHEMA!r}")
         for s in doc["sets"]:
-            if not re.fullmatch(r"linux-(x86_64|aarch64)-cp3\d{1,2}", s["name"]):
-                raise ValueError(f"bad set name {s['name']!r}")
+            if not isinstance(s.get("name"), str) or not re.fullmatch(r"linux-(x86_64|aarch64)-cp3\d{1,2}", s["name"]):
+                raise ValueError(f"bad set name {str(s.get('name'))[:80]!r}")
+            if s.get("lock") != f"{s['name']}/{LOCK_NAME}":  # a path read from the disk: never anywhere else
+                raise ValueError(f"set {s['name']}: lock {str(s.get('lock'))[:80]!r} is not {s['name']}/{LOCK_NAME}")
             for w in s["wheels"]:
-                if "/" in w["file"] or not w["file"].endswith(".whl") or not re.fullmatch(r"[0-9a-f]{64}", w["sha256"]):
-                    raise ValueError(f"bad wheel entry {w.get('file')!r}")
-    except (OSError, ValueError, KeyError, TypeError) as e:
+                if not isinstance(w.get("file"), str) or "/" in w["file"] or not w["file"].endswith(".whl") \
+                        or not isinstance(w.get("sha256"), str) or not re.fullmatch(r"[0-9a-f]{64}", w["sha256"]) \
+                        or not all(isinstance(w.get(k), str) and len(w[k]) <= 200 for k in ("name", "version")) \
+                        or type(w.get("size")) is not int or w["size"] < 0:
+                    raise ValueError(f"bad wheel entry {str(w.get('file'))[:80]!r}")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise BadInput(f"{path}: not a wheelhouse index ({e})") from None
     return doc
 
@@ -473,7 +474,11 @@ def check_wheelhouse(wheelhouse: Path) -> list[str]:
     for s in doc["sets"]:
         lock = Path(wheelhouse) / s["lock"]
         expected = "".join(f"{w['name']}=={w['version']} --hash=sha256:{w['sha256']}\n" for w in s["wheels"])
-        if not lock.is_file() or lock.read_text() != expected:
+        try:
+            same = read_local_file(lock, what="lock", max_bytes=MAX_LOCK_BYTES) == expected.encode()
+        except BadInput:  # missing, not a regular file, too large
+            same = False
+        if not same:
             problems.append(f"{lock}: missing or not the lock wheelhouse.json records")
         for w in s["wheels"]:
             path = Path(wheelhouse) / s["name"] / w["file"]

@@ -13,6 +13,11 @@ Two ways bytes come in, both bounded here:
   the engine reads straight into its own buffers (``RawAnswer.readinto``: one socket read, what arrived).
   The status line and headers must arrive within the deadline; each read waits at most ``MM_NET_TIMEOUT``;
   the engine's minimum-rate rule (artifacts/ranges.py) bounds a trickle.
+- Clients on ``requests`` (the ModelScope SDK's): ``bound_session`` mounts on the client's sessions a copy of
+  each of their adapters that applies the same rules to every answer (documents capped and under the deadline;
+  bulk bodies, which the caller names, under the header deadline only), whatever the SDK does with it.
+An interrupt (artifacts/interrupt.py) shuts down the socket of every answer being read (``open_raw``'s and the
+bounded sessions'), so a worker blocked on a silent server sees the stop at once, not after MM_NET_TIMEOUT.
 
 Bounds (README, "Network bounds"), all mm's own margins, none an upstream default:
   MM_NET_TIMEOUT      30 s   a connection attempt, or one read, waits at most this long
@@ -25,7 +30,6 @@ Values are read when a request starts, so tests can use short ones.
 from __future__ import annotations
 
 import http.client
-import os
 import re
 import socket
 import ssl
@@ -40,7 +44,8 @@ from urllib.parse import urlsplit
 import httpcore2
 import httpx2
 
-from .errors import BadValue, RemoteError
+from . import interrupt
+from .errors import RemoteError
 
 KiB, MiB = 1 << 10, 1 << 20
 MAX_REDIRECTS = 5  # a Hub resolve goes through one (CDN or Xet bridge); 5 is mm's margin
@@ -51,6 +56,8 @@ CAP_ERROR = 64 * KiB  # an error answer: one JSON error or an HTML page
 CAP_REDIRECT = 64 * KiB  # a redirect's body (never needed)
 CAP_HUB_API = 4 * MiB  # one Hub API answer: a 1000-entry tree page with LFS and Xet fields is about 350 KB
 CAP_PING = 64 * KiB  # a registry's /v2/ answer is `{}`
+CAP_MIRROR_API = 4 * MiB  # one ModelScope API answer: a repo/files listing holds at most 3000 entries (the server
+# truncates there; the SDK then lists directory by directory) of about 400 bytes: about 1.2 MB
 MAX_CONTAINERS = 250_000  # '[' and '{' in one document: parsed, each costs 56-200 bytes; an honest 4 MiB Hub answer
 # (model info listing 40,000 files) holds about 80,000. Within 4 MiB, a million empty lists would cost 100 MB.
 
@@ -70,19 +77,10 @@ _ENV = {"MM_NET_TIMEOUT": "timeout", "MM_NET_DEADLINE": "deadline", "MM_NET_MIN_
 
 def limits() -> Limits:
     """The bounds in force: Limits' defaults, each replaced by its MM_NET_* variable when set."""
-    given = {}
-    for var, name in _ENV.items():
-        text = os.environ.get(var, "").strip()
-        if not text:
-            continue
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not 0 < value < 1e7:  # NaN fails too
-            raise BadValue(f"{var}={text[:40]!r}: expected a positive number (seconds, or bytes/s for MM_NET_MIN_RATE)")
-        given[name] = value
-    return Limits(**given)
+    from .untrusted import env_number
+
+    given = {name: env_number(var, "bytes/s" if var == "MM_NET_MIN_RATE" else "seconds") for var, name in _ENV.items()}
+    return Limits(**{name: value for name, value in given.items() if value is not None})
 
 
 def origin(url: str) -> str:
@@ -214,22 +212,32 @@ class _DeadlineBackend:
         self._backend.sleep(seconds)
 
 
+class _Tally:
+    """What a document's body brought so far: past CAP bytes or MAX_CONTAINERS JSON arrays and objects, refused."""
+
+    def __init__(self, cap: int, where: str, what: str):
+        self.cap, self.where, self.what = cap, where, what
+        self.got = self.containers = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.got += len(chunk)
+        if self.got > self.cap:
+            raise RemoteError(f"{self.where} sent more than {_size(self.cap)} as {self.what}; cut")
+        self.containers += chunk.count(b"[") + chunk.count(b"{")  # (strings holding brackets count too: stricter)
+        if self.containers > MAX_CONTAINERS:
+            raise RemoteError(f"{self.where} sent more than {MAX_CONTAINERS} JSON arrays and objects as "
+                              f"{self.what}; refused (no honest answer holds so many)")
+
+
 class _CappedStream(httpx2.SyncByteStream):
     """A response body that refuses the byte past CAP and any read past the deadline."""
 
     def __init__(self, inner, cap: int, where: str, what: str):
-        self._inner, self._cap, self._where, self._what = inner, cap, where, what
+        self._inner, self._where, self._tally = inner, where, _Tally(cap, where, what)
 
     def __iter__(self) -> Iterator[bytes]:
-        got = containers = 0
         for chunk in self._inner:
-            got += len(chunk)
-            if got > self._cap:
-                raise RemoteError(f"{self._where} sent more than {_size(self._cap)} as {self._what}; cut")
-            containers += chunk.count(b"[") + chunk.count(b"{")  # (strings holding brackets count too: stricter)
-            if containers > MAX_CONTAINERS:
-                raise RemoteError(f"{self._where} sent more than {MAX_CONTAINERS} JSON arrays and objects as "
-                                  f"{self._what}; refused (no honest answer holds so many)")
+            self._tally.add(chunk)
             _remaining(None, self._where)
             yield chunk
 
@@ -242,6 +250,32 @@ def _size(n: int) -> str:
 
 
 CapFor = Callable[[httpx2.Request, httpx2.Response], "tuple[int, str]"]
+
+
+def _answer_cap(method: str, url: str, status: int, headers, where: str,
+                document: Callable[[], "tuple[int, str] | None"]) -> "tuple[int | None, str]":
+    """(byte cap, document kind) of an answer's body, after the checks its headers allow: no Content-Encoding, a
+    redirect to an http(s) URL, a Content-Length within the cap. Errors and redirects have their own caps; a
+    success's is DOCUMENT()'s (None: a bulk body, no cap)."""
+    encoding = headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise RemoteError(f"{where} answered with Content-Encoding {shown(encoding, 40)!r} although mm asked for "
+                          f"identity; refused (mm does not decompress what servers send)")
+    if status in REDIRECT_STATUSES and "Location" in headers:
+        join_url(url, headers["Location"], where)
+        cap, what = CAP_REDIRECT, "a redirect"
+    elif status >= 400:
+        cap, what = CAP_ERROR, f"an error answer (HTTP {status})"
+    else:
+        kind = document()
+        if kind is None:
+            return None, "a file's bytes"
+        cap, what = kind
+    length = headers.get("Content-Length") if method != "HEAD" else None
+    if length is not None and length.strip().isdigit() and int(length) > cap:
+        raise RemoteError(f"{where} announced {int(length)} bytes as {what}, more than its cap of {_size(cap)}; "
+                          f"refused")
+    return cap, what
 
 
 def _hooks(cap_for: CapFor, name: str):
@@ -257,22 +291,8 @@ def _hooks(cap_for: CapFor, name: str):
         request = response.request
         peer = origin(str(request.url))
         where = name if peer.split("://", 1)[-1] in name else f"{name} at {peer}"
-        status = response.status_code
-        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
-            raise RemoteError(f"{where} answered with Content-Encoding {shown(encoding, 40)!r} although mm asked for "
-                              f"identity; refused (mm does not decompress what servers send)")
-        if status in REDIRECT_STATUSES and "Location" in response.headers:
-            join_url(str(request.url), response.headers["Location"], where)
-            cap, what = CAP_REDIRECT, "a redirect"
-        elif status >= 400:
-            cap, what = CAP_ERROR, f"an error answer (HTTP {status})"
-        else:
-            cap, what = cap_for(request, response)
-        length = response.headers.get("Content-Length") if request.method != "HEAD" else None
-        if length is not None and length.strip().isdigit() and int(length) > cap:
-            raise RemoteError(f"{where} announced {int(length)} bytes as {what}, more than its cap of {_size(cap)}; "
-                              f"refused")
+        cap, what = _answer_cap(request.method, str(request.url), response.status_code, response.headers, where,
+                                lambda: cap_for(request, response))
         response.stream = _CappedStream(response.stream, cap, where, what)
 
     return {"request": [on_request], "response": [on_response]}
@@ -325,8 +345,8 @@ class RawAnswer:
     """An answer on a plain http.client connection: status, headers, and a body read into the caller's buffer."""
 
     def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, where: str,
-                 key: tuple | None = None):
-        self._conn, self._resp, self.where, self._key = conn, resp, where, key
+                 key: tuple | None = None, unwatch: Callable[[], None] = lambda: None):
+        self._conn, self._resp, self.where, self._key, self._unwatch = conn, resp, where, key, unwatch
         self.status = resp.status
         self.headers = resp.headers
         length = resp.getheader("Content-Length")
@@ -358,16 +378,11 @@ class RawAnswer:
         until = time.monotonic() + lim.deadline
         piece = memoryview(bytearray(64 * KiB))
         out = bytearray()
-        containers = 0
+        tally = _Tally(cap, self.where, what)
         while n := self.readinto(piece):
             chunk = piece[:n].tobytes()
+            tally.add(chunk)
             out += chunk
-            if len(out) > cap:
-                raise RemoteError(f"{self.where} sent more than {_size(cap)} as {what}; cut")
-            containers += chunk.count(b"[") + chunk.count(b"{")
-            if containers > MAX_CONTAINERS:
-                raise RemoteError(f"{self.where} sent more than {MAX_CONTAINERS} JSON arrays and objects as {what}; "
-                                  f"refused (no honest answer holds so many)")
             if time.monotonic() > until:
                 raise TooSlow(f"{self.where} did not finish {what} within MM_NET_DEADLINE ({lim.deadline:g} s); cut")
         return bytes(out)
@@ -385,6 +400,7 @@ class RawAnswer:
     def close(self) -> None:
         """Done with the answer: its connection is kept for this thread's next request to the same origin when the
         body was read to its end and the server did not say it closes; else it is closed."""
+        self._unwatch()
         if self._key is not None and self._plain and self._left == 0 and not self._resp.will_close:
             self._resp.close()  # the response is done; the connection's socket stays open
             old = _idle.conns.pop(self._key, None)
@@ -451,19 +467,28 @@ def open_raw(url: str, headers: dict[str, str], where: str, *, ssl_context: ssl.
     while True:
         if conn is None:
             conn = _connection(parts, proxy, ssl_context, lim.timeout)
+        # A stop wakes a read blocked on a silent server. The socket itself is kept: http.client drops conn.sock
+        # (the response keeps reading from it) when the server says it closes the connection.
+        sock: list = [getattr(conn, "sock", None)]
+        unwatch = interrupt.on_stop(lambda: _shutdown(sock[0]))
         try:
             if not kept:
                 conn.connect()
+                sock[0] = conn.sock
+                if interrupt.requested():
+                    _shutdown(sock[0])  # (the stop came while the socket was being made)
             with watchdog(conn, answer_timeout or lim.deadline, where, "send its answer's headers"):
                 conn.request("GET", target, headers=headers)
                 resp = conn.getresponse()
-            return RawAnswer(conn, resp, where, key)
+            return RawAnswer(conn, resp, where, key, unwatch)
         except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            unwatch()
             conn.close()
             if not kept:
                 raise
             conn, kept = None, False  # the server closed the kept connection meanwhile: once more, on a new one
         except BaseException:
+            unwatch()
             conn.close()
             raise
 
@@ -521,7 +546,15 @@ def watchdog(conn: http.client.HTTPConnection, seconds: float, where: str, what:
 
 def _cut(conn: http.client.HTTPConnection, fired: threading.Event) -> None:
     fired.set()
-    sock = conn.sock
+    _shut(conn)
+
+
+def _shut(conn) -> None:
+    _shutdown(getattr(conn, "sock", None))
+
+
+def _shutdown(sock: socket.socket | None) -> None:
+    """Shut SOCK down (a read blocked on it returns at once); its reader closes it."""
     if sock is not None:
         try:
             sock.shutdown(socket.SHUT_RDWR)
@@ -536,3 +569,211 @@ def raw_answer(url: str, headers: dict[str, str], where: str, **kwargs) -> Itera
         yield answer
     finally:
         answer.close()
+
+
+# --- clients on `requests` (the ModelScope SDK): the same bounds, mounted on their sessions -----------------
+
+BulkOrCap = Callable[[str], "tuple[int, str] | None"]
+
+
+def bound_session(session, cap_for: BulkOrCap, name: str) -> None:
+    """Bound every answer SESSION (a requests.Session a client library owns) receives, whatever the library then
+    does with it: each of its adapters is replaced by a copy (same class, pools, retries) that
+      - waits at most MM_NET_TIMEOUT to connect and per read (the library's own timeouts, when shorter, kept);
+      - cuts an answer whose status line and headers, or whole document, take longer than MM_NET_DEADLINE (a
+        watchdog shuts the socket down: a trickle of header bytes is cut too), and shuts it down on an interrupt;
+      - refuses a compressed answer (mm asks for identity), a redirect to what is not an http(s) URL, more than
+        MAX_REDIRECTS redirects, and a body past its cap: CAP_FOR(url) gives (cap, document kind) for a
+        successful answer, or None for a bulk body (a file's bytes: the caller's engine bounds those; only the
+        header deadline applies); error answers and redirects have their own caps.
+    NAME names the peer in messages ("ModelScope"). Failures are RemoteError (TooSlow for time)."""
+    session.headers["Accept-Encoding"] = "identity"
+    session.max_redirects = MAX_REDIRECTS
+    for prefix, adapter in list(session.adapters.items()):
+        if isinstance(adapter, _BoundedAdapter):
+            continue
+        cls = type(f"Bounded{type(adapter).__name__}", (_BoundedAdapter, type(adapter)), {})
+        bounded = cls(pool_connections=adapter._pool_connections, pool_maxsize=adapter._pool_maxsize,
+                      max_retries=adapter.max_retries, pool_block=adapter._pool_block)
+        bounded._mm_bounds = (cap_for, name)
+        session.mount(prefix, bounded)
+        adapter.close()
+
+
+class _Watching(threading.local):
+    watch: "_Watch | None" = None
+
+
+_watching = _Watching()  # the request this thread is sending through a bounded adapter
+
+
+class _Watch:
+    """One request on a bounded session: the sockets it reads, shut down when its deadline passes or mm is
+    stopped (`fired` says which)."""
+
+    def __init__(self, seconds: float):
+        self.fired: str | None = None
+        self._socks: list = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._fire, ("deadline",))
+        self._timer.daemon = True
+        self._timer.start()
+        self._unwatch = interrupt.on_stop(lambda: self._fire("stop"))
+
+    def attach(self, sock) -> None:
+        with self._lock:
+            self._socks.append(sock)
+            fired = self.fired
+        if fired:
+            _shutdown(sock)
+
+    def _fire(self, why: str) -> None:
+        with self._lock:
+            if self.fired:
+                return
+            self.fired = why
+            socks = list(self._socks)
+        for sock in socks:
+            _shutdown(sock)
+
+    def no_deadline(self) -> None:
+        """A bulk body follows: only an interrupt ends it from here (the caller's engine bounds its rate)."""
+        self._timer.cancel()
+
+    def done(self) -> None:
+        self._timer.cancel()
+        self._unwatch()
+
+
+class _WatchedConnection:
+    """A urllib3 connection whose socket the request being sent on this thread (its _Watch) can shut down: the
+    socket itself is kept (http.client drops the connection's when the server says it closes it)."""
+
+    def getresponse(self, *args, **kwargs):
+        if _watching.watch is not None and self.sock is not None:  # the request went out on it
+            _watching.watch.attach(self.sock)
+        return super().getresponse(*args, **kwargs)
+
+
+def _watch_pools(manager) -> None:
+    """MANAGER's pools make _WatchedConnection connections (urllib3's pool_classes_by_scheme; the classes it
+    had, proxies' and TLS included, kept underneath)."""
+    classes = dict(manager.pool_classes_by_scheme)
+    for scheme, pool in classes.items():
+        if getattr(pool, "_mm_watched", False):
+            continue
+        conn = type(f"Watched{pool.ConnectionCls.__name__}", (_WatchedConnection, pool.ConnectionCls), {})
+        classes[scheme] = type(f"Watched{pool.__name__}", (pool,), {"ConnectionCls": conn, "_mm_watched": True})
+    manager.pool_classes_by_scheme = classes
+
+
+def _clamp(timeout, most: float):
+    """A requests timeout (None, seconds, or (connect, read)) with each part at most MOST."""
+    if timeout is None:
+        return most, most
+    if isinstance(timeout, (int, float)):
+        return min(timeout, most)
+    if isinstance(timeout, tuple) and len(timeout) == 2:
+        return tuple(most if t is None else min(t, most) for t in timeout)
+    return timeout
+
+
+class _BoundedAdapter:
+    """Mixed into a copy of a requests adapter by bound_session."""
+
+    _mm_bounds: tuple
+
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, **kwargs)
+        _watch_pools(self.poolmanager)
+
+    def proxy_manager_for(self, *args, **kwargs):
+        manager = super().proxy_manager_for(*args, **kwargs)
+        _watch_pools(manager)
+        return manager
+
+    def send(self, request, stream=False, timeout=None, **kwargs):
+        cap_for, name = self._mm_bounds
+        lim = limits()
+        where = f"{name} at {origin(request.url)}"
+        late = f"{where} did not finish its answer within MM_NET_DEADLINE ({lim.deadline:g} s); cut"
+        watch = _Watch(lim.deadline)
+        saved, _watching.watch = _watching.watch, watch
+        try:
+            response = super().send(request, stream=stream, timeout=_clamp(timeout, lim.timeout), **kwargs)
+        except Exception:
+            watch.done()
+            if watch.fired == "deadline":
+                raise TooSlow(late) from None
+            raise
+        except BaseException:
+            watch.done()
+            raise
+        finally:
+            _watching.watch = saved
+        try:
+            cap, what = _answer_cap(request.method, request.url, response.status_code, response.headers, where,
+                                    lambda: cap_for(request.url))
+        except BaseException:
+            watch.done()
+            response.close()
+            raise
+        if cap is None:
+            watch.no_deadline()
+        response.raw = _BoundedBody(response.raw, watch, None if cap is None else _Tally(cap, where, what), late)
+        return response
+
+
+
+
+class _BoundedBody:
+    """A requests answer's body (urllib3's response underneath): every read counted against the document's
+    tally (none for a bulk body), a read the deadline cut is TooSlow. What requests and client libraries call
+    (read, read1, stream, close, release_conn) goes through here; anything else reaches the response itself."""
+
+    def __init__(self, raw, watch: _Watch, tally: _Tally | None, late: str):
+        self._raw, self._watch, self._tally, self._late = raw, watch, tally, late
+
+    def _took(self, data: bytes) -> bytes:
+        if self._watch.fired == "deadline":
+            raise TooSlow(self._late)
+        if self._tally is not None:
+            self._tally.add(data)
+        if not data:
+            self._watch.done()  # the body ended
+        return data
+
+    def _read(self, method, amt, decode_content, **kwargs) -> bytes:
+        try:
+            data = method(amt, decode_content=decode_content, **kwargs)
+        except Exception:
+            if self._watch.fired == "deadline":
+                raise TooSlow(self._late) from None
+            raise
+        return self._took(data)
+
+    def read(self, amt=None, decode_content=None, **kwargs) -> bytes:
+        if amt is None and self._tally is not None:  # the whole document: in pieces, so that the cap applies
+            out = bytearray()
+            while piece := self._read(self._raw.read, 64 * KiB, decode_content, **kwargs):
+                out += piece
+            return bytes(out)
+        return self._read(self._raw.read, amt, decode_content, **kwargs)
+
+    def read1(self, amt=None, decode_content=None) -> bytes:
+        return self._read(self._raw.read1, amt, decode_content)
+
+    def stream(self, amt=64 * KiB, decode_content=None) -> Iterator[bytes]:
+        while data := self.read(amt, decode_content):
+            yield data
+
+    def close(self) -> None:
+        self._watch.done()
+        self._raw.close()
+
+    def release_conn(self) -> None:
+        self._watch.done()
+        self._raw.release_conn()
+
+    def __getattr__(self, attr):
+        return getattr(self._raw, attr)

@@ -53,9 +53,12 @@ def _hub_server_session(hub_root):
 
 @pytest.fixture
 def hub_server(_hub_server_session) -> HubServer:
-    """The session's server with counters and fault hooks cleared for this test."""
+    """The session's server with counters and fault hooks cleared for this test (and no connection of an earlier
+    test still being served: its bytes would count here)."""
+    _hub_server_session.quiesce()
     _hub_server_session.reset()
     yield _hub_server_session
+    _hub_server_session.quiesce()
     _hub_server_session.reset()
 
 

@@ -146,7 +146,7 @@ def test_text_output_names_the_row_the_line_the_cause_and_the_fix(tmp_path):
 
 def test_bad_input_is_one_line_and_exit_3(tmp_path):
     missing = diagnose(tmp_path / "nope.log")
-    assert missing.returncode == 3 and f"{tmp_path / 'nope.log'}: cannot read" in missing.stderr
+    assert missing.returncode == 3 and f"{tmp_path / 'nope.log'}: no such log" in missing.stderr
     nothing = diagnose("--json")
     assert nothing.returncode == 3 and json.loads(nothing.stdout)["ok"] is False
     assert diagnose("--model-dir", tmp_path, "--answer", tmp_path / "x").returncode == 3

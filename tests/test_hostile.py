@@ -582,9 +582,20 @@ def _wait_for(predicate, timeout: float = 20) -> None:
         time.sleep(0.02)
 
 
-def _holds_lock(pid: int) -> bool:
-    return any(line.split()[4] == str(pid) for line in Path("/proc/locks").read_text().splitlines()
-               if len(line.split()) > 4 and line.split()[1] in ("FLOCK", "LEASE"))
+def _holds_lock(pid: int, on: Path | None = None) -> bool:
+    """PID holds a flock or lease (on ON, when given: the kernel's lock table names its device and inode)."""
+    try:
+        st = on.stat() if on is not None else None
+    except FileNotFoundError:
+        return False
+    for line in Path("/proc/locks").read_text().splitlines():
+        parts = line.split()
+        if len(parts) > 5 and parts[1] in ("FLOCK", "LEASE") and parts[4] == str(pid):
+            major, minor, ino = parts[5].split(":")
+            if st is None or (int(major, 16), int(minor, 16), int(ino)) == (os.major(st.st_dev), os.minor(st.st_dev),
+                                                                             st.st_ino):
+                return True
+    return False
 
 
 def test_race_fetch_refused_while_verify_reads_names_the_verify(tmp_path):
@@ -632,7 +643,9 @@ def test_race_two_bundles_into_one_output_directory(model, tmp_path):
     first = subprocess.Popen(mm_argv("bundle", str(model), "--out", str(out), "--volume-size", "1G", "--no-sync"),
                              env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: _holds_lock(first.pid))
+        # the output directory's own lock: the first lock it takes is a read lock on the model (quick verify),
+        # and a second bundle started then may take the output directory first
+        _wait_for(lambda: _holds_lock(first.pid, on=out))
         r = run("bundle", model, "--out", out, "--volume-size", "1G")
     finally:
         first.kill()

@@ -731,3 +731,67 @@ def test_fetch_through_the_proxy_http_proxy_names_takes_the_api_and_the_bytes_th
     assert got.code == 0, got.text
     assert (harness.dest / BIG).read_bytes() == weights
     assert any("/api/" in u for u in proxy.requests) and any("/resolve/" in u for u in proxy.requests)
+
+
+# --- a ModelScope mirror, for mirror reconcile and fetch --source modelscope ---------------------------------
+# The real modelscope SDK lists the mirror over `requests`; mm mounts its bounds on the SDK's sessions
+# (wire.bound_session). The mirror is tests/support/msserver.py made hostile (MSServer.misbehave); the pin comes
+# from a manifest (--pin-manifest), so the Hub is never asked.
+
+MS_ID = "hostile/mirror"
+MIRROR_CASES = {  # (endpoint, how): what the one line says
+    ("files", "endless"): r"ModelScope at http://127\.0\.0\.1:\d+ sent more than 4 MiB as a ModelScope API answer",
+    ("files", "slowloris"): r"ModelScope at http://127\.0\.0\.1:\d+ did not finish its answer within MM_NET_DEADLINE",
+    ("files", "million"): r"ModelScope at http://127\.0\.0\.1:\d+ sent more than 4 MiB",
+    ("files", "million-tiny"): r"ModelScope at http://127\.0\.0\.1:\d+ sent more than 250000 JSON arrays and objects",
+    ("files", "not-json"): r"cannot list files: http://127\.0\.0\.1:\d+ sent an answer that is not JSON",
+    ("files", "nested"): r"http://127\.0\.0\.1:\d+ sent an answer that is not what the ModelScope API sends",
+    ("files", "wrong-shape"): r"cannot list files: http://127\.0\.0\.1:\d+ sent an answer that is not what the "
+                              r"ModelScope API sends",
+    ("files", "bad-entry"): r"cannot list files: http://127\.0\.0\.1:\d+ sent a listing entry that is not a file's "
+                            r"path, size and sha256 \(\('a\\x1b\[2Jb', -5, ''\)\); refused",
+    ("revisions", "endless"): r"branches and tags: ModelScope at http://127\.0\.0\.1:\d+ sent more than 4 MiB",
+    ("revisions", "wrong-shape"): r"branches and tags: http://127\.0\.0\.1:\d+ sent an answer that is not what the "
+                                  r"ModelScope API sends",
+}
+
+
+@pytest.fixture(scope="module")
+def pin_manifest(tmp_path_factory, weights) -> Path:
+    """A manifest of REPO at COMMIT holding BIG: the pin's identities without the Hub."""
+    sha = hashlib.sha256(weights).hexdigest()
+    path = tmp_path_factory.mktemp("hostile-pin") / "manifest.json"
+    write_manifest(Manifest(REPO, COMMIT, (FileEntry(BIG, len(weights), blake3.blake3(weights).hexdigest(), sha,
+                                                     Upstream("lfs-sha256", sha), "hub"),)), path)
+    return path
+
+
+def mirror_env(h: Harness, server) -> dict[str, str]:
+    """The SDK pointed at SERVER, its home and cache under the target (mm's business, not the sentinel's)."""
+    return {"MODELSCOPE_ENDPOINT": server.url, "MODELSCOPE_HOME": str(h.dest / "ms-home"),
+            "MODELSCOPE_CACHE": str(h.dest / "ms-cache"), "MODELSCOPE_DOWNLOAD_INTRA_CLOUD": "false"}
+
+
+@pytest.mark.parametrize("endpoint,how", list(MIRROR_CASES), ids=[f"{e} {h}" for e, h in MIRROR_CASES])
+def test_mirror_reconcile_refuses_a_hostile_modelscope_answer(harness, pin_manifest, endpoint, how):
+    from tests.support.msserver import MSServer
+    with MSServer() as server:
+        server.add_revision(MS_ID, "master", {BIG: b"x"})
+        server.misbehave(endpoint, how)
+        got = harness.run("mirror", "reconcile", REPO, "--revision", COMMIT, "--modelscope-id", MS_ID,
+                          "--pin-manifest", pin_manifest, *(["--all-revisions"] if endpoint == "revisions" else []),
+                          deadline=15, env=mirror_env(harness, server))
+    expect(got, 4, MIRROR_CASES[endpoint, how])
+
+
+@pytest.mark.parametrize("how", ["endless", "slowloris"])
+def test_fetch_from_a_hostile_modelscope_mirror_ends_in_one_line_and_fetches_nothing(harness, pin_manifest, how):
+    from tests.support.msserver import MSServer
+    with MSServer() as server:
+        server.add_revision(MS_ID, "master", {BIG: b"x"})
+        server.misbehave("files", how)
+        got = harness.run("fetch", REPO, "--revision", COMMIT, "--local-dir", harness.dest, "--source",
+                          f"modelscope:{MS_ID}", "--mirror-only", "--pin-manifest", pin_manifest, deadline=15,
+                          env=mirror_env(harness, server))
+    expect(got, 4, MIRROR_CASES["files", how])
+    assert not (harness.dest / BIG).exists()

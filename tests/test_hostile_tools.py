@@ -4,8 +4,8 @@ A stand-in for each tool (nvidia-smi, rocm-smi, docker info / logs / inspect, sk
 PATH and answers badly: NUL bytes and bytes that are not UTF-8, an endless stream, a number of 5,000 digits,
 garbage with exit 0, stderr only, no answer at all, a child left holding the pipe. Each case asserts the exit code
 and the message mm gives, no exit 70 and no traceback, and, where the output is huge, the peak RSS of the mm
-process. Deadlines: a test-side sitecustomize caps every tool deadline at TOOL_TIMEOUT seconds (production code
-holds no hook for it), so "never answers" costs a second, not a minute. ssh-keygen's passphrase prompt is tried
+process. Deadlines: the tests set MM_TOOL_TIMEOUT (every tool's deadline, as an operator would) to TOOL_TIMEOUT
+seconds, so "never answers" costs a second, not a minute. ssh-keygen's passphrase prompt is tried
 for real, on a pseudo-terminal (`script`), where a prompt would wait for an answer.
 """
 from __future__ import annotations
@@ -27,30 +27,9 @@ from mm.artifacts.pins import default_pin
 from tests.support.modelgen import write_model
 from tests.support.run import MM_BIN
 
-TOOL_TIMEOUT = 1.0  # seconds: every tool deadline in these tests (sitecustomize below)
+TOOL_TIMEOUT = 1.0  # seconds: every tool deadline in these tests (MM_TOOL_TIMEOUT)
 MEMORY_BOUND = 150 * 1024 * 1024
 CAP = 1024 * 1024  # tools.MAX_OUTPUT
-
-DEADLINE_HOOK = '''\
-"""sitecustomize installed by tests: every tool deadline of mm capped at MM_TEST_TOOL_TIMEOUT seconds."""
-import os
-
-from mm.artifacts import tools
-
-_CAP = float(os.environ["MM_TEST_TOOL_TIMEOUT"])
-_run, _stream = tools.run_tool, tools.stream_tool
-
-
-def run_tool(argv, *, timeout, **kwargs):
-    return _run(argv, timeout=min(timeout, _CAP), **kwargs)
-
-
-def stream_tool(argv, *, timeout, **kwargs):
-    return _stream(argv, timeout=min(timeout, _CAP), **kwargs)
-
-
-tools.run_tool, tools.stream_tool = run_tool, stream_tool
-'''
 
 MEASURED = '''\
 import os, subprocess, sys
@@ -70,12 +49,8 @@ class Tools:
         self.bin = root / "bin"
         self.bin.mkdir(parents=True)
         self.calls = root / "calls.log"  # every stand-in appends its argv here
-        hook = root / "hook"
-        hook.mkdir()
-        (hook / "sitecustomize.py").write_text(DEADLINE_HOOK)
         self.env = {k: v for k, v in os.environ.items() if k not in ("SSH_AUTH_SOCK", "DOCKER_HOST")}
-        self.env.update(PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(hook),
-                        MM_TEST_TOOL_TIMEOUT=str(TOOL_TIMEOUT))
+        self.env.update(PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}", MM_TOOL_TIMEOUT=f"{TOOL_TIMEOUT:g}")
         self.tool("docker", 'echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock" >&2; exit 1')
 
     def tool(self, name: str, body: str) -> None:
@@ -136,6 +111,23 @@ def nvidia_smi(tools: Tools, rows: str, header: str = "| Driver Version: 590.48.
 
 # --- nvidia-smi (mm doctor) ----------------------------------------------------------------------------
 
+@pytest.mark.parametrize("value,deadline", [(None, 60.0), ("7200", 7200.0), ("0.5", 0.5)])
+def test_mm_tool_timeout_is_every_tools_deadline_in_place_of_mms_own(monkeypatch, value, deadline):
+    from mm.artifacts.tools import deadline as tool_deadline
+    if value is None:
+        monkeypatch.delenv("MM_TOOL_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("MM_TOOL_TIMEOUT", value)
+    assert tool_deadline(60) == deadline  # raised on a slow host, or lowered, from mm's own 60 s
+
+
+def test_an_mm_tool_timeout_that_is_not_a_positive_number_is_a_usage_error(tools):
+    tools.env["MM_TOOL_TIMEOUT"] = "-1"
+    r, _, _ = tools.mm("image", "save", IMAGE, "--out", tools.root / "img.tar")
+    assert r.returncode == 2 and r.stderr.strip() == "mm: MM_TOOL_TIMEOUT='-1': expected a positive number (seconds)"
+    assert tools.called() == []  # refused before any tool ran
+
+
 def test_nvidia_smi_with_nul_and_invalid_utf8_in_a_gpu_name_is_a_wrong_gpu_printed_escaped(tools, model_dir):
     tools.python_tool("nvidia-smi", 'import sys\n'
                       'if len(sys.argv) == 1: sys.stdout.buffer.write(b"CUDA Version: 13.4\\n")\n'
@@ -178,7 +170,7 @@ def test_nvidia_smi_that_never_answers_is_killed_with_its_children_at_the_deadli
     tools.tool("nvidia-smi", f"sleep 600 & echo $! > {tools.root / 'child.pid'}; exec sleep 600")
     code, checks, _, took = doctor_checks(tools, model_dir)
     assert code == 1
-    assert checks["gpus"]["detail"] == f"nvidia-smi failed: no answer within {TOOL_TIMEOUT:g} s"
+    assert checks["gpus"]["detail"] == f"nvidia-smi failed: no answer within {TOOL_TIMEOUT:g} s (MM_TOOL_TIMEOUT)"
     child = int((tools.root / "child.pid").read_text())
     assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text().lower() \
         or Path(f"/proc/{child}/stat").read_text().split()[2] == "Z"  # the whole process group was killed
@@ -203,8 +195,8 @@ def test_nvidia_smi_writing_stderr_only_is_named_by_its_last_line(tools, model_d
 def test_nvidia_smi_leaving_a_child_holding_its_output_does_not_keep_mm_waiting(tools, model_dir):
     nvidia_smi(tools, GOOD_ROW)
     body = (tools.bin / "nvidia-smi").read_text().split("\n", 2)[2]
-    tools.tool("nvidia-smi", "sleep 600 &\n" + body)  # the child inherits stdout and stderr; no deadline cap here
-    tools.env.pop("PYTHONPATH")
+    tools.tool("nvidia-smi", "sleep 600 &\n" + body)  # the child inherits stdout and stderr; mm's own deadlines
+    tools.env.pop("MM_TOOL_TIMEOUT")
     code, checks, _, took = doctor_checks(tools, model_dir)
     assert checks["gpu model"]["status"] == "ok"
     assert took < 15, took  # two nvidia-smi calls, each let go LINGER (0.5 s) after it exited
@@ -279,7 +271,7 @@ def test_docker_logs_of_300_mb_stream_through_within_the_memory_bound(tools):
     tools.python_tool("docker", 'import sys\nif sys.argv[1] == "logs":\n'
                       '    line = b"x" * 9_999_999 + b"\\n"\n'  # lines of 10 MB: mm keeps 64 KiB of each
                       '    for _ in range(30): sys.stdout.buffer.write(line)\n')
-    tools.env.pop("PYTHONPATH")  # the default deadline (120 s): the stream is long, not stuck
+    tools.env.pop("MM_TOOL_TIMEOUT")  # the default deadline (120 s): the stream is long, not stuck
     r, rss, took = tools.mm("diagnose", "--container", "srv", "--json", timeout=120)
     assert r.returncode == 1, r.stderr  # only the missing cache mount (the stand-in's inspect answers nothing)
     assert json.loads(r.stdout)["lines_read"] == 30
@@ -291,13 +283,13 @@ def test_docker_logs_that_never_end_stop_at_the_deadline(tools):
     tools.tool("docker", 'if [ "$1" = logs ]; then while :; do echo "waiting"; sleep 0.01; done; fi')
     r, rss, took = tools.mm("diagnose", "--container", "srv")
     assert r.returncode == 3
-    assert r.stderr.strip() == f"mm: docker logs srv: no answer within {TOOL_TIMEOUT:g} s"
+    assert r.stderr.strip() == f"mm: docker logs srv: no answer within {TOOL_TIMEOUT:g} s (MM_TOOL_TIMEOUT)"
     assert took < 10
 
 
 def test_a_docker_wrapper_whose_child_holds_the_pipe_does_not_keep_mm_waiting(tools):
     tools.tool("docker", 'if [ "$1" = logs ]; then (sleep 600; echo late) & echo "CUDA out of memory"; fi; exit 0')
-    tools.env.pop("PYTHONPATH")  # no deadline cap: mm lets go because docker itself exited
+    tools.env.pop("MM_TOOL_TIMEOUT")  # mm's own deadline: mm lets go because docker itself exited
     r, _, took = tools.mm("diagnose", "--container", "srv", "--json")
     assert r.returncode == 1
     assert "cuda-oom" in [f["row"] for f in json.loads(r.stdout)["findings"]]
@@ -345,7 +337,7 @@ def test_skopeo_failing_with_binary_stderr_is_one_printable_line(tools, tmp_path
 def test_skopeo_that_never_answers_is_a_registry_that_did_not_answer(tools, tmp_path):
     tools.tool("skopeo", "exec sleep 600")
     r, _, took = image_save(tools, tmp_path / "img.tar")
-    assert r.returncode == 4 and r.stderr.strip().endswith(f"no answer within {TOOL_TIMEOUT:g} s from the registry (skopeo stopped)")
+    assert r.returncode == 4 and r.stderr.strip().endswith(f"no answer within {TOOL_TIMEOUT:g} s (MM_TOOL_TIMEOUT) from the registry (skopeo stopped)")
     assert took < 10
 
 
@@ -386,7 +378,7 @@ def test_sign_with_a_passphrase_key_and_no_agent_fails_with_the_hint_instead_of_
 def test_ssh_keygen_that_never_answers_is_stopped(tools, manifest_dir, keys):
     tools.tool("ssh-keygen", "exec sleep 600")
     r, _, took = tools.mm("sign", manifest_dir, "--key", keys["alice"])
-    assert r.returncode == 3 and r.stderr.strip() == f"mm: ssh-keygen: no answer within {TOOL_TIMEOUT:g} s; stopped"
+    assert r.returncode == 3 and r.stderr.strip() == f"mm: ssh-keygen: no answer within {TOOL_TIMEOUT:g} s (MM_TOOL_TIMEOUT); stopped"
     assert took < 10
 
 
@@ -410,7 +402,7 @@ def _gone(pid: int) -> bool:
 def test_ctrl_c_while_a_tool_runs_kills_its_process_group_and_exits_130_at_once(tools, tmp_path):
     pids = tools.root / "pids"
     tools.tool("skopeo", f"sleep 600 & echo $! >> {pids}; echo $$ >> {pids}; exec sleep 600")
-    tools.env.pop("PYTHONPATH")  # no deadline cap: only the interrupt ends the tool
+    tools.env.pop("MM_TOOL_TIMEOUT")  # mm's own deadline (an hour): only the interrupt ends the tool
     proc = subprocess.Popen([str(MM_BIN), "image", "save", IMAGE, "--out", tmp_path / "img.tar"], env=tools.env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30

@@ -336,23 +336,22 @@ def test_a_layer_path_outside_the_directory_is_refused_before_anything_is_writte
 
 
 def test_tag_moved_between_pulls_does_not_mix_revisions(registry, model_a, model_b, tmp_path):
-    (model_a / "extra-a.json").write_text('{"only": "in revision A"}\n')
-    manifest_for_local_dir(model_a, REPO_ID, REV_A, offline=True)
-    try:
-        ref = f"{registry.host}/moving/flash:latest"
-        assert mm(tmp_path, "push", model_a, ref).returncode == 0
-        dest = tmp_path / "pulled"
-        assert mm(tmp_path, "pull", ref, "--local-dir", dest).returncode == 0
-        assert tree(dest) == tree(model_a)
-        assert mm(tmp_path, "push", model_b, ref).returncode == 0  # the tag moves to revision B
-        proc = mm(tmp_path, "pull", ref, "--local-dir", dest)
-        assert proc.returncode == 0, proc.stderr
-        assert tree(dest) == tree(model_b)
-        assert read_manifest(manifest_path(dest)).revision == REV_B
-        assert "extra-a.json" in proc.stdout  # named as removed
-    finally:
-        (model_a / "extra-a.json").unlink()
-        manifest_for_local_dir(model_a, REPO_ID, REV_A, offline=True)
+    # a copy: the module's model_a is shared, and a manifest written again (a new "created") is another mm layer
+    rev_a = tmp_path / "revision-a" / model_a.name
+    shutil.copytree(model_a, rev_a)
+    (rev_a / "extra-a.json").write_text('{"only": "in revision A"}\n')
+    manifest_for_local_dir(rev_a, REPO_ID, REV_A, offline=True)
+    ref = f"{registry.host}/moving/flash:latest"
+    assert mm(tmp_path, "push", rev_a, ref).returncode == 0
+    dest = tmp_path / "pulled"
+    assert mm(tmp_path, "pull", ref, "--local-dir", dest).returncode == 0
+    assert tree(dest) == tree(rev_a)
+    assert mm(tmp_path, "push", model_b, ref).returncode == 0  # the tag moves to revision B
+    proc = mm(tmp_path, "pull", ref, "--local-dir", dest)
+    assert proc.returncode == 0, proc.stderr
+    assert tree(dest) == tree(model_b)
+    assert read_manifest(manifest_path(dest)).revision == REV_B
+    assert "extra-a.json" in proc.stdout  # named as removed
 
 
 def test_a_pull_killed_before_the_tag_moved_finishes_on_the_new_revision_only(registry, model_a, model_b, tmp_path):

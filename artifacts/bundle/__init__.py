@@ -6,7 +6,7 @@ Modules, each importing only those above it in this list (one way, never back):
   payloads  what rides beside the model: PAYLOAD_KINDS, one entry per kind (image, kernel caches)
   format    volume names (data and parity), tar headers, member names and sizes, --volume-size parsing
   index     the per-volume index as typed records (Index, Entry; ParityIndex, Stream), checked while parsed
-  copyio    the hashing read-ahead pipe (ChunkPipe) and early writeback (EarlyFlush)
+  copyio    the hashing read-ahead pipe (ChunkPipe), writeback that follows a copy (WriteBehind), read-back
   volume    reading a volume safely, data or parity (open_volume, find_volumes)
   check     `mm bundle verify` (verify_volumes), which parity volumes a rebuild may use, what is recoverable
   pack      `mm bundle` (create_bundle), parity volumes included (write_parity_volumes)

@@ -26,18 +26,15 @@ from typing import Callable
 import blake3
 
 from ..errors import BadInput, BadValue, QuickVerifyFailed
-from ..fsutil import human_bytes, publish
+from ..fsutil import make_dirs, open_file, parent_dir, publish, read_local_file, unlink_file
 from ..hashing import StreamHasher, blake3_file
-from ..manifest import Manifest, from_json, manifest_path
-from ..progress import NULL_PROGRESS, ProgressSink
+from ..manifest import MAX_MANIFEST_BYTES, Manifest, from_json, manifest_path
+from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..sharing import LINK, REFLINK, clone_file
-from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
+from .copyio import HASH_THREADS, ChunkPipe, WriteBehind
 from .format import MANIFEST_MEMBER, PARITY_RE, VOLUME_RE
 from .index import DeltaNote, Take
 from .volume import open_volume
-
-MAX_BASE_MANIFEST = 512 * 1024 * 1024  # manifest.MAX_MANIFEST_BYTES: read whole to hash it
-
 
 @dataclass(frozen=True)
 class Base:
@@ -65,12 +62,8 @@ def load_base(path: Path) -> Base:
 
 
 def _read_bytes(path: Path) -> bytes:
-    try:
-        if path.stat().st_size > MAX_BASE_MANIFEST:
-            raise BadInput(f"{path}: larger than a manifest can be ({MAX_BASE_MANIFEST} bytes)")
-        return path.read_bytes()
-    except OSError as e:
-        raise BadInput(f"{path}: cannot read the base manifest: {e.strerror or e}") from None
+    """The base manifest document: a regular file, bounded (read whole to hash it)."""
+    return read_local_file(path, what="base manifest", max_bytes=MAX_MANIFEST_BYTES)
 
 
 def _manifest_of_volume(path: Path) -> tuple[bytes, str]:
@@ -213,25 +206,31 @@ class Taken:
 
 
 def take_from_base(base: BaseDir, take: list[Take], mode: str, final: Callable[[str], Path],
-                   partial: Callable[[str], Path], sync: bool = True,
-                   progress: ProgressSink = NULL_PROGRESS) -> Taken:
+                   partial: Callable[[str], Path], root: Path, sync: bool = True,
+                   progress: ProgressSink = NULL_PROGRESS, readback: Callable | None = None) -> Taken:
     """Make each file of TAKE (not yet in place) from its base file by MODE, hash it, and publish it under
-    FINAL(path) only when its blake3 is the recorded one; PARTIAL(path) is where it is made."""
+    FINAL(path) only when its blake3 is the recorded one; PARTIAL(path) is where it is made. Both names lie under
+    ROOT and are reached by fsutil's target rule (never through a link). READBACK(path, size, pipe, hashers): a
+    copy's bytes read back from the disk (--readback) and matched again before it is named."""
     out = Taken(mode)
     pipe = ChunkPipe()
     try:
         for t in take:
             progress.item(t.path)
             target, work = final(t.path), partial(t.path)
-            work.parent.mkdir(parents=True, exist_ok=True)
+            make_dirs(root, work.parent)
             source = _base_file(base, t)
-            got, copied = _make(source, work, t.size, mode, pipe, sync, progress)
+            got, copied = _make(source, work, root, t.size, mode, pipe, progress)
+            if copied and readback is not None and got == t.blake3:
+                again = StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
+                readback(work, t.size, pipe, (again,))
+                got = again.digests().blake3
             if got != t.blake3:
-                work.unlink(missing_ok=True)
+                unlink_file(root, work)
                 out.refused.append(f"{source}: does not match the base manifest (blake3); the base file changed since "
                                    f"it was verified: not taken (run `mm verify {base.path}`)")
                 continue
-            publish(work, target, sync=sync)
+            publish(work, target, sync=sync, root=root)
             out.files.append(t.path)
             out.bytes += t.size
             out.copied_bytes += t.size if copied else 0
@@ -249,33 +248,34 @@ def _base_file(base: BaseDir, t: Take) -> Path:
     return path
 
 
-def _make(source: Path, work: Path, size: int, mode: str, pipe: ChunkPipe, sync: bool,
+def _make(source: Path, work: Path, root: Path, size: int, mode: str, pipe: ChunkPipe,
           progress: ProgressSink) -> tuple[str, bool]:
-    """WORK made from SOURCE by MODE: (the blake3 of what WORK holds, whether it was copied). The hash is read back
-    from WORK after a reflink or a link, or computed in the pass that writes a copy. A reflink the file system
-    refuses for this one file falls back to a copy. A source that is not a regular file of SIZE bytes hashes as
-    'changed'."""
-    work.unlink(missing_ok=True)
-    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+    """WORK (under ROOT) made from SOURCE by MODE: (the blake3 of what WORK holds, whether it was copied). The hash
+    is read back from WORK after a reflink or a link, or computed in the pass that writes a copy. A reflink the
+    file system refuses for this one file falls back to a copy. A source that is not a regular file of SIZE bytes
+    (a FIFO is never opened blocking) hashes as 'changed'."""
+    unlink_file(root, work)
+    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(src)
         if not stat.S_ISREG(st.st_mode) or st.st_size != size:
             progress.advance(size)
             return "changed", False
         if mode == LINK:
-            os.link(source, work, follow_symlinks=False)
-        elif mode != REFLINK or not clone_file(source, work):  # a copy, or a reflink refused for this file
-            work.unlink(missing_ok=True)
-            return _copy(source, work, size, pipe, sync, progress), True
+            with parent_dir(root, work) as (dfd, name):
+                os.link(source, name, dst_dir_fd=dfd, follow_symlinks=False)
+        elif mode != REFLINK or not clone_file(source, work, root=root):  # a copy, or a reflink refused for this file
+            unlink_file(root, work)
+            return _copy(source, work, root, size, pipe, progress), True
     finally:
         os.close(src)
     return blake3_file(work, threads=blake3.blake3.AUTO, on_bytes=progress.advance), False
 
 
-def _copy(source: Path, work: Path, size: int, pipe: ChunkPipe, sync: bool, progress: ProgressSink) -> str:
+def _copy(source: Path, work: Path, root: Path, size: int, pipe: ChunkPipe, progress: ProgressSink) -> str:
     h = StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
-    fd = os.open(work, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    flush = EarlyFlush(fd, enabled=sync)
+    fd = open_file(root, work, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # never through a link (fsutil's rule)
+    flush = WriteBehind(fd)  # the pages stay cached: the engine reads the model next
     try:
         for view in pipe.stream(source, 0, size, (h,)):
             while view:
@@ -290,6 +290,5 @@ def _copy(source: Path, work: Path, size: int, pipe: ChunkPipe, sync: bool, prog
     except EOFError:  # the base file shrank since it was opened
         return "changed"
     finally:
-        flush.wait()
         os.close(fd)
     return h.digests().blake3

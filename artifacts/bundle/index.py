@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import BadInput
-from ..fsutil import check_relpath
+from ..fsutil import check_model_path, check_relpath
 from .fields import MAX_NAME, MAX_TEXT, digest, integer, plain_name, record, string
 from .format import (
     MANIFEST_MEMBER, META, data_member, index_member, parity_data_member, parity_index_member, volume_filename,
@@ -222,7 +222,7 @@ def _entry(raw: object, where: str, volumes: int, volume_size: int) -> Entry:
     kind, path = string(raw, "kind", max_len=64), string(raw, "path", max_len=MAX_NAME)
     if kind not in PREFIXES:
         raise ValueError(f"unknown kind {kind!r}")
-    check_relpath(path, where)
+    check_model_path(path, where)
     size = integer(raw, "size")
     offset = integer(raw, "offset", high=size)
     segments = integer(raw, "segments", 1, high=volumes)  # a piece per volume at most

@@ -52,14 +52,15 @@ from typing import Callable, Sequence
 
 from ..cachekey import parse_cache_key
 from ..errors import BadInput, IntegrityError, Refused
-from ..fsutil import MM_DIR, dir_lock, publish, publish_fd, require_free_space
+from ..fsutil import (MM_DIR, atomic_write_bytes, check_inside, dir_lock, open_file, publish_fd,
+                      read_local_file, require_free_space, unlink_file)
 from ..hashing import StreamHasher
 from ..interrupt import keeps
-from ..manifest import Manifest, export_sums, manifest_path, read_manifest
+from ..manifest import MAX_MANIFEST_BYTES, Manifest, export_sums, manifest_path, read_manifest
 from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..verify import require_quick_verify
 from .check import ranges
-from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
+from .copyio import HASH_THREADS, ChunkPipe, WriteBehind
 from .format import (
     END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3, data_member,
     file_member, index_member, member_bytes, padded, parity_data_member, parity_filename, parity_index_member,
@@ -441,11 +442,12 @@ def volume_bytes(plan: Plan, n: int) -> int:
 # --- writing ------------------------------------------------------------------------------------
 
 class _Writer:
-    """Appends to a volume file descriptor, remembering the position."""
+    """Appends to a volume file descriptor, remembering the position. KEEP: leave its pages in the page cache (the
+    parity pass reads the data volumes next)."""
 
-    def __init__(self, fd: int, sync: bool):
+    def __init__(self, fd: int, keep: bool = False):
         self.fd, self.pos = fd, 0
-        self.flush = EarlyFlush(fd, enabled=sync)
+        self.flush = WriteBehind(fd, drop=not keep)
 
     def write(self, data) -> None:
         view = memoryview(data)
@@ -486,9 +488,9 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
     pieces = plan.volumes[n - 1]
     working = hashers.start(pieces)
     digests: dict = {}
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = open_file(tmp.parent, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # never through a link
     try:
-        w = _Writer(fd, sync)
+        w = _Writer(fd, keep=plan.parity > 0)
         patch_at = {}
         for name, data in meta_members(plan, n, {}, restore):
             w.write(tar_header(name, len(data), plan.mtime))
@@ -520,11 +522,9 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
         w.write(bytes(END_OF_ARCHIVE))
         for name, data in meta_members(plan, n, digests, restore):
             os.pwrite(fd, data, patch_at[name])
-        w.flush.wait()
     except BaseException as e:
-        w.flush.wait()
         os.close(fd)
-        os.unlink(tmp)
+        unlink_file(tmp.parent, tmp)
         if isinstance(e, OSError) and e.filename is None:
             e.filename = str(tmp)  # a write to the volume failed: name the output, never the source
         raise
@@ -583,7 +583,7 @@ def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: 
         raise BadInput(f"--parity {parity}: must be 0 or more")
     mpath = manifest_path(model_dir)
     manifest = read_manifest(mpath)
-    manifest_bytes = mpath.read_bytes()
+    manifest_bytes = read_local_file(mpath, what="manifest", max_bytes=MAX_MANIFEST_BYTES)
     signature = _signature_to_carry(model_dir, manifest_bytes)
     require_quick_verify(model_dir, manifest, before="bundling")
     delta = deltas.plan_delta(manifest, deltas.load_base(base)) if base is not None else None
@@ -626,7 +626,7 @@ def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: 
         results = _write_all(plan, finals[:plan.count], progress, sync)
         progress.end()
         for f in beside:  # e.g. install-mm.sh: run where the volumes lie, it reads mm out of volume 1
-            _copy_beside(f.src, finals[0].parent / f.path, sync)
+            _copy_beside(f.src, finals[0].parent, finals[0].parent / f.path, sync)
         if parity:
             data_paths = [Path(v.path) for v in results]
             progress.begin(sum(p.stat().st_size for p in data_paths), f"parity {name}", files=len(data_paths))
@@ -773,23 +773,22 @@ def leftovers(outs: list[Path], name: str, ours: set[str]) -> list[Path]:
 
 def _signature_to_carry(model_dir: Path, manifest_bytes: bytes) -> bytes | None:
     """The model's manifest signature, if it has one; a signature that does not match the manifest never travels."""
-    from ..signing import check_signature_matches, signature_path
+    from ..signing import MAX_SIG_BYTES, check_signature_matches, signature_path
 
     sig_path = signature_path(model_dir)
-    if not sig_path.is_file():
+    if not os.path.lexists(sig_path):
         return None
-    signature = sig_path.read_bytes()
+    signature = read_local_file(sig_path, what="signature", max_bytes=MAX_SIG_BYTES)
     check_signature_matches(manifest_bytes, signature, str(sig_path))
     return signature
 
 
-def _copy_beside(src: Path, final: Path, sync: bool) -> None:
-    partial = final.with_name(f".{final.name}.partial")
-    data = src.read_bytes()
-    if final.is_file() and final.read_bytes() == data:
+def _copy_beside(src: Path, out_dir: Path, final: Path, sync: bool) -> None:
+    data = src.read_bytes()  # mm's own file (install-mm.sh)
+    check_inside(out_dir, final)
+    if final.is_file() and final.stat().st_size == len(data) and final.read_bytes() == data:
         return
-    partial.write_bytes(data)
-    publish(partial, final, sync=sync, mode=src.stat().st_mode & 0o777)
+    atomic_write_bytes(final, data, mode=src.stat().st_mode & 0o777, root=out_dir, sync=sync)
 
 
 def _write_all(plan: Plan, finals: list[Path], progress: ProgressSink, sync: bool) -> list[VolumeResult]:
@@ -797,6 +796,8 @@ def _write_all(plan: Plan, finals: list[Path], progress: ProgressSink, sync: boo
     restore = plan.restore
     hashers = _Hashers()
     pipe = ChunkPipe()
+    for final in finals:  # a link planted on an --out disk is refused, never kept nor followed
+        check_inside(final.parent, final)
     results, pending = [], []
     try:
         with ThreadPoolExecutor(max_workers=1) as publisher:
@@ -805,10 +806,10 @@ def _write_all(plan: Plan, finals: list[Path], progress: ProgressSink, sync: boo
                     working = _keep_volume(plan, n, final, hashers, pipe, progress) if final.exists() else None
                     kept = working is not None
                     if not kept:
-                        final.unlink(missing_ok=True)  # not this plan's volume N: its room goes to the new one
+                        unlink_file(final.parent, final)  # not this plan's volume N: its room goes to the new one
                         tmp = final.with_name(f".{final.name}.partial")
                         working, fd = _write_volume(plan, n, tmp, hashers, pipe, progress, restore, sync)
-                        pending.append(publisher.submit(publish_fd, fd, tmp, final, sync))  # beside the next volume
+                        pending.append(publisher.submit(publish_fd, fd, tmp, final, sync, root=final.parent))  # beside the next
                     hashers.files.update(working)
                     results.append(VolumeResult(n, str(final), volume_bytes(plan, n), kept))
             finally:
@@ -817,7 +818,7 @@ def _write_all(plan: Plan, finals: list[Path], progress: ProgressSink, sync: boo
     except _SourceMismatch as e:
         for n, final in enumerate(finals, 1):  # its earlier pieces must not be kept by a rerun
             if any(p.source.key == e.key for p in plan.volumes[n - 1]):
-                final.unlink(missing_ok=True)
+                unlink_file(final.parent, final)
         raise
     finally:
         pipe.close()
@@ -878,7 +879,7 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
         for p in wanted:
             final = Path((out_dirs or {}).get(p, out_dir)) / parity_filename(name, p, parities)
             tmp = final.with_name(f".{final.name}.partial")
-            w = _Writer(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), sync)
+            w = _Writer(open_file(final.parent, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
             opened[p] = (w, tmp, final, 0)
             head, patch_at = _parity_head(_parity_index(name, bundle_id, manifest_bytes, meta, p, parities, layout,
                                                         files, zeros, zeros), p, manifest_bytes, meta, layout, mtime)
@@ -900,16 +901,14 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
             w.write(bytes(END_OF_ARCHIVE))
             os.pwrite(w.fd, _parity_index(name, bundle_id, manifest_bytes, meta, p, parities, layout, files,
                                           result.data_blake3, result.parity_blake3), patch_at)
-            w.flush.wait()
             del opened[p]
-            publish_fd(w.fd, tmp, final, sync)
+            publish_fd(w.fd, tmp, final, sync, root=final.parent)
             written.append((p, final))
         return written
     finally:
         for w, tmp, _, _ in opened.values():
-            w.flush.wait()
             os.close(w.fd)
-            tmp.unlink(missing_ok=True)
+            unlink_file(tmp.parent, tmp)
 
 
 def _discard(_view) -> None:

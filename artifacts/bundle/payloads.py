@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from ..errors import BadInput
-from ..fsutil import check_relpath
+from ..fsutil import check_relpath, open_local_file
 from .fields import MAX_TEXT, integer, plain_name, record, string
 
 MODEL_KIND = "model"  # the model's own files: not a payload, but members of the same index
@@ -185,7 +185,7 @@ def image_info(image: Path) -> ImagePayload:
     refs: list[str] = []
     image_id = None
     try:
-        with tarfile.open(image, "r:") as tf:
+        with open_local_file(image, what="image archive") as raw, tarfile.open(fileobj=raw, mode="r:") as tf:
             names = {m.name: m for m in tf.getmembers() if m.isreg()}
             if "manifest.json" in names:
                 at = At(f"{image}: manifest.json")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput, IntegrityError
+from ..fsutil import unlink_file
 from ..interrupt import keeps
 from ..progress import NULL_PROGRESS, ProgressSink
 from .check import check_volumes, conflicting_numbers, data_bytes, parity_set, ranges, reference_bundle
@@ -118,7 +119,7 @@ def _check_written(paths: list[Path], agrees) -> None:
             if pv.parity is not None and not pv.refused:
                 check_volumes([pv], pv.bundle_id, pipe)
             if not pv.usable or pv.parity is None or not agrees(pv):
-                path.unlink(missing_ok=True)
+                unlink_file(path.parent, path)
                 raise IntegrityError(f"{path}: rewritten parity volume does not match the bundle's parity; removed")
     finally:
         pipe.close()

@@ -33,25 +33,23 @@ from __future__ import annotations
 import bisect
 import enum
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-import blake3
-
 from ..errors import BadInput, BadValue, IntegrityError, Refused
-from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_relpath, dir_lock, fsync_dir, publish,
-                      publish_fd, require_free_space)
-from ..hashing import StreamHasher, blake3_file
+from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets,
+                      dir_lock, fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, remove_tree,
+                      require_free_space, unlink_file)
+from ..hashing import StreamHasher
 from ..interrupt import keeps
-from ..manifest import from_json, manifest_path, read_manifest
-from ..progress import NULL_PROGRESS, ProgressSink
+from ..manifest import MAX_MANIFEST_BYTES, from_json, manifest_path, read_manifest
+from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..sharing import COPY, how_to_share
-from ..untrusted import At, load_json, read_json_file
+from ..untrusted import MAX_DOCUMENT, At, load_json, read_json_file
 from . import delta as deltas
 from .check import ParitySet, conflicting_numbers, parity_set, reference_bundle
-from .copyio import HASH_THREADS, ChunkPipe, EarlyFlush
+from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back
 from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member
 from .index import Entry, Index, disagreements, parse_index
 from .parity import FileSource, NotRecoverable, describe_shortfall, rebuild
@@ -106,13 +104,12 @@ class Places:
         self.roots = {MODEL_KIND: dest, **self.payload_roots}
 
     def final(self, kind: str, path: str) -> Path:
+        """ROOT/PATH for a file of KIND, refused (naming the link) when a symlink lies on the way (fsutil's rule);
+        a link at the name itself is replaced when the file is published, never followed."""
         check_relpath(path, f"{kind} path")
         root = self.roots[kind]
-        target = root / path
-        for parent in [*reversed(target.relative_to(root).parents)][1:] + [target.relative_to(root)]:
-            if (root / parent).is_symlink():
-                raise BadInput(f"{root / parent}: is a symlink inside the destination; refusing to write through it")
-        return target
+        check_targets(root, [path])
+        return root / path
 
     def partial_dir(self, kind: str) -> Path:
         if kind == MODEL_KIND:
@@ -123,16 +120,16 @@ class Places:
         return self.partial_dir(kind) / (b3(f"{kind}:{path}".encode())[:32] + ".part")
 
     def clean_partials(self) -> None:
-        shutil.rmtree(self.dest / STATE_DIR, ignore_errors=True)
+        remove_tree(self.dest, self.dest / STATE_DIR)
         for kind in self.payload_roots:
-            shutil.rmtree(self.partial_dir(kind), ignore_errors=True)
+            remove_tree(self.roots[kind], self.partial_dir(kind))
 
 
 class _State:
     """Pieces of split files already in place, by file; written atomically after every piece."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, root: Path):
+        self.path, self.root = path, root
         try:
             self.doc = read_json_file(path, what="unbundle state") if path.is_file() else {}
             self._check()
@@ -154,6 +151,12 @@ class _State:
             at.key("whole").key(file_key).list(whole)
         for n, volume in enumerate(at.get_list(self.doc, "done_volumes", [])):
             at.key("done_volumes").index(n).int(volume)
+        for file_key, stamp in at.get_obj(self.doc, "proven", {}).items():  # _stamp of each file named
+            s_at = at.key("proven").key(file_key)
+            if stamp is not None and len(s_at.list(stamp)) != 4:
+                raise s_at.fail("expected [inode, size, mtime_ns, ctime_ns]")
+            for i, value in enumerate(stamp or []):
+                s_at.index(i).int(value)
 
     def pieces(self, key: str) -> dict:
         return self.doc["pieces"].setdefault(key, {})
@@ -162,7 +165,7 @@ class _State:
         return sum(int(p[1]) for p in self.doc["pieces"].get(key, {}).values())
 
     def save(self) -> None:
-        atomic_write_json(self.path, self.doc)
+        atomic_write_json(self.path, self.doc, root=self.root)
 
 
 def _is_done(target: Path, size: int) -> bool:
@@ -231,17 +234,20 @@ def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | N
 
 def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | None] | None = None,
              progress: ProgressSink = NULL_PROGRESS, sync: bool = True, allowed_signers: Path | None = None,
-             identity: str | None = None, require_signature: bool = False, base_dir: Path | None = None,
-             link: bool = False) -> UnbundleReport:
+             identity: str | None = None, require_signature: bool = False, readback: bool = False,
+             base_dir: Path | None = None, link: bool = False) -> UnbundleReport:
     """Import the volumes in SOURCES into DEST; PAYLOAD_DESTS: payload kind -> its destination (default
     DEST.payload/<kind dir>). sync=False skips the fsyncs of imported data (the final names still come only
     after the hashes match). ALLOWED_SIGNERS: check the manifest's signature first (IntegrityError, nothing
-    written, when it is not good; with REQUIRE_SIGNATURE when there is none either). BASE_DIR: a delta's base
-    revision (--from), whose files are taken by reflink, by hard link when LINK, else by a copy."""
+    written, when it is not good; with REQUIRE_SIGNATURE when there is none either). READBACK: each file, once
+    fsynced, is read back from the disk (its pages dropped from the page cache) before it is named. BASE_DIR: a
+    delta's base revision (--from), whose files are taken by reflink, by hard link when LINK, else by a copy."""
     from ..hfcache import refuse_snapshot
 
     dest = Path(dest)
     refuse_snapshot(dest, "mm unbundle")
+    if readback and not sync:
+        raise BadInput("--readback reads back what was fsynced to the disk: not with --no-sync")
     vols, pvols = split_volumes([open_volume(p) for p in find_volumes(sources)])
     signature, signed_manifest = None, None
     if allowed_signers is not None:
@@ -249,7 +255,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
     dest.mkdir(parents=True, exist_ok=True)
     with dir_lock(dest, "mm unbundle"):
         keeps(dest)  # an interrupt names the imported volumes and partial files kept here
-        state = _State(dest / STATE_DIR / "state.json")
+        state = _State(check_inside(dest, dest / STATE_DIR / "state.json"), dest)
         ref = reference_bundle(vols, state.doc.get("bundle_id"))
         first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
                       and MANIFEST_MEMBER not in v.damaged), None)
@@ -281,19 +287,19 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         expected = {**{(MODEL_KIND, f.path): f.size for f in manifest.files}, **files_expected(idx.payloads)}
         targets = {key: places.final(*key) for key in expected}
         needed = _still_needed(expected, targets, state)
-        mode = how_to_share(base.path, places.partial_dir(MODEL_KIND), link) if base else None
+        mode = how_to_share(base.path, places.partial_dir(MODEL_KIND), link, root=dest) if base else None
         if base and mode != COPY:  # a reflink or a hard link writes no data
             needed[MODEL_KIND] -= sum(t.size for t in idx.delta.take if not _is_done(targets[(MODEL_KIND, t.path)], t.size))
         check_free_space(places, needed)
         state.doc.update({"bundle_id": ref, "name": idx.name, "volumes": idx.volumes,
                           "manifest_blake3": idx.manifest_blake3})
         if not manifest_path(dest).is_file():
-            atomic_write_bytes(manifest_path(dest), manifest_bytes)
+            atomic_write_bytes(manifest_path(dest), manifest_bytes, root=dest)
         _restore_signature(dest, first)
         if first is not None and not first.is_parity and (pvols or idx.parity):  # for a sitting of parity volumes only
-            atomic_write_bytes(dest / STATE_DIR / "index.json", first.index_bytes)
+            atomic_write_bytes(dest / STATE_DIR / "index.json", first.index_bytes, root=dest)
         state.save()
-        run = _Import(places, state, targets, progress, sync)
+        run = _Import(places, state, targets, progress, sync, readback)
         total = sum(e.length for v in accepted for e in v.entries())
         progress.begin(total, f"unbundle {idx.name}")
         try:
@@ -315,7 +321,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
                                                       lambda v: _judge_rebuilt(v, ref, manifest_b3, manifest, idx),
                                                       volume_size=idx.volume_size)
                 refused += rebuild_report.refused
-            taken = _take_from_base(base, idx, mode, targets, places, sync, progress) if base else None
+            taken = _take_from_base(base, idx, mode, run, progress) if base else None
             run.corrupt += taken.refused if taken else []
         finally:
             run.pipe.close()
@@ -325,7 +331,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         verify_doc = None
         outcome = Outcome.REFUSED if (refused or run.corrupt) else Outcome.IMPORTED
         if complete:
-            verify_doc = _final_verify(dest, progress)
+            verify_doc = _final_check(dest, run, state, manifest, progress)
             if outcome is Outcome.IMPORTED and not verify_doc["ok"]:
                 outcome = Outcome.VERIFY_FAILED
             places.clean_partials()
@@ -339,16 +345,27 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
                               signature=_signature_doc(signature), delta=_delta_doc(idx, manifest, base, taken))
 
 
-def _take_from_base(base: deltas.BaseDir, idx: Index, mode: str, targets: dict, places: Places, sync: bool,
-                    progress: ProgressSink) -> deltas.Taken:
-    """The delta's files not yet in place, taken from the base directory (each hashed before it gets its name)."""
-    todo = [t for t in idx.delta.take if not _is_done(targets[(MODEL_KIND, t.path)], t.size)]
+def _take_from_base(base: deltas.BaseDir, idx: Index, mode: str, run: _Import, progress: ProgressSink) -> deltas.Taken:
+    """The delta's files not yet in place, taken from the base directory (each hashed before it gets its name, and
+    with --readback a copy read back from the disk too); each taken file counts as named by this run."""
+    todo = [t for t in idx.delta.take if not _is_done(run.targets[(MODEL_KIND, t.path)], t.size)]
     progress.begin(sum(t.size for t in todo), f"take from {base.path} ({mode})", files=len(todo))
+
+    def readback(path: Path, size: int, pipe: ChunkPipe, hashers) -> None:
+        run.read_back.add(size, read_back(path, size, pipe, hashers))
+
     try:
-        return deltas.take_from_base(base, todo, mode, lambda path: targets[(MODEL_KIND, path)],
-                                     lambda path: places.partial(MODEL_KIND, path), sync, progress)
+        taken = deltas.take_from_base(base, todo, mode, lambda path: run.targets[(MODEL_KIND, path)],
+                                      lambda path: run.places.partial(MODEL_KIND, path), run.places.dest, run.sync,
+                                      progress, readback if run.readback else None)
     finally:
         progress.end()
+    for path in taken.files:
+        run.named.append((MODEL_KIND, path))
+        if run.sync:  # a later sitting trusts it by its stamp, as a file imported from a volume
+            run.state.doc.setdefault("proven", {})[f"{MODEL_KIND}:{path}"] = _stamp(run.targets[(MODEL_KIND, path)])
+    run.state.save()
+    return taken
 
 
 def _delta_doc(idx: Index, manifest, base: deltas.BaseDir | None, taken: deltas.Taken | None) -> dict | None:
@@ -373,8 +390,9 @@ def _earlier_index(dest: Path, ref: str | None) -> tuple[Index, bytes, str] | No
     or None. Read back as hostile as a volume's: parsed, and the manifest checked against its blake3."""
     path = dest / STATE_DIR / "index.json"
     try:
-        idx = parse_index(load_json(path.read_bytes(), str(path)), str(path))
-        manifest_bytes = manifest_path(dest).read_bytes()
+        idx = parse_index(load_json(read_local_file(path, what="bundle index", max_bytes=MAX_DOCUMENT), str(path)),
+                          str(path))
+        manifest_bytes = read_local_file(manifest_path(dest), what="manifest", max_bytes=MAX_MANIFEST_BYTES)
     except (OSError, ValueError, BadInput):
         return None
     if idx.bundle_id != ref or b3(manifest_bytes) != idx.manifest_blake3:
@@ -390,7 +408,7 @@ def _restore_signature(dest: Path, first: Volume | None) -> None:
         return
     sig = meta_bytes(first, SIG_MEMBER)
     if sig is not None and not signature_path(dest).is_file():
-        atomic_write_bytes(signature_path(dest), sig)
+        atomic_write_bytes(signature_path(dest), sig, root=dest)
 
 
 # --- parity: rebuilding lost data volumes -------------------------------------------------------------
@@ -447,7 +465,7 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
     try:
         progress.begin(sum(pindex.data[n - 1].size for n in lost), f"rebuild volume(s) {', '.join(map(str, lost))}",
                        files=len(lost))
-        rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / "rebuilt", sync, progress)
+        rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / "rebuilt", sync, progress, root=dest)
         out.notes += [f"{what}: damaged (its bytes do not match the parity index); left out of the rebuild"
                       for what in rebuilt.left_out]
     except NotRecoverable as e:
@@ -466,7 +484,7 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
         for n, v in opened.items():
             if judged[n]:
                 out.refused.append(judged[n])
-                v.path.unlink()
+                unlink_file(dest, v.path)
                 continue
             run.volume(v)
             _Skeleton.save(dest, v)
@@ -475,7 +493,7 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
                 out.notes.append(f"{names[n]}: damaged; rebuilt from parity and imported")
             state.doc["done_volumes"] = sorted(set(state.doc.get("done_volumes", [])) | {n})
             state.save()
-            v.path.unlink()
+            unlink_file(dest, v.path)
             out.volumes.append(n)
     finally:
         progress.end()
@@ -490,13 +508,15 @@ class RebuiltVolumes(NamedTuple):
 
 
 def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: list[int], out_dir: Path,
-                         sync: bool = True, progress: ProgressSink = NULL_PROGRESS) -> RebuiltVolumes:
+                         sync: bool = True, progress: ProgressSink = NULL_PROGRESS, *,
+                         root: Path | None = None) -> RebuiltVolumes:
     """Rebuild data volumes WANT (numbers) from the good DATA sources (number -> parity.Source) and the parity
     volumes PVOLS (parity_set's usable), each into OUT_DIR under its own file name: written under a temporary
     name, named only when its whole-file blake3 is the one the parity index records. Raises NotRecoverable naming
     what would be enough. An input whose bytes are not those the parity index records (a damaged parity stream,
     a bad byte between members of a data volume) shows as a result that does not match: it is found by hashing
-    the inputs, left out, and the rebuild runs again from the others."""
+    the inputs, left out, and the rebuild runs again from the others. ROOT: the directory OUT_DIR lies in (no
+    symlink followed below it; default OUT_DIR itself, as the user named it)."""
     if not pvols:
         raise NotRecoverable("no usable parity volume")
     index = pvols[0].parity
@@ -509,13 +529,14 @@ def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: lis
         inputs[k + pv.number - 1] = opened[-1]
     want_idx = [n - 1 for n in want]
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    root = Path(root or out_dir)
+    make_dirs(root, out_dir)
     outs: dict[int, tuple[int, Path, Path]] = {}
     try:
         for i in want_idx:
             final = out_dir / index.data[i].file
             tmp = out_dir / f".{index.data[i].file}.partial"
-            outs[i] = (os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), tmp, final)
+            outs[i] = (open_file(root, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), tmp, final)
 
         def sink(fd: int):
             def write(view) -> None:
@@ -561,7 +582,7 @@ def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: lis
         done = {}
         for i in want_idx:
             fd, tmp, final = outs.pop(i)
-            publish_fd(fd, tmp, final, sync)
+            publish_fd(fd, tmp, final, sync, root=root)
             done[i + 1] = final
         return RebuiltVolumes(done, [i - k + 1 for i in result.inputs if i >= k], [named(i) for i in sorted(damaged)])
     finally:
@@ -569,7 +590,7 @@ def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: lis
             src.close()
         for fd, tmp, _ in outs.values():
             os.close(fd)
-            tmp.unlink(missing_ok=True)
+            unlink_file(root, tmp)
 
 
 def _discard(_view) -> None:
@@ -604,17 +625,17 @@ class _Skeleton:
                     regions.append([start, length, "file", kind, path, file_offset])
                 pos = start + length
         where = dest / STATE_DIR / "skeleton"
-        where.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(where / f"vol{v.number:03d}.bin", bytes(literal))
-        atomic_write_json(where / f"vol{v.number:03d}.json", {"size": size, "regions": regions})
+        atomic_write_bytes(where / f"vol{v.number:03d}.bin", bytes(literal), root=dest)
+        atomic_write_json(where / f"vol{v.number:03d}.json", {"size": size, "regions": regions}, root=dest)
 
     @classmethod
     def load(cls, dest: Path, n: int, run: _Import) -> _Skeleton | None:
         """None when it is missing or unreadable (the volume then counts as lost)."""
         where = dest / STATE_DIR / "skeleton"
         try:
-            doc = load_json((where / f"vol{n:03d}.json").read_bytes(), str(where / f"vol{n:03d}.json"))
-            literal = (where / f"vol{n:03d}.bin").read_bytes()
+            doc = read_json_file(check_inside(dest, where / f"vol{n:03d}.json"), what="volume skeleton")
+            literal = read_local_file(check_inside(dest, where / f"vol{n:03d}.bin"), what="volume skeleton",
+                                      max_bytes=MAX_DOCUMENT)
             regions = doc["regions"]
             if not isinstance(regions, list) or not all(isinstance(r, list) and len(r) >= 4 for r in regions):
                 return None
@@ -668,29 +689,106 @@ def _check_dest_manifest(dest: Path, manifest_bytes: bytes) -> None:
                           f"choose an empty --dest")
 
 
-def _final_verify(dest: Path, progress: ProgressSink) -> dict:
+def _final_check(dest: Path, run: _Import, state: _State, manifest, progress: ProgressSink) -> dict:
+    """Once every file is in place: the whole directory as `mm verify` judges it (every file present, nothing extra,
+    sizes, readability, shard headers and indexes), reading again only the content no import has proven: a file
+    this run named was hashed on its way to disk, a file an earlier sitting named is proven when it is still the
+    very inode, size, mtime and ctime that sitting recorded; anything else (found in place, changed since) is hashed
+    now. With --readback every file this run named was also read back from the disk (_Import.read_back). Files a
+    delta took from its base count as named: each was hashed against the manifest before it got its name."""
     from ..store import record_verified
     from ..verify import verify_dir  # the verify capability (issue 3)
 
-    report = verify_dir(dest, progress=progress)
+    sizes = {f.path: f.size for f in manifest.files}
+    now = {path for kind, path in run.named if kind == MODEL_KIND}
+    earlier = set()
+    for skey, stamp in state.doc.get("proven", {}).items():
+        kind, _, path = skey.partition(":")
+        target = run.targets.get((kind, path))
+        if kind == MODEL_KIND and path not in now and target is not None and _stamp(target) == stamp:
+            earlier.add(path)
+    proven = frozenset(now | earlier)
+    rehash = frozenset(f.path for f in manifest.files) - proven
+    report = verify_dir(dest, progress=progress if rehash else NULL_PROGRESS, rehash=rehash)  # no empty bar
     record_verified(dest, report.ok, report.files_checked, report.bytes_checked, len(report.problems), "mm unbundle")
+    count = lambda paths: {"files": len(paths), "bytes": sum(sizes.get(p, 0) for p in paths)}  # noqa: E731
     return {"ok": report.ok, "files_checked": report.files_checked, "bytes_checked": report.bytes_checked,
-            "problems": [f"{p.path}: {p.kind}: {p.detail}" for p in report.problems]}
+            "problems": [f"{p.path}: {p.kind}: {p.detail}" for p in report.problems],
+            "hashed_as_written": count(now), "named_earlier_unchanged": count(earlier),
+            "hashed_now": {"files": report.files_checked - len(now | earlier), "bytes": report.bytes_checked},
+            "read_back": run.read_back.doc() if run.readback else None,
+            "proven": run.proven_sentence()}
+
+
+def _stamp(path: Path) -> list[int] | None:
+    """What says a file is still the one an import named: its inode, size, mtime and ctime (ctime cannot be set
+    back by a writer: any write or utime after the import changes it)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+@dataclass
+class _ReadBack:
+    """--readback's tally: files read back from the disk, their bytes, and how many of those bytes the kernel
+    fetched from the storage device (None where it does not count them)."""
+
+    files: int = 0
+    bytes: int = 0
+    from_device: int | None = 0
+
+    def add(self, size: int, from_device: int | None) -> None:
+        self.files += 1
+        self.bytes += size
+        self.from_device = None if from_device is None or self.from_device is None else self.from_device + from_device
+
+    def doc(self) -> dict:
+        return {"files": self.files, "bytes": self.bytes, "from_device": self.from_device}
 
 
 class _Import:
-    def __init__(self, places: Places, state: _State, targets: dict, progress: ProgressSink, sync: bool):
+    """Imports members. Each byte is read once, from the volume: hashed (blake3) in the pipe on its way to the
+    partial file, each member against the index, each whole file against the manifest before it is named (a file
+    split over volumes imported in order in one run is hashed whole in the same pass; one whose earlier pieces came
+    in another sitting is read back once from DEST). READBACK: each file, once fsynced, is also read back from the
+    disk with its pages dropped from the page cache, and named only if it still matches."""
+
+    def __init__(self, places: Places, state: _State, targets: dict, progress: ProgressSink, sync: bool,
+                 readback: bool = False):
         self.places, self.state, self.targets, self.progress, self.sync = places, state, targets, progress, sync
+        self.readback = readback
         self.imported: list[str] = []
+        self.named: list[tuple[str, str]] = []  # file keys this run named
         self.corrupt: list[str] = []
         self.present: set[tuple[str, str]] = set()  # files found complete (counted once, however many pieces)
         self.counted = 0
         self.pipe = ChunkPipe()
+        self.running: dict[str, tuple[int, StreamHasher]] = {}  # split file -> (bytes hashed in order, its hasher)
+        self.reread = 0  # bytes of split files read back from DEST to check them whole (pieces of other sittings)
+        self.read_back = _ReadBack()
 
     @property
     def skipped(self) -> int:
         """Files already in place, not members: a file split over three volumes counts once."""
         return len(self.present)
+
+    def proven_sentence(self) -> str:
+        """What the import proved of the files it named, in one sentence for the report."""
+        how = "fsynced before it was named" if self.sync else "not fsynced (--no-sync)"
+        said = (f"each file's blake3 over its bytes as they were written matches the manifest ({how}); "
+                + (f"{human_bytes(self.reread)} of split files whose other pieces came in an earlier sitting were "
+                   f"read back once from DEST to check them whole; " if self.reread else ""))
+        if not self.readback:
+            return said + "nothing was read back from the disk (--readback does)"
+        rb = self.read_back
+        source = ("all of it from the storage device" if rb.from_device is not None and rb.from_device >= rb.bytes
+                  else "the kernel does not count reads from the device here" if rb.from_device is None
+                  else f"only {human_bytes(rb.from_device)} of it from the storage device: the rest came from "
+                       f"memory (a file system without a device, e.g. tmpfs, or pages that could not be dropped)")
+        return said + (f"then each file was read back after fsync with its pages dropped from the page cache "
+                       f"({rb.files} file(s), {human_bytes(rb.bytes)}, {source}) and matched again")
 
     def volume(self, v: Volume) -> None:
         for member, why in sorted(v.damaged.items()):
@@ -716,50 +814,95 @@ class _Import:
         if str(e.segment) in pieces:  # this piece is in place from an earlier sitting
             return
         partial = self.places.partial(*e.key)
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        got = self._copy(v, info, partial, e.offset, e.size, fresh=e.whole)
+        root = self.places.roots[e.kind]
+        make_dirs(root, partial.parent)
+        piece = StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
+        whole = None if e.whole else self._continuation(skey, e.offset)
+        copied = self._copy(v, info, root, partial, e.offset, e.size, fresh=e.whole,
+                            hashers=(piece,) if whole is None else (piece, whole))
+        got = piece.digests().blake3 if copied else "truncated"
         if got != e.blake3:
             self.corrupt.append(f"{v.path.name}: member {e.member!r}: blake3 mismatch; not imported")
             if e.whole:
-                partial.unlink(missing_ok=True)
+                unlink_file(root, partial)
             return
         if not e.whole:
             if e.file_blake3:
                 self.state.doc["whole"][skey] = [e.file_blake3, e.file_sha256]
             pieces[str(e.segment)] = [e.offset, e.length, got]
+            if whole is not None:
+                self.running[skey] = (e.offset + e.length, whole)
             self.state.save()
             if len(pieces) < e.segments:
                 return
+        # the manifest's blake3 for a model file (the index's agrees with it: checked before import), the
+        # payload record's for a payload file
         want = e.file_blake3 if e.whole else self.state.doc["whole"].get(skey, [None])[0]
-        have = got if e.whole else blake3_file(partial, threads=blake3.blake3.AUTO)
-        if have != want:
-            self.corrupt.append(f"{v.path.name}: {file_member(*e.key)}: assembled file does not match its "
-                                f"blake3; not imported")
-            partial.unlink(missing_ok=True)
+        why = self._check_whole(e, skey, partial, want, got if e.whole else self._hashed_whole(skey, e.size))
+        if why:
+            self.corrupt.append(f"{v.path.name}: {file_member(*e.key)}: {why}; not imported")
+            unlink_file(root, partial)
             self.state.doc["pieces"].pop(skey, None)
             self.state.doc["whole"].pop(skey, None)
             self.state.save()
             return
-        publish(partial, final, sync=self.sync)
+        publish(partial, final, sync=self.sync, root=root)
         self.imported.append(file_member(*e.key))
+        self.named.append(e.key)
+        if self.sync:  # a later sitting trusts it by its stamp (not a file a crash may have cut: --no-sync)
+            self.state.doc.setdefault("proven", {})[skey] = _stamp(final)  # saved with the volume's state
         if not e.whole:
             self.state.doc["pieces"].pop(skey, None)
             self.state.doc["whole"].pop(skey, None)
             self.state.save()
 
-    def _copy(self, v: Volume, info, partial: Path, offset: int, size: int, fresh: bool) -> str:
-        """Write the member's bytes at OFFSET of the partial file, hashing them; fsynced unless told not to.
-        Returns the blake3."""
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if fresh else 0)
-        fd = os.open(partial, flags, 0o644)
+    def _continuation(self, skey: str, offset: int) -> StreamHasher | None:
+        """The whole-file hasher a piece at OFFSET continues (a copy: kept only when the piece checks), or None
+        when the bytes before it did not pass this run in order."""
+        if offset == 0:
+            return StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
+        upto, h = self.running.get(skey, (0, None))
+        return h.copy() if h is not None and upto == offset else None
+
+    def _hashed_whole(self, skey: str, size: int) -> str | None:
+        """The blake3 of a split file hashed whole on its way to disk in this run, or None."""
+        upto, h = self.running.pop(skey, (0, None))
+        return h.digests().blake3 if h is not None and upto == size else None
+
+    def _check_whole(self, e: Entry, skey: str, partial: Path, want: str | None, hashed: str | None) -> str | None:
+        """Why the complete partial file may not be named, or None. HASHED: its blake3 as written in this run (None
+        when its pieces did not all pass in order: it is read back from DEST once)."""
+        if hashed is not None and hashed != want:
+            return "assembled file does not match its blake3"
+        if hashed is not None and not self.readback:
+            return None
         h = StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
-        flush = EarlyFlush(fd, enabled=self.sync)
+        if self.readback:
+            self.read_back.add(e.size, read_back(partial, e.size, self.pipe, (h,)))
+        else:
+            for _ in self.pipe.stream(partial, 0, e.size, (h,)):
+                pass
+            self.reread += e.size
+        if h.digests().blake3 == want:
+            return None
+        if hashed is None:
+            return "assembled file does not match its blake3"
+        return ("read back from the disk after fsync, its blake3 differs from the bytes written (the destination "
+                "disk or its controller returned other bytes)")
+
+    def _copy(self, v: Volume, info, root: Path, partial: Path, offset: int, size: int, fresh: bool, hashers) -> bool:
+        """Write the member's bytes at OFFSET of the partial file, feeding them to HASHERS on the way; False when
+        the volume ended early. A piece of a split file is fsynced (file and directory) unless told not to: the
+        state records it next. A whole file is fsynced by publish."""
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if fresh else 0)
+        fd = open_file(root, partial, flags, 0o644)  # never through a link (fsutil's rule)
+        flush = WriteBehind(fd, start=offset)  # the pages stay cached: the engine reads the model next
         try:
             if os.fstat(fd).st_size != size:
                 os.ftruncate(fd, size)
             pos = offset
             try:
-                for view in self.pipe.stream(v.path, info.offset_data, info.size, (h,)):
+                for view in self.pipe.stream(v.path, info.offset_data, info.size, hashers):
                     while view:
                         try:
                             n = os.pwrite(fd, view, pos)
@@ -771,16 +914,14 @@ class _Import:
                         self.progress.advance(n)
                         self.counted += n
             except EOFError:  # the volume shrank since it was scanned
-                return "truncated"
+                return False
             except OSError as e:
                 if e.filename is not None:
                     raise
                 raise BadInput(f"{v.path.name}: member {info.name!r}: cannot be read ({e.strerror or e})") from None
-            finally:
-                flush.wait()
         finally:
             os.close(fd)
-        if self.sync:  # a piece recorded in the state must survive a crash
+        if self.sync and not fresh:  # a piece recorded in the state must survive a crash
             fsync_dir(partial)
             fsync_dir(partial.parent)
-        return h.digests().blake3
+        return True

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BadInput
+from ..fsutil import file_kind
 from ..untrusted import Malformed, load_json
 from .format import MANIFEST_MEMBER, META, PARITY_RE, VOLUME_RE, b3, index_member, parity_index_member
 from .index import Entry, Index, ParityIndex, parse_index, parse_parity_index
@@ -71,6 +72,8 @@ def find_volumes(sources: list[Path]) -> list[Path]:
                             and p.is_file())
         elif src.is_file():
             found.append(src)
+        elif os.path.exists(src):  # a FIFO, a device such as /dev/zero, a socket
+            raise BadInput(f"{src}: is {file_kind(os.stat(src).st_mode)}, not a volume file or a directory")
         else:
             raise BadInput(f"{src}: no such volume file or directory")
     if not found:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ..errors import BadInput, IntegrityError
-from ..fsutil import MM_DIR, check_relpath
+from ..fsutil import MM_DIR, check_model_path
 from ..manifest import MANIFEST_NAME, Manifest, from_json
 from ..untrusted import load_json, read_json_file
 from .client import DIGEST, OCI_MANIFEST
@@ -236,8 +236,8 @@ def parse(data: bytes, where: str) -> Parsed:
                            f"mm restores raw (untarred) layers only")
         if not layer.path:
             raise BadInput(f"{where}: layer {i} has no {FILEPATH} annotation")
-        check_relpath(layer.path, where)
-        if layer.path.startswith(f"{MM_DIR}/") or layer.path in seen:
+        check_model_path(layer.path, where)
+        if layer.path in seen:
             raise BadInput(f"{where}: layer path {layer.path!r} is reserved or repeated")
         seen.add(layer.path)
         files.append(layer)

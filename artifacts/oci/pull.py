@@ -23,7 +23,7 @@ from typing import Iterator
 from ..download import (JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, fetch_into, known_entries, partial_path,
                         prepare_dir)
 from ..errors import BadInput, IntegrityError, MMError
-from ..fsutil import dir_lock, publish, require_free_space
+from ..fsutil import check_targets, dir_lock, publish, require_free_space, state_root, unlink_file
 from .. import interrupt
 from ..manifest import FileEntry, Manifest, manifest_path, write_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
@@ -157,10 +157,11 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
         prepare_dir(local_dir, "mm pull")
         with dir_lock(local_dir, "mm pull"):
             interrupt.keeps(local_dir)  # an interrupt names the partial files kept here
-            journal = Journal(local_dir / JOURNAL)
+            journal = Journal(local_dir / JOURNAL, local_dir)
             known = known_entries(local_dir)
             layers = {layer.path: layer for layer in r.parsed.files}
             wanted = r.manifest.files
+            check_targets(local_dir, [f.path for f in wanted] + sorted(set(known) - set(r.manifest.by_path())))
             _clean_partials(local_dir, wanted)
             _check_free_space(local_dir, wanted, known)
             progress.begin(sum(f.size for f in wanted), f"pull {ref.repository}@{r.digest[7:19]}", files=len(wanted))
@@ -188,7 +189,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
             removed: tuple[str, ...] = ()
             if len(got) == len(wanted):  # complete: the directory now holds this revision and nothing of another
                 removed = _remove_other_revision(local_dir, known, r.manifest)
-                write_manifest(r.manifest.with_files(list(got.values())), manifest_path(local_dir))
+                write_manifest(r.manifest.with_files(list(got.values())), manifest_path(local_dir), root=state_root(local_dir))
                 journal.clear()
     outcomes = tuple(sorted((o for o, _ in results), key=lambda o: o.path))
     problems: tuple[str, ...] = ()
@@ -243,7 +244,7 @@ def _clean_partials(local_dir: Path, wanted: tuple[FileEntry, ...]) -> None:
                                              state_path(partial_path(local_dir, _blob_file(f))))}
     for p in (local_dir / PARTIAL_DIR).iterdir():
         if p.name not in keep and p.suffix in (".part", ".ranges"):
-            p.unlink(missing_ok=True)
+            unlink_file(local_dir, p)
 
 
 def _check_free_space(local_dir: Path, wanted, known) -> None:
@@ -262,7 +263,7 @@ def _remove_other_revision(local_dir: Path, known: dict[str, FileEntry], manifes
     removed = []
     for path in sorted(set(known) - set(keep)):
         try:
-            (local_dir / path).unlink()
+            unlink_file(local_dir, local_dir / path, missing_ok=False)
             removed.append(path)
         except FileNotFoundError:
             pass
@@ -305,18 +306,19 @@ def _pull_file(blobs: BlobSource, local_dir: Path, entry: FileEntry, known: dict
 def _download(blobs: BlobSource, local_dir: Path, entry: FileEntry, digest: str, progress: ProgressSink,
               budget: Connections, stats: TransferStats) -> tuple[int, int]:
     """Continue (or start) the blob's partial file with the ranged engine (every byte hashed once, sha256 checked
-    against the layer digest), check blake3 against the pulled manifest, publish."""
+    against the layer digest), check blake3 against the pulled manifest, publish. Nothing below LOCAL_DIR is
+    written through a link (fsutil's rule)."""
     blob = _blob_file(entry)
     partial = Partial.of(local_dir, blob)
     registry = blobs.client.ref.registry
     try:
-        done = fetch_into(partial, blob, blobs, progress, connections=budget, stats=stats)
+        done = fetch_into(partial, blob, blobs, progress, connections=budget, stats=stats, root=local_dir)
     except IntegrityError:  # fetch_into dropped the partial
         raise IntegrityError(f"{entry.path}: blob {digest} from {registry} does not match its digest; not kept") from None
     if done.digests.blake3 != entry.blake3:
-        clear_state(partial.path)
+        clear_state(partial.path, local_dir)
         raise IntegrityError(f"{entry.path}: blake3 {done.digests.blake3[:16]} disagrees with the pulled mm manifest "
                              f"({entry.blake3[:16]}); not kept")
-    publish(partial.path, local_dir / entry.path)  # fsync, rename, fsync the directory
-    state_path(partial.path).unlink(missing_ok=True)
+    publish(partial.path, local_dir / entry.path, root=local_dir)  # fsync, rename, fsync the directory
+    unlink_file(local_dir, state_path(partial.path))
     return done.transferred, done.resumed_from

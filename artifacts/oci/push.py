@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import interrupt
 from ..errors import BadInput, Refused, RemoteError
-from ..fsutil import MM_DIR, atomic_write_text
+from ..fsutil import MM_DIR, atomic_write_text, check_inside, read_local_file, remove_tree, state_root, unlink_file
 from ..manifest import manifest_path, read_manifest, to_json
 from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..untrusted import read_json_file
@@ -132,13 +132,14 @@ def push(model_dir: Path, reference: str, options: PushOptions = PushOptions(),
 def _signed_manifest(model_dir: Path, rendered: bytes) -> tuple[bytes, bytes | None]:
     """(the mm manifest layer's bytes, the signature layer's bytes or None). A signed model's layer is the manifest
     file's exact bytes (what the signature covers); a signature that no longer matches them is refused."""
-    from ..signing import check_signature_matches, signature_path
+    from ..manifest import MAX_MANIFEST_BYTES
+    from ..signing import MAX_SIG_BYTES, check_signature_matches, signature_path
 
     sig_path = signature_path(model_dir)
-    if not sig_path.is_file():
+    if not os.path.lexists(sig_path):
         return rendered, None
-    data = manifest_path(model_dir).read_bytes()
-    signature = sig_path.read_bytes()
+    data = read_local_file(manifest_path(model_dir), what="manifest", max_bytes=MAX_MANIFEST_BYTES)
+    signature = read_local_file(sig_path, what="signature", max_bytes=MAX_SIG_BYTES)
     check_signature_matches(data, signature, str(sig_path))
     return data, signature
 
@@ -209,32 +210,36 @@ class _StateDir:
         key = hashlib.sha256(f"{registry}/{repository}".encode()).hexdigest()[:16]
         self.root = state_dir(model_dir, MM_DIR) / STATE_DIR.removeprefix(f"{MM_DIR}/")
         self.dir = self.root / key
+        self.base = state_root(model_dir)  # nothing below it is written through a link (fsutil's rule)
 
     def _path(self, digest: str) -> Path:
         return self.dir / f"{digest.split(':', 1)[1]}.json"
 
     def location(self, digest: str) -> str | None:
         try:
-            doc = read_json_file(self._path(digest), what="upload state", max_bytes=64 * 1024)
+            doc = read_json_file(check_inside(self.base, self._path(digest)), what="upload state",
+                                 max_bytes=64 * 1024)
             return doc["location"] if isinstance(doc.get("location"), str) else None
         except (BadInput, KeyError, AttributeError):  # a state that is not ours is no state: the upload starts over
             return None
 
     def save(self, digest: str, location: str) -> None:
         try:
-            atomic_write_text(self._path(digest), json.dumps({"location": location}) + "\n")
+            atomic_write_text(self._path(digest), json.dumps({"location": location}) + "\n", root=self.base)
         except OSError:
             pass
 
     def forget(self, digest: str) -> None:
         try:
-            self._path(digest).unlink(missing_ok=True)
+            unlink_file(self.base, self._path(digest))
         except OSError:
             pass
 
     def clear(self) -> None:
-        import shutil
-        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            remove_tree(self.base, self.dir)
+        except OSError:
+            pass
         try:
             self.root.rmdir()
         except OSError:

@@ -1,13 +1,14 @@
 """Bundle and unbundle >= 4 GiB (several ~1 GiB shards), interleaved with `tar -cf` and `tar -xf` of the same
-directory, on the same disk, page cache warm. Prints throughputs, the ratios mm/tar, and mm's peak RSS.
+directory, on the same disk, page cache warm (each run's input read into it just before). Prints time ratios mm/tar,
+the CPU each spent (user and sys, from getrusage of the children), the bytes each read from the disk, mm's peak RSS,
+and the load average of each round.
 
-mm fsyncs every volume and file it writes (and unbundle ends with a full verify); tar does neither. So each
-mm figure is set against the tar run of the same durability: `mm bundle` against `tar -cf` + `sync FILE`,
-`mm bundle --no-sync` against plain `tar -cf` (both hash every byte), and the same for unbundle and `tar -xf`
-(unbundle also ends with a full verify); durable mm against plain tar is printed beside for reference.
-On these machines the disk, not the CPU, sets the durable figures (~0.4 GB/s); tar without sync
-returns while up to a fifth of RAM is still dirty in the page cache.
-Goal (issue 5): >= 0.8 x tar, peak RSS < 150 MB.
+mm fsyncs every volume and file it writes; tar does neither. So each mm figure is set against the tar run of the
+same durability: `mm bundle` against `tar -cf` + `sync FILE`, `mm bundle --no-sync` against plain `tar -cf` (mm
+hashes every byte, tar does not), and the same for unbundle and `tar -xf` + `sync FILES`. Every run starts with
+no dirty pages (`sync` before it), as the tar run did.
+Goals (issue 23): durable mm bundle and mm unbundle at most 1.05 x the time of tar + sync; peak RSS < 150 MB.
+Environment: MM_BENCH_BUNDLE_SHARDS (4), MM_BENCH_BUNDLE_SHARD_BYTES (1 GiB), MM_BENCH_ROUNDS (2), MM_BENCH_KEEP=1.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.bench.common import make_bench_model, run_timed
+from tests.bench.common import Usage, load_average, make_bench_model, run_usage
 
 WORK = Path(__file__).resolve().parents[2] / "bench-work" / "bundle"
 MM = Path(sys.executable).parent / "mm"
@@ -26,84 +27,102 @@ SHARDS = int(os.environ.get("MM_BENCH_BUNDLE_SHARDS", "4"))
 SHARD_BYTES = int(os.environ.get("MM_BENCH_BUNDLE_SHARD_BYTES", str(1024**3)))
 VOLUME_SIZE = "1.5G"  # decimal: each 1 GiB shard lands whole or split across two volumes
 ROUNDS = int(os.environ.get("MM_BENCH_ROUNDS", "2"))
-
-
-def _make_model(root: Path) -> int:
-    return make_bench_model(root, SHARDS, SHARD_BYTES)
-
-
-def _run(cmd: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (KiB) of one command (common.run_timed: measured by /usr/bin/time)."""
-    seconds, peak = run_timed(cmd, WORK / "time.txt")
-    return seconds, peak // 1024
+PAIRS = [  # (mm run, its tar peer, goal on the time ratio mm/peer or None)
+    ("bundle", "tar -cf + sync", 1.05),
+    ("bundle --no-sync", "tar -cf", None),
+    ("unbundle", "tar -xf + sync", 1.05),
+    ("unbundle --no-sync", "tar -xf", None),
+]
 
 
 def _files(root: Path) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.is_file()]
 
 
+def _sum(a: Usage, b: Usage) -> Usage:
+    return Usage(a.seconds + b.seconds, max(a.peak_rss, b.peak_rss), a.user + b.user, a.sys + b.sys,
+                 a.read_from_disk + b.read_from_disk, a.written_to_disk + b.written_to_disk)
+
+
+def _fresh(*paths: Path) -> None:
+    for p in paths:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    subprocess.run(["sync"], check=True)  # no dirty pages left from the run before
+
+
+def _warm(*paths: Path) -> None:
+    """Read the inputs of the next run into the page cache: mm bundle leaves its volumes out of it (they go to
+    another disk), tar -cf leaves its archive in; each reader starts warm, as the bundle runs do."""
+    files = [str(f) for p in paths for f in ([p] if p.is_file() else sorted(p.iterdir()))]
+    subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
+
+
+def one_round(src: Path) -> dict[str, Usage]:
+    t = lambda cmd: run_usage(cmd, WORK / "time.txt")  # noqa: E731
+    tar_file, tar_out, vols, dest = WORK / "model.tar", WORK / "tar-x", WORK / "vols", WORK / "dest"
+    got: dict[str, Usage] = {}
+    _fresh(tar_file)
+    got["tar -cf"] = t(["tar", "-cf", str(tar_file), "-C", str(src), "."])
+    subprocess.run(["sync"], check=True)
+    _fresh(tar_file)
+    got["tar -cf + sync"] = _sum(t(["tar", "-cf", str(tar_file), "-C", str(src), "."]), t(["sync", str(tar_file)]))
+    _fresh(vols)
+    got["bundle"] = t([str(MM), "bundle", str(src), "--out", str(vols), "--volume-size", VOLUME_SIZE, "--no-mm"])
+    staging = WORK / "vols-nosync"
+    _fresh(staging)
+    got["bundle --no-sync"] = t([str(MM), "bundle", str(src), "--out", str(staging), "--volume-size", VOLUME_SIZE,
+                                 "--no-sync", "--no-mm"])
+    _fresh(staging)
+    _fresh(tar_out)
+    tar_out.mkdir()
+    _warm(tar_file)
+    got["tar -xf"] = t(["tar", "-xf", str(tar_file), "-C", str(tar_out)])
+    _fresh(tar_out)
+    tar_out.mkdir()
+    _warm(tar_file)
+    x = t(["tar", "-xf", str(tar_file), "-C", str(tar_out)])
+    got["tar -xf + sync"] = _sum(x, t(["sync", *_files(tar_out)]))
+    _fresh(tar_out, dest)
+    _warm(vols)
+    got["unbundle"] = t([str(MM), "unbundle", str(vols), "--dest", str(dest)])
+    scratch = WORK / "dest-nosync"
+    _fresh(scratch)
+    _warm(vols)
+    got["unbundle --no-sync"] = t([str(MM), "unbundle", str(vols), "--dest", str(scratch), "--no-sync"])
+    _fresh(scratch, dest)
+    return got
+
+
 def main() -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     src = WORK / "model"
     print(f"bench bundle: writing a {SHARDS} x {SHARD_BYTES / 2**30:.2f} GiB model into {src} ...", flush=True)
-    total = _make_model(src)
-    tar_file, tar_out = WORK / "model.tar", WORK / "tar-x"
-    vols, dest = WORK / "vols", WORK / "dest"
+    total = make_bench_model(src, SHARDS, SHARD_BYTES)
     subprocess.run(["cat", *_files(src)], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
-    rows: dict[str, list[float]] = {k: [] for k in ("tar-c", "tar-c+sync", "bundle", "bundle-nosync", "tar-x",
-                                                     "tar-x+sync", "unbundle", "unbundle-nosync")}
-    rss = {"bundle": 0, "unbundle": 0}
+    rounds: list[dict[str, Usage]] = []
+    loads: list[str] = []
     for rnd in range(ROUNDS):
-        for d in (tar_out, vols, dest):
-            shutil.rmtree(d, ignore_errors=True)
-        tar_file.unlink(missing_ok=True)
-        s, _ = _run(["tar", "-cf", str(tar_file), "-C", str(src), "."])
-        s_sync, _ = _run(["sync", str(tar_file)])
-        rows["tar-c"].append(s)
-        rows["tar-c+sync"].append(s + s_sync)
-        s, peak = _run([str(MM), "bundle", str(src), "--out", str(vols), "--volume-size", VOLUME_SIZE, "--no-mm"])
-        rows["bundle"].append(s)
-        rss["bundle"] = max(rss["bundle"], peak)
-        staging = WORK / "vols-nosync"
-        shutil.rmtree(staging, ignore_errors=True)
-        subprocess.run(["sync"], check=True)  # start from no dirty pages, as the tar -cf run did
-        s, peak = _run([str(MM), "bundle", str(src), "--out", str(staging), "--volume-size", VOLUME_SIZE, "--no-sync", "--no-mm"])
-        rows["bundle-nosync"].append(s)
-        rss["bundle"] = max(rss["bundle"], peak)
-        shutil.rmtree(staging)
-        subprocess.run(["sync"], check=True)
-        tar_out.mkdir()
-        s, _ = _run(["tar", "-xf", str(tar_file), "-C", str(tar_out)])
-        s_sync, _ = _run(["sync", *_files(tar_out)])
-        rows["tar-x"].append(s)
-        rows["tar-x+sync"].append(s + s_sync)
-        s, peak = _run([str(MM), "unbundle", str(vols), "--dest", str(dest)])
-        rows["unbundle"].append(s)
-        rss["unbundle"] = max(rss["unbundle"], peak)
-        scratch = WORK / "dest-nosync"
-        shutil.rmtree(scratch, ignore_errors=True)
-        subprocess.run(["sync"], check=True)
-        s, peak = _run([str(MM), "unbundle", str(vols), "--dest", str(scratch), "--no-sync"])
-        rows["unbundle-nosync"].append(s)
-        rss["unbundle"] = max(rss["unbundle"], peak)
-        shutil.rmtree(scratch)
-        subprocess.run(["sync"], check=True)
-        print(f"  round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in rows.items()), flush=True)
-    best = {k: min(v) for k, v in rows.items()}
+        before = load_average()
+        rounds.append(one_round(src))
+        loads.append(f"{before} -> {load_average()}")
+        print(f"  round {rnd + 1} ({loads[-1]}): " + ", ".join(f"{k} {u.seconds:.2f}s" for k, u in rounds[-1].items()),
+              flush=True)
     gb = total / 1e9
     print(f"bench bundle: {total / 2**30:.2f} GiB, {SHARDS} shards, volumes of {VOLUME_SIZE}, {ROUNDS} interleaved rounds")
-    for k, s in best.items():
-        print(f"  {k:<15} {gb / s:6.2f} GB/s  (best {s:.2f} s)")
-
-    def ratio(peer: str, mine: str) -> float:  # median of the per-round ratios: each pair ran side by side
-        return statistics.median(p / m for p, m in zip(rows[peer], rows[mine]))
-    print(f"  ratio bundle/tar-c+sync            {ratio('tar-c+sync', 'bundle'):.2f}   goal >= 0.8 (both durable)")
-    print(f"  ratio bundle --no-sync/tar-c       {ratio('tar-c', 'bundle-nosync'):.2f}   goal >= 0.8 (neither durable)")
-    print(f"  ratio bundle/tar-c                 {ratio('tar-c', 'bundle'):.2f}   (durable vs not: for reference)")
-    print(f"  ratio unbundle/tar-x+sync          {ratio('tar-x+sync', 'unbundle'):.2f}   goal >= 0.8 (both durable)")
-    print(f"  ratio unbundle --no-sync/tar-x     {ratio('tar-x', 'unbundle-nosync'):.2f}   goal >= 0.8 (neither durable)")
-    print(f"  ratio unbundle/tar-x               {ratio('tar-x', 'unbundle'):.2f}   (durable vs not: for reference)")
-    print(f"  peak RSS mm bundle {rss['bundle'] / 1024:.0f} MB, mm unbundle {rss['unbundle'] / 1024:.0f} MB   goal < 150 MB")
+    print(f"  {'run':<20} {'GB/s':>6} {'wall s':>7} {'user s':>7} {'sys s':>6} {'disk read GB':>12}   (medians)")
+    for name in rounds[0]:
+        med = lambda f: statistics.median(f(r[name]) for r in rounds)  # noqa: E731
+        print(f"  {name:<20} {gb / med(lambda u: u.seconds):6.2f} {med(lambda u: u.seconds):7.2f} "
+              f"{med(lambda u: u.user):7.2f} {med(lambda u: u.sys):6.2f} {med(lambda u: u.read_from_disk) / 1e9:12.2f}")
+    for mine, peer, goal in PAIRS:  # median of the per-round ratios: each pair ran side by side
+        ratio = statistics.median(r[mine].seconds / r[peer].seconds for r in rounds)
+        sys_ratio = statistics.median(r[mine].sys / max(r[peer].sys, 0.01) for r in rounds)
+        per_round = ", ".join(f"{r[mine].seconds / r[peer].seconds:.2f}" for r in rounds)
+        print(f"  ratio {mine} / {peer:<16} {ratio:5.2f} x the time (rounds: {per_round}); sys time {sys_ratio:.2f} x"
+              + (f"   goal <= {goal}" if goal else ""))
+    peak = max(r[k].peak_rss for r in rounds for k in ("bundle", "bundle --no-sync", "unbundle", "unbundle --no-sync"))
+    print(f"  peak RSS of mm bundle/unbundle {peak / 1e6:.0f} MB   goal < 150 MB")
+    print("  load average per round: " + "; ".join(loads))
     if not os.environ.get("MM_BENCH_KEEP"):
         shutil.rmtree(WORK, ignore_errors=True)
 

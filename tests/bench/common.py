@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -100,3 +101,34 @@ def run_timed(cmd: list[str], stats: Path) -> tuple[float, int]:
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
     return seconds, int(stats.read_text().split()[-1]) * 1024
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one child command cost: wall seconds, its own peak RSS, CPU seconds in user and kernel mode, and the
+    bytes it made the kernel read from and write to storage (ru_inblock/ru_oublock, 512-byte units on Linux: page
+    cache hits count nothing, so a read that should have come from the cache shows here)."""
+
+    seconds: float
+    peak_rss: int
+    user: float
+    sys: float
+    read_from_disk: int
+    written_to_disk: int
+
+
+def run_usage(cmd: list[str], stats: Path) -> Usage:
+    """run_timed, plus the child's CPU and storage I/O from getrusage(RUSAGE_CHILDREN) before and after (it counts
+    every descendant reaped meanwhile: /usr/bin/time waits for the command)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    seconds, peak = run_timed(cmd, stats)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return Usage(seconds, peak, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime,
+                 (after.ru_inblock - before.ru_inblock) * 512, (after.ru_oublock - before.ru_oublock) * 512)
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load averages, as printed beside every figure (the machines are shared)."""
+    return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())

@@ -95,11 +95,19 @@ class CountingProxy:
             threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
 
     def __enter__(self) -> "CountingProxy":
-        threading.Thread(target=self._serve, daemon=True).start()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
+        # shutdown() wakes the accept() the serving thread is blocked in; close() alone does not: the kernel keeps
+        # that socket listening on its port, and a connection that reaches it later would still be forwarded
+        try:
+            self._server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._thread.join(timeout=5)
         self._server.close()
         for s in self._conns:
             try:

@@ -803,6 +803,16 @@ class HubServer:
         self._bridge_thread.start()
         return self
 
+    def quiesce(self, timeout: float = 5.0) -> None:
+        """Drop every open connection and wait for their handlers to end: a client killed by the last test (or a
+        throttled answer still being sent) then counts nothing, and serves nothing, in the next one."""
+        servers = [srv for srv in (self._server, self._bridge) if srv is not None]
+        for srv in servers:
+            srv.drop_connections()
+        deadline = time.monotonic() + timeout
+        while any(srv._conns for srv in servers) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def stop(self) -> None:
         """Stop listening and drop open keep-alive connections, so the port refuses connections."""
         if self._server is None:

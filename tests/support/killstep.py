@@ -28,7 +28,12 @@ def _step(fn):
 
 
 for _name in ("rename", "replace", "unlink", "rmdir", "symlink", "link", "fsync"):
-    setattr(os, _name, _step(getattr(os, _name)))
+    _fn = getattr(os, _name)
+    _wrapped = _step(_fn)
+    for _supports in (os.supports_dir_fd, os.supports_fd, os.supports_follow_symlinks):
+        if _fn in _supports:  # mm's calls relative to a directory descriptor (fsutil's rule) stay allowed
+            _supports.add(_wrapped)
+    setattr(os, _name, _wrapped)
 '''
 
 

@@ -13,7 +13,9 @@ Legacy responses are wrapped as {"Code": 200, "Data": ..., "Success": true, "Mes
 Tests shape the mirror per case: revisions made from a directory (e.g. tests.support.modelgen.write_model)
 or from {path: bytes}, bytes served that differ from what the listing promises, a listing that fails
 (HTTP status) or answers 200 with Success:false (which the SDK reads as an empty list), downloads that
-break at a byte offset. Every request is recorded (`requests`, `downloads(path)`).
+break at a byte offset, and a hostile mirror (`misbehave`: an endless listing, headers trickled, a listing of a
+million entries, an answer that is not JSON or not the shape the SDK expects). Every request is recorded
+(`requests`, `downloads(path)`).
 
 CLI (e.g. for a demo): `python -m tests.support.msserver --model-id OWNER/NAME --dir DIR` prints
 MS_URL=http://127.0.0.1:PORT and serves DIR as branch master until SIGTERM.
@@ -55,6 +57,8 @@ class Repo:
     failing_revisions: dict[str, object] = field(default_factory=dict)
     # path -> byte offset at which every download of it drops the connection (a transfer that keeps breaking)
     cut_at: dict[str, int] = field(default_factory=dict)
+    # path -> byte offset at which the next download of it falls silent until the client hangs up (once)
+    stall_at: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class MSServer:
     def __init__(self) -> None:
         self.repos: dict[str, Repo] = {}
         self.requests: list[Request] = []
+        self.hostile: dict[str, str] = {}  # endpoint -> a key of HOSTILE (misbehave)
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -96,6 +101,16 @@ class MSServer:
         """Drop the connection whenever a download of PATH reaches byte OFFSET (None: stop cutting)."""
         cuts = self.repos[model_id].cut_at
         cuts.pop(path, None) if offset is None else cuts.__setitem__(path, offset)
+
+    def misbehave(self, endpoint: str, how: str) -> None:
+        """Answer every request to ENDPOINT ("files": repo/files, "revisions") the hostile way HOW (a key of
+        HOSTILE), for every repo, until the server stops."""
+        assert endpoint in ("files", "revisions") and how in HOSTILE, (endpoint, how)
+        self.hostile[endpoint] = how
+
+    def stall_download(self, model_id: str, path: str, offset: int) -> None:
+        """The next download of PATH sends its headers and the bytes before OFFSET, then nothing at all."""
+        self.repos[model_id].stall_at[path] = offset
 
     def fail_listing(self, model_id: str, how: object, revision: str | None = None) -> None:
         """how: "success-false" (HTTP 200, Success:false, no files) or an HTTP status such as 404/500;
@@ -208,6 +223,9 @@ class _Handler(BaseHTTPRequestHandler):
         if repo is None:
             return self._error(404, f"model {m[1]}/{m[2]} not found", code=10010205001)
         tail = m[3] or ""
+        how = self.ms.hostile.get({"/revisions": "revisions", "/repo/files": "files"}.get(tail, ""))
+        if how is not None:
+            return HOSTILE[how](self)
         if tail == "/revisions":
             return self._revisions(repo)
         if tail == "/repo/files":
@@ -273,6 +291,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD":
             return
+        stall = repo.stall_at.pop(file_path, None)
+        if stall is not None:
+            self.wfile.write(body[: max(0, stall - (start or 0))])
+            self.wfile.flush()
+            self.close_connection = True
+            try:
+                while self.connection.recv(65536):  # silent until the client hangs up
+                    pass
+            except OSError:
+                pass
+            return
         cut = repo.cut_at.get(file_path)
         if cut is not None:
             self.wfile.write(body[: max(0, cut - (start or 0))])
@@ -280,6 +309,92 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the rest of the promised Content-Length never comes
             return
         self.wfile.write(body)
+
+
+# --- a hostile mirror: each answers a request its own way, until the client hangs up ---------------------
+
+_ENTRY = b'{"Name": "f%d", "Path": "f%d", "Type": "blob", "Size": 1, "Sha256": "", "IsLFS": false, "Mode": "100644"}'
+
+
+def _chunked(handler: _Handler, pieces) -> None:
+    """A 200 whose chunked body is PIECES (an iterator of bytes), sent until it ends or the client leaves."""
+    handler.close_connection = True
+    try:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        for piece in pieces:
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        handler.wfile.write(b"0\r\n\r\n")
+    except OSError:
+        pass
+
+
+def _endless(handler: _Handler) -> None:
+    """A listing that starts right and never ends."""
+    def pieces():
+        yield b'{"Code": 200, "Success": true, "Data": {"Files": ['
+        block = b",".join(_ENTRY % (i, i) for i in range(500)) + b","
+        while True:
+            yield block
+    _chunked(handler, pieces())
+
+
+def _million(handler: _Handler) -> None:
+    """A well-formed listing of 1,000,000 files (about 100 MB)."""
+    def pieces():
+        yield b'{"Code": 200, "Success": true, "Data": {"Files": ['
+        for start in range(0, 1_000_000, 1000):
+            yield (b"," if start else b"") + b",".join(_ENTRY % (i, i) for i in range(start, start + 1000))
+        yield b"]}}"
+    _chunked(handler, pieces())
+
+
+def _million_tiny(handler: _Handler) -> None:
+    """A listing of 1,000,000 empty objects: about 3 MB, within any byte cap."""
+    _chunked(handler, iter([b'{"Code": 200, "Success": true, "Data": {"Files": [', b",".join([b"{}"] * 1_000_000),
+                            b"]}}"]))
+
+
+def _slowloris(handler: _Handler) -> None:
+    """The status line, then one byte of a header every 0.2 s."""
+    handler.close_connection = True
+    try:
+        handler.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+        while True:
+            handler.wfile.write(b"a")
+            time.sleep(0.2)
+    except OSError:
+        pass
+
+
+def _fixed(body: bytes, content_type: str = "application/json"):
+    def answer(handler: _Handler) -> None:
+        handler.close_connection = True
+        try:
+            handler.send_response(200)
+            handler.send_header("Content-Type", content_type)
+            handler.send_header("Content-Length", str(len(body)))
+            handler.end_headers()
+            handler.wfile.write(body)
+        except OSError:
+            pass
+    return answer
+
+
+HOSTILE = {
+    "endless": _endless,
+    "slowloris": _slowloris,
+    "million": _million,
+    "million-tiny": _million_tiny,
+    "not-json": _fixed(b"<html><body>" + b"x" * 1000 + b"</body></html>", "text/html"),
+    "nested": _fixed(b"[" * 100_000 + b"]" * 100_000),  # within every cap; deeper than the JSON parser goes
+    "bad-entry": _fixed(b'{"Code": 200, "Success": true, "Data": {"Files": [{"Path": "a\\u001b[2Jb", "Type": "blob", '
+                        b'"Size": -5, "Sha256": ""}]}}'),  # a terminal escape in a path, a negative size
+    "wrong-shape": _fixed(b'{"Code": 200, "Success": true, "Data": {"Files": [{"Path": ["x"], "Size": 1e999}], '
+                          b'"RevisionMap": {"Branches": [{"Revision": {"$": 1}}], "Tags": 7}}}'),
+}
 
 
 def _range_start(header: str | None) -> int | None:

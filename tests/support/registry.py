@@ -111,6 +111,20 @@ class Registry:
 
     # -- process ---------------------------------------------------------------------------------------------
     def start(self) -> "Registry":
+        """Start it on a free port; another process (a parallel test worker) may take that port between the probe
+        and the registry's bind, so a start that fails with "address already in use" tries a new port."""
+        for attempt in range(5):
+            try:
+                return self._start_once()
+            except RuntimeError as e:
+                if "address already in use" not in str(e) or attempt == 4:
+                    raise
+                self.port = free_port()
+                self.host = f"{HOST}:{self.port}"
+                self.url = f"{'https' if self.tls else 'http'}://{self.host}"
+        raise AssertionError("not reached")
+
+    def _start_once(self) -> "Registry":
         if not os.access(REGISTRY_BIN, os.X_OK):
             raise RuntimeError(f"{REGISTRY_BIN} not found: install Debian docker-registry (make tools)")
         self._write_config()
