@@ -321,3 +321,27 @@ def test_a_hostile_delta_record_is_refused_naming_the_volume(update, edit, says)
     with pytest.raises(BadInput) as e:
         parse_index(doc, vol.name)
     assert vol.name in e.value.message and says in e.value.message, e.value.message
+
+
+# --- the target rule and hostile bases ----------------------------------------------------------------------------
+
+def test_unbundle_from_never_writes_through_a_link_planted_in_dest(update, tmp_path):
+    a_dir = import_a(update, tmp_path / "A")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "B").mkdir()
+    (tmp_path / "B" / ".mm").symlink_to(outside)
+    r = mm(update, "unbundle", update.delta, "--dest", tmp_path / "B", "--from", a_dir)
+    assert r.returncode == 3 and "symlink" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert list(outside.iterdir()) == []
+
+
+def test_a_base_file_swapped_for_a_fifo_is_refused_without_blocking(update, tmp_path):
+    base = tmp_path / "A"
+    shutil.copytree(update.conn_a, base)
+    shard = base / "model-00003-of-00004.safetensors"
+    shard.unlink()
+    os.mkfifo(shard)
+    r = run_mm("unbundle", update.delta, "--dest", tmp_path / "B", "--from", base, env=update.env, timeout=60)
+    assert r.returncode == 3 and f"{shard.name} (unreadable: not a regular file)" in r.stderr, r.stderr
+    assert not (tmp_path / "B" / shard.name).exists()
