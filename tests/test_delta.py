@@ -128,6 +128,7 @@ def test_unbundle_from_on_xfs_takes_the_base_files_by_reflink_and_matches_a_fres
         assert doc["verify"]["ok"] and doc["complete"]
         assert (doc["delta"]["mode"], doc["delta"]["copied_bytes"]) == ("reflink", 0)
         assert sorted(doc["imported"]) == sorted(f"model/{p}" for p in CHANGED)
+        assert doc["verify"]["hashed_now"]["files"] == 0  # each taken file was hashed once, as it was taken
         assert payload(b_dir) == payload(update.conn_b)
         renamed = layout(b_dir / RENAMED)
         assert shared_bytes([renamed], [layout(a_dir / SHARD)]) == renamed.allocated > 4 * 2**20
@@ -345,3 +346,13 @@ def test_a_base_file_swapped_for_a_fifo_is_refused_without_blocking(update, tmp_
     r = run_mm("unbundle", update.delta, "--dest", tmp_path / "B", "--from", base, env=update.env, timeout=60)
     assert r.returncode == 3 and f"{shard.name} (unreadable: not a regular file)" in r.stderr, r.stderr
     assert not (tmp_path / "B" / shard.name).exists()
+
+
+def test_readback_reads_back_the_copied_base_files_too(update, tmp_path):
+    a_dir = import_a(update, tmp_path / "A")
+    doc = json.loads(ok(mm(update, "unbundle", update.delta, "--dest", tmp_path / "B", "--from", a_dir, "--readback",
+                           "--json")).stdout)
+    assert doc["delta"]["mode"] in ("copy", "reflink")
+    copied = doc["delta"]["taken"] if doc["delta"]["mode"] == "copy" else 0
+    assert doc["verify"]["read_back"]["files"] == len(CHANGED) + copied
+    assert doc["verify"]["hashed_now"]["files"] == 0 and doc["verify"]["ok"]
