@@ -469,17 +469,20 @@ def _fetch_exit_code(result: mm_fetch.FetchResult) -> int:
               help="With --source modelscope: the pin's identities from this mm manifest, for when the Hub is unreachable.")
 @click.option("--sign-with", type=click.Path(path_type=Path),
               help="Sign the manifest at the end (as `mm sign DIR --key KEY`) when every file was fetched.")
+@click.option("--from", "base_dir", type=click.Path(path_type=Path),
+              help="Another revision's directory on this host: files whose content it has are read from there, not "
+                   "downloaded (each checked against the pin like a download).")
 @json_option
 @handles_errors
 def fetch(repo, revision, local_dir, include, exclude, connections, workers, source, mirror_only, pin_manifest, sign_with,
-          json_out):
+          base_dir, json_out):
     """Download a pinned revision, verify every file against the Hub, write the manifest.
 
     Resumes across runs; the token comes from HF_TOKEN or the stored login, the endpoint from HF_ENDPOINT.
     """
     from .artifacts import fetch as mm_fetch
     req = _fetch_request(repo, revision, local_dir, include=tuple(include), exclude=tuple(exclude), workers=workers,
-                         connections=connections)
+                         connections=connections, base_dir=base_dir)
     plan = _mirror_plan(req, source, mirror_only, pin_manifest)  # mirror (issue 4)
     if sign_with is not None and not Path(sign_with).exists():  # before the download, not after it
         raise MMError(f"{sign_with}: no such key file (give a private key, or KEY.pub with its key in ssh-agent)")
@@ -659,6 +662,10 @@ def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revisi
                 _render_signature(signature)
         report = verify_dir(directory, manifest_obj, quick=quick, jobs=jobs, progress=progress,
                             manifest_file=manifest_file, strict=strict)
+        if not quick and manifest_file is None:  # for `mm ls`: when this directory was last verified in full
+            from .artifacts.store import record_verified
+            record_verified(directory, report.ok, report.files_checked, report.bytes_checked, len(report.problems),
+                            "mm verify")
     if json_out:
         emit_json({**_verify_doc(report), "next": _next_step(report),
                    **({"signature": to_jsonable(signature)} if signature else {})})
@@ -943,10 +950,14 @@ def bundle():
                    "(e.g. 2 for ten data volumes).")
 @click.option("--yes", is_flag=True, help="Write a plan of more than 10,000 volumes (refused otherwise: most likely a "
                                           "--volume-size typo, 100K for 100G).")
+@click.option("--base", type=click.Path(path_type=Path),
+              help="Make a delta: carry only the files whose content this base revision lacks (its manifest file, "
+                   "its model directory, or a volume of its bundle); the destination takes the rest from its copy "
+                   "of the base (mm unbundle --from).")
 @json_option
 @handles_errors
 def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only_mm, target_platforms, target_pythons,
-                  image_ref, allow_other_image, insecure_registry, no_sync, parity, yes, json_out, **kw):
+                  image_ref, allow_other_image, insecure_registry, no_sync, parity, yes, base, json_out, **kw):
     """Write the model (and payloads, and mm itself) as self-describing tar volumes, plus --parity volumes; a
     rerun resumes."""
     import contextlib
@@ -957,7 +968,7 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
     from .artifacts.errors import BadInput
     sources = _payload_sources(kw)
     if only_mm:
-        if directory or volume_size or any(sources.values()) or parity:
+        if directory or volume_size or any(sources.values()) or parity or base:
             raise BadInput("--only-mm writes only install-mm.sh and wheelhouse/ into --out: give no model directory, "
                            "--volume-size or payload")
         if len(out_dirs) > 1:
@@ -990,7 +1001,7 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
                                cache_key=cache_key, progress=progress, sync=not no_sync, parity=parity,
                                collect=CollectOptions(image_ref=image_ref, allow_other_image=allow_other_image,
                                                       tls_verify=not insecure_registry),
-                               yes=yes, on_plan=None if json_out else _render_bundle_plan)
+                               yes=yes, on_plan=None if json_out else _render_bundle_plan, base=base)
     if json_out:  # each payload kind under its own key, beside the rest
         emit_json({key: value for field_name, v in to_jsonable(result).items()
                    for key, value in (v.items() if field_name == "payloads" else [(field_name, v)])})
@@ -1010,6 +1021,10 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
               f"{result.files} files, {human_bytes(result.total_bytes)} of data in {human_duration(result.seconds)}. "
               f"Check the disks with: mm bundle verify {' '.join(result.outs)}",
               highlight=False, markup=False, soft_wrap=True)
+    if result.delta:
+        from .artifacts.bundle.delta import describe
+        out.print(f"{describe(result.delta)}; at the destination: mm unbundle VOLUMES --dest NEW_DIR --from BASE_DIR",
+                  highlight=False, markup=False, soft_wrap=True)
     carried = result.payloads.get("mm")
     if carried:
         out.print(f"mm {carried['mm_version']} ({', '.join(carried['sets'])}) travels whole in volume 1; on the "
@@ -1065,6 +1080,10 @@ def bundle_verify(volumes, json_out):
                       highlight=False, markup=False, soft_wrap=True)
             if report.install_mm:
                 out.print(f"install: {report.install_mm}", highlight=False, markup=False, soft_wrap=True)
+            if report.delta:
+                from .artifacts.bundle.delta import describe
+                out.print(f"{describe(report.delta)}: mm unbundle VOLUMES --dest NEW_DIR --from BASE_DIR",
+                          highlight=False, markup=False, soft_wrap=True)
             if report.parities:
                 gone = ", ".join(str(n) for n in report.parity_missing) or "none"
                 out.print(f"parity: {report.parities} volume(s); missing: {gone}", highlight=False, markup=False,
@@ -1125,10 +1144,17 @@ def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
 @click.option("--readback", is_flag=True,
               help="Also read each file back from the disk once fsynced (its pages dropped from the page cache) and "
                    "name it only if it still matches: proves the disk holds the bytes, at the cost of a second read.")
+@click.option("--from", "base_dir", type=click.Path(path_type=Path),
+              help="A delta bundle's base: the directory holding the base revision. Files the delta does not carry are "
+                   "taken from there (reflink where the file system clones, else a copy), each hashed.")
+@click.option("--link", is_flag=True,
+              help="With --from, where no reflink is possible: hard-link the base files instead of copying them. The "
+                   "two directories then share one inode per file: damage to one shows in both.")
 @_signature_options
 @json_option
 @handles_errors
-def unbundle(volumes, dest, no_sync, readback, require_signature, allowed_signers, identity, json_out, **kw):
+def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature, allowed_signers, identity, json_out,
+             **kw):
     """Import volumes (files or directories, any order, some now and the rest later) into DEST, then verify.
 
     Exit 0 imported (volumes may still be missing), 5 a volume or member was refused (or a file read back
@@ -1137,11 +1163,14 @@ def unbundle(volumes, dest, no_sync, readback, require_signature, allowed_signer
     import time
 
     from .artifacts.bundle.unpack import Outcome, unbundle as import_volumes
+    if link and base_dir is None:
+        raise click.UsageError("--link hard-links files of the base: it needs --from BASE_DIR")
     required = _signature_policy(require_signature, allowed_signers, identity)
     started = time.monotonic()
     report = import_volumes(list(volumes), dest, payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS},
                             progress=progress_for(json_out), sync=not no_sync, allowed_signers=allowed_signers,
-                            identity=identity, require_signature=required, readback=readback)
+                            identity=identity, require_signature=required, readback=readback, base_dir=base_dir,
+                            link=link)
     exit_code, why = {Outcome.IMPORTED: (0, ""),
                       Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),
                       Outcome.VERIFY_FAILED: (ProblemsFound.exit_code, "final verify found problems")}[report.outcome]
@@ -1163,6 +1192,13 @@ def unbundle(volumes, dest, no_sync, readback, require_signature, allowed_signer
         out.print(f"{len(report.imported)} file(s) imported, {report.skipped} already present, from "
                   f"{len(report.used)} volume(s) of {report.name} ({report.bundle_id}) in "
                   f"{human_duration(time.monotonic() - started)}.", highlight=False, markup=False, soft_wrap=True)
+        if report.delta and report.delta.get("mode"):
+            d = report.delta
+            how = {"reflink": "by reflink (no bytes copied)", "link": "by hard link (--link)",
+                   "copy": "by copy (no reflink on this file system)"}[d["mode"]]
+            out.print(f"{d['taken']} file(s), {human_bytes(d['taken_bytes'])} taken from the base {d['from']} {how}, "
+                      f"each hashed; {d['files_from_base'] - d['taken']} already in place", highlight=False,
+                      markup=False, soft_wrap=True)
         if report.complete:
             v = report.verify
             checked = sum(v[k]["bytes"] for k in ("hashed_as_written", "named_earlier_unchanged", "hashed_now"))
@@ -1188,6 +1224,106 @@ def unbundle(volumes, dest, no_sync, readback, require_signature, allowed_signer
         if not json_out:
             err.print(f"mm: unbundle {dest}: {why}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exit_code)
+
+
+# --- revisions side by side: ls / use / gc (issue 22) ------------------------------------------
+
+root_option = click.option("--root", type=click.Path(path_type=Path), envvar="MM_ROOT", default=".", show_default=True,
+                           help="The model root (ROOT/<repo id>/<revision dir>/). Environment: MM_ROOT.")
+
+
+@main.command("ls")
+@click.argument("root", required=False, type=click.Path(path_type=Path), envvar="MM_ROOT", default=".")
+@json_option
+@handles_errors
+def ls_command(root, json_out):
+    """The revisions under ROOT (ROOT/<repo id>/<dir>/): sizes, bytes shared on disk, which is current, when each was
+    verified, signatures, containers mounting them."""
+    from .artifacts.store import ls
+    report = ls(root)
+    if json_out:
+        emit_json({"ok": True, **to_jsonable(report)})
+        return
+    for note in report.notes:
+        err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    repos = sorted({r.repo_id for r in report.revisions})
+    out.print(f"{report.root}: {len(report.revisions)} revision(s) of {len(repos)} repo(s), "
+              f"{human_bytes(report.size)} of files, {human_bytes(report.on_disk)} on disk"
+              + (f" (sharing saves {human_bytes(report.size - report.on_disk)})" if report.size > report.on_disk else ""),
+              highlight=False, markup=False, soft_wrap=True)
+    for repo in repos:
+        out.print(f"{repo}  (current: {report.pointers.get(repo) or 'none; mm use sets it'})", highlight=False,
+                  markup=False, soft_wrap=True)
+        for r in (r for r in report.revisions if r.repo_id == repo):
+            out.print("  " + _revision_line(r), highlight=False, markup=False, soft_wrap=True)
+
+
+def _revision_line(r) -> str:
+    v = r.verified
+    verified = ("never verified in full here" if v is None else
+                f"verified {'OK' if v['ok'] else 'with PROBLEMS'} {v['time']} ({v['by']})"
+                + ("" if v["current"] else ", before its manifest changed"))
+    signature = {"none": "unsigned", "good": f"signed ({r.signer})", "stale": "signature STALE (manifest changed)",
+                 "unchecked": "signed (not checked: no ssh-keygen)"}[r.signature]
+    mounted = f"; mounted by {', '.join(r.mounted_by)}" if r.mounted_by else ""
+    return (f"{'*' if r.current else ' '} {r.revision[:12]}  {r.dir}/  {r.files} files, {human_bytes(r.size)}, "
+            f"{human_bytes(r.on_disk)} on disk ({human_bytes(r.shared)} shared); {verified}; {signature}{mounted}")
+
+
+@main.command("use")
+@click.argument("repo", callback=_repo_id)
+@click.argument("revision")
+@root_option
+@json_option
+@handles_errors
+def use_command(repo, revision, root, json_out):
+    """Make REVISION (a commit prefix or its directory name) the current one of REPO under the model root: the
+    ROOT/REPO/current symlink is replaced atomically, once `verify --quick` passes on it. A rollback is the same
+    command with the earlier revision; a start script that names ROOT/REPO/current serves it at its next start."""
+    from .artifacts.store import use
+    result = use(root, repo, revision)
+    if json_out:
+        emit_json({"ok": True, **to_jsonable(result)})
+        return
+    if not result.changed:
+        out.print(f"{result.pointer} -> {result.dir} already ({result.revision[:12]})", highlight=False, markup=False,
+                  soft_wrap=True)
+        return
+    out.print(f"{result.pointer} -> {result.dir} ({result.revision[:12]}); was {result.previous or 'unset'}. "
+              f"Containers started through the pointer serve it from their next start"
+              + (f"; roll back with: mm use {repo} {result.previous} --root {root}" if result.previous else ""),
+              highlight=False, markup=False, soft_wrap=True)
+
+
+@main.command("gc")
+@click.argument("root", required=False, type=click.Path(path_type=Path), envvar="MM_ROOT", default=".")
+@click.option("--keep", type=click.IntRange(0, 10_000), default=1, show_default=True,
+              help="Revisions to keep besides the current one, the most recently current (or imported) first.")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed and freed; remove nothing.")
+@json_option
+@handles_errors
+def gc_command(root, keep, dry_run, json_out):
+    """Remove the revisions under ROOT that are not current, not kept (--keep) and not mounted by a running
+    container (docker is asked), and say what it frees. Interrupted, it leaves every revision whole or gone;
+    the next run finishes."""
+    from .artifacts.store import gc
+    report = gc(root, keep=keep, dry_run=dry_run)
+    if json_out:
+        emit_json({"ok": True, **to_jsonable(report)})
+        return
+    for note in report.notes:
+        err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    verb = "would remove" if dry_run else "removed"
+    for path in report.leftovers:
+        out.print(f"{verb} {path} (left by an interrupted gc)", highlight=False, markup=False, soft_wrap=True)
+    for r in report.removed:
+        out.print(f"{verb} {r['repo_id']}@{r['revision'][:12]} ({r['dir']}/, {human_bytes(r['size'])} of files)",
+                  highlight=False, markup=False, soft_wrap=True)
+    for r in report.kept:
+        out.print(f"kept   {r['repo_id']}@{r['revision'][:12]} ({r['dir']}/): {r['why']}", highlight=False,
+                  markup=False, soft_wrap=True)
+    out.print(f"{'would free' if dry_run else 'freed'} {human_bytes(report.freed)} on disk", highlight=False,
+              markup=False, soft_wrap=True)
 
 
 # --- image / doctor (issue 12) ------------------------------------------------------------------
@@ -1633,7 +1769,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
                  "mm fetch Qwen/Qwen3-8B --revision main --local-dir /data/models/Qwen3-8B",
                  "mm fetch --local-dir ./m --include '*.json'                        # a partial fetch, recorded",
                  "mm fetch --local-dir ./m --source modelscope                       # the mirror, then the Hub",
-                 "mm fetch --local-dir ./m --json | jq .counts"),
+                 "mm fetch --local-dir ./m --json | jq .counts",
+                 "mm fetch REPO -r NEW --local-dir ROOT/REPO/NEW --from ROOT/REPO/current   # download what changed"),
     "mm manifest": ("mm manifest ./model --repo Qwen/Qwen3-8B --revision main",
                     "mm manifest ~/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/COMMIT",
                     "mm manifest export ./model"),
@@ -1661,14 +1798,22 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
                   "mm bundle repair-volume /media/disk1 /media/disk2"),
     "mm bundle create": ("mm bundle /data/models/MiniMax-M3.1-Flash --out /media/disk1 --volume-size 500G",
                          "mm bundle DIR --out /media/disk1 --volume-size 1.8T --parity 2 --image sglang.tar",
-                         "mm bundle --only-mm --out ./mm-upgrade       # mm itself, for a host that has the model"),
+                         "mm bundle --only-mm --out ./mm-upgrade       # mm itself, for a host that has the model",
+                         "mm bundle ROOT/REPO/NEW --base ROOT/REPO/OLD --out /media/disk1 --volume-size 500G   # a delta"),
     "mm bundle verify": ("mm bundle verify /media/disk1 /media/disk2",
                          "mm bundle verify /media/disk1/MiniMax-M3.1-Flash-ce7f4df87d2e.vol001-of-003.tar --json"),
     "mm bundle repair-volume": ("mm bundle repair-volume /media/disk1 /media/disk2 /media/parity",
                                 "mm bundle repair-volume /media/disk1 --out /media/spare"),
     "mm unbundle": ("mm unbundle /media/disk1 /media/disk2 --dest /data/models/MiniMax-M3.1-Flash",
                     "mm unbundle /media/disk1 --dest DIR        # some volumes now, the rest later",
-                    "mm unbundle /media/disk1 --dest DIR --allowed-signers allowed_signers"),
+                    "mm unbundle /media/disk1 --dest DIR --allowed-signers allowed_signers",
+                    "mm unbundle /media/disk1 --dest ROOT/REPO/NEW --from ROOT/REPO/OLD   # a delta: the rest from OLD"),
+    "mm ls": ("mm ls /data/models",
+              "mm ls /data/models --json | jq '.revisions[] | {dir, current, shared}'"),
+    "mm use": ("mm use MiniMaxAI/MiniMax-M3.1-Flash 2f3a91c0 --root /data/models",
+               "mm use MiniMaxAI/MiniMax-M3.1-Flash ce7f4df8 --root /data/models    # the rollback"),
+    "mm gc": ("mm gc /data/models --dry-run",
+              "mm gc /data/models --keep 2"),
     "mm image": ("mm image save --out sglang.tar",),
     "mm image save": ("mm image save --out sglang.tar                      # the pinned engine image, this platform",
                       "mm image save --platform linux/arm64 --out sglang-arm64.tar      # for GB200/GB300 nodes",
