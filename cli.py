@@ -31,11 +31,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
                          "identity, port, /dev/shm, host memory, cache disk and key, the model. One line per check "
                          "with its fix; exit 1 when a check fails."),
     "fetch": ("fetch", "Download a pinned revision, verify every file against the Hub, write the manifest."),
+    "gc": ("store", "Remove the revisions under ROOT that are not current, not kept (--keep) and not mounted by a running "
+                    "container (docker is asked), and say what it frees. Interrupted, it leaves every revision whole "
+                    "or gone; the next run finishes."),
     "image": ("image", "The pinned engine image by identity (`mm image save --out FILE`)."),
     "inspect": ("oci", "Show a registry artifact's files, sizes, revision and signature status (same as "
                        "`mm pull --list`)."),
     "launch": ("launch", "Print (or write) the offline start for MODEL_DIR on the given hardware (replicas behind the "
                          "router on a node)."),
+    "ls": ("store", "The revisions under ROOT (ROOT/<repo id>/<dir>/): sizes, bytes shared on disk, which is current, "
+                    "when each was verified, signatures, containers mounting them."),
     "manifest": ("fetch", "Write (`mm manifest DIR --repo R --revision REV`) or export (`mm manifest export DIR`) a "
                           "manifest."),
     "mirror": ("fetch", "ModelScope mirrors: compare a mirror with the pinned revision by content."),
@@ -49,6 +54,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
                        ".mm/manifest.json.sig."),
     "unbundle": ("bundle", "Import volumes (files or directories, any order, some now and the rest later) into DEST, "
                            "then verify."),
+    "use": ("store", "Make REVISION (a commit prefix or its directory name) the current one of REPO under the model "
+                     "root: the ROOT/REPO/current symlink is replaced atomically, once `verify --quick` passes on it. "
+                     "A rollback is the same command with the earlier revision; a start script that names "
+                     "ROOT/REPO/current serves it at its next start."),
     "verify": ("verify", "Check every byte of DIR against its manifest, every file present, every safetensors shard "
                          "and index sound; files not in the manifest are reported (and fail with --strict). A partial "
                          "fetch is judged on what was asked for. Exit 0 all good, 1 problems found, 3 could not run, "
@@ -152,7 +161,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
                  "mm fetch Qwen/Qwen3-8B --revision main --local-dir /data/models/Qwen3-8B",
                  "mm fetch --local-dir ./m --include '*.json'                        # a partial fetch, recorded",
                  "mm fetch --local-dir ./m --source modelscope                       # the mirror, then the Hub",
-                 "mm fetch --local-dir ./m --json | jq .counts"),
+                 "mm fetch --local-dir ./m --json | jq .counts",
+                 "mm fetch REPO -r NEW --local-dir ROOT/REPO/NEW --from ROOT/REPO/current   # download what changed"),
     "mm manifest": ("mm manifest ./model --repo Qwen/Qwen3-8B --revision main",
                     "mm manifest ~/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/COMMIT",
                     "mm manifest export ./model"),
@@ -180,14 +190,22 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
                   "mm bundle repair-volume /media/disk1 /media/disk2"),
     "mm bundle create": ("mm bundle /data/models/MiniMax-M3.1-Flash --out /media/disk1 --volume-size 500G",
                          "mm bundle DIR --out /media/disk1 --volume-size 1.8T --parity 2 --image sglang.tar",
-                         "mm bundle --only-mm --out ./mm-upgrade       # mm itself, for a host that has the model"),
+                         "mm bundle --only-mm --out ./mm-upgrade       # mm itself, for a host that has the model",
+                         "mm bundle ROOT/REPO/NEW --base ROOT/REPO/OLD --out /media/disk1 --volume-size 500G   # a delta"),
     "mm bundle verify": ("mm bundle verify /media/disk1 /media/disk2",
                          "mm bundle verify /media/disk1/MiniMax-M3.1-Flash-ce7f4df87d2e.vol001-of-003.tar --json"),
     "mm bundle repair-volume": ("mm bundle repair-volume /media/disk1 /media/disk2 /media/parity",
                                 "mm bundle repair-volume /media/disk1 --out /media/spare"),
     "mm unbundle": ("mm unbundle /media/disk1 /media/disk2 --dest /data/models/MiniMax-M3.1-Flash",
                     "mm unbundle /media/disk1 --dest DIR        # some volumes now, the rest later",
-                    "mm unbundle /media/disk1 --dest DIR --allowed-signers allowed_signers"),
+                    "mm unbundle /media/disk1 --dest DIR --allowed-signers allowed_signers",
+                    "mm unbundle /media/disk1 --dest ROOT/REPO/NEW --from ROOT/REPO/OLD   # a delta: the rest from OLD"),
+    "mm ls": ("mm ls /data/models",
+              "mm ls /data/models --json | jq '.revisions[] | {dir, current, shared}'"),
+    "mm use": ("mm use MiniMaxAI/MiniMax-M3.1-Flash 2f3a91c0 --root /data/models",
+               "mm use MiniMaxAI/MiniMax-M3.1-Flash ce7f4df8 --root /data/models    # the rollback"),
+    "mm gc": ("mm gc /data/models --dry-run",
+              "mm gc /data/models --keep 2"),
     "mm image": ("mm image save --out sglang.tar",),
     "mm image save": ("mm image save --out sglang.tar                      # the pinned engine image, this platform",
                       "mm image save --platform linux/arm64 --out sglang-arm64.tar      # for GB200/GB300 nodes",

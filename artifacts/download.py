@@ -37,6 +37,7 @@ from .hashing import SLICE, Digests, StreamHasher, hash_file, mapped_windows
 from .interrupt import keeps, requested as interrupt_requested, worker_pool
 from .manifest import FileEntry, Upstream, entry_from_dict, manifest_path, read_manifest
 from .progress import NULL_PROGRESS, ProgressSink
+from .sharing import clone_file
 from .untrusted import load_json
 from . import ranges
 from .ranges import DEFAULT_CONNECTIONS, Answer, Connections, RangedJob, TransferStats, clear_state, state_path
@@ -266,7 +267,7 @@ class Session:
         elsewhere is copied in (hashed in the same read, published under the final name only once it matches).
         Adopted entries are journaled like downloaded ones. Returns {path: (outcome "adopted", entry)}; a
         candidate that does not match is left alone (the download replaces it) and its path kept in `differing`."""
-        todo = [(f, Path(candidates[f.path])) for f in files if f.path in candidates and _same_size(candidates[f.path], f.size)]
+        todo = [(f, Path(candidates[f.path])) for f in files if f.path in candidates and same_size(candidates[f.path], f.size)]
         if not todo:
             return {}
         progress.begin(sum(f.size for f, _ in todo), f"hash {len(todo)} file(s) already on disk", files=len(todo))
@@ -305,12 +306,16 @@ class Session:
         partial = partial_path(self.local_dir, f).with_suffix(".adopt")
         hasher = _new_hasher(f)
         try:
-            out = os.fdopen(open_file(self.local_dir, partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
-            with out:
-                for piece in mapped_windows(candidate, SLICE, progress.advance):
-                    hasher.update(piece)
-                    out.write(piece)
-            digests = hasher.digests()
+            if clone_file(candidate, partial, root=self.local_dir):  # a reflink (mm fetch --from on XFS, btrfs): one read
+                digests = hash_file(partial, sha256=True, git_sha1=not f.lfs_sha256)
+                progress.advance(f.size)
+            else:
+                out = os.fdopen(open_file(self.local_dir, partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
+                with out:
+                    for piece in mapped_windows(candidate, SLICE, progress.advance):
+                        hasher.update(piece)
+                        out.write(piece)
+                digests = hasher.digests()
             if not _matches(f, digests):
                 return None
             publish(partial, final, root=self.local_dir)
@@ -374,12 +379,12 @@ def in_place_candidates(local_dir: Path, files: Sequence[RemoteFile]) -> dict[st
     found = {}
     for f in files:
         final = Path(local_dir) / f.path
-        if os.path.realpath(final) == os.path.join(root, *f.path.split("/")) and _same_size(final, f.size):
+        if os.path.realpath(final) == os.path.join(root, *f.path.split("/")) and same_size(final, f.size):
             found[f.path] = final
     return found
 
 
-def _same_size(path: Path, size: int) -> bool:
+def same_size(path: Path, size: int) -> bool:
     """PATH is a regular file (not a symlink) of SIZE bytes."""
     try:
         st = os.lstat(path)

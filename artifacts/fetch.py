@@ -4,16 +4,22 @@ The flow: resolve the revision and list its files on the Hub (artifacts/hub.py),
 source plan (the ModelScope mirror's reconciliation, artifacts/mirror.py); hand the files and their
 sources to the download engine (artifacts/download.py); write DIR/.mm/manifest.json from what the
 engine proved, under the engine's lock.
+
+`--from BASE_DIR` (base_candidates): a file whose upstream identity and size are a file's of another revision's
+directory on this host is adopted from there instead of downloaded (download.Session.adopt: reflinked where the file
+system clones, else copied, hashed, checked against the pin's identity, named only then; a base file whose bytes
+are not the pinned ones is downloaded instead).
 """
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from .download import JOURNAL, PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources
+from .download import JOURNAL, PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources, same_size
 from .errors import BadInput, RemoteError
 from .fsutil import MM_DIR, check_model_path, state_root, unlink_file
 from .ranges import DEFAULT_CONNECTIONS
@@ -37,6 +43,7 @@ class FetchRequest:
     endpoint: str | None = None
     token: str | None = field(default=None, repr=False)
     repo_type: str = "model"
+    base_dir: Path | None = None  # another revision's directory here: content it has is read from it (--from)
 
 
 @dataclass(frozen=True)
@@ -104,13 +111,14 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
     if not planned and not unlisted:
         raise BadInput(f"{req.repo_id}@{resolved.commit[:12]}: no files match the include/exclude patterns")
     hub = HubSource(req.repo_id, resolved.commit, endpoint=req.endpoint, token=req.token, repo_type=req.repo_type)
+    from_base = base_candidates(req.base_dir, planned, local_dir) if req.base_dir is not None else {}
     sources = Sources(default=hub, by_path=plan.by_path if plan else {},
                       fallback=hub if plan is None or plan.hub_fallback else None, fallback_name="the Hub")
 
     with _new_state_dir(local_dir), Session(local_dir, "mm fetch") as session:
         results = session.run(planned, sources, refetch=refetch is not None, workers=req.workers,
                               connections=req.connections, progress=progress,
-                              label=f"fetch {req.repo_id}@{resolved.commit[:12]}")
+                              label=f"fetch {req.repo_id}@{resolved.commit[:12]}", candidates=from_base)
         entries = _manifest_entries(local_dir, refetch, remote, planned, session.known,
                                     [e for _, e in results if e is not None])
         manifest = Manifest(repo_id=req.repo_id, revision=resolved.commit, files=(), repo_type=req.repo_type,
@@ -148,6 +156,35 @@ def _manifest_entries(local_dir: Path, refetch: frozenset[str] | None, remote: l
         if f.path not in entries:
             entries[f.path] = expected_entry(f.path, f.size, f.upstream)
     return entries
+
+
+def base_candidates(base_dir: Path, files: list[RemoteFile], local_dir: Path) -> dict[str, Path]:
+    """{path: BASE_DIR's file} for each file of FILES whose upstream identity and size a file of BASE_DIR has (by its
+    manifest: the LFS sha256, or the git blob sha1 of a small file), the same path preferred: candidates the engine
+    adopts (download.Session.adopt: cloned or copied in, hashed, kept only when they match the pin). Only regular
+    files inside BASE_DIR (no symlink on the way) are named."""
+    base_dir = Path(base_dir)
+    if not base_dir.is_dir():
+        raise BadInput(f"--from {base_dir}: not a directory")
+    if os.path.realpath(base_dir) == os.path.realpath(local_dir):
+        raise BadInput(f"--from {base_dir}: is the target directory itself")
+    base = read_manifest(manifest_path(base_dir))
+    by_identity: dict[tuple[str, str, int], list[str]] = {}
+    for e in base.files:
+        if e.sha256:
+            by_identity.setdefault(("lfs-sha256", e.sha256, e.size), []).append(e.path)
+        if e.upstream is not None and e.upstream.kind == "git-blob-sha1":
+            by_identity.setdefault((e.upstream.kind, e.upstream.value, e.size), []).append(e.path)
+    root = os.path.realpath(base_dir)
+    found = {}
+    for f in files:
+        for candidate in sorted(by_identity.get((f.upstream.kind, f.upstream.value, f.size), []),
+                                key=lambda p: p != f.path):
+            full = base_dir / candidate
+            if os.path.realpath(full) == os.path.join(root, *candidate.split("/")) and same_size(full, f.size):
+                found[f.path] = full
+                break
+    return found
 
 
 def _partial(local_dir: Path, req: FetchRequest, refetch: frozenset[str] | None, remote: list[RemoteFile],

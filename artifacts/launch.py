@@ -384,6 +384,9 @@ def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = 
     """One server. IDENTITY (repo_id, revision) skips the model-directory checks: the caller made them."""
     catalog = catalog or load_catalog()
     recipe = choose_recipe(catalog, opts)
+    from .store import as_mounted  # a store's `current` pointer is mounted as named: `mm use` decides the next start
+
+    mount_dir = as_mounted(model_dir)
     model_dir = Path(model_dir).resolve()
     # the model directory first, then the request
     repo_id, revision = identity or check_model_dir(model_dir, recipe, catalog.pin)
@@ -423,7 +426,7 @@ def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = 
 
     container_model = f"{CONTAINER_MODELS}/{repo_id.rsplit('/', 1)[-1]}"
     cache_root = None
-    mounts = [Mount(model_dir, container_model, read_only=True)]
+    mounts = [Mount(mount_dir, container_model, read_only=True)]
     snapshot = snapshot_of(model_dir)
     if snapshot is not None:  # a Hugging Face cache snapshot: its links (../../blobs/<id>) must resolve in the container
         mounts.append(Mount(Path(snapshot.blobs), HF_BLOBS_MOUNT, read_only=True))

@@ -107,9 +107,11 @@ def _ports(opts: LaunchOptions, replicas: int, metrics_default: int) -> tuple[tu
 
 
 def plan_node(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = None, check_dir: bool = True) -> NodePlan:
+    from .store import as_mounted
+
     catalog = catalog or load_catalog()
     recipe = choose_recipe(catalog, opts)
-    model_dir = Path(model_dir).resolve()
+    model_dir = as_mounted(model_dir)  # a store's `current` pointer stays the pointer in the script
     opts = dataclasses.replace(opts, name=opts.name or catalog.pin.container_name)
     identity = check_model_dir(model_dir, recipe, catalog.pin) if check_dir else read_identity(model_dir, recipe)
     replicas, gpu_sets = split_gpus(catalog, opts)

@@ -101,10 +101,14 @@ def bundle():
                    "(e.g. 2 for ten data volumes).")
 @click.option("--yes", is_flag=True, help="Write a plan of more than 10,000 volumes (refused otherwise: most likely a "
                                           "--volume-size typo, 100K for 100G).")
+@click.option("--base", type=click.Path(path_type=Path),
+              help="Make a delta: carry only the files whose content this base revision lacks (its manifest file, "
+                   "its model directory, or a volume of its bundle); the destination takes the rest from its copy "
+                   "of the base (mm unbundle --from).")
 @json_option
 @handles_errors
 def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only_mm, target_platforms, target_pythons,
-                  image_ref, allow_other_image, insecure_registry, no_sync, parity, yes, json_out, **kw):
+                  image_ref, allow_other_image, insecure_registry, no_sync, parity, yes, base, json_out, **kw):
     """Write the model (and payloads, and mm itself) as self-describing tar volumes, plus --parity volumes; a
     rerun resumes."""
     import contextlib
@@ -115,7 +119,7 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
     from ..artifacts.errors import BadInput
     sources = _payload_sources(kw)
     if only_mm:
-        if directory or volume_size or any(sources.values()) or parity:
+        if directory or volume_size or any(sources.values()) or parity or base:
             raise BadInput("--only-mm writes only install-mm.sh and wheelhouse/ into --out: give no model directory, "
                            "--volume-size or payload")
         if len(out_dirs) > 1:
@@ -148,7 +152,7 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
                                cache_key=cache_key, progress=progress, sync=not no_sync, parity=parity,
                                collect=CollectOptions(image_ref=image_ref, allow_other_image=allow_other_image,
                                                       tls_verify=not insecure_registry),
-                               yes=yes, on_plan=None if json_out else _render_bundle_plan)
+                               yes=yes, on_plan=None if json_out else _render_bundle_plan, base=base)
     if json_out:  # each payload kind under its own key, beside the rest
         emit_json({key: value for field_name, v in to_jsonable(result).items()
                    for key, value in (v.items() if field_name == "payloads" else [(field_name, v)])})
@@ -168,6 +172,10 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
               f"{result.files} files, {human_bytes(result.total_bytes)} of data in {human_duration(result.seconds)}. "
               f"Check the disks with: mm bundle verify {' '.join(result.outs)}",
               highlight=False, markup=False, soft_wrap=True)
+    if result.delta:
+        from ..artifacts.bundle.delta import describe
+        out.print(f"{describe(result.delta)}; at the destination: mm unbundle VOLUMES --dest NEW_DIR --from BASE_DIR",
+                  highlight=False, markup=False, soft_wrap=True)
     carried = result.payloads.get("mm")
     if carried:
         out.print(f"mm {carried['mm_version']} ({', '.join(carried['sets'])}) travels whole in volume 1; on the "
@@ -223,6 +231,10 @@ def bundle_verify(volumes, json_out):
                       highlight=False, markup=False, soft_wrap=True)
             if report.install_mm:
                 out.print(f"install: {report.install_mm}", highlight=False, markup=False, soft_wrap=True)
+            if report.delta:
+                from ..artifacts.bundle.delta import describe
+                out.print(f"{describe(report.delta)}: mm unbundle VOLUMES --dest NEW_DIR --from BASE_DIR",
+                          highlight=False, markup=False, soft_wrap=True)
             if report.parities:
                 gone = ", ".join(str(n) for n in report.parity_missing) or "none"
                 out.print(f"parity: {report.parities} volume(s); missing: {gone}", highlight=False, markup=False,
@@ -283,10 +295,17 @@ def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
 @click.option("--readback", is_flag=True,
               help="Also read each file back from the disk once fsynced (its pages dropped from the page cache) and "
                    "name it only if it still matches: proves the disk holds the bytes, at the cost of a second read.")
+@click.option("--from", "base_dir", type=click.Path(path_type=Path),
+              help="A delta bundle's base: the directory holding the base revision. Files the delta does not carry are "
+                   "taken from there (reflink where the file system clones, else a copy), each hashed.")
+@click.option("--link", is_flag=True,
+              help="With --from, where no reflink is possible: hard-link the base files instead of copying them. The "
+                   "two directories then share one inode per file: damage to one shows in both.")
 @signature_options
 @json_option
 @handles_errors
-def unbundle(volumes, dest, no_sync, readback, require_signature, allowed_signers, identity, json_out, **kw):
+def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature, allowed_signers, identity, json_out,
+             **kw):
     """Import volumes (files or directories, any order, some now and the rest later) into DEST, then verify.
 
     Exit 0 imported (volumes may still be missing), 5 a volume or member was refused (or a file read back
@@ -295,11 +314,14 @@ def unbundle(volumes, dest, no_sync, readback, require_signature, allowed_signer
     import time
 
     from ..artifacts.bundle.unpack import Outcome, unbundle as import_volumes
+    if link and base_dir is None:
+        raise click.UsageError("--link hard-links files of the base: it needs --from BASE_DIR")
     required = signature_policy(require_signature, allowed_signers, identity)
     started = time.monotonic()
     report = import_volumes(list(volumes), dest, payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS},
                             progress=progress_for(json_out), sync=not no_sync, allowed_signers=allowed_signers,
-                            identity=identity, require_signature=required, readback=readback)
+                            identity=identity, require_signature=required, readback=readback, base_dir=base_dir,
+                            link=link)
     exit_code, why = {Outcome.IMPORTED: (0, ""),
                       Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),
                       Outcome.VERIFY_FAILED: (ProblemsFound.exit_code, "final verify found problems")}[report.outcome]
@@ -321,6 +343,13 @@ def unbundle(volumes, dest, no_sync, readback, require_signature, allowed_signer
         out.print(f"{len(report.imported)} file(s) imported, {report.skipped} already present, from "
                   f"{len(report.used)} volume(s) of {report.name} ({report.bundle_id}) in "
                   f"{human_duration(time.monotonic() - started)}.", highlight=False, markup=False, soft_wrap=True)
+        if report.delta and report.delta.get("mode"):
+            d = report.delta
+            how = {"reflink": "by reflink (no bytes copied)", "link": "by hard link (--link)",
+                   "copy": "by copy (no reflink on this file system)"}[d["mode"]]
+            out.print(f"{d['taken']} file(s), {human_bytes(d['taken_bytes'])} taken from the base {d['from']} {how}, "
+                      f"each hashed; {d['files_from_base'] - d['taken']} already in place", highlight=False,
+                      markup=False, soft_wrap=True)
         if report.complete:
             v = report.verify
             checked = sum(v[k]["bytes"] for k in ("hashed_as_written", "named_earlier_unchanged", "hashed_now"))

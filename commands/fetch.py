@@ -104,17 +104,20 @@ def _fetch_exit_code(result: mm_fetch.FetchResult) -> int:
               help="With --source modelscope: the pin's identities from this mm manifest, for when the Hub is unreachable.")
 @click.option("--sign-with", type=click.Path(path_type=Path),
               help="Sign the manifest at the end (as `mm sign DIR --key KEY`) when every file was fetched.")
+@click.option("--from", "base_dir", type=click.Path(path_type=Path),
+              help="Another revision's directory on this host: files whose content it has are read from there, not "
+                   "downloaded (each checked against the pin like a download).")
 @json_option
 @handles_errors
 def fetch(repo, revision, local_dir, include, exclude, connections, workers, source, mirror_only, pin_manifest, sign_with,
-          json_out):
+          base_dir, json_out):
     """Download a pinned revision, verify every file against the Hub, write the manifest.
 
     Resumes across runs; the token comes from HF_TOKEN or the stored login, the endpoint from HF_ENDPOINT.
     """
     from ..artifacts import fetch as mm_fetch
     req = _fetch_request(repo, revision, local_dir, include=tuple(include), exclude=tuple(exclude), workers=workers,
-                         connections=connections)
+                         connections=connections, base_dir=base_dir)
     plan = _mirror_plan(req, source, mirror_only, pin_manifest)  # mirror (issue 4)
     if sign_with is not None and not Path(sign_with).exists():  # before the download, not after it
         raise MMError(f"{sign_with}: no such key file (give a private key, or KEY.pub with its key in ssh-agent)")

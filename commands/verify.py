@@ -109,6 +109,10 @@ def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revisi
                 _render_signature(signature)
         report = verify_dir(directory, manifest_obj, quick=quick, jobs=jobs, progress=progress,
                             manifest_file=manifest_file, strict=strict)
+        if not quick and manifest_file is None:  # for `mm ls`: when this directory was last verified in full
+            from ..artifacts.store import record_verified
+            record_verified(directory, report.ok, report.files_checked, report.bytes_checked, len(report.problems),
+                            "mm verify")
     if json_out:
         emit_json({**_verify_doc(report), "next": _next_step(report),
                    **({"signature": to_jsonable(signature)} if signature else {})})

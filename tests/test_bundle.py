@@ -42,9 +42,9 @@ def make_model(root: Path, seed: int = 0, shard_bytes: int = 600 * 1024) -> Path
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    """Every file under ROOT (manifest included, the lock excluded) with its bytes."""
+    """Every file under ROOT (manifest included; the lock and the verification stamp of `mm ls` excluded) with its bytes."""
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name != "lock"}
+            if p.is_file() and p.name not in ("lock", "verified.json")}
 
 
 def volumes_in(d: Path) -> list[Path]:

@@ -46,7 +46,7 @@ def model(tmp_path_factory) -> Path:
     return root
 
 
-DURABILITY = "write,pwrite64,fsync,fdatasync,rename"
+DURABILITY = "write,pwrite64,fsync,fdatasync,rename,renameat,renameat2"
 READS = "read,pread64,readv,preadv,preadv2,mmap"
 
 
@@ -102,6 +102,20 @@ def traced(tmp_path: Path, calls: str, *args, inject: tuple[str, ...] = ()):
 def fd_path(args: str) -> str | None:
     m = FD_PATH.match(args)
     return m.group(1) if m else None
+
+
+_RENAMEAT = re.compile(r'(?:AT_FDCWD|\d+<([^>]*)>), "([^"]*)", (?:AT_FDCWD|\d+<([^>]*)>), "([^"]*)"')
+
+
+def renamed_paths(name: str, args: str) -> tuple[str, str] | None:
+    """(from, to) of a rename, or of a renameat/renameat2 relative to directory descriptors (fsutil.publish renames
+    through its parents' descriptors: the target rule), as full paths; None for other calls."""
+    if name == "rename":
+        m = re.match(r'"([^"]*)", "([^"]*)"', args)
+        return (m.group(1), m.group(2)) if m else None
+    if name in ("renameat", "renameat2") and (m := _RENAMEAT.match(args)):
+        return os.path.join(m.group(1) or "", m.group(2)), os.path.join(m.group(3) or "", m.group(4))
+    return None
 
 
 def bytes_read(calls) -> dict[str, int]:
@@ -202,7 +216,7 @@ def test_readback_drops_each_synced_file_from_the_page_cache_and_reads_it_whole_
                    and args.endswith("0, 0, POSIX_FADV_DONTNEED")]
         reads = [(t, int(ret)) for t, name, args, ret in calls if name.startswith(("read", "pread"))
                  and fd_path(args) == partial and int(ret) > 0]
-        renamed = [t for t, name, args, _ in calls if name == "rename" and args.startswith(f'"{partial}"')]
+        renamed = [t for t, name, args, _ in calls if (renamed_paths(name, args) or ("",))[0] == partial]
         assert synced and dropped and renamed, f.path
         assert min(synced) < dropped[0] < min(t for t, _ in reads) and max(t for t, _ in reads) < renamed[0], f.path
         assert sum(n for _, n in reads) == f.size, f.path  # the whole file, once
@@ -300,7 +314,7 @@ def test_readback_catches_bytes_changed_on_the_device_after_they_were_synced(mod
 def _sync_then_rename_then_dir_sync(calls, partial: str, final: str) -> bool:
     last_write = max(t for t, name, args, _ in calls if name.startswith(("write", "pwrite")) and fd_path(args) == partial)
     synced = [t for t, name, args, _ in calls if name in ("fsync", "fdatasync") and fd_path(args) == partial]
-    renamed = [t for t, name, args, _ in calls if name == "rename" and args == f'"{partial}", "{final}"']
+    renamed = [t for t, name, args, _ in calls if renamed_paths(name, args) == (partial, final)]
     directory = os.path.dirname(final)
     dir_synced = [t for t, name, args, _ in calls if name in ("fsync", "fdatasync") and fd_path(args) == directory]
     return bool(synced and renamed and dir_synced) and last_write < max(synced) < renamed[0] < max(dir_synced)

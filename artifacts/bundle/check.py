@@ -20,6 +20,7 @@ from ..hashing import StreamHasher
 from ..manifest import from_json
 from ..progress import NULL_PROGRESS, ProgressSink
 from .copyio import HASH_THREADS, ChunkPipe
+from .delta import summary
 from .format import MANIFEST_MEMBER
 from .index import disagreements
 from .volume import Volume, find_volumes, open_volume, split_volumes
@@ -49,6 +50,7 @@ class BundleVerifyReport:
     recoverable: bool | None = None  # with parity: can the data volumes missing or damaged be rebuilt
     recovery: str | None = None  # e.g. "volumes 3 and 7 missing: recoverable with parity 1-2"
     install_mm: str | None = None  # how to install mm from these volumes, when the bundle carries it
+    delta: dict | None = None  # a delta bundle: its base and how much comes from it (delta.summary)
     files_checked: int = 0  # volume files read
     bytes_checked: int = 0
     seconds: float = 0.0
@@ -163,9 +165,18 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
         report.recoverable, report.recovery = recoverability(count, m, missing, damaged,
                                                              sorted(set(range(1, m + 1)) - good))
     report.install_mm = _install_mm(ref_vol.index.payloads) if ref_vol else None
+    if ref_vol is not None and ref_vol.index.delta is not None:
+        report.delta = summary(ref_vol.index.delta, _manifest_of(reference))
     report.files_checked, report.bytes_checked = len(vols), data_bytes(data + parity, ref)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _manifest_of(vol: Volume | None):
+    try:
+        return from_json(vol.manifest_bytes, vol.path.name) if vol is not None else None
+    except BadInput:
+        return None
 
 
 def _install_mm(payloads: dict) -> str | None:

@@ -9,6 +9,11 @@ Digests that are known only after the data is written (a piece's blake3, a paylo
 written as 64 zeros first and patched in place when the volume is complete: the JSON keeps its length.
 A bundle made with `--parity M` adds "parity": {"parities", "stripe", "code"} (ParityNote) to every data
 volume's index, so that a data volume alone says how many parity volumes exist and how to make them again.
+A delta bundle (`mm bundle --base`, delta.py) has schema mm-bundle-delta/1 (a mm that does not know deltas refuses
+it rather than import part of a model) and adds "delta" (DeltaNote) to every data volume's index:
+  {"base": {"repo_id", "revision", "manifest_sha256"}, "take": [{"path", "base_path", "size", "sha256", "blake3"}]}
+the base manifest's identity (the sha256 of the document, and its revision) and, for each model file the volumes
+do not carry, the base file it is taken from (same content, maybe another path).
 
 A parity volume's index (schema mm-bundle-parity/1, ParityIndex):
   {"schema", "bundle_id", "name", "parity", "parities", "volumes", "code", "stripe", "manifest_blake3",
@@ -22,6 +27,7 @@ member name is checked.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -38,6 +44,7 @@ if TYPE_CHECKING:
     from ..manifest import Manifest
 
 INDEX_SCHEMA = "mm-bundle-index/1"
+DELTA_SCHEMA = "mm-bundle-delta/1"
 PARITY_SCHEMA = "mm-bundle-parity/1"
 MAX_VOLUMES = 99_999  # data volumes in one bundle (the name holds at least three digits, the count can grow)
 
@@ -81,6 +88,37 @@ class ParityNote:
 
 
 @dataclass(frozen=True)
+class Take:
+    """A model file a delta does not carry: PATH in the new revision is BASE_PATH's bytes in the base."""
+
+    path: str
+    base_path: str
+    size: int
+    sha256: str
+    blake3: str
+
+
+@dataclass(frozen=True)
+class DeltaNote:
+    """What a delta bundle needs from the destination: the base revision (by its manifest's sha256) and the
+    files taken from it."""
+
+    base_repo_id: str
+    base_revision: str
+    base_manifest_sha256: str
+    take: tuple[Take, ...]
+
+    @property
+    def taken_bytes(self) -> int:
+        return sum(t.size for t in self.take)
+
+    def to_doc(self) -> dict:
+        return {"base": {"repo_id": self.base_repo_id, "revision": self.base_revision,
+                         "manifest_sha256": self.base_manifest_sha256},
+                "take": [asdict(t) for t in self.take]}
+
+
+@dataclass(frozen=True)
 class Index:
     bundle_id: str
     name: str
@@ -94,6 +132,7 @@ class Index:
     payloads: Payloads
     members: tuple[Entry, ...]
     parity: ParityNote | None = None
+    delta: DeltaNote | None = None
 
     @property
     def number(self) -> int:
@@ -106,20 +145,23 @@ class Index:
         """Data member -> (length, blake3), as the tar must hold them."""
         return {e.member: (e.length, e.blake3) for e in self.members}
 
-    BUNDLE_WIDE = ("name", "volumes", "volume_size", "repo_id", "revision", "manifest_blake3", "payloads", "parity")
+    BUNDLE_WIDE = ("name", "volumes", "volume_size", "repo_id", "revision", "manifest_blake3", "payloads", "parity",
+                   "delta")
 
     def differs_from(self, other: Index) -> str | None:
         """The first bundle-wide field (the same in every volume of one bundle) where OTHER says otherwise."""
         return next((f for f in self.BUNDLE_WIDE if getattr(self, f) != getattr(other, f)), None)
 
     def to_doc(self) -> dict:
-        doc = {"schema": INDEX_SCHEMA, **{f: getattr(self, f) for f in
+        doc = {"schema": DELTA_SCHEMA if self.delta else INDEX_SCHEMA, **{f: getattr(self, f) for f in
                                           ("bundle_id", "name", "volume", "volumes", "volume_size", "repo_id",
                                            "revision", "manifest_blake3", "meta")}}
         doc["payloads"] = payloads_document(self.payloads)
         doc["members"] = [asdict(e) for e in self.members]
         if self.parity is not None:
             doc["parity"] = asdict(self.parity)
+        if self.delta is not None:
+            doc["delta"] = self.delta.to_doc()
         return doc
 
 
@@ -229,6 +271,31 @@ def _parity_note(raw: object, volumes: int) -> ParityNote | None:
     return note
 
 
+HEX40 = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _take(raw: object, where: str) -> Take:
+    raw = record(raw, "a take-from-base record")
+    return Take(check_relpath(string(raw, "path"), where), check_relpath(string(raw, "base_path"), where),
+                integer(raw, "size"), digest(raw, "sha256"), digest(raw, "blake3"))
+
+
+def _delta_note(raw: object, where: str) -> DeltaNote:
+    raw = record(raw, "delta")
+    base = record(raw["base"], "delta base")
+    revision = string(base, "revision", max_len=40)
+    if not HEX40.match(revision):
+        raise ValueError(f"delta base revision {revision!r} is not a full 40-hex commit")
+    take = raw["take"]
+    if not isinstance(take, list):
+        raise ValueError("delta take is not a list")
+    note = DeltaNote(string(base, "repo_id", max_len=MAX_TEXT), revision, digest(base, "manifest_sha256"),
+                     tuple(_take(t, where) for t in take))
+    if len({t.path for t in note.take}) != len(note.take):
+        raise ValueError("delta takes one path twice")
+    return note
+
+
 def parse_index(doc: object, where: str) -> Index:
     """Check an index document and return it typed; BadInput naming WHERE (the volume) on anything off.
 
@@ -236,9 +303,12 @@ def parse_index(doc: object, where: str) -> Index:
     a piece fits a volume, the payloads fit the volumes), so an index cannot make unbundle reserve or wait for
     more than the volumes carry. Whether the sizes agree with the manifest and the payload records is
     `disagreements` (the manifest is a separate member)."""
-    if not isinstance(doc, dict) or doc.get("schema") != INDEX_SCHEMA:
-        raise BadInput(f"{where}: not an mm bundle index (expected schema {INDEX_SCHEMA!r})")
+    if not isinstance(doc, dict) or doc.get("schema") not in (INDEX_SCHEMA, DELTA_SCHEMA):
+        raise BadInput(f"{where}: not an mm bundle index (expected schema {INDEX_SCHEMA!r} or {DELTA_SCHEMA!r})")
+    is_delta = doc["schema"] == DELTA_SCHEMA
     try:
+        if is_delta != ("delta" in doc):
+            raise ValueError(f"schema {doc['schema']} with{'out' if is_delta else ''} a delta record")
         volumes = integer(doc, "volumes", 1, high=MAX_VOLUMES)
         volume = integer(doc, "volume", 1, high=volumes)
         volume_size = integer(doc, "volume_size", 1)
@@ -255,7 +325,7 @@ def parse_index(doc: object, where: str) -> Index:
                      string(doc, "repo_id", max_len=MAX_TEXT), string(doc, "revision", max_len=MAX_TEXT),
                      digest(doc, "manifest_blake3"), meta, payloads,
                      tuple(_entry(e, where, volumes, volume_size) for e in members),
-                     _parity_note(doc.get("parity"), volumes))
+                     _parity_note(doc.get("parity"), volumes), _delta_note(doc["delta"], where) if is_delta else None)
     except BadInput as e:
         raise BadInput(f"{where}: index names an unsafe path ({e.message})") from None
     except (KeyError, TypeError, ValueError) as e:
@@ -326,4 +396,15 @@ def disagreements(index: Index, manifest: Manifest | None) -> list[str]:
                 problems.append(f"member {e.member!r} says {e.size} bytes, the manifest {f.size} (or the hashes differ)")
         elif carried.get(e.key) != e.size:
             problems.append(f"member {e.member!r} ({e.size} bytes) is not a {e.kind} file the payload records list")
+    if index.delta is not None:
+        carried_paths = {e.path for e in index.members if e.kind == MODEL_KIND}
+        for t in index.delta.take:
+            f = files.get(t.path)
+            if manifest is not None and f is None:
+                problems.append(f"delta takes {t.path!r} from the base, but the manifest has no such file")
+            elif f is not None and (f.size, f.sha256, f.blake3) != (t.size, t.sha256, t.blake3):
+                problems.append(f"delta takes {t.path!r} from the base as {t.size} bytes, the manifest says {f.size} "
+                                f"(or the hashes differ)")
+            if t.path in carried_paths:
+                problems.append(f"delta takes {t.path!r} from the base, and the volume carries it too")
     return problems

@@ -25,6 +25,8 @@ Decisions where the issue is silent:
 - `--parity M` adds M parity volumes (format.py, index.py ParityIndex, parity.py the code): once the data volumes
   are written, their files are read back once, stripe by stripe, and the parity streams written beside them.
   A parity volume is planned like a data volume: no larger than --volume-size.
+- `--base BASE` makes a delta (delta.py): the model files whose content the base has are left out of the volumes
+  and named in every index (DeltaNote), with the base manifest's identity; the rest is packed as usual.
 - The plan comes first (plan_summary: how many volumes, how large, which disk holds which), before a byte is
   written: more than MAX_VOLUMES volumes is refused unless `--yes` (a `--volume-size 100K` typo for 100G), and
   so is a plan the output disks have no room for (fsutil.require_free_space, per file system).
@@ -65,7 +67,8 @@ from .format import (
     parse_size, payload_sums_member, render_json, tar_header, volume_filename,
 )
 from . import payloads as payload_table
-from .index import Entry, Index, ParityIndex, ParityNote, Stream
+from . import delta as deltas
+from .index import DeltaNote, Entry, Index, ParityIndex, ParityNote, Stream
 from .parity import CODEC, MAX_TOTAL, STRIPE, FileSource, Layout, encode
 from .payloads import (MODEL_KIND, MODEL_PREFIX, PAYLOAD_ROOT, CollectOptions, Payloads, collect_payloads,
                        payloads_document, restore_hints)
@@ -122,6 +125,7 @@ class Plan:
     signature: bytes | None = None  # .mm/manifest.json.sig, carried in every volume
     parity: int = 0  # parity volumes
     stripe: int = STRIPE
+    delta: DeltaNote | None = None  # a delta bundle: the base, and the model files taken from it
 
     @property
     def count(self) -> int:
@@ -207,6 +211,7 @@ class BundleResult:
     synced: bool = True  # every volume fsynced before it got its name
     parity_volumes: list[VolumeResult] = field(default_factory=list)
     signed: bool = False  # the manifest's signature travels in every volume
+    delta: dict | None = None  # a delta bundle: its base and what comes from it (delta.summary)
     outs: list[str] = field(default_factory=list)
     files: int = 0  # files carried (model files and payload files)
     seconds: float = 0.0
@@ -217,9 +222,11 @@ class BundleResult:
 
 def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volume_size: int, name: str,
                 payloads: Payloads, payload_sources: list[Source], signature: bytes | None = None, parity: int = 0,
-                stripe: int = STRIPE) -> Plan:
+                stripe: int = STRIPE, delta: DeltaNote | None = None) -> Plan:
     first = [s for s in payload_sources if payload_table.BY_KIND[s.kind].first_volume]
-    sources = first + [Source(MODEL_KIND, f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files]
+    taken = {t.path for t in delta.take} if delta else set()
+    sources = first + [Source(MODEL_KIND, f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files
+                       if f.path not in taken]
     sources += [s for s in payload_sources if s not in first]
     id_doc = {"name": name, "volume_size": volume_size, "manifest": b3(manifest_bytes),
               "payloads": payloads_document(payloads),
@@ -228,6 +235,8 @@ def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volu
         id_doc["signature"] = b3(signature)
     if parity:
         id_doc["parity"] = [parity, stripe]
+    if delta:
+        id_doc["delta"] = b3(json.dumps(delta.to_doc(), sort_keys=True).encode())
     bundle_id = b3(json.dumps(id_doc, sort_keys=True).encode())[:32]
     mtime = _manifest_mtime(manifest)
     sums = export_sums(manifest, "sha256").encode()
@@ -235,7 +244,7 @@ def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volu
     for _ in range(32):
         plan = Plan(bundle_id, name, volume_size, manifest, manifest_bytes, payloads,
                     _place(sources, volume_size, volume_size - reserve - END_OF_ARCHIVE), mtime, signature, parity,
-                    stripe)
+                    stripe, delta)
         largest = max(volume_bytes(plan, n) for n in range(1, plan.count + 1))
         excess = max(largest, plan.parity_volume_bytes() if parity else 0) - volume_size
         if excess <= 0:
@@ -324,17 +333,22 @@ def restore_text(plan: Plan) -> bytes:
         f"{len(m.files)} model files, {human_bytes(m.total_bytes)}, in {plan.count} volume(s) "
         f"named {volume_filename(plan.name, 1, plan.count).replace('.vol001', '.volNNN')}.",
         "",
-        "With mm:   mm bundle verify VOLUMES...   then   mm unbundle VOLUMES... --dest DIR",
+        "With mm:   mm bundle verify VOLUMES...   then   mm unbundle VOLUMES... --dest DIR"
+        + (" --from BASE_DIR" if plan.delta else ""),
         "",
+        *(deltas.restore_intro(plan.delta, len(m.files)) if plan.delta else []),
         *_parity_notes(plan),
-        "Without mm (POSIX sh, tar, cat, sha256sum only): copy all volume files into one directory, cd",
-        "there, and run the lines between the markers (e.g. save them as restore.sh and run `sh restore.sh`).",
+        "Without mm (POSIX sh, tar, cat, sha256sum" + (", cp" if plan.delta else "") + " only): copy all volume "
+        "files into one directory, cd",
+        "there, and run the lines between the markers (e.g. save them as restore.sh and run `sh restore.sh"
+        + (" BASE_DIR`)." if plan.delta else "`)."),
         f"The model ends up in ./restore/{MODEL_PREFIX} with its manifest in {MODEL_PREFIX}/{MM_DIR}/ (so that "
         f"`mm verify`, `mm launch` work on it),",
         f"payloads in ./restore/{PAYLOAD_ROOT}; sha256sum -c checks every byte.",
         "",
         "--- begin restore script ---",
         "set -e",
+        *(deltas.restore_script_head() if plan.delta else []),
         "mkdir -p restore",
     ]
     lines += [f"tar -xf {q(volume_filename(plan.name, n, plan.count))} -C restore" for n in range(1, plan.count + 1)]
@@ -350,6 +364,8 @@ def restore_text(plan: Plan) -> bytes:
         lines.append(f"cat {' '.join(q(p.member) for p in pieces)} > {q(target)}")
     if split:
         lines.append("rm -r segments")
+    if plan.delta:
+        lines += deltas.restore_takes(plan.delta, MODEL_PREFIX, q)
     lines.append(f"(cd {MODEL_PREFIX} && sha256sum -c ../{SUMS_MEMBER})")
     payload_sums = [payload_sums_member(n) for n in range(1, plan.count + 1) if _payload_ends(plan, n)]
     if payload_sums:
@@ -405,7 +421,7 @@ def meta_members(plan: Plan, n: int, digests: dict, restore: bytes) -> list[tupl
     m = plan.manifest
     index = Index(plan.bundle_id, plan.name, n, plan.count, plan.volume_size, m.repo_id, m.revision,
                   b3(plan.manifest_bytes), meta, plan.payloads, tuple(_entry(p, digests) for p in plan.volumes[n - 1]),
-                  plan.parity_note)
+                  plan.parity_note, plan.delta)
     return [(index_member(n), render_json(index.to_doc())), (MANIFEST_MEMBER, plan.manifest_bytes), *sig,
             (SUMS_MEMBER, sums), (RESTORE_MEMBER, restore), *extra]
 
@@ -551,13 +567,14 @@ def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: 
                   payloads: dict[str, Sequence[Path]] | None = None, cache_key: Sequence[str] = (),
                   progress: ProgressSink = NULL_PROGRESS, sync: bool = True, parity: int = 0,
                   stripe: int = STRIPE, collect: CollectOptions | None = None, yes: bool = False,
-                  on_plan: Callable[[PlanSummary], None] | None = None) -> BundleResult:
+                  on_plan: Callable[[PlanSummary], None] | None = None, base: Path | None = None) -> BundleResult:
     """Bundle MODEL_DIR into OUT_DIR (one directory, or several: one per disk, filled in order). PAYLOADS: payload
     kind -> paths to carry (payloads.PAYLOAD_KINDS); CACHE_KEY: `KEY=VALUE` pairs for kernel caches without a key
     of their own. PARITY > 0 adds that many Reed-Solomon parity volumes; STRIPE is the code's stripe size (tests
     use small ones); COLLECT: the other options payload kinds read (the pinned image reference,
     --allow-other-image, registry TLS). ON_PLAN gets the plan before anything is written; YES: more than
-    MAX_VOLUMES volumes are written too."""
+    MAX_VOLUMES volumes are written too. BASE: make a delta against this base (a manifest, a model directory or a
+    volume of its bundle; delta.load_base)."""
     started = time.monotonic()
     model_dir = Path(model_dir)
     outs = _distinct([Path(out_dir)] if isinstance(out_dir, (str, Path)) else [Path(o) for o in out_dir])
@@ -569,16 +586,18 @@ def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: 
     manifest_bytes = read_local_file(mpath, what="manifest", max_bytes=MAX_MANIFEST_BYTES)
     signature = _signature_to_carry(model_dir, manifest_bytes)
     require_quick_verify(model_dir, manifest, before="bundling")
-    name = name or f"{manifest.repo_id.rsplit('/', 1)[-1]}-{manifest.revision[:12]}"
+    delta = deltas.plan_delta(manifest, deltas.load_base(base)) if base is not None else None
+    name = name or f"{manifest.repo_id.rsplit('/', 1)[-1]}-{manifest.revision[:12]}" + (
+        f"-delta-{delta.base_revision[:8]}" if delta else "")
     if not NAME_RE.match(name):
         raise BadInput(f"bundle name {name!r}: use letters, digits, '.', '_' and '-' only")
     opts = (collect or CollectOptions())._replace(cache_key=parse_cache_key(tuple(cache_key)))
     records, files, notes, beside = collect_payloads(dict(payloads or {}), opts)
     payload_sources = [Source(kind, f.path, f.src, f.size) for kind, f in files]
-    carried = manifest.total_bytes + sum(s.size for s in payload_sources)
+    carried = manifest.total_bytes - (delta.taken_bytes if delta else 0) + sum(s.size for s in payload_sources)
     refuse_too_many_volumes(-(-carried // volume_size), volume_size, carried, yes)  # before planning them all
     plan = plan_bundle(manifest, manifest_bytes, model_dir, volume_size, name, records, payload_sources,
-                       signature=signature, parity=parity, stripe=stripe)
+                       signature=signature, parity=parity, stripe=stripe, delta=delta)
     if parity and plan.count + parity > MAX_TOTAL:
         raise BadInput(f"--parity {parity}: {plan.count} data volumes plus {parity} parity volumes is more than "
                        f"{MAX_TOTAL}; choose a larger --volume-size")
@@ -591,7 +610,8 @@ def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: 
         sizes += [plan.parity_volume_bytes()] * parity
         names += [parity_filename(name, p, parity) for p in range(1, parity + 1)]
     where = place_volumes(outs, list(zip(names, sizes)))
-    summary = plan_summary(plan, outs, where, names, sizes, carried, len(payload_sources) + len(manifest.files))
+    summary = plan_summary(plan, outs, where, names, sizes, carried,
+                           len(payload_sources) + len(manifest.files) - (len(delta.take) if delta else 0))
     if on_plan:
         on_plan(summary)
     _require_room(outs, summary, names, sizes, where)
@@ -625,7 +645,8 @@ def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: 
     return BundleResult(True, plan.bundle_id, name, str(outs[0]), volume_size, results, total,
                         payloads_document(records, "summary"), notes, synced=sync, parity_volumes=parity_results,
                         signed=signature is not None, outs=[str(o) for o in outs], files=summary.files,
-                        seconds=time.monotonic() - started, plan=summary)
+                        seconds=time.monotonic() - started, plan=summary,
+                        delta=deltas.summary(delta, manifest) if delta else None)
 
 
 def refuse_too_many_volumes(count: int, volume_size: int, carried: int, yes: bool) -> None:

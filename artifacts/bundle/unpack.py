@@ -23,6 +23,10 @@ name in DEST/.mm/unbundle/rebuilt/ and names it only when its whole-file blake3 
 records); a rebuilt volume is then judged and imported like any other and deleted. Data volumes imported in an
 earlier sitting still count: their skeleton (every byte that is not member data) is kept at import, and the
 member bytes are read back from the imported files (_Skeleton).
+
+Deltas (delta.py): a bundle whose index names a base needs --from BASE_DIR, checked before anything is written;
+the files it does not carry are taken from there (reflink, --link, or a copy, each hashed) after the volumes are
+imported, in every sitting, and the free-space check counts them only when they are copied.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from ..errors import BadInput, IntegrityError, Refused
+from ..errors import BadInput, BadValue, IntegrityError, Refused
 from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets,
                       dir_lock, fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, remove_tree,
                       require_free_space, unlink_file)
@@ -41,7 +45,9 @@ from ..hashing import StreamHasher
 from ..interrupt import keeps
 from ..manifest import MAX_MANIFEST_BYTES, from_json, manifest_path, read_manifest
 from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
+from ..sharing import COPY, how_to_share
 from ..untrusted import MAX_DOCUMENT, At, load_json, read_json_file
+from . import delta as deltas
 from .check import ParitySet, conflicting_numbers, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back
 from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member
@@ -86,6 +92,7 @@ class UnbundleReport:
     parity_used: list[int] = field(default_factory=list)
     recovery: str | None = None  # why lost volumes could not be rebuilt yet, and what would be enough
     signature: dict | None = None  # the checked manifest signature (identity, key fingerprint)
+    delta: dict | None = None  # a delta: its base (delta.summary), the base dir, how files were taken (mode), taken
 
 
 class Places:
@@ -227,12 +234,14 @@ def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | N
 
 def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | None] | None = None,
              progress: ProgressSink = NULL_PROGRESS, sync: bool = True, allowed_signers: Path | None = None,
-             identity: str | None = None, require_signature: bool = False, readback: bool = False) -> UnbundleReport:
+             identity: str | None = None, require_signature: bool = False, readback: bool = False,
+             base_dir: Path | None = None, link: bool = False) -> UnbundleReport:
     """Import the volumes in SOURCES into DEST; PAYLOAD_DESTS: payload kind -> its destination (default
     DEST.payload/<kind dir>). sync=False skips the fsyncs of imported data (the final names still come only
     after the hashes match). ALLOWED_SIGNERS: check the manifest's signature first (IntegrityError, nothing
     written, when it is not good; with REQUIRE_SIGNATURE when there is none either). READBACK: each file, once
-    fsynced, is read back from the disk (its pages dropped from the page cache) before it is named."""
+    fsynced, is read back from the disk (its pages dropped from the page cache) before it is named. BASE_DIR: a
+    delta's base revision (--from), whose files are taken by reflink, by hard link when LINK, else by a copy."""
     from ..hfcache import refuse_snapshot
 
     dest = Path(dest)
@@ -270,11 +279,18 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         refused += pset.refused
         if signed_manifest is not None and manifest_bytes != signed_manifest:
             raise IntegrityError(f"{where}: another manifest than the one whose signature was checked")
+        if idx.delta is None and base_dir is not None:
+            raise BadValue(f"--from {base_dir}: bundle {idx.name} is not a delta; it carries every file")
+        base = deltas.open_base(base_dir, idx.delta, first.path.name if first else where, dest) if idx.delta else None
         _check_dest_manifest(dest, manifest_bytes)
         places = Places(dest, payload_dests)
         expected = {**{(MODEL_KIND, f.path): f.size for f in manifest.files}, **files_expected(idx.payloads)}
         targets = {key: places.final(*key) for key in expected}
-        check_free_space(places, _still_needed(expected, targets, state))
+        needed = _still_needed(expected, targets, state)
+        mode = how_to_share(base.path, places.partial_dir(MODEL_KIND), link, root=dest) if base else None
+        if base and mode != COPY:  # a reflink or a hard link writes no data
+            needed[MODEL_KIND] -= sum(t.size for t in idx.delta.take if not _is_done(targets[(MODEL_KIND, t.path)], t.size))
+        check_free_space(places, needed)
         state.doc.update({"bundle_id": ref, "name": idx.name, "volumes": idx.volumes,
                           "manifest_blake3": idx.manifest_blake3})
         if not manifest_path(dest).is_file():
@@ -298,11 +314,15 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
                 state.save()
             progress.end()
             rebuild_report = _Rebuilt(notes=list(pset.unused))
-            if pset.usable and any(not _is_done(targets[key], size) for key, size in expected.items()):
+            from_base = {(MODEL_KIND, t.path) for t in idx.delta.take} if base else set()
+            carried = {key: size for key, size in expected.items() if key not in from_base}
+            if pset.usable and any(not _is_done(targets[key], size) for key, size in carried.items()):
                 rebuild_report = _rebuild_from_parity(dest, accepted, pset, run, state, idx.volumes, sync, progress,
                                                       lambda v: _judge_rebuilt(v, ref, manifest_b3, manifest, idx),
                                                       volume_size=idx.volume_size)
                 refused += rebuild_report.refused
+            taken = _take_from_base(base, idx, mode, run, progress) if base else None
+            run.corrupt += taken.refused if taken else []
         finally:
             run.pipe.close()
         waiting = sorted(file_member(*key) for key, size in expected.items() if not _is_done(targets[key], size))
@@ -322,7 +342,40 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
                               next_commands(idx.payloads, roots) if complete else [], verify_doc,
                               notes=rebuild_report.notes, synced=sync, rebuilt=rebuild_report.volumes,
                               parity_used=rebuild_report.parity_used, recovery=rebuild_report.recovery,
-                              signature=_signature_doc(signature))
+                              signature=_signature_doc(signature), delta=_delta_doc(idx, manifest, base, taken))
+
+
+def _take_from_base(base: deltas.BaseDir, idx: Index, mode: str, run: _Import, progress: ProgressSink) -> deltas.Taken:
+    """The delta's files not yet in place, taken from the base directory (each hashed before it gets its name, and
+    with --readback a copy read back from the disk too); each taken file counts as named by this run."""
+    todo = [t for t in idx.delta.take if not _is_done(run.targets[(MODEL_KIND, t.path)], t.size)]
+    progress.begin(sum(t.size for t in todo), f"take from {base.path} ({mode})", files=len(todo))
+
+    def readback(path: Path, size: int, pipe: ChunkPipe, hashers) -> None:
+        run.read_back.add(size, read_back(path, size, pipe, hashers))
+
+    try:
+        taken = deltas.take_from_base(base, todo, mode, lambda path: run.targets[(MODEL_KIND, path)],
+                                      lambda path: run.places.partial(MODEL_KIND, path), run.places.dest, run.sync,
+                                      progress, readback if run.readback else None)
+    finally:
+        progress.end()
+    for path in taken.files:
+        run.named.append((MODEL_KIND, path))
+        if run.sync:  # a later sitting trusts it by its stamp, as a file imported from a volume
+            run.state.doc.setdefault("proven", {})[f"{MODEL_KIND}:{path}"] = _stamp(run.targets[(MODEL_KIND, path)])
+    run.state.save()
+    return taken
+
+
+def _delta_doc(idx: Index, manifest, base: deltas.BaseDir | None, taken: deltas.Taken | None) -> dict | None:
+    if idx.delta is None:
+        return None
+    doc = {**deltas.summary(idx.delta, manifest), "from": str(base.path) if base else None}
+    if taken is not None:
+        doc.update(mode=taken.mode, taken=len(taken.files), taken_bytes=taken.bytes, copied_bytes=taken.copied_bytes,
+                   refused=taken.refused)
+    return doc
 
 
 def _signature_doc(report) -> dict | None:
@@ -641,7 +694,9 @@ def _final_check(dest: Path, run: _Import, state: _State, manifest, progress: Pr
     sizes, readability, shard headers and indexes), reading again only the content no import has proven: a file
     this run named was hashed on its way to disk, a file an earlier sitting named is proven when it is still the
     very inode, size, mtime and ctime that sitting recorded; anything else (found in place, changed since) is hashed
-    now. With --readback every file this run named was also read back from the disk (_Import.read_back)."""
+    now. With --readback every file this run named was also read back from the disk (_Import.read_back). Files a
+    delta took from its base count as named: each was hashed against the manifest before it got its name."""
+    from ..store import record_verified
     from ..verify import verify_dir  # the verify capability (issue 3)
 
     sizes = {f.path: f.size for f in manifest.files}
@@ -655,6 +710,7 @@ def _final_check(dest: Path, run: _Import, state: _State, manifest, progress: Pr
     proven = frozenset(now | earlier)
     rehash = frozenset(f.path for f in manifest.files) - proven
     report = verify_dir(dest, progress=progress if rehash else NULL_PROGRESS, rehash=rehash)  # no empty bar
+    record_verified(dest, report.ok, report.files_checked, report.bytes_checked, len(report.problems), "mm unbundle")
     count = lambda paths: {"files": len(paths), "bytes": sum(sizes.get(p, 0) for p in paths)}  # noqa: E731
     return {"ok": report.ok, "files_checked": report.files_checked, "bytes_checked": report.bytes_checked,
             "problems": [f"{p.path}: {p.kind}: {p.detail}" for p in report.problems],

@@ -2,9 +2,13 @@
 
 `install(bin_dir, state_dir)` writes `bin_dir/docker`; put bin_dir first on PATH. Implemented:
 `run` (detached: starts a real HTTP server on 127.0.0.1 at the published port; with nvidia-smi as
-entrypoint: prints GPU info), `logs`, `inspect -f {{.State.Running}}` and `-f {{json .Mounts}}`, `stop`/`rm [-f]` of one or more containers, `image inspect`,
-`load -i`, `info`, `version`. `STATE/.store/down` existing: the daemon is down (docker version exits 1, docker
-info exits 0 with ServerErrors as Debian's 20.10 client does, every other command exits 1).
+entrypoint: prints GPU info), `logs`, `inspect -f {{.State.Running}}` and `-f {{json .Mounts}}`, `inspect NAME...` (the
+whole JSON array: Id, Name, State with Running and StartedAt, Mounts), `ps -q [--no-trunc]` (running containers),
+`stop`/`rm [-f]` of one or more containers, `image inspect`, `load -i`, `info`, `version`. `STATE/.store/down`
+existing: the daemon is down (docker version exits 1, docker info exits 0 with ServerErrors as Debian's 20.10
+client does, every other command exits 1).
+`add_container(state_dir, name, volumes, started)` records a running container without starting a server (a
+stand-in that only mounts things, e.g. for `mm gc`); its process is a `sleep` the caller stops with stop_container.
 A run without -d stays in the foreground until the container stops (`docker stop` from elsewhere, or a
 signal to this process, which it passes on). Every call is appended to STATE/calls.jsonl for assertions.
 
@@ -72,6 +76,22 @@ def install(bin_dir: Path, state_dir: Path, store: str | None = None, runtimes: 
     exe.write_text(f"#!/bin/sh\nFAKE_DOCKER_STATE={state_dir} exec {sys.executable} {Path(__file__).resolve()} \"$@\"\n")
     exe.chmod(0o755)
     return exe
+
+
+def add_container(state_dir: Path, name: str, volumes: list[str], started: float | None = None) -> subprocess.Popen:
+    """A running container NAME mounting VOLUMES (`HOST:CONTAINER[:ro]`), started at STARTED (epoch seconds, default
+    now), whose process is a `sleep`; returns it (stop it with stop_container)."""
+    proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    record = {"pid": proc.pid, "started": time.time() if started is None else started,
+              "opts": {"env": {}, "volumes": list(volumes), "publish": [], "flags": ["-d"], "image": "stand-in",
+                       "command": [], "name": name}}
+    (Path(state_dir) / f"{name}.json").write_text(json.dumps(record))
+    return proc
+
+
+def stop_container(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait()
 
 
 def _state() -> Path:
@@ -150,7 +170,7 @@ def cmd_run(args: list[str]) -> int:
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, __file__, "_serve", name], stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={**os.environ})
-    _container(name).write_text(json.dumps({"pid": proc.pid, "opts": opts}))
+    _container(name).write_text(json.dumps({"pid": proc.pid, "started": time.time(), "opts": opts}))
     if "-d" in opts["flags"]:
         print(f"{abs(hash(name)):064x}"[:64])
         return 0
@@ -172,18 +192,47 @@ def cmd_logs(args: list[str]) -> int:
     return 0
 
 
+def _mounts(state: dict) -> list[dict]:
+    mounts = []
+    for spec in state["opts"]["volumes"]:
+        host, container, *mode = spec.split(":")
+        mounts.append({"Type": "bind", "Source": host, "Destination": container, "RW": mode != ["ro"]})
+    return mounts
+
+
+def _rfc3339(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1e9):09d}Z"
+
+
+def cmd_ps(args: list[str]) -> int:
+    """`ps -q [--no-trunc]`: one running container per line (their names stand in for IDs)."""
+    for path in sorted(_state().glob("*.json")):
+        if _alive(json.loads(path.read_text())["pid"]):
+            print(path.stem)
+    return 0
+
+
 def cmd_inspect(args: list[str]) -> int:
+    if not any(a in ("-f", "--format") for a in args):  # the whole document of every container named
+        names = [a for a in args if a != "--"]
+        docs = []
+        for name in names:
+            if not _container(name).exists():
+                print(f"Error: No such object: {name}", file=sys.stderr)
+                return 1
+            state = json.loads(_container(name).read_text())
+            docs.append({"Id": f"{abs(hash(name)):064x}"[:64], "Name": "/" + name, "Mounts": _mounts(state),
+                         "State": {"Running": _alive(state["pid"]), "Pid": state["pid"],
+                                   "StartedAt": _rfc3339(state.get("started", time.time()))}})
+        print(json.dumps(docs))
+        return 0
     path = _container(args[-1])
     if not path.exists():
         print(f"Error: No such object: {args[-1]}", file=sys.stderr)
         return 1
     state = json.loads(path.read_text())
     if "{{json .Mounts}}" in args:
-        mounts = []
-        for spec in state["opts"]["volumes"]:
-            host, container, *mode = spec.split(":")
-            mounts.append({"Type": "bind", "Source": host, "Destination": container, "RW": mode != ["ro"]})
-        print(json.dumps(mounts))
+        print(json.dumps(_mounts(state)))
         return 0
     print("true" if _alive(state["pid"]) else "false")
     return 0
@@ -508,7 +557,7 @@ def main(argv: list[str]) -> int:
         return 0
     _record(argv)
     commands = {"run": cmd_run, "logs": cmd_logs, "inspect": cmd_inspect, "stop": cmd_stop, "rm": cmd_rm,
-                "load": cmd_load, "info": cmd_info, "version": cmd_version}
+                "load": cmd_load, "info": cmd_info, "version": cmd_version, "ps": cmd_ps}
     if _down() and argv[:1] not in (["version"], ["info"]):
         print(DAEMON_DOWN, file=sys.stderr)
         return 1

@@ -1,0 +1,672 @@
+"""A model root that holds several revisions of a repo side by side, sharing their bytes: `mm ls`, `mm use`, `mm gc`.
+
+Layout (README, "Revisions side by side"):
+
+    ROOT/<repo id>/<dir>/        one revision: a plain model directory (DIR/.mm/manifest.json), what `mm verify`,
+                                 `mm launch` and a container mount take; any name (mm suggests the short revision)
+    ROOT/<repo id>/current       the pointer: a relative symlink to one revision's <dir>, replaced atomically
+    ROOT/<repo id>/.mm-removing-<dir>   a revision `mm gc` is removing (renamed first: a revision is whole or gone)
+    ROOT/.mm/lock                held by `mm use` and `mm gc`
+    ROOT/.mm/uses.jsonl          every switch of a pointer (when, from which revision to which), so that the revision
+                                 a container started through the pointer mounts is known afterwards
+
+Revisions share bytes through the file system, not through a blob directory: files taken from an earlier
+revision (`mm unbundle --from`, `mm fetch --from`) are reflinks where the file system clones, hard links where
+the user asked. So the link count of an inode and the extents of a file ARE the reference counts: removing a
+revision directory frees exactly the bytes no other revision uses, and there is never an orphan to collect.
+Disk use is measured with FIEMAP (sharing.py), each shared byte counted once.
+
+Verification stamps: `mm verify DIR` (full) and `mm unbundle`'s final verify record when and how DIR was last
+verified in DIR/.mm/verified.json (record_verified), for `mm ls`.
+
+Interrupted at any point, the root stays consistent: a switch is a rename of a new symlink over `current`; a
+removal is a rename out of the way, then a delete that the next `mm gc` finishes.
+"""
+from __future__ import annotations
+
+import calendar
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import time
+from collections import Counter
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import BadInput, BadValue, Refused
+from .fsutil import (MM_DIR, atomic_write_json, dir_lock, open_file, parent_dir, read_local_file, remove_tree, state_root,
+                     unlink_file)
+from .manifest import MAX_MANIFEST_BYTES, Manifest, from_json, manifest_path
+from .sharing import DiskUse, Layout, layout, shared_bytes
+from .untrusted import At, Malformed, load_json
+
+POINTER = "current"
+REMOVING = ".mm-removing-"
+POINTER_TMP = ".current.tmp-"
+USES = "uses.jsonl"
+STAMP = "verified.json"
+STAMP_SCHEMA = "mm-verified/1"
+DEFAULT_KEEP = 1  # mm's own choice: besides the current revision, one more, so that a rollback is always one command
+SWITCH_WINDOW = 5.0  # seconds after a switch is logged during which the pointer may still name the previous one
+DOCKER_TIMEOUT = 60  # seconds for `docker ps` / `docker inspect` (mm's own margin)
+MAX_DOCKER_ANSWER = 64 * 1024 * 1024
+MAX_USES = 16 * 1024 * 1024
+HEX = re.compile(r"^[0-9a-f]{4,40}$")
+
+
+# --- verification stamps ------------------------------------------------------------------------------
+
+def record_verified(model_dir: Path, ok: bool, files: int, nbytes: int, problems: int, by: str) -> None:
+    """Note in DIR/.mm/verified.json that DIR was verified in full now, against its manifest as it is (its sha256).
+    Best effort: a directory mm cannot write (a read-only mount, a link planted under it) keeps no stamp."""
+    try:
+        data = read_local_file(manifest_path(model_dir), what="manifest", max_bytes=MAX_MANIFEST_BYTES)
+        atomic_write_json(_stamp_path(model_dir), {
+            "schema": STAMP_SCHEMA, "time": _iso(time.time()), "ok": ok, "manifest_sha256": hashlib.sha256(data).hexdigest(),
+            "files": files, "bytes": nbytes, "problems": problems, "by": by}, root=state_root(model_dir))
+    except (OSError, BadInput):
+        pass
+
+
+def _stamp_path(model_dir: Path) -> Path:
+    """Beside the manifest (for a Hugging Face cache snapshot, in mm's state directory outside the cache)."""
+    from .hfcache import state_dir
+
+    return state_dir(model_dir, MM_DIR) / STAMP
+
+
+@dataclass(frozen=True)
+class Verified:
+    time: str
+    ok: bool
+    current: bool  # for the manifest as it is now (False: the manifest changed since)
+    by: str
+
+
+def read_verified(model_dir: Path, manifest_bytes: bytes) -> Verified | None:
+    path = _stamp_path(model_dir)
+    try:
+        doc = load_json(read_local_file(path, what="verification stamp", max_bytes=64 * 1024), str(path),
+                        max_bytes=64 * 1024)
+        at = At(str(path))
+        at.obj(doc)
+        if doc.get("schema") != STAMP_SCHEMA:
+            return None
+        return Verified(at.get_str(doc, "time", max_len=64), at.get_bool(doc, "ok"),
+                        at.get_str(doc, "manifest_sha256", max_len=64) == hashlib.sha256(manifest_bytes).hexdigest(),
+                        at.get_str(doc, "by", max_len=64))
+    except (OSError, BadInput):
+        return None
+
+
+# --- what the root holds ------------------------------------------------------------------------------
+
+@dataclass
+class Revision:
+    repo_id: str
+    revision: str
+    path: Path
+    files: int
+    size: int  # bytes of the model files (the manifest's sizes)
+    arrived: float  # when its manifest was written here (mtime)
+    manifest_bytes: bytes = field(repr=False, default=b"")
+    manifest: Manifest | None = field(repr=False, default=None)
+    current: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+@dataclass
+class Repo:
+    repo_id: str
+    path: Path
+    revisions: list[Revision]
+    current: str | None  # the pointer's target (a directory name), None without a pointer
+    pointer_problem: str | None = None  # a pointer that names no revision here
+    removing: list[Path] = field(default_factory=list)  # leftovers of an interrupted gc
+
+
+@dataclass
+class Store:
+    root: Path
+    repos: list[Repo]
+    notes: list[str]
+
+    def repo(self, repo_id: str) -> Repo:
+        found = next((r for r in self.repos if r.repo_id == repo_id), None)
+        if found is None:
+            held = ", ".join(r.repo_id for r in self.repos) or "none"
+            raise BadInput(f"{self.root}: no revision of {repo_id} here (repos: {held}); the layout is "
+                           f"ROOT/<repo id>/<revision dir>/")
+        return found
+
+
+def scan(root: Path) -> Store:
+    """Every revision under ROOT (ROOT/<repo id>/<dir>/ holding a manifest of that repo), each repo's pointer and
+    the leftovers of an interrupted gc. A manifest that does not parse, or names another repo, is a note."""
+    root = Path(root)
+    if not root.is_dir():
+        raise BadInput(f"{root}: not a directory")
+    repos: list[Repo] = []
+    notes: list[str] = []
+    for repo_dir in _repo_dirs(root):
+        repo_id = repo_dir.relative_to(root).as_posix()
+        revisions, removing = [], []
+        for child in sorted(repo_dir.iterdir()):
+            if child.name.startswith(REMOVING) and child.is_dir() and not child.is_symlink():
+                removing.append(child)
+                continue
+            if child.is_symlink() or not child.is_dir() or not manifest_path(child).is_file():
+                continue
+            rev = _revision(child, notes)
+            if rev is None:
+                continue
+            if rev.repo_id != repo_id:
+                notes.append(f"{child}: holds {rev.repo_id}, not {repo_id}; left alone (mm ls, use and gc manage "
+                             f"ROOT/<repo id>/<dir>)")
+                continue
+            revisions.append(rev)
+        if not revisions and not removing:
+            continue
+        current, problem = _pointer(repo_dir, revisions)
+        for rev in revisions:
+            rev.current = rev.name == current
+        repos.append(Repo(repo_id, repo_dir, revisions, current, problem, removing))
+    return Store(root, repos, notes)
+
+
+def _repo_dirs(root: Path) -> list[Path]:
+    """ROOT/<name> and ROOT/<owner>/<name>: directories (not symlinks, not mm's own) that may hold revisions."""
+    found = []
+    for first in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and p.name != MM_DIR):
+        if manifest_path(first).is_file():
+            continue  # a model directory directly under ROOT: not the layout
+        found.append(first)
+        found += [p for p in sorted(first.iterdir()) if p.is_dir() and not p.is_symlink()
+                  and not manifest_path(p).is_file() and not p.name.startswith(REMOVING)]
+    return found
+
+
+def _revision(path: Path, notes: list[str]) -> Revision | None:
+    mpath = manifest_path(path)
+    try:
+        data = read_local_file(mpath, what="manifest", max_bytes=MAX_MANIFEST_BYTES)
+        manifest = from_json(data, str(mpath))
+        arrived = mpath.stat().st_mtime
+    except (OSError, BadInput) as e:
+        notes.append(f"{mpath}: {getattr(e, 'message', None) or e}; not listed")
+        return None
+    return Revision(manifest.repo_id, manifest.revision, path, len(manifest.files), manifest.total_bytes, arrived,
+                    data, manifest)
+
+
+def _pointer(repo_dir: Path, revisions: list[Revision]) -> tuple[str | None, str | None]:
+    pointer = repo_dir / POINTER
+    if not pointer.is_symlink():
+        return None, (f"{pointer}: not a symlink mm made; `mm use` replaces it" if pointer.exists() else None)
+    target = os.readlink(pointer)
+    if "/" in target or target not in {r.name for r in revisions}:
+        return None, f"{pointer} -> {target}: names no revision here"
+    return target, None
+
+
+def is_pointer(path: Path) -> bool:
+    """PATH is a store's `current` pointer (a symlink to a sibling revision directory)."""
+    path = Path(path)
+    if path.name != POINTER or not path.is_symlink():
+        return False
+    target = os.readlink(path)
+    return "/" not in target and manifest_path(path.parent / target).is_file()
+
+
+def as_mounted(path: Path) -> Path:
+    """The host path a start script mounts for the model directory PATH: a store's `current` pointer as named
+    (absolute, not resolved), so that `mm use` decides what the next start serves; any other path resolved."""
+    return Path(os.path.abspath(path)) if is_pointer(path) else Path(path).resolve()
+
+
+# --- the switch log ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Use:
+    time: float  # written just before the pointer was replaced
+    repo_id: str
+    dir: str
+    previous: str | None
+
+
+def _uses_path(root: Path) -> Path:
+    return Path(root) / MM_DIR / USES
+
+
+def read_uses(root: Path) -> list[Use] | None:
+    """The switch log, oldest first; a line torn by a kill (or not mm's) is skipped. None when it cannot be read."""
+    path = _uses_path(root)
+    if not os.path.lexists(path):
+        return []
+    try:
+        lines = read_local_file(path, what="switch log", max_bytes=MAX_USES).splitlines()
+    except BadInput:
+        return None
+    out = []
+    for line in lines:
+        try:
+            doc = load_json(line, str(path))
+            at = At(str(path))
+            at.obj(doc)
+            t = doc.get("time")
+            if isinstance(t, bool) or not isinstance(t, (int, float)):
+                continue
+            out.append(Use(float(t), at.get_str(doc, "repo_id", max_len=256), at.get_str(doc, "dir", max_len=255),
+                           at.get_str(doc, "previous", None, max_len=255)))
+        except BadInput:
+            continue
+    return sorted(out, key=lambda u: u.time)
+
+
+def _append_use(root: Path, use: Use) -> None:
+    path = _uses_path(root)
+    line = json.dumps({"time": use.time, "at": _iso(use.time), "repo_id": use.repo_id, "dir": use.dir,
+                       "previous": use.previous}) + "\n"
+    fd = open_file(root, path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # never through a link (fsutil's rule)
+    try:
+        os.write(fd, b"\n" + line.encode())  # a line torn by an earlier kill ends here
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --- mm use -------------------------------------------------------------------------------------------------
+
+@dataclass
+class UseResult:
+    root: str
+    repo_id: str
+    revision: str
+    dir: str
+    pointer: str
+    previous: str | None
+    changed: bool
+
+
+def find_revision(repo: Repo, wanted: str) -> Revision:
+    """The revision WANTED names: its directory name, or its commit (full, or a prefix of 4+ hex digits)."""
+    by_name = [r for r in repo.revisions if r.name == wanted]
+    if by_name:
+        return by_name[0]
+    matches = [r for r in repo.revisions if HEX.match(wanted.lower()) and r.revision.startswith(wanted.lower())]
+    held = ", ".join(f"{r.revision[:12]} ({r.name})" for r in repo.revisions) or "none"
+    if not matches:
+        raise BadInput(f"{repo.path}: no revision {wanted!r} of {repo.repo_id} here (held: {held})")
+    if len({r.revision for r in matches}) > 1:
+        raise BadValue(f"revision {wanted!r} is ambiguous in {repo.path}: {held}")
+    return matches[0]
+
+
+def use(root: Path, repo_id: str, wanted: str) -> UseResult:
+    """Point ROOT/REPO_ID/current at revision WANTED, atomically, once `verify --quick` passes on it."""
+    from .verify import require_quick_verify  # here: verify imports the safetensors checks
+
+    root = Path(root)
+    with dir_lock(root, "mm use"):
+        repo = scan(root).repo(repo_id)
+        rev = find_revision(repo, wanted)
+        require_quick_verify(rev.path, rev.manifest, before="making it current")
+        pointer = repo.path / POINTER
+        result = UseResult(str(root), repo_id, rev.revision, rev.name, str(pointer), repo.current, rev.name != repo.current)
+        _clean_pointer_leftovers(root, repo.path)
+        if not result.changed:
+            return result
+        if pointer.exists() and not pointer.is_symlink():
+            raise BadInput(f"{pointer}: exists and is not a symlink; move it away (mm keeps the pointer there)")
+        _append_use(root, Use(time.time(), repo_id, rev.name, repo.current))
+        with parent_dir(root, pointer) as (dfd, name):  # the repo's directory, reached through real directories
+            tmp = f"{POINTER_TMP}{os.getpid()}"
+            with suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dfd)
+            os.symlink(rev.name, tmp, dir_fd=dfd)
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.fsync(dfd)
+        return result
+
+
+def _clean_pointer_leftovers(root: Path, repo_dir: Path) -> None:
+    for stale in repo_dir.glob(f"{POINTER_TMP}*"):
+        if stale.is_symlink():
+            unlink_file(root, stale)
+
+
+# --- who mounts what: docker ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Container:
+    name: str
+    started: float | None  # epoch seconds, None when docker did not say
+    sources: tuple[str, ...]  # host paths it mounts
+
+
+def running_containers(docker: str = "docker") -> tuple[list[Container], str | None]:
+    """The running containers and their mounts, from `docker ps` and `docker inspect`: (containers, note).
+    No docker on PATH: none, with a note. Docker present but not answering: Refused (exit 7), since then no one
+    can tell which revisions are in use."""
+    ids = _docker([docker, "ps", "--quiet", "--no-trunc"], "docker ps")
+    if ids is None:
+        return [], "docker not found on PATH: no container checked"
+    names = [line.strip() for line in ids.splitlines() if line.strip()]
+    if not names:
+        return [], None
+    answer = _docker([docker, "inspect", "--", *names], "docker inspect")
+    try:
+        doc = load_json(answer or "[]", "docker inspect", max_bytes=MAX_DOCKER_ANSWER)
+    except Malformed as e:
+        raise Refused(f"docker inspect: an answer mm cannot read ({e.detail}); cannot tell which revisions running "
+                      f"containers mount") from None
+    out = []
+    for item in doc if isinstance(doc, list) else []:
+        if not isinstance(item, dict):
+            continue
+        state = item.get("State") if isinstance(item.get("State"), dict) else {}
+        if state.get("Running") is False:
+            continue
+        mounts = item.get("Mounts") if isinstance(item.get("Mounts"), list) else []
+        sources = tuple(m["Source"] for m in mounts if isinstance(m, dict) and isinstance(m.get("Source"), str))
+        name = item.get("Name") if isinstance(item.get("Name"), str) else str(item.get("Id", "?"))[:12]
+        out.append(Container(name.lstrip("/")[:256], _epoch(state.get("StartedAt")), sources))
+    return out, None
+
+
+def _docker(argv: list[str], what: str) -> str | None:
+    """The tool's stdout (tools.run_tool: bounded, its own process group); None when docker is not installed."""
+    from .tools import ToolMissing, run_tool
+
+    try:
+        done = run_tool(argv, timeout=DOCKER_TIMEOUT, max_output=MAX_DOCKER_ANSWER)
+    except ToolMissing:
+        return None
+    if not done.ok:
+        from .launch import DOCKER_DOWN  # the one wording doctor, warm-up and the start script use
+
+        raise Refused(f"{what}: {DOCKER_DOWN} ({done.last_line()}); mm cannot tell which revisions running containers "
+                      f"mount, so nothing is removed")
+    return done.stdout
+
+
+def _epoch(text: object) -> float | None:
+    """docker's RFC 3339 time (2026-01-01T10:00:00.123456789Z) in epoch seconds."""
+    if not isinstance(text, str):
+        return None
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)", text.strip())
+    if not m or text.startswith("0001-"):
+        return None
+    base = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) + float(m.group(2) or 0)
+    if m.group(3) != "Z":
+        sign = 1 if m.group(3)[0] == "+" else -1
+        base -= sign * (int(m.group(3)[1:3]) * 3600 + int(m.group(3)[4:6]) * 60)
+    return base
+
+
+def mounted(store: Store, containers: list[Container], uses: list[Use] | None) -> tuple[dict[Path, list[str]], list[str]]:
+    """{revision path: [container names]} for every revision a running container mounts (the revision itself, a
+    directory above it, or a path inside it; through the pointer: the revision it named when the container
+    started, and the one before, for a container that started while it was being switched), and notes."""
+    out: dict[Path, list[str]] = {}
+    notes: list[str] = []
+    for c in containers:
+        for source in c.sources:
+            for repo in store.repos:
+                for rev in _mounted_revisions(repo, source, c, uses, notes):
+                    out.setdefault(rev.path, []).append(c.name)
+    return out, notes
+
+
+def _mounted_revisions(repo: Repo, source: str, c: Container, uses: list[Use] | None, notes: list[str]) -> list[Revision]:
+    src = os.path.normpath(source)
+    pointer = os.path.normpath(os.path.abspath(repo.path / POINTER))
+    if src == pointer or src.startswith(pointer + "/"):
+        if uses is None or c.started is None:
+            notes.append(f"container {c.name} mounts {source}, and when it started (or what the pointer named then) "
+                         f"is unknown: every revision of {repo.repo_id} is kept")
+            return list(repo.revisions)
+        mine = [u for u in uses if u.repo_id == repo.repo_id]
+        before = [u for u in mine if u.time <= c.started]
+        if before:  # the switch in effect when it started; the one before it too if it started during the switch
+            names = {before[-1].dir} | ({before[-1].previous} if c.started - before[-1].time < SWITCH_WINDOW else set())
+        else:
+            names = {mine[0].previous} if mine else set()
+        return [r for r in repo.revisions if r.name in names | {repo.current}]
+    real = os.path.realpath(source)
+    hit = []
+    for rev in repo.revisions:
+        target = os.path.realpath(rev.path)
+        if real == target or real.startswith(target + "/") or target.startswith(real.rstrip("/") + "/"):
+            hit.append(rev)
+    return hit
+
+
+# --- disk use ---------------------------------------------------------------------------------------------------
+
+def layouts(rev: Revision) -> list[Layout]:
+    """Where the revision's model files lie on disk (a file that is gone or unreadable counts as nothing)."""
+    out = []
+    for f in rev.manifest.files if rev.manifest else ():
+        try:
+            out.append(layout(rev.path / f.path))
+        except OSError:
+            continue
+    return out
+
+
+def _tree_layouts(path: Path) -> list[Layout]:
+    """Every regular file under PATH (a leftover of an interrupted gc), symlinks not followed."""
+    out = []
+    for dirpath, _, filenames in os.walk(path):
+        for name in filenames:
+            try:
+                out.append(layout(Path(dirpath) / name))
+            except OSError:
+                continue
+    return out
+
+
+# --- mm ls ---------------------------------------------------------------------------------------------------------
+
+@dataclass
+class RevisionInfo:
+    repo_id: str
+    revision: str
+    dir: str
+    path: str
+    files: int
+    size: int
+    on_disk: int  # bytes its files occupy on disk (shared ones included)
+    shared: int  # of those, bytes another revision here uses too (reflink or hard link)
+    current: bool
+    verified: dict | None  # {"time", "ok", "current" (for this manifest), "by"}; None: never verified in full here
+    signature: str  # "none" | "good" (the signature matches the manifest; who signed: mm verify --allowed-signers)
+    #                 | "stale" (the manifest changed after signing) | "unchecked" (ssh-keygen missing)
+    signer: str | None  # key type and fingerprint
+    mounted_by: list[str]
+
+
+@dataclass
+class LsReport:
+    root: str
+    revisions: list[RevisionInfo]
+    pointers: dict[str, str | None]  # repo id -> current dir
+    size: int  # bytes of all revisions' files
+    on_disk: int  # bytes they occupy, each shared byte once
+    removing: list[str]  # leftovers of an interrupted gc
+    notes: list[str]
+
+
+def ls(root: Path, docker: str = "docker") -> LsReport:
+    store = scan(root)
+    notes = list(store.notes)
+    try:
+        containers, note = running_containers(docker)
+        notes += [note] if note else []
+    except Refused as e:
+        containers = []
+        notes.append(f"{e.message.split('; mm cannot')[0]}: containers' mounts not shown")
+    users, mount_notes = mounted(store, containers, read_uses(store.root))
+    notes += mount_notes
+    all_revs = [r for repo in store.repos for r in repo.revisions]
+    per_rev = {r.path: layouts(r) for r in all_revs}
+    infos = []
+    for repo in store.repos:
+        if repo.pointer_problem:
+            notes.append(repo.pointer_problem)
+        for r in repo.revisions:
+            mine = per_rev[r.path]
+            others = [item for p, items in per_rev.items() if p != r.path for item in items]
+            stamp = read_verified(r.path, r.manifest_bytes)
+            status, signer = _signature_status(r)
+            infos.append(RevisionInfo(r.repo_id, r.revision, r.name, str(r.path), r.files, r.size, DiskUse(mine).bytes,
+                                      shared_bytes(mine, others), r.current, stamp.__dict__ if stamp else None, status, signer,
+                                      sorted(set(users.get(r.path, [])))))
+    removing = [str(p) for repo in store.repos for p in repo.removing]
+    if removing:
+        notes.append(f"{len(removing)} revision(s) being removed by an interrupted `mm gc`; run `mm gc {store.root}` "
+                     f"to finish")
+    return LsReport(str(store.root), infos, {repo.repo_id: repo.current for repo in store.repos},
+                    sum(r.size for r in all_revs), DiskUse([i for items in per_rev.values() for i in items]).bytes,
+                    removing, notes)
+
+
+def _signature_status(rev: Revision) -> tuple[str, str | None]:
+    from .errors import IntegrityError
+    from .signing import check_signature_matches, signature_path
+
+    sig = signature_path(rev.path)
+    if not sig.is_file():
+        return "none", None
+    try:
+        info = check_signature_matches(rev.manifest_bytes, read_local_file(sig, what="signature", max_bytes=1024 * 1024),
+                                       str(sig))
+    except IntegrityError:
+        return "stale", None
+    except BadInput:
+        return "unchecked", None
+    return "good", f"{info.key_type} {info.fingerprint}"
+
+
+# --- mm gc ---------------------------------------------------------------------------------------------------------
+
+@dataclass
+class GcReport:
+    root: str
+    dry_run: bool
+    removed: list[dict]  # {"repo_id", "revision", "dir", "size"}
+    kept: list[dict]  # {"repo_id", "revision", "dir", "why"}
+    freed: int  # bytes on disk no revision uses any more
+    leftovers: list[str]  # an interrupted gc's revisions, finished now
+    notes: list[str]
+
+
+def gc(root: Path, keep: int = DEFAULT_KEEP, dry_run: bool = False, docker: str = "docker") -> GcReport:
+    """Remove the revisions that are not current, not among the KEEP most recent others, not mounted by a running
+    container, not being written by mm, and finish what an interrupted gc left; with DRY_RUN only say so."""
+    if keep < 0:
+        raise BadValue(f"--keep {keep}: must be 0 or more")
+    root = Path(root)
+    with dir_lock(root, "mm gc"):
+        store = scan(root)
+        notes = list(store.notes)
+        containers, note = running_containers(docker)
+        notes += [note] if note else []
+        uses = read_uses(root)
+        users, mount_notes = mounted(store, containers, uses)
+        notes += mount_notes
+        removed, kept = [], []
+        for repo in store.repos:
+            if repo.pointer_problem:
+                notes.append(repo.pointer_problem)
+            for rev, why in _decide(repo, keep, users, uses or []):
+                doc = {"repo_id": repo.repo_id, "revision": rev.revision, "dir": rev.name, "size": rev.size}
+                (kept.append({**doc, "why": why}) if why else removed.append((rev, doc)))
+        leftovers = [p for repo in store.repos for p in repo.removing]
+        freed = _freed(store, [rev for rev, _ in removed], leftovers)
+        report = GcReport(str(root), dry_run, [doc for _, doc in removed], kept, freed, [str(p) for p in leftovers],
+                          notes)
+        if dry_run:
+            return report
+        for path in leftovers:  # below ROOT, through real directories only (fsutil's rule)
+            remove_tree(root, path)
+        for rev, _ in removed:
+            gone = rev.path.with_name(REMOVING + rev.name)
+            with parent_dir(root, rev.path) as (dfd, name):
+                os.rename(name, gone.name, src_dir_fd=dfd, dst_dir_fd=dfd)  # from here on the revision is gone whole
+                os.fsync(dfd)
+            remove_tree(root, gone)
+        for repo in store.repos:
+            _clean_pointer_leftovers(root, repo.path)
+        return report
+
+
+def _decide(repo: Repo, keep: int, users: dict[Path, list[str]], uses: list[Use]) -> list[tuple[Revision, str | None]]:
+    """(revision, why it is kept or None to remove it), most recent first."""
+    last_current = {}
+    for u in uses:
+        if u.repo_id == repo.repo_id:
+            last_current[u.dir] = u.time
+            if u.previous:
+                last_current[u.previous] = u.time  # it was current until then
+    recent = sorted(repo.revisions, key=lambda r: (last_current.get(r.name, 0.0), r.arrived), reverse=True)
+    out, others = [], 0
+    for rev in recent:
+        if rev.current:
+            why = "current"
+        elif repo.current is None and rev is recent[0]:
+            why = "the newest, and no `current` pointer yet (`mm use` sets one)"
+        elif rev.path in users:
+            why = f"mounted by running container(s) {', '.join(sorted(set(users[rev.path])))}"
+        elif (busy := _being_written(rev.path)) is not None:
+            why = busy
+        elif others < keep:
+            others += 1
+            why = f"one of the {keep} most recent besides the current one (--keep {keep})"
+        else:
+            why = None
+        out.append((rev, why))
+    return out
+
+
+def _being_written(path: Path) -> str | None:
+    """Why PATH must stay: an mm process holds its lock, or an import into it is unfinished."""
+    if (path / MM_DIR / "unbundle" / "state.json").exists():
+        return "an unfinished `mm unbundle` (run it again to complete it)"
+    lock = path / MM_DIR / "lock"
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return None
+    except OSError as e:
+        return "an mm process is using it" if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+    finally:
+        os.close(fd)
+
+
+def _freed(store: Store, removed: list[Revision], leftovers: list[Path]) -> int:
+    """Bytes on disk that only the removed revisions (and the leftovers) use. An inode with more links than the
+    root's revisions hold is used elsewhere too: it frees nothing."""
+    gone = {r.path for r in removed}
+    kept_layouts = [item for repo in store.repos for r in repo.revisions if r.path not in gone for item in layouts(r)]
+    removed_layouts = [item for r in removed for item in layouts(r)] + [i for p in leftovers for i in _tree_layouts(p)]
+    seen = Counter((i.dev, i.ino) for i in kept_layouts + removed_layouts)
+    kept_layouts += [i for i in removed_layouts if i.links > seen[(i.dev, i.ino)]]
+    kept_use = DiskUse(kept_layouts).bytes
+    return DiskUse(kept_layouts + removed_layouts).bytes - kept_use
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+

@@ -1,0 +1,279 @@
+"""Revisions side by side (issue 22): a model root ROOT/<repo id>/<dir>/ whose revisions share bytes, a `current`
+pointer switched by `mm use`, `mm ls`, and `mm gc` that never removes the current revision or one a running
+container mounts (a stand-in docker on PATH answers `ps` and `inspect`), killed at every step of its work.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.sharing import DiskUse, layout
+from mm.artifacts.store import gc, scan, use
+from mm.artifacts.verify import verify_dir
+from tests.support import fake_docker, fake_gpu
+from tests.support.killstep import kill_at_step_env
+from tests.support.modelgen import write_model
+from tests.support.run import run_mm
+
+REPO = "MiniMaxAI/MiniMax-M3.1-Flash"  # the pin's repo: `mm launch` plans it
+REVS = {"A": "a" * 40, "B": "b" * 40, "C": "c" * 40}
+
+
+def make_root(root: Path, draft: bool = True) -> dict[str, Path]:
+    """Revisions A, B, C of REPO under ROOT; B and C were imported with --link from the one before (hard links),
+    each with its own generation_config.json. DRAFT: with the dspark/ draft (the b300 recipes use it)."""
+    dirs = {}
+    previous = None
+    for n, (label, rev) in enumerate(REVS.items()):
+        d = root / REPO / rev[:12]
+        if previous is None:
+            write_model(d, shards=2, shard_bytes=256 * 1024, seed=3, draft=draft)
+        else:
+            shutil.copytree(previous, d, copy_function=os.link, ignore=shutil.ignore_patterns(".mm"))
+            (d / "generation_config.json").unlink()
+            (d / "generation_config.json").write_text(json.dumps({"temperature": 1.0 - n / 10}) + "\n")
+        manifest_for_local_dir(d, REPO, rev, offline=True)
+        dirs[label] = previous = d
+    return dirs
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    return tmp_path / "models"
+
+
+@pytest.fixture
+def revs(root) -> dict[str, Path]:
+    return make_root(root)
+
+
+@pytest.fixture
+def docker(tmp_path):
+    """A stand-in docker on PATH (tests/support/fake_docker.py); yields (env, add) where add(name, volumes,
+    started) records a running container; stopped at the end."""
+    state = tmp_path / "docker-state"
+    fake_docker.install(tmp_path / "bin", state)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    procs = []
+
+    def add(name: str, volumes: list[str], started: float | None = None) -> None:
+        procs.append(fake_docker.add_container(state, name, volumes, started))
+
+    yield env, add
+    for p in procs:
+        fake_docker.stop_container(p)
+
+
+def mm(env, *args):
+    return run_mm(*args, env=env)
+
+
+def pointer(root: Path) -> str:
+    return os.readlink(root / REPO / "current")
+
+
+def ls(env, root) -> dict:
+    r = mm(env, "ls", root, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+# --- mm use ----------------------------------------------------------------------------------------------------
+
+def test_use_switches_the_pointer_and_a_rollback_is_one_command(root, revs, docker):
+    env, _ = docker
+    r = mm(env, "use", REPO, "aaaa", "--root", root)
+    assert r.returncode == 0 and pointer(root) == revs["A"].name, r.stderr
+    r = mm(env, "use", REPO, "b" * 40, "--root", root)
+    assert r.returncode == 0 and pointer(root) == revs["B"].name
+    assert f"roll back with: mm use {REPO} {revs['A'].name}" in r.stdout
+    r = mm(env, "use", REPO, revs["A"].name, "--root", root, "--json")
+    assert json.loads(r.stdout)["previous"] == revs["B"].name and pointer(root) == revs["A"].name
+    r = mm(env, "use", REPO, "dddd", "--root", root)
+    assert r.returncode == 3 and "no revision 'dddd'" in r.stderr and pointer(root) == revs["A"].name
+
+
+def test_use_refuses_a_revision_that_fails_its_quick_verify(root, revs, docker):
+    env, _ = docker
+    assert mm(env, "use", REPO, "aaaa", "--root", root).returncode == 0
+    (revs["C"] / "model-00002-of-00002.safetensors").unlink()
+    r = mm(env, "use", REPO, "cccc", "--root", root)
+    assert r.returncode == 1 and "quick verify" in r.stderr and pointer(root) == revs["A"].name
+
+
+def test_launch_of_the_pointer_mounts_the_pointer_so_the_next_start_serves_the_current_revision(root, revs, docker):
+    env, _ = docker
+    assert mm(env, "use", REPO, "bbbb", "--root", root).returncode == 0
+    r = mm(env, "launch", root / REPO / "current", "--hardware", "b300")
+    assert r.returncode == 0, r.stderr
+    assert f"-v {root / REPO / 'current'}:/models/MiniMax-M3.1-Flash:ro" in r.stdout
+    r = mm(env, "launch", revs["C"], "--hardware", "b300")  # any revision directory
+    assert r.returncode == 0 and f"-v {revs['C']}:/models/MiniMax-M3.1-Flash:ro" in r.stdout, r.stderr
+
+
+def test_doctor_checks_the_revision_the_pointer_names(root, revs, docker, tmp_path):
+    env, _ = docker
+    fake_gpu.install(tmp_path / "bin", 4 * [fake_gpu.B300])
+    assert mm(env, "use", REPO, "bbbb", "--root", root).returncode == 0
+    (revs["B"] / "tokenizer.json").unlink()  # the model check must be B's, read through the pointer
+    r = mm(env, "doctor", root / REPO / "current", "--hardware", "b300", "--json")
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert r.returncode == 1 and checks["model"]["status"] == "fail" and "tokenizer.json" in checks["model"]["detail"]
+
+
+# --- mm ls -------------------------------------------------------------------------------------------------------
+
+def test_ls_shows_sizes_shared_bytes_current_verification_signatures_and_mounts(root, revs, docker, keys):
+    env, add = docker
+    assert mm(env, "use", REPO, "cccc", "--root", root).returncode == 0
+    assert mm(env, "verify", revs["A"]).returncode == 0
+    assert mm(env, "sign", revs["B"], "--key", keys["alice"]).returncode == 0
+    add("server-1", [f"{revs['A']}:/models/x:ro"])
+    doc = ls(env, root)
+    by_dir = {r["dir"]: r for r in doc["revisions"]}
+    a, b, c = (by_dir[revs[k].name] for k in "ABC")
+    assert [r["current"] for r in (a, b, c)] == [False, False, True]
+    assert a["verified"]["ok"] and a["verified"]["by"] == "mm verify" and b["verified"] is None
+    assert (a["signature"], b["signature"], c["signature"]) == ("none", "good", "none")
+    assert a["mounted_by"] == ["server-1"] and c["mounted_by"] == []
+    shard = layout(revs["A"] / "model-00001-of-00002.safetensors")
+    assert a["shared"] >= shard.allocated and a["on_disk"] >= a["shared"]  # its shard is hard-linked into B and C
+    everything = DiskUse(layout(p) for d in revs.values() for p in d.rglob("*.safetensors")).bytes
+    assert doc["on_disk"] < doc["size"] and doc["on_disk"] >= everything
+    assert doc["pointers"] == {REPO: revs["C"].name}
+    text = mm(env, "ls", root).stdout
+    assert f"* {'c' * 12}" in text and "mounted by server-1" in text and "signed (ssh-ed25519" in text
+
+
+def test_ls_reads_its_records_as_hostile(root, revs, docker):
+    env, _ = docker
+    assert mm(env, "use", REPO, "bbbb", "--root", root).returncode == 0
+    (root / ".mm" / "uses.jsonl").write_bytes(b'{"time": 1e400}\n[[[[\n\xff\xfe\n{"time": true, "dir": 5}\n')
+    (revs["A"] / ".mm" / "verified.json").write_bytes(b'{"schema": "mm-verified/1", "time": "\\ud800", "ok": 1}')
+    (revs["C"] / ".mm" / "manifest.json").write_text("{" * 100_000)
+    r = mm(env, "ls", root, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert {x["dir"] for x in doc["revisions"]} == {revs["A"].name, revs["B"].name}
+    assert [x["verified"] for x in doc["revisions"]] == [None, None]
+    assert any(str(revs["C"]) in n and "not listed" in n for n in doc["notes"])
+
+
+# --- mm gc -------------------------------------------------------------------------------------------------------
+
+def test_gc_keeps_the_current_the_kept_and_the_mounted_revisions_and_says_what_it_frees(root, revs, docker):
+    env, add = docker
+    assert mm(env, "use", REPO, "bbbb", "--root", root).returncode == 0
+    add("server-c", [f"{revs['C']}:/models/x:ro"])
+    a_alone = {p.relative_to(revs["A"]) for p in revs["A"].rglob("*") if p.is_file()
+               and p.stat().st_nlink == 1 and ".mm" not in p.parts}
+    expect = sum(layout(revs["A"] / p).allocated for p in a_alone)
+    dry = json.loads(mm(env, "gc", root, "--keep", "0", "--dry-run", "--json").stdout)
+    assert [r["dir"] for r in dry["removed"]] == [revs["A"].name] and dry["freed"] == expect
+    assert {r["dir"]: r["why"] for r in dry["kept"]} == {
+        revs["B"].name: "current", revs["C"].name: "mounted by running container(s) server-c"}
+    assert revs["A"].is_dir()
+    r = mm(env, "gc", root, "--keep", "0")
+    assert r.returncode == 0 and f"removed {REPO}@{'a' * 12}" in r.stdout, r.stderr
+    assert not revs["A"].exists() and revs["B"].is_dir() and revs["C"].is_dir()
+    assert verify_dir(revs["B"]).ok and verify_dir(revs["C"]).ok  # hard links into A's files kept their bytes
+
+
+def test_gc_keeps_the_revision_a_container_started_through_the_pointer_mounts(root, revs, docker):
+    env, add = docker
+    assert mm(env, "use", REPO, "aaaa", "--root", root).returncode == 0
+    add("server-1", [f"{root / REPO / 'current'}:/models/x:ro"])
+    time.sleep(0.05)
+    assert mm(env, "use", REPO, "cccc", "--root", root).returncode == 0
+    # the container started while A was current; the pointer names C now
+    doc = json.loads(mm(env, "gc", root, "--keep", "0", "--json").stdout)
+    kept = {r["dir"]: r["why"] for r in doc["kept"]}
+    assert kept[revs["A"].name].startswith("mounted by running container(s) server-1") and kept[revs["C"].name] == "current"
+    assert [r["dir"] for r in doc["removed"]] == [revs["B"].name]
+
+
+def test_gc_removes_nothing_when_docker_cannot_say_what_runs(root, revs, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
+    (bin_dir / "docker").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    r = mm(env, "gc", root, "--keep", "0")
+    assert r.returncode == 7 and "Cannot connect to the Docker daemon" in r.stderr, r.stderr
+    assert all(d.is_dir() for d in revs.values())
+
+
+# --- interrupted at every step --------------------------------------------------------------------------------
+
+def quiet_docker(tmp_path: Path) -> dict:
+    """A docker with no running container, answering at once (the kill loop runs mm many times)."""
+    bin_dir = tmp_path / "quiet-bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "docker").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "docker").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def assert_consistent(root: Path, allowed: set[str]) -> None:
+    """Whatever point a kill hit: the root scans, the pointer names a listed revision, and every listed revision is
+    whole (its quick verify passes); half-removed revisions are only ever under their .mm-removing- name."""
+    repo = scan(root).repo(REPO)
+    names = {r.name for r in repo.revisions}
+    assert names <= allowed and repo.pointer_problem is None and repo.current in names
+    for r in repo.revisions:
+        assert verify_dir(r.path, quick=True).ok, r.path
+
+
+def kill_at_every_step(pristine: Path, tmp_path: Path, env: dict, args: list, allowed: set[str], finish) -> int:
+    """For N = 1, 2, ...: a fresh copy of the root PRISTINE (hard links kept), `mm ARGS` killed just before its Nth
+    file-system step, the root checked consistent, then FINISH(root) (the library call a rerun makes) and the root
+    checked again; until a run does fewer than N steps and completes. Returns the steps that run took."""
+    for step in range(1, 200):
+        root = Path(tempfile.mkdtemp(dir=tmp_path, prefix=f"step-{step}-")) / "models"
+        subprocess.run(["cp", "-a", str(pristine), str(root)], check=True)
+        argv = [str(root) if a is ROOT else a for a in args]
+        r = run_mm(*argv, env={**env, **kill_at_step_env(tmp_path / "kill", step)})
+        if r.returncode == 0:
+            return step - 1
+        assert r.returncode == -9, r.stderr
+        assert_consistent(root, allowed)
+        finish(root)
+        shutil.rmtree(root.parent)
+    raise AssertionError("never completed")
+
+
+ROOT = object()  # stands for the copy of the root in kill_at_every_step's arguments
+
+
+def test_use_and_gc_killed_at_every_step_leave_the_root_consistent_and_a_rerun_finishes(root, tmp_path):
+    revs = make_root(root, draft=False)  # fewer files: fewer steps to kill at
+    env = quiet_docker(tmp_path)
+    docker = str(tmp_path / "quiet-bin" / "docker")
+    everything = {d.name for d in revs.values()}
+    assert mm(env, "use", REPO, "bbbb", "--root", root).returncode == 0
+
+    def use_finishes(copy: Path) -> None:
+        use(copy, REPO, "cccc")
+        assert os.readlink(copy / REPO / "current") == revs["C"].name
+        assert_consistent(copy, everything)
+
+    steps = kill_at_every_step(root, tmp_path, env, ["use", REPO, "cccc", "--root", ROOT], everything, use_finishes)
+    assert steps >= 4  # log, symlink, rename, fsync
+    assert mm(env, "use", REPO, "cccc", "--root", root).returncode == 0
+
+    def gc_finishes(copy: Path) -> None:
+        report = gc(copy, keep=1, docker=docker)
+        assert {p.name for p in (copy / REPO).iterdir() if not p.is_symlink()} == {revs["B"].name, revs["C"].name}
+        assert report.removed == [] or [r["dir"] for r in report.removed] == [revs["A"].name]
+        assert_consistent(copy, {revs["B"].name, revs["C"].name})
+
+    steps = kill_at_every_step(root, tmp_path, env, ["gc", ROOT, "--keep", "1"], everything, gc_finishes)
+    assert steps >= 12  # a rename, then every file and directory of A
