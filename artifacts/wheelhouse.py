@@ -135,7 +135,7 @@ def _zip_write(zf: zipfile.ZipFile, name: str, data: bytes, mode: int = 0o644) -
 # their package data (`[options.package_data]`). tests/test_userpath.py holds the two in step. The wheel is built
 # from this list, never by walking a directory: a plain `pip install -e .` makes the checkout itself the `mm`
 # package, and a walk would pack its .git/, tests/ and .venv/.
-PACKAGES = ("", "artifacts", "artifacts/bundle", "artifacts/oci")
+PACKAGES = ("", "commands", "artifacts", "artifacts/bundle", "artifacts/oci")
 PACKAGE_DATA = {"": ("manifests/*.json",), "artifacts": ("*.sh",)}
 
 

@@ -10,7 +10,9 @@ from mm import cli
 
 def leaf_commands(group: click.Group, prefix: str = "mm") -> dict[str, click.Command]:
     found = {}
-    for name, command in group.commands.items():
+    ctx = click.Context(group, info_name=prefix)
+    for name in group.list_commands(ctx):  # the root loads each command's module here
+        command = group.get_command(ctx, name)
         if isinstance(command, click.Group):
             found.update(leaf_commands(command, f"{prefix} {name}"))
         else:

@@ -56,7 +56,7 @@ def test_the_mm_wheel_is_packed_from_the_installed_package_byte_for_byte_reprodu
     with zipfile.ZipFile(first) as zf:
         names = set(zf.namelist())
         info = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-        assert "mm = mm.cli:main" in zf.read(info).decode()
+        assert "mm = mm.__main__:main" in zf.read(info).decode()
         assert zf.testzip() is None
     assert {"mm/cli.py", "mm/artifacts/wheelhouse.py", "mm/artifacts/install-mm.sh",
             "mm/manifests/minimax-m3.1-flash.json"} <= names

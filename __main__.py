@@ -1,0 +1,38 @@
+"""The `mm` console script (and `python -m mm`): `mm --version` and `mm -V` answered before click loads, the rest
+handed to the command tree (cli.main).
+
+Importing click and the root costs ~35 ms of CPU, most of a start; a version check (scripts, `make` targets, the
+install check) needs none of it. The line is click's version_option's (`mm, version X`), printed by cli.main too
+when --version comes with other arguments.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main() -> int:
+    if sys.argv[1:] in (["--version"], ["-V"]) and "_MM_COMPLETE" not in os.environ:
+        return _print_version()
+    from .cli import main as command_tree
+
+    return command_tree()
+
+
+def _print_version() -> int:
+    from ._version import __version__
+
+    if sys.stdout is None:  # no stdout at all: nothing to say (as click.echo does)
+        return 0
+    try:
+        sys.stdout.write(f"mm, version {__version__}\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`mm --version | true`): end as tools do, silently (as fail does)
+        from .commands.shared import quiet_stdout
+        quiet_stdout()
+        return 141
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+"""`mm bundle` (create, verify, repair-volume) and `mm unbundle`: a model as self-describing tar volumes across the
+air gap, and back into a directory (artifacts/bundle/)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+import click
+
+from ..artifacts.bundle.payloads import PAYLOAD_KINDS
+from ..artifacts.errors import IntegrityError, MMError, ProblemsFound
+from ..artifacts.progress import human_bytes, human_duration
+from .shared import (DefaultGroup, emit_json, err, handles_errors, json_option, out, progress_for,
+                     render_carried_signature, signature_options, signature_policy, to_jsonable)
+
+
+def _cache_key_pairs(ctx, param, value):
+    from ..artifacts.cachekey import parse_cache_key
+    try:
+        parse_cache_key(value)
+    except MMError as e:
+        raise click.BadParameter(e.message) from None
+    return value
+
+
+class VolumeSize(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        from ..artifacts.bundle.format import parse_size
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except MMError as e:
+            self.fail(e.message, param, ctx)
+
+
+
+def payload_options(side: str) -> Callable:
+    """One option per payload kind (artifacts/bundle/payloads.py): what `mm bundle` carries (side "source")
+    or where `mm unbundle` puts it (side "dest")."""
+    def apply(fn: Callable) -> Callable:
+        for k in reversed(PAYLOAD_KINDS):
+            if side == "source":
+                option = click.option(k.source_option, k.source_param, multiple=k.many, type=click.Path(path_type=Path),
+                                      help=k.source_help)
+            else:
+                option = click.option(k.dest_option, k.dest_param, type=click.Path(path_type=Path), help=k.dest_help)
+            fn = option(fn)
+        return fn
+    return apply
+
+
+def _payload_sources(kw: dict) -> dict[str, list[Path]]:
+    values = {k.kind: kw.pop(k.source_param) for k in PAYLOAD_KINDS}
+    return {kind: list(v) if isinstance(v, tuple) else ([v] if v else []) for kind, v in values.items()}
+
+
+@click.group(cls=DefaultGroup, default="create")
+def bundle():
+    """Pack a model into volumes (`mm bundle DIR --out OUT --volume-size 500G`) or check them (`mm bundle verify VOL...`)."""
+
+
+@bundle.command("create")
+@click.argument("directory", required=False, type=click.Path(path_type=Path))
+@click.option("--out", "out_dirs", required=True, multiple=True, type=click.Path(path_type=Path),
+              help="Directory for the volume files: one per disk, repeatable (--out /media/disk1 --out /media/disk2): "
+                   "filled in order, each volume where it fits (free space is checked before writing).")
+@click.option("--volume-size", type=VolumeSize(),
+              help="Size of each volume, decimal as disks are sold: 750M, 4G (=4,000,000,000 bytes), 500G, 1.8T; "
+                   "binary with 'i': 4GiB. Volume 1 must hold mm's wheelhouse whole.")
+@click.option("--name", help="Bundle name used in volume file names. Default: <repo name>-<revision[:12]>.")
+@payload_options("source")
+@click.option("--cache-key", "cache_key", multiple=True, metavar="KEY=VALUE", callback=_cache_key_pairs,
+              help="Key for kernel caches without mm-cache-key.json (gpu=, compute_capability=, driver=, image=, "
+                   "recipe=); repeatable. Without either the cache is bundled as unkeyed.")
+@click.option("--no-mm", "no_mm", is_flag=True, envvar="MM_BUNDLE_NO_MM",
+              help="Leave mm itself out (by default the bundle carries install-mm.sh and a locked wheelhouse of mm and "
+                   "its dependencies in volume 1). Environment: MM_BUNDLE_NO_MM=1.")
+@click.option("--only-mm", "only_mm", is_flag=True,
+              help="No model: write install-mm.sh and wheelhouse/ into --out (to upgrade mm on a host that has the model).")
+@click.option("--target-platform", "target_platforms", multiple=True, metavar="linux/amd64|linux/arm64",
+              help="The air-gapped host's platform for the wheelhouse (repeatable; default: this host's). "
+                   "GB200/GB300 nodes are linux/arm64.")
+@click.option("--target-python", "target_pythons", multiple=True, metavar="3.X",
+              help="The air-gapped host's CPython minor version (repeatable; default: this host's).")
+@click.option("--image-ref", default=None,
+              help="The pinned reference --image must be (default: the pin's engine image).")
+@click.option("--allow-other-image", is_flag=True,
+              help="Carry an --image that is not (or cannot be proven to be) the pinned image; the bundle and the "
+                   "start script say so.")
+@click.option("--insecure-registry", is_flag=True, help="Plain HTTP or unverified TLS when proving --image against a "
+                                                        "registry that is not on loopback (loopback always is).")
+@click.option("--no-sync", "no_sync", is_flag=True,
+              help="Do not fsync the volumes (a staging disk you copy from with other tools). A rerun still re-checks "
+                   "every volume before keeping it; flush (`sync`, unmount) before unplugging the disk.")
+@click.option("--parity", type=click.IntRange(0, 31), default=0, show_default=True,
+              help="Reed-Solomon parity volumes to add: any that many lost or damaged volumes can be rebuilt "
+                   "(e.g. 2 for ten data volumes).")
+@click.option("--yes", is_flag=True, help="Write a plan of more than 10,000 volumes (refused otherwise: most likely a "
+                                          "--volume-size typo, 100K for 100G).")
+@click.option("--base", type=click.Path(path_type=Path),
+              help="Make a delta: carry only the files whose content this base revision lacks (its manifest file, "
+                   "its model directory, or a volume of its bundle); the destination takes the rest from its copy "
+                   "of the base (mm unbundle --from).")
+@json_option
+@handles_errors
+def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only_mm, target_platforms, target_pythons,
+                  image_ref, allow_other_image, insecure_registry, no_sync, parity, yes, base, json_out, **kw):
+    """Write the model (and payloads, and mm itself) as self-describing tar volumes, plus --parity volumes; a
+    rerun resumes."""
+    import contextlib
+
+    from ..artifacts import wheelhouse
+    from ..artifacts.bundle.pack import create_bundle, precheck_volume_count
+    from ..artifacts.bundle.payloads import CollectOptions
+    from ..artifacts.errors import BadInput
+    sources = _payload_sources(kw)
+    if only_mm:
+        if directory or volume_size or any(sources.values()) or parity or base:
+            raise BadInput("--only-mm writes only install-mm.sh and wheelhouse/ into --out: give no model directory, "
+                           "--volume-size or payload")
+        if len(out_dirs) > 1:
+            raise BadInput("--only-mm writes into one --out directory")
+        report = wheelhouse.build_wheelhouse(out_dirs[0], wheelhouse.targets_for(target_platforms, target_pythons),
+                                             progress_for(json_out))
+        if json_out:
+            emit_json({"ok": True, **to_jsonable(report), "size": report.size})
+            return
+        for s in report.sets:
+            out.print(f"{s.name}: {len(s.wheels)} wheels, {human_bytes(s.size)}", highlight=False, markup=False)
+        out.print(f"wrote {report.out}/install-mm.sh and {report.out}/wheelhouse/ (mm {report.mm_version}, "
+                  f"{human_bytes(report.size)}); on the air-gapped host: sh install-mm.sh [DIR]",
+                  highlight=False, markup=False, soft_wrap=True)
+        return
+    if directory is None or volume_size is None:
+        raise BadInput("give the model DIRECTORY and --volume-size (or --only-mm for mm alone)")
+    if no_mm and sources.get("mm"):
+        raise BadInput("--no-mm and --wheelhouse: choose one")
+    if (no_mm or sources.get("mm")) and (target_platforms or target_pythons):
+        raise BadInput("--target-platform/--target-python choose the wheelhouse mm bundle builds; "
+                       "not with --no-mm or --wheelhouse")
+    precheck_volume_count(directory, volume_size, yes)  # a typo in --volume-size ends here, before any work
+    progress = progress_for(json_out)
+    with contextlib.ExitStack() as stack:
+        if not no_mm and not sources.get("mm"):  # built in mm's cache directory, removed after the run
+            sources["mm"] = [stack.enter_context(wheelhouse.bundle_wheelhouse(target_platforms, target_pythons,
+                                                                              progress))]
+        result = create_bundle(directory, list(out_dirs), volume_size, name=name, payloads=sources,
+                               cache_key=cache_key, progress=progress, sync=not no_sync, parity=parity,
+                               collect=CollectOptions(image_ref=image_ref, allow_other_image=allow_other_image,
+                                                      tls_verify=not insecure_registry),
+                               yes=yes, on_plan=None if json_out else _render_bundle_plan, base=base)
+    if json_out:  # each payload kind under its own key, beside the rest
+        emit_json({key: value for field_name, v in to_jsonable(result).items()
+                   for key, value in (v.items() if field_name == "payloads" else [(field_name, v)])})
+        return
+    for note in result.notes:
+        err.print(f"note: {note}", markup=False)
+    for v in result.volumes:
+        out.print(f"{'kept ' if v.kept else 'wrote'} {v.path} ({human_bytes(v.size)})", highlight=False, markup=False, soft_wrap=True)
+    for v in result.parity_volumes:
+        out.print(f"wrote {v.path} ({human_bytes(v.size)}, parity {v.number} of {len(result.parity_volumes)})",
+                  highlight=False, markup=False, soft_wrap=True)
+    if result.signed:
+        out.print("the manifest's signature travels in every volume (MMBUNDLE/manifest.json.sig)",
+                  highlight=False, markup=False, soft_wrap=True)
+    parity_part = f" + {len(result.parity_volumes)} parity" if result.parity_volumes else ""
+    out.print(f"bundle {result.name} (id {result.bundle_id}): {len(result.volumes)} volume(s){parity_part}, "
+              f"{result.files} files, {human_bytes(result.total_bytes)} of data in {human_duration(result.seconds)}. "
+              f"Check the disks with: mm bundle verify {' '.join(result.outs)}",
+              highlight=False, markup=False, soft_wrap=True)
+    if result.delta:
+        from ..artifacts.bundle.delta import describe
+        out.print(f"{describe(result.delta)}; at the destination: mm unbundle VOLUMES --dest NEW_DIR --from BASE_DIR",
+                  highlight=False, markup=False, soft_wrap=True)
+    carried = result.payloads.get("mm")
+    if carried:
+        out.print(f"mm {carried['mm_version']} ({', '.join(carried['sets'])}) travels whole in volume 1; on the "
+                  f"air-gapped host, where the volumes lie: sh install-mm.sh [DIR]", highlight=False, markup=False,
+                  soft_wrap=True)
+    if not result.synced:
+        out.print(f"not synced (--no-sync): run `sync` or unmount before removing the disk holding "
+                  f"{' and '.join(result.outs)}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _render_bundle_plan(plan) -> None:
+    """The plan, before a byte is written: how many volumes, how large, which disk holds which (on stderr, with
+    the progress: stdout keeps the results)."""
+    parity = f" + {plan.parity} parity volume(s)" if plan.parity else ""
+    last = f" (the last {human_bytes(plan.last)})" if plan.volumes > 1 else ""
+    err.print(f"plan: {plan.files} files, {human_bytes(plan.data_bytes)}, in {plan.volumes} volume(s) of up to "
+              f"{human_bytes(plan.volume_size)}{last}{parity}; {human_bytes(plan.total_bytes)} to the disks",
+              highlight=False, markup=False, soft_wrap=True)
+    for d in plan.disks:
+        err.print(f"  {d.out}: {d.holds} ({human_bytes(d.to_write)} to write, {human_bytes(d.free)} free)",
+                  highlight=False, markup=False, soft_wrap=True)
+    for note in plan.notes:
+        err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+
+
+@bundle.command("verify")
+@click.argument("volumes", nargs=-1, required=True, type=click.Path(path_type=Path))
+@json_option
+@handles_errors
+def bundle_verify(volumes, json_out):
+    """Check each volume on its own (any order, any subset): OK / CORRUPT / FOREIGN, then the missing ones.
+
+    Exit 0 when every volume given is OK (missing volumes are reported, not failed); 1 otherwise.
+    """
+    from ..artifacts.bundle.check import verify_volumes
+    report = verify_volumes(list(volumes), progress=progress_for(json_out))
+    if json_out:
+        emit_json(report)
+    else:
+        for v in report.verdicts:
+            what = "parity" if v.kind == "parity" else "volume"
+            out.print(f"{v.status:<8} {v.path}" + (f"  ({what} {v.volume} of {v.volumes})" if v.volume else ""),
+                      highlight=False, markup=False, soft_wrap=True)
+            for problem in v.problems:
+                out.print(f"         {problem}", highlight=False, markup=False, soft_wrap=True)
+        missing = ", ".join(str(n) for n in report.missing) or "none"
+        out.print(f"checked {report.files_checked} volume file(s), {human_bytes(report.bytes_checked)} in "
+                  f"{human_duration(report.seconds)}", highlight=False, markup=False, soft_wrap=True)
+        if report.bundle_id is None:
+            out.print("no readable bundle volume among those given", highlight=False, markup=False, soft_wrap=True)
+        else:
+            out.print(f"bundle {report.name} ({report.bundle_id}): {report.volumes} volume(s); missing: {missing}",
+                      highlight=False, markup=False, soft_wrap=True)
+            if report.install_mm:
+                out.print(f"install: {report.install_mm}", highlight=False, markup=False, soft_wrap=True)
+            if report.delta:
+                from ..artifacts.bundle.delta import describe
+                out.print(f"{describe(report.delta)}: mm unbundle VOLUMES --dest NEW_DIR --from BASE_DIR",
+                          highlight=False, markup=False, soft_wrap=True)
+            if report.parities:
+                gone = ", ".join(str(n) for n in report.parity_missing) or "none"
+                out.print(f"parity: {report.parities} volume(s); missing: {gone}", highlight=False, markup=False,
+                          soft_wrap=True)
+            if report.recovery:
+                out.print(report.recovery, highlight=False, markup=False, soft_wrap=True)
+    if not report.ok:
+        bad = [f"{Path(v.path).name} {v.status}" for v in report.verdicts if v.status != "OK"]
+        err.print(f"mm: bundle verify: {', '.join(bad)}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(ProblemsFound.exit_code)
+
+
+@bundle.command("repair-volume")
+@click.argument("volumes", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(path_type=Path),
+              help="Where rebuilt volume files go. Default: beside the first volume given.")
+@click.option("--no-sync", "no_sync", is_flag=True, help="Do not fsync the rebuilt volumes.")
+@json_option
+@handles_errors
+def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
+    """Write lost or damaged volume files back from the others and the parity volumes, byte-identical.
+
+    Every volume given is checked first; a rebuilt data volume gets its name only when its whole-file blake3 is
+    the one the parity index records. Exit 0 repaired (or nothing to repair), 1 too many volumes lost (the
+    message says which would be enough), 3 no usable parity volume."""
+    import time
+
+    from ..artifacts.bundle.repair import repair_volumes
+    started = time.monotonic()
+    report = repair_volumes(list(volumes), out_dir, sync=not no_sync, progress=progress_for(json_out))
+    if json_out:
+        emit_json(report)
+        return
+    for note in report.notes:
+        err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    for path in report.rebuilt:
+        out.print(f"rebuilt  {path} (byte-identical, blake3 checked)", highlight=False, markup=False, soft_wrap=True)
+    for path in report.parity_rewritten:
+        out.print(f"rewrote  {path} (parity)", highlight=False, markup=False, soft_wrap=True)
+    written = [Path(p) for p in report.rebuilt + report.parity_rewritten]
+    if not written:
+        out.print(f"bundle {report.name}: nothing to repair ({len(report.intact)} data volume(s) intact)",
+                  highlight=False, markup=False, soft_wrap=True)
+    else:
+        out.print(f"bundle {report.name}: {len(written)} volume file(s) written, "
+                  f"{human_bytes(sum(p.stat().st_size for p in written))}, "
+                  f"in {human_duration(time.monotonic() - started)}",
+                  highlight=False, markup=False, soft_wrap=True)
+
+
+@click.command()
+@click.argument("volumes", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--dest", required=True, type=click.Path(path_type=Path), help="The model directory to fill.")
+@payload_options("dest")
+@click.option("--no-sync", "no_sync", is_flag=True,
+              help="Do not fsync imported files (a scratch copy): files are still named only once their hashes match, "
+                   "and the final verify still runs; a crash can lose what the page cache held.")
+@click.option("--readback", is_flag=True,
+              help="Also read each file back from the disk once fsynced (its pages dropped from the page cache) and "
+                   "name it only if it still matches: proves the disk holds the bytes, at the cost of a second read.")
+@click.option("--from", "base_dir", type=click.Path(path_type=Path),
+              help="A delta bundle's base: the directory holding the base revision. Files the delta does not carry are "
+                   "taken from there (reflink where the file system clones, else a copy), each hashed.")
+@click.option("--link", is_flag=True,
+              help="With --from, where no reflink is possible: hard-link the base files instead of copying them. The "
+                   "two directories then share one inode per file: damage to one shows in both.")
+@signature_options
+@json_option
+@handles_errors
+def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature, allowed_signers, identity, json_out,
+             **kw):
+    """Import volumes (files or directories, any order, some now and the rest later) into DEST, then verify.
+
+    Exit 0 imported (volumes may still be missing), 5 a volume or member was refused (or a file read back
+    with --readback differed), 1 the final verify failed, 7 not enough space.
+    """
+    import time
+
+    from ..artifacts.bundle.unpack import Outcome, unbundle as import_volumes
+    if link and base_dir is None:
+        raise click.UsageError("--link hard-links files of the base: it needs --from BASE_DIR")
+    required = signature_policy(require_signature, allowed_signers, identity)
+    started = time.monotonic()
+    report = import_volumes(list(volumes), dest, payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS},
+                            progress=progress_for(json_out), sync=not no_sync, allowed_signers=allowed_signers,
+                            identity=identity, require_signature=required, readback=readback, base_dir=base_dir,
+                            link=link)
+    exit_code, why = {Outcome.IMPORTED: (0, ""),
+                      Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),
+                      Outcome.VERIFY_FAILED: (ProblemsFound.exit_code, "final verify found problems")}[report.outcome]
+    if json_out:
+        doc = to_jsonable(report)
+        emit_json({"ok": doc.pop("ok"), "exit_code": exit_code, **doc})
+    else:
+        render_carried_signature(report.signature, allowed_signers)
+        for line in report.refused + report.corrupt:
+            err.print(f"refused: {line}", markup=False, highlight=False, soft_wrap=True)
+        for note in report.notes:
+            err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+        if report.rebuilt:
+            out.print(f"rebuilt from parity {', '.join(map(str, report.parity_used))}: volume(s) "
+                      f"{', '.join(map(str, report.rebuilt))} (each checked whole, then imported)",
+                      highlight=False, markup=False, soft_wrap=True)
+        if report.recovery:
+            out.print(report.recovery, highlight=False, markup=False, soft_wrap=True)
+        out.print(f"{len(report.imported)} file(s) imported, {report.skipped} already present, from "
+                  f"{len(report.used)} volume(s) of {report.name} ({report.bundle_id}) in "
+                  f"{human_duration(time.monotonic() - started)}.", highlight=False, markup=False, soft_wrap=True)
+        if report.delta and report.delta.get("mode"):
+            d = report.delta
+            how = {"reflink": "by reflink (no bytes copied)", "link": "by hard link (--link)",
+                   "copy": "by copy (no reflink on this file system)"}[d["mode"]]
+            out.print(f"{d['taken']} file(s), {human_bytes(d['taken_bytes'])} taken from the base {d['from']} {how}, "
+                      f"each hashed; {d['files_from_base'] - d['taken']} already in place", highlight=False,
+                      markup=False, soft_wrap=True)
+        if report.complete:
+            v = report.verify
+            checked = sum(v[k]["bytes"] for k in ("hashed_as_written", "named_earlier_unchanged", "hashed_now"))
+            out.print(f"verify {dest}: {'OK' if v['ok'] else 'PROBLEMS'} ({v['files_checked']} files, "
+                      f"{human_bytes(checked)}: {v['hashed_as_written']['files']} hashed as they were written, "
+                      + (f"{v['named_earlier_unchanged']['files']} named by an earlier run and unchanged, "
+                         if v['named_earlier_unchanged']['files'] else "")
+                      + f"{v['hashed_now']['files']} hashed now ({human_bytes(v['hashed_now']['bytes'])}); "
+                      f"sizes and shard headers checked)", highlight=False, markup=False, soft_wrap=True)
+            out.print(f"proven: {v['proven']}", highlight=False, markup=False, soft_wrap=True)
+            for problem in v["problems"]:
+                out.print(f"  {problem}", highlight=False, markup=False, soft_wrap=True)
+            for cmd in report.next_commands:
+                out.print(f"next: {cmd}", highlight=False, markup=False, soft_wrap=True)
+        else:
+            missing = ", ".join(str(n) for n in report.missing_volumes) or "none"
+            out.print(f"still missing: volume(s) {missing} of {report.volumes}; {len(report.waiting)} file(s) "
+                      f"waiting. Run again with the rest.", highlight=False, markup=False, soft_wrap=True)
+        if not report.synced:
+            out.print(f"not synced (--no-sync): run `sync` before relying on {dest} surviving a crash",
+                      highlight=False, markup=False, soft_wrap=True)
+    if exit_code:
+        if not json_out:
+            err.print(f"mm: unbundle {dest}: {why}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(exit_code)

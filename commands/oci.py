@@ -1,0 +1,174 @@
+"""`mm push`, `mm pull`, `mm inspect`: a model directory as a ModelPack artifact in an OCI registry, and back
+(artifacts/oci/)."""
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+import click
+
+from ..artifacts.errors import ProblemsFound
+from ..artifacts.progress import human_bytes, human_duration, human_rate
+from .shared import (emit_json, err, handles_errors, json_option, out, progress_for, render_carried_signature,
+                     signature_options, signature_policy, to_jsonable)
+
+
+def registry_options(fn: Callable) -> Callable:
+    """Auth and transport options shared by push, pull and inspect. The password only ever comes from stdin."""
+    for option in reversed([
+        click.option("--username", help="Registry user (with --password-stdin). Default: ~/.docker/config.json, or "
+                                        "REGISTRY_AUTH_FILE; else anonymous."),
+        click.option("--password-stdin", is_flag=True, help="Read the password (or token) from standard input."),
+        click.option("--plain-http", is_flag=True, help="Plain HTTP to a registry that is not on loopback (loopback always is)."),
+        click.option("--ca-file", type=click.Path(path_type=Path, dir_okay=False),
+                     help="PEM CA bundle for the registry's HTTPS certificate. Default: the system's CAs."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _registry_access(ref_text: str, username: str | None, password_stdin: bool, plain_http: bool, ca_file: Path | None):
+    from ..artifacts.oci import client as oci_client
+    ref = oci_client.parse_reference(ref_text)
+    password = None
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+        if not password:
+            raise click.UsageError("--password-stdin: nothing on standard input")
+    if password_stdin and not username:
+        raise click.UsageError("--password-stdin needs --username")
+    creds = oci_client.load_credentials(ref.registry, username, password)
+    return creds, oci_client.Transport(plain_http=plain_http, ca_file=ca_file)
+
+
+def _transfer_summary(items, nbytes: int, seconds: float) -> tuple[Counter, str]:
+    """Counts by status, and "(bytes, rate[, N resumed])" for a push or pull report's blobs or files."""
+    resumed = sum(1 for item in items if item.resumed_from)
+    rate = nbytes / seconds if seconds else 0
+    return Counter(item.status for item in items), (f"({human_bytes(nbytes)} in {human_duration(seconds)}, "
+                                                    f"{human_rate(rate)}{f', {resumed} resumed' if resumed else ''})")
+
+
+@click.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("reference")
+@registry_options
+@click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Blobs uploaded in parallel.")
+@click.option("--chunk-size", default="64MiB", show_default=True, help="Upload big blobs in chunks of this size (PATCH).")
+@click.option("--mount-from", metavar="REPOSITORY", help="Another repository of the same registry holding some of the "
+                                                         "blobs: mount them instead of uploading.")
+@click.option("--max-blob-size", help="Refuse (exit 7, nothing pushed) a file above this size: the registry's single-blob "
+                                      "limit (e.g. 100G for distribution on S3 with default parts, 20G for Kraken).")
+@json_option
+@handles_errors
+def push(directory, reference, username, password_stdin, plain_http, ca_file, workers, chunk_size, mount_from,
+         max_blob_size, json_out):
+    """Push a verified model directory to an OCI registry as a CNCF ModelPack artifact.
+
+    REFERENCE is host[:port]/repository[:tag]; the tag defaults to the manifest's short revision. Refuses
+    (exit 1) a directory whose `mm verify --quick` fails. A rerun skips what the registry has and resumes uploads.
+    """
+    from ..artifacts.bundle.format import parse_size
+    from ..artifacts.oci import push as oci_push
+    creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
+    options = oci_push.PushOptions(credentials=creds, transport=transport, workers=workers,
+                                   chunk_size=parse_size(chunk_size), mount_from=mount_from,
+                                   max_blob_size=parse_size(max_blob_size) if max_blob_size else None)
+    report = oci_push.push(directory, reference, options, progress_for(json_out))
+    if json_out:
+        emit_json({"ok": True, **to_jsonable(report)})
+        return
+    for note in report.notes:
+        err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    counts, moved = _transfer_summary(report.blobs, report.bytes_sent, report.seconds)
+    out.print(f"pushed {report.reference} ({report.repo_id}@{report.revision[:12]}): {counts['uploaded']} uploaded "
+              f"{moved}, {counts['present']} already there, {counts['mounted']} mounted", markup=False, highlight=False,
+              soft_wrap=True)
+    out.print(f"digest: {report.digest}", markup=False, highlight=False)
+    out.print(f"pull with: mm pull {report.reference.rsplit(':', 1)[0]}@{report.digest} --local-dir DIR",
+              markup=False, highlight=False, soft_wrap=True)
+
+
+def _render_inspect(report) -> None:
+    out.print(f"{report.reference} -> {report.digest}", markup=False, highlight=False, soft_wrap=True)
+    out.print(f"model: {report.repo_id or '?'} revision {report.revision or '?'}", markup=False, highlight=False)
+    fields = ", ".join(f"{k} {v}" for k, v in report.config.items() if isinstance(v, str))
+    if fields:
+        out.print(f"config: {fields}", markup=False, highlight=False, soft_wrap=True)
+    for f in report.files:
+        kind = f["media_type"].rsplit(".model.", 1)[-1]
+        out.print(f"{human_bytes(f['size']):>10}  {kind:<22} {f['path']}", markup=False, highlight=False, soft_wrap=True)
+    signed = {None: "unknown (not pushed by mm)", True: "yes (check with mm pull --allowed-signers FILE)",
+              False: "no"}[report.signed]
+    out.print(f"{len(report.files)} files, {human_bytes(report.total_bytes)}; mm manifest: "
+              f"{'yes' if report.mm_manifest else 'no'}; signed: {signed}", markup=False, highlight=False, soft_wrap=True)
+
+
+@click.command()
+@click.argument("reference")
+@click.option("--local-dir", type=click.Path(path_type=Path), help="Target directory (required unless --list).")
+@click.option("--list", "list_only", is_flag=True, help="Show the artifact's files, sizes and revision; download nothing.")
+@registry_options
+@click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Blobs downloaded in parallel.")
+@signature_options
+@json_option
+@handles_errors
+def pull(reference, local_dir, list_only, username, password_stdin, plain_http, ca_file, workers, require_signature,
+         allowed_signers, identity, json_out):
+    """Pull a ModelPack artifact that mm pushed, proving every byte (sha256 and blake3) before naming a file.
+
+    The tag is resolved to a digest once; resumes across runs; ends with the quick verify (exit 1 if it fails).
+    With --allowed-signers the manifest's signature is checked before anything is written (exit 5 if not good).
+    """
+    from ..artifacts.oci import pull as oci_pull
+    required = signature_policy(require_signature, allowed_signers, identity)
+    creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
+    if list_only:
+        report = oci_pull.inspect(reference, creds, transport)
+        emit_json({"ok": True, **to_jsonable(report)}) if json_out else _render_inspect(report)
+        return
+    if local_dir is None:
+        raise click.UsageError("--local-dir is required (or --list)")
+    report = oci_pull.pull(reference, local_dir, creds, transport, workers=workers, progress=progress_for(json_out),
+                           allowed_signers=allowed_signers, identity=identity, require_signature=required)
+    code = max((f.error_kind.exit_code for f in report.failed), default=0) or (ProblemsFound.exit_code if report.verify_problems else 0)
+    if json_out:
+        emit_json({"ok": code == 0, **to_jsonable(report)})
+        sys.exit(code)
+    render_carried_signature(report.signature, allowed_signers)
+    for f in report.failed:
+        err.print(f"FAILED {f.path}: {f.error}", markup=False, highlight=False, soft_wrap=True)
+    counts, moved = _transfer_summary(report.files, report.bytes_transferred, report.seconds)
+    out.print(f"{report.source}: {report.repo_id}@{report.revision[:12]}: {counts['downloaded']} downloaded {moved}, "
+              f"{counts['present']} already present, {counts['failed']} failed", markup=False, highlight=False, soft_wrap=True)
+    if report.removed:
+        out.print(f"removed {len(report.removed)} file(s) of the earlier revision: {', '.join(report.removed[:5])}",
+                  markup=False, highlight=False, soft_wrap=True)
+    if not report.failed:
+        verdict = "OK" if not report.verify_problems else f"{len(report.verify_problems)} problem(s)"
+        out.print(f"verify --quick {report.local_dir}: {verdict}", markup=False, highlight=False, soft_wrap=True)
+        for problem in report.verify_problems:
+            out.print(f"  {problem}", markup=False, highlight=False, soft_wrap=True)
+        out.print(f"Manifest: {report.manifest_path}", markup=False, highlight=False, soft_wrap=True)
+        if report.draft_subfolder:  # the pin names a draft model (as fetch says it)
+            out.print(f"DSpark draft ({report.draft_subfolder}): {'present' if report.draft_present else 'MISSING'}",
+                      markup=False, highlight=False)
+    if code:
+        if not report.failed:
+            err.print(f"mm: {report.local_dir}: quick verify after pull found problems", markup=False, highlight=False)
+        sys.exit(code)
+
+
+@click.command()
+@click.argument("reference")
+@registry_options
+@json_option
+@handles_errors
+def inspect(reference, username, password_stdin, plain_http, ca_file, json_out):
+    """Show a registry artifact's files, sizes, revision and signature status (same as `mm pull --list`)."""
+    from ..artifacts.oci import pull as oci_pull
+    creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
+    report = oci_pull.inspect(reference, creds, transport)
+    emit_json({"ok": True, **to_jsonable(report)}) if json_out else _render_inspect(report)

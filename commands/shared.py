@@ -1,0 +1,356 @@
+"""What every command module shares: the consoles, JSON output, the one-line error and its exit code, and the
+options (and their checks) that several commands take.
+
+User errors (artifacts.errors.MMError) print one line `mm: <message>` on stderr and exit with the error's code
+(see README.md, "Exit codes"); they never show a traceback. Imports here stay light: `mm verify --help` loads
+this module, so library modules and rich are imported inside the functions that use them.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import click
+
+from ..artifacts.errors import MMError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..artifacts.progress import ProgressSink
+
+
+class _Consoles:
+    """rich Consoles made on first print: `--json` never imports rich (~45 ms of start-up)."""
+
+    @functools.cached_property
+    def out(self) -> Console:
+        return _console(stderr=False)
+
+    @functools.cached_property
+    def err(self) -> Console:
+        return _console(stderr=True)
+
+
+def _console(stderr: bool) -> Console:
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    # soft_wrap: never break a line at 80 columns when output goes to a pipe or a file; tables get room too.
+    return Console(stderr=stderr, soft_wrap=True, width=None if stream.isatty() else 200)
+
+
+_consoles = _Consoles()
+
+
+class _Lazy:
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(getattr(_consoles, self._name), attr)
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """Console.print with control characters in text escaped (names from disks and servers are hostile)."""
+        from ..artifacts.untrusted import printable, redact
+
+        getattr(_consoles, self._name).print(
+            *(printable(redact(o), keep_newlines=True) if isinstance(o, str) else o for o in objects), **kwargs)
+
+
+out = _Lazy("out")
+err = _Lazy("err")
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+
+# --- rendering helpers shared by every command ------------------------------------------------
+
+def progress_for(json_out: bool) -> ProgressSink:
+    from ..artifacts.progress import NULL_PROGRESS, terminal_progress
+
+    if json_out or not err.is_terminal:
+        return NULL_PROGRESS
+    return terminal_progress(_consoles.err)
+
+
+def to_jsonable(doc: Any) -> Any:
+    from dataclasses import asdict, is_dataclass
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, type):  # a typed outcome (an error class) is shown by name
+            return obj.__name__
+        if is_dataclass(obj) and not isinstance(obj, type):
+            return walk(asdict(obj))
+        if isinstance(obj, dict):
+            return {str(k): walk(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            return [walk(v) for v in obj]
+        if hasattr(obj, "__fspath__"):
+            return str(obj)
+        return obj
+
+    return walk(doc)
+
+
+def emit_json(doc: Any) -> None:
+    import json
+
+    click.echo(json.dumps(_redacted(to_jsonable(doc)), indent=2))
+
+
+def _redacted(doc: Any) -> Any:
+    """Every string of a JSON document without credentials (see untrusted.redact)."""
+    from ..artifacts.untrusted import redact
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, str):
+            return redact(obj)
+        if isinstance(obj, dict):
+            return {k: walk(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [walk(v) for v in obj]
+        return obj
+
+    return walk(doc)
+
+
+# Where each command writes: a full disk or a read-only file system is reported against this path.
+_WRITE_TARGETS = ("out_dir", "out_dirs", "dest", "local_dir", "out", "directory", "model_dir")
+
+
+def _target_of(kwargs: dict) -> str | None:
+    for name in _WRITE_TARGETS:
+        value = kwargs.get(name)
+        if isinstance(value, (tuple, list)):  # a repeatable option (bundle --out): the first
+            value = value[0] if value else None
+        if value is not None:
+            return str(value)
+    return None
+
+
+def handles_errors(fn: Callable) -> Callable:
+    """Map every failure of a command to one line and its documented exit code (see `fail`)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (SystemExit, click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except BaseException as e:  # KeyboardInterrupt included: it ends as "interrupted", exit 130
+            ctx = click.get_current_context(silent=True)
+            fail(e, ctx.command_path if ctx else "mm", bool(kwargs.get("json_out")), _target_of(kwargs))
+
+    return wrapper
+
+
+def fail(exc: BaseException, operation: str, json_out: bool, target: str | None = None) -> None:
+    """Print EXC as one line (and a JSON document with --json) and exit with its documented code.
+
+    MMError: its message and code. OSError where it is the user's situation (a full disk: 7; a read-only,
+    forbidden, wrong-kind or too-long path: 3; a connection: 4). Anything else is a bug in mm: exit 70 with
+    the operation, the file when known and a bug-report hint; the traceback only with MM_DEBUG=1.
+    """
+    from ..artifacts.errors import INTERNAL_ERROR
+    from ..artifacts.oserrors import describe_os_error
+    from ..artifacts.progress import abandon_live
+    from ..artifacts.untrusted import printable, redact
+
+    kind = type(exc).__name__
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C or SIGTERM: what is kept, the command that resumes, 130/143
+        from ..artifacts import interrupt
+        interrupt.end(exc if isinstance(exc, interrupt.Interrupted) else interrupt.current(), flush=True)
+    if isinstance(exc, MMError):
+        code, message = exc.exit_code, exc.message
+    elif isinstance(exc, BrokenPipeError) and exc.filename is None:
+        quiet_stdout()
+        sys.exit(141)  # the reader of our output went away (`mm verify DIR | head`): end as tools do, silently
+    elif isinstance(exc, OSError) and (described := describe_os_error(exc, target)) is not None:
+        code, message = described
+    else:
+        where = getattr(exc, "filename", None) or target
+        code = INTERNAL_ERROR
+        message = (f"internal error in `{operation}`{f' on {where}' if where else ''}: {kind}: "
+                   f"{printable(str(exc))[:300]}; this is a bug in mm, please report it with the command line "
+                   f"(MM_DEBUG=1 shows the traceback)")
+    if code == INTERNAL_ERROR and os.environ.get("MM_DEBUG") == "1":
+        import traceback
+        traceback.print_exception(exc)
+    message = redact(message)
+    abandon_live()  # a bar cut short leaves the screen; the error line takes its place
+    if json_out:
+        emit_json({"ok": False, "error": message, "exit_code": code, "kind": kind})
+    err.print(f"mm: {printable(message)}", markup=False, highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def report_interrupt(json_out: bool, argv: list[str], exc) -> None:
+    """The interrupt's one line (and JSON document): the signal, what resumable work is kept where, and the command
+    that resumes it. Written with os.write: it may run in the interrupt's watcher thread while the main thread
+    is anywhere (in the middle of a rich render, too)."""
+    import json
+    from shlex import join
+
+    from ..artifacts.interrupt import kept_work, working_dirs
+    from ..artifacts.untrusted import printable, redact
+
+    dirs = working_dirs()
+    kept = kept_work(dirs) if dirs else []
+    resume = redact(printable("mm " + join(argv))) if dirs else None
+    message = f"interrupted by {exc.signal_name}"
+    if dirs:
+        message += f"; kept: {'; '.join(kept) if kept else 'nothing yet'}; resume with: {resume}"
+    message = redact(printable(message))
+    if json_out:
+        doc = {"ok": False, "error": message, "exit_code": exc.exit_code, "kind": "Interrupted",
+               "signal": exc.signal_name, "kept": [redact(printable(k)) for k in kept], "resume": resume}
+        _write_all(1, (json.dumps(doc, indent=2) + "\n").encode())
+    show_cursor = "\x1b[?25h" if sys.stderr.isatty() else ""  # a live progress bar hides it
+    _write_all(2, f"{show_cursor}mm: {message}\n".encode("utf-8", "replace"))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        pass
+
+
+def quiet_stdout() -> None:
+    """stdout's reader is gone: point it at /dev/null so the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+
+# --- option values shared by several commands, checked where they are parsed (a bad value is a usage error: exit 2)
+
+def check_repo_id(ctx, param, value):
+    from ..artifacts.untrusted import printable, repo_id_problem
+    if value is not None and (problem := repo_id_problem(value)):
+        raise click.BadParameter(f"{printable(value)[:120]!r}: {problem}")
+    return value
+
+
+def check_revision(ctx, param, value):
+    if value is not None and (not value.strip() or len(value) > 256 or not value.isprintable() or value != value.strip()):
+        from ..artifacts.untrusted import printable
+        raise click.BadParameter(f"{printable(value)[:60]!r}: expected a commit sha, branch or tag")
+    return value
+
+
+def check_identity(ctx, param, value):
+    """A signer identity (an allowed_signers principal, e.g. alice@example.com): "" would pass as no identity."""
+    if value is not None and (not value.strip() or len(value) > 256 or not value.isprintable() or value != value.strip()):
+        from ..artifacts.untrusted import printable
+        raise click.BadParameter(f"{printable(value)[:60]!r}: expected a signer identity (a principal of the "
+                                 f"allowed signers file, e.g. alice@example.com)")
+    return value
+
+
+
+json_option = click.option("--json", "json_out", is_flag=True, help="Print one JSON document instead of text.")
+
+
+class DefaultGroup(click.Group):
+    """A group whose default subcommand runs when the first argument names no subcommand.
+
+    Lets `mm manifest DIR` and `mm manifest export DIR` (or `mm bundle DIR` and `mm bundle verify VOL`) coexist.
+    """
+
+    def __init__(self, *args, default: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.default_command = default
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            self._refuse_typo(ctx, args[0])
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+    def _refuse_typo(self, ctx: click.Context, word: str) -> None:
+        """`mm bundle verfy VOL`: a word that names no file but nearly names a subcommand is a typo, not the
+        default subcommand's argument (which would end in "Missing option '--out'")."""
+        import difflib
+        if word.startswith("-") or os.path.lexists(word):
+            return
+        others = [name for name in self.commands if name != self.default_command]
+        close = difflib.get_close_matches(word, others, n=1, cutoff=0.6)
+        if close:
+            raise click.UsageError(f"No such command {word!r} (and no such file). Did you mean {close[0]!r}?", ctx)
+
+
+
+def thread_failed(hook_args) -> None:
+    """A worker thread died of an unexpected exception: one line, not Python's thread traceback."""
+    if hook_args.exc_type is SystemExit or issubclass(hook_args.exc_type, KeyboardInterrupt):
+        return  # a worker stopped by an interrupt: the CLI reports the interrupt
+    if os.environ.get("MM_DEBUG") == "1":
+        import traceback
+        traceback.print_exception(hook_args.exc_value)
+    from ..artifacts.untrusted import printable
+    err.print(f"mm: internal error in a worker thread: {hook_args.exc_type.__name__}: "
+              f"{printable(str(hook_args.exc_value))[:300]}; this is a bug in mm, please report it",
+              markup=False, highlight=False, soft_wrap=True)
+
+
+
+# --- manifest signatures: the options and lines of the commands that consume or make one ------------------
+
+def signature_options(fn: Callable) -> Callable:
+    """--require-signature / --allowed-signers / --identity for commands that consume a manifest."""
+    options = [
+        click.option("--require-signature", is_flag=True,
+                     help="Kept for scripts: --allowed-signers alone already requires a good signature."),
+        click.option("--allowed-signers", type=click.Path(path_type=Path),
+                     help="OpenSSH allowed_signers file (namespace mm-manifest): the manifest must carry a good "
+                          "signature by a key it allows; unsigned or not good: exit 5, before anything is written. "
+                          "The same meaning in verify, unbundle, pull and launch."),
+        click.option("--identity", callback=check_identity,
+                     help="With --allowed-signers: the signer identity (principal) to require."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def render_carried_signature(signature: dict | None, allowed_signers: Path | None) -> None:
+    """The signature a bundle or an artifact carried, as unbundle and pull checked it."""
+    from ..artifacts.signing import SignatureReport
+    if signature:
+        described = SignatureReport(signature["identity"], signature["key_type"], signature["fingerprint"], "",
+                                    str(allowed_signers)).describe()
+        out.print(f"signature: good, {described}", highlight=False, markup=False, soft_wrap=True)
+
+
+def signature_policy(require_signature: bool, allowed_signers: Path | None, identity: str | None) -> bool:
+    """True when a signature is required, which --allowed-signers means on its own everywhere (verify, unbundle,
+    pull, launch): naming who may sign and then taking an unsigned manifest would be two meanings. Usage errors
+    for options that make no sense together."""
+    if require_signature and not allowed_signers:
+        raise click.UsageError("--require-signature needs --allowed-signers FILE")
+    if identity and not allowed_signers:
+        raise click.UsageError("--identity needs --allowed-signers")
+    return bool(allowed_signers)
+
+
+
+def render_signed(result) -> None:
+    from ..artifacts import signing
+    out.print(f"signed {result.manifest_path} with {result.key_type} key {result.fingerprint}: "
+              f"{result.signature_path}", markup=False, highlight=False, soft_wrap=True)
+    out.print("check without mm: cd DIR/.mm && " + signing.verify_command(), markup=False, highlight=False,
+              soft_wrap=True)
