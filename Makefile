@@ -65,13 +65,16 @@ demo: install
 
 # Tests run in a random order (pytest-randomly): the suite must not depend on which test ran before, and a random
 # order turns a hidden dependence into a failure that names its seed. Replay one with `make test SEED=N`; run in
-# file order with `make test ORDER="-p no:randomly"`.
+# file order with `make test ORDER="-p no:randomly"`. The suite runs on two workers (pytest-xdist: each has its own
+# servers, ports and temporary directories), which halves its time on CI's machine; `make test JOBS=0` runs it in
+# one process.
 SEED ?= $(shell date +%s)
 ORDER ?= -p randomly --randomly-seed=$(SEED)
+JOBS ?= 2
 
 test: install-test tools
-	@echo "test order: $(ORDER)"
-	$(BIN)/python -m pytest -q $(ORDER)
+	@echo "test order: $(ORDER), workers: $(JOBS)"
+	$(BIN)/python -m pytest -q -n $(JOBS) $(ORDER)
 	$(MAKE) --no-print-directory wheel-check
 
 # The wheel as users get it: built, installed (not editable) into a fresh venv under /tmp, run from outside the
