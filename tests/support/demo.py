@@ -28,12 +28,16 @@ def say(text: str) -> None:
     print(f"\n\033[1m== {text}\033[0m", flush=True)
 
 
-def run(args: list[str], env: dict, ok_codes: tuple[int, ...] = (0,), cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run(args: list[str], env: dict, ok_codes: tuple[int, ...] = (0,), cwd: Path | None = None,
+        capture: bool = False) -> subprocess.CompletedProcess:
+    """Run one step as a user would: its output goes straight to this terminal (progress bars, and stdout and
+    stderr in the order mm printed them); capture=True keeps it to read (then printed after the step)."""
     shown = " ".join(shlex.quote(str(a)) for a in args).replace(MM, "mm").replace(str(ROOT) + "/", "")
     print(f"$ {shown}", flush=True)
-    proc = subprocess.run([str(a) for a in args], env=env, cwd=cwd, text=True, capture_output=True)
-    sys.stdout.write(proc.stdout)
-    sys.stdout.write(proc.stderr)
+    proc = subprocess.run([str(a) for a in args], env=env, cwd=cwd, text=True, capture_output=capture)
+    if capture:
+        sys.stdout.write(proc.stdout)
+        sys.stdout.write(proc.stderr)
     if proc.returncode not in ok_codes:
         raise SystemExit(f"demo step failed with exit code {proc.returncode}: {shown}")
     return proc
@@ -171,7 +175,7 @@ def airgap_host(model: Path, env: dict) -> None:
     vols = WORK / "volumes-with-mm"
     build_env = dict(env, MM_BUNDLE_NO_MM="0")
     probe = run([MM, "bundle", model, "--out", vols, "--volume-size", "1M", "--name", "minimax"], build_env,
-                ok_codes=(3,))
+                ok_codes=(3,), capture=True)
     minimum = re.search(r"use --volume-size (\d+M)", probe.stderr)
     run([MM, "bundle", model, "--out", vols, "--volume-size", minimum.group(1), "--name", "minimax"], build_env)
     prefix = next((p for p in (["unshare", "-n"], ["unshare", "-rn"])
