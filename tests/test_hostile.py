@@ -46,8 +46,18 @@ RUNS: list[tuple[list[str], subprocess.CompletedProcess]] = []
 # --- helpers ------------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def no_run_prints_a_traceback():
+    """After each test of this module: none of the mm runs it made printed a Python traceback (whatever else the
+    test asserts; in any order, on any worker)."""
+    RUNS.clear()
+    yield
+    shown = [(" ".join(argv[1:])[:120], r.stderr[-400:]) for argv, r in RUNS if "Traceback" in r.stderr + r.stdout]
+    assert shown == []
+
+
 def run(*args, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """run_mm, recorded for the last test (no traceback in any run of this module)."""
+    """run_mm, recorded for the check after each test (no traceback in any run of this module)."""
     r = run_mm(*args, extra_env={"COLUMNS": "200", **(env or {})}, timeout=timeout)
     RUNS.append((mm_argv(*args), r))
     return r
@@ -1203,11 +1213,3 @@ def test_guard_mm_debug_shows_the_traceback(model, tmp_path):
     env = {**fault_env(tmp_path, "mm.artifacts.verify", "verify_dir"), "MM_DEBUG": "1"}
     r = run_mm("verify", model, extra_env=env)  # not recorded: this one is meant to show a traceback
     assert r.returncode == 70 and "Traceback" in r.stderr and "ZeroDivisionError" in r.stderr
-
-
-def test_zz_no_command_printed_a_traceback():
-    """Every run of this module (it runs last) ended without a Python traceback."""
-    if not RUNS:
-        pytest.skip("run with the rest of the module")
-    shown = [(" ".join(argv[1:])[:120], r.stderr[-400:]) for argv, r in RUNS if "Traceback" in r.stderr + r.stdout]
-    assert shown == []
