@@ -126,6 +126,8 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
                             partial=_partial(local_dir, req, refetch, remote, entries))
         write_manifest(manifest.with_files(list(entries.values())), manifest_path(local_dir), root=state_root(local_dir))
         session.finished()
+        if refetch is None and not unlisted:  # repair re-verifies and stamps on its own terms
+            _stamp_if_proven(local_dir, [o for o, _ in results], entries)
 
     outcomes = tuple(o for o, _ in results) + tuple(unlisted)
     return FetchResult(
@@ -185,6 +187,15 @@ def base_candidates(base_dir: Path, files: list[RemoteFile], local_dir: Path) ->
                 found[f.path] = full
                 break
     return found
+
+
+def _stamp_if_proven(local_dir: Path, outcomes: list[FileOutcome], entries: dict) -> None:
+    """Every file of the manifest proven against the pin (hashed as it arrived or was adopted, or proven by an
+    earlier run and unchanged since, as unbundle counts it): `mm ls` then says so ("verified by mm fetch")."""
+    from .store import record_verified
+
+    if outcomes and not any(o.status == "failed" for o in outcomes):
+        record_verified(local_dir, True, len(entries), sum(e.size for e in entries.values()), 0, "mm fetch")
 
 
 def _partial(local_dir: Path, req: FetchRequest, refetch: frozenset[str] | None, remote: list[RemoteFile],

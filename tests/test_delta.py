@@ -356,3 +356,12 @@ def test_readback_reads_back_the_copied_base_files_too(update, tmp_path):
     copied = doc["delta"]["taken"] if doc["delta"]["mode"] == "copy" else 0
     assert doc["verify"]["read_back"]["files"] == len(CHANGED) + copied
     assert doc["verify"]["hashed_now"]["files"] == 0 and doc["verify"]["ok"]
+
+
+def test_a_fetch_that_proves_every_file_is_listed_as_verified_by_mm_fetch(update, tmp_path):
+    root = tmp_path / "models"
+    ok(mm(update, "fetch", REPO, "--revision", update.b, "--local-dir", root / REPO / update.b[:12], "--from",
+          update.conn_a))
+    doc = json.loads(ok(mm(update, "ls", root, "--json")).stdout)
+    [rev] = doc["revisions"]
+    assert rev["verified"]["ok"] and rev["verified"]["by"] == "mm fetch" and rev["verified"]["current"]
