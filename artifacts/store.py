@@ -578,7 +578,12 @@ def gc(root: Path, keep: int = DEFAULT_KEEP, dry_run: bool = False, docker: str 
     with dir_lock(root, "mm gc"):
         store = scan(root)
         notes = list(store.notes)
-        containers, note = running_containers(docker)
+        try:
+            containers, note = running_containers(docker)
+        except Refused as e:
+            if not dry_run:
+                raise
+            containers, note = [], f"{e}; this dry run lists what would go if no container mounted a revision"
         notes += [note] if note else []
         uses = read_uses(root)
         users, mount_notes = mounted(store, containers, uses)

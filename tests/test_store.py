@@ -211,6 +211,20 @@ def test_gc_removes_nothing_when_docker_cannot_say_what_runs(root, revs, tmp_pat
     assert all(d.is_dir() for d in revs.values())
 
 
+def test_gc_dry_run_without_docker_answering_says_what_would_go_and_that_mounts_are_unknown(root, revs, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
+    (bin_dir / "docker").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    r = mm(env, "gc", root, "--keep", "0", "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["dry_run"] and {r["dir"] for r in doc["removed"]} == {revs["A"].name, revs["B"].name}
+    assert any("Cannot connect to the Docker daemon" in n and "if no container mounted" in n for n in doc["notes"])
+    assert all(d.is_dir() for d in revs.values())
+
+
 # --- interrupted at every step --------------------------------------------------------------------------------
 
 def quiet_docker(tmp_path: Path) -> dict:
