@@ -200,23 +200,24 @@ def test_gc_keeps_the_revision_a_container_started_through_the_pointer_mounts(ro
     assert [r["dir"] for r in doc["removed"]] == [revs["B"].name]
 
 
-def test_gc_removes_nothing_when_docker_cannot_say_what_runs(root, revs, tmp_path):
+def docker_down(tmp_path: Path) -> dict[str, str]:
+    """An environment whose `docker` is installed but its daemon does not answer (a stand-in first on PATH)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "docker").write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
     (bin_dir / "docker").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_gc_removes_nothing_when_docker_cannot_say_what_runs(root, revs, tmp_path):
+    env = docker_down(tmp_path)
     r = mm(env, "gc", root, "--keep", "0")
     assert r.returncode == 7 and "Cannot connect to the Docker daemon" in r.stderr, r.stderr
     assert all(d.is_dir() for d in revs.values())
 
 
 def test_gc_dry_run_without_docker_answering_says_what_would_go_and_that_mounts_are_unknown(root, revs, tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "docker").write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
-    (bin_dir / "docker").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = docker_down(tmp_path)
     r = mm(env, "gc", root, "--keep", "0", "--dry-run", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
