@@ -32,6 +32,7 @@ was asked (artifacts/interrupt.py); bytes already in a buffer are kept either wa
 from __future__ import annotations
 
 import bisect
+import errno
 import http.client
 import json
 import math
@@ -49,7 +50,7 @@ from typing import Callable, ContextManager, Iterator, Protocol
 from . import wire
 from .errors import BadInput, MMError, RemoteError
 from .fsutil import atomic_write_bytes, check_inside, open_file, read_local_file, unlink_file
-from .hashing import Digests, StreamHasher
+from .hashing import Digests, SideThread, StreamHasher
 from . import interrupt  # the stop flag: workers return within a chunk, the map is saved (interrupt.py)
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import load_json
@@ -60,6 +61,7 @@ RANGE_MAX = 16 * MiB  # ranges no longer than this keep the hashing frontier clo
 RANGE_MIN = 1 * MiB  # a file smaller than this is one request
 SKIP_LIMIT = RANGE_MIN  # a body starting further than this before the asked offset becomes the file's single stream
 BUFFER = 1 * MiB  # each connection's receive buffer: written (and hashed at the frontier) when full...
+ALIGN = 4096  # O_DIRECT's alignment (file offset, length and memory address; a page, the largest logical block)
 FLUSH_SECONDS = 0.1  # ...or this old, so a kill loses little
 SAVE_SECONDS = 0.2  # the range map is saved at most this often per file (and when the file ends)
 HASH_READ = 2 * MiB  # read-back buffer of the frontier hasher (page-aligned)
@@ -289,8 +291,9 @@ def clear_state(partial: Path, root: Path | None = None) -> None:
 # --- planning --------------------------------------------------------------------------------------
 
 def range_size(size: int, connections: int) -> int:
-    """How long each range of a file is: the file spread over every connection, within [RANGE_MIN, RANGE_MAX]."""
-    return min(RANGE_MAX, max(RANGE_MIN, math.ceil(size / max(1, connections))))
+    """How long each range of a file is: the file spread over every connection, within [RANGE_MIN, RANGE_MAX],
+    a multiple of ALIGN (so that ranges start aligned: their bytes go to disk direct from the first)."""
+    return min(RANGE_MAX, max(RANGE_MIN, -(-size // (max(1, connections) * ALIGN)) * ALIGN))
 
 
 def file_share(size: int, connections: int) -> int:
@@ -312,7 +315,7 @@ def plan_ranges(gaps: list[tuple[int, int]], size: int, tail: int = 0) -> list[t
         head, last = out[:-tail], out[-tail:]
         out = head
         for s, e in last:
-            half = (e - s) // 2
+            half = (e - s) // 2 // ALIGN * ALIGN
             out.extend([(s, s + half), (s + half, e)] if half >= RANGE_MIN else [(s, e)])
     return out
 
@@ -427,6 +430,87 @@ class TransferStats:
                     "retries_by_reason": dict(self.retries), "retried": list(self.retried)}
 
 
+# --- the partial file on disk ---------------------------------------------------------------------
+
+class Disk:
+    """The partial file's descriptors: FD (buffered) and, where the filesystem allows it, DIRECT, an O_DIRECT
+    descriptor of the same open inode. Received bytes go to disk straight from the connection's buffer through
+    DIRECT (no copy into the page cache, no writeback of it later: that copy and its inode lock were most of a
+    fetch's CPU); the unaligned edges of a write go through FD. The kernel keeps the two coherent (a direct read
+    or write first writes back and drops the cached pages it overlaps). A filesystem that refuses O_DIRECT, or
+    one of its writes, gets buffered writes for the rest of the file."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.direct: int | None = None
+        if hasattr(os, "O_DIRECT"):
+            try:  # the open file itself (/proc), not its name again: nothing can be swapped in between
+                self.direct = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC)
+            except OSError:
+                pass
+
+    def reserve(self, size: int) -> None:
+        """Allocate the file's SIZE bytes up front (fallocate(2); its size becomes SIZE), so that no direct write
+        extends the file or fills a hole: ext4 runs those one at a time under the inode lock for the whole disk
+        write, and aligned overwrites of allocated blocks side by side. Without fallocate support (or room: the
+        writes will say so) nothing is allocated; without direct I/O nothing is needed."""
+        if self.direct is None or os.fstat(self.fd).st_size >= size:
+            return
+        import ctypes  # fallocate(2) itself: os.posix_fallocate falls back to writing every block where unsupported
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        libc.fallocate(self.fd, 0, 0, size)
+
+    def write(self, pieces: list[memoryview], offset: int, length: int) -> None:
+        """PIECES (LENGTH bytes) at OFFSET: the ALIGN-aligned middle direct, the edges buffered."""
+        end = offset + length
+        lo, hi = -(-offset // ALIGN) * ALIGN, end // ALIGN * ALIGN
+        direct = self.direct
+        if direct is not None and hi > lo:
+            try:
+                _pwrite_all(direct, _slice(pieces, lo - offset, hi - offset), lo)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                self._buffered_only()  # (a piece not aligned in memory, a filesystem with larger blocks)
+            else:
+                if lo > offset:
+                    _pwrite_all(self.fd, _slice(pieces, 0, lo - offset), offset)
+                if end > hi:
+                    _pwrite_all(self.fd, _slice(pieces, hi - offset, length), hi)
+                return
+        _pwrite_all(self.fd, pieces, offset)
+
+    def read(self, view: memoryview, offset: int, need: int) -> None:
+        """At least NEED bytes of the file from OFFSET into VIEW (OSError if the file is shorter): direct when
+        OFFSET and VIEW's length are aligned (VIEW, in memory too: the caller's page-aligned buffer), so bytes
+        written direct are not copied through the page cache either. The read may go past NEED, up to VIEW's end."""
+        direct = self.direct if offset % ALIGN == 0 and len(view) % ALIGN == 0 else None
+        got = 0
+        while got < need:
+            fd = direct if direct is not None and got % ALIGN == 0 else self.fd
+            try:
+                n = os.preadv(fd, [view[got:]], offset + got)
+            except OSError as e:
+                if fd == self.fd or e.errno != errno.EINVAL:
+                    raise
+                direct = None
+                continue
+            if n <= 0:
+                raise OSError(f"partial file shorter than its range map at byte {offset + got}")
+            got += n
+
+    def _buffered_only(self) -> None:
+        direct, self.direct = self.direct, None
+        if direct is not None:
+            os.close(direct)
+
+    def close(self) -> None:
+        self._buffered_only()
+        os.close(self.fd)
+
+
 # --- hashing in file order -------------------------------------------------------------------------
 
 class OrderedHasher:
@@ -438,14 +522,15 @@ class OrderedHasher:
     Behind the frontier, pages are handed to writeback and dropped from the page cache (``WRITEBACK``), so the
     fsync before a file is named waits for little and a 252 GB fetch does not push the host's cache out."""
 
-    def __init__(self, fd: int, rmap: RangeMap, hasher: StreamHasher, lock: threading.Condition, start: int = 0):
-        self._fd, self._rmap, self._hasher = fd, rmap, hasher
+    def __init__(self, disk: Disk, rmap: RangeMap, hasher: StreamHasher, lock: threading.Condition, start: int = 0):
+        self._disk, self._fd, self._rmap, self._hasher = disk, disk.fd, rmap, hasher
         self._cv = lock  # shared with the file's state: guards rmap too
         self.hashed = 0
         self._kicked = self._dropped = start  # writeback: started up to _kicked, dropped up to _dropped
         self._busy = False
         self._closed = False
         self._error: BaseException | None = None
+        self._side = SideThread()  # sha256 there while blake3 runs in the hashing thread: two cores
         self._thread = threading.Thread(target=self._catch_up, name="mm-hash", daemon=True)
         self._thread.start()
 
@@ -460,14 +545,15 @@ class OrderedHasher:
                 return
         try:
             for piece in pieces:
-                self._hasher.update(piece)
+                self._hasher.update_split(piece, self._side)
         finally:
             self._advance(offset + length)
 
-    def _advance(self, end: int) -> None:
+    def _advance(self, end: int, keep: bool = False) -> None:
+        """Bytes up to END are hashed; KEEP: the caller goes on hashing (it holds the next bytes already)."""
         with self._cv:
             self.hashed = end
-            self._busy = False
+            self._busy = keep
             self._cv.notify_all()
         if end - self._kicked >= WRITEBACK:  # only the hashing thread of the moment gets here
             self._writeback(end)
@@ -484,35 +570,55 @@ class OrderedHasher:
         self._dropped, self._kicked = self._kicked, end
 
     def _catch_up(self) -> None:
-        buf = mmap.mmap(-1, HASH_READ)
+        """Hash what landed ahead of the frontier once the contiguous prefix reaches it: read back (direct where
+        it can, Disk.read) in HASH_READ pieces, each next piece read while the last one is hashed."""
+        bufs = [memoryview(mmap.mmap(-1, HASH_READ + ALIGN)) for _ in range(2)]  # page-aligned
+        ahead: tuple[int, int, memoryview] | None = None  # the next piece, already read
+        which = 0
         try:
             while True:
                 with self._cv:
-                    while not self._closed and (self._busy or self._rmap.prefix() <= self.hashed):
+                    while ahead is None and not self._closed and (self._busy or self._rmap.prefix() <= self.hashed):
                         self._cv.wait()
                     if self._closed:
                         return
-                    start = self.hashed
-                    end = min(self._rmap.prefix(), start + HASH_READ)
-                    self._busy = True
+                    if ahead is None:
+                        start = self.hashed
+                        end = min(self._rmap.prefix(), start + HASH_READ)
+                        self._busy = True
                 try:
-                    view = memoryview(buf)[:end - start]
-                    got = 0
-                    while got < len(view):
-                        n = os.preadv(self._fd, [view[got:]], start + got)
-                        if n <= 0:
-                            raise OSError(f"partial file shorter than its range map at byte {start + got}")
-                        got += n
-                    self._hasher.update(view)
-                    view.release()
+                    if ahead is None:
+                        chunk = self._read(bufs[which], start, end)
+                    else:
+                        (start, end, chunk), ahead = ahead, None
+                    nxt: list = []
+
+                    def read_ahead() -> None:
+                        with self._cv:
+                            stop = min(self._rmap.prefix(), end + HASH_READ)
+                        if stop > end:
+                            nxt.append((end, stop, self._read(bufs[1 - which], end, stop)))
+
+                    self._hasher.update_split(chunk, self._side, read_ahead)
                 except BaseException as e:  # reported by finish()
                     with self._cv:
                         self._error, self._busy, self._closed = e, False, True
                         self._cv.notify_all()
                     return
-                self._advance(end)
+                if nxt:
+                    ahead, which = nxt[0], 1 - which
+                self._advance(end, keep=ahead is not None)
         finally:
-            buf.close()
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+
+    def _read(self, buf: memoryview, start: int, end: int) -> memoryview:
+        """Bytes [START, END) of the file, read into BUF from the ALIGN boundary below START."""
+        at = start - start % ALIGN
+        view = buf[:-((at - end) // ALIGN) * ALIGN]
+        self._disk.read(view, at, end - at)
+        return view[start - at:end - at]
 
     def finish(self, size: int) -> Digests:
         """Wait until every byte is hashed; the digests."""
@@ -524,6 +630,7 @@ class OrderedHasher:
             self._closed = True
             self._cv.notify_all()
         self._thread.join()
+        self._side.close()
         if self._error is not None:
             raise RemoteError(f"cannot read back the partial file for hashing: {self._error}")
         if self.hashed < size:
@@ -535,6 +642,7 @@ class OrderedHasher:
             self._closed = True
             self._cv.notify_all()
         self._thread.join()
+        self._side.close()
 
 
 # --- one file --------------------------------------------------------------------------------------
@@ -568,9 +676,9 @@ class _Range:
 class _File:
     """The state shared by the connections working on one file."""
 
-    def __init__(self, job: RangedJob, source: RangeSource, rmap: RangeMap, fd: int, stats: TransferStats,
+    def __init__(self, job: RangedJob, source: RangeSource, rmap: RangeMap, disk: Disk, stats: TransferStats,
                  progress: ProgressSink, rsize: int, share: int, connections: "Connections"):
-        self.job, self.source, self.rmap, self.fd, self.stats, self.progress = job, source, rmap, fd, stats, progress
+        self.job, self.source, self.rmap, self.disk, self.stats, self.progress = job, source, rmap, disk, stats, progress
         self.connections = connections
         self.limits = wire.limits()
         self.lock = threading.Condition()
@@ -588,7 +696,7 @@ class _File:
         self.peak = 0
         self._save_lock = threading.Lock()
         self._saved_at = time.monotonic()
-        self.hasher = OrderedHasher(fd, rmap, job.hasher, self.lock, start=rmap.prefix())
+        self.hasher = OrderedHasher(disk, rmap, job.hasher, self.lock, start=rmap.prefix())
 
     @property
     def where(self) -> str:
@@ -664,7 +772,7 @@ class _File:
             gaps = self.rmap.gaps(offset, end)
         for s, e in gaps:
             part = pieces if (s, e) == (offset, end) else _slice(pieces, s - offset, e - offset)
-            _pwrite_all(self.fd, part, s)
+            self.disk.write(part, s, e - s)
             with self.lock:
                 self.rmap.add(s, e)
             self.hasher.written(s, part, e - s)
@@ -706,12 +814,13 @@ def download(job: RangedJob, source: RangeSource, connections: Connections, stat
     limit = getattr(source, "max_connections", None)
     if limit:
         share = min(share, limit)
-    fd = open_file(job.root or job.partial.parent, job.partial, os.O_RDWR | os.O_CREAT, 0o644)
+    disk = Disk(open_file(job.root or job.partial.parent, job.partial, os.O_RDWR | os.O_CREAT, 0o644))
     f = None
     try:
+        disk.reserve(job.size)
         planned = min(share, connections.limit)  # ranges sized for the connections open now (more may come)
         rsize = range_size(job.size, planned) if share > 1 else job.size  # one connection: one request per gap
-        f = _File(job, source, rmap, fd, stats, progress, rsize, planned if share > 1 else 1, connections)
+        f = _File(job, source, rmap, disk, stats, progress, rsize, planned if share > 1 else 1, connections)
         progress.advance(resumed)
         workers = [threading.Thread(target=_work, args=(f, connections), name="mm-range", daemon=True)
                    for _ in range(min(share, max(1, len(f.pending))) - 1)]
@@ -730,18 +839,18 @@ def download(job: RangedJob, source: RangeSource, connections: Connections, stat
             f.hasher.close()
             raise f.error
         digests = f.hasher.finish(job.size)
-        os.fsync(fd)
+        os.fsync(disk.fd)
     finally:
         if f is not None:
             f.save(force=True)
-        os.close(fd)
+        disk.close()
     return RangedResult(digests, f.transferred, resumed, len(f.ranges_landed), f.peak)
 
 
 def _work(f: _File, connections: Connections) -> None:
     """One connection's loop: take a range, fetch it into this connection's buffer; until the file is done or
     has an error (a failure, or a cancellation set there)."""
-    buf = mmap.mmap(-1, BUFFER)  # page-aligned, reused for every read of this connection
+    buf = mmap.mmap(-1, BUFFER + ALIGN)  # page-aligned, reused for every read of this connection
     view = memoryview(buf)
     try:
         while f.error is None and not interrupt.requested():
@@ -831,7 +940,8 @@ def _land(f: _File, r: _Range, at: int, body_end: int, read: Callable[[memoryvie
     slower than the minimum rate over a window is cut (RetryLater: retried on a fresh connection)."""
     lim = f.limits
     stop = min(body_end, r.end)
-    filled, batch_at = 0, max(at, r.pos)  # VIEW[:filled] holds the file's bytes from batch_at
+    lo = hi = 0  # VIEW[lo:hi] holds the file's bytes from batch_at; lo = batch_at % ALIGN (see below)
+    batch_at = at
     received = 0
     now = began = window_at = time.monotonic()
     window_bytes = 0
@@ -839,19 +949,22 @@ def _land(f: _File, r: _Range, at: int, body_end: int, read: Callable[[memoryvie
         while at < stop and f.error is None and not interrupt.requested():
             if at < r.pos:  # before the range: read and dropped
                 n = read(view[:min(len(view), r.pos - at)])
-                batch_at = at + n
             else:
-                n = read(view[filled:filled + min(len(view) - filled, stop - at)])
-                filled += n
+                if hi == lo:  # a new batch, placed so that a file offset and its place in VIEW agree modulo ALIGN:
+                    lo = hi = at % ALIGN  # its aligned middle goes to disk direct, and a full VIEW ends aligned
+                    batch_at = at
+                n = read(view[hi:hi + min(len(view) - hi, stop - at)])
+                hi += n
             if not n:
                 break
             at += n
             received += n
             window_bytes += n
             now = time.monotonic()
-            if filled and (filled == len(view) or at >= stop or now - began >= FLUSH_SECONDS):
-                f.commit(r, batch_at, [view[:filled]], filled)
-                batch_at, filled, began = batch_at + filled, 0, now
+            if hi > lo and (hi == len(view) or at >= stop or now - began >= FLUSH_SECONDS):
+                f.commit(r, batch_at, [view[lo:hi]], hi - lo)
+                lo = hi = 0
+                began = now
                 f.received(received)
                 received = 0
             if now - window_at >= lim.rate_window:
@@ -861,11 +974,11 @@ def _land(f: _File, r: _Range, at: int, body_end: int, read: Callable[[memoryvie
                                      f"connection", "slow", after=0)
                 window_at, window_bytes = now, 0
     except OSError:  # the partial cannot be written: nothing more is tried
-        filled = 0
+        lo = hi = 0
         raise
     finally:
-        if filled:  # what arrived before a cut, a stop or another connection's failure is kept (its place is proven)
-            f.commit(r, batch_at, [view[:filled]], filled)
+        if hi > lo:  # what arrived before a cut, a stop or another connection's failure is kept (its place is proven)
+            f.commit(r, batch_at, [view[lo:hi]], hi - lo)
         f.received(received)
 
 
