@@ -64,7 +64,7 @@ BUFFER = 1 * MiB  # each connection's receive buffer: written (and hashed at the
 ALIGN = 4096  # O_DIRECT's alignment (file offset, length and memory address; a page, the largest logical block)
 FLUSH_SECONDS = 0.1  # ...or this old, so a kill loses little
 SAVE_SECONDS = 0.2  # the range map is saved at most this often per file (and when the file ends)
-HASH_READ = 2 * MiB  # read-back buffer of the frontier hasher (page-aligned)
+HASH_READ = 1 * MiB  # each of the frontier hasher's two read-back buffers (one hashed while the next is read)
 WRITEBACK = 32 * MiB  # behind the hashing frontier, pages are handed to writeback in windows of this size
 BUDGET_FACTOR = 1.5  # a file may receive 1.5x its size (a range re-sent, a 200 to a Range request)...
 BUDGET_MARGIN = RANGE_MAX  # ...plus one more full range: mm's margin, so a small file survives one whole re-send
@@ -432,6 +432,33 @@ class TransferStats:
 
 # --- the partial file on disk ---------------------------------------------------------------------
 
+class Buffers:
+    """Page-aligned buffers of one SIZE, lent and kept for the next borrower: their pages are faulted in once per
+    process, not once per file and connection, and the memory they hold is the most ever lent at once (one per
+    connection in use; two per file being hashed)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._free: list[memoryview] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def lend(self) -> Iterator[memoryview]:
+        with self._lock:
+            view = self._free.pop() if self._free else None
+        if view is None:
+            view = memoryview(mmap.mmap(-1, self.size))
+        try:
+            yield view
+        finally:
+            with self._lock:
+                self._free.append(view)
+
+
+_RECEIVE = Buffers(BUFFER + ALIGN)  # a connection's receive buffer
+_HASHING = Buffers(HASH_READ + ALIGN)  # the read-back buffers of the frontier hasher
+
+
 class Disk:
     """The partial file's descriptors: FD (buffered) and, where the filesystem allows it, DIRECT, an O_DIRECT
     descriptor of the same open inode. Received bytes go to disk straight from the connection's buffer through
@@ -541,7 +568,8 @@ class OrderedHasher:
             if fast:
                 self._busy = True
             else:
-                self._cv.notify_all()
+                if self._rmap.prefix() > self.hashed:  # else the hashing thread has nothing new to do: not woken
+                    self._cv.notify_all()
                 return
         try:
             for piece in pieces:
@@ -572,7 +600,10 @@ class OrderedHasher:
     def _catch_up(self) -> None:
         """Hash what landed ahead of the frontier once the contiguous prefix reaches it: read back (direct where
         it can, Disk.read) in HASH_READ pieces, each next piece read while the last one is hashed."""
-        bufs = [memoryview(mmap.mmap(-1, HASH_READ + ALIGN)) for _ in range(2)]  # page-aligned
+        with _HASHING.lend() as first, _HASHING.lend() as second:
+            self._hash_behind((first, second))
+
+    def _hash_behind(self, bufs: tuple[memoryview, memoryview]) -> None:
         ahead: tuple[int, int, memoryview] | None = None  # the next piece, already read
         which = 0
         try:
@@ -848,30 +879,21 @@ def download(job: RangedJob, source: RangeSource, connections: Connections, stat
 
 
 def _work(f: _File, connections: Connections) -> None:
-    """One connection's loop: take a range, fetch it into this connection's buffer; until the file is done or
-    has an error (a failure, or a cancellation set there)."""
-    buf = mmap.mmap(-1, BUFFER + ALIGN)  # page-aligned, reused for every read of this connection
-    view = memoryview(buf)
-    try:
-        while f.error is None and not interrupt.requested():
-            with connections.slot():
-                r = f.take()
-                if r is None:
-                    return
-                try:
-                    _run_range(f, r, view)
-                except MMError as e:
-                    f.fail(e)
-                except OSError as e:
-                    f.fail(RemoteError(f"{f.job.partial}: cannot write the partial file: {e.strerror or e}"))
-                finally:
-                    f.release(r)
-    finally:
-        view.release()
-        try:
-            buf.close()
-        except BufferError:  # a view of it is still held by an exception on its way up: the GC frees it
-            pass
+    """One connection's loop: take a range, fetch it into a receive buffer; until the file is done or has an
+    error (a failure, or a cancellation set there)."""
+    while f.error is None and not interrupt.requested():
+        with connections.slot(), _RECEIVE.lend() as view:
+            r = f.take()
+            if r is None:
+                return
+            try:
+                _run_range(f, r, view)
+            except MMError as e:
+                f.fail(e)
+            except OSError as e:
+                f.fail(RemoteError(f"{f.job.partial}: cannot write the partial file: {e.strerror or e}"))
+            finally:
+                f.release(r)
 
 
 def _run_range(f: _File, r: _Range, view: memoryview) -> None:

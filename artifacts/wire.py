@@ -29,7 +29,9 @@ Values are read when a request starts, so tests can use short ones.
 """
 from __future__ import annotations
 
+import heapq
 import http.client
+import itertools
 import re
 import socket
 import ssl
@@ -527,9 +529,7 @@ def watchdog(conn: http.client.HTTPConnection, seconds: float, where: str, what:
     server trickling its status line and headers, which per-read timeouts never end). Headers that http.client
     refuses (too long, too many) are a RemoteError too."""
     fired = threading.Event()
-    timer = threading.Timer(seconds, _cut, (conn, fired))
-    timer.daemon = True
-    timer.start()
+    cancel = _ALARMS.after(seconds, lambda: _cut(conn, fired))
     try:
         yield
     except (OSError, http.client.HTTPException) as e:
@@ -539,9 +539,57 @@ def watchdog(conn: http.client.HTTPConnection, seconds: float, where: str, what:
             raise RemoteError(f"{where} sent headers mm refuses ({type(e).__name__}: {shown(str(e), 80)})") from None
         raise
     finally:
-        timer.cancel()
+        cancel()
     if fired.is_set():
         raise TooSlow(f"{where} did not {what} within {seconds:g} s (MM_NET_DEADLINE); cut")
+
+
+class Alarms:
+    """One thread that calls each callback given to ``after`` once its time comes, unless cancelled first: a
+    watchdog per request costs a heap entry, not a thread started and stopped (a 1 GiB fetch makes hundreds)."""
+
+    def __init__(self):
+        self._heap: list[tuple[float, int, list]] = []
+        self._cv = threading.Condition(threading.Lock())
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def after(self, seconds: float, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call CALLBACK in SECONDS; returns the function that cancels it."""
+        entry = [callback]
+        with self._cv:
+            when = time.monotonic() + seconds
+            if not self._heap or when < self._heap[0][0]:
+                self._cv.notify()  # the thread sleeps until a later time, or for nothing
+            heapq.heappush(self._heap, (when, next(self._seq), entry))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="mm-alarms", daemon=True)
+                self._thread.start()
+
+        def cancel() -> None:
+            entry[0] = None
+        return cancel
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while self._heap and self._heap[0][2][0] is None:
+                    heapq.heappop(self._heap)  # cancelled: dropped as soon as it is on top
+                if not self._heap:
+                    self._cv.wait()
+                    continue
+                when, _, entry = self._heap[0]
+                wait = when - time.monotonic()
+                if wait > 0:
+                    self._cv.wait(wait)
+                    continue
+                heapq.heappop(self._heap)
+                callback, entry[0] = entry[0], None
+            if callback is not None:
+                callback()
+
+
+_ALARMS = Alarms()
 
 
 def _cut(conn: http.client.HTTPConnection, fired: threading.Event) -> None:
