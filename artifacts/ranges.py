@@ -475,6 +475,7 @@ class Disk:
                 self.direct = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC)
             except OSError:
                 pass
+        self._opened = self.direct  # closed with the file only: another thread may still be writing through it
 
     def reserve(self, size: int) -> None:
         """Allocate the file's SIZE bytes up front (fallocate(2); its size becomes SIZE), so that no direct write
@@ -500,7 +501,7 @@ class Disk:
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
-                self._buffered_only()  # (a piece not aligned in memory, a filesystem with larger blocks)
+                self.direct = None  # (a piece not aligned in memory, a filesystem with larger blocks)
             else:
                 if lo > offset:
                     _pwrite_all(self.fd, _slice(pieces, 0, lo - offset), offset)
@@ -528,13 +529,10 @@ class Disk:
                 raise OSError(f"partial file shorter than its range map at byte {offset + got}")
             got += n
 
-    def _buffered_only(self) -> None:
-        direct, self.direct = self.direct, None
-        if direct is not None:
-            os.close(direct)
-
     def close(self) -> None:
-        self._buffered_only()
+        self.direct = None
+        if self._opened is not None:
+            os.close(self._opened)
         os.close(self.fd)
 
 
