@@ -60,11 +60,12 @@ DEFAULT_CONNECTIONS = 32  # the most at once; Connections opens 16 and adds more
 RANGE_MAX = 16 * MiB  # ranges no longer than this keep the hashing frontier close behind the downloads
 RANGE_MIN = 1 * MiB  # a file smaller than this is one request
 SKIP_LIMIT = RANGE_MIN  # a body starting further than this before the asked offset becomes the file's single stream
-BUFFER = 1 * MiB  # each connection's receive buffer: written (and hashed at the frontier) when full...
+BUFFER = 2 * MiB  # each connection's receive buffer: written (and hashed at the frontier) when full...
 ALIGN = 4096  # O_DIRECT's alignment (file offset, length and memory address; a page, the largest logical block)
 FLUSH_SECONDS = 0.1  # ...or this old, so a kill loses little
 SAVE_SECONDS = 0.2  # the range map is saved at most this often per file (and when the file ends)
 HASH_READ = 1 * MiB  # each of the frontier hasher's two read-back buffers (one hashed while the next is read)
+HASHING_AT_ONCE = 4  # files read back for hashing at once (each with two buffers): two cores' worth and more
 WRITEBACK = 32 * MiB  # behind the hashing frontier, pages are handed to writeback in windows of this size
 BUDGET_FACTOR = 1.5  # a file may receive 1.5x its size (a range re-sent, a 200 to a Range request)...
 BUDGET_MARGIN = RANGE_MAX  # ...plus one more full range: mm's margin, so a small file survives one whole re-send
@@ -434,29 +435,34 @@ class TransferStats:
 
 class Buffers:
     """Page-aligned buffers of one SIZE, lent and kept for the next borrower: their pages are faulted in once per
-    process, not once per file and connection, and the memory they hold is the most ever lent at once (one per
-    connection in use; two per file being hashed)."""
+    process, not once per file and connection, and the memory they hold is the most ever lent at once. LIMIT:
+    at most that many lent at once (a borrower waits; each gives them back within one piece of work)."""
 
-    def __init__(self, size: int):
-        self.size = size
+    def __init__(self, size: int, limit: int | None = None):
+        self.size, self.limit = size, limit
         self._free: list[memoryview] = []
-        self._lock = threading.Lock()
+        self._lent = 0
+        self._cv = threading.Condition(threading.Lock())
 
     @contextmanager
-    def lend(self) -> Iterator[memoryview]:
-        with self._lock:
-            view = self._free.pop() if self._free else None
-        if view is None:
-            view = memoryview(mmap.mmap(-1, self.size))
+    def lend(self, count: int = 1) -> Iterator[list[memoryview]]:
+        with self._cv:
+            while self.limit is not None and self._lent + count > self.limit:
+                self._cv.wait()
+            self._lent += count
+            views = [self._free.pop() for _ in range(min(count, len(self._free)))]
+        views += [memoryview(mmap.mmap(-1, self.size)) for _ in range(count - len(views))]
         try:
-            yield view
+            yield views
         finally:
-            with self._lock:
-                self._free.append(view)
+            with self._cv:
+                self._free.extend(views)
+                self._lent -= count
+                self._cv.notify_all()
 
 
-_RECEIVE = Buffers(BUFFER + ALIGN)  # a connection's receive buffer
-_HASHING = Buffers(HASH_READ + ALIGN)  # the read-back buffers of the frontier hasher
+_RECEIVE = Buffers(BUFFER + ALIGN)  # a connection's receive buffer (one per connection in use: Connections bounds them)
+_HASHING = Buffers(HASH_READ + ALIGN, limit=2 * HASHING_AT_ONCE)  # the read-back buffers of the frontier hashers
 
 
 class Disk:
@@ -569,9 +575,9 @@ class OrderedHasher:
                 if self._rmap.prefix() > self.hashed:  # else the hashing thread has nothing new to do: not woken
                     self._cv.notify_all()
                 return
-        try:
+        try:  # (in a receiving thread: the other connections keep the cores busy, no hand-off to the side thread)
             for piece in pieces:
-                self._hasher.update_split(piece, self._side)
+                self._hasher.update(piece)
         finally:
             self._advance(offset + length)
 
@@ -597,50 +603,44 @@ class OrderedHasher:
 
     def _catch_up(self) -> None:
         """Hash what landed ahead of the frontier once the contiguous prefix reaches it: read back (direct where
-        it can, Disk.read) in HASH_READ pieces, each next piece read while the last one is hashed."""
-        with _HASHING.lend() as first, _HASHING.lend() as second:
-            self._hash_behind((first, second))
-
-    def _hash_behind(self, bufs: tuple[memoryview, memoryview]) -> None:
-        ahead: tuple[int, int, memoryview] | None = None  # the next piece, already read
-        which = 0
+        it can, Disk.read) in HASH_READ pieces, each next piece read while the last one is hashed. The two
+        buffers are borrowed only while there is something to read (HASHING_AT_ONCE files at most)."""
         try:
-            while True:
-                with self._cv:
-                    while ahead is None and not self._closed and (self._busy or self._rmap.prefix() <= self.hashed):
-                        self._cv.wait()
-                    if self._closed:
-                        return
-                    if ahead is None:
-                        start = self.hashed
-                        end = min(self._rmap.prefix(), start + HASH_READ)
-                        self._busy = True
-                try:
-                    if ahead is None:
-                        chunk = self._read(bufs[which], start, end)
-                    else:
-                        (start, end, chunk), ahead = ahead, None
-                    nxt: list = []
-
-                    def read_ahead() -> None:
-                        with self._cv:
-                            stop = min(self._rmap.prefix(), end + HASH_READ)
-                        if stop > end:
-                            nxt.append((end, stop, self._read(bufs[1 - which], end, stop)))
-
-                    self._hasher.update_split(chunk, self._side, read_ahead)
-                except BaseException as e:  # reported by finish()
-                    with self._cv:
-                        self._error, self._busy, self._closed = e, False, True
-                        self._cv.notify_all()
-                    return
-                if nxt:
-                    ahead, which = nxt[0], 1 - which
-                self._advance(end, keep=ahead is not None)
-        finally:
+            while self._await_work():
+                with _HASHING.lend(2) as bufs:
+                    self._hash_behind(bufs)
+        except BaseException as e:  # reported by finish()
             with self._cv:
-                self._busy = False
+                self._error, self._busy, self._closed = e, False, True
                 self._cv.notify_all()
+
+    def _await_work(self) -> bool:
+        """Wait until the prefix is past the frontier and nobody hashes; then this thread does (False: closed)."""
+        with self._cv:
+            while not self._closed and (self._busy or self._rmap.prefix() <= self.hashed):
+                self._cv.wait()
+            self._busy = not self._closed
+            return self._busy
+
+    def _hash_behind(self, bufs: list[memoryview]) -> None:
+        """Hash from the frontier while the prefix is ahead of it; returns having given the frontier back."""
+        with self._cv:
+            start, end = self.hashed, min(self._rmap.prefix(), self.hashed + HASH_READ)
+        chunk, which = self._read(bufs[0], start, end), 0
+        while True:
+            ahead: list = []
+
+            def read_ahead() -> None:
+                with self._cv:
+                    stop = min(self._rmap.prefix(), end + HASH_READ) if not self._closed else end
+                if stop > end:
+                    ahead.append((end, stop, self._read(bufs[1 - which], end, stop)))
+
+            self._hasher.update_split(chunk, self._side, read_ahead)
+            self._advance(end, keep=bool(ahead))
+            if not ahead:
+                return
+            (start, end, chunk), which = ahead[0], 1 - which
 
     def _read(self, buf: memoryview, start: int, end: int) -> memoryview:
         """Bytes [START, END) of the file, read into BUF from the ALIGN boundary below START."""
@@ -880,7 +880,7 @@ def _work(f: _File, connections: Connections) -> None:
     """One connection's loop: take a range, fetch it into a receive buffer; until the file is done or has an
     error (a failure, or a cancellation set there)."""
     while f.error is None and not interrupt.requested():
-        with connections.slot(), _RECEIVE.lend() as view:
+        with connections.slot(), _RECEIVE.lend() as (view,):
             r = f.take()
             if r is None:
                 return
