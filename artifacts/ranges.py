@@ -6,14 +6,15 @@ all of them, many small files get one each. The last ranges of a file are shorte
 together. (A range in flight is never split: the bytes a server has already pushed past a new end would be
 received for nothing, megabytes per connection on a fast link.)
 
-Bytes are written at their offset in the partial file (``pwrite``) and recorded in a ``RangeMap`` saved beside
-it (``<partial>.ranges``, rewritten by rename at most every ``SAVE_SECONDS``), so a rerun after kill -9 asks
-only for the gaps. Every byte is received into the connection's own buffer (``BUFFER``, one socket read at a
-time: ``Answer.read``) and written from it with ``pwritev`` at the offset its answer proved. Hashing stays one
-pass over each byte, in file order (``OrderedHasher``): bytes that land exactly at the hashed frontier are hashed
-from that buffer; bytes that land ahead of it are hashed later, read back from the page cache once the contiguous
-prefix reaches them. Memory is bounded by the buffers (one per connection) and one read-back buffer per file being
-hashed, whatever the file size.
+Bytes are written at their offset in the partial file and recorded in a ``RangeMap`` saved beside it
+(``<partial>.ranges``, rewritten by rename at most every ``SAVE_SECONDS``), so a rerun after kill -9 asks only for
+the gaps. Every byte is received into a pooled receive buffer (``BUFFER``, one socket read at a time:
+``Answer.read``) and written from it at the offset its answer proved, with O_DIRECT where the file system allows
+it (``Disk``: no copy into the page cache; the unaligned edges of a write are buffered). Hashing stays one pass
+over each byte, in file order (``OrderedHasher``): bytes that land exactly at the hashed frontier are hashed from
+that buffer; bytes that land ahead of it are read back (direct) once the contiguous prefix reaches them, sha256
+on a side thread beside blake3. Memory is bounded by the buffers: one per connection in use, two per file being
+read back, at most ``HASHING_AT_ONCE`` files at once, whatever the file sizes.
 
 Answers are hostile until proven, for every source (the Hub, its CDN, a mirror, an OCI registry): a body is used
 only at the offsets its answer proves (``prove``: a 200 is the whole file from byte 0; a 206 needs a
