@@ -452,7 +452,8 @@ class Buffers:
                 self._cv.wait()
             self._lent += count
             views = [self._free.pop() for _ in range(min(count, len(self._free)))]
-        views += [memoryview(mmap.mmap(-1, self.size)) for _ in range(count - len(views))]
+        views += [memoryview(mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))  # (not shmem)
+                  for _ in range(count - len(views))]
         try:
             yield views
         finally:
