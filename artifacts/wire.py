@@ -35,6 +35,7 @@ import itertools
 import re
 import socket
 import ssl
+import struct
 import threading
 import time
 import urllib.request
@@ -355,6 +356,9 @@ class RawAnswer:
         self.length = int(length) if length is not None and length.strip().isdigit() else None
         self._plain = self.length is not None and not resp.chunked
         self._left = self.length
+        self._sock, self._timeout = conn.sock, None
+        if self._plain and type(self._sock) is socket.socket and self._sock.gettimeout():  # (TLS: see below)
+            self._timeout = _timeout_in_kernel(self._sock)
 
     def header(self, name: str) -> str | None:
         return self._resp.getheader(name)
@@ -365,6 +369,8 @@ class RawAnswer:
             if not self._left:
                 return 0
             n = self._resp.fp.readinto1(view[:self._left] if len(view) > self._left else view)
+            if n is None:  # SO_RCVTIMEO passed (_timeout_in_kernel)
+                raise TimeoutError(f"no byte within {self._timeout:g} s")
             if n == 0:
                 raise http.client.IncompleteRead(b"", self._left)
             self._left -= n
@@ -403,6 +409,11 @@ class RawAnswer:
         """Done with the answer: its connection is kept for this thread's next request to the same origin when the
         body was read to its end and the server did not say it closes; else it is closed."""
         self._unwatch()
+        if self._timeout is not None:
+            try:
+                self._sock.settimeout(self._timeout)  # the next request's headers: Python's deadline again
+            except OSError:
+                pass
         if self._key is not None and self._plain and self._left == 0 and not self._resp.will_close:
             self._resp.close()  # the response is done; the connection's socket stays open
             old = _idle.conns.pop(self._key, None)
@@ -411,6 +422,18 @@ class RawAnswer:
             _idle.conns[self._key] = self._conn
         else:
             self._conn.close()
+
+
+def _timeout_in_kernel(sock: socket.socket) -> float:
+    """SOCK's read timeout enforced by the kernel (SO_RCVTIMEO on a blocking socket) rather than by Python's
+    poll() before every recv: half the system calls and GIL hand-offs of a body read; a read that waits longer
+    returns None (RawAnswer.readinto). Returns the timeout, for RawAnswer.close to give back to Python. Plain
+    sockets only: a blocking TLS socket retries a read that timed out inside the ssl module, unbounded."""
+    timeout = sock.gettimeout()
+    seconds = int(timeout)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", seconds, int((timeout - seconds) * 1e6)))
+    sock.settimeout(None)
+    return timeout
 
 
 def _proxy_for(url: str) -> str | None:

@@ -93,3 +93,39 @@ def test_alarms_fire_in_deadline_order_and_a_cancelled_one_never_fires():
     began = time.monotonic()
     assert done.wait(5)
     assert fired == ["early", "late"] and time.monotonic() - began < 2
+
+
+def serve_once(body_head: bytes, length: int, then_close: threading.Event):
+    """A plain HTTP server on 127.0.0.1 that answers one request with LENGTH announced, sends BODY_HEAD, then says
+    nothing until THEN_CLOSE is set; returns its URL."""
+    import socket
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def run():
+        conn, _ = srv.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % length + body_head)
+        then_close.wait(10)
+        conn.close()
+        srv.close()
+    threading.Thread(target=run, daemon=True).start()
+    return f"http://127.0.0.1:{srv.getsockname()[1]}/f"
+
+
+def test_a_body_that_goes_silent_ends_the_read_after_mm_net_timeout(monkeypatch):
+    from mm.artifacts import wire
+    monkeypatch.setenv("MM_NET_TIMEOUT", "0.5")
+    done = threading.Event()
+    raw = wire.open_raw(serve_once(b"x" * 1000, 5000, done), {}, "test server")
+    try:
+        view = memoryview(bytearray(8192))
+        assert raw.readinto(view) == 1000
+        began = time.monotonic()
+        with pytest.raises(OSError):  # (the kernel's SO_RCVTIMEO on a plain socket; Python's poll on TLS)
+            raw.readinto(view)
+        assert 0.4 < time.monotonic() - began < 3
+    finally:
+        raw.close()
+        done.set()
