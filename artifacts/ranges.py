@@ -65,8 +65,9 @@ BUFFER = 2 * MiB  # each connection's receive buffer: written (and hashed at the
 ALIGN = 4096  # O_DIRECT's alignment (file offset, length and memory address; a page, the largest logical block)
 FLUSH_SECONDS = 0.1  # ...or this old, so a kill loses little
 SAVE_SECONDS = 0.2  # the range map is saved at most this often per file (and when the file ends)
-HASH_READ = 1 * MiB  # each of the frontier hasher's two read-back buffers (one hashed while the next is read)
-HASHING_AT_ONCE = 4  # files read back for hashing at once (each with two buffers): two cores' worth and more
+HASH_READ = 4 * MiB  # each of the frontier hasher's two read-back buffers (one hashed while the next is read): few GIL
+# acquisitions per byte, so the hasher keeps up beside 16-32 receiving threads
+HASHING_AT_ONCE = 2  # files read back for hashing at once (each with two buffers): one per core
 WRITEBACK = 32 * MiB  # behind the hashing frontier, pages are handed to writeback in windows of this size
 BUDGET_FACTOR = 1.5  # a file may receive 1.5x its size (a range re-sent, a 200 to a Range request)...
 BUDGET_MARGIN = RANGE_MAX  # ...plus one more full range: mm's margin, so a small file survives one whole re-send
