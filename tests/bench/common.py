@@ -1,6 +1,7 @@
 """Shared benchmark plumbing: work dirs, peer tools, measured child runs, a local Hub server."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -132,3 +133,14 @@ def run_usage(cmd: list[str], stats: Path) -> Usage:
 def load_average() -> str:
     """The 1/5/15-minute load averages, as printed beside every figure (the machines are shared)."""
     return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+def round_order(names: list[str], rnd: int) -> list[str]:
+    """The order of round RND's runs: every round starts elsewhere and steps through NAMES by another stride
+    (coprime with their count), so no run always follows the same predecessor. What ran just before matters on a
+    shared VM: a run that frees or dirties gigabytes changes what the next one finds (page cache, free memory the
+    guest has handed back to the host)."""
+    n = len(names)
+    strides = [s for s in range(1, n) if math.gcd(s, n) == 1] or [1]
+    stride = strides[rnd % len(strides)]
+    return [names[(rnd + i * stride) % n] for i in range(n)]
