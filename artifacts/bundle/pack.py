@@ -60,7 +60,7 @@ from ..manifest import MAX_MANIFEST_BYTES, Manifest, export_sums, manifest_path,
 from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..verify import require_quick_verify
 from .check import ranges
-from .copyio import HASH_THREADS, ChunkPipe, WriteBehind
+from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, write_all
 from .format import (
     END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3, data_member,
     file_member, index_member, member_bytes, padded, parity_data_member, parity_filename, parity_index_member,
@@ -450,12 +450,9 @@ class _Writer:
         self.flush = WriteBehind(fd, drop=not keep)
 
     def write(self, data) -> None:
-        view = memoryview(data)
-        while view:
-            n = os.write(self.fd, view)
-            view = view[n:]
-            self.pos += n
-            self.flush.wrote(n)
+        n = write_all(self.fd, data)
+        self.pos += n
+        self.flush.wrote(n)
 
     def pad(self) -> None:
         if self.pos % 512:
