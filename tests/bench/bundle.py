@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.bench.common import Usage, load_average, make_bench_model, round_order, run_usage
+from tests.bench.common import Usage, load_average, make_bench_model, returned_to_host, round_order, run_usage
 
 WORK = Path(__file__).resolve().parents[2] / "bench-work" / "bundle"
 MM = Path(sys.executable).parent / "mm"
@@ -97,13 +97,22 @@ def one_round(src: Path, rnd: int) -> dict[str, Usage]:
     input in the page cache, and its output is deleted once it is measured."""
     runs = _runs(src)
     got: dict[str, Usage] = {}
+    handed: dict[str, tuple[int, int]] = {}
     for name in round_order(list(runs), rnd):
         given, dst, run = runs[name]
         dst.parent.mkdir(parents=True, exist_ok=True)
+        since = returned_to_host()
         _fresh(dst)
         _warm(given)
+        now = returned_to_host()
         got[name] = run(dst)
+        after = returned_to_host()
+        if since is not None and now is not None and after is not None:
+            handed[name] = (now - since, after - now)
         _fresh(dst)
+    if handed:
+        print("    memory the guest handed back to the host before / during each run: "
+              + ", ".join(f"{k} {a / 1e9:.2f} / {b / 1e9:.2f} GB" for k, (a, b) in handed.items()))
     return {name: got[name] for name in runs}
 
 

@@ -27,7 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.bench.common import bench_dir, load_average, make_bench_model, round_order, run_timed, run_usage
+from tests.bench.common import (bench_dir, load_average, make_bench_model, returned_to_host, round_order, run_timed,
+                                run_usage)
 
 MM = Path(sys.executable).parent / "mm"
 SHARDS = int(os.environ.get("MM_BENCH_PARITY_SHARDS", "4"))
@@ -50,6 +51,8 @@ def main() -> None:
                                                      "rebuild", "repair-volume")}
     disk_read: dict[str, list[int]] = {k: [] for k in rows}
     cpu: dict[str, list[tuple[float, float]]] = {k: [] for k in rows}
+    returned: dict[str, list[tuple[int, int]]] = {k: [] for k in rows}  # handed to the host: before the run, during
+    since = returned_to_host()
     loads: list[str] = []
     rss = {"bundle --parity 2": 0, "repair-volume": 0}
     lost_bytes = 0
@@ -65,8 +68,13 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
             subprocess.run(["sync"], check=True)
             subprocess.run(["cat", *map(str, sorted(src.rglob("*")))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # warm
+            handed = returned_to_host()
             run = run_usage([str(MM), "bundle", str(src), "--out", str(out), "--volume-size", volume_size, *extra],
                             work / "time.txt")
+            after = returned_to_host()
+            if handed is not None and since is not None and after is not None:
+                returned[label].append((handed - since, after - handed))
+            since = after
             s, peak = run.seconds, run.peak_rss
             rows[label].append(s)
             cpu[label].append((run.user, run.sys))
@@ -94,6 +102,9 @@ def main() -> None:
               + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in rows.items())
               + "\n    user+sys: " + ", ".join(f"{k} {u:.2f}+{y:.2f}s" for k, v in cpu.items() if v for u, y in v[-1:])
               + "\n    read from disk: " + ", ".join(f"{k} {v[-1] / 1e9:.2f} GB" for k, v in disk_read.items() if v)
+              + "\n    memory the guest handed back to the host before / during each run: "
+              + ", ".join(f"{k} {v[-1][0] / 1e9:.2f} / {v[-1][1] / 1e9:.2f} GB" for k, v in returned.items()
+                          if len(v) > rnd)
               + f"\n    ratios this round: durable {rows['bundle-parity'][-1] / rows['bundle'][-1]:.2f}, --no-sync "
               f"{rows['bundle-parity-nosync'][-1] / rows['bundle-nosync'][-1]:.2f}", flush=True)
 
