@@ -92,7 +92,7 @@ def _runs(src: Path) -> dict[str, tuple[Path, Path, object]]:
     }
 
 
-def one_round(src: Path, rnd: int) -> dict[str, Usage]:
+def one_round(src: Path, rnd: int) -> tuple[dict[str, Usage], dict[str, tuple[int, int]]]:
     """Every run once, in this round's order; each starts with its own output gone, no dirty pages (sync) and its
     input in the page cache, and its output is deleted once it is measured."""
     runs = _runs(src)
@@ -110,10 +110,7 @@ def one_round(src: Path, rnd: int) -> dict[str, Usage]:
         if since is not None and now is not None and after is not None:
             handed[name] = (now - since, after - now)
         _fresh(dst)
-    if handed:
-        print("    memory the guest handed back to the host before / during each run: "
-              + ", ".join(f"{k} {a / 1e9:.2f} / {b / 1e9:.2f} GB" for k, (a, b) in handed.items()))
-    return {name: got[name] for name in runs}
+    return {name: got[name] for name in runs}, handed
 
 
 def _prepare_inputs(src: Path) -> None:
@@ -137,12 +134,16 @@ def main() -> None:
     loads: list[str] = []
     for rnd in range(ROUNDS):
         before = load_average()
-        rounds.append(one_round(src, rnd))
+        got, handed = one_round(src, rnd)
+        rounds.append(got)
         loads.append(f"{before} -> {load_average()}")
         print(f"  round {rnd + 1} ({loads[-1]}), order {' | '.join(round_order(list(rounds[-1]), rnd))}:\n    "
               + ", ".join(f"{k} {u.seconds:.2f}s" for k, u in rounds[-1].items()), flush=True)
         print("    ratios this round: " + ", ".join(f"{mine} / {peer} {rounds[-1][mine].seconds / rounds[-1][peer].seconds:.2f}"
                                             for mine, peer, _ in PAIRS), flush=True)
+        if handed:  # free page reporting: what the next run's fresh memory then faults back in from the host
+            print("    memory the guest handed back to the host before / during each run: "
+                  + ", ".join(f"{k} {a / 1e9:.2f} / {b / 1e9:.2f} GB" for k, (a, b) in handed.items()), flush=True)
     gb = total / 1e9
     print(f"bench bundle: {total / 2**30:.2f} GiB, {SHARDS} shards, volumes of {VOLUME_SIZE}, {ROUNDS} interleaved rounds")
     print(f"  {'run':<20} {'GB/s':>6} {'wall s':>7} {'user s':>7} {'sys s':>6} {'disk read GB':>12}   (medians)")
