@@ -1,11 +1,15 @@
 """The measurements behind the bundle copy path's choices (issue 23), each interleaved in rounds, printing medians
-and the load average. Not part of `make bench`: run one with `python -m tests.bench.micro_io write|copy|parity`.
+and the load average. Not part of `make bench`: run one with `python -m tests.bench.micro_io write|copy|parity|writesize`.
 
   write   2 GiB written then fsynced: left to the kernel (what tar + sync does), fdatasync every 128 MiB in a
           thread (mm before), sync_file_range(WRITE) every 32 MiB, posix_fadvise(DONTNEED) every 32 MiB (mm now)
   copy    1 GiB copied from a warm file: read into a buffer + write (tar), or mapped + write (mm now); sys time
   parity  parity of ten ~100 MiB volumes: pyeclib's encode against ISA-L called directly, and blake3 on one
           thread against blake3's own threads; wall and CPU
+  writesize  2 GiB copied from a warm mapped file in writes of 64 KiB, 256 KiB, 1 MiB and 8 MiB (source pages
+          faulted or populated first), + fsync, each right after deleting a file of that size: copy and total
+          wall, sys time, /proc/vmstat deltas (compaction, direct reclaim) and the KiB the guest handed back to the
+          host (free page reporting) meanwhile (copyio.WRITE)
 """
 from __future__ import annotations
 
