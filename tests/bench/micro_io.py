@@ -88,7 +88,8 @@ def write_strategies(total: int = 2 << 30) -> None:
     _rounds({m: m for m in ("kernel", "fdatasync 128 MiB", "sync_file_range", "fadvise DONTNEED")}, run)
 
 
-def copy_paths(size: int = 1 << 30) -> None:
+def _warm_source(size: int) -> tuple[Path, Path]:
+    """The work dir and a SIZE-byte file of random bytes in it (kept between runs), read into the page cache."""
     work = bench_dir("micro-io")
     src = work / "src"
     if not src.exists() or src.stat().st_size != size:
@@ -98,6 +99,11 @@ def copy_paths(size: int = 1 << 30) -> None:
     with open(src, "rb") as f:  # warm
         while f.read(8 << 20):
             pass
+    return work, src
+
+
+def copy_paths(size: int = 1 << 30) -> None:
+    work, src = _warm_source(size)
     chunk = 8 << 20
 
     def run(mapped: bool) -> tuple[float, float]:
@@ -192,15 +198,7 @@ def write_sizes(size: int = 2 << 30) -> None:
     fsync) right after another file of the same size was deleted (its page cache freed: what a bench round's rm
     does): wall of the copy and of the fsync, sys time, and /proc/vmstat deltas (direct compaction, direct reclaim)
     and the guest's free-page-reporting count (KiB handed back to the host meanwhile)."""
-    work = bench_dir("micro-io")
-    src = work / "src"
-    if not src.exists() or src.stat().st_size != size:
-        with open(src, "wb") as f:
-            for _ in range(size >> 23):
-                f.write(os.urandom(8 << 20))
-    with open(src, "rb") as f:  # warm
-        while f.read(8 << 20):
-            pass
+    work, src = _warm_source(size)
     from mm.artifacts.bundle.copyio import WriteBehind
 
     mapping = mmap.mmap(os.open(src, os.O_RDONLY), size, access=mmap.ACCESS_READ)
