@@ -31,10 +31,12 @@ HASH_THREADS = blake3.blake3.AUTO
 # (virtio-balloon free page reporting, page_reporting_order 9: blocks of 2 MiB and more) has handed exactly those
 # back, and the first touch of each page faults on the host. Measured on this VM: 1 GiB of fresh 2 MiB pages took
 # 0.14-2.3 s to touch, in step with what the guest had just reported (192 MiB -> 0.14 s, 604 MiB -> 0.64 s), 4 KiB
-# pages 0.25-0.38 s every time; a 2 GiB copy + fsync right after deleting a 2 GiB file, 64 KiB writes 0.9-1.2 s,
-# 1 MiB 1.4-3.9 s, 8 MiB 1.0-4.3 s (tests/bench/micro_io.py writesize). 64 KiB writes take small folios, from the
-# free lists the guest keeps (blocks under 2 MiB are never reported), as tar's 10 KiB writes do. On bare metal
-# 64 KiB folios still batch 16 pages per page-cache operation; the syscalls cost ~16k per GiB, a few ms of CPU.
+# pages 0.25-0.38 s every time; a 2 GiB copy + fsync right after deleting a 2 GiB file (tests/bench/micro_io.py
+# writesize, 3 rounds): 64 KiB writes 0.96-1.09 s, 256 KiB 1.02-1.15 s, 1 MiB 3.7-4.1 s, 8 MiB 4.3-4.6 s. Writes up
+# to 256 KiB take folios from the free lists the guest keeps (blocks under 2 MiB are never reported), as tar's
+# 10 KiB writes do; 64 KiB rather than 256 because 256 KiB had slow runs too in earlier rounds (2.1-2.7 s, when the
+# smaller free lists ran short), 64 KiB none over 1.5 s. The price where nothing is handed back (bare metal):
+# ~0.08 s more sys time per GiB (overwriting a cached 1 GiB in place: 0.32 s in 64 KiB writes, 0.24 s in 8 MiB).
 WRITE = 64 * 1024
 
 

@@ -6,8 +6,8 @@ and the load average. Not part of `make bench`: run one with `python -m tests.be
   copy    1 GiB copied from a warm file: read into a buffer + write (tar), or mapped + write (mm now); sys time
   parity  parity of ten ~100 MiB volumes: pyeclib's encode against ISA-L called directly, and blake3 on one
           thread against blake3's own threads; wall and CPU
-  writesize  2 GiB copied from a warm mapped file in writes of 64 KiB, 256 KiB, 1 MiB and 8 MiB (source pages
-          faulted or populated first), + fsync, each right after deleting a file of that size: copy and total
+  writesize  2 GiB copied from a warm mapped file in writes of 64 KiB to 8 MiB (source pages populated first;
+          `writesize faulting`: also without), + fsync, each right after deleting a file of that size: copy and total
           wall, sys time, /proc/vmstat deltas (compaction, direct reclaim) and the KiB the guest handed back to the
           host (free page reporting) meanwhile (copyio.WRITE)
 """
@@ -230,8 +230,10 @@ def write_sizes(size: int = 2 << 30) -> None:
         return wall, sys_s
 
     print(f"copy {size >> 20} MiB (mapped source, pwrite of W bytes) + fsync, after deleting a file of that size")
-    _rounds({f"W {w >> 10} KiB{' populated' if p else ''}": (w, p) for w in (64 << 10, 256 << 10, 1 << 20, 8 << 20)
-             for p in (False, True)}, run)
+    faulting = "faulting" in sys.argv[2:]  # also with the source pages not mapped yet
+    _rounds({f"W {w >> 10} KiB{' populated' if p else ''}": (w, p)
+             for w in (64 << 10, 128 << 10, 256 << 10, 1 << 20, 8 << 20) for p in ((False, True) if faulting else (True,))},
+            run)
     for (w, p), runs in rows.items():
         print(f"  W {w >> 10:>5} KiB {'populated' if p else 'faulting'} copy " + " ".join(f"{c:.2f}" for c, _ in runs) + " s; per run: "
               + "; ".join(", ".join(f"{k} {v}" for k, v in d.items() if v) for _, d in runs))
