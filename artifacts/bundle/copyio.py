@@ -26,28 +26,57 @@ from ..hashing import ChangedDuringRead, lease, lease_broken, unlease
 HASH_THREADS = blake3.blake3.AUTO
 
 
-# Bytes handed to the kernel per write() into the page cache. The kernel sizes a file's new page-cache folios by
-# the write: 8 MiB writes get 2 MiB folios, cut from free blocks of 2 MiB. A VM that reports free memory to its host
-# (virtio-balloon free page reporting, page_reporting_order 9: blocks of 2 MiB and more) has handed exactly those
-# back, and the first touch of each page faults on the host. Measured on this VM: 1 GiB of fresh 2 MiB pages took
-# 0.14-2.3 s to touch, in step with what the guest had just reported (192 MiB -> 0.14 s, 604 MiB -> 0.64 s), 4 KiB
-# pages 0.25-0.38 s every time; a 2 GiB copy + fsync right after deleting a 2 GiB file (tests/bench/micro_io.py
-# writesize, 3 rounds): 64 KiB writes 0.96-1.09 s, 256 KiB 1.02-1.15 s, 1 MiB 3.7-4.1 s, 8 MiB 4.3-4.6 s. Writes up
-# to 256 KiB take folios from the free lists the guest keeps (blocks under 2 MiB are never reported), as tar's
-# 10 KiB writes do; 64 KiB rather than 256 because 256 KiB had slow runs too in earlier rounds (2.1-2.7 s, when the
-# smaller free lists ran short), 64 KiB none over 1.5 s. The price where nothing is handed back (bare metal):
-# ~0.08 s more sys time per GiB (overwriting a cached 1 GiB in place: 0.32 s in 64 KiB writes, 0.24 s in 8 MiB).
-WRITE = 64 * 1024
+# Bytes handed to the kernel per write() into the page cache, on a VM that reports free memory to its host. The
+# kernel sizes a file's new page-cache folios by the write: 8 MiB writes get 2 MiB folios, cut from free blocks of
+# 2 MiB. With virtio-balloon free page reporting (page_reporting_order 9: blocks of 2 MiB and more) the guest has
+# handed exactly those back, and the first touch of each page faults on the host. Measured on such a VM: 1 GiB of
+# fresh 2 MiB pages took 0.14-2.3 s to touch, in step with what the guest had just reported (192 MiB -> 0.14 s,
+# 604 MiB -> 0.64 s), 4 KiB pages 0.25-0.38 s every time; a 2 GiB copy + fsync right after deleting a 2 GiB file
+# (tests/bench/micro_io.py writesize, 3 rounds): 64 KiB writes 0.96-1.09 s, 256 KiB 1.02-1.15 s, 1 MiB 3.7-4.1 s,
+# 8 MiB 4.3-4.6 s. Writes up to 256 KiB take folios from the free lists the guest keeps (blocks under 2 MiB are
+# never reported), as tar's 10 KiB writes do; 64 KiB rather than 256 because 256 KiB had slow runs too in earlier
+# rounds (2.1-2.7 s), 64 KiB none over 1.5 s. Elsewhere large writes are cheaper, so they stay whole: on the
+# 16-core H200 host (no balloon device) 64 KiB writes made bundle 2.95 s against 2.61 s and unbundle 3.30 s
+# against 2.38 s (4.25 GiB, tests/bench/bundle.py), tar unchanged.
+SMALL_WRITE = 64 * 1024
+VIRTIO_DEVICES = Path("/sys/bus/virtio/devices")
+VIRTIO_ID_BALLOON = 5  # virtio spec 1.2, 5 "Device Types": the memory balloon
+VIRTIO_BALLOON_F_REPORTING = 5  # virtio spec 1.2, 5.5.3: the guest reports free pages to the host
+
+
+def reports_free_pages(devices: Path = VIRTIO_DEVICES) -> bool:
+    """Whether this machine is a VM whose balloon device reports free pages to the host (sysfs: each virtio
+    device's `device` id and its negotiated `features`, one 0/1 character per feature bit)."""
+    try:
+        for dev in devices.iterdir():
+            try:
+                if int((dev / "device").read_text().strip(), 16) != VIRTIO_ID_BALLOON:
+                    continue
+                bits = (dev / "features").read_text().strip()
+            except (OSError, ValueError):
+                continue
+            if len(bits) > VIRTIO_BALLOON_F_REPORTING and bits[VIRTIO_BALLOON_F_REPORTING] == "1":
+                return True
+    except OSError:  # no virtio bus: bare metal, or not Linux
+        pass
+    return False
+
+
+@functools.cache
+def write_size() -> int | None:
+    """Most bytes per write() into the page cache: SMALL_WRITE where free pages are reported, else None (whole)."""
+    return SMALL_WRITE if reports_free_pages() else None
 
 
 def write_all(fd: int, data, offset: int | None = None) -> int:
-    """Write all of DATA to FD, at OFFSET (pwrite) or at the file's position, in writes of at most WRITE bytes;
-    returns how many (len(DATA)). An error names nothing: the caller knows the file."""
+    """Write all of DATA to FD, at OFFSET (pwrite) or at the file's position, in writes of at most write_size()
+    bytes; returns how many (len(DATA)). An error names nothing: the caller knows the file."""
     view = memoryview(data)
     total = len(view)
+    step = write_size() or total
     done = 0
     while done < total:
-        piece = view[done: done + WRITE]
+        piece = view[done: done + step]
         done += os.write(fd, piece) if offset is None else os.pwrite(fd, piece, offset + done)
     return total
 

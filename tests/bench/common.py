@@ -149,7 +149,7 @@ def round_order(names: list[str], rnd: int) -> list[str]:
 def returned_to_host() -> int | None:
     """Bytes of free memory this VM's guest has handed back to its host so far (virtio-balloon free page
     reporting), or None where the kernel does not count them. A run that needs fresh memory right after gigabytes
-    were handed back faults each page back in from the host (copyio.WRITE): the benches print this beside the
+    were handed back faults each page back in from the host (copyio.write_size): the benches print this beside the
     times that vary."""
     try:
         return int(Path("/sys/module/page_reporting/parameters/reported_kib").read_text()) * 1024

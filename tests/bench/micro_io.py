@@ -9,7 +9,7 @@ and the load average. Not part of `make bench`: run one with `python -m tests.be
   writesize  2 GiB copied from a warm mapped file in writes of 64 KiB to 8 MiB (source pages populated first;
           `writesize faulting`: also without), + fsync, each right after deleting a file of that size: copy and total
           wall, sys time, /proc/vmstat deltas (compaction, direct reclaim) and the KiB the guest handed back to the
-          host (free page reporting) meanwhile (copyio.WRITE)
+          host (free page reporting) meanwhile (copyio.write_size)
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ Figures:
                                           hashes every volume given (checks them) before rebuilding
   peak RSS of mm bundle --parity 2 and mm bundle repair-volume; goal < 150 MB
 Each round takes the four bundle runs in another order (common.round_order): what ran just before changes what
-the next run pays for fresh memory on this VM (copyio.WRITE). Each run starts with the model read into the page
+the next run pays for fresh memory on this VM (copyio.write_size). Each run starts with the model read into the page
 cache and no dirty pages.
 Sizes: MM_BENCH_PARITY_SHARDS x MM_BENCH_PARITY_SHARD_BYTES (default 4 x 512 MiB), volumes of a tenth of that.
 """
