@@ -36,8 +36,8 @@ HASH_THREADS = blake3.blake3.AUTO
 # 8 MiB 4.3-4.6 s. Writes up to 256 KiB take folios from the free lists the guest keeps (blocks under 2 MiB are
 # never reported), as tar's 10 KiB writes do; 64 KiB rather than 256 because 256 KiB had slow runs too in earlier
 # rounds (2.1-2.7 s), 64 KiB none over 1.5 s. Elsewhere large writes are cheaper, so they stay whole: on the
-# 16-core H200 host (no balloon device) 64 KiB writes made bundle 2.95 s against 2.61 s and unbundle 3.30 s
-# against 2.38 s (4.25 GiB, tests/bench/bundle.py), tar unchanged.
+# 16-core H200 host (no balloon device) a build writing 64 KiB pieces everywhere made bundle 2.95 s against
+# 2.61 s and unbundle 3.30 s against 2.38 s (4.25 GiB, tests/bench/bundle.py), tar unchanged.
 SMALL_WRITE = 64 * 1024
 VIRTIO_DEVICES = Path("/sys/bus/virtio/devices")
 VIRTIO_ID_BALLOON = 5  # virtio spec 1.2, 5 "Device Types": the memory balloon
