@@ -280,10 +280,12 @@ def test_readback_catches_bytes_changed_on_the_device_after_they_were_synced(mod
     mnt, image = loop_ext4
     dest = mnt / "dest"
     trace = tmp_path / "fadvise.strace"
-    # strace holds mm at its first fadvise (after the fsync, before the pages are dropped) for 3 s: the window in
-    # which the "disk" goes bad
+    # strace holds mm at the first fadvise on one imported file's partial name (the read-back's: after the fsync,
+    # before its pages are dropped) for 3 s: the window in which the "disk" goes bad. Only that file's calls are
+    # traced (-P): mm also fadvises the volumes it has read.
+    chosen = dest / ".mm" / "unbundle" / "partial" / partial_name(max(files_of(model), key=lambda f: f.size).path)
     proc = subprocess.Popen(mm_argv("unbundle", vols, "--dest", dest, "--readback", "--json", prefix=[
-        "strace", "-f", "-qq", "-y", "-e", "signal=none", "-e", "trace=fadvise64",
+        "strace", "-f", "-qq", "-y", "-P", str(chosen), "-e", "signal=none", "-e", "trace=fadvise64",
         "-e", "inject=fadvise64:delay_enter=3000000:when=1", "-o", str(trace)]),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

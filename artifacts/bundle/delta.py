@@ -31,7 +31,7 @@ from ..hashing import StreamHasher, blake3_file
 from ..manifest import MAX_MANIFEST_BYTES, Manifest, from_json, manifest_path
 from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..sharing import LINK, REFLINK, clone_file
-from .copyio import HASH_THREADS, ChunkPipe, WriteBehind
+from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, write_all
 from .format import MANIFEST_MEMBER, PARITY_RE, VOLUME_RE
 from .index import DeltaNote, Take
 from .volume import open_volume
@@ -278,15 +278,13 @@ def _copy(source: Path, work: Path, root: Path, size: int, pipe: ChunkPipe, prog
     flush = WriteBehind(fd)  # the pages stay cached: the engine reads the model next
     try:
         for view in pipe.stream(source, 0, size, (h,)):
-            while view:
-                try:
-                    n = os.write(fd, view)
-                except OSError as e:  # DEST is full or read-only: name it (the CLI maps the errno)
-                    e.filename = str(work)
-                    raise
-                view = view[n:]
-                flush.wrote(n)
-                progress.advance(n)
+            try:
+                n = write_all(fd, view)
+            except OSError as e:  # DEST is full or read-only: name it (the CLI maps the errno)
+                e.filename = str(work)
+                raise
+            flush.wrote(n)
+            progress.advance(n)
     except EOFError:  # the base file shrank since it was opened
         return "changed"
     finally:

@@ -49,7 +49,7 @@ from ..sharing import COPY, how_to_share
 from ..untrusted import MAX_DOCUMENT, At, load_json, read_json_file
 from . import delta as deltas
 from .check import ParitySet, conflicting_numbers, parity_set, reference_bundle
-from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back
+from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back, write_all
 from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member
 from .index import Entry, Index, disagreements, parse_index
 from .parity import FileSource, NotRecoverable, describe_shortfall, rebuild
@@ -540,10 +540,7 @@ def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: lis
 
         def sink(fd: int):
             def write(view) -> None:
-                view = memoryview(view)
-                while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
+                write_all(fd, view)
             return write
 
         def expected(i: int) -> str:
@@ -902,17 +899,19 @@ class _Import:
                 os.ftruncate(fd, size)
             pos = offset
             try:
-                for view in self.pipe.stream(v.path, info.offset_data, info.size, hashers):
-                    while view:
-                        try:
-                            n = os.pwrite(fd, view, pos)
-                        except OSError as e:  # DEST is full or read-only: name it (the CLI maps the errno)
-                            e.filename = str(partial)
-                            raise
-                        view, pos = view[n:], pos + n
-                        flush.wrote(n)
-                        self.progress.advance(n)
-                        self.counted += n
+                # the volume's pages leave the page cache once copied: it is read once, and the memory they
+                # held takes the model's pages next (README, "Durable writes")
+                for view in self.pipe.stream(v.path, info.offset_data, info.size, hashers,
+                                             drop=True):
+                    try:
+                        n = write_all(fd, view, pos)
+                    except OSError as e:  # DEST is full or read-only: name it (the CLI maps the errno)
+                        e.filename = str(partial)
+                        raise
+                    pos += n
+                    flush.wrote(n)
+                    self.progress.advance(n)
+                    self.counted += n
             except EOFError:  # the volume shrank since it was scanned
                 return False
             except OSError as e:

@@ -7,6 +7,9 @@ mm fsyncs every volume and file it writes; tar does neither. So each mm figure i
 same durability: `mm bundle` against `tar -cf` + `sync FILE`, `mm bundle --no-sync` against plain `tar -cf` (mm
 hashes every byte, tar does not), and the same for unbundle and `tar -xf` + `sync FILES`. Every run starts with
 no dirty pages (`sync` before it), as the tar run did.
+Each round takes the eight runs in another order (common.round_order), so no run always follows the same one: on
+this VM a run right after one that freed gigabytes of page cache pays for memory the guest had handed back to the
+host (README, "Durable writes"). Each round's ratios are printed with its load average.
 Goals (issue 23): durable mm bundle and mm unbundle at most 1.05 x the time of tar + sync; peak RSS < 150 MB.
 Environment: MM_BENCH_BUNDLE_SHARDS (4), MM_BENCH_BUNDLE_SHARD_BYTES (1 GiB), MM_BENCH_ROUNDS (2), MM_BENCH_KEEP=1.
 """
@@ -19,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.bench.common import Usage, load_average, make_bench_model, run_usage
+from tests.bench.common import Usage, load_average, make_bench_model, returned_to_host, round_order, run_usage
 
 WORK = Path(__file__).resolve().parents[2] / "bench-work" / "bundle"
 MM = Path(sys.executable).parent / "mm"
@@ -52,45 +55,72 @@ def _fresh(*paths: Path) -> None:
 
 def _warm(*paths: Path) -> None:
     """Read the inputs of the next run into the page cache: mm bundle leaves its volumes out of it (they go to
-    another disk), tar -cf leaves its archive in; each reader starts warm, as the bundle runs do."""
-    files = [str(f) for p in paths for f in ([p] if p.is_file() else sorted(p.iterdir()))]
-    subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
+    another disk), tar -cf leaves its archive in; each reader starts warm, as the bundle runs do. Twice: pages read
+    once stay on the kernel's inactive list and are the first to go when the run's own writes need memory (the
+    volumes, read once, were: mm unbundle then read 1.3-1.6 GB of them from the disk, tar none of its archive,
+    which tar had written and the warm-up read)."""
+    files = [str(f) for p in paths for f in ([p] if p.is_file() else sorted(p.rglob("*"))) if f.is_file()]
+    for _ in range(2):
+        subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
 
 
-def one_round(src: Path) -> dict[str, Usage]:
+def _runs(src: Path) -> dict[str, tuple[Path, Path, object]]:
+    """Each run by name: (its input, its output, how to run it). The extractions read an archive and volumes made
+    once before the rounds, so the runs do not depend on each other and every round can take them in another
+    order (round_order)."""
+    tar_in, vols_in, out = WORK / "model.tar", WORK / "vols", WORK / "out"
     t = lambda cmd: run_usage(cmd, WORK / "time.txt")  # noqa: E731
-    tar_file, tar_out, vols, dest = WORK / "model.tar", WORK / "tar-x", WORK / "vols", WORK / "dest"
+    bundle = lambda dst, *extra: t([str(MM), "bundle", str(src), "--out", str(dst), "--volume-size",  # noqa: E731
+                                    VOLUME_SIZE, "--no-mm", *extra])
+
+    def tar_x(dst: Path, sync: bool) -> Usage:
+        dst.mkdir()
+        x = t(["tar", "-xf", str(tar_in), "-C", str(dst)])
+        return _sum(x, t(["sync", *_files(dst)])) if sync else x
+
+    return {
+        "tar -cf": (src, out / "cf.tar", lambda dst: t(["tar", "-cf", str(dst), "-C", str(src), "."])),
+        "tar -cf + sync": (src, out / "cf-sync.tar", lambda dst: _sum(
+            t(["tar", "-cf", str(dst), "-C", str(src), "."]), t(["sync", str(dst)]))),
+        "bundle": (src, out / "vols", lambda dst: bundle(dst)),
+        "bundle --no-sync": (src, out / "vols-nosync", lambda dst: bundle(dst, "--no-sync")),
+        "tar -xf": (tar_in, out / "tar-x", lambda dst: tar_x(dst, False)),
+        "tar -xf + sync": (tar_in, out / "tar-x-sync", lambda dst: tar_x(dst, True)),
+        "unbundle": (vols_in, out / "dest", lambda dst: t([str(MM), "unbundle", str(vols_in), "--dest", str(dst)])),
+        "unbundle --no-sync": (vols_in, out / "dest-nosync", lambda dst: t(
+            [str(MM), "unbundle", str(vols_in), "--dest", str(dst), "--no-sync"])),
+    }
+
+
+def one_round(src: Path, rnd: int) -> tuple[dict[str, Usage], dict[str, tuple[int, int]]]:
+    """Every run once, in this round's order; each starts with its own output gone, no dirty pages (sync) and its
+    input in the page cache, and its output is deleted once it is measured."""
+    runs = _runs(src)
     got: dict[str, Usage] = {}
-    _fresh(tar_file)
-    got["tar -cf"] = t(["tar", "-cf", str(tar_file), "-C", str(src), "."])
+    handed: dict[str, tuple[int, int]] = {}
+    for name in round_order(list(runs), rnd):
+        given, dst, run = runs[name]
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        since = returned_to_host()
+        _fresh(dst)
+        _warm(given)
+        now = returned_to_host()
+        got[name] = run(dst)
+        after = returned_to_host()
+        if since is not None and now is not None and after is not None:
+            handed[name] = (now - since, after - now)
+        _fresh(dst)
+    return {name: got[name] for name in runs}, handed
+
+
+def _prepare_inputs(src: Path) -> None:
+    """The archive and the volumes the extractions read, made once (durable, then left on the disk)."""
+    tar_in, vols_in = WORK / "model.tar", WORK / "vols"
+    _fresh(tar_in, vols_in)
+    subprocess.run(["tar", "-cf", str(tar_in), "-C", str(src), "."], check=True)
+    subprocess.run([str(MM), "bundle", str(src), "--out", str(vols_in), "--volume-size", VOLUME_SIZE, "--no-mm"],
+                   check=True, capture_output=True)
     subprocess.run(["sync"], check=True)
-    _fresh(tar_file)
-    got["tar -cf + sync"] = _sum(t(["tar", "-cf", str(tar_file), "-C", str(src), "."]), t(["sync", str(tar_file)]))
-    _fresh(vols)
-    got["bundle"] = t([str(MM), "bundle", str(src), "--out", str(vols), "--volume-size", VOLUME_SIZE, "--no-mm"])
-    staging = WORK / "vols-nosync"
-    _fresh(staging)
-    got["bundle --no-sync"] = t([str(MM), "bundle", str(src), "--out", str(staging), "--volume-size", VOLUME_SIZE,
-                                 "--no-sync", "--no-mm"])
-    _fresh(staging)
-    _fresh(tar_out)
-    tar_out.mkdir()
-    _warm(tar_file)
-    got["tar -xf"] = t(["tar", "-xf", str(tar_file), "-C", str(tar_out)])
-    _fresh(tar_out)
-    tar_out.mkdir()
-    _warm(tar_file)
-    x = t(["tar", "-xf", str(tar_file), "-C", str(tar_out)])
-    got["tar -xf + sync"] = _sum(x, t(["sync", *_files(tar_out)]))
-    _fresh(tar_out, dest)
-    _warm(vols)
-    got["unbundle"] = t([str(MM), "unbundle", str(vols), "--dest", str(dest)])
-    scratch = WORK / "dest-nosync"
-    _fresh(scratch)
-    _warm(vols)
-    got["unbundle --no-sync"] = t([str(MM), "unbundle", str(vols), "--dest", str(scratch), "--no-sync"])
-    _fresh(scratch, dest)
-    return got
 
 
 def main() -> None:
@@ -99,14 +129,21 @@ def main() -> None:
     print(f"bench bundle: writing a {SHARDS} x {SHARD_BYTES / 2**30:.2f} GiB model into {src} ...", flush=True)
     total = make_bench_model(src, SHARDS, SHARD_BYTES)
     subprocess.run(["cat", *_files(src)], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
+    _prepare_inputs(src)
     rounds: list[dict[str, Usage]] = []
     loads: list[str] = []
     for rnd in range(ROUNDS):
         before = load_average()
-        rounds.append(one_round(src))
+        got, handed = one_round(src, rnd)
+        rounds.append(got)
         loads.append(f"{before} -> {load_average()}")
-        print(f"  round {rnd + 1} ({loads[-1]}): " + ", ".join(f"{k} {u.seconds:.2f}s" for k, u in rounds[-1].items()),
-              flush=True)
+        print(f"  round {rnd + 1} ({loads[-1]}), order {' | '.join(round_order(list(rounds[-1]), rnd))}:\n    "
+              + ", ".join(f"{k} {u.seconds:.2f}s" for k, u in rounds[-1].items()), flush=True)
+        print("    ratios this round: " + ", ".join(f"{mine} / {peer} {rounds[-1][mine].seconds / rounds[-1][peer].seconds:.2f}"
+                                            for mine, peer, _ in PAIRS), flush=True)
+        if handed:  # free page reporting: what the next run's fresh memory then faults back in from the host
+            print("    memory the guest handed back to the host before / during each run: "
+                  + ", ".join(f"{k} {a / 1e9:.2f} / {b / 1e9:.2f} GB" for k, (a, b) in handed.items()), flush=True)
     gb = total / 1e9
     print(f"bench bundle: {total / 2**30:.2f} GiB, {SHARDS} shards, volumes of {VOLUME_SIZE}, {ROUNDS} interleaved rounds")
     print(f"  {'run':<20} {'GB/s':>6} {'wall s':>7} {'user s':>7} {'sys s':>6} {'disk read GB':>12}   (medians)")
@@ -117,7 +154,8 @@ def main() -> None:
     for mine, peer, goal in PAIRS:  # median of the per-round ratios: each pair ran side by side
         ratio = statistics.median(r[mine].seconds / r[peer].seconds for r in rounds)
         sys_ratio = statistics.median(r[mine].sys / max(r[peer].sys, 0.01) for r in rounds)
-        per_round = ", ".join(f"{r[mine].seconds / r[peer].seconds:.2f}" for r in rounds)
+        per_round = ", ".join(f"{r[mine].seconds / r[peer].seconds:.2f} (load {load.split()[1]})"
+                              for r, load in zip(rounds, loads))
         print(f"  ratio {mine} / {peer:<16} {ratio:5.2f} x the time (rounds: {per_round}); sys time {sys_ratio:.2f} x"
               + (f"   goal <= {goal}" if goal else ""))
     peak = max(r[k].peak_rss for r in rounds for k in ("bundle", "bundle --no-sync", "unbundle", "unbundle --no-sync"))

@@ -1,6 +1,7 @@
 """Shared benchmark plumbing: work dirs, peer tools, measured child runs, a local Hub server."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -132,3 +133,25 @@ def run_usage(cmd: list[str], stats: Path) -> Usage:
 def load_average() -> str:
     """The 1/5/15-minute load averages, as printed beside every figure (the machines are shared)."""
     return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+def round_order(names: list[str], rnd: int) -> list[str]:
+    """The order of round RND's runs: every round starts elsewhere and steps through NAMES by another stride
+    (coprime with their count), so no run always follows the same predecessor. What ran just before matters on a
+    shared VM: a run that frees or dirties gigabytes changes what the next one finds (page cache, free memory the
+    guest has handed back to the host)."""
+    n = len(names)
+    strides = [s for s in range(1, n) if math.gcd(s, n) == 1] or [1]
+    stride = strides[rnd % len(strides)]
+    return [names[(rnd + i * stride) % n] for i in range(n)]
+
+
+def returned_to_host() -> int | None:
+    """Bytes of free memory this VM's guest has handed back to its host so far (virtio-balloon free page
+    reporting), or None where the kernel does not count them. A run that needs fresh memory right after gigabytes
+    were handed back faults each page back in from the host (copyio.write_size): the benches print this beside the
+    times that vary."""
+    try:
+        return int(Path("/sys/module/page_reporting/parameters/reported_kib").read_text()) * 1024
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,68 @@
+"""How bundle and unbundle use the page cache (issue 23): on a VM that reports free pages to its host, writes into
+it in pieces of at most 64 KiB (small page-cache folios; copyio.write_size), whole chunks elsewhere; and unbundle
+leaves the volumes it has read out of it (their memory takes the model)."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from mm.artifacts.bundle.copyio import SMALL_WRITE, reports_free_pages, write_size
+from tests.test_bundle_io import model, strace_works, traced_bundle, traced_unbundle, vols  # noqa: F401 - fixtures
+from tests.support.run import run_mm
+
+
+def _cached_bytes(path: Path) -> int:
+    """Bytes of PATH in the page cache (util-linux fincore)."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)], capture_output=True,
+                         text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+def _write_sizes(calls) -> list[int]:
+    return [int(ret) for _, name, _, ret in calls if name in ("write", "pwrite64") and ret.lstrip("-").isdigit()]
+
+
+def _as_this_machine_wants(sizes: list[int]) -> bool:
+    """64 KiB pieces where free pages are reported (this project's VMs), whole 8 MiB chunks elsewhere."""
+    return max(sizes) == SMALL_WRITE if write_size() else max(sizes) > SMALL_WRITE
+
+
+def test_bundle_writes_its_volumes_in_pieces_the_machine_suits(traced_bundle):
+    _, calls = traced_bundle
+    sizes = _write_sizes(calls)
+    assert sum(sizes) > 9 * 1024 * 1024 and _as_this_machine_wants(sizes)
+
+
+def test_unbundle_writes_the_model_in_pieces_the_machine_suits(traced_unbundle):
+    _, calls, _ = traced_unbundle
+    sizes = _write_sizes(calls)
+    assert sum(sizes) > 9 * 1024 * 1024 and _as_this_machine_wants(sizes)
+
+
+def _virtio(root: Path, name: str, device: str, features: str) -> None:
+    (root / name).mkdir(parents=True)
+    (root / name / "device").write_text(device + "\n")
+    (root / name / "features").write_text(features + "\n")
+
+
+def test_a_balloon_that_reports_free_pages_is_recognised(tmp_path):
+    _virtio(tmp_path, "virtio0", "0x0002", "1" * 64)  # a block device: its bit 5 means something else
+    _virtio(tmp_path, "virtio1", "0x0005", "01100101" + "0" * 56)  # balloon: stats, deflate on OOM, reporting
+    assert reports_free_pages(tmp_path)
+
+
+def test_a_balloon_without_reporting_or_no_balloon_is_not(tmp_path):
+    _virtio(tmp_path / "a", "virtio0", "0x0005", "01100001" + "0" * 56)
+    _virtio(tmp_path / "b", "virtio0", "0x0002", "1" * 64)
+    _virtio(tmp_path / "c", "virtio0", "not a number", "1" * 64)
+    assert not any(reports_free_pages(tmp_path / d) for d in ("a", "b", "c", "missing"))
+
+
+def test_unbundle_leaves_the_volumes_it_read_out_of_the_page_cache(vols, tmp_path):
+    volumes = sorted(vols.glob("*.tar"))
+    subprocess.run(["cat", *map(str, volumes)], stdout=subprocess.DEVNULL, check=True)  # all cached
+    before = sum(_cached_bytes(v) for v in volumes)
+    assert before >= sum(v.stat().st_size for v in volumes) * 0.9
+    r = run_mm("unbundle", vols, "--dest", tmp_path / "dest")
+    assert r.returncode == 0, r.stderr
+    assert sum(_cached_bytes(v) for v in volumes) < before * 0.1
