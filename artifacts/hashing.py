@@ -10,6 +10,7 @@ import fcntl
 import hashlib
 import mmap
 import os
+import queue
 import signal
 import threading
 from dataclasses import dataclass
@@ -62,6 +63,23 @@ class StreamHasher:
             self._git.update(chunk)
         self.size += len(chunk)
 
+    def update_split(self, chunk: bytes | memoryview, side: "SideThread", meanwhile: Callable[[], None] = lambda: None) -> None:
+        """update(CHUNK) on two cores: sha256 (and the git sha1) on SIDE while blake3 runs here, then MEANWHILE
+        (e.g. the next read); returns when all are done. A stream of them costs the time of sha256 alone."""
+        side.begin(self._update_side, chunk)
+        try:
+            self._b3.update(chunk)
+            self.size += len(chunk)
+            meanwhile()
+        finally:
+            side.end()
+
+    def _update_side(self, chunk: bytes | memoryview) -> None:
+        if self._sha is not None:
+            self._sha.update(chunk)
+        if self._git is not None:
+            self._git.update(chunk)
+
     def copy(self) -> "StreamHasher":
         """An independent hasher with the same state (to try a continuation and keep it only if it checks)."""
         twin = StreamHasher.__new__(StreamHasher)
@@ -78,6 +96,36 @@ class StreamHasher:
             sha256=self._sha.hexdigest() if self._sha is not None else None,
             git_sha1=self._git.hexdigest() if self._git is not None else None,
         )
+
+
+class SideThread:
+    """A thread that runs one call at a time for its owner (``begin``, then ``end`` waits and re-raises)."""
+
+    def __init__(self, name: str = "mm-hash-side"):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, arg = job
+            try:
+                fn(arg)
+                self._done.put(None)
+            except BaseException as e:  # handed to end()
+                self._done.put(e)
+
+    def begin(self, fn: Callable, arg: object) -> None:
+        self._jobs.put((fn, arg))
+
+    def end(self) -> None:
+        if (error := self._done.get()) is not None:
+            raise error
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
 
 
 def hash_file(path: Path, sha256: bool = True, git_sha1: bool = False, blake3_threads: int = 1) -> Digests:

@@ -6,14 +6,15 @@ all of them, many small files get one each. The last ranges of a file are shorte
 together. (A range in flight is never split: the bytes a server has already pushed past a new end would be
 received for nothing, megabytes per connection on a fast link.)
 
-Bytes are written at their offset in the partial file (``pwrite``) and recorded in a ``RangeMap`` saved beside
-it (``<partial>.ranges``, rewritten by rename at most every ``SAVE_SECONDS``), so a rerun after kill -9 asks
-only for the gaps. Every byte is received into the connection's own buffer (``BUFFER``, one socket read at a
-time: ``Answer.read``) and written from it with ``pwritev`` at the offset its answer proved. Hashing stays one
-pass over each byte, in file order (``OrderedHasher``): bytes that land exactly at the hashed frontier are hashed
-from that buffer; bytes that land ahead of it are hashed later, read back from the page cache once the contiguous
-prefix reaches them. Memory is bounded by the buffers (one per connection) and one read-back buffer per file being
-hashed, whatever the file size.
+Bytes are written at their offset in the partial file and recorded in a ``RangeMap`` saved beside it
+(``<partial>.ranges``, rewritten by rename at most every ``SAVE_SECONDS``), so a rerun after kill -9 asks only for
+the gaps. Every byte is received into a pooled receive buffer (``BUFFER``, one socket read at a time:
+``Answer.read``) and written from it at the offset its answer proved, with O_DIRECT where the file system allows
+it (``Disk``: no copy into the page cache; the unaligned edges of a write are buffered). Hashing stays one pass
+over each byte, in file order (``OrderedHasher``): bytes that land exactly at the hashed frontier are hashed from
+that buffer; bytes that land ahead of it are read back (direct) once the contiguous prefix reaches them, sha256
+on a side thread beside blake3. Memory is bounded by the buffers: one per connection in use, two per file being
+read back, at most ``HASHING_AT_ONCE`` files at once, whatever the file sizes.
 
 Answers are hostile until proven, for every source (the Hub, its CDN, a mirror, an OCI registry): a body is used
 only at the offsets its answer proves (``prove``: a 200 is the whole file from byte 0; a 206 needs a
@@ -32,6 +33,7 @@ was asked (artifacts/interrupt.py); bytes already in a buffer are kept either wa
 from __future__ import annotations
 
 import bisect
+import errno
 import http.client
 import json
 import math
@@ -49,7 +51,7 @@ from typing import Callable, ContextManager, Iterator, Protocol
 from . import wire
 from .errors import BadInput, MMError, RemoteError
 from .fsutil import atomic_write_bytes, check_inside, open_file, read_local_file, unlink_file
-from .hashing import Digests, StreamHasher
+from .hashing import Digests, SideThread, StreamHasher
 from . import interrupt  # the stop flag: workers return within a chunk, the map is saved (interrupt.py)
 from .progress import NULL_PROGRESS, ProgressSink
 from .untrusted import load_json
@@ -59,10 +61,13 @@ DEFAULT_CONNECTIONS = 32  # the most at once; Connections opens 16 and adds more
 RANGE_MAX = 16 * MiB  # ranges no longer than this keep the hashing frontier close behind the downloads
 RANGE_MIN = 1 * MiB  # a file smaller than this is one request
 SKIP_LIMIT = RANGE_MIN  # a body starting further than this before the asked offset becomes the file's single stream
-BUFFER = 1 * MiB  # each connection's receive buffer: written (and hashed at the frontier) when full...
+BUFFER = 2 * MiB  # each connection's receive buffer: written (and hashed at the frontier) when full...
+ALIGN = 4096  # O_DIRECT's alignment (file offset, length and memory address; a page, the largest logical block)
 FLUSH_SECONDS = 0.1  # ...or this old, so a kill loses little
 SAVE_SECONDS = 0.2  # the range map is saved at most this often per file (and when the file ends)
-HASH_READ = 2 * MiB  # read-back buffer of the frontier hasher (page-aligned)
+HASH_READ = 4 * MiB  # each of the frontier hasher's two read-back buffers (one hashed while the next is read): few GIL
+# acquisitions per byte, so the hasher keeps up beside 16-32 receiving threads
+HASHING_AT_ONCE = 2  # files read back for hashing at once (each with two buffers): one per core
 WRITEBACK = 32 * MiB  # behind the hashing frontier, pages are handed to writeback in windows of this size
 BUDGET_FACTOR = 1.5  # a file may receive 1.5x its size (a range re-sent, a 200 to a Range request)...
 BUDGET_MARGIN = RANGE_MAX  # ...plus one more full range: mm's margin, so a small file survives one whole re-send
@@ -289,8 +294,9 @@ def clear_state(partial: Path, root: Path | None = None) -> None:
 # --- planning --------------------------------------------------------------------------------------
 
 def range_size(size: int, connections: int) -> int:
-    """How long each range of a file is: the file spread over every connection, within [RANGE_MIN, RANGE_MAX]."""
-    return min(RANGE_MAX, max(RANGE_MIN, math.ceil(size / max(1, connections))))
+    """How long each range of a file is: the file spread over every connection, within [RANGE_MIN, RANGE_MAX],
+    a multiple of ALIGN (so that ranges start aligned: their bytes go to disk direct from the first)."""
+    return min(RANGE_MAX, max(RANGE_MIN, -(-size // (max(1, connections) * ALIGN)) * ALIGN))
 
 
 def file_share(size: int, connections: int) -> int:
@@ -312,7 +318,7 @@ def plan_ranges(gaps: list[tuple[int, int]], size: int, tail: int = 0) -> list[t
         head, last = out[:-tail], out[-tail:]
         out = head
         for s, e in last:
-            half = (e - s) // 2
+            half = (e - s) // 2 // ALIGN * ALIGN
             out.extend([(s, s + half), (s + half, e)] if half >= RANGE_MIN else [(s, e)])
     return out
 
@@ -427,6 +433,118 @@ class TransferStats:
                     "retries_by_reason": dict(self.retries), "retried": list(self.retried)}
 
 
+# --- the partial file on disk ---------------------------------------------------------------------
+
+class Buffers:
+    """Page-aligned buffers of one SIZE, lent and kept for the next borrower: their pages are faulted in once per
+    process, not once per file and connection, and the memory they hold is the most ever lent at once. LIMIT:
+    at most that many lent at once (a borrower waits; each gives them back within one piece of work)."""
+
+    def __init__(self, size: int, limit: int | None = None):
+        self.size, self.limit = size, limit
+        self._free: list[memoryview] = []
+        self._lent = 0
+        self._cv = threading.Condition(threading.Lock())
+
+    @contextmanager
+    def lend(self, count: int = 1) -> Iterator[list[memoryview]]:
+        with self._cv:
+            while self.limit is not None and self._lent + count > self.limit:
+                self._cv.wait()
+            self._lent += count
+            views = [self._free.pop() for _ in range(min(count, len(self._free)))]
+        views += [memoryview(mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))  # (not shmem)
+                  for _ in range(count - len(views))]
+        try:
+            yield views
+        finally:
+            with self._cv:
+                self._free.extend(views)
+                self._lent -= count
+                self._cv.notify_all()
+
+
+_RECEIVE = Buffers(BUFFER + ALIGN)  # a connection's receive buffer (one per connection in use: Connections bounds them)
+_HASHING = Buffers(HASH_READ + ALIGN, limit=2 * HASHING_AT_ONCE)  # the read-back buffers of the frontier hashers
+
+
+class Disk:
+    """The partial file's descriptors: FD (buffered) and, where the filesystem allows it, DIRECT, an O_DIRECT
+    descriptor of the same open inode. Received bytes go to disk straight from the connection's buffer through
+    DIRECT (no copy into the page cache, no writeback of it later: that copy and its inode lock were most of a
+    fetch's CPU); the unaligned edges of a write go through FD. The kernel keeps the two coherent (a direct read
+    or write first writes back and drops the cached pages it overlaps). A filesystem that refuses O_DIRECT, or
+    one of its writes, gets buffered writes for the rest of the file."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.direct: int | None = None
+        if hasattr(os, "O_DIRECT"):
+            try:  # the open file itself (/proc), not its name again: nothing can be swapped in between
+                self.direct = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC)
+            except OSError:
+                pass
+        self._opened = self.direct  # closed with the file only: another thread may still be writing through it
+
+    def reserve(self, size: int) -> None:
+        """Allocate the file's SIZE bytes up front (fallocate(2); its size becomes SIZE), so that no direct write
+        extends the file or fills a hole: ext4 runs those one at a time under the inode lock for the whole disk
+        write, and aligned overwrites of allocated blocks side by side. Without fallocate support (or room: the
+        writes will say so) nothing is allocated; without direct I/O nothing is needed."""
+        if self.direct is None or os.fstat(self.fd).st_size >= size:
+            return
+        import ctypes  # fallocate(2) itself: os.posix_fallocate falls back to writing every block where unsupported
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        libc.fallocate(self.fd, 0, 0, size)
+
+    def write(self, pieces: list[memoryview], offset: int, length: int) -> None:
+        """PIECES (LENGTH bytes) at OFFSET: the ALIGN-aligned middle direct, the edges buffered."""
+        end = offset + length
+        lo, hi = -(-offset // ALIGN) * ALIGN, end // ALIGN * ALIGN
+        direct = self.direct
+        if direct is not None and hi > lo:
+            try:
+                _pwrite_all(direct, _slice(pieces, lo - offset, hi - offset), lo)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                self.direct = None  # (a piece not aligned in memory, a filesystem with larger blocks)
+            else:
+                if lo > offset:
+                    _pwrite_all(self.fd, _slice(pieces, 0, lo - offset), offset)
+                if end > hi:
+                    _pwrite_all(self.fd, _slice(pieces, hi - offset, length), hi)
+                return
+        _pwrite_all(self.fd, pieces, offset)
+
+    def read(self, view: memoryview, offset: int, need: int) -> None:
+        """At least NEED bytes of the file from OFFSET into VIEW (OSError if the file is shorter): direct when
+        OFFSET and VIEW's length are aligned (VIEW, in memory too: the caller's page-aligned buffer), so bytes
+        written direct are not copied through the page cache either. The read may go past NEED, up to VIEW's end."""
+        direct = self.direct if offset % ALIGN == 0 and len(view) % ALIGN == 0 else None
+        got = 0
+        while got < need:
+            fd = direct if direct is not None and got % ALIGN == 0 else self.fd
+            try:
+                n = os.preadv(fd, [view[got:]], offset + got)
+            except OSError as e:
+                if fd == self.fd or e.errno != errno.EINVAL:
+                    raise
+                direct = None
+                continue
+            if n <= 0:
+                raise OSError(f"partial file shorter than its range map at byte {offset + got}")
+            got += n
+
+    def close(self) -> None:
+        self.direct = None
+        if self._opened is not None:
+            os.close(self._opened)
+        os.close(self.fd)
+
+
 # --- hashing in file order -------------------------------------------------------------------------
 
 class OrderedHasher:
@@ -438,14 +556,15 @@ class OrderedHasher:
     Behind the frontier, pages are handed to writeback and dropped from the page cache (``WRITEBACK``), so the
     fsync before a file is named waits for little and a 252 GB fetch does not push the host's cache out."""
 
-    def __init__(self, fd: int, rmap: RangeMap, hasher: StreamHasher, lock: threading.Condition, start: int = 0):
-        self._fd, self._rmap, self._hasher = fd, rmap, hasher
+    def __init__(self, disk: Disk, rmap: RangeMap, hasher: StreamHasher, lock: threading.Condition, start: int = 0):
+        self._disk, self._fd, self._rmap, self._hasher = disk, disk.fd, rmap, hasher
         self._cv = lock  # shared with the file's state: guards rmap too
         self.hashed = 0
         self._kicked = self._dropped = start  # writeback: started up to _kicked, dropped up to _dropped
         self._busy = False
         self._closed = False
         self._error: BaseException | None = None
+        self._side = SideThread()  # sha256 there while blake3 runs in the hashing thread: two cores
         self._thread = threading.Thread(target=self._catch_up, name="mm-hash", daemon=True)
         self._thread.start()
 
@@ -456,18 +575,20 @@ class OrderedHasher:
             if fast:
                 self._busy = True
             else:
-                self._cv.notify_all()
+                if self._rmap.prefix() > self.hashed:  # else the hashing thread has nothing new to do: not woken
+                    self._cv.notify_all()
                 return
-        try:
+        try:  # (in a receiving thread: the other connections keep the cores busy, no hand-off to the side thread)
             for piece in pieces:
                 self._hasher.update(piece)
         finally:
             self._advance(offset + length)
 
-    def _advance(self, end: int) -> None:
+    def _advance(self, end: int, keep: bool = False) -> None:
+        """Bytes up to END are hashed; KEEP: the caller goes on hashing (it holds the next bytes already)."""
         with self._cv:
             self.hashed = end
-            self._busy = False
+            self._busy = keep
             self._cv.notify_all()
         if end - self._kicked >= WRITEBACK:  # only the hashing thread of the moment gets here
             self._writeback(end)
@@ -484,35 +605,52 @@ class OrderedHasher:
         self._dropped, self._kicked = self._kicked, end
 
     def _catch_up(self) -> None:
-        buf = mmap.mmap(-1, HASH_READ)
+        """Hash what landed ahead of the frontier once the contiguous prefix reaches it: read back (direct where
+        it can, Disk.read) in HASH_READ pieces, each next piece read while the last one is hashed. The two
+        buffers are borrowed only while there is something to read (HASHING_AT_ONCE files at most)."""
         try:
-            while True:
+            while self._await_work():
+                with _HASHING.lend(2) as bufs:
+                    self._hash_behind(bufs)
+        except BaseException as e:  # reported by finish()
+            with self._cv:
+                self._error, self._busy, self._closed = e, False, True
+                self._cv.notify_all()
+
+    def _await_work(self) -> bool:
+        """Wait until the prefix is past the frontier and nobody hashes; then this thread does (False: closed)."""
+        with self._cv:
+            while not self._closed and (self._busy or self._rmap.prefix() <= self.hashed):
+                self._cv.wait()
+            self._busy = not self._closed
+            return self._busy
+
+    def _hash_behind(self, bufs: list[memoryview]) -> None:
+        """Hash from the frontier while the prefix is ahead of it; returns having given the frontier back."""
+        with self._cv:
+            start, end = self.hashed, min(self._rmap.prefix(), self.hashed + HASH_READ)
+        chunk, which = self._read(bufs[0], start, end), 0
+        while True:
+            ahead: list = []
+
+            def read_ahead() -> None:
                 with self._cv:
-                    while not self._closed and (self._busy or self._rmap.prefix() <= self.hashed):
-                        self._cv.wait()
-                    if self._closed:
-                        return
-                    start = self.hashed
-                    end = min(self._rmap.prefix(), start + HASH_READ)
-                    self._busy = True
-                try:
-                    view = memoryview(buf)[:end - start]
-                    got = 0
-                    while got < len(view):
-                        n = os.preadv(self._fd, [view[got:]], start + got)
-                        if n <= 0:
-                            raise OSError(f"partial file shorter than its range map at byte {start + got}")
-                        got += n
-                    self._hasher.update(view)
-                    view.release()
-                except BaseException as e:  # reported by finish()
-                    with self._cv:
-                        self._error, self._busy, self._closed = e, False, True
-                        self._cv.notify_all()
-                    return
-                self._advance(end)
-        finally:
-            buf.close()
+                    stop = min(self._rmap.prefix(), end + HASH_READ) if not self._closed else end
+                if stop > end:
+                    ahead.append((end, stop, self._read(bufs[1 - which], end, stop)))
+
+            self._hasher.update_split(chunk, self._side, read_ahead)
+            self._advance(end, keep=bool(ahead))
+            if not ahead:
+                return
+            (start, end, chunk), which = ahead[0], 1 - which
+
+    def _read(self, buf: memoryview, start: int, end: int) -> memoryview:
+        """Bytes [START, END) of the file, read into BUF from the ALIGN boundary below START."""
+        at = start - start % ALIGN
+        view = buf[:-((at - end) // ALIGN) * ALIGN]
+        self._disk.read(view, at, end - at)
+        return view[start - at:end - at]
 
     def finish(self, size: int) -> Digests:
         """Wait until every byte is hashed; the digests."""
@@ -524,6 +662,7 @@ class OrderedHasher:
             self._closed = True
             self._cv.notify_all()
         self._thread.join()
+        self._side.close()
         if self._error is not None:
             raise RemoteError(f"cannot read back the partial file for hashing: {self._error}")
         if self.hashed < size:
@@ -535,6 +674,7 @@ class OrderedHasher:
             self._closed = True
             self._cv.notify_all()
         self._thread.join()
+        self._side.close()
 
 
 # --- one file --------------------------------------------------------------------------------------
@@ -568,9 +708,9 @@ class _Range:
 class _File:
     """The state shared by the connections working on one file."""
 
-    def __init__(self, job: RangedJob, source: RangeSource, rmap: RangeMap, fd: int, stats: TransferStats,
+    def __init__(self, job: RangedJob, source: RangeSource, rmap: RangeMap, disk: Disk, stats: TransferStats,
                  progress: ProgressSink, rsize: int, share: int, connections: "Connections"):
-        self.job, self.source, self.rmap, self.fd, self.stats, self.progress = job, source, rmap, fd, stats, progress
+        self.job, self.source, self.rmap, self.disk, self.stats, self.progress = job, source, rmap, disk, stats, progress
         self.connections = connections
         self.limits = wire.limits()
         self.lock = threading.Condition()
@@ -588,7 +728,7 @@ class _File:
         self.peak = 0
         self._save_lock = threading.Lock()
         self._saved_at = time.monotonic()
-        self.hasher = OrderedHasher(fd, rmap, job.hasher, self.lock, start=rmap.prefix())
+        self.hasher = OrderedHasher(disk, rmap, job.hasher, self.lock, start=rmap.prefix())
 
     @property
     def where(self) -> str:
@@ -664,7 +804,7 @@ class _File:
             gaps = self.rmap.gaps(offset, end)
         for s, e in gaps:
             part = pieces if (s, e) == (offset, end) else _slice(pieces, s - offset, e - offset)
-            _pwrite_all(self.fd, part, s)
+            self.disk.write(part, s, e - s)
             with self.lock:
                 self.rmap.add(s, e)
             self.hasher.written(s, part, e - s)
@@ -706,12 +846,13 @@ def download(job: RangedJob, source: RangeSource, connections: Connections, stat
     limit = getattr(source, "max_connections", None)
     if limit:
         share = min(share, limit)
-    fd = open_file(job.root or job.partial.parent, job.partial, os.O_RDWR | os.O_CREAT, 0o644)
+    disk = Disk(open_file(job.root or job.partial.parent, job.partial, os.O_RDWR | os.O_CREAT, 0o644))
     f = None
     try:
+        disk.reserve(job.size)
         planned = min(share, connections.limit)  # ranges sized for the connections open now (more may come)
         rsize = range_size(job.size, planned) if share > 1 else job.size  # one connection: one request per gap
-        f = _File(job, source, rmap, fd, stats, progress, rsize, planned if share > 1 else 1, connections)
+        f = _File(job, source, rmap, disk, stats, progress, rsize, planned if share > 1 else 1, connections)
         progress.advance(resumed)
         workers = [threading.Thread(target=_work, args=(f, connections), name="mm-range", daemon=True)
                    for _ in range(min(share, max(1, len(f.pending))) - 1)]
@@ -730,39 +871,30 @@ def download(job: RangedJob, source: RangeSource, connections: Connections, stat
             f.hasher.close()
             raise f.error
         digests = f.hasher.finish(job.size)
-        os.fsync(fd)
+        os.fsync(disk.fd)
     finally:
         if f is not None:
             f.save(force=True)
-        os.close(fd)
+        disk.close()
     return RangedResult(digests, f.transferred, resumed, len(f.ranges_landed), f.peak)
 
 
 def _work(f: _File, connections: Connections) -> None:
-    """One connection's loop: take a range, fetch it into this connection's buffer; until the file is done or
-    has an error (a failure, or a cancellation set there)."""
-    buf = mmap.mmap(-1, BUFFER)  # page-aligned, reused for every read of this connection
-    view = memoryview(buf)
-    try:
-        while f.error is None and not interrupt.requested():
-            with connections.slot():
-                r = f.take()
-                if r is None:
-                    return
-                try:
-                    _run_range(f, r, view)
-                except MMError as e:
-                    f.fail(e)
-                except OSError as e:
-                    f.fail(RemoteError(f"{f.job.partial}: cannot write the partial file: {e.strerror or e}"))
-                finally:
-                    f.release(r)
-    finally:
-        view.release()
-        try:
-            buf.close()
-        except BufferError:  # a view of it is still held by an exception on its way up: the GC frees it
-            pass
+    """One connection's loop: take a range, fetch it into a receive buffer; until the file is done or has an
+    error (a failure, or a cancellation set there)."""
+    while f.error is None and not interrupt.requested():
+        with connections.slot(), _RECEIVE.lend() as (view,):
+            r = f.take()
+            if r is None:
+                return
+            try:
+                _run_range(f, r, view)
+            except MMError as e:
+                f.fail(e)
+            except OSError as e:
+                f.fail(RemoteError(f"{f.job.partial}: cannot write the partial file: {e.strerror or e}"))
+            finally:
+                f.release(r)
 
 
 def _run_range(f: _File, r: _Range, view: memoryview) -> None:
@@ -831,7 +963,8 @@ def _land(f: _File, r: _Range, at: int, body_end: int, read: Callable[[memoryvie
     slower than the minimum rate over a window is cut (RetryLater: retried on a fresh connection)."""
     lim = f.limits
     stop = min(body_end, r.end)
-    filled, batch_at = 0, max(at, r.pos)  # VIEW[:filled] holds the file's bytes from batch_at
+    lo = hi = 0  # VIEW[lo:hi] holds the file's bytes from batch_at; lo = batch_at % ALIGN (see below)
+    batch_at = at
     received = 0
     now = began = window_at = time.monotonic()
     window_bytes = 0
@@ -839,19 +972,22 @@ def _land(f: _File, r: _Range, at: int, body_end: int, read: Callable[[memoryvie
         while at < stop and f.error is None and not interrupt.requested():
             if at < r.pos:  # before the range: read and dropped
                 n = read(view[:min(len(view), r.pos - at)])
-                batch_at = at + n
             else:
-                n = read(view[filled:filled + min(len(view) - filled, stop - at)])
-                filled += n
+                if hi == lo:  # a new batch, placed so that a file offset and its place in VIEW agree modulo ALIGN:
+                    lo = hi = at % ALIGN  # its aligned middle goes to disk direct, and a full VIEW ends aligned
+                    batch_at = at
+                n = read(view[hi:hi + min(len(view) - hi, stop - at)])
+                hi += n
             if not n:
                 break
             at += n
             received += n
             window_bytes += n
             now = time.monotonic()
-            if filled and (filled == len(view) or at >= stop or now - began >= FLUSH_SECONDS):
-                f.commit(r, batch_at, [view[:filled]], filled)
-                batch_at, filled, began = batch_at + filled, 0, now
+            if hi > lo and (hi == len(view) or at >= stop or now - began >= FLUSH_SECONDS):
+                f.commit(r, batch_at, [view[lo:hi]], hi - lo)
+                lo = hi = 0
+                began = now
                 f.received(received)
                 received = 0
             if now - window_at >= lim.rate_window:
@@ -861,11 +997,11 @@ def _land(f: _File, r: _Range, at: int, body_end: int, read: Callable[[memoryvie
                                      f"connection", "slow", after=0)
                 window_at, window_bytes = now, 0
     except OSError:  # the partial cannot be written: nothing more is tried
-        filled = 0
+        lo = hi = 0
         raise
     finally:
-        if filled:  # what arrived before a cut, a stop or another connection's failure is kept (its place is proven)
-            f.commit(r, batch_at, [view[:filled]], filled)
+        if hi > lo:  # what arrived before a cut, a stop or another connection's failure is kept (its place is proven)
+            f.commit(r, batch_at, [view[lo:hi]], hi - lo)
         f.received(received)
 
 

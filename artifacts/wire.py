@@ -29,10 +29,13 @@ Values are read when a request starts, so tests can use short ones.
 """
 from __future__ import annotations
 
+import heapq
 import http.client
+import itertools
 import re
 import socket
 import ssl
+import struct
 import threading
 import time
 import urllib.request
@@ -353,6 +356,9 @@ class RawAnswer:
         self.length = int(length) if length is not None and length.strip().isdigit() else None
         self._plain = self.length is not None and not resp.chunked
         self._left = self.length
+        self._sock, self._timeout = conn.sock, None
+        if self._plain and type(self._sock) is socket.socket and self._sock.gettimeout():  # (TLS: see below)
+            self._timeout = _timeout_in_kernel(self._sock)
 
     def header(self, name: str) -> str | None:
         return self._resp.getheader(name)
@@ -363,6 +369,8 @@ class RawAnswer:
             if not self._left:
                 return 0
             n = self._resp.fp.readinto1(view[:self._left] if len(view) > self._left else view)
+            if n is None:  # SO_RCVTIMEO passed (_timeout_in_kernel)
+                raise TimeoutError(f"no byte within {self._timeout:g} s")
             if n == 0:
                 raise http.client.IncompleteRead(b"", self._left)
             self._left -= n
@@ -401,6 +409,11 @@ class RawAnswer:
         """Done with the answer: its connection is kept for this thread's next request to the same origin when the
         body was read to its end and the server did not say it closes; else it is closed."""
         self._unwatch()
+        if self._timeout is not None:
+            try:
+                self._sock.settimeout(self._timeout)  # the next request's headers: Python's deadline again
+            except OSError:
+                pass
         if self._key is not None and self._plain and self._left == 0 and not self._resp.will_close:
             self._resp.close()  # the response is done; the connection's socket stays open
             old = _idle.conns.pop(self._key, None)
@@ -409,6 +422,18 @@ class RawAnswer:
             _idle.conns[self._key] = self._conn
         else:
             self._conn.close()
+
+
+def _timeout_in_kernel(sock: socket.socket) -> float:
+    """SOCK's read timeout enforced by the kernel (SO_RCVTIMEO on a blocking socket) rather than by Python's
+    poll() before every recv: half the system calls and GIL hand-offs of a body read; a read that waits longer
+    returns None (RawAnswer.readinto). Returns the timeout, for RawAnswer.close to give back to Python. Plain
+    sockets only: a blocking TLS socket retries a read that timed out inside the ssl module, unbounded."""
+    timeout = sock.gettimeout()
+    seconds = int(timeout)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", seconds, int((timeout - seconds) * 1e6)))
+    sock.settimeout(None)
+    return timeout
 
 
 def _proxy_for(url: str) -> str | None:
@@ -527,9 +552,7 @@ def watchdog(conn: http.client.HTTPConnection, seconds: float, where: str, what:
     server trickling its status line and headers, which per-read timeouts never end). Headers that http.client
     refuses (too long, too many) are a RemoteError too."""
     fired = threading.Event()
-    timer = threading.Timer(seconds, _cut, (conn, fired))
-    timer.daemon = True
-    timer.start()
+    cancel = _ALARMS.after(seconds, lambda: _cut(conn, fired))
     try:
         yield
     except (OSError, http.client.HTTPException) as e:
@@ -539,9 +562,57 @@ def watchdog(conn: http.client.HTTPConnection, seconds: float, where: str, what:
             raise RemoteError(f"{where} sent headers mm refuses ({type(e).__name__}: {shown(str(e), 80)})") from None
         raise
     finally:
-        timer.cancel()
+        cancel()
     if fired.is_set():
         raise TooSlow(f"{where} did not {what} within {seconds:g} s (MM_NET_DEADLINE); cut")
+
+
+class Alarms:
+    """One thread that calls each callback given to ``after`` once its time comes, unless cancelled first: a
+    watchdog per request costs a heap entry, not a thread started and stopped (a 1 GiB fetch makes hundreds)."""
+
+    def __init__(self):
+        self._heap: list[tuple[float, int, list]] = []
+        self._cv = threading.Condition(threading.Lock())
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def after(self, seconds: float, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call CALLBACK in SECONDS; returns the function that cancels it."""
+        entry = [callback]
+        with self._cv:
+            when = time.monotonic() + seconds
+            if not self._heap or when < self._heap[0][0]:
+                self._cv.notify()  # the thread sleeps until a later time, or for nothing
+            heapq.heappush(self._heap, (when, next(self._seq), entry))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="mm-alarms", daemon=True)
+                self._thread.start()
+
+        def cancel() -> None:
+            entry[0] = None
+        return cancel
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while self._heap and self._heap[0][2][0] is None:
+                    heapq.heappop(self._heap)  # cancelled: dropped as soon as it is on top
+                if not self._heap:
+                    self._cv.wait()
+                    continue
+                when, _, entry = self._heap[0]
+                wait = when - time.monotonic()
+                if wait > 0:
+                    self._cv.wait(wait)
+                    continue
+                heapq.heappop(self._heap)
+                callback, entry[0] = entry[0], None
+            if callback is not None:
+                callback()
+
+
+_ALARMS = Alarms()
 
 
 def _cut(conn: http.client.HTTPConnection, fired: threading.Event) -> None:
