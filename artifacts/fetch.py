@@ -12,21 +12,25 @@ are not the pinned ones is downloaded instead).
 """
 from __future__ import annotations
 
+import gc
 import os
 import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 from .download import JOURNAL, PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources, same_size
 from .errors import BadInput, RemoteError
 from .fsutil import MM_DIR, check_model_path, state_root, unlink_file
 from .ranges import DEFAULT_CONNECTIONS
-from .hub import HubSource, Resolved, list_remote_files, resolve_revision, select
+from . import wire
 from .manifest import FileEntry, Manifest, Partial, expected_entry, manifest_path, public_endpoint, read_manifest, write_manifest
 from .pins import pin_for_repo
 from .progress import NULL_PROGRESS, ProgressSink
+
+if TYPE_CHECKING:
+    from .hub import Resolved
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,11 @@ def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: So
     """Fetch REQ. PLAN: sources decided beforehand (mirror). REFETCH: only these paths, downloaded again even
     when a good-looking final file exists (repair's scope)."""
     started = time.monotonic()
+    wire.warm_tls()  # the CA bundle loads on the other core while the Hub client (huggingface_hub) is imported
+    from .hub import HubSource, list_remote_files, resolve_revision, select
+
+    gc.freeze()  # what is loaded by now (the Hub client, the engine) lives until exit: no collection walks it again,
+    # neither the full ones a long fetch triggers nor the one at exit (30 ms of a fetch's CPU and wall)
     local_dir = Path(req.local_dir)
     if local_dir.exists() and not local_dir.is_dir():
         raise BadInput(f"{local_dir}: exists and is not a directory")

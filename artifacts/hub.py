@@ -40,6 +40,7 @@ from .fsutil import check_relpath
 from .manifest import public_endpoint
 
 HEX = re.compile(r"^[0-9a-f]+$")
+FULL_SHA = re.compile(r"[0-9a-f]{40}")
 XET_HASH = re.compile(r"^[0-9a-f]{64}$")
 MAX_REDIRECTS = wire.MAX_REDIRECTS
 MAX_LISTED = 200_000  # files in one listing: mm's margin (the largest model repos hold a few thousand)
@@ -107,20 +108,23 @@ def _api(endpoint: str | None, token: str | None) -> HfApi:
 
 def resolve_revision(repo_id: str, revision: str, *, endpoint: str | None = None, token: str | None = None,
                      repo_type: str = "model") -> Resolved:
-    """Resolve a full sha, short sha, branch or tag to the full 40-hex commit, once."""
-    api = _api(endpoint, token)
+    """Resolve a full sha, short sha, branch or tag to the full 40-hex commit, once.
+
+    A full sha is taken as a commit without asking, as huggingface_hub takes it (file_download.REGEX_COMMIT_HASH):
+    the listing at it (list_remote_files, which every caller asks next) proves it exists, or fails with "revision
+    not found" just as a lookup would; a pinned fetch saves a request (and on the Hub, a round trip)."""
     rev = revision.strip()
     if not rev:
         raise BadValue("--revision: empty revision")
+    if FULL_SHA.fullmatch(rev):
+        return Resolved(repo_id, rev, rev, "commit")
+    api = _api(endpoint, token)
     with hub_errors(repo_id, rev), wire.request_budget(RESOLVE_REQUESTS, "resolving a revision"):
         refs = api.list_repo_refs(repo_id, repo_type=repo_type)
         for kind, group in (("branch", refs.branches), ("tag", refs.tags)):
             for ref in group:
                 if rev in (ref.name, ref.ref):
                     return Resolved(repo_id, rev, ref.target_commit, kind)
-        if HEX.match(rev) and len(rev) == 40:
-            info = api.repo_info(repo_id, revision=rev, repo_type=repo_type)
-            return Resolved(repo_id, rev, info.sha, "commit")
         if HEX.match(rev) and len(rev) >= 4:
             return Resolved(repo_id, rev, _unique_commit(api, repo_id, rev, refs, repo_type), "short-commit")
     raise RemoteError(f"{repo_id}@{rev}: unknown revision (not a branch, tag or commit of this repository)")

@@ -336,7 +336,8 @@ def use_for_hub() -> None:
 
     def factory() -> httpx2.Client:
         return http_client(lambda req, resp: (CAP_HUB_API, "a Hub API answer"), "the Hub",
-                           request_hooks=(_http.hf_request_event_hook,), follow_redirects=True)
+                           request_hooks=(_http.hf_request_event_hook,), follow_redirects=True,
+                           verify=default_ssl_context())
 
     set_client_factory(factory)
     _http._mm_bounded = True
@@ -451,12 +452,27 @@ _ssl_lock = threading.Lock()
 
 
 def default_ssl_context() -> ssl.SSLContext:
-    """The CAs httpx2 (and so huggingface_hub) trusts: SSL_CERT_FILE / SSL_CERT_DIR, else certifi's bundle."""
+    """The CAs httpx2 (and so huggingface_hub) trusts: SSL_CERT_FILE / SSL_CERT_DIR, else the system's bundle. One
+    context for the process: the Hub API client (use_for_hub) and the file connections (open_raw) share it."""
     global _ssl_context
     with _ssl_lock:
         if _ssl_context is None:
             _ssl_context = httpx2.create_ssl_context(trust_env=True)
         return _ssl_context
+
+
+def warm_tls() -> None:
+    """Make default_ssl_context on a thread now: OpenSSL parses the CA bundle (20-40 ms) without holding the GIL, so
+    it runs on another core while the caller imports the Hub client, not in front of the first request. A failure
+    there is left for the first real use to raise."""
+    def make() -> None:
+        try:
+            default_ssl_context()
+        except Exception:  # (an unreadable SSL_CERT_FILE: the request that needs the context says so)
+            pass
+
+    if _ssl_context is None:
+        threading.Thread(target=make, name="mm-tls", daemon=True).start()
 
 
 class _Idle(threading.local):
