@@ -195,6 +195,7 @@ class HubSource:
         self._lock = threading.Lock()
         self._located: dict[str, str] = {}  # path -> signed URL on another origin
         self._locating: dict[str, threading.Event] = {}
+        self._proxies = wire.Proxies()  # the environment's proxies, read once for the fetch
         self.label = "hub"
 
     def _start_url(self, path: str) -> tuple[str, bool]:
@@ -238,7 +239,7 @@ class HubSource:
                 headers = {**(self._hub_headers if self._on_hub(url) else self._cdn_headers), **rng}
                 where = f"{path}: {_where(url)}"
                 try:
-                    raw = wire.open_raw(url, headers, _where(url), use_proxy=True)
+                    raw = wire.open_raw(url, headers, _where(url), proxies=self._proxies)
                 except wire.TooSlow as e:
                     raise RetryLater(f"{path}: {e.message}", "slow-headers") from None
                 except (OSError, http.client.HTTPException) as e:
