@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import heapq
 import http.client
+import io
 import itertools
 import re
 import socket
@@ -53,6 +54,9 @@ from .errors import RemoteError
 KiB, MiB = 1 << 10, 1 << 20
 MAX_REDIRECTS = 5  # a Hub resolve goes through one (CDN or Xet bridge); 5 is mm's margin
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+LOWAT_MAX = 1 * MiB  # a body read on a plain socket waits for up to this many bytes (SO_RCVLOWAT)...
+LOWAT_SECONDS = 0.05  # ...or for what the connection brings in this long at its rate so far, whichever is less
+LOWAT_MIN = 64 * KiB  # below this, reads take what arrived
 
 # Byte caps per document kind (mm's margins over what honest servers send)
 CAP_ERROR = 64 * KiB  # an error answer: one JSON error or an HTML page
@@ -360,6 +364,9 @@ class RawAnswer:
         self._sock, self._timeout = conn.sock, None
         if self._plain and type(self._sock) is socket.socket and self._sock.gettimeout():  # (TLS: see below)
             self._timeout = _timeout_in_kernel(self._sock)
+        self._lowat = 1  # the socket's SO_RCVLOWAT (1: the kernel's default)
+        self._began: float | None = None  # when the first body read was asked (for the rate)
+        self._got = 0  # body bytes read from the socket so far
 
     def header(self, name: str) -> str | None:
         return self._resp.getheader(name)
@@ -369,16 +376,34 @@ class RawAnswer:
         if self._plain:
             if not self._left:
                 return 0
-            n = self._resp.fp.readinto1(view[:self._left] if len(view) > self._left else view)
+            if len(view) > self._left:
+                view = view[:self._left]
+            if self._timeout is not None:
+                self._wait_for(self._batch(len(view)))
+            n = self._resp.fp.readinto1(view)
             if n is None:  # SO_RCVTIMEO passed (_timeout_in_kernel)
                 raise TimeoutError(f"no byte within {self._timeout:g} s")
             if n == 0:
                 raise http.client.IncompleteRead(b"", self._left)
             self._left -= n
+            self._got += n
             return n
         data = self._resp.read1(len(view))  # chunked: the client decodes the framing
         view[:len(data)] = data
         return len(data)
+
+    def _batch(self, asked: int) -> int:
+        """How many bytes the next read of ASKED waits for (batch_size, at this connection's rate so far)."""
+        now = time.monotonic()
+        if self._began is None:
+            self._began = now
+            return 1
+        return batch_size(self._got / max(now - self._began, 1e-3), asked, self._left - io.DEFAULT_BUFFER_SIZE)
+
+    def _wait_for(self, lowat: int) -> None:
+        if lowat != self._lowat:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
+            self._lowat = lowat
 
     def read_capped(self, cap: int, what: str) -> bytes:
         """The whole body, at most CAP bytes and MAX_CONTAINERS JSON arrays and objects, within the deadline (a
@@ -410,12 +435,14 @@ class RawAnswer:
         """Done with the answer: its connection is kept for this thread's next request to the same origin when the
         body was read to its end and the server did not say it closes; else it is closed."""
         self._unwatch()
+        reusable = True
         if self._timeout is not None:
             try:
-                self._sock.settimeout(self._timeout)  # the next request's headers: Python's deadline again
+                self._wait_for(1)  # the next answer's headers: readable from their first byte
+                self._sock.settimeout(self._timeout)  # ...under Python's deadline again
             except OSError:
-                pass
-        if self._key is not None and self._plain and self._left == 0 and not self._resp.will_close:
+                reusable = False
+        if reusable and self._key is not None and self._plain and self._left == 0 and not self._resp.will_close:
             self._resp.close()  # the response is done; the connection's socket stays open
             old = _idle.conns.pop(self._key, None)
             if old is not None:
@@ -423,6 +450,19 @@ class RawAnswer:
             _idle.conns[self._key] = self._conn
         else:
             self._conn.close()
+
+
+def batch_size(rate: float, asked: int, rest: int) -> int:
+    """What a body read of ASKED bytes waits for (its SO_RCVLOWAT) on a connection bringing RATE bytes/s whose body
+    has REST bytes still to come: what it brings in LOWAT_SECONDS (a power of 2, at most LOWAT_MAX), or 1 (take
+    what arrived) below LOWAT_MIN. Each socket read is a wake-up, a system call and a GIL hand-off among 16-32
+    receiving threads; on a fast connection they bring a few hundred KB each unless told to wait for more. The
+    wait never outlives the body: a reader that took some bytes and then waits is woken only once a whole mark's
+    worth more is queued, so REST must hold twice the mark."""
+    want = min(LOWAT_MAX, int(rate * LOWAT_SECONDS))
+    if want < LOWAT_MIN or asked < want or rest < 2 * want:
+        return 1
+    return 1 << (want.bit_length() - 1)
 
 
 def _timeout_in_kernel(sock: socket.socket) -> float:
