@@ -63,14 +63,23 @@ class StreamHasher:
             self._git.update(chunk)
         self.size += len(chunk)
 
-    def update_split(self, chunk: bytes | memoryview, side: "SideThread", meanwhile: Callable[[], None] = lambda: None) -> None:
+    def update_split(self, chunk: bytes | memoryview, side: "SideThread", meanwhile: Callable[[], None] = lambda: None,
+                     b3_side: "SideThread | None" = None) -> None:
         """update(CHUNK) on two cores: sha256 (and the git sha1) on SIDE while blake3 runs here, then MEANWHILE
-        (e.g. the next read); returns when all are done. A stream of them costs the time of sha256 alone."""
+        (e.g. the next read); returns when all are done. A stream of them costs the time of sha256 alone. With
+        B3_SIDE, blake3 runs there instead, so MEANWHILE overlaps both hashes rather than following blake3."""
         side.begin(self._update_side, chunk)
         try:
-            self._b3.update(chunk)
+            if b3_side is None:
+                self._b3.update(chunk)
+            else:
+                b3_side.begin(self._b3.update, chunk)
+            try:
+                meanwhile()
+            finally:
+                if b3_side is not None:
+                    b3_side.end()
             self.size += len(chunk)
-            meanwhile()
         finally:
             side.end()
 

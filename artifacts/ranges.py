@@ -304,13 +304,22 @@ def file_share(size: int, connections: int) -> int:
     return max(1, min(connections, math.ceil(size / RANGE_MIN)))
 
 
-def plan_ranges(gaps: list[tuple[int, int]], size: int, tail: int = 0) -> list[tuple[int, int]]:
+def plan_ranges(gaps: list[tuple[int, int]], size: int, tail: int = 0, head: int = 0) -> list[tuple[int, int]]:
     """The gaps cut into ranges of at most SIZE bytes, in file order; a short remainder joins the range before
     it. The last TAIL ranges (the connections that finish a file together) are halved down to RANGE_MIN, so
-    they end close together and no connection idles long at the end of a file."""
+    they end close together and no connection idles long at the end of a file. The first HEAD ranges (the
+    connections that start a file together) grow in a staircase, range k being (k + 1) / HEAD of SIZE (at least
+    RANGE_MIN), when the file holds at least 4 x HEAD ranges: side by side at one rate, each range then ends
+    before the next one, so the contiguous prefix (what the hasher may read) grows from the first second instead
+    of waiting for a whole first row of full ranges (on a 1 GiB fetch the hasher sat idle ~0.15 s, then had the
+    most left to do after the last byte)."""
     out = []
     for start, end in gaps:
         cuts = list(range(start, end, size))
+        if head and not out and len(cuts) >= 4 * head:
+            steps = [max(RANGE_MIN, size * (k + 1) // head // ALIGN * ALIGN) for k in range(head)]
+            stairs = [start + sum(steps[:k]) for k in range(head)]
+            cuts = stairs + list(range(stairs[-1] + steps[-1], end, size))
         if len(cuts) > 1 and end - cuts[-1] < size // 4:
             cuts.pop()
         out.extend(zip(cuts, cuts[1:] + [end]))
@@ -564,7 +573,9 @@ class OrderedHasher:
         self._busy = False
         self._closed = False
         self._error: BaseException | None = None
-        self._side = SideThread()  # sha256 there while blake3 runs in the hashing thread: two cores
+        self._side = SideThread()  # sha256 there...
+        self._b3_side = SideThread("mm-hash-b3")  # ...blake3 there, while this file's hashing thread reads the next
+        # piece back: the read no longer waits for blake3 (a third of a 1 GiB fetch's hashing tail)
         self._thread = threading.Thread(target=self._catch_up, name="mm-hash", daemon=True)
         self._thread.start()
 
@@ -639,7 +650,7 @@ class OrderedHasher:
                 if stop > end:
                     ahead.append((end, stop, self._read(bufs[1 - which], end, stop)))
 
-            self._hasher.update_split(chunk, self._side, read_ahead)
+            self._hasher.update_split(chunk, self._side, read_ahead, self._b3_side)
             self._advance(end, keep=bool(ahead))
             if not ahead:
                 return
@@ -663,6 +674,7 @@ class OrderedHasher:
             self._cv.notify_all()
         self._thread.join()
         self._side.close()
+        self._b3_side.close()
         if self._error is not None:
             raise RemoteError(f"cannot read back the partial file for hashing: {self._error}")
         if self.hashed < size:
@@ -675,6 +687,7 @@ class OrderedHasher:
             self._cv.notify_all()
         self._thread.join()
         self._side.close()
+        self._b3_side.close()
 
 
 # --- one file --------------------------------------------------------------------------------------
@@ -718,7 +731,8 @@ class _File:
         self.workers: list[threading.Thread] = []  # the threads _spread started, for download() to join
         self.limits = wire.limits()
         self.lock = threading.Condition()
-        self.pending: deque[tuple[int, int]] = deque(plan_ranges(rmap.gaps(), rsize, tail=share if share > 1 else 0))
+        self.pending: deque[tuple[int, int]] = deque(plan_ranges(rmap.gaps(), rsize, tail=share if share > 1 else 0,
+                                                                 head=share if share > 1 else 0))
         self.inflight: set[_Range] = set()
         self.sequential = False  # one response is streaming the whole rest of the file
         self.whole_file = False  # the server answers Range at the wrong offset: ask without Range

@@ -160,3 +160,42 @@ def test_proxies_are_read_from_the_environment_once(monkeypatch):
     monkeypatch.setenv("NO_PROXY", "cdn.example")
     assert proxies.for_url("http://cdn.example/b") == "http://proxy.invalid:3128"  # kept for the fetch
     assert wire.Proxies().for_url("http://cdn.example/b") is None  # a new fetch reads it again
+
+
+# --- the hasher keeps up: a prefix from the first second, reads beside both hashes --------------------------
+
+def test_the_first_ranges_of_a_big_file_grow_so_that_side_by_side_they_end_in_file_order():
+    from mm.artifacts.ranges import RANGE_MIN, plan_ranges
+
+    ranges = plan_ranges([(0, 1 << 30)], 16 * MiB, tail=16, head=16)
+    sizes = [e - s for s, e in ranges[:17]]
+    assert sizes[0] == RANGE_MIN and sizes == sorted(sizes) and sizes[15] == sizes[16] == 16 * MiB
+    assert [s for s, _ in ranges[1:]] == [e for _, e in ranges[:-1]] and ranges[-1][1] == 1 << 30  # no gap, no overlap
+
+
+def test_a_file_of_few_ranges_keeps_them_even():
+    from mm.artifacts.ranges import plan_ranges
+
+    assert plan_ranges([(0, 64 * MiB)], 4 * MiB, head=16) == plan_ranges([(0, 64 * MiB)], 4 * MiB)  # 16 < 4 x 16
+
+
+def test_blake3_on_its_own_thread_gives_the_same_digests_as_one_thread():
+    import hashlib
+
+    import blake3
+
+    from mm.artifacts.hashing import SideThread, StreamHasher
+
+    data = payload(9 * MiB + 123, seed=7)
+    hasher, side, b3_side, reads = StreamHasher(sha256=True, git_size=len(data)), SideThread(), SideThread(), []
+    try:
+        for at in range(0, len(data), 4 * MiB):
+            hasher.update_split(memoryview(data)[at:at + 4 * MiB], side, lambda: reads.append(at), b3_side)
+    finally:
+        side.close()
+        b3_side.close()
+    digests = hasher.digests()
+    assert (digests.size, digests.blake3, digests.sha256) == (
+        len(data), blake3.blake3(data).hexdigest(), hashlib.sha256(data).hexdigest())
+    assert digests.git_sha1 == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    assert reads == list(range(0, len(data), 4 * MiB))  # the read beside each piece's hashes

@@ -16,7 +16,9 @@ one 1 GiB file. Printed per case: each round's times and the load average before
 tool; RATIO mm speed / aria2c speed (goal >= 1.0) and mm / hf download; CPU-seconds per GiB (user + sys from
 /usr/bin/time) of mm (goal <= 2) and aria2c; peak RSS (goal < 150 MB).
 MM_BENCH_ROUNDS (default 3) rounds; MM_BENCH_CASES picks cases by number (e.g. "1,3"); MM_BENCH_HF=0 leaves
-hf download out (its single stream takes about 54 s a round on the capped 1 GiB case).
+hf download out (its single stream takes about 54 s a round on the capped 1 GiB case). mm is byte-compiled first,
+as a wheel install is (these machines set PYTHONDONTWRITEBYTECODE=1), so a run on its own times what `make bench`
+times.
 """
 from __future__ import annotations
 
@@ -53,6 +55,9 @@ CASES = {
 
 
 def main() -> None:
+    from tests.bench.run import byte_compile_mm
+
+    byte_compile_mm()  # mm as installed (run on its own too: `python -m tests.bench.fetch`), as `make bench` does
     picked = [int(c) for c in os.environ.get("MM_BENCH_CASES", ",".join(map(str, CASES))).split(",") if c]
     for number in picked:
         name, shards, shard_bytes, cap = CASES[number]
