@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import mmap
 import os
-import queue
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
 import blake3
 
-from ..errors import BadInput, IntegrityError, ProblemsFound
+from ..errors import BadInput, ProblemsFound
 
 CODEC = "isa_l_rs_cauchy"
 FRAGMENT_HEADER = 80
@@ -278,11 +276,14 @@ class DirectEncoder:
         self._tables = (ctypes.c_ubyte * (k * m * 32))()
         lib.ec_init_tables(k, m, ctypes.byref(matrix, k * k), self._tables)
         self._data = bytearray(k * stripe)
-        base = self._base = _address(self._data)
-        self._data_ptrs = (ctypes.c_void_p * k)(*[base + i * stripe for i in range(k)])
-        # two parity buffers: one is written out and hashed (_ParityOut's thread) while the next stripe is encoded
+        # two parity buffers: one is written out and hashed (a helper thread) while the next stripe is encoded
         self._parity = [bytearray(m * stripe), bytearray(m * stripe)]
-        self._parity_ptrs = [_pointers(buf, m, stripe) for buf in self._parity]
+        base = self._base = ctypes.addressof((ctypes.c_char * len(self._data)).from_buffer(self._data))
+        self._data_ptrs = (ctypes.c_void_p * k)(*[base + i * stripe for i in range(k)])
+        self._parity_ptrs = []
+        for buf in self._parity:
+            pbase = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
+            self._parity_ptrs.append((ctypes.c_void_p * m)(*[pbase + i * stripe for i in range(m)]))
 
     @classmethod
     def library(cls):
@@ -314,224 +315,90 @@ class DirectEncoder:
         probe = os.urandom(layout.k * 64)  # a 64-byte stripe in the first bytes of each chunk
         for i in range(layout.k):
             enc._data[i * layout.stripe: i * layout.stripe + 64] = probe[i * 64: (i + 1) * 64]
-        enc._encode(64, enc._data_ptrs, enc._parity_ptrs[0])
+        enc._encode(64)
         want = Code(layout.k, layout.m, 64).encode(probe)
         if any(bytes(enc._parity[0][p * layout.stripe: p * layout.stripe + 64]) != bytes(want[p])
                for p in range(layout.m)):
             return None
         return enc
 
-    def _encode(self, size: int, data_ptrs, parity_ptrs) -> None:
-        """Encode SIZE bytes at each of the k DATA_PTRS into SIZE bytes at each of the m PARITY_PTRS (ISA-L, without
-        the GIL: ctypes releases it for the call). Every stripe of every path is encoded through here."""
-        self._lib.ec_encode_data(size, self.k, self.m, self._tables, data_ptrs, parity_ptrs)
+    def _encode(self, size: int, into: int = 0) -> None:
+        """Encode SIZE bytes of each data chunk into parity buffer INTO."""
+        self._lib.ec_encode_data(size, self.k, self.m, self._tables, self._data_ptrs, self._parity_ptrs[into])
 
     def encode(self, layout: Layout, sources: list[Source], sinks: list[Callable[[memoryview], None]],
                on_bytes: Callable[[int], None] | None, known: list[str | None]) -> EncodeResult:
         S = layout.stripe
-        # A data volume's digest: KNOWN (taken when it was written), else hashed whole on a thread of its own
-        # (_WholeHashes, when every such volume is a whole file), else chunk by chunk in this loop on blake3's
-        # own threads (measured, 1 GB of ten volumes on 2 busy cores: 1.2 s against 6.3 s on one thread)
-        whole = _WholeHashes(sources, layout.lengths, [i for i in range(layout.k) if known[i] is None])
-        data_h = [blake3.blake3(max_threads=blake3.blake3.AUTO) if known[i] is None and not whole.active else None
+        # blake3 on its own threads: hashing the data volumes is most of the pass (measured, 1 GB of ten volumes
+        # on 2 busy cores: 1.2 s against 6.3 s on one thread, 0.54 CPU-s against 0.71); a volume whose digest
+        # is KNOWN is not hashed here
+        data_h = [blake3.blake3(max_threads=blake3.blake3.AUTO) if known[i] is None else None
                   for i in range(layout.k)]
         par_h = [blake3.blake3(max_threads=blake3.blake3.AUTO) for _ in range(layout.m)]
-        out = _ParityOut(layout.stripe, sinks, par_h)
+        data = memoryview(self._data)
+        out = _ParityOut(self._parity, S, sinks, par_h)
         mapped = _Mappings(sources, layout.lengths)
-        ahead = _StripeEncoders(self, layout, mapped) if all(h is None for h in data_h) else None
-        free: queue.Queue = queue.Queue()
-        for n in range(len(self._parity)):
-            free.put(n)
         try:
             for j in range(layout.nstripes):
-                size = layout.chunk(j)
-                if ahead is not None and (slot := ahead.take(j)) is not None:
-                    read = sum(max(0, min(size, n - j * S)) for n in layout.lengths)
-                    out.put(ahead.buffer(slot), size, lambda slot=slot: ahead.release(slot))
-                else:
-                    into = free.get()
-                    out.check()
-                    read = self._encode_here(j, layout, sources, mapped, data_h, into)
-                    out.put(self._parity[into], size, lambda into=into: free.put(into))
+                size, read = layout.chunk(j), 0
+                for i, src in enumerate(sources):
+                    want = max(0, min(size, layout.lengths[i] - j * S))
+                    if want == size and (view := mapped.chunk(i, j * S, size)) is not None:
+                        self._data_ptrs[i] = mapped.address(i, j * S)  # ISA-L reads the page cache itself
+                    else:
+                        view = data[i * S: i * S + size]
+                        self._data_ptrs[i] = self._slot(i)
+                        got = _read_into(src, j * S, view[:want]) if want else 0
+                        if got < size:  # past the volume's end (or a cut file): zeros, as the layout says
+                            view[got:] = bytes(size - got)
+                    if want:
+                        if data_h[i] is not None:
+                            data_h[i].update(view[:want])
+                        read += want
+                into = out.free()
+                self._encode(size, into)
+                mapped.done(j * S, size)
+                out.put(into, size)
                 if on_bytes:
                     on_bytes(read)  # bytes of the data volumes read (padding is virtual): adds up to their sizes
             out.finish()
-        except BaseException:
-            whole.stop()
-            raise
         finally:
-            if ahead is not None:
-                ahead.close()  # its threads read the mappings: they end before the mappings close
+            view = None  # the last chunk: a view of a mapping would keep it open
             out.close()
             mapped.close()
-        digests = whole.digests()
-        return EncodeResult([known[i] or digests.get(i) or data_h[i].hexdigest() for i in range(layout.k)],
-                            [h.hexdigest() for h in par_h])
-
-    def _encode_here(self, j: int, layout: Layout, sources: list[Source], mapped: "_Mappings", data_h: list,
-                     into: int) -> int:
-        """Encode stripe J into parity buffer INTO in this thread: chunks mapped where they can be, read (and padded
-        with zeros past a volume's end) where not; hashed where DATA_H has a hasher. Returns the bytes of the data
-        volumes it covers."""
-        S, size, read = layout.stripe, layout.chunk(j), 0
-        data = memoryview(self._data)
-        try:
-            for i, src in enumerate(sources):
-                want = max(0, min(size, layout.lengths[i] - j * S))
-                if want == size and (view := mapped.chunk(i, j * S, size)) is not None:
-                    self._data_ptrs[i] = mapped.address(i, j * S)  # ISA-L reads the page cache itself
-                else:
-                    view = data[i * S: i * S + size]
-                    self._data_ptrs[i] = self._slot(i)
-                    got = _read_into(src, j * S, view[:want]) if want else 0
-                    if got < size:  # past the volume's end (or a cut file): zeros, as the layout says
-                        view[got:] = bytes(size - got)
-                if want:
-                    if data_h[i] is not None:
-                        data_h[i].update(view[:want])
-                    read += want
-                view.release()  # a view of a mapping would keep it open
-            self._encode(size, self._data_ptrs, self._parity_ptrs[into])
-            mapped.done(j * S, size)
-        finally:
             data.release()
-        return read
+        return EncodeResult([known[i] if h is None else h.hexdigest() for i, h in enumerate(data_h)],
+                            [h.hexdigest() for h in par_h])
 
     def _slot(self, i: int) -> int:
         return self._base + i * self.stripe
 
 
-def _address(buf: bytearray) -> int:
-    import ctypes
-
-    return ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
-
-
-def _pointers(buf: bytearray, count: int, stripe: int):
-    """COUNT chunk addresses STRIPE bytes apart in BUF, as ISA-L takes them."""
-    import ctypes
-
-    base = _address(buf)
-    return (ctypes.c_void_p * count)(*[base + i * stripe for i in range(count)])
-
-
-class _StripeEncoders:
-    """The stripes whose chunk of every (mapped) data volume lies whole inside it or whole past its end (zeros),
-    encoded ahead on worker threads: ISA-L runs without the GIL, so the pass is no longer one thread's encoding,
-    parity hashing and writing in turn. A stripe where a volume ends inside its chunk is left to the encoding loop.
-    The encoding loop takes each stripe's parity in order (take), hands it to the writer, and the writer gives the
-    buffer back once written (release). A worker encodes its stripe PIECE bytes at a time and drops each piece's
-    mapped pages once encoded (the page cache keeps them), so memory is the parity buffers in flight (within
-    AHEAD_BYTES) and one piece of every volume per worker."""
-
-    AHEAD_BYTES = 32 * 1024 * 1024  # parity buffers of the stripes encoded and not yet written (mm's margin)
-    PIECE = 256 * 1024  # ISA-L codes each byte column alone: a stripe encoded in pieces is the same bytes
-    THREADS = 8  # beyond this the pass waits on the parity writes, not on the encoding (mm's margin)
-
-    def __init__(self, enc: DirectEncoder, layout: Layout, mapped: "_Mappings"):
-        k, m, S = layout.k, layout.m, layout.stripe
-        self._stripes = [j for j in range(layout.nstripes) if mapped.all_mapped(k) and all(
-            n >= j * S + layout.chunk(j) or n <= j * S for n in layout.lengths)]
-        self._ahead = set(self._stripes)
-        threads = min(self.THREADS, os.cpu_count() or 1, len(self._stripes))
-        self._threads: list[threading.Thread] = []
-        if threads < 2:
-            self._ahead = set()
-            return
-        self._enc, self._mapped, self._layout = enc, mapped, layout
-        self._zeros = bytearray(S)  # the chunk of a volume that ended before the stripe
-        self._free: queue.Queue = queue.Queue()
-        self._slots = [bytearray(m * S) for _ in range(max(2, min(2 * threads, self.AHEAD_BYTES // (m * S))))]
-        for n in range(len(self._slots)):
-            self._free.put(n)
-        self._done: dict[int, int] = {}  # stripe -> slot holding its parity
-        self._next = 0
-        self._error: BaseException | None = None
-        self._stopped = False
-        self._cond = threading.Condition()
-        self._threads = [threading.Thread(target=self._work, daemon=True, name=f"parity-encode-{n}")
-                         for n in range(threads)]
-        for t in self._threads:
-            t.start()
-
-    def _work(self) -> None:
-        import ctypes
-
-        k, m, S, lengths = self._layout.k, self._layout.m, self._layout.stripe, self._layout.lengths
-        data_ptrs, parity_ptrs = (ctypes.c_void_p * k)(), (ctypes.c_void_p * m)()
-        zeros = _address(self._zeros)
-        try:
-            while (slot := self._free.get()) is not None:
-                with self._cond:
-                    n = self._next
-                    self._next += 1
-                if self._stopped or n >= len(self._stripes):
-                    self._free.put(slot)
-                    return
-                j, chunk = self._stripes[n], self._layout.chunk(self._stripes[n])
-                base = _address(self._slots[slot])
-                for start in range(0, chunk, self.PIECE):
-                    size = min(self.PIECE, chunk - start)
-                    for i in range(k):
-                        data_ptrs[i] = self._mapped.address(i, j * S + start) if lengths[i] > j * S else zeros + start
-                    for p in range(m):
-                        parity_ptrs[p] = base + p * S + start
-                    self._enc._encode(size, data_ptrs, parity_ptrs)
-                    self._mapped.done(j * S + start, size)  # its pages leave our page tables (the cache keeps them)
-                with self._cond:
-                    self._done[j] = slot
-                    self._cond.notify_all()
-        except BaseException as e:  # handed to the encoding loop, raised there
-            with self._cond:
-                self._error = e
-                self._cond.notify_all()
-
-    def take(self, j: int) -> int | None:
-        """The slot holding stripe J's parity (m chunks of S bytes back to back), once encoded; None: J is not one
-        of the stripes encoded ahead."""
-        if j not in self._ahead:
-            return None
-        with self._cond:
-            while j not in self._done and self._error is None:
-                self._cond.wait()
-            if self._error is not None:
-                raise self._error
-            return self._done.pop(j)
-
-    def buffer(self, slot: int) -> bytearray:
-        return self._slots[slot]
-
-    def release(self, slot: int) -> None:
-        self._free.put(slot)
-
-    def close(self) -> None:
-        self._stopped = True
-        for _ in self._threads:
-            self._free.put(None)
-        for t in self._threads:
-            t.join()
-
-
 class _ParityOut:
     """Writes the parity of one stripe (to the sinks, and into the parity hashers) in a helper thread while the
-    caller encodes, or takes the encoding of, the next. os.write, blake3 and ISA-L (ctypes) all release the GIL,
-    so they overlap (measured in process, 2.28 GB in ten volumes: the parity pass spent 0.26 s writing and 0.12 s
-    hashing parity beside 0.37 s encoding). Each buffer put is handed back through its callback once written."""
+    caller encodes the next into the other buffer. os.write, blake3 and ISA-L (ctypes) all release the GIL, so the
+    two overlap (measured in process, 2.28 GB in ten volumes: the parity pass spent 0.26 s writing and 0.12 s
+    hashing parity beside 0.37 s encoding)."""
 
-    def __init__(self, stripe: int, sinks: list[Callable[[memoryview], None]], hashers):
-        self._stripe, self._sinks, self._hashers = stripe, sinks, hashers
+    def __init__(self, buffers: list[bytearray], stripe: int, sinks: list[Callable[[memoryview], None]], hashers):
+        import queue
+        import threading
+
+        self._buffers, self._stripe, self._sinks, self._hashers = buffers, stripe, sinks, hashers
+        self._free: queue.Queue = queue.Queue()
         self._full: queue.Queue = queue.Queue()
+        for i in range(len(buffers)):
+            self._free.put(i)
         self._error: BaseException | None = None
-        self._abandon = False
-        self._thread = threading.Thread(target=self._run, daemon=True, name="parity-write")
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while (item := self._full.get()) is not None:
-            buf, size, written = item
+            i, size = item
             try:
-                if self._error is None and not self._abandon:
-                    view = memoryview(buf)
+                if self._error is None:
+                    view = memoryview(self._buffers[i])
                     for p, (sink, h) in enumerate(zip(self._sinks, self._hashers)):
                         chunk = view[p * self._stripe: p * self._stripe + size]
                         sink(chunk)
@@ -540,100 +407,31 @@ class _ParityOut:
             except BaseException as e:  # handed to the caller at its next call
                 self._error = e
             finally:
-                written()
+                self._free.put(i)
 
-    def check(self) -> None:
-        """Raise what the writing raised."""
+    def _raise(self) -> None:
         if self._error is not None:
             raise self._error
 
-    def put(self, buf: bytearray, size: int, written: Callable[[], None]) -> None:
-        """Write SIZE bytes of each of BUF's parity chunks, then call WRITTEN (also after an error)."""
-        self.check()
-        self._full.put((buf, size, written))
+    def free(self) -> int:
+        """A parity buffer to encode into (waits for the helper to have written it out)."""
+        self._raise()
+        i = self._free.get()
+        self._raise()
+        return i
+
+    def put(self, i: int, size: int) -> None:
+        self._full.put((i, size))
 
     def finish(self) -> None:
         """Wait until every stripe is written; raise what the writing raised."""
-        self._full.put(None)
-        self._thread.join()
-        self.check()
+        self.close()
+        self._raise()
 
     def close(self) -> None:
-        """Stop: what is queued is not written (after an error or an interrupt; finish already waited otherwise)."""
         if self._thread.is_alive():
-            self._abandon = True
             self._full.put(None)
             self._thread.join()
-
-
-class _WholeHashes:
-    """blake3 of the data volumes numbered TODO, each a whole file (FileSource from offset 0), on threads of their
-    own (up to THREADS) while the encoder reads the same pages: each thread hashes a volume at a time in mapped
-    windows (hashing.mapped_windows: a read lease, a writer or a cut raises ChangedDuringRead, memory one window a
-    thread). ACTIVE only when every volume of TODO qualifies (none: nothing to do), so a digest is never mixed from
-    two ways of reading; otherwise the encoding loop hashes them chunk by chunk."""
-
-    WINDOW = 4 * 1024 * 1024  # per thread: blake3 at full speed on one core, a few MiB mapped at once
-    THREADS = 4  # ~5 GB/s each: ahead of the encoding on any core count; memory 4 windows (mm's margins)
-
-    def __init__(self, sources: list[Source], lengths: tuple[int, ...], todo: list[int]):
-        self.active = all(isinstance(sources[i], FileSource) and sources[i].offset == 0
-                          and sources[i].size == lengths[i] for i in todo)
-        self._digests: dict[int, str] = {}
-        self._errors: list[BaseException] = []
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        if not self.active or not todo:
-            return
-        left = [(i, sources[i].path) for i in todo]
-        lock = threading.Lock()
-
-        def work() -> None:
-            while not self._stop.is_set():
-                with lock:
-                    if not left:
-                        return
-                    i, path = left.pop(0)
-                try:
-                    if (digest := self._hash(path, lengths[i])) is not None:
-                        self._digests[i] = digest
-                except BaseException as e:  # handed to the encoding thread, raised there
-                    self._errors.append(e)
-                    return
-
-        count = min(len(left), os.cpu_count() or 1, self.THREADS)
-        self._threads = [threading.Thread(target=work, daemon=True, name=f"parity-hash-{n}") for n in range(count)]
-        for t in self._threads:
-            t.start()
-
-    def _hash(self, path: Path, length: int) -> str | None:
-        from ..hashing import mapped_windows  # here: hashing is no import of this module's otherwise
-
-        h, seen = blake3.blake3(), 0
-        windows = mapped_windows(path, self.WINDOW)
-        try:
-            for piece in windows:
-                if self._stop.is_set():
-                    return None
-                h.update(piece)
-                seen += len(piece)
-        finally:
-            windows.close()
-        if seen != length:
-            raise IntegrityError(f"{path}: {seen} bytes read of {length}: the volume changed while parity was "
-                                 f"computed; run again")
-        return h.hexdigest()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def digests(self) -> dict[int, str]:
-        """Volume number -> digest, once every thread is done; raises what a thread raised."""
-        for t in self._threads:
-            t.join()
-        if self._errors:
-            raise self._errors[0]
-        return self._digests
 
 
 class _Mappings:
@@ -657,9 +455,6 @@ class _Mappings:
             return None
         _, head, view, _, _ = self._maps[i]
         return view[head + offset: head + offset + size]
-
-    def all_mapped(self, k: int) -> bool:
-        return len(self._maps) == k
 
     def address(self, i: int, offset: int) -> int:
         _, head, _, _, base = self._maps[i]
