@@ -161,10 +161,6 @@ class FileSource:
         self._fd = os.open(self.path, os.O_RDONLY)
         self.size = size if size is not None else os.fstat(self._fd).st_size - offset
 
-    @property
-    def fd(self) -> int:
-        return self._fd
-
     def pread(self, offset: int, n: int) -> bytes:
         n = max(0, min(n, self.size - offset))
         return os.pread(self._fd, n, self.offset + offset) if n else b""
@@ -342,7 +338,6 @@ class DirectEncoder:
         data = memoryview(self._data)
         out = _ParityOut(self._parity, S, sinks, par_h)
         mapped = _Mappings(sources, layout.lengths)
-        dropped = _dropping(sources)
         try:
             for j in range(layout.nstripes):
                 size, read = layout.chunk(j), 0
@@ -363,14 +358,10 @@ class DirectEncoder:
                 into = out.free()
                 self._encode(size, into)
                 mapped.done(j * S, size)
-                for i, drop in dropped:
-                    drop.wrote(max(0, min(size, layout.lengths[i] - j * S)))
                 out.put(into, size)
                 if on_bytes:
                     on_bytes(read)  # bytes of the data volumes read (padding is virtual): adds up to their sizes
             out.finish()
-            for _, drop in dropped:
-                drop.push()
         finally:
             view = None  # the last chunk: a view of a mapping would keep it open
             out.close()
@@ -484,16 +475,6 @@ class _Mappings:
                 mapping.close()
             except BufferError:  # a view a caller still holds: the mapping goes with it
                 pass
-
-
-def _dropping(sources: list[Source]) -> list[tuple[int, object]]:
-    """(index, copyio.WriteBehind with DROP) for each data stream in a file: the pages the pass has read leave the page
-    cache behind it, as a plain bundle's volumes do once written (the pages a bundle --parity keeps for its pass were
-    left cached after it: ~2.2 GB for 2 GB of model, which the next command then had to reclaim, and a later
-    `mm bundle verify` read from memory instead of the disk). Dirty pages (--no-sync) are only pushed to the disk."""
-    from .copyio import WriteBehind  # here: only a parity run pays for it
-
-    return [(i, WriteBehind(src.fd, src.offset, drop=True)) for i, src in enumerate(sources) if isinstance(src, FileSource)]
 
 
 def _read_into(src: Source, offset: int, view: memoryview) -> int:
