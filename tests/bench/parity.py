@@ -12,6 +12,10 @@ Figures:
   repair-volume MB/s                      the same volume's bytes / wall of `mm bundle repair-volume`, which first
                                           hashes every volume given (checks them) before rebuilding
   peak RSS of mm bundle --parity 2 and mm bundle repair-volume; goal < 150 MB
+Per run it also prints what the kernel did meanwhile (/proc/vmstat, /proc/stat: the whole VM, other users included):
+pages read in from the disk and major faults (a parity pass that re-reads evicted volumes shows here), pages
+reclaimed by kswapd and by the run itself (direct reclaim), the CPU time the host took from this VM (steal), and the
+free memory at its start: the figures that explain a round whose ratio stands out.
 Each round takes the four bundle runs in another order (common.round_order): what ran just before changes what
 the next run pays for fresh memory on this VM (copyio.write_size). Each run starts with the model read into the page
 cache and no dirty pages.
@@ -29,6 +33,30 @@ from pathlib import Path
 
 from tests.bench.common import (bench_dir, load_average, make_bench_model, returned_to_host, round_order, run_timed,
                                 run_usage)
+
+_VMSTAT = ("pgpgin", "pgmajfault", "pgsteal_kswapd", "pgsteal_direct", "allocstall_movable", "allocstall_normal")
+
+
+def _kernel_counters() -> dict[str, int]:
+    """The /proc/vmstat counters above, free memory (bytes) and the VM's steal time (clock ticks, all CPUs)."""
+    got = {}
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        key, value = line.split()
+        if key in _VMSTAT or key == "nr_free_pages":
+            got[key] = int(value)
+    got["nr_free_pages"] *= os.sysconf("SC_PAGE_SIZE")
+    cpu = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    got["steal"] = int(cpu[8]) if len(cpu) > 8 else 0
+    return got
+
+
+def _kernel_delta(before: dict[str, int], after: dict[str, int]) -> str:
+    ticks = os.sysconf("SC_CLK_TCK")
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in (*_VMSTAT, "steal")}
+    return (f"free {before['nr_free_pages'] / 1e9:.1f} GB, read in {d['pgpgin'] * 1024 / 1e9:.2f} GB, "
+            f"majfault {d['pgmajfault']}, reclaimed {d['pgsteal_kswapd'] * 4096 / 1e9:.2f}+"
+            f"{d['pgsteal_direct'] * 4096 / 1e9:.2f} GB (kswapd+direct, {d['allocstall_movable'] + d['allocstall_normal']} "
+            f"stalls), steal {d['steal'] / ticks:.2f} s")
 
 MM = Path(sys.executable).parent / "mm"
 SHARDS = int(os.environ.get("MM_BENCH_PARITY_SHARDS", "4"))
@@ -52,6 +80,7 @@ def main() -> None:
     disk_read: dict[str, list[int]] = {k: [] for k in rows}
     cpu: dict[str, list[tuple[float, float]]] = {k: [] for k in rows}
     returned: dict[str, list[tuple[int, int]]] = {k: [] for k in rows}  # handed to the host: before the run, during
+    kernel: dict[str, list[str]] = {k: [] for k in rows}
     since = returned_to_host()
     loads: list[str] = []
     rss = {"bundle --parity 2": 0, "repair-volume": 0}
@@ -74,8 +103,10 @@ def main() -> None:
             subprocess.run(["sync"], check=True)
             subprocess.run(["cat", *map(str, sorted(src.rglob("*")))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # warm
             handed = returned_to_host()
+            counters = _kernel_counters()
             run = run_usage([str(MM), "bundle", str(src), "--out", str(out), "--volume-size", volume_size, *extra],
                             work / "time.txt")
+            kernel[label].append(_kernel_delta(counters, _kernel_counters()))
             after = returned_to_host()
             if handed is not None and since is not None and after is not None:
                 returned[label].append((handed - since, after - handed))
@@ -110,8 +141,11 @@ def main() -> None:
               + "\n    memory the guest handed back to the host before / during each run: "
               + ", ".join(f"{k} {v[-1][0] / 1e9:.2f} / {v[-1][1] / 1e9:.2f} GB" for k, v in returned.items()
                           if len(v) > rnd)
+              + "".join(f"\n    kernel during {k}: {v[-1]}" for k, v in kernel.items() if len(v) > rnd)
               + f"\n    ratios this round: durable {rows['bundle-parity'][-1] / rows['bundle'][-1]:.2f}, --no-sync "
-              f"{rows['bundle-parity-nosync'][-1] / rows['bundle-nosync'][-1]:.2f}", flush=True)
+              f"{rows['bundle-parity-nosync'][-1] / rows['bundle-nosync'][-1]:.2f}; CPU (user+sys): durable "
+              f"{sum(cpu['bundle-parity'][-1]) / sum(cpu['bundle'][-1]):.2f}, --no-sync "
+              f"{sum(cpu['bundle-parity-nosync'][-1]) / sum(cpu['bundle-nosync'][-1]):.2f}", flush=True)
 
     def ratio(mine: str, peer: str) -> float:
         return statistics.median(m / p for m, p in zip(rows[mine], rows[peer]))
