@@ -110,16 +110,17 @@ def resolve_revision(repo_id: str, revision: str, *, endpoint: str | None = None
                      repo_type: str = "model") -> Resolved:
     """Resolve a full sha, short sha, branch or tag to the full 40-hex commit, once.
 
-    A full sha is taken as a commit without asking, as huggingface_hub takes it (file_download.REGEX_COMMIT_HASH):
-    the listing at it (list_remote_files, which every caller asks next) proves it exists, or fails with "revision
-    not found" just as a lookup would; a pinned fetch saves a request (and on the Hub, a round trip)."""
+    A full sha is a commit, as huggingface_hub takes it (file_download.REGEX_COMMIT_HASH): asked about directly
+    (one request, no list of refs first). It is still asked, not assumed: the listing that follows goes through
+    huggingface_hub's retrying pager, which waits ~20 s on an unreachable Hub and logs each retry with the URL
+    as given (credentials in HF_ENDPOINT included); this request fails at once, through mm's messages."""
     rev = revision.strip()
     if not rev:
         raise BadValue("--revision: empty revision")
-    if FULL_SHA.fullmatch(rev):
-        return Resolved(repo_id, rev, rev, "commit")
     api = _api(endpoint, token)
     with hub_errors(repo_id, rev), wire.request_budget(RESOLVE_REQUESTS, "resolving a revision"):
+        if FULL_SHA.fullmatch(rev):
+            return Resolved(repo_id, rev, api.repo_info(repo_id, revision=rev, repo_type=repo_type).sha, "commit")
         refs = api.list_repo_refs(repo_id, repo_type=repo_type)
         for kind, group in (("branch", refs.branches), ("tag", refs.tags)):
             for ref in group:

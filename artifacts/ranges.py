@@ -952,10 +952,10 @@ def _spread(f: _File) -> None:
     worker = threading.Thread(target=_work, args=(f,), name="mm-range", daemon=True)
     try:
         worker.start()
-    except BaseException:
+    except RuntimeError:  # no thread to be had (a process limit): the file goes on with the threads it has
         with f.lock:
             f.threads -= 1
-        raise
+        return
     with f.lock:  # (before this thread can end: download() joins until the list stays empty)
         f.workers.append(worker)
 

@@ -1,7 +1,7 @@
 """What keeps a fetch's fixed and per-file costs down (issue 23 §Fetch) without changing what it proves: a file's
 connection threads follow the slots it gets, body reads on a plain socket wait for a batch of bytes (SO_RCVLOWAT)
-but never past the body's end nor into the next answer's headers, a full sha is taken as a commit without asking,
-and the environment's proxies are read once per fetch."""
+but never past the body's end nor into the next answer's headers, a full sha is resolved in one request, the
+environment's proxies are read once per fetch, and the hasher keeps up with the bytes."""
 from __future__ import annotations
 
 import socket
@@ -134,14 +134,15 @@ def test_reads_of_a_fast_body_bring_batches_not_whatever_arrived(monkeypatch):
 
 # --- start-up: fewer requests and less work per request ----------------------------------------------
 
-def test_a_full_sha_is_taken_as_a_commit_without_asking_the_hub(hub_server, model_repo):
+def test_a_full_sha_is_resolved_in_one_request(hub_server, model_repo):
     from mm.artifacts.hub import resolve_revision
 
     commit = model_repo.commits[0]
     before = len(hub_server.requests)
     resolved = resolve_revision(model_repo.repo_id, commit, endpoint=hub_server.url)
     assert (resolved.commit, resolved.kind) == (commit, "commit")
-    assert len(hub_server.requests) == before
+    assert [path for _, path, _ in hub_server.requests[before:]] == [
+        f"/api/models/{model_repo.repo_id}/revision/{commit}"]  # no list of refs first
 
 
 def test_a_fetch_of_a_full_sha_that_is_no_commit_says_revision_not_found(run_mm, hub_env, model_repo, tmp_path):
