@@ -92,8 +92,8 @@ class WriteBehind:
     DROP (bundle volumes, which go to another disk): posix_fadvise(DONTNEED) starts writeback of the dirty pages
     in the range and drops the pages already written back, so memory stays free for the source's pages and a
     later `mm bundle verify` reads the disk, not the page cache; each call covers the last few steps, dropping
-    what the previous calls started. Otherwise (unbundled files, which the engine reads next; data volumes a
-    parity pass reads next) sync_file_range(SYNC_FILE_RANGE_WRITE) starts writeback and leaves the pages cached.
+    what the previous calls started. Otherwise (unbundled files, which the engine reads next; a data volume
+    hashed whole once written, for a parity index) sync_file_range(SYNC_FILE_RANGE_WRITE) starts writeback and leaves the pages cached.
 
     Durability is not its job: neither call waits for the disk or flushes its cache. The one fsync before the
     rename (fsutil.publish) is what makes a file durable, so a crash leaves either no file under the final name
@@ -240,7 +240,7 @@ class ChunkPipe:
         def done(buf, start: int, n: int) -> None:
             if drop:  # from the chunk before on: a large folio across their boundary goes now
                 low = max(offset, start - self.CHUNK)
-                _drop_cached(fd, low, start + n - low)
+                drop_cached(fd, low, start + n - low)
             self._free.put(buf)
 
         while left and not stop.is_set():
@@ -267,7 +267,7 @@ class ChunkPipe:
             mapping.madvise(mmap.MADV_DONTNEED, start, end - start)  # our page tables only: the cache keeps them
             if drop:  # and now, unmapped, out of the cache too; from the chunk before on: a large folio across
                 low = max(0, start - self.CHUNK)  # their boundary, still mapped by this chunk last time, goes now
-                _drop_cached(fd, file_start + low, end - low)
+                drop_cached(fd, file_start + low, end - low)
             slots.release()
 
         try:
@@ -292,8 +292,9 @@ class ChunkPipe:
             whole.release()
 
 
-def _drop_cached(fd: int, offset: int, length: int) -> None:
-    """Drop the clean cached pages of FD's range (best effort: a page still dirty or mapped elsewhere stays)."""
+def drop_cached(fd: int, offset: int, length: int) -> None:
+    """Drop the clean cached pages of FD's range (LENGTH 0: to its end; best effort: a page still dirty or mapped
+    elsewhere stays)."""
     try:
         os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
     except OSError:

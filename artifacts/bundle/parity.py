@@ -19,6 +19,7 @@ aborts the process on a malformed fragment, so it is only ever given fragments b
 """
 from __future__ import annotations
 
+import bisect
 import mmap
 import os
 from dataclasses import dataclass
@@ -192,6 +193,129 @@ class FileSource:
         os.close(self._fd)
 
 
+@dataclass(frozen=True)
+class Span:
+    """Bytes of a data volume copied from a file: LENGTH bytes at AT in the volume, from OFFSET of PATH, whose
+    IDENTITY (inode, size, mtime_ns) was taken before they were read."""
+
+    at: int
+    path: Path
+    offset: int
+    length: int
+    identity: tuple[int, int, int]
+
+
+def file_identity(path: Path) -> tuple[int, int, int]:
+    """(inode, size, mtime_ns): a write or a replacement of the file changes it (a rename does not)."""
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class SplicedSource:
+    """A data volume read back from where its bytes came from: its member bytes from the files they were copied from
+    (SPANS; a bundle's model files, in the page cache still) and the rest (tar headers, metadata, padding: a few KB a
+    member) from the volume file. So a bundle with parity drops its volumes' pages once written, as a plain bundle
+    does, instead of keeping all of them cached for the parity pass: on a VM that hands free memory back to its host,
+    growing the page cache by the data volumes cost the run 3-4 s of sys time for 2.3 GB (README, "Cost of
+    `--parity 2`"). Use it only where unchanged() holds before the pass (else read the volume: FileSource); the
+    caller checks it again after the pass."""
+
+    def __init__(self, volume: Path, spans: list[Span]):
+        self._volume = FileSource(volume)
+        self.size = self._volume.size
+        self._spans = sorted(spans, key=lambda s: s.at)
+        self._starts = [s.at for s in self._spans]
+        self._files: dict[int, FileSource] = {}  # span index -> its file, opened when first read
+        self._maps: dict[int, tuple[mmap.mmap, int, memoryview, object, int] | None] = {}
+
+    def unchanged(self) -> bool:
+        """Every file a span reads is the one its bytes were copied from (same inode, size and mtime)."""
+        try:
+            return all(file_identity(s.path) == s.identity for s in self._spans)
+        except OSError:
+            return False
+
+    def _span_at(self, at: int) -> tuple[int, Span | None, int]:
+        """(index, the span holding byte AT or None, where the next span starts: the end of the volume's bytes)."""
+        k = bisect.bisect_right(self._starts, at) - 1
+        if k >= 0 and at < self._spans[k].at + self._spans[k].length:
+            return k, self._spans[k], self._spans[k].at + self._spans[k].length
+        following = self._starts[k + 1] if k + 1 < len(self._spans) else self.size
+        return k, None, following
+
+    def _file(self, k: int) -> FileSource:
+        if k not in self._files:
+            span = self._spans[k]
+            self._files[k] = FileSource(span.path, span.offset, span.length)
+        return self._files[k]
+
+    def readinto(self, offset: int, view: memoryview) -> int:
+        n, done = max(0, min(len(view), self.size - offset)), 0
+        while done < n:
+            at = offset + done
+            k, span, end = self._span_at(at)
+            take = min(n - done, end - at)
+            part = view[done: done + take]
+            got = self._file(k).readinto(at - span.at, part) if span else self._volume.readinto(at, part)
+            done += got
+            if got < take:  # a cut file: the rest reads as zeros, and the pass's digests say so
+                break
+        return done
+
+    def pread(self, offset: int, n: int) -> bytes:
+        buf = bytearray(max(0, min(n, self.size - offset)))
+        got = self.readinto(offset, memoryview(buf))
+        return bytes(buf[:got])
+
+    def mapped(self, offset: int, size: int) -> tuple[memoryview, int] | None:
+        """(a view, its address) of bytes [OFFSET, OFFSET+SIZE) where they lie in one span whose file is mapped."""
+        k, span, end = self._span_at(offset)
+        if span is None or offset + size > end:
+            return None
+        if k not in self._maps:
+            import ctypes
+
+            got = self._file(k).map()
+            if got is None:
+                self._maps[k] = None
+            else:
+                mapping, head = got
+                anchor = ctypes.c_char.from_buffer(mapping)
+                self._maps[k] = (mapping, head, memoryview(mapping), anchor, ctypes.addressof(anchor))
+        if (m := self._maps[k]) is None:
+            return None
+        start = m[1] + offset - span.at
+        return m[2][start: start + size], m[4] + start
+
+    def release(self, offset: int, size: int) -> None:
+        """Encoded: the pages of [OFFSET, OFFSET+SIZE) leave our page tables (the page cache keeps them)."""
+        for k, m in self._maps.items():
+            if m is None:
+                continue
+            span = self._spans[k]
+            low, high = max(offset, span.at), min(offset + size, span.at + span.length)
+            if high > low:
+                start = (m[1] + low - span.at) // mmap.PAGESIZE * mmap.PAGESIZE
+                end = (m[1] + high - span.at) // mmap.PAGESIZE * mmap.PAGESIZE
+                if end > start:
+                    m[0].madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    def close(self) -> None:
+        for k, m in list(self._maps.items()):
+            if m is not None:
+                mapping, _, view, anchor, _ = m
+                view.release()
+                del anchor
+                self._maps[k] = None
+                try:
+                    mapping.close()
+                except BufferError:
+                    pass
+        for f in self._files.values():
+            f.close()
+        self._volume.close()
+
+
 def _chunk(src: Source, offset: int, stripe: int, length: int) -> bytes:
     """STRIPE bytes of a stream at OFFSET, zeros past its LENGTH (a short read of a cut file reads as zeros too:
     the whole-stream blake3 catches it)."""
@@ -345,6 +469,9 @@ class DirectEncoder:
                     want = max(0, min(size, layout.lengths[i] - j * S))
                     if want == size and (view := mapped.chunk(i, j * S, size)) is not None:
                         self._data_ptrs[i] = mapped.address(i, j * S)  # ISA-L reads the page cache itself
+                    elif want == size and isinstance(src, SplicedSource) and (
+                            spliced := src.mapped(j * S, size)) is not None:
+                        view, self._data_ptrs[i] = spliced  # the same, from the file the bytes were copied from
                     else:
                         view = data[i * S: i * S + size]
                         self._data_ptrs[i] = self._slot(i)
@@ -358,6 +485,9 @@ class DirectEncoder:
                 into = out.free()
                 self._encode(size, into)
                 mapped.done(j * S, size)
+                for src in sources:
+                    if isinstance(src, SplicedSource):
+                        src.release(j * S, size)
                 out.put(into, size)
                 if on_bytes:
                     on_bytes(read)  # bytes of the data volumes read (padding is virtual): adds up to their sizes
