@@ -1,12 +1,19 @@
 """How bundle and unbundle use the page cache (issue 23): on a VM that reports free pages to its host, writes into
-it in pieces of at most 64 KiB (small page-cache folios; copyio.write_size), whole chunks elsewhere; and unbundle
-leaves the volumes it has read out of it (their memory takes the model)."""
+it in pieces of at most 64 KiB (small page-cache folios; copyio.write_size), whole chunks elsewhere; unbundle
+leaves the volumes it has read out of it (their memory takes the model); and a bundle with parity keeps its data
+volumes cached for the parity pass only where memory is cheap (no free page reporting), else drops them once hashed
+and the pass reads the model files (either way the parity is the volumes' own)."""
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from mm.artifacts.bundle import pack
 from mm.artifacts.bundle.copyio import SMALL_WRITE, reports_free_pages, write_size
+from mm.artifacts.bundle.volume import open_volume
+from tests.test_bundle_parity import VOLUME_SIZE, data_volumes, make_model, parity_volumes
 from tests.test_bundle_io import model, strace_works, traced_bundle, traced_unbundle, vols  # noqa: F401 - fixtures
 from tests.support.run import run_mm
 
@@ -66,3 +73,22 @@ def test_unbundle_leaves_the_volumes_it_read_out_of_the_page_cache(vols, tmp_pat
     r = run_mm("unbundle", vols, "--dest", tmp_path / "dest")
     assert r.returncode == 0, r.stderr
     assert sum(_cached_bytes(v) for v in volumes) < before * 0.1
+
+
+@pytest.mark.parametrize("reported", [True, False], ids=["free-pages-reported", "no-reporting"])
+def test_a_parity_bundle_keeps_its_volumes_cached_only_where_memory_is_cheap(tmp_path, monkeypatch, reported):
+    monkeypatch.setattr(pack, "reports_free_pages", lambda: reported)
+    model = make_model(tmp_path / "model")
+    vols = tmp_path / "vols"
+    pack.create_bundle(model, vols, VOLUME_SIZE, parity=2, stripe=4096)
+    data = data_volumes(vols)
+    cached = sum(_cached_bytes(v) for v in data) / sum(v.stat().st_size for v in data)
+    assert cached < 0.1 if reported else cached > 0.9
+    first = open_volume(parity_volumes(vols)[0])
+    recorded = [st.blake3 for st in first.parity.streams]
+    again = tmp_path / "again"
+    again.mkdir()
+    written = pack.write_parity_volumes(again, name=first.parity.name, bundle_id=first.bundle_id,
+                                        manifest_bytes=(model / ".mm" / "manifest.json").read_bytes(), meta=[],
+                                        mtime=0, data_paths=data, parities=2, stripe=4096)
+    assert [[st.blake3 for st in open_volume(path).parity.streams] for _, path in written] == [recorded] * 2

@@ -63,7 +63,7 @@ from ..manifest import MAX_MANIFEST_BYTES, Manifest, export_sums, manifest_path,
 from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..verify import require_quick_verify
 from .check import ranges
-from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, drop_cached, write_all
+from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, drop_cached, reports_free_pages, write_all
 from .format import (
     END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3, data_member,
     file_member, index_member, member_bytes, padded, parity_data_member, parity_filename, parity_index_member,
@@ -807,13 +807,13 @@ def _copy_beside(src: Path, out_dir: Path, final: Path, sync: bool) -> None:
     atomic_write_bytes(final, data, mode=src.stat().st_mode & 0o777, root=out_dir, sync=sync)
 
 
-def _hash_then_publish(fd: int, tmp: Path, final: Path, sync: bool, stop: threading.Event
+def _hash_then_publish(fd: int, tmp: Path, final: Path, sync: bool, stop: threading.Event, drop: bool = False
                        ) -> tuple[str, tuple[int, int, int]] | None:
     """Publish a finished data volume (publish_fd), having first hashed it whole (blake3) while its pages are still
     in the page cache, for the parity index: (digest, the file's identity then: file_identity). None where it was
     not hashed (stopped by an interrupt or an error, or the file changed meanwhile): the parity pass hashes it.
-    Then its pages leave the page cache, as a plain bundle's do as it writes: the parity pass reads the member
-    bytes from the files they were copied from (SplicedSource)."""
+    DROP: then its pages leave the page cache, as a plain bundle's do as it writes (the parity pass reads the member
+    bytes from the files they were copied from: SplicedSource)."""
     os.close(fd)
     h = blake3.blake3()  # one thread: it runs beside the writer, on the core the writer leaves (measured, 2.28 GB
     # in ten volumes, 3 pairs: data phase 1.82-1.88 s against 1.92-2.01 s on blake3's own threads)
@@ -831,6 +831,8 @@ def _hash_then_publish(fd: int, tmp: Path, final: Path, sync: bool, stop: thread
     finally:
         pipe.close()
     publish(tmp, final, sync, root=final.parent)  # complete: named even when interrupted, as publish_fd does
+    if not drop:
+        return done
     try:
         fd = os.open(final, os.O_RDONLY)
     except OSError:
@@ -858,7 +860,7 @@ def _write_all(plan: Plan, finals: list[Path], progress: ProgressSink, sync: boo
     """Write (or keep) data volume N at FINALS[N-1]. Returns the volumes and, with parity, the whole-file blake3 of
     the volumes hashed as soon as they were written (_hash_then_publish: a volume that fits in the page cache, hashed
     from there beside the writing of the next one, instead of in the parity pass) and the spans of each volume
-    written here (the parity pass reads their bytes from the files they were copied from)."""
+    whose pages are not kept (the parity pass reads their bytes from the files they were copied from)."""
     restore = plan.restore
     hashers = _Hashers()
     pipe = ChunkPipe()
@@ -866,6 +868,12 @@ def _write_all(plan: Plan, finals: list[Path], progress: ProgressSink, sync: boo
         check_inside(final.parent, final)
     results, pending, hashed = [], [], {}  # hashed: volume number -> (blake3, identity)
     spans: dict[int, list[Span]] = {}
+    # A volume hashed once written stays cached for the parity pass, except where growing the page cache is dear: on
+    # a VM that reports free memory to its host, keeping 2.3 GB of volumes cost 3-4 s of sys time (README, "How the
+    # parity pass reads"); there it is dropped once hashed and the pass reads the files it was copied from (on the
+    # 16-core H200 host, without that device, doing so everywhere made `--no-sync` 1.66-1.76x a plain bundle against
+    # 1.36-1.50x, 2 runs of 3 rounds each).
+    keep_cached = not reports_free_pages()
     stop = threading.Event()
     try:
         with ThreadPoolExecutor(max_workers=1) as publisher:
@@ -877,10 +885,13 @@ def _write_all(plan: Plan, finals: list[Path], progress: ProgressSink, sync: boo
                         unlink_file(final.parent, final)  # not this plan's volume N: its room goes to the new one
                         tmp = final.with_name(f".{final.name}.partial")
                         hash_now = plan.parity > 0 and _fits_in_cache(volume_bytes(plan, n))
-                        working, fd, spans[n] = _write_volume(plan, n, tmp, hashers, pipe, progress, restore, sync,
-                                                              keep=hash_now)
+                        working, fd, copied = _write_volume(plan, n, tmp, hashers, pipe, progress, restore, sync,
+                                                            keep=hash_now)
+                        if not (hash_now and keep_cached):  # its pages go: the pass reads where they came from
+                            spans[n] = copied
                         if hash_now:  # beside the next
-                            pending.append((n, publisher.submit(_hash_then_publish, fd, tmp, final, sync, stop)))
+                            pending.append((n, publisher.submit(_hash_then_publish, fd, tmp, final, sync, stop,
+                                                                not keep_cached)))
                         else:
                             pending.append((n, publisher.submit(publish_fd, fd, tmp, final, sync, root=final.parent)))
                     hashers.files.update(working)

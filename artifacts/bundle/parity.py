@@ -185,6 +185,13 @@ class FileSource:
         head = self.offset % mmap.ALLOCATIONGRANULARITY
         return mmap.mmap(self._fd, head + self.size, offset=self.offset - head, access=mmap.ACCESS_COPY), head
 
+    def advise(self, advice: int) -> None:
+        """posix_fadvise over the whole file (best effort: a hint)."""
+        try:
+            os.posix_fadvise(self._fd, 0, 0, advice)
+        except OSError:
+            pass
+
     def close(self) -> None:
         if getattr(self, "_leased", False):  # explicitly: a mapping still held would keep the lease with the file
             from ..hashing import unlease
@@ -222,6 +229,7 @@ class SplicedSource:
 
     def __init__(self, volume: Path, spans: list[Span]):
         self._volume = FileSource(volume)
+        self._volume.advise(os.POSIX_FADV_RANDOM)  # a few KB here and there: no readahead fills the cache around them
         self.size = self._volume.size
         self._spans = sorted(spans, key=lambda s: s.at)
         self._starts = [s.at for s in self._spans]
@@ -313,6 +321,7 @@ class SplicedSource:
                     pass
         for f in self._files.values():
             f.close()
+        self._volume.advise(os.POSIX_FADV_DONTNEED)  # what was read of the volume leaves the page cache too
         self._volume.close()
 
 
