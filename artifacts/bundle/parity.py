@@ -221,11 +221,11 @@ def file_identity(path: Path) -> tuple[int, int, int]:
 class SplicedSource:
     """A data volume read back from where its bytes came from: its member bytes from the files they were copied from
     (SPANS; a bundle's model files, in the page cache still) and the rest (tar headers, metadata, padding: a few KB a
-    member) from the volume file. So a bundle with parity drops its volumes' pages once written, as a plain bundle
-    does, instead of keeping all of them cached for the parity pass: on a VM that hands free memory back to its host,
-    growing the page cache by the data volumes cost the run 3-4 s of sys time for 2.3 GB (README, "Cost of
-    `--parity 2`"). Use it only where unchanged() holds before the pass (else read the volume: FileSource); the
-    caller checks it again after the pass."""
+    member) from the volume file. So a bundle with parity can drop its volumes' pages once written, as a plain
+    bundle does, where keeping them cached for the parity pass is dear (pack._write_all): on a VM that hands free
+    memory back to its host, growing the page cache by the data volumes cost the run 3-4 s of sys time for 2.3 GB
+    (README, "How the parity pass reads"). Use it only where unchanged() holds before the pass (else read the
+    volume: FileSource); the caller checks it again after the pass."""
 
     def __init__(self, volume: Path, spans: list[Span]):
         self._volume = FileSource(volume)
