@@ -93,7 +93,8 @@ class WriteBehind:
     in the range and drops the pages already written back, so memory stays free for the source's pages and a
     later `mm bundle verify` reads the disk, not the page cache; each call covers the last few steps, dropping
     what the previous calls started. Otherwise (unbundled files, which the engine reads next; a data volume
-    hashed whole once written, for a parity index) sync_file_range(SYNC_FILE_RANGE_WRITE) starts writeback and leaves the pages cached.
+    hashed whole once written, for a parity index) sync_file_range(SYNC_FILE_RANGE_WRITE) starts writeback and
+    leaves the pages cached.
 
     Durability is not its job: neither call waits for the disk or flushes its cache. The one fsync before the
     rename (fsutil.publish) is what makes a file durable, so a crash leaves either no file under the final name

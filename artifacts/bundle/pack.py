@@ -541,7 +541,8 @@ def _span(at: int, p: Piece) -> Span:
     try:
         return Span(at, p.source.src, p.offset, p.length, file_identity(p.source.src))
     except OSError as e:
-        raise IntegrityError(f"{p.source.src}: cannot read {p.source.kind} file ({e.strerror}); run `mm verify`") from None
+        raise IntegrityError(f"{p.source.src}: cannot read {p.source.kind} file ({e.strerror}); "
+                             f"run `mm verify`") from None
 
 
 def _piece_hashers(p: Piece, working: dict) -> tuple[StreamHasher, StreamHasher]:
@@ -980,8 +981,8 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
             w.write(head)
             opened[p] = (w, tmp, final, patch_at)
         sinks = [opened[p][0].write if p in opened else _discard for p in range(1, parities + 1)]
-        sources = [_data_source(Path(path), (spans or [])[i] if i < len(spans or []) else None)
-                   for i, path in enumerate(data_paths)]
+        copied_from = spans or [None] * layout.k
+        sources = [_data_source(Path(path), copied) for path, copied in zip(data_paths, copied_from, strict=True)]
         try:
             result = encode(layout, sources, sinks, on_bytes=progress.advance, known_blake3=data_blake3)
             changed = [src for src in sources if isinstance(src, SplicedSource) and not src.unchanged()]

@@ -234,7 +234,7 @@ class SplicedSource:
         self._spans = sorted(spans, key=lambda s: s.at)
         self._starts = [s.at for s in self._spans]
         self._files: dict[int, FileSource] = {}  # span index -> its file, opened when first read
-        self._maps: dict[int, tuple[mmap.mmap, int, memoryview, object, int] | None] = {}
+        self._maps: dict[int, _Mapped | None] = {}  # span index -> its file mapped (None: it could not be)
 
     def unchanged(self) -> bool:
         """Every file a span reads is the one its bytes were copied from (same inode, size and mtime)."""
@@ -244,7 +244,8 @@ class SplicedSource:
             return False
 
     def _span_at(self, at: int) -> tuple[int, Span | None, int]:
-        """(index, the span holding byte AT or None, where the next span starts: the end of the volume's bytes)."""
+        """(index, the span holding byte AT or None, where that stretch ends: the span's end, or else where the next
+        span starts or the volume ends)."""
         k = bisect.bisect_right(self._starts, at) - 1
         if k >= 0 and at < self._spans[k].at + self._spans[k].length:
             return k, self._spans[k], self._spans[k].at + self._spans[k].length
@@ -281,44 +282,23 @@ class SplicedSource:
         if span is None or offset + size > end:
             return None
         if k not in self._maps:
-            import ctypes
-
-            got = self._file(k).map()
-            if got is None:
-                self._maps[k] = None
-            else:
-                mapping, head = got
-                anchor = ctypes.c_char.from_buffer(mapping)
-                self._maps[k] = (mapping, head, memoryview(mapping), anchor, ctypes.addressof(anchor))
-        if (m := self._maps[k]) is None:
-            return None
-        start = m[1] + offset - span.at
-        return m[2][start: start + size], m[4] + start
+            self._maps[k] = _Mapped.of(self._file(k))
+        m = self._maps[k]
+        return m.chunk(offset - span.at, size) if m is not None else None
 
     def release(self, offset: int, size: int) -> None:
         """Encoded: the pages of [OFFSET, OFFSET+SIZE) leave our page tables (the page cache keeps them)."""
         for k, m in self._maps.items():
-            if m is None:
-                continue
             span = self._spans[k]
             low, high = max(offset, span.at), min(offset + size, span.at + span.length)
-            if high > low:
-                start = (m[1] + low - span.at) // mmap.PAGESIZE * mmap.PAGESIZE
-                end = (m[1] + high - span.at) // mmap.PAGESIZE * mmap.PAGESIZE
-                if end > start:
-                    m[0].madvise(mmap.MADV_DONTNEED, start, end - start)
+            if m is not None and high > low:
+                m.release(low - span.at, high - low)
 
     def close(self) -> None:
-        for k, m in list(self._maps.items()):
+        for m in self._maps.values():
             if m is not None:
-                mapping, _, view, anchor, _ = m
-                view.release()
-                del anchor
-                self._maps[k] = None
-                try:
-                    mapping.close()
-                except BufferError:
-                    pass
+                m.close()
+        self._maps.clear()
         for f in self._files.values():
             f.close()
         self._volume.advise(os.POSIX_FADV_DONTNEED)  # what was read of the volume leaves the page cache too
@@ -476,11 +456,8 @@ class DirectEncoder:
                 size, read = layout.chunk(j), 0
                 for i, src in enumerate(sources):
                     want = max(0, min(size, layout.lengths[i] - j * S))
-                    if want == size and (view := mapped.chunk(i, j * S, size)) is not None:
-                        self._data_ptrs[i] = mapped.address(i, j * S)  # ISA-L reads the page cache itself
-                    elif want == size and isinstance(src, SplicedSource) and (
-                            spliced := src.mapped(j * S, size)) is not None:
-                        view, self._data_ptrs[i] = spliced  # the same, from the file the bytes were copied from
+                    if want == size and (in_place := mapped.chunk(i, j * S, size)) is not None:
+                        view, self._data_ptrs[i] = in_place  # ISA-L reads the page cache itself
                     else:
                         view = data[i * S: i * S + size]
                         self._data_ptrs[i] = self._slot(i)
@@ -494,9 +471,6 @@ class DirectEncoder:
                 into = out.free()
                 self._encode(size, into)
                 mapped.done(j * S, size)
-                for src in sources:
-                    if isinstance(src, SplicedSource):
-                        src.release(j * S, size)
                 out.put(into, size)
                 if on_bytes:
                     on_bytes(read)  # bytes of the data volumes read (padding is virtual): adds up to their sizes
@@ -573,47 +547,72 @@ class _ParityOut:
             self._thread.join()
 
 
-class _Mappings:
-    """The data streams that can be mapped (FileSource.map), their whole chunks handed to the encoder by address:
-    the read's copy into a buffer goes (measured, 1 GiB of ten volumes: 0.25 s of 0.95 s in preadv). A chunk's
-    pages leave our page tables once encoded (the page cache keeps them), so memory stays flat."""
+class _Mapped:
+    """A stream mapped (FileSource.map) with its address taken, so that its chunks go to ISA-L where they lie."""
 
-    def __init__(self, sources: list[Source], lengths: tuple[int, ...]):
-        import ctypes
+    def __init__(self, mapping: mmap.mmap, head: int):
+        import ctypes  # here: only a parity run pays for it
 
-        self._maps: dict[int, tuple[mmap.mmap, int, memoryview, object, int]] = {}
-        for i, src in enumerate(sources):
-            got = src.map() if isinstance(src, FileSource) and lengths[i] == src.size else None
-            if got is not None:
-                mapping, head = got
-                anchor = ctypes.c_char.from_buffer(mapping)
-                self._maps[i] = (mapping, head, memoryview(mapping), anchor, ctypes.addressof(anchor))
+        self._mapping, self._head = mapping, head
+        self._view = memoryview(mapping)
+        self._anchor = ctypes.c_char.from_buffer(mapping)  # the address's buffer export
+        self._base = ctypes.addressof(self._anchor)
 
-    def chunk(self, i: int, offset: int, size: int) -> memoryview | None:
-        if i not in self._maps:
-            return None
-        _, head, view, _, _ = self._maps[i]
-        return view[head + offset: head + offset + size]
+    @classmethod
+    def of(cls, src: FileSource) -> _Mapped | None:
+        got = src.map()
+        return cls(*got) if got is not None else None
 
-    def address(self, i: int, offset: int) -> int:
-        _, head, _, _, base = self._maps[i]
-        return base + head + offset
+    def chunk(self, offset: int, size: int) -> tuple[memoryview, int]:
+        """(a view, its address) of the stream's bytes [OFFSET, OFFSET+SIZE)."""
+        start = self._head + offset
+        return self._view[start: start + size], self._base + start
 
-    def done(self, offset: int, size: int) -> None:
-        for mapping, head, _, _, _ in self._maps.values():
-            start = (head + offset) // mmap.PAGESIZE * mmap.PAGESIZE
-            end = min(len(mapping), head + offset + size) // mmap.PAGESIZE * mmap.PAGESIZE
-            if end > start:
-                mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
+    def release(self, offset: int, size: int) -> None:
+        """Encoded: the pages of [OFFSET, OFFSET+SIZE) leave our page tables (the page cache keeps them)."""
+        start = (self._head + offset) // mmap.PAGESIZE * mmap.PAGESIZE
+        end = min(len(self._mapping), self._head + offset + size) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > start:
+            self._mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def close(self) -> None:
-        for i, (mapping, _, view, anchor, _) in list(self._maps.items()):
-            view.release()
-            del self._maps[i], anchor  # the address's buffer export, before the mapping can close
-            try:
-                mapping.close()
-            except BufferError:  # a view a caller still holds: the mapping goes with it
-                pass
+        self._view.release()
+        self._anchor = None  # the export goes before the mapping can close
+        try:
+            self._mapping.close()
+        except BufferError:  # a view a caller still holds: the mapping goes with it
+            pass
+
+
+class _Mappings:
+    """The data streams that can be mapped (FileSource.map, or a SplicedSource's files), their whole chunks handed to
+    the encoder by address: the read's copy into a buffer goes (measured, 1 GiB of ten volumes: 0.25 s of 0.95 s in
+    preadv). A chunk's pages leave our page tables once encoded (the page cache keeps them), so memory stays flat."""
+
+    def __init__(self, sources: list[Source], lengths: tuple[int, ...]):
+        self._maps: dict[int, _Mapped] = {}
+        self._spliced = {i: src for i, src in enumerate(sources) if isinstance(src, SplicedSource)}
+        for i, src in enumerate(sources):
+            if isinstance(src, FileSource) and lengths[i] == src.size and (m := _Mapped.of(src)) is not None:
+                self._maps[i] = m
+
+    def chunk(self, i: int, offset: int, size: int) -> tuple[memoryview, int] | None:
+        """(a view, its address) of stream I's bytes [OFFSET, OFFSET+SIZE), or None where they are not mapped."""
+        if i in self._spliced:
+            return self._spliced[i].mapped(offset, size)
+        return self._maps[i].chunk(offset, size) if i in self._maps else None
+
+    def done(self, offset: int, size: int) -> None:
+        for m in self._maps.values():
+            m.release(offset, size)
+        for src in self._spliced.values():
+            src.release(offset, size)
+
+    def close(self) -> None:
+        """The mappings taken here (a SplicedSource closes its own)."""
+        for m in self._maps.values():
+            m.close()
+        self._maps.clear()
 
 
 def _read_into(src: Source, offset: int, view: memoryview) -> int:
