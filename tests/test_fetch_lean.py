@@ -180,23 +180,19 @@ def test_a_file_of_few_ranges_keeps_them_even():
     assert plan_ranges([(0, 64 * MiB)], 4 * MiB, head=16) == plan_ranges([(0, 64 * MiB)], 4 * MiB)  # 16 < 4 x 16
 
 
-def test_blake3_on_its_own_thread_gives_the_same_digests_as_one_thread():
+def test_hashing_in_cache_slices_gives_the_digests_of_one_pass():
     import hashlib
 
     import blake3
 
-    from mm.artifacts.hashing import SideThread, StreamHasher
+    from mm.artifacts.hashing import CACHE_SLICE, StreamHasher
 
     data = payload(9 * MiB + 123, seed=7)
-    hasher, side, b3_side, reads = StreamHasher(sha256=True, git_size=len(data)), SideThread(), SideThread(), []
-    try:
-        for at in range(0, len(data), 4 * MiB):
-            hasher.update_split(memoryview(data)[at:at + 4 * MiB], side, lambda: reads.append(at), b3_side)
-    finally:
-        side.close()
-        b3_side.close()
+    hasher = StreamHasher(sha256=True, git_size=len(data))
+    cuts = [0, 4 * MiB + 5, 4 * MiB + 5 + CACHE_SLICE - 1, len(data)]  # many slices and a short last one; one short
+    for start, end in zip(cuts, cuts[1:]):
+        hasher.update(memoryview(data)[start:end])
     digests = hasher.digests()
     assert (digests.size, digests.blake3, digests.sha256) == (
         len(data), blake3.blake3(data).hexdigest(), hashlib.sha256(data).hexdigest())
     assert digests.git_sha1 == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-    assert reads == list(range(0, len(data), 4 * MiB))  # the read beside each piece's hashes
