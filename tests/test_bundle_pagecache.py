@@ -2,9 +2,11 @@
 it in pieces of at most 64 KiB (small page-cache folios; copyio.write_size), whole chunks elsewhere; unbundle
 leaves the volumes it has read out of it (their memory takes the model); and a bundle with parity keeps its data
 volumes cached for the parity pass only where memory is cheap (no free page reporting), else drops them once hashed
-and the pass reads the model files (either way the parity is the volumes' own)."""
+and the pass reads the model files (either way the parity is the volumes' own); a rebuild reads its inputs once and
+leaves them out of it too."""
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -12,10 +14,13 @@ import pytest
 
 from mm.artifacts.bundle import pack
 from mm.artifacts.bundle.copyio import SMALL_WRITE, reports_free_pages, write_size
+from mm.artifacts.bundle.parity import FileSource
 from mm.artifacts.bundle.volume import open_volume
 from tests.test_bundle_parity import VOLUME_SIZE, data_volumes, make_model, parity_volumes
 from tests.test_bundle_io import model, strace_works, traced_bundle, traced_unbundle, vols  # noqa: F401 - fixtures
 from tests.support.run import run_mm
+
+MiB = 1024 * 1024
 
 
 def _cached_bytes(path: Path) -> int:
@@ -92,3 +97,35 @@ def test_a_parity_bundle_keeps_its_volumes_cached_only_where_memory_is_cheap(tmp
                                         manifest_bytes=(model / ".mm" / "manifest.json").read_bytes(), meta=[],
                                         mtime=0, data_paths=data, parities=2, stripe=4096)
     assert [[st.blake3 for st in open_volume(path).parity.streams] for _, path in written] == [recorded] * 2
+
+
+def test_a_rebuild_leaves_the_volumes_it_read_out_of_the_page_cache(tmp_path):
+    model = make_model(tmp_path / "model")
+    vols = tmp_path / "vols"
+    pack.create_bundle(model, vols, VOLUME_SIZE, parity=2, stripe=4096)
+    lost = data_volumes(vols)[2]
+    kept = lost.read_bytes()
+    lost.unlink()
+    inputs = data_volumes(vols)
+    r = run_mm("bundle", "repair-volume", vols)  # checks every volume (they are cached then), rebuilds from them
+    assert r.returncode == 0, r.stderr
+    assert lost.read_bytes() == kept
+    assert sum(_cached_bytes(v) for v in inputs) < 0.1 * sum(v.stat().st_size for v in inputs)
+
+
+def test_a_source_read_once_drops_the_pages_behind_the_reader_and_the_rest_at_its_end(tmp_path, monkeypatch):
+    monkeypatch.setattr(FileSource, "DROP_BEHIND", 256 * 1024)
+    path = tmp_path / "stream"
+    with path.open("wb") as f:  # in 64 KiB writes: page-cache folios no larger (only whole folios leave the cache)
+        for _ in range(32):
+            f.write(os.urandom(64 * 1024))
+        f.flush()
+        os.fsync(f.fileno())  # clean pages: the cache may drop them
+    source = FileSource(path, read_once=True)
+    for offset in range(0, MiB, 64 * 1024):
+        source.pread(offset, 64 * 1024)
+    assert MiB <= _cached_bytes(path) <= MiB + FileSource.DROP_BEHIND  # what is ahead stays
+    for offset in range(MiB, 2 * MiB, 64 * 1024):
+        source.pread(offset, 64 * 1024)
+    source.close()
+    assert _cached_bytes(path) == 0

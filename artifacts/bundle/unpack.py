@@ -457,7 +457,7 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
                            f"{volume_size}; refused")
         return out
     intact = {v.number: v for v in accepted if v.number not in lost}
-    sources: dict[int, object] = {n: FileSource(v.path) for n, v in intact.items()}
+    sources: dict[int, object] = {n: FileSource(v.path, read_once=True) for n, v in intact.items()}
     for n in sorted(set(state.doc.get("done_volumes", [])) - set(intact)):  # imported in an earlier sitting
         skeleton = _Skeleton.load(dest, n, run)
         if skeleton is not None:
@@ -525,7 +525,7 @@ def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: lis
     opened = []
     for pv in pvols:
         info = pv.data[pv.parity.member]
-        opened.append(FileSource(pv.path, info.offset_data, info.size))
+        opened.append(FileSource(pv.path, info.offset_data, info.size, read_once=True))
         inputs[k + pv.number - 1] = opened[-1]
     want_idx = [n - 1 for n in want]
     out_dir = Path(out_dir)

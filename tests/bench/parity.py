@@ -178,7 +178,7 @@ def _rebuild_in_process(vols: Path, lost_name: str) -> float:
     pvols = parity_set([open_volume(p) for p in sorted(vols.glob("*.par*-of-*.tar"))], None).usable
     index = pvols[0].parity
     lost = next(d.number for d in index.data if d.file == lost_name)
-    sources = {d.number: FileSource(vols / d.file) for d in index.data if d.number != lost}
+    sources = {d.number: FileSource(vols / d.file, read_once=True) for d in index.data if d.number != lost}
     t = time.perf_counter()
     rebuild_data_volumes(pvols, sources, [lost], vols, sync=False)
     seconds = time.perf_counter() - t
