@@ -158,10 +158,12 @@ class Source(Protocol):
 class FileSource:
     """A stream stored in a file from OFFSET on (a whole volume, or a parity member inside a tar).
 
-    READ_ONCE (a rebuild's inputs, read once from start to end): the pages read leave the page cache behind the
-    reader, DROP_BEHIND at a time, so the cache stays small. Growing it by every byte of ten volumes is what a
-    rebuild from uncached volumes cost on a VM that reports free memory to its host: 4.2-4.9 CPU-s and 4.3-5.0 s
-    for one 228 MB volume from 2.3 GB, against 0.8-1.2 CPU-s and 1.1-1.4 s this way (README, "Parity")."""
+    READ_ONCE (the inputs of unbundle's rebuild, read from start to end for the last time): the pages read leave
+    the page cache behind the reader, DROP_BEHIND at a time, so the cache stays small. Growing it by every byte of
+    ten volumes is what a rebuild from uncached volumes cost on a VM that reports free memory to its host: 3.3-4.8
+    CPU-s and 3.5-4.9 s for one 228 MB volume from 2.3 GB, against 0.75-1.3 CPU-s and 1.1-1.6 s this way (README,
+    "Parity"). repair-volume keeps its inputs: its check pass has just cached them, and a later unbundle may read
+    them from there (dropping measured no faster for it)."""
 
     DROP_BEHIND = 8 * 1024 * 1024  # 4, 16 and 32 MiB measured no better (same runs)
 

@@ -65,7 +65,7 @@ def repair_volumes(sources: list[Path], out_dir: Path | None = None, sync: bool 
     keeps(out)  # an interrupt names the volumes complete here
     rebuilt: dict[int, Path] = {}
     if lost:
-        inputs = {n: FileSource(v.path, read_once=True) for n, v in good.items()}
+        inputs = {n: FileSource(v.path) for n, v in good.items()}
         try:
             progress.begin(sum(index.data[n - 1].size for n in lost),
                            f"rebuild volume{'s' if len(lost) > 1 else ''} {ranges(lost)}", files=len(lost))
