@@ -111,7 +111,7 @@ def test_unbundle_rebuilds_from_parity_volumes_it_leaves_out_of_the_page_cache(t
     assert sum(_cached_bytes(v) for v in parity) < 0.1 * sum(v.stat().st_size for v in parity)
 
 
-def test_a_source_read_once_drops_the_pages_behind_the_reader_and_the_rest_at_its_end(tmp_path, monkeypatch):
+def test_a_source_read_once_drops_the_pages_behind_the_reader_and_the_rest_at_its_end_each_time(tmp_path, monkeypatch):
     monkeypatch.setattr(FileSource, "DROP_BEHIND", 256 * 1024)
     path = tmp_path / "stream"
     with path.open("wb") as f:  # in 64 KiB writes: page-cache folios no larger (only whole folios leave the cache)
@@ -124,6 +124,9 @@ def test_a_source_read_once_drops_the_pages_behind_the_reader_and_the_rest_at_it
         source.pread(offset, 64 * 1024)
     assert MiB <= _cached_bytes(path) <= MiB + FileSource.DROP_BEHIND  # what is ahead stays
     for offset in range(MiB, 2 * MiB, 64 * 1024):
+        source.pread(offset, 64 * 1024)
+    assert _cached_bytes(path) == 0
+    for offset in range(0, 2 * MiB, 64 * 1024):  # read again from the start (a rebuild run again): the same
         source.pread(offset, 64 * 1024)
     source.close()
     assert _cached_bytes(path) == 0

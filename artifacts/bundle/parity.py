@@ -58,7 +58,7 @@ def _tune_malloc() -> None:
         libc.mallopt(-3, 4194304)   # M_MMAP_THRESHOLD
         libc.mallopt(-1, 64 * 1024 * 1024)  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):  # not glibc: slower, still correct
-        pass
+        self._dropped = min(self._dropped, start)
 
 
 class Code:
@@ -188,10 +188,12 @@ class FileSource:
 
     def _read_to(self, end: int) -> None:
         """The reader got the file's bytes up to END: with READ_ONCE, the pages before it go in DROP_BEHIND steps,
-        and the rest at the stream's end. Each step starts a step back: a large folio that reached past the last
-        one's end (only whole folios leave) goes now."""
-        if self._dropped is not None and (end - self._dropped >= self.DROP_BEHIND or end >= self.offset + self.size):
-            low = max(self.offset, self._dropped - self.DROP_BEHIND)
+        each starting a step back (only whole folios leave: one that reached past the last step's end goes now), and
+        all of the stream's at its end (so a second pass, a rebuild run again to find a damaged input, leaves
+        nothing either)."""
+        at_end = end >= self.offset + self.size
+        if self._dropped is not None and (at_end or end - self._dropped >= self.DROP_BEHIND):
+            low = self.offset if at_end else max(self.offset, self._dropped - self.DROP_BEHIND)
             drop_cached(self._fd, low, end - low)
             self._dropped = end
 
