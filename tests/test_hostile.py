@@ -34,6 +34,7 @@ from mm.artifacts.bundle.format import b3
 from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.bundle.payloads import CollectOptions
 from mm.artifacts.manifest import manifest_path
+from mm.artifacts.untrusted import At
 from tests.support.modelgen import write_model
 from tests.support.run import mm_argv, run_mm
 from tests.support.slowio import slow_io_env
@@ -543,6 +544,16 @@ def test_messages_ansi_escape_in_a_file_name_is_printed_escaped(model):
     (model / "\x1b[31mred\x1b[0m.bin").write_bytes(b"x")
     r = run("verify", model, "--strict")  # an extra file fails only with --strict
     assert r.returncode == 1 and "\x1b" not in r.stdout + r.stderr and "\\x1b[31mred" in r.stdout
+
+
+def test_messages_a_wrong_field_is_named_by_its_json_path(model):
+    _edit_manifest(model, lambda d: d["files"][1].__setitem__("size", "9"))
+    fails_cleanly(run("verify", model), 3, str(manifest_path(model)), "$.files[1].size: expected an integer")
+
+
+def test_messages_a_key_that_is_no_name_is_quoted_in_the_json_path():
+    at = At("index.json").key("weight_map").key("model.layers.0 w").index(2)
+    assert str(at.fail("bad")) == 'index.json: $.weight_map["model.layers.0 w"][2]: bad'
 
 
 def test_messages_newline_in_a_manifest_path_is_named_as_a_newline(model):
