@@ -369,10 +369,16 @@ def _expected(name: str, mib: int, algorithm: str = "blake3") -> verify_mod.Expe
 
 def test_shards_of_similar_size_are_hashed_one_per_core_and_the_odd_ones_on_all_cores():
     shards = [_expected(f"model-{i}.safetensors", 5000 + i) for i in range(5)]  # 5 shards, 2 cores
-    draft, config = _expected("dspark/model.safetensors", 900), _expected("config.json", 0)
-    per_core, all_cores = verify_mod.hash_schedule([config, draft, *shards], jobs=2)
-    assert [e.path for e in per_core] == [f"model-{i}.safetensors" for i in (4, 3, 2, 1)] + ["config.json"]
-    assert [e.path for e in all_cores] == ["model-0.safetensors", "dspark/model.safetensors"]
+    draft, index = _expected("dspark/model.safetensors", 900), _expected("model.safetensors.index.json", 1)
+    per_core, one_at_a_time = verify_mod.hash_schedule([index, draft, *shards], jobs=2)
+    assert [e.path for e in per_core] == [f"model-{i}.safetensors" for i in (4, 3, 2, 1)] + [index.path]
+    assert [e.path for e in one_at_a_time] == ["model-0.safetensors", "dspark/model.safetensors"]
+
+
+def test_files_too_small_to_share_the_cores_are_hashed_one_after_another_in_one_thread():
+    files = [verify_mod.Expected(f"tokenizer/{i}.json", 1024, "blake3", "0" * 64) for i in range(3)]
+    per_core, one_at_a_time = verify_mod.hash_schedule([*files, _expected("vocab.json", 1)], jobs=2)
+    assert [e.path for e in per_core] == ["vocab.json"] and one_at_a_time == files
 
 
 def test_a_round_of_very_unequal_files_is_not_hashed_one_per_core():
