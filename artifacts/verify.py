@@ -8,10 +8,11 @@ mapping a file shorter than expected risks SIGBUS). Files are then hashed one pe
 single-threaded blake3 (measured: ~7% less CPU than spreading each file over all cores as b3sum
 does): shards of one model are about the same size, so rounds of them keep every core busy. Large
 files left over, too few or too unequal to fill a round, are hashed one at a time on all cores, and
-files smaller than SMALL_FILE one at a time in one thread. Never more threads than cores. Memory stays bounded whatever the model size and the core count: the
-windows in use at once (hashing.blake3_file) share WINDOW_BUDGET bytes, so each of JOBS threads hashing
-a file of its own gets its part (measured on 16 cores, 32 shards of 256 MiB: peak RSS 421 MB with 32 MiB
-a thread, 387 MB of it mapped file pages; 87 MB with this, at the same speed).
+files smaller than SMALL_FILE one at a time in one thread. Never more threads than cores. Memory stays
+bounded whatever the model size and the core count: the windows in use at once (hashing.blake3_file)
+share WINDOW_BUDGET bytes, so each of JOBS threads hashing a file of its own gets its part (measured on
+16 cores, 32 shards of 256 MiB: peak RSS 421 MB with 32 MiB a thread, 387 MB of it mapped file pages;
+87 MB with this, at the same speed).
 The structure checks read headers through safetensors.deserialize, so no verify imports numpy (~70 ms of CPU).
 """
 from __future__ import annotations
@@ -40,8 +41,8 @@ from .safetensors_check import StructureError, index_faults, read_header, read_w
 
 BIG_FILE = 64 * 1024 * 1024  # below this, a file is always hashed on one core (threads cost more than they save)
 # Below this, a file is hashed in the calling thread, one after another: two threads hashing files this small spend
-# their time waiting on each other for the GIL (measured, 8,192 files of 1 KiB: 0.09 s in one thread, 0.18 s in two;
-# 16 KiB: the same; 64 KiB: 0.039 against 0.026 s). A repo of 10,000 small files verified in 0.51-0.56 s, 0.21-0.25 s so.
+# their time waiting on each other for the GIL (measured, 8,192 files of 1 KiB: 0.09 s in one thread, 0.18 s in
+# two; 16 KiB: 0.032 against 0.035 s; 64 KiB: 0.039 against 0.026 s). 10,000 small files: 0.51-0.56 s, 0.21-0.25 s so.
 SMALL_FILE = 16 * 1024
 # Bytes of file windows mapped (or read into buffers) at once over all hashing threads: a thread's part, between
 # 2 and 64 MiB. A file hashed alone on all cores has the whole budget: blake3's threads split each window, and
@@ -382,7 +383,8 @@ def _hash_all(model_dir: Path, files: list[Expected], jobs: int, progress: Progr
         threads = blake3.blake3.AUTO if jobs == (os.cpu_count() or 1) else jobs
         window = window_size(jobs)
         results = _in_parallel(per_core, lambda e: _check_one(model_dir, e, 1, progress, window), jobs)
-        results += [_check_one(model_dir, e, threads if e.size >= BIG_FILE else 1, progress) for e in one_at_a_time]
+        results += [_check_one(model_dir, e, threads if e.size >= BIG_FILE else 1, progress)
+                    for e in one_at_a_time]
     finally:
         progress.end()
     problems = [p for p, _ in results if p is not None]
