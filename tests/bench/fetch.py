@@ -13,7 +13,8 @@ server. Peers, interleaved round by round in the same run (the machine is shared
 
 Cases: 20 MB/s per connection (MM_BENCH_CAP_MB) with one 1 GiB file and with 8 x 128 MiB; uncapped loopback with
 one 1 GiB file. Printed per case: each round's times and the load average before it; the median wall time of each
-tool; RATIO mm speed / aria2c speed (goal >= 1.0) and mm / hf download; CPU-seconds per GiB (user + sys from
+tool; RATIO mm speed / aria2c speed (goal >= 1.0), mm / (aria2c then `sync` of its files: the durability mm has,
+where the disk is slower than the link) and mm / hf download; CPU-seconds per GiB (user + sys from
 /usr/bin/time) of mm (goal <= 2) and aria2c; peak RSS (goal < 150 MB).
 MM_BENCH_ROUNDS (default 3) rounds; MM_BENCH_CASES picks cases by number (e.g. "1,3"); MM_BENCH_HF=0 leaves
 hf download out (its single stream takes about 54 s a round on the capped 1 GiB case). mm is byte-compiled first,
@@ -161,6 +162,7 @@ def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
         if WITH_HF:
             tools["hf download"] = lambda dest: [peer_bin("hf"), "download", repo_id, "--revision", commit, "--quiet"]
         wall: dict[str, list[float]] = {t: [] for t in tools}
+        synced: list[float] = []  # aria2c, then `sync` of the files it wrote: the durability mm fetch has
         cpu: dict[str, list[float]] = {t: [] for t in tools}
         rss: dict[str, int] = {}
         loads = []
@@ -172,7 +174,11 @@ def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
                 load = os.getloadavg()[0]
                 loads.append(load)
                 report = work / "mm.json" if tool == "mm fetch" else None
+                subprocess.run(["sync"], check=True)  # no dirty pages left from the run before
                 seconds, cpu_s, peak = run_usage(cmd(dest), env, stdout=report)
+                if tool == "aria2c":
+                    flushed, _, _ = run_usage(["sync", *(str(dest / p) for p in files)], env)
+                    synced.append(seconds + flushed)
                 if report is not None and not json.loads(report.read_text())["ok"]:
                     raise RuntimeError(f"mm fetch failed: {report.read_text()[-800:]}")
                 got = sum((dest / p).stat().st_size for p in files if (dest / p).is_file())
@@ -194,6 +200,9 @@ def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
         print(f"{tool:12s} median {med[tool]:6.2f} s ({total / med[tool] / 1e6:5.0f} MB/s), "
               f"{statistics.median(cpu[tool]) / gib:.2f} CPU-s/GiB, peak RSS {rss[tool] / 1e6:.0f} MB")
     print(f"RATIO mm fetch / aria2c speed = {med['aria2c'] / med['mm fetch']:.2f}x  (goal >= 1.0)")
+    print(f"RATIO mm fetch / (aria2c + sync) speed = {statistics.median(synced) / med['mm fetch']:.2f}x  (aria2c "
+          f"{med['aria2c']:.2f} s, then sync of its files: {statistics.median(synced):.2f} s; mm fsyncs each file "
+          f"before naming it, aria2c never does)")
     if WITH_HF:
         print(f"RATIO mm fetch / hf download speed = {med['hf download'] / med['mm fetch']:.2f}x")
     print(f"CPU mm fetch {statistics.median(cpu['mm fetch']) / gib:.2f} CPU-s/GiB (goal <= {CPU_GOAL}), "
