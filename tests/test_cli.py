@@ -37,3 +37,25 @@ def test_a_user_error_with_json_prints_one_json_document(run_mm, tmp_path):
 def test_bare_directory_argument_runs_the_default_subcommand(run_mm, tmp_path):
     r = run_mm("manifest", str(tmp_path), "--repo", "o/r", "--revision", "main", "--offline")
     assert r.returncode == 2 and "full 40-hex commit" in r.stderr
+
+
+def test_a_name_that_spells_an_emoji_code_is_printed_as_named(capsys):
+    """rich turns ":warning:" into a sign by default; a file or directory name must read as it is named."""
+    from mm.commands.shared import _console
+
+    _console(stderr=False).print("repair /models/:warning:.bin: nothing to re-fetch", highlight=False)
+    assert capsys.readouterr().out == "repair /models/:warning:.bin: nothing to re-fetch\n"
+
+
+def test_a_plain_line_is_written_as_rich_would_write_it(capsys):
+    """The plain-line shortcut (no rich import) writes the bytes rich would: tabs and control characters escaped,
+    long lines never wrapped."""
+    from mm.commands.shared import _console, out
+
+    line = "EXTRA      " + "x" * 300 + "\tname\x1b[31m :warning:"
+    out.print(line, markup=False, highlight=False, soft_wrap=True)
+    shortcut = capsys.readouterr().out
+    _console(stderr=False).print(printable_line := shortcut.removesuffix("\n"), markup=False, highlight=False,
+                                 soft_wrap=True)
+    assert capsys.readouterr().out == shortcut == printable_line + "\n"
+    assert "\\t" in shortcut and "\\x1b" in shortcut

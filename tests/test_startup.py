@@ -54,6 +54,14 @@ def test_a_quick_verify_loads_neither_numpy_nor_another_command(run_mm, tmp_path
     assert "numpy" not in modules and "mm.artifacts.safetensors_check" in modules
 
 
+def test_a_verify_whose_output_goes_to_a_pipe_loads_no_rich(run_mm, tmp_path):
+    """Plain lines into a pipe are written as they are: rich (~45 ms) is for a terminal's bar and styles."""
+    model = tmp_path / "model"
+    write_model(model, shards=2, shard_bytes=4096)
+    assert run_mm("manifest", model, "--repo", "o/r", "--revision", "a" * 40, "--offline").returncode == 0
+    assert not {m for m in loaded_modules(run_mm, "verify", model, "--quick") if m.startswith("rich")}
+
+
 def test_a_full_verify_loads_no_numpy_either(run_mm, tmp_path):
     """The structure checks read headers with safetensors.deserialize: importing numpy beside the hashing (~70 ms of
     CPU) bought nothing and held every verify back."""
