@@ -92,13 +92,15 @@ def make_bench_model(root: Path, shards: int, shard_bytes: int) -> int:
     return sum(e.size for e in entries)
 
 
-def run_timed(cmd: list[str], stats: Path) -> tuple[float, int]:
+def run_timed(cmd: list[str], stats: Path, env: dict | None = None, stdout: Path | None = None) -> tuple[float, int]:
     """Wall seconds and peak RSS (bytes) of one command measured by /usr/bin/time, a small parent: Linux carries
-    a parent's peak RSS into a forked child's rusage, and a benchmark process may have held large buffers."""
-    start = time.perf_counter()
-    proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(stats), *cmd], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE)
-    seconds = time.perf_counter() - start
+    a parent's peak RSS into a forked child's rusage, and a benchmark process may have held large buffers.
+    ENV: the command's environment (default: this one); STDOUT: a file for its output (default: none kept)."""
+    with open(stdout or os.devnull, "wb") as out:
+        start = time.perf_counter()
+        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(stats), *cmd], env=env, stdout=out,
+                              stderr=subprocess.PIPE)
+        seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
     return seconds, int(stats.read_text().split()[-1]) * 1024
@@ -118,13 +120,13 @@ class Usage:
     written_to_disk: int
 
 
-def run_usage(cmd: list[str], stats: Path) -> Usage:
+def run_usage(cmd: list[str], stats: Path, env: dict | None = None, stdout: Path | None = None) -> Usage:
     """run_timed, plus the child's CPU and storage I/O from getrusage(RUSAGE_CHILDREN) before and after (it counts
     every descendant reaped meanwhile: /usr/bin/time waits for the command)."""
     import resource
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    seconds, peak = run_timed(cmd, stats)
+    seconds, peak = run_timed(cmd, stats, env, stdout)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return Usage(seconds, peak, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime,
                  (after.ru_inblock - before.ru_inblock) * 512, (after.ru_oublock - before.ru_oublock) * 512)

@@ -14,8 +14,10 @@ server. Peers, interleaved round by round in the same run (the machine is shared
 Cases: 20 MB/s per connection (MM_BENCH_CAP_MB) with one 1 GiB file and with 8 x 128 MiB; uncapped loopback with
 one 1 GiB file. Printed per case: each round's times and the load average before it; the median wall time of each
 tool; RATIO mm speed / aria2c speed (goal >= 1.0), mm / (aria2c then `sync` of its files: the durability mm has,
-where the disk is slower than the link) and mm / hf download; CPU-seconds per GiB (user + sys from
-/usr/bin/time) of mm (goal <= 2) and aria2c; peak RSS (goal < 150 MB).
+where the disk is slower than the link) and mm / hf download; CPU-seconds per GiB (user + sys, the child's rusage)
+of mm (goal <= 2) and aria2c; peak RSS (goal < 150 MB); the bytes each tool made the kernel read from and write
+to storage per byte fetched (ru_inblock/ru_oublock: mm writes with O_DIRECT and reads back, direct too, what
+landed ahead of its hashing frontier, so on a disk slower than the link that read-back shares the disk).
 MM_BENCH_ROUNDS (default 3) rounds; MM_BENCH_CASES picks cases by number (e.g. "1,3"); MM_BENCH_HF=0 leaves
 hf download out (its single stream takes about 54 s a round on the capped 1 GiB case). mm is byte-compiled first,
 as a wheel install is (these machines set PYTHONDONTWRITEBYTECODE=1), so a run on its own times what `make bench`
@@ -30,13 +32,12 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from tests.bench.common import bench_dir, peer_bin, start_hub_server
+from tests.bench.common import bench_dir, peer_bin, run_usage, start_hub_server
 
 ROUNDS = int(os.environ.get("MM_BENCH_ROUNDS", "3"))
 CAP = int(float(os.environ.get("MM_BENCH_CAP_MB", "20")) * 1e6)  # bytes/s per connection
@@ -131,19 +132,6 @@ def cdn_repo(work: Path, shards: int, shard_bytes: int, cap: int) -> Iterator[tu
             yield url, repo_id, commit, total, sorted(tree_sizes(work / "hub" / repo_id, commit))
 
 
-def run_usage(cmd: list[str], env: dict, stdout: Path | None = None) -> tuple[float, float, int]:
-    """Wall seconds, CPU seconds (user + sys) and peak RSS (bytes) of CMD, from /usr/bin/time (a small parent)."""
-    with tempfile.NamedTemporaryFile("r", prefix="mm-bench-usage-") as usage, open(stdout or os.devnull, "wb") as out:
-        start = time.perf_counter()
-        proc = subprocess.run(["/usr/bin/time", "-f", "%U %S %M", "-o", usage.name, *cmd], env=env, stdout=out,
-                              stderr=subprocess.PIPE)
-        seconds = time.perf_counter() - start
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode()[-800:]}")
-        user, system, rss = usage.read().split()[-3:]
-        return seconds, float(user) + float(system), int(rss) * 1024
-
-
 def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
     print(f"--- {name} ---", flush=True)
     work = bench_dir(f"fetch-{shards}x{shard_bytes >> 20}-{cap}")
@@ -164,6 +152,7 @@ def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
         wall: dict[str, list[float]] = {t: [] for t in tools}
         synced: list[float] = []  # aria2c, then `sync` of the files it wrote: the durability mm fetch has
         cpu: dict[str, list[float]] = {t: [] for t in tools}
+        disk: dict[str, list[tuple[int, int]]] = {t: [] for t in tools}  # bytes read from and written to storage
         rss: dict[str, int] = {}
         loads = []
         for i in range(ROUNDS):
@@ -175,10 +164,11 @@ def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
                 loads.append(load)
                 report = work / "mm.json" if tool == "mm fetch" else None
                 subprocess.run(["sync"], check=True)  # no dirty pages left from the run before
-                seconds, cpu_s, peak = run_usage(cmd(dest), env, stdout=report)
+                usage = run_usage(cmd(dest), work / "time.txt", env, stdout=report)
+                seconds, cpu_s, peak = usage.seconds, usage.user + usage.sys, usage.peak_rss
                 if tool == "aria2c":
-                    flushed, _, _ = run_usage(["sync", *(str(dest / p) for p in files)], env)
-                    synced.append(seconds + flushed)
+                    synced.append(seconds + run_usage(["sync", *(str(dest / p) for p in files)], work / "time.txt",
+                                                      env).seconds)
                 if report is not None and not json.loads(report.read_text())["ok"]:
                     raise RuntimeError(f"mm fetch failed: {report.read_text()[-800:]}")
                 got = sum((dest / p).stat().st_size for p in files if (dest / p).is_file())
@@ -186,9 +176,12 @@ def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
                     raise RuntimeError(f"{tool} left {got} of {total} bytes")
                 wall[tool].append(seconds)
                 cpu[tool].append(cpu_s)
+                disk[tool].append((usage.read_from_disk, usage.written_to_disk))
                 rss[tool] = max(rss.get(tool, 0), peak)
                 print(f"  round {i + 1} {tool:12s} {seconds:6.2f} s  {total / seconds / 1e6:7.0f} MB/s  "
-                      f"CPU {cpu_s:5.2f} s  RSS {peak / 1e6:5.0f} MB  (load {load:.1f})", flush=True)
+                      f"CPU {cpu_s:5.2f} s (user {usage.user:.2f}, sys {usage.sys:.2f})  RSS {peak / 1e6:5.0f} MB  "
+                      f"disk read {usage.read_from_disk / 1e6:5.0f} MB, written {usage.written_to_disk / 1e6:5.0f} MB  "
+                      f"(load {load:.1f})", flush=True)
                 shutil.rmtree(dest, ignore_errors=True)
         shutil.rmtree(work / "hf-home", ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
@@ -197,8 +190,11 @@ def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
     print(f"repo: {gib:.2f} GiB in {shards} file(s) + small files, {ROUNDS} interleaved rounds, "
           f"load average {min(loads):.1f}-{max(loads):.1f}")
     for tool in tools:
+        read = statistics.median(r for r, _ in disk[tool])
+        written = statistics.median(w for _, w in disk[tool])
         print(f"{tool:12s} median {med[tool]:6.2f} s ({total / med[tool] / 1e6:5.0f} MB/s), "
-              f"{statistics.median(cpu[tool]) / gib:.2f} CPU-s/GiB, peak RSS {rss[tool] / 1e6:.0f} MB")
+              f"{statistics.median(cpu[tool]) / gib:.2f} CPU-s/GiB, peak RSS {rss[tool] / 1e6:.0f} MB, "
+              f"storage read {read / total:.2f} and written {written / total:.2f} bytes per byte fetched")
     print(f"RATIO mm fetch / aria2c speed = {med['aria2c'] / med['mm fetch']:.2f}x  (goal >= 1.0)")
     print(f"RATIO mm fetch / (aria2c + sync) speed = {statistics.median(synced) / med['mm fetch']:.2f}x  (aria2c "
           f"{med['aria2c']:.2f} s, then sync of its files: {statistics.median(synced):.2f} s; mm fsyncs each file "
