@@ -18,7 +18,6 @@ directory (a link leaving it is a problem, never followed).
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import stat
@@ -77,6 +76,8 @@ def state_dir(model_dir: Path | str, mm_dir: str = ".mm") -> Path:
     snap = snapshot_of(model_dir)
     if snap is None:
         return Path(model_dir) / mm_dir
+    import hashlib  # here: see hashing.py
+
     key = hashlib.sha256(snap.path.encode("utf-8", "surrogateescape")).hexdigest()[:12]
     return state_root() / snap.repo_folder / f"{snap.revision}-{key}"
 
