@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import click
 
@@ -78,11 +79,50 @@ class _Lazy:
         from ..artifacts.untrusted import printable, redact
 
         objects = tuple(printable(redact(o), keep_newlines=True) if isinstance(o, str) else o for o in objects)
-        if kwargs == _PLAIN_LINE and all(isinstance(o, str) for o in objects):
-            self._stream.write(" ".join(objects) + "\n")
-            self._stream.flush()  # as rich does: lines on stdout and stderr keep their order
+        plain = kwargs == _PLAIN_LINE and all(isinstance(o, str) for o in objects)
+        if plain or self._stream is None:  # (closed: write says what that means)
+            self.write(" ".join(map(str, objects)) + "\n")
             return
-        getattr(_consoles, self._name).print(*objects, **kwargs)
+        with self._named_if_it_fails():
+            getattr(_consoles, self._name).print(*objects, **kwargs)
+
+    def write(self, text: str) -> None:
+        """TEXT on this stream, flushed (as rich does: lines on stdout and stderr keep their order).
+
+        A stream mm cannot write to is the user's situation, not a bug in mm: stdout closed (`mm verify DIR >&-`)
+        is a one-line error (exit 3); a full disk under it (`> /dev/full`) is exit 7 naming that file, not the
+        command's target (fail). stderr closed: what it would show is dropped, the exit code still says it."""
+        stream = self._stream
+        if stream is None:
+            if self._name == "err":
+                return
+            raise MMError("standard output is closed, so mm cannot print its report; run it with its output going "
+                          "to a file, a pipe or /dev/null")
+        with self._named_if_it_fails():
+            stream.write(text)
+            stream.flush()
+
+    @contextmanager
+    def _named_if_it_fails(self) -> Iterator[None]:
+        """An OSError writing this stream names the file it goes to (a reader gone away, EPIPE, stays unnamed:
+        fail ends that quietly)."""
+        try:
+            yield
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            if e.filename is None:
+                e.filename = _stream_path(self._stream, self._name)
+            raise
+
+
+def _stream_path(stream, name: str) -> str:
+    """Where STREAM goes: its file's path (`/dev/full`, `/data/report.json`), else "standard output"."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{stream.fileno()}")
+    except (OSError, ValueError, AttributeError):
+        target = ""
+    return target if target.startswith("/") else f"standard {'error' if name == 'err' else 'output'}"
 
 
 _PLAIN_LINE = {"markup": False, "highlight": False, "soft_wrap": True}
@@ -131,7 +171,7 @@ def to_jsonable(doc: Any) -> Any:
 def emit_json(doc: Any) -> None:
     import json
 
-    click.echo(json.dumps(_redacted(to_jsonable(doc)), indent=2))
+    out.write(json.dumps(_redacted(to_jsonable(doc)), indent=2) + "\n")
 
 
 def _redacted(doc: Any) -> Any:
@@ -215,7 +255,10 @@ def fail(exc: BaseException, operation: str, json_out: bool, target: str | None 
     message = redact(message)
     abandon_live()  # a bar cut short leaves the screen; the error line takes its place
     if json_out:
-        emit_json({"ok": False, "error": message, "exit_code": code, "kind": kind})
+        try:
+            emit_json({"ok": False, "error": message, "exit_code": code, "kind": kind})
+        except (OSError, MMError):  # the output is what failed: the line below says so
+            pass
     err.print(f"mm: {printable(message)}", markup=False, highlight=False, soft_wrap=True)
     sys.exit(code)
 

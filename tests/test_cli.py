@@ -59,3 +59,41 @@ def test_a_plain_line_is_written_as_rich_would_write_it(capsys):
                                  soft_wrap=True)
     assert capsys.readouterr().out == shortcut == printable_line + "\n"
     assert "\\t" in shortcut and "\\x1b" in shortcut
+
+
+def _verified_model(tmp_path):
+    from mm.artifacts.adopt import manifest_for_local_dir
+    from tests.support.modelgen import write_model
+
+    model = tmp_path / "model"
+    write_model(model, shards=2, shard_bytes=4096)
+    manifest_for_local_dir(model, "o/r", "a" * 40, offline=True)
+    return model
+
+
+def _with_stdout(redirect: str) -> tuple[str, ...]:
+    """A run_mm prefix: mm started by sh with its stdout redirected (REDIRECT, e.g. `>&-`)."""
+    return ("sh", "-c", f'exec "$0" "$@" {redirect}')
+
+
+def test_output_to_a_full_disk_names_that_file_not_the_model_and_exits_7(run_mm, tmp_path):
+    model = _verified_model(tmp_path)
+    for json_flag in ((), ("--json",)):
+        r = run_mm("verify", model, "--quick", *json_flag, prefix=_with_stdout("> /dev/full"))
+        assert r.returncode == 7, r.stderr
+        assert r.stderr.startswith("mm: /dev/full: no space left on device") and str(model) not in r.stderr
+        assert len(r.stderr.splitlines()) == 1
+
+
+def test_a_closed_stdout_is_one_line_and_exit_3_not_a_bug(run_mm, tmp_path):
+    model = _verified_model(tmp_path)
+    for json_flag in ((), ("--json",)):
+        r = run_mm("verify", model, "--quick", *json_flag, prefix=_with_stdout(">&-"))
+        assert r.returncode == 3, r.stderr
+        assert r.stderr == ("mm: standard output is closed, so mm cannot print its report; run it with its output "
+                            "going to a file, a pipe or /dev/null\n")
+
+
+def test_a_closed_stderr_still_ends_with_the_errors_exit_code(run_mm, tmp_path):
+    r = run_mm("verify", tmp_path / "absent", prefix=("sh", "-c", 'exec "$0" "$@" 2>&-'))
+    assert r.returncode == 3 and r.stdout == ""
