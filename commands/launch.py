@@ -132,7 +132,8 @@ def launch(model_dir, expose, api_key_env, fmt, out, require_signature, allowed_
         return
     plan = node.first
     if out is None:
-        click.echo(text, nl=False)
+        from . import shared  # (`out` here is --out; the script goes to the stdout console, which names a full disk)
+        shared.out.write(text)
     else:
         err.print(f"wrote {out} ({plan.recipe.id}, {plan.recipe.status}, {len(node.replicas)} replica(s))",
                   markup=False, highlight=False)

@@ -487,3 +487,9 @@ def test_json_plan_written_with_out_is_not_executable(model_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     assert out.stat().st_mode & 0o777 == 0o644
     assert json.loads(out.read_text())["recipe"] == json.loads(r.stdout)["plan"]["recipe"] == "sglang/b300/balanced"
+
+
+def test_a_start_script_printed_to_a_full_disk_names_that_file(model_dir):
+    r = run_mm("launch", model_dir, "--hardware", "b300", prefix=("sh", "-c", 'exec "$0" "$@" > /dev/full'))
+    assert r.returncode == 7, r.stderr
+    assert r.stderr.startswith("mm: /dev/full: no space left on device") and str(model_dir) not in r.stderr
