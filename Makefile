@@ -45,13 +45,13 @@ $(TEST_STAMP): $(STAMP)
 # see fsyncs), the real OCI registry (docker-registry, distribution 2.8) and skopeo, ssh-keygen for signatures, the real
 # container engine (docker.io: dockerd 20.10, started by the tests on a private socket and bridge, iproute2 makes the
 # bridge), busybox-static (the stand-in server image's root file system), curl (the node script's health checks),
-# nginx (the fetch benchmark's CDN) and aria2c (its peer), losetup, mkfs.ext4 and filefrag for the ext4 on a
-# loop device that `mm unbundle --readback` is tested on, and mkfs.xfs (xfsprogs) for the XFS images with reflinks
-# of the delta tests and benchmark.
-TOOLS := b3sum shellcheck strace docker-registry skopeo ssh-keygen dockerd busybox ip curl nginx aria2c losetup \
-	mkfs.ext4 filefrag mkfs.xfs
+# nginx (the fetch benchmark's CDN), aria2c and openssl (its peers), losetup, mkfs.ext4 and filefrag for the ext4
+# on a loop device that `mm unbundle --readback` is tested on, and mkfs.xfs (xfsprogs) for the XFS images with
+# reflinks of the delta tests and benchmark.
+TOOLS := b3sum shellcheck strace docker-registry skopeo ssh-keygen dockerd busybox ip curl nginx aria2c openssl \
+	losetup mkfs.ext4 filefrag mkfs.xfs
 TOOL_PACKAGES := b3sum shellcheck strace docker-registry skopeo openssh-client docker.io busybox-static iproute2 curl nginx \
-	aria2 mount e2fsprogs xfsprogs
+	aria2 openssl mount e2fsprogs xfsprogs
 
 tools:
 	@for t in $(TOOLS); do command -v $$t >/dev/null || missing=1; done; \

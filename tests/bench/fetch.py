@@ -15,9 +15,11 @@ Cases: 20 MB/s per connection (MM_BENCH_CAP_MB) with one 1 GiB file and with 8 x
 one 1 GiB file. Printed per case: each round's times and the load average before it; the median wall time of each
 tool; RATIO mm speed / aria2c speed (goal >= 1.0), mm / (aria2c then `sync` of its files: the durability mm has,
 where the disk is slower than the link) and mm / hf download; CPU-seconds per GiB (user + sys, the child's rusage)
-of mm (goal <= 2) and aria2c; peak RSS (goal < 150 MB); the bytes each tool made the kernel read from and write
-to storage per byte fetched (ru_inblock/ru_oublock: mm writes with O_DIRECT and reads back, direct too, what
-landed ahead of its hashing frontier, so on a disk slower than the link that read-back shares the disk).
+of mm (goal <= 2) and aria2c, and mm's against its work done by peers in the same rounds (aria2c's, plus b3sum in
+one thread and `openssl dgst -sha256` over aria2c's files); peak RSS (goal < 150 MB); the bytes each tool made the
+kernel read from and write to storage per byte fetched (ru_inblock/ru_oublock: mm writes with O_DIRECT and reads
+back, direct too, what landed ahead of its hashing frontier, so on a disk slower than the link that read-back shares
+the disk).
 MM_BENCH_ROUNDS (default 3) rounds; MM_BENCH_CASES picks cases by number (e.g. "1,3"); MM_BENCH_HF=0 leaves
 hf download out (its single stream takes about 54 s a round on the capped 1 GiB case). mm is byte-compiled first,
 as a wheel install is (these machines set PYTHONDONTWRITEBYTECODE=1), so a run on its own times what `make bench`
@@ -47,6 +49,10 @@ MIB = 1 << 20
 RSS_GOAL = 150e6
 CPU_GOAL = 2.0
 ARIA2 = ["-x16", "-s16", "-k16M"]
+# The two hashes mm computes over every byte, each by a peer tool in one thread over aria2c's files (read from the
+# page cache): what mm's work costs this CPU when done the peers' way. OpenSSL is what hashlib's sha256 runs (coreutils'
+# sha256sum here has its own, slower code).
+HASH_PEERS = {"b3sum, 1 thread": ["b3sum", "--num-threads", "1"], "openssl sha256": ["openssl", "dgst", "-sha256"]}
 
 
 CASES = {
@@ -154,6 +160,7 @@ def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
         cpu: dict[str, list[float]] = {t: [] for t in tools}
         disk: dict[str, list[tuple[int, int]]] = {t: [] for t in tools}  # bytes read from and written to storage
         rss: dict[str, int] = {}
+        hashing: dict[str, list[float]] = {peer: [] for peer in HASH_PEERS}  # their CPU-seconds over the repo
         loads = []
         for i in range(ROUNDS):
             for tool, cmd in tools.items():
@@ -169,6 +176,10 @@ def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
                 if tool == "aria2c":
                     synced.append(seconds + run_usage(["sync", *(str(dest / p) for p in files)], work / "time.txt",
                                                       env).seconds)
+                    for peer, hash_cmd in HASH_PEERS.items():  # the hashing aria2c does not do, on its files
+                        done = run_usage([*hash_cmd, *(str(dest / p) for p in files)], work / "time.txt", env,
+                                         stdout=work / "sums.txt")
+                        hashing[peer].append(done.user + done.sys)
                 if report is not None and not json.loads(report.read_text())["ok"]:
                     raise RuntimeError(f"mm fetch failed: {report.read_text()[-800:]}")
                 got = sum((dest / p).stat().st_size for p in files if (dest / p).is_file())
@@ -201,9 +212,14 @@ def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
           f"before naming it, aria2c never does)")
     if WITH_HF:
         print(f"RATIO mm fetch / hf download speed = {med['hf download'] / med['mm fetch']:.2f}x")
-    print(f"CPU mm fetch {statistics.median(cpu['mm fetch']) / gib:.2f} CPU-s/GiB (goal <= {CPU_GOAL}), "
-          f"aria2c {statistics.median(cpu['aria2c']) / gib:.2f}; peak RSS mm {rss['mm fetch'] / 1e6:.0f} MB "
-          f"(goal < {RSS_GOAL / 1e6:.0f})", flush=True)
+    per_gib = {t: statistics.median(v) / gib for t, v in {**cpu, **hashing}.items()}
+    floor = per_gib["aria2c"] + sum(per_gib[peer] for peer in HASH_PEERS)
+    print(f"CPU mm fetch {per_gib['mm fetch']:.2f} CPU-s/GiB (goal <= {CPU_GOAL}), "
+          f"aria2c {per_gib['aria2c']:.2f}; peak RSS mm {rss['mm fetch'] / 1e6:.0f} MB "
+          f"(goal < {RSS_GOAL / 1e6:.0f})")
+    print(f"CPU of mm's work done by peers, same rounds: aria2c {per_gib['aria2c']:.2f} (receive, write) + "
+          + " + ".join(f"{peer} {per_gib[peer]:.2f}" for peer in HASH_PEERS)
+          + f" = {floor:.2f} CPU-s/GiB; mm fetch = {per_gib['mm fetch'] / floor:.2f}x that", flush=True)
 
 
 if __name__ == "__main__":
