@@ -38,6 +38,10 @@ REGISTRY_BIN = os.environ.get("MM_TEST_REGISTRY_BIN", "/usr/bin/docker-registry"
 HOST = "127.0.0.1"
 
 
+class MissingTool(RuntimeError):
+    """docker-registry is not installed (one line: what to install)."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -126,7 +130,7 @@ class Registry:
 
     def _start_once(self) -> "Registry":
         if not os.access(REGISTRY_BIN, os.X_OK):
-            raise RuntimeError(f"{REGISTRY_BIN} not found: install Debian docker-registry (make tools)")
+            raise MissingTool(f"{REGISTRY_BIN} not found: install Debian docker-registry (make tools)")
         self._write_config()
         log = open(self.log_path, "ab")
         try:
