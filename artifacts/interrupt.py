@@ -101,22 +101,25 @@ def starting_child() -> Iterator[None]:
     while any thread is in such a block (`end` waits for it). Once a stop was requested no child is started."""
     global _children_starting, _main_defers, _owed
     main = threading.current_thread() is threading.main_thread()
-    with _starting:
-        _children_starting += 1
     if main:
-        _main_defers += 1
+        _main_defers += 1  # first: from here on the main thread's Interrupted waits for the end of the block
+    counted = False
     try:
+        with _starting:
+            _children_starting += 1
+            counted = True
         check()
         yield
     finally:
+        if counted:
+            with _starting:
+                _children_starting -= 1
+                _starting.notify_all()
         if main:
             _main_defers -= 1
-        with _starting:
-            _children_starting -= 1
-            _starting.notify_all()
-        if main and not _main_defers and _owed:
-            _owed = False
-            raise Interrupted(_signum)
+            if not _main_defers and _owed:
+                _owed = False
+                raise Interrupted(_signum)
 
 
 def _run(callback: Callable[[], None]) -> None:

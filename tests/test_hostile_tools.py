@@ -471,8 +471,13 @@ try:
     elif how == "stream_tool":
         with tools.stream_tool(tool, timeout=3600) as stream:
             stream.stdout.read()
-    else:  # run_tool in a worker thread, as a command's workers would
-        worker = threading.Thread(target=tools.run_tool, args=(tool,), kwargs={"timeout": 3600}, daemon=True)
+    else:  # run_tool in a worker thread, as a command's worker pool would (its Interrupted stays in the thread)
+        def work():
+            try:
+                tools.run_tool(tool, timeout=3600)
+            except interrupt.Interrupted:
+                pass
+        worker = threading.Thread(target=work, daemon=True)
         worker.start()
         while worker.is_alive():
             worker.join(0.05)
