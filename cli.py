@@ -109,7 +109,7 @@ class MMGroup(click.Group):
         json_out = "--json" in args
         threading.excepthook = thread_failed
         if threading.current_thread() is threading.main_thread():  # (click's test runner may call from elsewhere)
-            from .artifacts import interrupt
+            from .artifacts.edges import interrupt
             interrupt.install(functools.partial(report_interrupt, json_out, args))
         try:
             rv = super().main(args, prog_name=prog_name or "mm", complete_var=complete_var, standalone_mode=False,

@@ -10,13 +10,13 @@ import click
 
 from ..artifacts.bundle.payloads import PAYLOAD_KINDS
 from ..artifacts.errors import IntegrityError, MMError, ProblemsFound
-from ..artifacts.progress import human_bytes, human_duration
+from ..artifacts.units import human_bytes, human_duration
 from .shared import (DefaultGroup, emit_json, err, handles_errors, json_option, out, progress_for,
                      render_carried_signature, signature_options, signature_policy, to_jsonable)
 
 
 def _cache_key_pairs(ctx, param, value):
-    from ..artifacts.cachekey import parse_cache_key
+    from ..artifacts.serving.cachekey import parse_cache_key
     try:
         parse_cache_key(value)
     except MMError as e:
@@ -28,7 +28,7 @@ class VolumeSize(click.ParamType):
     name = "SIZE"
 
     def convert(self, value, param, ctx):
-        from ..artifacts.bundle.format import parse_size
+        from ..artifacts.units import parse_size
         if isinstance(value, int):
             return value
         try:
@@ -113,7 +113,7 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
     rerun resumes."""
     import contextlib
 
-    from ..artifacts import wheelhouse
+    from ..artifacts.bundle import wheelhouse
     from ..artifacts.bundle.pack import create_bundle, precheck_volume_count
     from ..artifacts.bundle.payloads import CollectOptions
     from ..artifacts.errors import BadInput

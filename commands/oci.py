@@ -10,7 +10,7 @@ from typing import Callable
 import click
 
 from ..artifacts.errors import ProblemsFound
-from ..artifacts.progress import human_bytes, human_duration, human_rate
+from ..artifacts.units import human_bytes, human_duration, human_rate
 from .shared import (emit_json, err, handles_errors, json_option, out, progress_for, render_carried_signature,
                      signature_options, signature_policy, to_jsonable)
 
@@ -70,7 +70,7 @@ def push(directory, reference, username, password_stdin, plain_http, ca_file, wo
     REFERENCE is host[:port]/repository[:tag]; the tag defaults to the manifest's short revision. Refuses
     (exit 1) a directory whose `mm verify --quick` fails. A rerun skips what the registry has and resumes uploads.
     """
-    from ..artifacts.bundle.format import parse_size
+    from ..artifacts.units import parse_size
     from ..artifacts.oci import push as oci_push
     creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
     options = oci_push.PushOptions(credentials=creds, transport=transport, workers=workers,

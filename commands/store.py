@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..artifacts.progress import human_bytes
+from ..artifacts.units import human_bytes
 from .shared import check_repo_id, emit_json, err, handles_errors, json_option, out, to_jsonable
 
 root_option = click.option("--root", type=click.Path(path_type=Path), envvar="MM_ROOT", default=".", show_default=True,

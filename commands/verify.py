@@ -1,5 +1,5 @@
 """`mm verify`, `mm sign`, `mm repair`: a model directory against its manifest (or the Hub), its signature, and
-re-fetching what is damaged (artifacts/verify.py, signing.py, repair.py)."""
+re-fetching what is damaged (artifacts/integrity/verify.py, signing.py, repair.py)."""
 from __future__ import annotations
 
 import json
@@ -10,22 +10,22 @@ from typing import TYPE_CHECKING
 import click
 
 from ..artifacts.errors import MMError, ProblemsFound
-from ..artifacts.progress import human_bytes, human_duration, human_rate
+from ..artifacts.units import human_bytes, human_duration, human_rate
 from .shared import (check_identity, check_repo_id, check_revision, emit_json, handles_errors, json_option, out,
                      progress_for, render_signed, to_jsonable)
 
 if TYPE_CHECKING:
-    from ..artifacts.verify import VerifyReport
+    from ..artifacts.integrity.verify import VerifyReport
 
 
 def _verify_doc(report: VerifyReport) -> dict:
-    from ..artifacts.verify import summary_counts
+    from ..artifacts.integrity.verify import summary_counts
     return {"ok": report.ok, **to_jsonable(report), "bytes_per_second": report.bytes_per_second,
             "counts": summary_counts(report.problems)}
 
 
 def _counts_text(problems) -> str:
-    from ..artifacts.verify import summary_counts
+    from ..artifacts.integrity.verify import summary_counts
     return ", ".join(f"{n} {kind}" for kind, n in sorted(summary_counts(problems).items()))
 
 
@@ -54,7 +54,7 @@ def _problems_found(report: VerifyReport, what: str) -> None:
 
 def _next_step(report: VerifyReport) -> str | None:
     """What a user runs after a verify that found damage: repair when a download fixes some of it."""
-    from ..artifacts.verify import REPAIRABLE
+    from ..artifacts.integrity.verify import REPAIRABLE
     import shlex
     fixable = [p for p in report.failures if p.kind in REPAIRABLE]
     if report.ok or report.manifest_path.startswith("hub:"):
@@ -89,7 +89,7 @@ def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revisi
     """Check every byte of DIR against its manifest, every file present, every safetensors shard and index
     sound; files not in the manifest are reported (and fail with --strict). A partial fetch is judged on what
     was asked for. Exit 0 all good, 1 problems found, 3 could not run, 5 bad signature."""
-    from ..artifacts.verify import upstream_target, verify_dir, verify_upstream
+    from ..artifacts.integrity.verify import upstream_target, verify_dir, verify_upstream
     progress = progress_for(json_out)
     signature = None
     if identity and not allowed_signers:
@@ -110,7 +110,7 @@ def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revisi
         report = verify_dir(directory, manifest_obj, quick=quick, jobs=jobs, progress=progress,
                             manifest_file=manifest_file, strict=strict)
         if not quick and manifest_file is None:  # for `mm ls`: when this directory was last verified in full
-            from ..artifacts.store import record_verified
+            from ..artifacts.integrity.stamps import record_verified
             record_verified(directory, report.ok, report.files_checked, report.bytes_checked, len(report.problems),
                             "mm verify")
     if json_out:
@@ -126,8 +126,8 @@ def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revisi
 
 def _checked_signature(directory: Path, allowed_signers: Path, identity: str | None, manifest_file: Path | None = None):
     """(SignatureReport, the Manifest parsed from exactly the bytes whose signature was checked)."""
-    from ..artifacts import signing
-    from ..artifacts.manifest import from_dict
+    from ..artifacts.integrity import signing
+    from ..artifacts.integrity.manifest import from_dict
     report, data = signing.verify_dir_signature(directory, allowed_signers, identity, manifest_file)
     try:
         doc = json.loads(data)
@@ -153,7 +153,7 @@ def sign(directory, key, json_out):
     """Sign DIR/.mm/manifest.json with ssh-keygen (namespace mm-manifest), writing .mm/manifest.json.sig.
 
     mm never reads the private key: ssh-keygen does, or ssh-agent signs (SSH_AUTH_SOCK)."""
-    from ..artifacts import signing
+    from ..artifacts.integrity import signing
     result = signing.sign_manifest(directory, key)
     if json_out:
         emit_json({"ok": True, **to_jsonable(result)})
@@ -171,7 +171,7 @@ def sign(directory, key, json_out):
 def repair(directory, jobs, workers, json_out):
     """Re-fetch only the files verify finds missing or corrupt (from the Hub, at the manifest's commit),
     then verify again. Good files are never touched. Exit 0 repaired, 1 problems remain."""
-    from ..artifacts import repair as mm_repair
+    from ..artifacts.fetching import refetch as mm_repair
     report = mm_repair.repair_dir(directory, source=mm_repair.HubRepairSource(workers=workers), jobs=jobs, progress=progress_for(json_out))
     if json_out:
         emit_json({"ok": report.ok, "model_dir": report.model_dir, "source": report.source,

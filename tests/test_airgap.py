@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import image as mm_image
-from mm.artifacts import wheelhouse
-from mm.artifacts.wheelhouse import Target
+from mm.artifacts.serving import image as mm_image
+from mm.artifacts.bundle import wheelhouse
+from mm.artifacts.bundle.wheelhouse import Target
 from tests.support import fake_docker, fake_gpu
 from tests.support.oci_image import containerd_save_archive
 from tests.support.registry import free_port

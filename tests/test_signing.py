@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import signing
+from mm.artifacts.integrity import signing
 from mm.artifacts.errors import IntegrityError
-from mm.artifacts.adopt import manifest_for_local_dir
-from mm.artifacts.manifest import manifest_path
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
+from mm.artifacts.paths import manifest_path
 from tests.support.modelgen import write_model
 from tests.support.run import run_mm
 from tests.support.sshkeys import BOB_PASSPHRASE, keygen

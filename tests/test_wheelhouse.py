@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import wheelhouse
-from mm.artifacts.wheelhouse import Target
+from mm.artifacts.bundle import wheelhouse
+from mm.artifacts.bundle.wheelhouse import Target
 
 HOST = wheelhouse.host_target()
 OTHER = "aarch64" if HOST.machine == "x86_64" else "x86_64"
@@ -58,7 +58,7 @@ def test_the_mm_wheel_is_packed_from_the_installed_package_byte_for_byte_reprodu
         info = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         assert "mm = mm.__main__:main" in zf.read(info).decode()
         assert zf.testzip() is None
-    assert {"mm/cli.py", "mm/artifacts/wheelhouse.py", "mm/artifacts/install-mm.sh",
+    assert {"mm/cli.py", "mm/artifacts/bundle/wheelhouse.py", "mm/artifacts/bundle/install-mm.sh",
             "mm/manifests/minimax-m3.1-flash.json"} <= names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
 

@@ -53,22 +53,24 @@ from typing import Callable, Sequence
 
 import blake3
 
-from ..cachekey import parse_cache_key
+from ..serving.cachekey import parse_cache_key
 from ..errors import BadInput, IntegrityError, Refused
-from ..fsutil import (MM_DIR, atomic_write_bytes, check_inside, dir_lock, open_file, publish, publish_fd,
-                      read_local_file, require_free_space, unlink_file)
-from ..hashing import ChangedDuringRead, StreamHasher
-from ..interrupt import keeps
-from ..manifest import MAX_MANIFEST_BYTES, Manifest, export_sums, manifest_path, read_manifest
-from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
-from ..verify import require_quick_verify
+from ..paths import MM_DIR
+from ..edges.fsutil import (atomic_write_bytes, check_inside, dir_lock, open_file, publish, publish_fd, read_local_file,
+                            require_free_space, unlink_file)
+from ..integrity.hashing import ChangedDuringRead, StreamHasher
+from ..edges.interrupt import keeps
+from ..integrity.manifest import MAX_MANIFEST_BYTES, Manifest, export_sums, read_manifest
+from ..paths import manifest_path
+from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..units import human_bytes
+from ..integrity.verify import require_quick_verify
 from .check import ranges
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, drop_cached, reports_free_pages, write_all
-from .format import (
-    END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3, data_member,
-    file_member, index_member, member_bytes, padded, parity_data_member, parity_filename, parity_index_member,
-    parse_size, payload_sums_member, render_json, tar_header, volume_filename,
-)
+from .format import (END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3,
+                     data_member, file_member, index_member, member_bytes, padded, parity_data_member, parity_filename,
+                     parity_index_member, payload_sums_member, render_json, tar_header, volume_filename)
+from ..units import parse_size
 from . import payloads as payload_table
 from . import delta as deltas
 from .index import DeltaNote, Entry, Index, ParityIndex, ParityNote, Stream
@@ -374,7 +376,7 @@ def restore_text(plan: Plan) -> bytes:
     if payload_sums:
         lines.append(f"cat {' '.join(payload_sums)} | sha256sum -c -")
     # where mm looks for the manifest (and its signature): the restored model is a model directory like any other
-    from ..signing import signature_path
+    from ..integrity.signing import signature_path
 
     lines.append(f"mkdir -p {q(str(manifest_path(Path(MODEL_PREFIX)).parent))}")
     lines.append(f"cat {MANIFEST_MEMBER} > {q(str(manifest_path(Path(MODEL_PREFIX))))}")
@@ -382,7 +384,7 @@ def restore_text(plan: Plan) -> bytes:
         lines.append(f"cat {SIG_MEMBER} > {q(str(signature_path(Path(MODEL_PREFIX))))}")
     lines.append("--- end restore script ---")
     if plan.signature:
-        from ..signing import verify_command
+        from ..integrity.signing import verify_command
         lines += ["", "The manifest is signed (SSH signature, namespace mm-manifest). Check it with OpenSSH alone, with",
                   "your site's allowed_signers file and the signer's identity, after the restore script ran:",
                   f"  cd restore/MMBUNDLE && {verify_command()}",
@@ -790,7 +792,7 @@ def leftovers(outs: list[Path], name: str, ours: set[str]) -> list[Path]:
 
 def _signature_to_carry(model_dir: Path, manifest_bytes: bytes) -> bytes | None:
     """The model's manifest signature, if it has one; a signature that does not match the manifest never travels."""
-    from ..signing import MAX_SIG_BYTES, check_signature_matches, signature_path
+    from ..integrity.signing import MAX_SIG_BYTES, check_signature_matches, signature_path
 
     sig_path = signature_path(model_dir)
     if not os.path.lexists(sig_path):

@@ -201,7 +201,7 @@ class FileSource:
         """The stream mapped (copy-on-write, never written: so that its address can be taken) under a read lease (a
         writer or a truncation waits for us: the mapping cannot lose its pages), and where it starts in the
         mapping; None where no lease is granted or the file is shorter than the stream. The lease goes with close()."""
-        from ..hashing import lease  # here: hashing is no import of this module's otherwise
+        from ..integrity.hashing import lease  # here: hashing is no import of this module's otherwise
 
         if self.size <= 0 or not lease(self._fd):
             return None
@@ -220,7 +220,7 @@ class FileSource:
 
     def close(self) -> None:
         if getattr(self, "_leased", False):  # explicitly: a mapping still held would keep the lease with the file
-            from ..hashing import unlease
+            from ..integrity.hashing import unlease
 
             unlease(self._fd)
         os.close(self._fd)

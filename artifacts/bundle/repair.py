@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput, IntegrityError
-from ..fsutil import unlink_file
-from ..interrupt import keeps
-from ..progress import NULL_PROGRESS, ProgressSink
+from ..edges.fsutil import unlink_file
+from ..edges.interrupt import keeps
+from ..edges.progress import NULL_PROGRESS, ProgressSink
 from .check import check_volumes, conflicting_numbers, data_bytes, parity_set, ranges, reference_bundle
 from .copyio import ChunkPipe
 from .format import RESTORE_MEMBER, SIG_MEMBER
