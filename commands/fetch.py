@@ -221,9 +221,9 @@ def _render_reconciliation(rec: ms_mirror.Reconciliation) -> None:
         table.add_row(escape(f.path), status, "-" if f.pin_size is None else str(f.pin_size),
                       "-" if f.mirror_size is None else str(f.mirror_size), f.compared_by or "-")
     out.print(table)
-    out.print(f"Verdict: {rec.label} can supply {rec.supplied_files} of {rec.pin_files} files "
-              f"({human_bytes(rec.supplied_bytes)} of {human_bytes(rec.pin_bytes)}) of {rec.repo_id}@{rec.revision[:12]}"
-              + ("." if rec.complete else f"; from the Hub: {', '.join(rec.unsupplied())}"), highlight=False, markup=False)
+    out.line(f"Verdict: {rec.label} can supply {rec.supplied_files} of {rec.pin_files} files "
+             f"({human_bytes(rec.supplied_bytes)} of {human_bytes(rec.pin_bytes)}) of {rec.repo_id}@{rec.revision[:12]}"
+             + ("." if rec.complete else f"; from the Hub: {', '.join(rec.unsupplied())}"))
 
 
 def _render_ranking(ranking: ms_mirror.RevisionRanking) -> None:

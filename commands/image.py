@@ -44,4 +44,4 @@ def image_save(reference, platform_, out_file, fmt, insecure_registry, json_out)
                  f"wrote     {report.archive} ({report.format}, {human_bytes(report.size)}, tag {report.tag})",
                  f"record    {report.record}",
                  f"next: mm bundle MODEL_DIR --image {report.archive} ...  (the bundle proves it is the pinned image)"):
-        out.print(line, markup=False, highlight=False, soft_wrap=True)
+        out.line(line)

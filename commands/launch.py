@@ -135,10 +135,9 @@ def launch(model_dir, expose, api_key_env, fmt, out, require_signature, allowed_
         from . import shared  # (`out` here is --out; the script goes to the stdout console, which names a full disk)
         shared.out.write(text)
     else:
-        err.print(f"wrote {out} ({plan.recipe.id}, {plan.recipe.status}, {len(node.replicas)} replica(s))",
-                  markup=False, highlight=False)
+        err.line(f"wrote {out} ({plan.recipe.id}, {plan.recipe.status}, {len(node.replicas)} replica(s))")
     for warning in plan.warnings:
-        err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+        err.line(f"warning: {warning}")
 
 
 def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers: Path | None, identity: str | None,
@@ -149,7 +148,7 @@ def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers:
         return None
     report, _ = signing.verify_dir_signature(model_dir, allowed_signers, identity)
     if not json_out:
-        err.print(f"signature: good, {report.describe()}", markup=False, highlight=False, soft_wrap=True)
+        err.line(f"signature: good, {report.describe()}")
     return report
 
 
@@ -183,7 +182,7 @@ def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
     if result.log_tail:
         err.print(f"last {len(result.log_tail)} log lines of {', '.join(result.containers)}:", markup=False)
         for line in result.log_tail:
-            err.print("  " + line, markup=False, highlight=False, soft_wrap=True)
+            err.line("  " + line)
     if result.diagnosis:
         out.print("the guide's troubleshooting table:")
         _render_findings(result.diagnosis)
@@ -253,8 +252,8 @@ def diagnose(logfile, container, answers, model_dir, hardware, recipe, engine, g
         _render_findings(result.findings)
         verdict = (f"{len(result.findings)} row(s) of the guide's troubleshooting table match" if result.findings
                    else "no row of the guide's troubleshooting table matches")
-        out.print(f"{verdict} ({result.lines_read} lines read, engine {result.engine} ({result.engine_from})"
-                  f"{', recipe ' + result.recipe if result.recipe else ''})", markup=False, highlight=False)
+        out.line(f"{verdict} ({result.lines_read} lines read, engine {result.engine} ({result.engine_from})"
+                 f"{', recipe ' + result.recipe if result.recipe else ''})")
     if not result.ok:
         sys.exit(ProblemsFound.exit_code)
 

@@ -86,6 +86,11 @@ class _Lazy:
         with self._named_if_it_fails():
             getattr(_consoles, self._name).print(*objects, **kwargs)
 
+    def line(self, *objects: Any) -> None:
+        """One plain line: the text as it is (no markup, no highlighting, never wrapped), the way mm writes a
+        report line."""
+        self.print(*objects, **_PLAIN_LINE)
+
     def write(self, text: str) -> None:
         """TEXT on this stream, flushed (as rich does: lines on stdout and stderr keep their order).
 
@@ -259,7 +264,7 @@ def fail(exc: BaseException, operation: str, json_out: bool, target: str | None 
             emit_json({"ok": False, "error": message, "exit_code": code, "kind": kind})
         except (OSError, MMError):  # the output is what failed: the line below says so
             pass
-    err.print(f"mm: {printable(message)}", markup=False, highlight=False, soft_wrap=True)
+    err.line(f"mm: {printable(message)}")
     sys.exit(code)
 
 
@@ -372,9 +377,8 @@ def thread_failed(hook_args) -> None:
         import traceback
         traceback.print_exception(hook_args.exc_value)
     from ..artifacts.edges.untrusted import printable
-    err.print(f"mm: internal error in a worker thread: {hook_args.exc_type.__name__}: "
-              f"{printable(str(hook_args.exc_value))[:300]}; this is a bug in mm, please report it",
-              markup=False, highlight=False, soft_wrap=True)
+    err.line(f"mm: internal error in a worker thread: {hook_args.exc_type.__name__}: "
+             f"{printable(str(hook_args.exc_value))[:300]}; this is a bug in mm, please report it")
 
 
 
@@ -403,7 +407,7 @@ def render_carried_signature(signature: dict | None, allowed_signers: Path | Non
     if signature:
         described = SignatureReport(signature["identity"], signature["key_type"], signature["fingerprint"], "",
                                     str(allowed_signers)).describe()
-        out.print(f"signature: good, {described}", highlight=False, markup=False, soft_wrap=True)
+        out.line(f"signature: good, {described}")
 
 
 def signature_policy(require_signature: bool, allowed_signers: Path | None, identity: str | None) -> bool:
@@ -420,7 +424,6 @@ def signature_policy(require_signature: bool, allowed_signers: Path | None, iden
 
 def render_signed(result) -> None:
     from ..artifacts.integrity import signing
-    out.print(f"signed {result.manifest_path} with {result.key_type} key {result.fingerprint}: "
-              f"{result.signature_path}", markup=False, highlight=False, soft_wrap=True)
-    out.print("check without mm: cd DIR/.mm && " + signing.verify_command(), markup=False, highlight=False,
-              soft_wrap=True)
+    out.line(f"signed {result.manifest_path} with {result.key_type} key {result.fingerprint}: "
+             f"{result.signature_path}")
+    out.line("check without mm: cd DIR/.mm && " + signing.verify_command())

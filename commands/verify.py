@@ -31,11 +31,11 @@ def _counts_text(problems) -> str:
 
 def _render_verify(report: VerifyReport, title: str = "verify") -> None:
     for p in report.problems:
-        out.print(f"{p.kind.upper():<10} {p.path}: {p.detail}", markup=False, highlight=False, soft_wrap=True)
+        out.line(f"{p.kind.upper():<10} {p.path}: {p.detail}")
     if report.left_out:
         shown = ", ".join(report.left_out[:3]) + (f" and {len(report.left_out) - 3} more" if len(report.left_out) > 3 else "")
-        out.print(f"partial fetch ({report.asked}): {len(report.left_out)} file(s) of the revision left out, not "
-                  f"judged: {shown}", markup=False, highlight=False, soft_wrap=True)
+        out.line(f"partial fetch ({report.asked}): {len(report.left_out)} file(s) of the revision left out, not "
+                 f"judged: {shown}")
     read = ("presence, sizes, readability and shard headers (--quick: nothing hashed)" if report.quick else
             f"{human_bytes(report.bytes_checked)} hashed at {human_rate(report.bytes_per_second)}")
     failures = report.failures
@@ -43,8 +43,8 @@ def _render_verify(report: VerifyReport, title: str = "verify") -> None:
     verdict = "OK" if report.ok else f"DAMAGED: {len(failures)} problem(s) ({_counts_text(failures)})"
     if extras:
         verdict += f"; {extras} extra file(s) reported, not failed (--strict fails on them)"
-    out.print(f"{title} {report.model_dir} against {report.manifest_path}: {report.files_checked} files, {read}, "
-              f"{human_duration(report.seconds)}. {verdict}", markup=False, highlight=False, soft_wrap=True)
+    out.line(f"{title} {report.model_dir} against {report.manifest_path}: {report.files_checked} files, {read}, "
+             f"{human_duration(report.seconds)}. {verdict}")
 
 
 def _problems_found(report: VerifyReport, what: str) -> None:
@@ -119,7 +119,7 @@ def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revisi
         sys.exit(0 if report.ok else ProblemsFound.exit_code)
     _render_verify(report)
     if (step := _next_step(report)) is not None:
-        out.print(step, markup=False, highlight=False, soft_wrap=True)
+        out.line(step)
     if not report.ok:
         _problems_found(report, "found")
 
@@ -137,8 +137,7 @@ def _checked_signature(directory: Path, allowed_signers: Path, identity: str | N
 
 
 def _render_signature(report) -> None:
-    out.print(f"signature: good, {report.describe()}, allowed by {report.allowed_signers}",
-              markup=False, highlight=False, soft_wrap=True)
+    out.line(f"signature: good, {report.describe()}, allowed by {report.allowed_signers}")
 
 
 
@@ -181,10 +180,9 @@ def repair(directory, jobs, workers, json_out):
         _render_verify(report.after, "verify")
         out.print(f"{directory}: nothing to re-fetch (no missing or corrupt files)", highlight=False)
     for path in report.restored:
-        out.print(f"RESTORED   {path} (from {report.source})", markup=False, highlight=False)
+        out.line(f"RESTORED   {path} (from {report.source})")
     if report.restored:
-        out.print("re-verify: the restored file(s) hashed; the others were hashed once, before, and not rewritten",
-                  markup=False, highlight=False, soft_wrap=True)
+        out.line("re-verify: the restored file(s) hashed; the others were hashed once, before, and not rewritten")
         _render_verify(report.after, "re-verify")
     if not report.ok:
         _problems_found(report.after, "remain that re-fetching cannot fix (fix or remove them by hand)")
