@@ -85,7 +85,7 @@ MAX_VOLUMES = 10_000  # issue 21's limit: more is almost surely a --volume-size 
 
 
 @dataclass(frozen=True)
-class Source:
+class CarriedFile:
     """One file to carry: a model file (hashes known from the manifest) or a payload file."""
 
     kind: str
@@ -102,7 +102,7 @@ class Source:
 
 @dataclass
 class Piece:
-    source: Source
+    source: CarriedFile
     offset: int
     length: int
     segment: int = 1
@@ -226,11 +226,11 @@ class BundleResult:
 # --- planning ---------------------------------------------------------------------------------
 
 def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volume_size: int, name: str,
-                payloads: Payloads, payload_sources: list[Source], signature: bytes | None = None, parity: int = 0,
+                payloads: Payloads, payload_sources: list[CarriedFile], signature: bytes | None = None, parity: int = 0,
                 stripe: int = STRIPE, delta: DeltaNote | None = None) -> Plan:
     first = [s for s in payload_sources if payload_table.BY_KIND[s.kind].first_volume]
     taken = {t.path for t in delta.take} if delta else set()
-    sources = first + [Source(MODEL_KIND, f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files
+    sources = first + [CarriedFile(MODEL_KIND, f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files
                        if f.path not in taken]
     sources += [s for s in payload_sources if s not in first]
     id_doc = {"name": name, "volume_size": volume_size, "manifest": b3(manifest_bytes),
@@ -259,7 +259,7 @@ def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volu
     raise BadInput(f"volume size {volume_size} is too small for this bundle's index")  # pragma: no cover
 
 
-def _require_first_volume(plan: Plan, first: list[Source], reserve: int) -> None:
+def _require_first_volume(plan: Plan, first: list[CarriedFile], reserve: int) -> None:
     """Every first-volume source whole in volume 1, else refuse naming the smallest volume size that holds them."""
     keys = {s.key for s in first}
     whole = {p.source.key for p in plan.volumes[0] if p.segments == 1}
@@ -275,7 +275,7 @@ def _require_first_volume(plan: Plan, first: list[Source], reserve: int) -> None
                    f"use --volume-size {minimum // 10**6}M or more, or --no-mm")
 
 
-def _mtime_ns(s: Source) -> int:
+def _mtime_ns(s: CarriedFile) -> int:
     return s.src.stat().st_mtime_ns
 
 
@@ -286,7 +286,7 @@ def _manifest_mtime(manifest: Manifest) -> int:
         return 0
 
 
-def _place(sources: list[Source], volume_size: int, room: int) -> list[list[Piece]]:
+def _place(sources: list[CarriedFile], volume_size: int, room: int) -> list[list[Piece]]:
     """Fill volumes in order: whole files where they fit, else split at the room left."""
     if room < MIN_PIECE + 4096:
         raise BadInput(f"volume size {volume_size} bytes is too small: the index, manifest and restore notes "
@@ -609,7 +609,7 @@ def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: 
         raise BadInput(f"bundle name {name!r}: use letters, digits, '.', '_' and '-' only")
     opts = (collect or CollectOptions())._replace(cache_key=parse_cache_key(tuple(cache_key)))
     records, files, notes, beside = collect_payloads(dict(payloads or {}), opts)
-    payload_sources = [Source(kind, f.path, f.src, f.size) for kind, f in files]
+    payload_sources = [CarriedFile(kind, f.path, f.src, f.size) for kind, f in files]
     carried = manifest.total_bytes - (delta.taken_bytes if delta else 0) + sum(s.size for s in payload_sources)
     refuse_too_many_volumes(-(-carried // volume_size), volume_size, carried, yes)  # before planning them all
     plan = plan_bundle(manifest, manifest_bytes, model_dir, volume_size, name, records, payload_sources,

@@ -513,7 +513,7 @@ class RebuiltVolumes(NamedTuple):
 def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: list[int], out_dir: Path,
                          sync: bool = True, progress: ProgressSink = NULL_PROGRESS, *,
                          root: Path | None = None) -> RebuiltVolumes:
-    """Rebuild data volumes WANT (numbers) from the good DATA sources (number -> parity.Source) and the parity
+    """Rebuild data volumes WANT (numbers) from the good DATA sources (number -> parity.ByteSource) and the parity
     volumes PVOLS (parity_set's usable), each into OUT_DIR under its own file name: written under a temporary
     name, named only when its whole-file blake3 is the one the parity index records. Raises NotRecoverable naming
     what would be enough. An input whose bytes are not those the parity index records (a damaged parity stream,

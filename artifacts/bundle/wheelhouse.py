@@ -57,7 +57,7 @@ _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed timestamps: the same mm gives the sam
 
 
 @dataclass(frozen=True)
-class Target:
+class Platform:
     machine: str  # x86_64 | aarch64
     python: str  # "3.11"
 
@@ -97,23 +97,23 @@ def parse_python(value: str) -> str:
     return f"3.{int(m.group(1))}"
 
 
-def host_target() -> Target:
+def host_target() -> Platform:
     machine = MACHINES.get(platform.machine().lower())
     if machine is None:
         raise BadInput(f"this host's machine {platform.machine()!r}: mm's wheelhouse knows x86_64 and aarch64; "
                        f"give --target-platform")
-    return Target(machine, "%d.%d" % sys.version_info[:2])
+    return Platform(machine, "%d.%d" % sys.version_info[:2])
 
 
-def targets_for(platforms: tuple[str, ...] = (), pythons: tuple[str, ...] = ()) -> list[Target]:
+def targets_for(platforms: tuple[str, ...] = (), pythons: tuple[str, ...] = ()) -> list[Platform]:
     """Every (platform, python) pair; defaults are this host's machine and Python minor version."""
     host = host_target() if not platforms or not pythons else None
     machines = [parse_machine(p) for p in platforms] or [host.machine]
     versions = [parse_python(p) for p in pythons] or [host.python]
-    seen: dict[str, Target] = {}
+    seen: dict[str, Platform] = {}
     for machine in machines:
         for version in versions:
-            t = Target(machine, version)
+            t = Platform(machine, version)
             seen.setdefault(t.name, t)
     return list(seen.values())
 
@@ -194,7 +194,7 @@ def build_mm_wheel(dest_dir: Path) -> Path:
 
 # --- tags ------------------------------------------------------------------------------------------
 
-def accepted_tags(target: Target) -> set:
+def accepted_tags(target: Platform) -> set:
     """Every wheel tag a CPython of TARGET's version on TARGET's machine (glibc 2.28) accepts (packaging.tags)."""
     from packaging import tags
 
@@ -203,14 +203,14 @@ def accepted_tags(target: Target) -> set:
         tags.compatible_tags(target.version, target.cp, plats))
 
 
-def wheel_fits(filename: str, target: Target, accepted: set | None = None) -> bool:
+def wheel_fits(filename: str, target: Platform, accepted: set | None = None) -> bool:
     from packaging.utils import parse_wheel_filename
 
     accepted = accepted if accepted is not None else accepted_tags(target)
     return bool(parse_wheel_filename(filename)[3] & accepted)
 
 
-def misfits(set_dir: Path, target: Target) -> list[str]:
+def misfits(set_dir: Path, target: Platform) -> list[str]:
     """Wheels in SET_DIR that a CPython of TARGET would not install (should be none)."""
     accepted = accepted_tags(target)
     return sorted(w.name for w in set_dir.glob("*.whl") if not wheel_fits(w.name, target, accepted))
@@ -266,7 +266,7 @@ def _sha256(path: Path) -> str:
     return upstream_digest(path, "lfs-sha256")  # the file's sha256, memory bounded
 
 
-def _pip_download(target: Target, requirements: list[str], dest: Path) -> None:
+def _pip_download(target: Platform, requirements: list[str], dest: Path) -> None:
     argv = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-input",
             "--only-binary=:all:", "--implementation", "cp", "--python-version", target.python,
             "--abi", target.cp, "--abi", "abi3", "--abi", "none"]
@@ -288,7 +288,7 @@ def _pip_download(target: Target, requirements: list[str], dest: Path) -> None:
                           f"`mm bundle --only-mm`) or --no-mm")
 
 
-def marker_environment(target: Target) -> dict[str, str]:
+def marker_environment(target: Platform) -> dict[str, str]:
     """The PEP 508 marker values of a CPython of TARGET's version on Linux on TARGET's machine."""
     return {"python_version": target.python, "python_full_version": f"{target.python}.0", "os_name": "posix",
             "sys_platform": "linux", "platform_system": "Linux", "platform_machine": target.machine,
@@ -304,7 +304,7 @@ def _requires(wheel: Path) -> list[str]:
     return [line.split(":", 1)[1].strip() for line in head.splitlines() if line.startswith("Requires-Dist:")]
 
 
-def unmet_requirements(target: Target, set_dir: Path) -> tuple[list[str], set[str]]:
+def unmet_requirements(target: Platform, set_dir: Path) -> tuple[list[str], set[str]]:
     """(requirements no wheel in SET_DIR satisfies, names of the wheels the target needs), with every marker
     evaluated for TARGET: pip download evaluates markers for the Python running it, not --python-version."""
     from packaging.requirements import Requirement
@@ -336,7 +336,7 @@ def unmet_requirements(target: Target, set_dir: Path) -> tuple[list[str], set[st
     return sorted(set(unmet)), {n for n, _ in seen if n in wheels}
 
 
-def complete_for_target(target: Target, set_dir: Path, rounds: int = 5) -> None:
+def complete_for_target(target: Platform, set_dir: Path, rounds: int = 5) -> None:
     """Download what TARGET's markers need and pip skipped (e.g. exceptiongroup on 3.10 when pip runs on 3.11),
     and drop what only the running Python's markers wanted; IntegrityError if it does not settle."""
     for _ in range(rounds):
@@ -357,7 +357,7 @@ def _wheel_name_version(filename: str) -> tuple[str, str]:
     return canonicalize_name(name), str(version)
 
 
-def build_set(target: Target, mm_wheel: Path, set_dir: Path) -> WheelSet:
+def build_set(target: Platform, mm_wheel: Path, set_dir: Path) -> WheelSet:
     """Download mm's dependencies and uv for TARGET into SET_DIR, add the mm wheel, check tags, write the lock."""
     set_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(mm_wheel, set_dir / mm_wheel.name)
@@ -385,7 +385,7 @@ def install_script_text() -> str:
     return (Path(__file__).with_name(INSTALL_SCRIPT)).read_text()
 
 
-def build_wheelhouse(out: Path, targets: list[Target], progress: ProgressSink = NULL_PROGRESS,
+def build_wheelhouse(out: Path, targets: list[Platform], progress: ProgressSink = NULL_PROGRESS,
                      cache: Path | None = None) -> WheelhouseReport:
     """Write OUT/install-mm.sh and OUT/wheelhouse/ for TARGETS; OUT/wheelhouse appears only when complete.
 
@@ -434,7 +434,7 @@ def build_wheelhouse(out: Path, targets: list[Target], progress: ProgressSink = 
     return WheelhouseReport(out, dist_version, "%d.%d" % GLIBC_MIN, sets, time.monotonic() - started)
 
 
-def _read_set(set_dir: Path, target: Target) -> WheelSet:
+def _read_set(set_dir: Path, target: Platform) -> WheelSet:
     wheels = []
     for line in (set_dir / LOCK_NAME).read_text().splitlines():
         spec, _, digest = line.partition(" --hash=sha256:")

@@ -17,8 +17,8 @@ from ..errors import BadInput, Busy, Refused
 from ..paths import MM_DIR, state_dir, state_root
 from ..units import human_bytes  # the one size format (decimal units); here for require_free_space
 
-# Files that tools put beside the weights; never payload.
-NON_PAYLOAD_PREFIXES = (".mm/", ".cache/huggingface/")
+# Files that tools put beside the weights; never model files.
+NOT_MODEL_PREFIXES = (".mm/", ".cache/huggingface/")
 
 
 def fsync_dir(path: Path) -> None:
@@ -498,13 +498,13 @@ def check_model_path(path: str, where: str = "manifest") -> str:
     return path
 
 
-def is_payload(relpath: str) -> bool:
+def is_model_file(relpath: str) -> bool:
     """True for model files; False for tool metadata kept beside them."""
-    return not any(relpath.startswith(prefix) for prefix in NON_PAYLOAD_PREFIXES)
+    return not any(relpath.startswith(prefix) for prefix in NOT_MODEL_PREFIXES)
 
 
-def payload_files(root: Path) -> list[str]:
-    """Relative POSIX paths of the regular files under ROOT that are model payload, sorted.
+def model_files(root: Path) -> list[str]:
+    """Relative POSIX paths of the regular files under ROOT that are the model's files, sorted.
 
     Symlinks are listed too (verify judges where they point); tool metadata is not.
     """
@@ -513,6 +513,6 @@ def payload_files(root: Path) -> list[str]:
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = Path(dirpath).relative_to(root).as_posix()
         prefix = "" if rel_dir == "." else rel_dir + "/"
-        dirnames[:] = [d for d in dirnames if is_payload(prefix + d + "/")]
-        found.extend(prefix + name for name in filenames if is_payload(prefix + name))
+        dirnames[:] = [d for d in dirnames if is_model_file(prefix + d + "/")]
+        found.extend(prefix + name for name in filenames if is_model_file(prefix + name))
     return sorted(found)

@@ -1,4 +1,4 @@
-"""Adopt a directory another tool filled (`hf download`, rsync, a copy): hash every payload file and write
+"""Adopt a directory another tool filled (`hf download`, rsync, a copy): hash every model file and write
 its manifest; when the Hub answers, prove each file against its upstream identity first.
 
 Offline (`mm manifest DIR --offline`) this never imports huggingface_hub.
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from ..errors import BadInput, BadValue, IntegrityError
-from ..edges.fsutil import dir_lock, payload_files
+from ..edges.fsutil import dir_lock, model_files
 from ..paths import manifest_path, snapshot_of, state_root
 from ..integrity.manifest import FileEntry, Manifest, entry_for_file, public_endpoint, write_manifest
 from ..edges.progress import NULL_PROGRESS, ProgressSink
@@ -32,7 +32,7 @@ class LocalManifest:
 def manifest_for_local_dir(local_dir: Path, repo_id: str, revision: str, *, endpoint: str | None = None,
                            token: str | None = None, offline: bool = False, jobs: int = 2,
                            progress: ProgressSink = NULL_PROGRESS, repo_type: str = "model") -> LocalManifest:
-    """Hash every payload file locally; when the Hub answers, prove each against its upstream identity."""
+    """Hash every model file locally; when the Hub answers, prove each against its upstream identity."""
     local_dir = Path(local_dir)
     if not local_dir.is_dir():
         raise BadInput(f"{local_dir}: not a directory")
@@ -48,7 +48,7 @@ def manifest_for_local_dir(local_dir: Path, repo_id: str, revision: str, *, endp
             note = f"Hub not reachable ({e.message}); files hashed locally without upstream identities"
     if remote is None and not is_commit(commit):
         raise BadValue(f"--revision {revision}: offline, only a full 40-hex commit can be recorded")
-    paths = payload_files(local_dir)
+    paths = model_files(local_dir)
     if not paths:
         raise BadInput(f"{local_dir}: no files to record")
     _check_links(local_dir, paths)

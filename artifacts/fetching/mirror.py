@@ -296,13 +296,13 @@ def _chunks(resp, where: str) -> Iterator[bytes]:
 # --- what to compare --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Target:
+class MirrorTarget:
     repo_id: str
     revision: str
     modelscope_id: str
 
 
-def target(repo: str | None, revision: str | None, modelscope_id: str | None) -> Target:
+def target(repo: str | None, revision: str | None, modelscope_id: str | None) -> MirrorTarget:
     """Fill what the user left out from the curated pin in manifests/ (the default pin when REPO is omitted)."""
     t = pinned_target(repo, revision)
     if not t.revision:
@@ -310,7 +310,7 @@ def target(repo: str | None, revision: str | None, modelscope_id: str | None) ->
     modelscope_id = modelscope_id or (t.pin.modelscope_id if t.pin else None)
     if not modelscope_id:
         raise BadInput(f"{t.repo_id}: the pin names no ModelScope mirror; give --modelscope-id OWNER/NAME")
-    return Target(t.repo_id, t.revision, modelscope_id)
+    return MirrorTarget(t.repo_id, t.revision, modelscope_id)
 
 
 def parse_source(spec: str, default_modelscope_id: str) -> tuple[str, str]:
@@ -353,7 +353,7 @@ def read_pin_manifest(path: Path, repo_id: str, revision: str) -> Manifest:
     return manifest
 
 
-def pinned_for(t: Target, manifest_file: Path | None, *, endpoint: str | None = None) -> PinnedFiles:
+def pinned_for(t: MirrorTarget, manifest_file: Path | None, *, endpoint: str | None = None) -> PinnedFiles:
     """The pin's identities: from a local mm manifest when given (offline), else from the Hub."""
     if manifest_file is None:
         return pinned_from_hub(t.repo_id, t.revision, endpoint=endpoint)[0]

@@ -51,7 +51,7 @@ class HubRepairSource:
 
 
 @dataclass(frozen=True)
-class RepairReport:
+class RefetchReport:
     model_dir: str
     source: str
     before: VerifyReport
@@ -73,7 +73,7 @@ class RepairReport:
 
 
 def repair_dir(model_dir: Path, *, source: RepairSource | None = None, jobs: int | None = None,
-               progress: ProgressSink = NULL_PROGRESS) -> RepairReport:
+               progress: ProgressSink = NULL_PROGRESS) -> RefetchReport:
     """Verify MODEL_DIR against its manifest, restore the damaged files from SOURCE (the Hub), verify again."""
     model_dir = Path(model_dir)
     manifest = read_manifest(manifest_path(model_dir))
@@ -87,5 +87,5 @@ def repair_dir(model_dir: Path, *, source: RepairSource | None = None, jobs: int
         after = verify_dir(model_dir, jobs=jobs, progress=progress, rehash=damaged)
     else:
         after = before
-    return RepairReport(model_dir=str(model_dir), source=source.label, before=before,
+    return RefetchReport(model_dir=str(model_dir), source=source.label, before=before,
                         restored=tuple(sorted(damaged)), after=after)

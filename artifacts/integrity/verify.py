@@ -32,7 +32,7 @@ import blake3
 
 from ..errors import BadInput, Busy, QuickVerifyFailed
 from ..paths import MM_DIR, Snapshot, manifest_path, snapshot_of, state_dir
-from ..edges.fsutil import check_relpath, is_payload, lock_holder, read_local_file
+from ..edges.fsutil import check_relpath, is_model_file, lock_holder, read_local_file
 from .hashing import SLICE, ChangedDuringRead, blake3_file, upstream_digest
 from .manifest import Manifest, read_manifest
 from ..edges.progress import NULL_PROGRESS, ProgressSink
@@ -179,7 +179,7 @@ def verify_upstream(model_dir: Path, repo_id: str, revision: str, *, quick: bool
 
 @dataclass
 class _Scan:
-    sizes: dict[str, int] = field(default_factory=dict)  # payload files (and symlinks to files inside)
+    sizes: dict[str, int] = field(default_factory=dict)  # model files (and symlinks to files inside)
     problems: list[Problem] = field(default_factory=list)
     flagged: set[str] = field(default_factory=set)  # paths already judged (escaping symlinks, unreadable)
     def judged(self, rel: str) -> bool:
@@ -273,7 +273,7 @@ def _inside(model_dir: Path, path: Path) -> str | None:
 
 
 def _scan(model_dir: Path, ignore: str | None) -> _Scan:
-    """Every payload file under MODEL_DIR with its size; symlinks leaving the directory are problems (in a
+    """Every model file under MODEL_DIR with its size; symlinks leaving the directory are problems (in a
     Hugging Face cache snapshot, links to files of that repo's blobs/ read as those files)."""
     root = os.path.realpath(model_dir)
     snapshot = snapshot_of(model_dir)
@@ -289,7 +289,7 @@ def _scan(model_dir: Path, ignore: str | None) -> _Scan:
             continue
         for entry in entries:
             rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            if not is_payload(rel + "/") or rel == ignore:  # "/": a directory named like a prefix counts too
+            if not is_model_file(rel + "/") or rel == ignore:  # "/": a directory named like a prefix counts too
                 continue
             try:
                 if entry.is_symlink():

@@ -50,7 +50,7 @@ _http = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @dataclass(frozen=True)
-class Check:
+class WarmupCheck:
     name: str
     ok: bool
     detail: str
@@ -68,7 +68,7 @@ class WarmupReport:
     cache_root: str | None
     cache_key: CacheKey | None
     ready_after_s: float | None
-    checks: tuple[Check, ...]
+    checks: tuple[WarmupCheck, ...]
     error: str | None = None
     log_tail: tuple[str, ...] = ()
     started: str = ""
@@ -79,7 +79,7 @@ class WarmupReport:
     schema: str = REPORT_SCHEMA
 
     @property
-    def failed(self) -> tuple[Check, ...]:
+    def failed(self) -> tuple[WarmupCheck, ...]:
         return tuple(c for c in self.checks if not c.ok)
 
 
@@ -280,7 +280,7 @@ MAX_KEPT_ANSWER = 64 * 1024  # bytes of a failed check's answer kept for the dia
 
 
 def request_checks(plan: LaunchPlan, image_png: bytes, timeout: float, port: int | None = None,
-                   target: str | None = None, answers: list[str] | None = None) -> list[Check]:
+                   target: str | None = None, answers: list[str] | None = None) -> list[WarmupCheck]:
     """Quickstart steps 5-7: text, thinking disabled, image input (as a data URI: the host is offline). The answer
     of a check that fails goes to ANSWERS, so that the diagnosis judges its fields."""
     base = {"model": plan.container_model_path, "max_tokens": 4096, **plan.sampling}
@@ -290,32 +290,32 @@ def request_checks(plan: LaunchPlan, image_png: bytes, timeout: float, port: int
         try:
             answer = chat(port or plan.port, {**base, **body}, timeout)
         except ProblemsFound as e:
-            checks.append(Check(name, False, e.message, target))
+            checks.append(WarmupCheck(name, False, e.message, target))
             return
         checks.append(dataclasses.replace(judge(_message(answer)), target=target))
         if not checks[-1].ok and answers is not None:
             answers.append(json.dumps(answer)[:MAX_KEPT_ANSWER])
 
     def has_content(name: str):
-        def judge(m: dict) -> Check:
+        def judge(m: dict) -> WarmupCheck:
             content = m.get("content")
             raw = RAW_TOKENS.search(str(content or ""))
             if raw:  # the guide's troubleshooting row: parsers off, or not the pinned runtime
-                return Check(name, False, f"content holds the raw token {raw.group(0)}: {str(content)[:200]}")
-            return Check(name, bool(content and str(content).strip()),
+                return WarmupCheck(name, False, f"content holds the raw token {raw.group(0)}: {str(content)[:200]}")
+            return WarmupCheck(name, bool(content and str(content).strip()),
                          f"content: {len(str(content or ''))} chars" if content else "choices[0].message.content is empty")
         return judge
 
     run("text", {"messages": [{"role": "user", "content": "Explain sparse attention in one sentence."}]},
         has_content("text"))
 
-    def thinking_off(m: dict) -> Check:
+    def thinking_off(m: dict) -> WarmupCheck:
         reasoning, content = m.get("reasoning_content"), m.get("content")
         if reasoning:
-            return Check("thinking-disabled", False, f"reasoning_content returned ({len(str(reasoning))} chars) although thinking was disabled")
+            return WarmupCheck("thinking-disabled", False, f"reasoning_content returned ({len(str(reasoning))} chars) although thinking was disabled")
         if not (content and str(content).strip()):
-            return Check("thinking-disabled", False, "choices[0].message.content is empty")
-        return Check("thinking-disabled", True, "content present, reasoning_content empty")
+            return WarmupCheck("thinking-disabled", False, "choices[0].message.content is empty")
+        return WarmupCheck("thinking-disabled", True, "content present, reasoning_content empty")
 
     run("thinking-disabled", {"messages": [{"role": "user", "content": "How many prime numbers are there below 50?"}],
                               "thinking": {"type": "disabled"}}, thinking_off)
@@ -325,21 +325,21 @@ def request_checks(plan: LaunchPlan, image_png: bytes, timeout: float, port: int
     return checks
 
 
-def log_checks(plan: LaunchPlan, log: str | ScannedText, target: str | None = None) -> list[Check]:
+def log_checks(plan: LaunchPlan, log: str | ScannedText, target: str | None = None) -> list[WarmupCheck]:
     if isinstance(log, ScannedText):
         log = "\n".join(log.kept)
     checks = []
     if plan.recipe.expects_qmul4:
         backends = NVFP4_BACKEND.findall(log)
         if FAST_NVFP4_BACKEND in backends:
-            checks.append(Check("nvfp4-qmul4", True, f"nvfp4_to_fp8 backend={FAST_NVFP4_BACKEND}"))
+            checks.append(WarmupCheck("nvfp4-qmul4", True, f"nvfp4_to_fp8 backend={FAST_NVFP4_BACKEND}"))
         else:
             seen = f"backend={backends[-1]}" if backends else "no nvfp4_to_fp8 line"
-            checks.append(Check("nvfp4-qmul4", False, f"slow path taken: log shows {seen}, not backend=qmul4 "
+            checks.append(WarmupCheck("nvfp4-qmul4", False, f"slow path taken: log shows {seen}, not backend=qmul4 "
                                                       "(CUDA toolkit older than 13.4: use the pinned image or set CUDA_HOME to CUDA 13.4)"))
     if plan.uses_dspark:
         found = DSPARK_LINE in log
-        checks.append(Check("dspark-draft", found, "DSpark draft loaded from dspark/" if found
+        checks.append(WarmupCheck("dspark-draft", found, "DSpark draft loaded from dspark/" if found
                             else f"log lacks {DSPARK_LINE!r}: the draft was not loaded"))
     return [dataclasses.replace(c, target=target) for c in checks]
 
@@ -350,7 +350,7 @@ def warmup_name(plan: LaunchPlan) -> str:
     return "mm-warmup-" + plan.recipe.id.replace("/", "-")
 
 
-def _diagnosis(plan: LaunchPlan, logs: dict[str, ScannedText], error: str | None, checks: list[Check],
+def _diagnosis(plan: LaunchPlan, logs: dict[str, ScannedText], error: str | None, checks: list[WarmupCheck],
                answers: list[str] = ()) -> tuple[Finding, ...]:
     """The guide's troubleshooting rows that the logs, the failures and the failed answers match (the same as
     `mm diagnose`)."""
@@ -362,13 +362,13 @@ def _diagnosis(plan: LaunchPlan, logs: dict[str, ScannedText], error: str | None
     return diagnose(texts, plan=plan, table=table).findings
 
 
-def _table_check(diagnosis: tuple[Finding, ...], checks: list[Check]) -> list[Check]:
+def _table_check(diagnosis: tuple[Finding, ...], checks: list[WarmupCheck]) -> list[WarmupCheck]:
     """A log that matches a row of the troubleshooting table fails the warm-up even when every check passed
     (e.g. the MSA kernels could not be saved: the caches warm-up exists to fill stay empty)."""
     if not diagnosis or any(not c.ok for c in checks):
         return []
     f = diagnosis[0]
-    return [Check("troubleshooting table", False, f"{f.where} matches row {f.guide_row} ({f.row}): {f.line}")]
+    return [WarmupCheck("troubleshooting table", False, f"{f.where} matches row {f.guide_row} ({f.row}): {f.line}")]
 
 
 def run_warmup(target: LaunchPlan | NodePlan, *, timeout: float = 3600, image_png: bytes | None = None,
@@ -398,7 +398,7 @@ def run_warmup(target: LaunchPlan | NodePlan, *, timeout: float = 3600, image_pn
     if done.returncode != 0:
         raise ProblemsFound(f"docker run failed ({done.returncode}): {_last_line(done.stderr)}")
 
-    checks: list[Check] = []
+    checks: list[WarmupCheck] = []
     error, tail, ready_after, diagnosis = None, (), None, ()
     try:
         try:
@@ -423,7 +423,7 @@ def run_warmup(target: LaunchPlan | NodePlan, *, timeout: float = 3600, image_pn
                    containers=(name,))
 
 
-def _finish(plan: LaunchPlan, cache_key: CacheKey, ready_after: float | None, checks: list[Check], error: str | None,
+def _finish(plan: LaunchPlan, cache_key: CacheKey, ready_after: float | None, checks: list[WarmupCheck], error: str | None,
             tail: tuple[str, ...], diagnosis: tuple[Finding, ...], started: str, **where) -> WarmupReport:
     """Record the cache key once the caches were filled (the first server answered /health); build the report."""
     if ready_after is not None and plan.cache_root is not None:
@@ -443,12 +443,12 @@ def cache_snapshot(root: Path | None) -> dict[str, tuple[int, int]]:
             if p.is_file() and p.name not in (CACHE_KEY_FILE, REPORT_NAME)}
 
 
-def _from_cache_check(before: dict, after: dict, name: str) -> Check:
+def _from_cache_check(before: dict, after: dict, name: str) -> WarmupCheck:
     written = sorted(k for k in after if before.get(k) != after[k])
     if written:
-        return Check("from-cache", False, f"wrote {len(written)} file(s) into the shared kernel cache (compiled again): "
+        return WarmupCheck("from-cache", False, f"wrote {len(written)} file(s) into the shared kernel cache (compiled again): "
                      f"{', '.join(written[:5])}", name)
-    return Check("from-cache", True, f"started from the shared kernel cache ({len(after)} files, none written)", name)
+    return WarmupCheck("from-cache", True, f"started from the shared kernel cache ({len(after)} files, none written)", name)
 
 
 def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes | None = None, gpu_info: str | None = None,
@@ -471,7 +471,7 @@ def run_node_warmup(node: NodePlan, *, timeout: float = 3600, image_png: bytes |
     for name in (router_name, *names):
         _docker(["rm", "-f", "--", name])
     extra_env = (("SGLANG_WARMUP_TIMEOUT", FIRST_START_WARMUP_TIMEOUT),)
-    checks: list[Check] = []
+    checks: list[WarmupCheck] = []
     error, ready_after, started_names = None, None, []
     logs: dict[str, ScannedText] = {}
     tail: tuple[str, ...] = ()
