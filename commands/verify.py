@@ -11,8 +11,8 @@ import click
 
 from ..artifacts.errors import MMError, ProblemsFound
 from ..artifacts.units import human_bytes, human_duration, human_rate
-from .shared import (check_identity, check_repo_id, check_revision, emit_json, handles_errors, json_option, out,
-                     progress_for, render_signed, to_jsonable)
+from .shared import (check_repo_id, check_revision, emit_json, handles_errors, json_option, out, progress_for,
+                     render_signed, signature_options, signature_policy, to_jsonable)
 
 if TYPE_CHECKING:
     from ..artifacts.integrity.verify import VerifyReport
@@ -77,23 +77,18 @@ def _next_step(report: VerifyReport) -> str | None:
                                                "not the manifest; needs the Hub.")
 @click.option("--repo", callback=check_repo_id, help="With --upstream: the Hub repo. Default: the manifest's.")
 @click.option("--revision", callback=check_revision, help="With --upstream: the revision. Default: the manifest's commit.")
-@click.option("--allowed-signers", type=click.Path(path_type=Path),
-              help="OpenSSH allowed_signers file (namespace mm-manifest): the manifest must carry a good signature by "
-                   "a key it allows (unsigned or not good: exit 5), checked before every byte. The same meaning in "
-                   "verify, unbundle, pull and launch.")
-@click.option("--identity", callback=check_identity,
-              help="With --allowed-signers: the signer identity (principal) to require.")
+@signature_options
 @json_option
 @handles_errors
-def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revision, allowed_signers, identity, json_out):
+def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revision, require_signature, allowed_signers,
+           identity, json_out):
     """Check every byte of DIR against its manifest, every file present, every safetensors shard and index
     sound; files not in the manifest are reported (and fail with --strict). A partial fetch is judged on what
     was asked for. Exit 0 all good, 1 problems found, 3 could not run, 5 bad signature."""
     from ..artifacts.integrity.verify import upstream_target, verify_dir, verify_upstream
     progress = progress_for(json_out)
     signature = None
-    if identity and not allowed_signers:
-        raise click.UsageError("--identity needs --allowed-signers")
+    signature_policy(require_signature, allowed_signers, identity)  # checked before every byte
     if upstream:
         if allowed_signers:
             raise click.UsageError("--allowed-signers checks the manifest; --upstream does not use it")

@@ -251,3 +251,11 @@ def test_fetch_sign_with_signs_the_manifest_at_the_end(run_mm, hub_env, model_re
     assert fingerprint(keys["dir"] / "alice.pub") in r.stdout
     v = mm("verify", dest, "--allowed-signers", keys["allowed"], "--identity", "alice@example.com")
     assert v.returncode == 0, v.stderr
+
+
+def test_verify_takes_the_signature_options_every_consumer_takes(model):
+    """verify, unbundle, pull and launch share one set of signature options and one rule for them."""
+    r = mm("verify", model, "--require-signature")
+    assert r.returncode == 2 and "--require-signature needs --allowed-signers FILE" in r.stderr
+    r = mm("verify", model, "--identity", "release@example.com")
+    assert r.returncode == 2 and "--identity needs --allowed-signers" in r.stderr
