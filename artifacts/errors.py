@@ -12,7 +12,7 @@ Exit codes (documented in docs/exit-codes.md):
   6  busy (another mm process holds the directory's lock)
   7  refused (a combination the deployment guide says fails, or not enough disk)
  70  internal error: a bug in mm (an unexpected exception; one line, never a traceback unless MM_DEBUG=1)
-130  interrupted (SIGINT; the work is kept: artifacts/interrupt.py)
+130  interrupted (SIGINT; the work is kept: artifacts/edges/interrupt.py)
 143  stopped by SIGTERM (the same)
 """
 from __future__ import annotations

@@ -174,7 +174,7 @@ def wheelhouse_dir(tmp_path_factory) -> Path:
     """OUT of `build_wheelhouse` for this host's machine and the other one (x86_64, aarch64), this Python:
     install-mm.sh + wheelhouse/. Built once a session; downloaded sets are kept in a cache directory that
     later builds copy from (the same mm wheel bytes), so the suite downloads each set once."""
-    from mm.artifacts import wheelhouse
+    from mm.artifacts.bundle import wheelhouse
 
     out = tmp_path_factory.mktemp("wheelhouse")
     host = wheelhouse.host_target()

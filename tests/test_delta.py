@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
-from mm.artifacts.sharing import layout, shared_bytes
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
+from mm.artifacts.edges.sharing import layout, shared_bytes
 from tests.support.fsimages import fill, require_mounts, tmpfs_mount, xfs_mount
 from tests.support.gitrepo import commit_dir
 from tests.support.modelgen import write_model

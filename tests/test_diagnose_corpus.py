@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.diagnose import DiagnoseRequest, load_table, run_diagnosis
-from mm.artifacts.launch import LaunchOptions
+from mm.artifacts.serving.diagnose import DiagnoseRequest, load_table, run_diagnosis
+from mm.artifacts.serving.launch import LaunchOptions
 from tests.test_launch import VLLM_IMAGE, make_model_dir
 
 CORPUS = Path(__file__).parent / "diagnose_corpus"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import image as mm_image
+from mm.artifacts.serving import image as mm_image
 from tests.support.run import MM_BIN
 from tests.support import fake_docker, fake_gpu
 from tests.test_launch import make_model_dir

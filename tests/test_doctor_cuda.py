@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import cudareq
-from mm.artifacts.launch import DOCKER_DOWN, DOCKER_MISSING
+from mm.artifacts.serving import cudareq
+from mm.artifacts.serving.docker import DOCKER_DOWN, DOCKER_MISSING
 from tests.support import fake_gpu
 from tests.support.run import MM_BIN
 from tests.test_doctor import Host, saved  # noqa: F401 (the fixture)

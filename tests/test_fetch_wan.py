@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from mm.artifacts.manifest import manifest_path, read_manifest
+from mm.artifacts.paths import manifest_path
+from mm.artifacts.integrity.manifest import read_manifest
 from tests.support.gitrepo import commit_dir
 from tests.support.hubserver import xet_hash_for
 from tests.support.memory import peak_rss

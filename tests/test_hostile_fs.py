@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import fsutil
+from mm.artifacts.edges import fsutil
 from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.errors import BadInput
 from tests.support.modelgen import write_fetched_model

@@ -16,7 +16,7 @@ from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub
 from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError,
                                     RevisionNotFoundError)
 
-from mm.artifacts.hashing import git_blob_sha1
+from mm.artifacts.integrity.hashing import git_blob_sha1
 from tests.support.gitrepo import lfs_object_path, make_model_repo, parse_lfs_pointer
 from tests.support.hubserver import HubServer, xet_hash_for
 

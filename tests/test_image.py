@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from mm.artifacts import image as mm_image
+from mm.artifacts.serving import image as mm_image
 from tests.support.oci_image import containerd_save_archive
 from tests.support.registry import Registry
 

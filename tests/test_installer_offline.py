@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import wheelhouse
+from mm.artifacts.bundle import wheelhouse
 
 HOST = wheelhouse.host_target()
 SHELL_PATH = "/usr/bin:/bin"

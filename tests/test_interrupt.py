@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.manifest import manifest_path
+from mm.artifacts.paths import manifest_path
 from tests.support.countproxy import CountingProxy
 from tests.support.run import mm_argv, run_mm
 from tests.support.slowio import slow_io_env, slow_stripes_env
@@ -384,7 +384,7 @@ STUCK = '''\
 import signal
 import time
 
-from mm.artifacts import download
+from mm.artifacts.fetching import download
 
 _clean = download._clean_stale_partials
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.launch import EnvRef, LaunchOptions, load_catalog, plan_launch, recipes_path
-from mm.artifacts.manifest import Manifest, entry_for_file, manifest_path, write_manifest
+from mm.artifacts.serving.launch import EnvRef, LaunchOptions, load_catalog, plan_launch, recipes_path
+from mm.artifacts.integrity.manifest import Manifest, entry_for_file, write_manifest
+from mm.artifacts.paths import manifest_path
 from mm.artifacts.pins import default_pin
 from tests.support.modelgen import write_model
 from tests.support.run import run_mm

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import image as mm_image
+from mm.artifacts.serving import image as mm_image
 from tests.support import fake_docker
 from tests.support.oci_image import containerd_save_archive
 from tests.test_launch import make_model_dir, mm

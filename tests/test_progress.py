@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.bundle.repair import repair_volumes
 from mm.artifacts.bundle.unpack import unbundle
-from mm.artifacts.progress import human_bytes, human_duration, human_rate, phase_summary
+from mm.artifacts.units import human_bytes, human_duration, human_rate
+from mm.artifacts.edges.progress import phase_summary
 from tests.support.modelgen import write_model
 from tests.support.run import run_mm
 from tests.support.tty import run_on_tty

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
-from mm.artifacts.sharing import DiskUse, layout
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
+from mm.artifacts.edges.sharing import DiskUse, layout
 from mm.artifacts.store import gc, scan, use
-from mm.artifacts.verify import verify_dir
+from mm.artifacts.integrity.verify import verify_dir
 from tests.support import fake_docker, fake_gpu
 from tests.support.killstep import kill_at_step_env
 from tests.support.modelgen import write_model

@@ -25,9 +25,9 @@ from urllib.parse import urlencode, urlsplit
 
 import httpx2
 
-from .. import interrupt, wire
+from ..edges import interrupt, wire
 from ..errors import BadInput, IntegrityError, RemoteError
-from ..untrusted import load_json, read_json_file
+from ..edges.untrusted import load_json, read_json_file
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -175,7 +175,7 @@ def _auth_key_host(key: str) -> str:
 class Transport:
     plain_http: bool = False
     ca_file: Path | None = None
-    timeout: float | None = None  # a connect or one read; None: MM_NET_TIMEOUT (artifacts/wire.py)
+    timeout: float | None = None  # a connect or one read; None: MM_NET_TIMEOUT (artifacts/edges/wire.py)
 
 
 def _challenge(header: str) -> tuple[str, dict[str, str]]:
@@ -412,7 +412,7 @@ class Client:
         httpx hands out 64 KiB pieces and copies each. Follows a redirect to blob storage (S3 and the like), checked
         to be an http(s) URL, without the registry's Authorization. Yields a 200 or 206 answer; the caller proves
         its offsets (ranges.prove). 429, 408 and 5xx raise RetryLater; other refusals RemoteError."""
-        from ..ranges import RetryLater
+        from ..fetching.ranges import RetryLater
 
         self.ping()
         url = self.url(f"/v2/{self.ref.repository}/blobs/{digest}")
@@ -474,7 +474,7 @@ class Client:
     def read_blob(self, digest: str, limit: int) -> bytes:
         """A small blob (config, mm manifest) in memory, refused above LIMIT bytes or past the deadline, checked
         against DIGEST."""
-        from ..ranges import RetryLater
+        from ..fetching.ranges import RetryLater
 
         try:
             with self.open_blob(digest) as raw:

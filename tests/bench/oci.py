@@ -27,8 +27,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from mm.artifacts.adopt import manifest_for_local_dir
-from mm.artifacts.manifest import manifest_path, read_manifest
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
+from mm.artifacts.paths import manifest_path
+from mm.artifacts.integrity.manifest import read_manifest
 from tests.bench.common import bench_dir, peer_bin, run_measured
 from tests.support.modelgen import write_model
 from tests.support.registry import Registry

@@ -22,8 +22,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mm.artifacts.hashing import hash_file
-from mm.artifacts.manifest import FileEntry, Manifest, export_sums, manifest_path, read_manifest, write_manifest
+from mm.artifacts.integrity.hashing import hash_file
+from mm.artifacts.integrity.manifest import FileEntry, Manifest, export_sums, read_manifest, write_manifest
+from mm.artifacts.paths import manifest_path
 from tests.support.modelgen import write_model
 
 ROOT = Path(__file__).resolve().parents[2]
