@@ -436,7 +436,7 @@ def test_a_container_name_option_that_docker_could_take_as_an_option_is_refused(
 # the tool has started its child; the tool and its child must be gone when the process has exited 130.
 SPAWN_RACE = r'''
 import os, signal, subprocess, sys, threading, time
-from mm.artifacts import interrupt, tools
+from mm.artifacts.edges import interrupt, tools
 
 how, where, pids = sys.argv[1], sys.argv[2], sys.argv[3]
 
