@@ -47,11 +47,12 @@ $(TEST_STAMP): $(STAMP)
 # bridge), busybox-static (the stand-in server image's root file system), curl (the node script's health checks),
 # nginx (the fetch benchmark's CDN), aria2c and openssl (its peers), losetup, mkfs.ext4 and filefrag for the ext4
 # on a loop device that `mm unbundle --readback` is tested on, and mkfs.xfs (xfsprogs) for the XFS images with
-# reflinks of the delta tests and benchmark.
+# reflinks of the delta tests and benchmark; containerd and its client ctr, started by the tests on a private socket
+# to pull the engine image through the registry tiers as a node does.
 TOOLS := b3sum shellcheck strace docker-registry skopeo ssh-keygen dockerd busybox ip curl nginx aria2c openssl \
-	losetup mkfs.ext4 filefrag mkfs.xfs
+	losetup mkfs.ext4 filefrag mkfs.xfs containerd ctr
 TOOL_PACKAGES := b3sum shellcheck strace docker-registry skopeo openssh-client docker.io busybox-static iproute2 curl nginx \
-	aria2 openssl mount e2fsprogs xfsprogs
+	aria2 openssl mount e2fsprogs xfsprogs containerd
 
 tools:
 	@for t in $(TOOLS); do command -v $$t >/dev/null || missing=1; done; \

@@ -608,6 +608,7 @@ class PushReport:
     tls: str  # "verified" | "off (--plain-http)" | "off (loopback)"
     credentials: str | None  # where they came from (never the values)
     seconds: float
+    note: str | None = None  # when the site does not hold the pinned digest itself: what nodes must name
 
 
 def _archive_manifests(archive: Path) -> set[str]:
@@ -718,7 +719,8 @@ def push_image(archive: Path, site: str, ref: str, credentials=None, plain_http:
         raise _scrubbed(e, credentials) from None
     after = _prove_served(served, chain, kind, f"{dest_repo}@{digest}")
     return PushReport(archive, rec_path, f"{dest_repo}@{digest}", digest, kind, chain, served, before, after, tls,
-                      credentials.origin if credentials is not None else None, time.monotonic() - started)
+                      credentials.origin if credentials is not None else None, time.monotonic() - started,
+                      _push_note(kind, chain))
 
 
 def _push_rebuilt(archive: Path, fmt: str, dest_repo: str, record: ImageRecord, dest_flags: list[str],
@@ -753,4 +755,17 @@ def _prove_served(served: Chain, chain: Chain, kind: str, where: str) -> str:
         return (f"{where} is the pinned chain's {chain.platform} manifest (under {chain.pinned}) -> config "
                 f"{served.config}")
     return (f"{where} is a manifest skopeo wrote from the docker-archive (it holds no registry manifest); its config "
-            f"{served.config} is the pinned image ID, {len(served.layers)} layers")
+            f"{served.config} is the pinned image ID, {len(served.layers)} layer{'' if len(served.layers) == 1 else 's'}")
+
+
+def _push_note(kind: str, chain: Chain) -> str | None:
+    """What a node naming the pinned digest finds at the site, when it is not the pinned digest itself."""
+    if kind == "pinned":
+        return None
+    carry = ("carry a containerd-store `docker save` of the pinned digest (the whole index) to push the pinned "
+             "digest itself")
+    if kind == "platform":
+        return (f"the site holds {chain.platform}'s manifest of {chain.pinned}, not the index itself: nodes name the "
+                f"manifest digest; {carry}")
+    return (f"a node naming {chain.pinned} or its {chain.platform} manifest will not find it at the site: nodes name "
+            f"the digest above; `mm image save --format oci-archive` keeps the pinned chain's digests, or {carry}")

@@ -80,6 +80,7 @@ def image_push(archive, site, reference, username, password_stdin, plain_http, j
                  f"pushed    {report.pushed}  (TLS {report.tls}; credentials: {report.credentials or 'none'})",
                  f"after     {report.after}",
                  f"nodes     pull {report.pushed}  ({how})",
+                 *([f"note      {report.note}"] if report.note else []),
                  f"next: mm fleet config --origin http{'s' if report.tls == 'verified' else ''}://"
                  f"{report.pushed.split('/', 1)[0]} --tier URL [--tier URL ...] --out DIR"):
         out.print(line, markup=False, highlight=False, soft_wrap=True)
