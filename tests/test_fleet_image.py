@@ -16,7 +16,7 @@ from tests.support.containerd import Containerd
 from tests.support.countproxy import CountingProxy
 from tests.support.oci_image import containerd_save_archive
 from tests.support.registry import Registry, free_port
-from tests.support.tiers import Tier
+from tests.support.tiers import Tier, serve_until_exit
 
 AMD64 = "linux/amd64"
 
@@ -178,7 +178,7 @@ def test_fleet_config_refuses_a_tier_that_is_not_a_registry_root(run_mm, tmp_pat
 def test_the_tiers_start_from_the_emitted_configs_origin_first(run_mm, tmp_path):
     origin_url, t1_url, t2_url = (f"http://127.0.0.1:{free_port()}" for _ in range(3))
     out, _ = _fleet_config(run_mm, tmp_path, origin_url, t1_url, t2_url)
-    early = Tier(out / "registry/t1/config.yml").start(expect_exit=True)  # its upstream is not up yet
+    early = serve_until_exit(out / "registry/t1/config.yml")  # its upstream is not up yet: 2.8 exits
     assert "connection refused" in early
     with Tier(out / "registry/origin/config.yml"), Tier(out / "registry/t1/config.yml"), \
             Tier(out / "registry/t2/config.yml") as t2:
@@ -187,7 +187,9 @@ def test_the_tiers_start_from_the_emitted_configs_origin_first(run_mm, tmp_path)
 
 # --- the image through the tiers to containerd ------------------------------------------------------------
 
-def test_containerd_pulls_the_pushed_image_through_t2_by_the_pinned_digest(pinned_image, run_mm, tmp_path):
+@pytest.mark.parametrize("named", ["site", "hub"])
+def test_containerd_pulls_the_pushed_image_through_t2_by_the_pinned_digest(pinned_image, run_mm, tmp_path, named):
+    """NAMED: the reference names the site registry, or Docker Hub as the pin does (its own hosts.toml)."""
     archive = _pinned_index_archive(pinned_image, tmp_path)
     index = pinned_image.image.index_digest
     amd64 = pinned_image.image.platforms[AMD64]
@@ -201,7 +203,7 @@ def test_containerd_pulls_the_pushed_image_through_t2_by_the_pinned_digest(pinne
                 Containerd(tmp_path / "containerd", hosts_dir) as node:
             pushed = run_mm("image", "push", archive, origin.addr, "--reference", pinned_image.ref)
             assert pushed.returncode == 0, pushed.stderr
-            ref = f"{origin.addr}/lmsysorg/sglang@{index}"
+            ref = f"{origin.addr if named == 'site' else 'docker.io'}/lmsysorg/sglang@{index}"
             pulled = node.ctr("images", "pull", "--hosts-dir", str(hosts_dir), "--plain-http", ref)
             assert pulled.returncode == 0, pulled.stderr + node.log_path.read_text()[-2000:]
             [line] = [x for x in node.ctr("images", "ls").stdout.splitlines() if x.startswith(ref)]
@@ -212,3 +214,23 @@ def test_containerd_pulls_the_pushed_image_through_t2_by_the_pinned_digest(pinne
             assert t2_front.received >= layer_size
             assert f"GET /v2/lmsysorg/sglang/blobs/{amd64.layers[0]}" in t2.log_text()  # T2 served it ...
             assert f"GET /v2/lmsysorg/sglang/blobs/{amd64.layers[0]}" in t1.log_text()  # ... through T1
+
+
+def test_docker_pulls_the_pins_docker_hub_reference_through_the_emitted_registry_mirrors(pinned_image, run_mm,
+                                                                                         tmp_path):
+    from tests.support.dockerd import Dockerd
+
+    archive = _pinned_index_archive(pinned_image, tmp_path)
+    index = pinned_image.image.index_digest
+    origin_url, t1_url, t2_url = (f"http://127.0.0.1:{free_port()}" for _ in range(3))
+    out, _ = _fleet_config(run_mm, tmp_path, origin_url, t1_url, t2_url)
+    with Tier(out / "registry/origin/config.yml") as origin, Tier(out / "registry/t1/config.yml"), \
+            Tier(out / "registry/t2/config.yml") as t2, \
+            Dockerd(tmp_path / "dockerd", config_file=out / "docker/daemon.json") as node:
+        assert run_mm("image", "push", archive, origin.addr, "--reference", pinned_image.ref).returncode == 0
+        hub_ref = f"lmsysorg/sglang@{index}"  # as the pin names it: Docker Hub, which docker mirrors
+        pulled = node.docker("pull", hub_ref)
+        assert pulled.returncode == 0, pulled.stderr
+        image_id = node.docker("image", "inspect", "--format", "{{.Id}}", hub_ref).stdout.strip()
+        assert image_id == pinned_image.image.platforms[AMD64].config
+        assert f"GET /v2/lmsysorg/sglang/manifests/{index}" in t2.log_text()

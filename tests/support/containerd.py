@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from tests.support.dockerd import _die_with_parent
+from tests.support.dockerd import _die_with_parent, stop_daemon, unmount_under
 
 NAMESPACE = "mm-test"
 
@@ -77,18 +76,9 @@ class Containerd:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_daemon(self.proc)
         self.proc = None
-        with open("/proc/mounts") as f:  # what containerd may leave mounted under its roots, deepest first
-            points = [line.split()[1] for line in f if line.split()[1].startswith((str(self.state) + "/",
-                                                                                   str(self.root) + "/"))]
-        for point in sorted(points, key=len, reverse=True):
-            subprocess.run(["umount", "-l", point], capture_output=True)
+        unmount_under(self.state, self.root)
         shutil.rmtree(self.state, ignore_errors=True)
         shutil.rmtree(self.root / "data", ignore_errors=True)
 
