@@ -683,7 +683,8 @@ def push_image(archive: Path, site: str, ref: str, credentials=None, plain_http:
                        f"(written by `mm image save`, carried by `mm bundle --image`, restored by `mm unbundle`)")
     record = read_record(rec_path)
     chain = record.chain
-    if chain.reference != ref:
+    repo, pinned = parse_ref(ref)
+    if (chain.pinned, repository_path(chain.repo)) != (pinned, repository_path(repo)):  # saved from a mirror: same
         raise Refused(f"{rec_path}: records {chain.reference}, not the pinned {ref}")
     if record.archive != archive.name:
         raise BadInput(f"{rec_path}: records the archive {record.archive!r}, not {archive.name!r}")
@@ -691,7 +692,7 @@ def push_image(archive: Path, site: str, ref: str, credentials=None, plain_http:
     if digest_now != record.sha256:
         raise IntegrityError(f"{archive}: sha256 {digest_now}, but its record {rec_path.name} holds {record.sha256}: "
                              f"the archive changed since it was saved; restore it from the bundle")
-    proof = prove_archive(archive, ref, record=rec_path, registry=False)
+    proof = prove_archive(archive, chain.reference, record=rec_path, registry=False)
     if not proof.proven:
         raise Refused(proof.detail)
     before = (f"{archive.name}: sha256 as its record {rec_path.name}; config {chain.config} is the image ID of "

@@ -234,3 +234,21 @@ def test_docker_pulls_the_pins_docker_hub_reference_through_the_emitted_registry
         image_id = node.docker("image", "inspect", "--format", "{{.Id}}", hub_ref).stdout.strip()
         assert image_id == pinned_image.image.platforms[AMD64].config
         assert f"GET /v2/lmsysorg/sglang/manifests/{index}" in t2.log_text()
+
+
+def test_push_takes_the_pins_docker_hub_name_for_an_archive_saved_from_a_mirror(pinned_image, run_mm, tmp_path):
+    archive = _saved(pinned_image, tmp_path, "oci-archive")  # saved from 127.0.0.1:P/lmsysorg/sglang
+    hub_pin = f"lmsysorg/sglang@{pinned_image.image.index_digest}"  # the pin's own spelling
+    with Registry(tmp_path / "site") as site:
+        proc = run_mm("image", "push", archive, site.host, "--reference", hub_pin)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_fleet_config_never_writes_through_a_link_planted_in_its_directory(run_mm, tmp_path):
+    (tmp_path / "fleet").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "fleet" / "registry").symlink_to(tmp_path / "elsewhere")
+    proc = run_mm("fleet", "config", "--origin", "http://10.0.0.1:5000", "--tier", "http://10.0.1.1:5000",
+                  "--out", tmp_path / "fleet")
+    assert proc.returncode == 3 and "is a symlink" in proc.stderr
+    assert list((tmp_path / "elsewhere").iterdir()) == []
