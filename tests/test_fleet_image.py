@@ -252,3 +252,21 @@ def test_fleet_config_never_writes_through_a_link_planted_in_its_directory(run_m
                   "--out", tmp_path / "fleet")
     assert proc.returncode == 3 and "is a symlink" in proc.stderr
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_push_the_archive_mm_unbundle_restored(pinned_image, run_mm, tmp_path):
+    from tests.test_launch import make_model_dir
+
+    model = make_model_dir(tmp_path / "models")
+    archive = containerd_save_archive(pinned_image.image, pinned_image.repo, tmp_path / "sglang.tar")
+    bundled = run_mm("bundle", model, "--out", tmp_path / "disk", "--volume-size", "2M", "--image", archive,
+                     "--image-ref", pinned_image.ref, "--insecure-registry", "--no-mm")
+    assert bundled.returncode == 0, bundled.stderr
+    dest = tmp_path / "site" / "model"
+    restored = run_mm("unbundle", tmp_path / "disk", "--dest", dest)
+    assert restored.returncode == 0, restored.stderr
+    carried = dest.with_name("model.payload") / "image" / "sglang.tar"
+    with Registry(tmp_path / "site-registry") as site:
+        proc = run_mm("image", "push", carried, site.host, "--reference", pinned_image.ref, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["pushed"] == f"{site.host}/lmsysorg/sglang@{pinned_image.image.index_digest}"
