@@ -154,7 +154,8 @@ def _verify_tls(repo: str, tls_verify: bool) -> bool:
 
 
 def _fetch_manifest(repo: str, digest: str, tls_verify: bool, timeout: float, auth: tuple[str, ...] = ()) -> dict:
-    raw = _skopeo(["inspect", "--raw", _tls(tls_verify), *auth, f"docker://{repo}@{digest}"], f"{repo}@{digest}", timeout)
+    raw = _skopeo(["inspect", "--raw", _tls(tls_verify), *auth, f"docker://{repo}@{digest}"], f"{repo}@{digest}",
+                  timeout)
     if sha256_digest(raw) != digest:
         raise IntegrityError(f"{repo}@{digest}: the registry served a manifest whose sha256 is {sha256_digest(raw)}")
     return _parse_json(raw, f"{repo}@{digest}")
@@ -745,7 +746,8 @@ def _prove_served(served: Chain, chain: Chain, kind: str, where: str) -> str:
     """The registry's answer under the pushed digest is the pinned chain (every manifest's sha256 was checked as it
     was read): the same platform manifest, config and layers; for a rebuilt manifest, the same image ID."""
     if served.config != chain.config:
-        raise IntegrityError(f"{where}: the registry serves config {served.config}, not the pinned image ID {chain.config}")
+        raise IntegrityError(f"{where}: the registry serves config {served.config}, not the pinned image ID "
+                             f"{chain.config}")
     if kind != "rebuilt" and (served.platform_manifest, served.layers) != (chain.platform_manifest, chain.layers):
         raise IntegrityError(f"{where}: the registry serves manifest {served.platform_manifest}, not the pinned "
                              f"chain's {chain.platform_manifest}")
@@ -756,7 +758,8 @@ def _prove_served(served: Chain, chain: Chain, kind: str, where: str) -> str:
         return (f"{where} is the pinned chain's {chain.platform} manifest (under {chain.pinned}) -> config "
                 f"{served.config}")
     return (f"{where} is a manifest skopeo wrote from the docker-archive (it holds no registry manifest); its config "
-            f"{served.config} is the pinned image ID, {len(served.layers)} layer{'' if len(served.layers) == 1 else 's'}")
+            f"{served.config} is the pinned image ID, {len(served.layers)} "
+            f"layer{'' if len(served.layers) == 1 else 's'}")
 
 
 def _push_note(kind: str, chain: Chain) -> str | None:

@@ -209,15 +209,17 @@ def write_fleet_config(origin: str, tiers: list[str], out: Path, storage_root: s
         "docker uses registry-mirrors only for Docker Hub references (docker.io/..., e.g. the pin's lmsysorg/sglang); "
         f"a reference naming {endpoints[0].host} goes to that registry directly. Merge docker/daemon.json into "
         "/etc/docker/daemon.json and restart docker. containerd mirrors any registry that has a hosts.toml.",
-        "distribution 2.8 exits at start when its upstream does not answer: start the tiers in START-ORDER.txt's order.",
+        "distribution 2.8 exits at start when its upstream does not answer: start the tiers in START-ORDER.txt's "
+        "order.",
         "one upstream per proxy; concurrent misses of one blob are not merged (each fetches from upstream): warm the "
         "tiers before the nodes pull (mm preheat).",
     ]
     order = ["# mm fleet config: start the registries in this order, each once the one before it answers.",
              "# distribution 2.8 in proxy mode exits at start when its upstream does not answer.", ""]
     for n, tier in enumerate(built, 1):
-        order += [f"{n}. {tier.name:<6} {tier.url}" + (f"   (pull-through cache of {tier.upstream})" if tier.upstream else
-                                                    "   (the origin: mm image push / mm push write here)"),
+        role = (f"pull-through cache of {tier.upstream}" if tier.upstream else
+                "the origin: mm image push / mm push write here")
+        order += [f"{n}. {tier.name:<6} {tier.url}   ({role})",
                   f"   docker-registry serve {tier.config}",
                   f"   ready when: {tier.ready}", ""]
     order += [f"Nodes pull through {mirror.url}:",

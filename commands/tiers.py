@@ -11,7 +11,8 @@ from .shared import emit_json, handles_errors, json_option, out, to_jsonable
 
 @click.group()
 def fleet():
-    """The registry tiers between the site registry and the nodes (`mm fleet config --origin URL --tier URL --out DIR`)."""
+    """The registry tiers between the site registry and the nodes (`mm fleet config --origin URL --tier URL --out
+    DIR`)."""
 
 
 @fleet.command("config")
@@ -37,7 +38,8 @@ def fleet_config(origin, tiers, out_dir, storage_root, ttl, registries, json_out
     from ..artifacts.pins import default_pin
     if not registries:
         pinned = default_pin().image
-        registries = [mm_tiers.parse_url(origin, "--origin").host] + ([registry_of(pinned.split("@")[0])] if pinned else [])
+        registries = [mm_tiers.parse_url(origin, "--origin").host]
+        registries += [registry_of(pinned.split("@")[0])] if pinned else []
     report = mm_tiers.write_fleet_config(origin, list(tiers), out_dir, storage_root, ttl, list(registries))
     if json_out:
         emit_json({"ok": True, **to_jsonable(report)})

@@ -152,7 +152,8 @@ def test_fleet_config_writes_the_chain_nearest_tier_as_the_nodes_mirror(run_mm, 
     assert t2["proxy"]["remoteurl"] == "http://10.0.1.1:5000" and t2["http"]["addr"] == "10.0.2.1:5000"
     assert t2["storage"]["filesystem"]["rootdirectory"] == f"{tmp_path}/storage/t2"
     hosts = tomllib.loads((out / "containerd/certs.d/10.0.0.1:5000/hosts.toml").read_text())
-    assert hosts == {"server": "http://10.0.0.1:5000", "host": {"http://10.0.2.1:5000": {"capabilities": ["pull", "resolve"]}}}
+    assert hosts == {"server": "http://10.0.0.1:5000",
+                     "host": {"http://10.0.2.1:5000": {"capabilities": ["pull", "resolve"]}}}
     hub = tomllib.loads((out / "containerd/certs.d/docker.io/hosts.toml").read_text())  # the pin names Docker Hub
     assert hub["server"] == "https://registry-1.docker.io" and list(hub["host"]) == ["http://10.0.2.1:5000"]
     assert json.loads((out / "docker/daemon.json").read_text())["registry-mirrors"] == ["http://10.0.2.1:5000"]
