@@ -271,3 +271,21 @@ def test_push_the_archive_mm_unbundle_restored(pinned_image, run_mm, tmp_path):
         proc = run_mm("image", "push", carried, site.host, "--reference", pinned_image.ref, "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["pushed"] == f"{site.host}/lmsysorg/sglang@{pinned_image.image.index_digest}"
+
+
+def test_push_refuses_a_malformed_record_in_one_line(pinned_image, run_mm, tmp_path):
+    archive = _saved(pinned_image, tmp_path, "oci-archive")
+    record = mm_image.record_path(archive)
+    doc = json.loads(record.read_text())
+    doc["layers"] = [{"digest": "sha256:" + "0" * 64, "size": "12", "media_type": "x"}]  # a size that is a string
+    record.write_text(json.dumps(doc))
+    proc = run_mm("image", "push", archive, "127.0.0.1:1", "--reference", pinned_image.ref)
+    assert proc.returncode == 3 and len(proc.stderr.splitlines()) == 1
+    assert proc.stderr.startswith(f"mm: {record}: not an mm image record")
+
+
+def test_fleet_config_refuses_a_ttl_distribution_cannot_read(run_mm, tmp_path):
+    proc = run_mm("fleet", "config", "--origin", "http://10.0.0.1:5000", "--tier", "http://10.0.1.1:5000",
+                  "--ttl", "7d", "--out", tmp_path / "f")
+    assert proc.returncode == 2 and "a Go duration" in proc.stderr
+    assert not (tmp_path / "f").exists()
