@@ -53,4 +53,4 @@ def fleet_config(origin, tiers, out_dir, storage_root, ttl, registries, json_out
     lines.append(f"nodes     pull through {report.mirror} for {', '.join(report.registries)}")
     lines += [f"note      {note}" for note in report.notes]
     for line in lines:
-        out.print(line, markup=False, highlight=False, soft_wrap=True)
+        out.line(line)
