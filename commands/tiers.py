@@ -1,5 +1,5 @@
 """`mm fleet config`: the registry tiers' distribution configs and the nodes' containerd/docker configuration for
-them, with the start order (artifacts/tiers.py)."""
+them, with the start order (artifacts/oci/tiers.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,8 +33,8 @@ def fleet():
 def fleet_config(origin, tiers, out_dir, storage_root, ttl, registries, json_out):
     """Write the tiers' distribution configs (origin -> T1 -> T2 ..., each proxying the one before it), each node's
     containerd hosts.toml (the nearest tier as mirror) and docker daemon.json, and START-ORDER.txt under DIR."""
-    from ..artifacts import tiers as mm_tiers
-    from ..artifacts.image import registry_of
+    from ..artifacts.oci import tiers as mm_tiers
+    from ..artifacts.serving.image import registry_of
     from ..artifacts.pins import default_pin
     if not registries:
         pinned = default_pin().image

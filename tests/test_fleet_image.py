@@ -11,7 +11,7 @@ import tomllib
 import pytest
 import yaml
 
-from mm.artifacts import image as mm_image
+from mm.artifacts.serving import image as mm_image
 from tests.support.containerd import Containerd
 from tests.support.countproxy import CountingProxy
 from tests.support.oci_image import containerd_save_archive

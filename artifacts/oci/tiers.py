@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .errors import BadInput, BadValue
-from .fsutil import atomic_write_text, user_path
+from ..errors import BadInput, BadValue
+from ..edges.fsutil import atomic_write_text, user_path
 
 # Debian docker-registry's /etc/docker/registry/config.yml: storage.filesystem.rootdirectory
 DEFAULT_STORAGE_ROOT = "/var/lib/docker-registry"
