@@ -62,7 +62,7 @@ def image_push(archive, site, reference, username, password_stdin, plain_http, j
     """Put ARCHIVE (the engine image a bundle carries, its record beside it) into the SITE registry
     (host[:port][/repository]) by digest, with skopeo: proven to be the pinned image before the push, and what the
     registry then serves proven to be the pinned chain."""
-    from ..artifacts import image as mm_image
+    from ..artifacts.serving import image as mm_image
     from ..artifacts.oci.client import load_credentials
     from ..artifacts.pins import default_pin
     ref = reference or default_pin().image
