@@ -625,7 +625,7 @@ def _archive_manifests(archive: Path) -> set[str]:
 def parse_site(site: str, chain: Chain) -> str:
     """SITE (host[:port], or host[:port]/repository) -> host[:port]/repository; the repository defaults to the
     pinned one's path, which is what a mirror is asked for. A reference never carries credentials."""
-    from .oci.client import HOST, REPOSITORY
+    from ..oci.client import HOST, REPOSITORY
 
     host, _, repo = site.strip().partition("/")
     if "@" in host or "://" in host:
@@ -670,7 +670,7 @@ def push_image(archive: Path, site: str, ref: str, credentials=None, plain_http:
     """Put ARCHIVE (the engine image carried in the bundle, with its record beside it) into the SITE registry by
     digest with skopeo, proving before the push that the archive is REF's pinned image (its sha256 is the one its
     record holds, its config the chain's image ID) and after it that the registry serves the pinned chain."""
-    from .oci.client import is_loopback
+    from ..oci.client import is_loopback
 
     started = time.monotonic()
     archive = user_path(archive)
