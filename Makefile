@@ -53,11 +53,12 @@ DEMO_TOOL_PACKAGES := git docker-registry iproute2
 # bridge), busybox-static (the stand-in server image's root file system), curl (the node script's health checks),
 # nginx (the fetch benchmark's CDN), aria2c and openssl (its peers), losetup, mkfs.ext4 and filefrag for the ext4
 # on a loop device that `mm unbundle --readback` is tested on, and mkfs.xfs (xfsprogs) for the XFS images with
-# reflinks of the delta tests and benchmark; and the demo's tools above.
+# reflinks of the delta tests and benchmark; containerd and its client ctr, started by the tests on a private socket
+# to pull the engine image through the registry tiers as a node does; and the demo's tools above.
 TOOLS := $(DEMO_TOOLS) b3sum shellcheck strace skopeo ssh-keygen dockerd busybox curl nginx aria2c openssl \
-	losetup mkfs.ext4 filefrag mkfs.xfs
+	losetup mkfs.ext4 filefrag mkfs.xfs containerd ctr
 TOOL_PACKAGES := $(DEMO_TOOL_PACKAGES) b3sum shellcheck strace skopeo openssh-client docker.io busybox-static curl nginx \
-	aria2 openssl mount e2fsprogs xfsprogs
+	aria2 openssl mount e2fsprogs xfsprogs containerd
 
 # Install the packages $(2) with apt-get when one of the commands $(1) is missing (sbin directories included, which
 # a user's PATH may lack); without root, one line saying what to install instead of apt-get's refusal.

@@ -11,8 +11,8 @@ import click
 
 from ..artifacts.errors import ProblemsFound
 from ..artifacts.units import human_bytes, human_duration, human_rate
-from .shared import (emit_json, err, handles_errors, json_option, out, progress_for, render_carried_signature,
-                     signature_options, signature_policy, to_jsonable)
+from .shared import (emit_json, err, handles_errors, json_option, out, password_from_stdin, progress_for,
+                     render_carried_signature, signature_options, signature_policy, to_jsonable)
 
 
 def registry_options(fn: Callable) -> Callable:
@@ -32,14 +32,7 @@ def registry_options(fn: Callable) -> Callable:
 def _registry_access(ref_text: str, username: str | None, password_stdin: bool, plain_http: bool, ca_file: Path | None):
     from ..artifacts.oci import client as oci_client
     ref = oci_client.parse_reference(ref_text)
-    password = None
-    if password_stdin:
-        password = sys.stdin.readline().rstrip("\r\n")
-        if not password:
-            raise click.UsageError("--password-stdin: nothing on standard input")
-    if password_stdin and not username:
-        raise click.UsageError("--password-stdin needs --username")
-    creds = oci_client.load_credentials(ref.registry, username, password)
+    creds = oci_client.load_credentials(ref.registry, username, password_from_stdin(username, password_stdin))
     return creds, oci_client.Transport(plain_http=plain_http, ca_file=ca_file)
 
 

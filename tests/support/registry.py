@@ -73,6 +73,7 @@ class Registry:
         self.log_path = self.root / "registry.log"
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
+        self.env: dict[str, str] | None = None  # the process's environment (None: this one's)
 
     # -- files -----------------------------------------------------------------------------------------------
     def _write_config(self) -> None:
@@ -135,7 +136,7 @@ class Registry:
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen([REGISTRY_BIN, "serve", str(self.config_path)], stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                         stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         finally:
             log.close()
         deadline = time.monotonic() + self.start_timeout
