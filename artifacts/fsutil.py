@@ -111,11 +111,13 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 def state_root(model_dir: Path) -> Path:
     """The root that MODEL_DIR's own files (manifest, signature, lock, push state) are written under: MODEL_DIR,
-    whose .mm/ holds them, or, for a Hugging Face cache snapshot, mm's state directory outside hf's cache."""
-    from .hfcache import state_dir
+    whose .mm/ holds them, or, for a Hugging Face cache snapshot, mm's hf-cache state directory outside hf's cache
+    (the root itself, so a link planted below it, at a repo's or a snapshot's folder, is refused as under any
+    target)."""
+    from . import hfcache
 
-    own = state_dir(model_dir, MM_DIR)
-    return Path(model_dir) if own == Path(model_dir) / MM_DIR else own
+    own = hfcache.state_dir(model_dir, MM_DIR)
+    return Path(model_dir) if own == Path(model_dir) / MM_DIR else hfcache.state_root()
 
 
 def user_path(path: Path) -> Path:

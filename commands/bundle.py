@@ -9,7 +9,7 @@ from typing import Callable
 import click
 
 from ..artifacts.bundle.payloads import PAYLOAD_KINDS
-from ..artifacts.errors import IntegrityError, MMError, ProblemsFound
+from ..artifacts.errors import IntegrityError, MMError, ProblemsFound, Waiting
 from ..artifacts.progress import human_bytes, human_duration
 from .shared import (DefaultGroup, emit_json, err, handles_errors, json_option, out, progress_for,
                      render_carried_signature, signature_options, signature_policy, to_jsonable)
@@ -308,8 +308,9 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
              **kw):
     """Import volumes (files or directories, any order, some now and the rest later) into DEST, then verify.
 
-    Exit 0 imported (volumes may still be missing), 5 a volume or member was refused (or a file read back
-    with --readback differed), 1 the final verify failed, 7 not enough space.
+    Exit 0 imported and verified, 8 what was given is imported and other volumes are still to come, 5 a volume
+    or member was refused (or a file read back with --readback differed), 1 the final verify failed, 7 not
+    enough space.
     """
     import time
 
@@ -323,6 +324,7 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
                             identity=identity, require_signature=required, readback=readback, base_dir=base_dir,
                             link=link)
     exit_code, why = {Outcome.IMPORTED: (0, ""),
+                      Outcome.WAITING: (Waiting.exit_code, "waiting for more volumes"),
                       Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),
                       Outcome.VERIFY_FAILED: (ProblemsFound.exit_code, "final verify found problems")}[report.outcome]
     if json_out:
@@ -365,9 +367,12 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
             for cmd in report.next_commands:
                 out.print(f"next: {cmd}", highlight=False, markup=False, soft_wrap=True)
         else:
+            from ..artifacts.bundle.unpack import import_remedy
             missing = ", ".join(str(n) for n in report.missing_volumes) or "none"
             out.print(f"still missing: volume(s) {missing} of {report.volumes}; {len(report.waiting)} file(s) "
-                      f"waiting. Run again with the rest.", highlight=False, markup=False, soft_wrap=True)
+                      f"waiting.", highlight=False, markup=False, soft_wrap=True)
+            if remedy := import_remedy(dest):
+                out.print(f"next: {remedy}", highlight=False, markup=False, soft_wrap=True)
         if not report.synced:
             out.print(f"not synced (--no-sync): run `sync` before relying on {dest} surviving a crash",
                       highlight=False, markup=False, soft_wrap=True)
