@@ -8,12 +8,13 @@ code (tarfile never extracts). A hostile or damaged volume is named with the mem
 State between sittings lives in DEST/.mm/unbundle/state.json (which pieces of split files are in place).
 Files are written under partial names (DEST/.mm/unbundle/partial/..., or <payload root>/.mm-partial/...)
 and given their final name only when their whole-file blake3 matches the manifest (payloads: the index of
-the volume holding their last byte). A file already at its final name with the right size is not rewritten.
+the volume holding their last byte). A file already at its final name with the right size is not rewritten, unless an import named it and it changed since.
 
 The report says how the import went (Outcome: imported, waiting, refused, verify-failed); the CLI maps that to
 the exit status. A complete import leaves its record in DEST/.mm/imported.json (the bundle, where its volumes were
 read, and each file's stamp as named): running unbundle again from the same volumes imports again exactly the files
-changed since (a hand-edited file), and `import_remedy` tells verify, launch and repair what to advise. Not enough free space raises Refused before anything is written.
+changed since (a hand-edited file), and integrity.provenance tells verify, launch and repair to advise the volumes.
+Not enough free space raises Refused before anything is written.
 
 Signatures: with --allowed-signers the manifest's signature (MMBUNDLE/manifest.json.sig) is checked with
 ssh-keygen before anything is written (signing.py); with --require-signature an unsigned bundle is refused too.
@@ -35,21 +36,23 @@ from __future__ import annotations
 import bisect
 import enum
 import os
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import BadInput, BadValue, IntegrityError, Refused
-from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets,
-                      dir_lock, fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, remove_tree,
-                      require_free_space, unlink_file)
-from ..hashing import StreamHasher
-from ..interrupt import keeps
-from ..manifest import MAX_MANIFEST_BYTES, from_json, manifest_path, read_manifest
-from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
-from ..sharing import COPY, how_to_share
-from ..untrusted import MAX_DOCUMENT, At, load_json, read_json_file
+from ..paths import IMPORT_RECORD, UNBUNDLE_DIR
+from ..edges.fsutil import (atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets, dir_lock,
+                            fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, remove_tree,
+                            require_free_space, unlink_file)
+from ..integrity.hashing import StreamHasher
+from ..edges.interrupt import keeps
+from ..integrity.manifest import MAX_MANIFEST_BYTES, from_json, read_manifest
+from ..paths import manifest_path
+from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..units import human_bytes
+from ..edges.sharing import COPY, how_to_share
+from ..edges.untrusted import MAX_DOCUMENT, At, load_json, read_json_file
 from . import delta as deltas
 from .check import ParitySet, conflicting_numbers, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back, write_all
@@ -59,8 +62,8 @@ from .parity import FileSource, NotRecoverable, describe_shortfall, rebuild
 from .payloads import MODEL_KIND, PAYLOAD_PARTIAL, files_expected, next_commands, payload_roots, payloads_placed
 from .volume import Volume, find_volumes, meta_bytes, open_volume, split_volumes
 
-STATE_DIR = f"{MM_DIR}/unbundle"
-IMPORT_RECORD = f"{MM_DIR}/imported.json"
+STATE_DIR = UNBUNDLE_DIR
+MAX_NAMED_VOLUMES = 10_000  # mm's own bound on the names kept for advice (a bundle of more volumes is named by number)
 
 
 class Outcome(str, enum.Enum):
@@ -98,69 +101,6 @@ class UnbundleReport:
     recovery: str | None = None  # why lost volumes could not be rebuilt yet, and what would be enough
     signature: dict | None = None  # the checked manifest signature (identity, key fingerprint)
     delta: dict | None = None  # a delta: its base (delta.summary), the base dir, how files were taken (mode), taken
-
-
-@dataclass(frozen=True)
-class ImportStatus:
-    """What DEST says of the bundle imported into it: in progress (some volumes still to come) or complete."""
-
-    name: str
-    bundle_id: str
-    volumes: int
-    done: tuple[int, ...]
-    read_from: dict[int, str]  # volume number -> the volume file it was read from
-    complete: bool
-
-    @property
-    def missing(self) -> list[int]:
-        return sorted(set(range(1, self.volumes + 1)) - set(self.done))
-
-    def missing_files(self) -> list[str]:
-        return [volume_filename(self.name, n, self.volumes) for n in self.missing]
-
-    def places_read(self) -> list[str]:
-        """The folders the volumes were read from, in volume order, each once."""
-        return list(dict.fromkeys(str(Path(p).parent) for _, p in sorted(self.read_from.items())))
-
-
-def import_status(dest: Path) -> ImportStatus | None:
-    """The import DEST holds, from its state (in progress) or its record (complete); None when it holds none, or
-    when what is there does not parse (it only shapes advice: nothing is decided on it)."""
-    dest = Path(dest)
-    for rel, complete in ((f"{STATE_DIR}/state.json", False), (IMPORT_RECORD, True)):
-        path = dest / rel
-        try:
-            if not path.is_file():
-                continue
-            doc = _State(check_inside(dest, path), dest).doc
-            at = At(str(path))
-            volumes = at.get_int(doc, "volumes", lo=1, hi=10**6)
-            read_from = {int(at.key("read_from").str(k, max_len=8)): at.key("read_from").key(k).str(v)
-                         for k, v in at.get_obj(doc, "read_from", {}).items() if k.isdigit()}
-            return ImportStatus(at.get_str(doc, "name", max_len=200), at.get_str(doc, "bundle_id", max_len=200),
-                                volumes, tuple(doc.get("done_volumes", [])), read_from, complete)
-        except (BadInput, OSError, ValueError):
-            return None
-    return None
-
-
-def import_remedy(dest: Path, damaged: int = 0) -> str | None:
-    """What to run when DEST is incomplete or damaged and came from a bundle: the volumes, never the Hub (the
-    host may have none). DAMAGED: files verify found changed or missing in a complete import."""
-    status = import_status(dest)
-    if status is None:
-        return None
-    d = shlex.quote(str(dest))
-    if not status.complete and status.missing:
-        came = "; ".join(status.places_read())
-        return (f"volume(s) {', '.join(map(str, status.missing))} of {status.volumes} of bundle {status.name} not "
-                f"imported yet ({', '.join(status.missing_files()[:3])}): mm unbundle <where it is> --dest {d}"
-                + (f" (the others were read from {came})" if came else ""))
-    if status.complete and damaged:
-        where = " ".join(shlex.quote(p) for p in status.places_read()) or "<its volumes>"
-        return (f"mm unbundle {where} --dest {d}   (imports again from bundle {status.name}'s volumes the "
-                f"{damaged} file(s) changed or missing since the import, then verifies)")
-    return None
 
 
 class Places:
@@ -270,7 +210,7 @@ def _read_record(dest: Path) -> _State | None:
 
 
 def _write_record(dest: Path, state: _State) -> None:
-    keep = ("bundle_id", "name", "volumes", "manifest_blake3", "done_volumes", "read_from", "proven")
+    keep = ("bundle_id", "name", "volumes", "manifest_blake3", "done_volumes", "read_from", "volume_files", "proven")
     doc = {"schema": "mm-import/1", **{k: state.doc[k] for k in keep if k in state.doc}}
     atomic_write_json(check_inside(dest, dest / IMPORT_RECORD), doc, root=dest)
 
@@ -317,7 +257,7 @@ def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | N
     """The bundle's manifest signature, checked with ssh-keygen before anything is written: (report or None when
     unsigned and not required, the manifest bytes whose signature was checked). VOLS: data volumes first, then
     parity volumes (they carry the manifest and its signature too)."""
-    from ..signing import verify_manifest_signature
+    from ..integrity.signing import verify_manifest_signature
 
     ref = reference_bundle(vols)
     first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
@@ -345,7 +285,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
     written, when it is not good; with REQUIRE_SIGNATURE when there is none either). READBACK: each file, once
     fsynced, is read back from the disk (its pages dropped from the page cache) before it is named. BASE_DIR: a
     delta's base revision (--from), whose files are taken by reflink, by hard link when LINK, else by a copy."""
-    from ..hfcache import refuse_snapshot
+    from ..paths import refuse_snapshot
 
     dest = Path(dest)
     refuse_snapshot(dest, "mm unbundle")
@@ -402,6 +342,8 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         state.doc.update({"bundle_id": ref, "name": idx.name, "volumes": idx.volumes,
                           "manifest_blake3": idx.manifest_blake3})
         state.doc.setdefault("read_from", {}).update({str(v.number): str(v.path.absolute()) for v in accepted})
+        if idx.volumes <= MAX_NAMED_VOLUMES:  # what advice names a volume still to come by (integrity.provenance)
+            state.doc["volume_files"] = [volume_filename(idx.name, n, idx.volumes) for n in range(1, idx.volumes + 1)]
         if not manifest_path(dest).is_file():
             atomic_write_bytes(manifest_path(dest), manifest_bytes, root=dest)
         _restore_signature(dest, first)
@@ -514,7 +456,7 @@ def _earlier_index(dest: Path, ref: str | None) -> tuple[Index, bytes, str] | No
 
 def _restore_signature(dest: Path, first: Volume | None) -> None:
     """Put the manifest's signature back beside the manifest (DEST/.mm/manifest.json.sig)."""
-    from ..signing import signature_path
+    from ..integrity.signing import signature_path
 
     if first is None:
         return
@@ -622,7 +564,7 @@ class RebuiltVolumes(NamedTuple):
 def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: list[int], out_dir: Path,
                          sync: bool = True, progress: ProgressSink = NULL_PROGRESS, *,
                          root: Path | None = None) -> RebuiltVolumes:
-    """Rebuild data volumes WANT (numbers) from the good DATA sources (number -> parity.Source) and the parity
+    """Rebuild data volumes WANT (numbers) from the good DATA sources (number -> parity.ByteSource) and the parity
     volumes PVOLS (parity_set's usable), each into OUT_DIR under its own file name: written under a temporary
     name, named only when its whole-file blake3 is the one the parity index records. Raises NotRecoverable naming
     what would be enough. An input whose bytes are not those the parity index records (a damaged parity stream,
@@ -805,8 +747,8 @@ def _final_check(dest: Path, run: _Import, state: _State, manifest, progress: Pr
     very inode, size, mtime and ctime that sitting recorded; anything else (found in place, changed since) is hashed
     now. With --readback every file this run named was also read back from the disk (_Import.read_back). Files a
     delta took from its base count as named: each was hashed against the manifest before it got its name."""
-    from ..store import record_verified
-    from ..verify import verify_dir  # the verify capability (issue 3)
+    from ..integrity.stamps import record_verified
+    from ..integrity.verify import verify_dir  # the verify capability
 
     sizes = {f.path: f.size for f in manifest.files}
     now = {path for kind, path in run.named if kind == MODEL_KIND}
@@ -1017,7 +959,7 @@ class _Import:
             pos = offset
             try:
                 # the volume's pages leave the page cache once copied: it is read once, and the memory they
-                # held takes the model's pages next (README, "Durable writes")
+                # held takes the model's pages next (docs/bundle.md, "Copying and durability")
                 for view in self.pipe.stream(v.path, info.offset_data, info.size, hashers,
                                              drop=True):
                     try:
