@@ -9,7 +9,7 @@ from typing import Callable
 import click
 
 from ..artifacts.bundle.payloads import PAYLOAD_KINDS
-from ..artifacts.errors import IntegrityError, MMError, ProblemsFound
+from ..artifacts.errors import IntegrityError, MMError, ProblemsFound, Waiting
 from ..artifacts.units import human_bytes, human_duration
 from .shared import (DefaultGroup, emit_json, err, handles_errors, json_option, out, progress_for,
                      render_carried_signature, signature_options, signature_policy, to_jsonable)
@@ -294,8 +294,9 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
              **kw):
     """Import volumes (files or directories, any order, some now and the rest later) into DEST, then verify.
 
-    Exit 0 imported (volumes may still be missing), 5 a volume or member was refused (or a file read back
-    with --readback differed), 1 the final verify failed, 7 not enough space.
+    Exit 0 imported and verified, 8 what was given is imported and other volumes are still to come, 5 a volume
+    or member was refused (or a file read back with --readback differed), 1 the final verify failed, 7 not
+    enough space.
     """
     import time
 
@@ -309,6 +310,7 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
                             identity=identity, require_signature=required, readback=readback, base_dir=base_dir,
                             link=link)
     exit_code, why = {Outcome.IMPORTED: (0, ""),
+                      Outcome.WAITING: (Waiting.exit_code, "waiting for more volumes"),
                       Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),
                       Outcome.VERIFY_FAILED: (ProblemsFound.exit_code, "final verify found problems")}[report.outcome]
     if json_out:
@@ -349,9 +351,12 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
             for cmd in report.next_commands:
                 out.line(f"next: {cmd}")
         else:
+            from ..artifacts.integrity.provenance import import_remedy
             missing = ", ".join(str(n) for n in report.missing_volumes) or "none"
             out.line(f"still missing: volume(s) {missing} of {report.volumes}; {len(report.waiting)} file(s) "
-                     f"waiting. Run again with the rest.")
+                     f"waiting.")
+            if remedy := import_remedy(dest):
+                out.line(f"next: {remedy}")
         if not report.synced:
             out.line(f"not synced (--no-sync): run `sync` before relying on {dest} surviving a crash")
     if exit_code:

@@ -59,6 +59,9 @@ def _next_step(report: VerifyReport) -> str | None:
     fixable = [p for p in report.failures if p.kind in REPAIRABLE]
     if report.ok or report.manifest_path.startswith("hub:"):
         return None
+    from ..artifacts.integrity.provenance import import_remedy
+    if remedy := import_remedy(Path(report.model_dir), damaged=len(fixable)):  # from volumes: no Hub needed
+        return f"next: {remedy}"
     if fixable:
         return (f"next: mm repair {shlex.quote(report.model_dir)}   (re-fetches the {len(fixable)} missing or "
                 f"damaged file(s) from the Hub, then verifies again)")
