@@ -1,7 +1,7 @@
 """User-facing failures. Each class carries the exit code the CLI returns for it.
 
 The CLI prints `mm: <message>` on one line for these and never a traceback.
-Exit codes (documented in README.md):
+Exit codes (documented in docs/exit-codes.md):
   0  success
   1  problems found (verify/bundle verify found damage; a check failed; the quick-verify gate refused)
   2  usage error (unknown option, missing argument, or an option/argument value that is malformed or out of range)

@@ -1,6 +1,6 @@
 """A model root that holds several revisions of a repo side by side, sharing their bytes: `mm ls`, `mm use`, `mm gc`.
 
-Layout (README, "Revisions side by side"):
+Layout (docs/store.md):
 
     ROOT/<repo id>/<dir>/        one revision: a plain model directory (DIR/.mm/manifest.json), what `mm verify`,
                                  `mm launch` and a container mount take; any name (mm suggests the short revision)

@@ -118,7 +118,7 @@ def fetch(repo, revision, local_dir, include, exclude, connections, workers, sou
     from ..artifacts.fetching import fetch as mm_fetch
     req = _fetch_request(repo, revision, local_dir, include=tuple(include), exclude=tuple(exclude), workers=workers,
                          connections=connections, base_dir=base_dir)
-    plan = _mirror_plan(req, source, mirror_only, pin_manifest)  # mirror (issue 4)
+    plan = _mirror_plan(req, source, mirror_only, pin_manifest)  # mirror
     if sign_with is not None and not Path(sign_with).exists():  # before the download, not after it
         raise MMError(f"{sign_with}: no such key file (give a private key, or KEY.pub with its key in ssh-agent)")
     try:
@@ -205,7 +205,7 @@ def manifest_export(directory, fmt, json_out):
 
 
 
-# --- mirror (issue 4) --------------------------------------------------------------------------
+# --- mirror --------------------------------------------------------------------------
 
 def _render_reconciliation(rec: ms_mirror.Reconciliation) -> None:
     from ..artifacts.fetching import mirror as ms_mirror

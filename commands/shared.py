@@ -2,7 +2,7 @@
 options (and their checks) that several commands take.
 
 User errors (artifacts.errors.MMError) print one line `mm: <message>` on stderr and exit with the error's code
-(see README.md, "Exit codes"); they never show a traceback. Imports here stay light: `mm verify --help` loads
+(see docs/exit-codes.md); they never show a traceback. Imports here stay light: `mm verify --help` loads
 this module, so library modules and rich are imported inside the functions that use them.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`mm ls`, `mm use`, `mm gc`: revisions side by side under a model root (ROOT/<repo id>/<revision dir>/), the
-current one behind ROOT/<repo id>/current, and the cleanup of those no longer needed (artifacts/store.py, issue 22)."""
+current one behind ROOT/<repo id>/current, and the cleanup of those no longer needed (artifacts/store.py)."""
 from __future__ import annotations
 
 from pathlib import Path

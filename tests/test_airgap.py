@@ -1,4 +1,4 @@
-"""Everything the air-gapped host needs crosses with the bundle (issue 12), end to end.
+"""Everything the air-gapped host needs crosses with the bundle, end to end.
 
 Connected side: `mm fetch` of the demo model from the local Hub, `mm image save` from the real docker-registry on
 127.0.0.1, `mm bundle` (mm's wheelhouse for this host built from the package index pip is configured for, the image

@@ -1,4 +1,4 @@
-"""How mm bundle and mm unbundle touch the disk (issue 23): unbundle reads each byte once, --readback reads each
+"""How mm bundle and mm unbundle touch the disk: unbundle reads each byte once, --readback reads each
 file back from the disk itself, and every file is synced before it gets its name.
 
 The syscalls are seen with strace (-ff: one trace file per thread, -ttt: timestamps to merge them in order, -y: the

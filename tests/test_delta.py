@@ -1,4 +1,4 @@
-"""Delta bundles (issue 22): a site that imported revision A from full volumes receives revision B, which changes
+"""Delta bundles: a site that imported revision A from full volumes receives revision B, which changes
 three small files and renames one shard, as a delta of under 1% of the full bundle, and rebuilds B from its copy
 of A: by reflink on XFS, by copy on tmpfs, by hard link when asked; byte-identical to a fresh fetch of B.
 

@@ -1,4 +1,4 @@
-"""mm diagnose against a corpus of real message text (issue 20): tests/diagnose_corpus/.
+"""mm diagnose against a corpus of real message text: tests/diagnose_corpus/.
 
 Each case is a file (a server log, a saved answer or request, a terminal session) and an entry in index.json:
 the row of the guide's troubleshooting table it must give (or null for a healthy or unrelated input), the source

@@ -1,4 +1,4 @@
-"""mm doctor judges the driver as the NVIDIA Container Toolkit does (issue 20), and says when docker cannot run.
+"""mm doctor judges the driver as the NVIDIA Container Toolkit does, and says when docker cannot run.
 
 The requirement language is libnvidia-container's (src/cli/dsl.c, src/cli/configure.c); which variables are
 requirements is the toolkit hook's (internal/config/image/cuda_image.go). The vectors below follow that source.

@@ -1,4 +1,4 @@
-"""What keeps a fetch's fixed and per-file costs down (issue 23 §Fetch) without changing what it proves: a file's
+"""What keeps a fetch's fixed and per-file costs down without changing what it proves: a file's
 connection threads follow the slots it gets, body reads on a plain socket wait for a batch of bytes (SO_RCVLOWAT)
 but never past the body's end nor into the next answer's headers, a full sha is resolved in one request, the
 environment's proxies are read once per fetch, and the hasher keeps up with the bytes."""

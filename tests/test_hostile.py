@@ -1,4 +1,4 @@
-"""Hostile and broken input, faults and full disks: every path ends in the documented outcome (issue 11).
+"""Hostile and broken input, faults and full disks: every path ends in the documented outcome.
 
 Families (each parametrized; the count of cases is what pytest collects here):
   json      malformed JSON of every kind of file mm reads, through the commands that read it (the troubleshooting
@@ -909,7 +909,7 @@ def test_hub_fetch_onto_a_full_or_read_only_disk(hub_server, hub_env, model_repo
 @pytest.mark.parametrize("shift", [1000, -1000])
 def test_hub_a_range_answered_from_another_byte_ends_in_a_correct_file_or_a_bounded_failure(
         hub_server, hub_env, model_repo, tmp_path, shift):
-    """Issue 11 item 3: a resumed download whose Range is answered by a 206 starting SHIFT bytes before (after,
+    """A resumed download whose Range is answered by a 206 starting SHIFT bytes before (after,
     when negative) the offset asked. Before: the bytes at their true offset, the file right. After: refused,
     then the whole file without Range. Never an endless loop (the requests are counted), never a misplaced byte."""
     import hashlib

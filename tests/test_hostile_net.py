@@ -1,11 +1,11 @@
-"""Hostile servers on 127.0.0.1 against `mm fetch`, `mm pull`, `mm push` and `mm inspect` (issue 19, section 1).
+"""Hostile servers on 127.0.0.1 against `mm fetch`, `mm pull`, `mm push` and `mm inspect`.
 
 Every case runs the real mm in a subprocess against tests/support/hostile.py, a server whose answers the case
 scripts byte by byte, and asserts what a user sees and what the host keeps: the exit code (never 70), the
 message (one line, no traceback), nothing created, changed or deleted outside the target (a snapshot of the
 test's directory, a sentinel directory and HOME included), the child's peak RSS under 150 MB, and that the
 case ends within its deadline. The bounds are the short ones tests set (MM_NET_*, artifacts/edges/wire.py); mm's
-defaults are for real WAN links (README, "Network bounds").
+defaults are for real WAN links (docs/hostile-input.md, "Network bounds").
 
 Families: Hub API answers (fetch), file bytes from the Hub or its CDN (fetch), registry documents (ping, token,
 manifests, error bodies: pull, inspect, push), registry blobs (pull, through the same ranged engine), upload

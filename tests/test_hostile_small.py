@@ -1,4 +1,4 @@
-"""The smaller ones (issue 19 §6), and every typed reader fed values of the wrong JSON type.
+"""The smaller hostile cases, and every typed reader fed values of the wrong JSON type.
 
   values    `--identity ""` is refused (exit 2), for every command that takes it
   records   an image record with a float layer size; an image index whose platform is a list; an OCI archive whose

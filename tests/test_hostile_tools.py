@@ -1,4 +1,4 @@
-"""External tools answer like hostile input (issue 19 §4): every tool mm runs is bounded (artifacts/edges/tools.py).
+"""External tools answer like hostile input: every tool mm runs is bounded (artifacts/edges/tools.py).
 
 A stand-in for each tool (nvidia-smi, rocm-smi, docker info / logs / inspect, skopeo, ssh-keygen) is put first on
 PATH and answers badly: NUL bytes and bytes that are not UTF-8, an endless stream, a number of 5,000 digits,

@@ -280,7 +280,7 @@ def test_stopped_server_refuses_connections(hub_root, model_repo):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
-# --- WAN hooks (issue 13): bridge, Xet, throttle, rate limits, broken Range ---
+# --- WAN hooks: bridge, Xet, throttle, rate limits, broken Range ---
 
 def get_url(url: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
     parts = urlsplit(url)

@@ -1,4 +1,4 @@
-"""mm image save (issue 12): the pinned image by digest, without a Docker daemon, with the chain that proves it."""
+"""mm image save: the pinned image by digest, without a Docker daemon, with the chain that proves it."""
 from __future__ import annotations
 
 import json

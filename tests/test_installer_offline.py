@@ -1,4 +1,4 @@
-"""install-mm.sh stays offline and bounded (issue 19 §3).
+"""install-mm.sh stays offline and bounded.
 
   lock      requirements.lock is data, not pip input: a line that is not `name==version --hash=sha256:<hex>` (or a
             comment) is refused, exit 3, in one line, before pip or uv runs (and a loopback server named in it sees

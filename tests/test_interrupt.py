@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM keep the work (issue 19 §5): a real signal in the middle of each transfer, then a rerun.
+"""Ctrl-C and SIGTERM keep the work: a real signal in the middle of each transfer, then a rerun.
 
 Each case starts the real `mm` in a subprocess, slows its transfer from the test side (the Hub test server's rate
 limit, a rate-limited proxy in front of the real docker-registry, the bundle copy loop's test pause), sends SIGINT

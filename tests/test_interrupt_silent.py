@@ -1,4 +1,4 @@
-"""Ctrl-C while a server sends nothing (issue 19 §5): the blocked download wakes at once and mm ends cooperatively.
+"""Ctrl-C while a server sends nothing: the blocked download wakes at once and mm ends cooperatively.
 
 A read on a socket whose server has gone silent waits up to MM_NET_TIMEOUT (30 s by default) before the worker
 could see the stop flag; the interrupt watcher would end the process after 0.7 s instead, like kill -9, losing

@@ -181,7 +181,7 @@ def test_b300_balanced_reproduces_the_guides_offline_command_flag_for_flag(model
     assert ours[ours.index(image) + 1:] == guide[guide.index(image) + 1:]  # sglang serve ... identical
     our_opts, guide_opts = docker_options(ours, image), docker_options(guide, image)
     assert [o for o in our_opts if o not in guide_opts] == [
-        ("--pull", "never"),  # offline: never let docker try a registry (issue 12)
+        ("--pull", "never"),  # offline: never let docker try a registry
         ("-e", "SGLANG_CACHE_DIR=/root/.cache/sglang"), ("-e", "SGLANG_JIT_CACHE_DIR=/root/.cache/sglang-jit"),
         ("-v", "/root/.cache/sglang"), ("-v", "/root/.cache/sglang-jit")]
     assert [o for o in guide_opts if o not in our_opts] == []

@@ -1,4 +1,4 @@
-"""The launch script finds the image by identity after `docker load` (issue 12), never pulls.
+"""The launch script finds the image by identity after `docker load`, never pulls.
 
 Stand-in docker with a real image store: the classic store (keeps the image ID, drops repo digests on load) and the
 containerd store (keeps the repo digests an OCI archive names). Archives come from `mm image save` against the

@@ -654,7 +654,7 @@ def test_not_enough_disk_is_refused_before_downloading(registry, pushed_a, tmp_p
         subprocess.run(["umount", str(small)])
 
 
-# --- signed models (issue 15) -----------------------------------------------------------------------
+# --- signed models -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def pushed_signed(registry, model_a, keys, tmp_path_factory) -> str:

@@ -335,7 +335,7 @@ def test_a_body_longer_than_the_file_is_never_read_past_the_file_end(tmp_path):
     assert (tmp_path / "w.part").read_bytes() == data
 
 
-# --- answers are proven before a byte is kept; each file has a budget (issue 19) ---
+# --- answers are proven before a byte is kept; each file has a budget ---
 
 @pytest.mark.parametrize("status,content_range,length,span", [
     (200, None, None, (0, 1000)),

@@ -1,4 +1,4 @@
-"""mm on a real container engine (issue 20): Debian's dockerd, a stand-in SGLang image, the whole offline path.
+"""mm on a real container engine: Debian's dockerd, a stand-in SGLang image, the whole offline path.
 
 The image (tests/support/standin_image.py: busybox-static, SGLang's HTTP API and log lines, a failure mode per
 troubleshooting row) is built with `docker import`, pushed to the test's docker-registry, then removed from the

@@ -24,7 +24,7 @@ from tests.support.sshkeys import BOB_PASSPHRASE, keygen
 
 REPO = "MiniMaxAI/MiniMax-M3.1-Flash"
 COMMIT = "ce7f4df87d2e05262f5775f373dac4772f134041"
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "verify.md"
 
 
 def mm(*args, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""The sneakernet itself (issue 21): the plan first, free space per disk, several disks, nothing of mm's on the
+"""The sneakernet itself: the plan first, free space per disk, several disks, nothing of mm's on the
 media, RESTORE.txt's result usable by mm, leftovers in one line.
 
 Disks are real file systems with real free space: each test that needs one runs mm in a private mount namespace

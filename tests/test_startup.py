@@ -1,4 +1,4 @@
-"""What mm loads to start (issue 23): each command's module only when that command runs, no library module, rich
+"""What mm loads to start: each command's module only when that command runs, no library module, rich
 or numpy before a command needs it, and `mm --help` from the registry in cli.py, which must say what each command's
 own help says. Speed itself is measured in `make bench` (tests/bench/startup.py), not here."""
 from __future__ import annotations

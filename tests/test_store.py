@@ -1,4 +1,4 @@
-"""Revisions side by side (issue 22): a model root ROOT/<repo id>/<dir>/ whose revisions share bytes, a `current`
+"""Revisions side by side: a model root ROOT/<repo id>/<dir>/ whose revisions share bytes, a `current`
 pointer switched by `mm use`, `mm ls`, and `mm gc` that never removes the current revision or one a running
 container mounts (a stand-in docker on PATH answers `ps` and `inspect`), killed at every step of its work.
 """

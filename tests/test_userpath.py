@@ -1,4 +1,4 @@
-"""The user's path (issue 21): work already on disk is used, verify says what a user means, the conventions a
+"""The user's path: work already on disk is used, verify says what a user means, the conventions a
 newcomer brings. Every test runs the real `mm` (and the real `hf` CLI where a user would) against the local Hub."""
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def test_quick_verify_summary_and_readme_say_the_same(run_mm, model):
     r = run_mm("verify", model, "--quick")
     assert r.returncode == 0
     said = "presence, sizes, readability and shard headers"
-    assert said in r.stdout and f"--quick` checks {said}" in (ROOT / "README.md").read_text()
+    assert said in r.stdout and f"--quick` checks {said}" in (ROOT / "docs" / "verify.md").read_text()
 
 
 # --- the Hugging Face cache layout (`hf download` without --local-dir) ----------------------------------
@@ -432,7 +432,7 @@ def test_readme_lists_every_mm_environment_variable():
     read = re.compile(r"""(?:environ(?:\.get)?\(\s*|environ\[|envvar=|getenv\(\s*|default=)["'](MM_[A-Z0-9_]+)["']"""
                       r"""|\$\{?(MM_[A-Z0-9_]+)""")
     used = {a or b for path in code for a, b in read.findall(path.read_text(encoding="utf-8"))}
-    table = (ROOT / "README.md").read_text().split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    table = (ROOT / "docs" / "environment.md").read_text()
     assert used and not {v for v in used if f"| `{v}`" not in table}, sorted(used)
 
 

@@ -1,4 +1,4 @@
-"""The wheelhouse (issue 12): mm and its dependencies as locked wheels per target; install-mm.sh installs offline."""
+"""The wheelhouse: mm and its dependencies as locked wheels per target; install-mm.sh installs offline."""
 from __future__ import annotations
 
 import json

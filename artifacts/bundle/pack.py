@@ -81,7 +81,7 @@ from .volume import open_volume
 
 MIN_PIECE = 64 * 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-MAX_VOLUMES = 10_000  # issue 21's limit: more is almost surely a --volume-size typo; `--yes` writes them anyway
+MAX_VOLUMES = 10_000  # more is almost surely a --volume-size typo; `--yes` writes them anyway
 
 
 @dataclass(frozen=True)
@@ -871,11 +871,11 @@ def _write_all(plan: Plan, finals: list[Path], progress: ProgressSink, sync: boo
         check_inside(final.parent, final)
     results, pending, hashed = [], [], {}  # hashed: volume number -> (blake3, identity)
     spans: dict[int, list[Span]] = {}
-    # A volume hashed once written stays cached for the parity pass, except where growing the page cache is dear: on
-    # a VM that reports free memory to its host, keeping 2.3 GB of volumes cost 3-4 s of sys time (README, "How the
-    # parity pass reads"); there it is dropped once hashed and the pass reads the files it was copied from (on the
-    # 16-core H200 host, without that device, doing so everywhere made `--no-sync` 1.66-1.76x a plain bundle against
-    # 1.36-1.50x, 2 runs of 3 rounds each).
+    # A volume hashed once written stays cached for the parity pass, except where growing the page cache is dear: on a VM
+    # that reports free memory to its host, keeping 2.3 GB of volumes cost 3-4 s of sys time (docs/bundle.md, "How the
+    # parity pass reads"); there it is dropped once hashed and the pass reads the files it was copied from (on the 16-core
+    # H200 host, without that device, doing so everywhere made `--no-sync` 1.66-1.76x a plain bundle against 1.36-1.50x, 2
+    # runs of 3 rounds each).
     keep_cached = not reports_free_pages()
     stop = threading.Event()
     try:

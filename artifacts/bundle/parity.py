@@ -161,9 +161,9 @@ class FileSource:
     READ_ONCE (the inputs of unbundle's rebuild, read from start to end for the last time): the pages read leave
     the page cache behind the reader, DROP_BEHIND at a time, so the cache stays small. Growing it by every byte of
     ten volumes is what a rebuild from uncached volumes cost on a VM that reports free memory to its host: 3.3-4.8
-    CPU-s and 3.5-4.9 s for one 228 MB volume from 2.3 GB, against 0.75-1.3 CPU-s and 1.1-1.6 s this way (README,
-    "Parity"). repair-volume keeps its inputs: its check pass has just cached them, and a later unbundle may read
-    them from there (dropping measured no faster for it)."""
+    CPU-s and 3.5-4.9 s for one 228 MB volume from 2.3 GB, against 0.75-1.3 CPU-s and 1.1-1.6 s this way
+    (docs/bundle.md, "Parity"). repair-volume keeps its inputs: its check pass has just cached them, and a later
+    unbundle may read them from there (dropping measured no faster for it)."""
 
     DROP_BEHIND = 8 * 1024 * 1024  # 4, 16 and 32 MiB measured no better (same runs)
 
@@ -250,7 +250,7 @@ class SplicedSource:
     member) from the volume file. So a bundle with parity can drop its volumes' pages once written, as a plain
     bundle does, where keeping them cached for the parity pass is dear (pack._write_all): on a VM that hands free
     memory back to its host, growing the page cache by the data volumes cost the run 3-4 s of sys time for 2.3 GB
-    (README, "How the parity pass reads"). Use it only where unchanged() holds before the pass (else read the
+    (docs/bundle.md, "How the parity pass reads"). Use it only where unchanged() holds before the pass (else read the
     volume: FileSource); the caller checks it again after the pass."""
 
     def __init__(self, volume: Path, spans: list[Span]):

@@ -697,7 +697,7 @@ def _final_check(dest: Path, run: _Import, state: _State, manifest, progress: Pr
     now. With --readback every file this run named was also read back from the disk (_Import.read_back). Files a
     delta took from its base count as named: each was hashed against the manifest before it got its name."""
     from ..integrity.stamps import record_verified
-    from ..integrity.verify import verify_dir  # the verify capability (issue 3)
+    from ..integrity.verify import verify_dir  # the verify capability
 
     sizes = {f.path: f.size for f in manifest.files}
     now = {path for kind, path in run.named if kind == MODEL_KIND}
@@ -903,7 +903,7 @@ class _Import:
             pos = offset
             try:
                 # the volume's pages leave the page cache once copied: it is read once, and the memory they
-                # held takes the model's pages next (README, "Durable writes")
+                # held takes the model's pages next (docs/bundle.md, "Copying and durability")
                 for view in self.pipe.stream(v.path, info.offset_data, info.size, hashers,
                                              drop=True):
                     try:

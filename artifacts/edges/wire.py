@@ -19,7 +19,7 @@ Two ways bytes come in, both bounded here:
 An interrupt (artifacts/edges/interrupt.py) shuts down the socket of every answer being read (``open_raw``'s and the
 bounded sessions'), so a worker blocked on a silent server sees the stop at once, not after MM_NET_TIMEOUT.
 
-Bounds (README, "Network bounds"), all mm's own margins, none an upstream default:
+Bounds (docs/hostile-input.md, "Network bounds"), all mm's own margins, none an upstream default:
   MM_NET_TIMEOUT      30 s   a connection attempt, or one read, waits at most this long
   MM_NET_DEADLINE     120 s  a whole document, or the status line and headers of any answer
   MM_NET_MIN_RATE     1024   bytes/s a download connection must average over...

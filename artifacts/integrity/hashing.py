@@ -28,7 +28,7 @@ SMALL_READ = 1024 * 1024  # blake3_file reads files up to this size instead of m
 # StreamHasher gives each slice of this size to every hash in turn, so only the first reads it from memory: on these
 # VMs sha256 costs 0.56 CPU-s per GiB of cached bytes and 0.88-0.93 of bytes out of the cache (32-256 MiB buffers);
 # a fetch of 8 x 128 MiB, whose hashing thread ran blake3 and sha256 side by side over the same 4 MiB, fell from
-# 2.01 to 1.86 CPU-s (median of 6 interleaved pairs, README "Fetch")
+# 2.01 to 1.86 CPU-s (median of 6 interleaved pairs, docs/fetch.md)
 CACHE_SLICE = 256 * 1024
 
 

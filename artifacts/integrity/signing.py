@@ -87,7 +87,7 @@ def signature_path(model_dir: Path) -> Path:
 
 def verify_command(allowed_signers: str = "allowed_signers", identity: str = "ID", sig: str = "manifest.json.sig",
                    manifest: str = "manifest.json") -> str:
-    """The line that checks a manifest with OpenSSH alone (README, RESTORE.txt, mm's own output)."""
+    """The line that checks a manifest with OpenSSH alone (docs/verify.md, RESTORE.txt, mm's own output)."""
     return f"ssh-keygen -Y verify -f {allowed_signers} -I {identity} -n {NAMESPACE} -s {sig} < {manifest}"
 
 

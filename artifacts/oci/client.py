@@ -1,7 +1,7 @@
 """A small OCI distribution-spec client: httpx2 (the HTTP stack huggingface_hub already brings) for the API, the
 standard library's http.client for blob bodies (uploads with sendfile, downloads read into mm's own buffer).
 
-What mm needs and oras-py lacks (README, "Why not oras-py"): blobs stream from and to disk (never whole in
+What mm needs and oras-py lacks (docs/registry.md, "Why not oras-py"): blobs stream from and to disk (never whole in
 memory), chunked uploads (PATCH + Content-Range) that resume from the offset the registry reports, cross-
 repository mounts, ranged blob GETs, and auth that follows the registry's `WWW-Authenticate` challenge
 (anonymous, Basic, Bearer token). Credentials live only in memory: never in a message, a log line, a URL or a
@@ -543,7 +543,8 @@ class Client:
                 with open(path, "rb") as f:
                     pos, left = start, length
                     while left:
-                        interrupt.check()  # stopped mid-chunk: the rerun starts this blob again (README, "Resume")
+                        # stopped mid-chunk: the rerun starts this blob again (docs/registry.md, "Resume of a push")
+                        interrupt.check()
                         n = conn.sock.sendfile(f, pos, min(left, SENDFILE_SLICE))
                         if not n:
                             raise BadInput(f"{path}: file shrank while it was being pushed")

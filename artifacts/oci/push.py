@@ -28,7 +28,7 @@ from .client import OCI_MANIFEST, Client, Credentials, Transport, parse_referenc
 
 DEFAULT_CHUNK = 64 * 1024 * 1024
 STATE_DIR = f"{MM_DIR}/oci-push"
-# Single-blob limits of common registries (README, "Blobs above a registry's limits")
+# Single-blob limits of common registries (docs/registry.md, "Blobs above a registry's limits")
 KRAKEN_ADVISED_MAX = 20 * 1000**3
 
 
@@ -194,7 +194,7 @@ def _push_blob(client: Client, state: "_StateDir", options: PushOptions, progres
 
 def _test_pause() -> None:
     """Tests only: MM_TEST_OCI_CHUNK_PAUSE=seconds holds still after each saved chunk, so a kill -9 can land
-    between chunks (distribution cancels an upload killed mid-chunk; README, "Resume")."""
+    between chunks (distribution cancels an upload killed mid-chunk; docs/registry.md, "Resume of a push")."""
     pause = os.environ.get("MM_TEST_OCI_CHUNK_PAUSE")
     if pause:
         interrupt.STOP.wait(float(pause))

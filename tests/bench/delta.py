@@ -1,4 +1,4 @@
-"""Delta bundles against full ones (issue 22): revision A is a 4 GiB model (4 x 1 GiB shards); revision B renames
+"""Delta bundles against full ones: revision A is a 4 GiB model (4 x 1 GiB shards); revision B renames
 one shard, changes the chat template and adds a 10 MB file. Interleaved in each round, on the same disks:
 
   mm bundle B (full)              against  mm bundle B --base A (delta): bytes carried, seconds
