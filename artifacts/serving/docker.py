@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput, Refused
-from ..edges.tools import ToolMissing, ToolResult, check_name, last_line, run_tool
+from ..edges.tools import ToolMissing, check_name, last_line, run_tool
 from ..edges.untrusted import Malformed, load_json
 from ..paths import is_pointer
 
@@ -40,7 +40,10 @@ def docker_server(docker: str = "docker") -> tuple[str | None, str | None]:
     words."""
     if shutil.which(docker) is None:
         return None, DOCKER_MISSING
-    done = _run([docker, "version", "--format", "{{.Server.Version}}"])
+    try:
+        done = run_tool([docker, "version", "--format", "{{.Server.Version}}"], timeout=60)
+    except ToolMissing:  # gone between which() and the call
+        done = None
     version = last_line(done.stdout) if done is not None and done.returncode == 0 else ""
     if not version:
         return None, f"{DOCKER_DOWN} ({done.last_line() if done else 'no output'})"
@@ -49,14 +52,6 @@ def docker_server(docker: str = "docker") -> tuple[str | None, str | None]:
 
 def docker_problem(docker: str = "docker") -> str | None:
     return docker_server(docker)[1]
-
-
-def _run(argv: list[str], timeout: float = 60) -> ToolResult | None:
-    """The tool's answer, bounded in bytes and time (tools.run_tool); None when it is not installed."""
-    try:
-        return run_tool(argv, timeout=timeout)
-    except ToolMissing:
-        return None
 
 
 # --- who mounts what ---------------------------------------------------------------------------------------------
