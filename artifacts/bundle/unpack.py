@@ -263,18 +263,22 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         accepted, refused = _judge_volumes(vols, ref, manifest_b3, first)
         if first is not None and accepted:
             idx, manifest_bytes, where = first.index, first.manifest_bytes, f"{first.path.name}: {MANIFEST_MEMBER}"
+            idx_where = first.path.name
         else:  # parity volumes only: the bundle's index from an earlier sitting, when it left one
             earlier = _earlier_index(dest, ref) if pvols else None
             if earlier is None:
                 raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} given: "
                                + "; ".join(refused[:3]))
             idx, manifest_bytes, where = earlier
+            idx_where = str(dest / STATE_DIR / "index.json")
             first = next((pv for pv in pvols if pv.bundle_id == ref and not pv.refused), None)
         manifest = from_json(manifest_bytes, where)
         for v in list(accepted):
             if disagree := disagreements(v.index, manifest):
                 accepted.remove(v)
                 refused.append(f"{v.path.name}: {disagree[0]}; refused")
+        if disagree := disagreements(idx, manifest):  # every path below is looked up among the manifest's files
+            raise BadInput(f"{idx_where}: {disagree[0]}; refused")
         pset = parity_set(pvols, ref)
         refused += pset.refused
         if signed_manifest is not None and manifest_bytes != signed_manifest:
