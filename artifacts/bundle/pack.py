@@ -790,12 +790,11 @@ def leftovers(outs: list[Path], name: str, ours: set[str]) -> list[Path]:
 
 def _signature_to_carry(model_dir: Path, manifest_bytes: bytes) -> bytes | None:
     """The model's manifest signature, if it has one; a signature that does not match the manifest never travels."""
-    from ..signing import MAX_SIG_BYTES, check_signature_matches, signature_path
+    from ..signing import check_signature_matches, read_signature_file, signature_path
 
     sig_path = signature_path(model_dir)
-    if not os.path.lexists(sig_path):
+    if (signature := read_signature_file(sig_path)) is None:
         return None
-    signature = read_local_file(sig_path, what="signature", max_bytes=MAX_SIG_BYTES)
     check_signature_matches(manifest_bytes, signature, str(sig_path))
     return signature
 
