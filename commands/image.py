@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from ..artifacts.progress import human_bytes
+from .shared import PATH
 from .shared import emit_json, err, handles_errors, json_option, out, to_jsonable
 
 
@@ -17,7 +18,7 @@ def image():
 @image.command("save")
 @click.argument("reference", required=False)
 @click.option("--platform", "platform_", default=None, help="linux/amd64 or linux/arm64 (default: this host's).")
-@click.option("--out", "out_file", required=True, type=click.Path(path_type=Path), help="The archive to write.")
+@click.option("--out", "out_file", required=True, type=PATH, help="The archive to write.")
 @click.option("--format", "fmt", type=click.Choice(["docker-archive", "oci-archive"]), default="docker-archive",
               show_default=True, help="docker-archive loads on every Docker; oci-archive needs Docker 25 or newer.")
 @click.option("--insecure-registry", is_flag=True, help="Plain HTTP or unverified TLS to a registry that is not on "

@@ -11,6 +11,7 @@ import click
 
 from ..artifacts.errors import MMError, ProblemsFound
 from ..artifacts.progress import human_bytes, human_duration, human_rate
+from .shared import PATH
 from .shared import (check_identity, check_repo_id, check_revision, emit_json, handles_errors, json_option, out,
                      progress_for, render_signed, to_jsonable)
 
@@ -66,8 +67,8 @@ def _next_step(report: VerifyReport) -> str | None:
 
 
 @click.command()
-@click.argument("directory", type=click.Path(path_type=Path, readable=False))  # verify says why it cannot read
-@click.option("--manifest", "manifest_file", type=click.Path(path_type=Path),
+@click.argument("directory", type=PATH)  # verify says why it cannot read
+@click.option("--manifest", "manifest_file", type=PATH,
               help="Manifest to check against. Default: DIR/.mm/manifest.json.")
 @click.option("--quick", is_flag=True, help="Presence, sizes, readability and shard headers only; no hashing.")
 @click.option("--strict", is_flag=True, help="Files not in the manifest fail too (exit 1); by default they are "
@@ -77,7 +78,7 @@ def _next_step(report: VerifyReport) -> str | None:
                                                "not the manifest; needs the Hub.")
 @click.option("--repo", callback=check_repo_id, help="With --upstream: the Hub repo. Default: the manifest's.")
 @click.option("--revision", callback=check_revision, help="With --upstream: the revision. Default: the manifest's commit.")
-@click.option("--allowed-signers", type=click.Path(path_type=Path),
+@click.option("--allowed-signers", type=PATH,
               help="OpenSSH allowed_signers file (namespace mm-manifest): the manifest must carry a good signature by "
                    "a key it allows (unsigned or not good: exit 5), checked before every byte. The same meaning in "
                    "verify, unbundle, pull and launch.")
@@ -143,8 +144,8 @@ def _render_signature(report) -> None:
 
 
 @click.command()
-@click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--key", required=True, type=click.Path(path_type=Path),
+@click.argument("directory", type=PATH)
+@click.option("--key", required=True, type=PATH,
               help="SSH key for `ssh-keygen -Y sign`: a private key file, or KEY.pub whose key ssh-agent holds "
                    "(keys with a passphrase, hardware keys).")
 @json_option
@@ -163,7 +164,7 @@ def sign(directory, key, json_out):
 
 
 @click.command()
-@click.argument("directory", type=click.Path(path_type=Path, readable=False))
+@click.argument("directory", type=PATH)
 @click.option("--jobs", type=click.IntRange(1, 256), help="Verify threads. Default: one per core.")
 @click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Files downloaded in parallel.")
 @json_option
