@@ -469,9 +469,24 @@ class _Hashers:
         self.files: dict[tuple[str, str], StreamHasher] = {}
         self.done: dict[tuple[str, str], tuple[str, str]] = {}
 
-    def start(self, pieces: list[Piece]) -> dict:
-        return {p.source.key: (self.files[p.source.key].copy() if p.segment > 1 else
-                               StreamHasher(sha256=p.source.kind != MODEL_KIND, blake3_threads=HASH_THREADS)) for p in pieces}
+    def start(self, pieces: list[Piece]) -> "_Working":
+        return _Working(self.files)
+
+
+class _Working(dict):
+    """One volume's whole-file hashers, each made as its file's piece is reached and dropped once its last piece is
+    hashed: only a file that goes on into the next volume keeps one (a hasher holds ~2 KB of blake3 state, and a
+    volume may hold a million files)."""
+
+    def __init__(self, carried: dict):
+        super().__init__()
+        self.carried = carried
+
+    def hasher(self, p: Piece) -> StreamHasher:
+        if (h := self.get(p.source.key)) is None:
+            h = self[p.source.key] = (self.carried[p.source.key].copy() if p.segment > 1 else
+                                      StreamHasher(sha256=p.source.kind != MODEL_KIND, blake3_threads=HASH_THREADS))
+        return h
 
 
 class _SourceMismatch(IntegrityError):
@@ -524,6 +539,7 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
                     raise _SourceMismatch(f"{p.source.src}: content does not match the manifest (blake3); "
                                           f"run `mm verify` and repair before bundling", p.source.key)
                 digests[p.source.key] = (got.blake3, got.sha256)
+                del working[p.source.key]
         w.write(bytes(END_OF_ARCHIVE))
         for name, data in meta_members(plan, n, digests, restore):
             os.pwrite(fd, data, patch_at[name])
@@ -547,7 +563,7 @@ def _span(at: int, p: Piece) -> Span:
 
 def _piece_hashers(p: Piece, working: dict) -> tuple[StreamHasher, StreamHasher]:
     """(whole-file hasher, this piece's hasher): one and the same when the file is not split."""
-    whole = working[p.source.key]
+    whole = working.hasher(p)
     return whole, (whole if p.segments == 1 else StreamHasher(sha256=False, blake3_threads=HASH_THREADS))
 
 
@@ -574,6 +590,8 @@ def _keep_volume(plan: Plan, n: int, final: Path, hashers: _Hashers, pipe: Chunk
         if piece_hash.digests().blake3 != e.blake3:
             progress.advance(-checked)  # the volume is written again: the bar counts its bytes once
             return None
+        if p.is_last:
+            del working[p.source.key]
     return working
 
 
