@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from .errors import BadInput, BadValue, IntegrityError
 from .fsutil import dir_lock, payload_files, state_root
+from .hashing import bounded_map
 from .hfcache import snapshot_of
 from .manifest import FileEntry, Manifest, entry_for_file, manifest_path, public_endpoint, write_manifest
 from .progress import NULL_PROGRESS, ProgressSink
@@ -67,7 +68,7 @@ def manifest_for_local_dir(local_dir: Path, repo_id: str, revision: str, *, endp
     with dir_lock(local_dir, "mm manifest"):
         try:
             with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-                hashed = list(pool.map(one, paths))
+                hashed = list(bounded_map(pool, one, paths, window=4 * max(1, jobs)))
         finally:
             progress.end()
         if remote is not None:
