@@ -45,7 +45,7 @@ MAX_FILES = 1_000_000  # entries in one manifest
 MAX_MANIFEST_BYTES = 512 * 1024 * 1024
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Upstream:
     """What the Hub published for a file: the LFS sha256, or the git blob sha1 of a small file."""
 
@@ -57,7 +57,7 @@ class Upstream:
         return got == self.value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileEntry:
     path: str
     size: int

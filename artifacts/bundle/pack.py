@@ -47,7 +47,7 @@ import shlex
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -82,7 +82,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 MAX_VOLUMES = 10_000  # issue 21's limit: more is almost surely a --volume-size typo; `--yes` writes them anyway
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Source:
     """One file to carry: a model file (hashes known from the manifest) or a payload file."""
 
@@ -98,7 +98,7 @@ class Source:
         return (self.kind, self.path)
 
 
-@dataclass
+@dataclass(slots=True)
 class Piece:
     source: Source
     offset: int
@@ -425,7 +425,7 @@ def meta_members(plan: Plan, n: int, digests: dict, restore: bytes) -> list[tupl
     index = Index(plan.bundle_id, plan.name, n, plan.count, plan.volume_size, m.repo_id, m.revision,
                   b3(plan.manifest_bytes), meta, plan.payloads, tuple(_entry(p, digests) for p in plan.volumes[n - 1]),
                   plan.parity_note, plan.delta)
-    return [(index_member(n), render_json(index.to_doc())), (MANIFEST_MEMBER, plan.manifest_bytes), *sig,
+    return [(index_member(n), render_json(index.to_doc(members=False), members=(asdict(e) for e in index.members))), (MANIFEST_MEMBER, plan.manifest_bytes), *sig,
             (SUMS_MEMBER, sums), (RESTORE_MEMBER, restore), *extra]
 
 
