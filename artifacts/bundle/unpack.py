@@ -35,7 +35,7 @@ import enum
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, Mapping, NamedTuple
 
 from ..errors import BadInput, BadValue, IntegrityError, Refused
 from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets,
@@ -165,7 +165,7 @@ class _State:
         return sum(int(p[1]) for p in self.doc["pieces"].get(key, {}).values())
 
     def save(self) -> None:
-        atomic_write_json(self.path, self.doc, root=self.root)
+        atomic_write_json(self.path, self.doc, root=self.root, indent=None)  # a stamp a file: one line, C encoder
 
 
 def _is_done(target: Path, size: int) -> bool:
@@ -199,6 +199,28 @@ def _judge_volumes(vols: list[Volume], ref: str | None, manifest_b3: str | None,
         else:
             accepted.append(v)
     return accepted, refused
+
+
+class _Targets(Mapping):
+    """(kind, path) -> the final name of each file the bundle imports: every one checked up front (Places.final: a
+    safe path, no link on the way), each Path made when asked (a Path is ~0.5 KB, and a bundle may hold a million
+    files)."""
+
+    def __init__(self, places: Places, keys: Mapping[tuple[str, str], int]):
+        self._roots, self._keys = places.roots, keys
+        for key in keys:
+            places.final(*key)
+
+    def __getitem__(self, key: tuple[str, str]) -> Path:
+        if key not in self._keys:
+            raise KeyError(key)
+        return self._roots[key[0]] / key[1]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
 def _still_needed(expected: dict, targets: dict, state: _State) -> dict[str, int]:
@@ -289,7 +311,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         _check_dest_manifest(dest, manifest_bytes)
         places = Places(dest, payload_dests)
         expected = {**{(MODEL_KIND, f.path): f.size for f in manifest.files}, **files_expected(idx.payloads)}
-        targets = {key: places.final(*key) for key in expected}
+        targets = _Targets(places, expected)
         needed = _still_needed(expected, targets, state)
         mode = how_to_share(base.path, places.partial_dir(MODEL_KIND), link, root=dest) if base else None
         if base and mode != COPY:  # a reflink or a hard link writes no data
