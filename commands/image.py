@@ -1,12 +1,11 @@
 """`mm image save`: the pinned engine image by identity, as an archive for the air-gapped host (artifacts/serving/image.py)."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import click
 
 from ..artifacts.units import human_bytes
-from .shared import emit_json, err, handles_errors, json_option, out, password_from_stdin, to_jsonable
+from .shared import PATH, emit_json, err, handles_errors, json_option, out, password_from_stdin, to_jsonable
 
 
 @click.group()
@@ -17,7 +16,7 @@ def image():
 @image.command("save")
 @click.argument("reference", required=False)
 @click.option("--platform", "platform_", default=None, help="linux/amd64 or linux/arm64 (default: this host's).")
-@click.option("--out", "out_file", required=True, type=click.Path(path_type=Path), help="The archive to write.")
+@click.option("--out", "out_file", required=True, type=PATH, help="The archive to write.")
 @click.option("--format", "fmt", type=click.Choice(["docker-archive", "oci-archive"]), default="docker-archive",
               show_default=True, help="docker-archive loads on every Docker; oci-archive needs Docker 25 or newer.")
 @click.option("--insecure-registry", is_flag=True, help="Plain HTTP or unverified TLS to a registry that is not on "
@@ -48,7 +47,7 @@ def image_save(reference, platform_, out_file, fmt, insecure_registry, json_out)
 
 
 @image.command("push")
-@click.argument("archive", type=click.Path(path_type=Path))
+@click.argument("archive", type=PATH)
 @click.argument("site")
 @click.option("--reference", default=None, help="The pinned image the archive must be (default: the pin's).")
 @click.option("--username", help="Registry user (with --password-stdin). Default: ~/.docker/config.json, or "

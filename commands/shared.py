@@ -313,6 +313,11 @@ def quiet_stdout() -> None:
 
 # --- option values shared by several commands, checked where they are parsed (a bad value is a usage error: exit 2)
 
+# A path the user names, as given: mm opens it itself and says in one line why it cannot (exit 3, README "Exit
+# codes"). click's own readable check would answer a permission refused as a usage error (exit 2).
+PATH = click.Path(path_type=Path, readable=False)
+
+
 def check_repo_id(ctx, param, value):
     from ..artifacts.edges.untrusted import printable, repo_id_problem
     if value is not None and (problem := repo_id_problem(value)):
@@ -389,7 +394,7 @@ def signature_options(fn: Callable) -> Callable:
     options = [
         click.option("--require-signature", is_flag=True,
                      help="Kept for scripts: --allowed-signers alone already requires a good signature."),
-        click.option("--allowed-signers", type=click.Path(path_type=Path),
+        click.option("--allowed-signers", type=PATH,
                      help="OpenSSH allowed_signers file (namespace mm-manifest): the manifest must carry a good "
                           "signature by a key it allows; unsigned or not good: exit 5, before anything is written. "
                           "The same meaning in verify, unbundle, pull and launch."),

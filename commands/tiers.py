@@ -2,11 +2,10 @@
 them, with the start order (artifacts/oci/tiers.py)."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import click
 
-from .shared import emit_json, handles_errors, json_option, out, to_jsonable
+from .shared import PATH, emit_json, handles_errors, json_option, out, to_jsonable
 
 
 @click.group()
@@ -20,7 +19,7 @@ def fleet():
                                               "`mm image push` and `mm push` write.")
 @click.option("--tier", "tiers", multiple=True, required=True,
               help="A pull-through cache's URL, nearest the origin first; repeat (the last is the nodes' mirror).")
-@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="The directory to write.")
+@click.option("--out", "out_dir", required=True, type=PATH, help="The directory to write.")
 @click.option("--storage-root", default="/var/lib/docker-registry", show_default=True,
               help="Each tier stores under ROOT/<tier> (Debian docker-registry's own rootdirectory).")
 @click.option("--ttl", default="168h", show_default=True,

@@ -38,7 +38,7 @@ import enum
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, Mapping, NamedTuple
 
 from ..errors import BadInput, BadValue, IntegrityError, Refused
 from ..paths import IMPORT_RECORD, UNBUNDLE_DIR
@@ -173,7 +173,7 @@ class _State:
         return sum(int(p[1]) for p in self.doc["pieces"].get(key, {}).values())
 
     def save(self) -> None:
-        atomic_write_json(self.path, self.doc, root=self.root)
+        atomic_write_json(self.path, self.doc, root=self.root, indent=None)  # a stamp a file: one line, C encoder
 
 
 def _is_done(target: Path, size: int) -> bool:
@@ -244,7 +244,29 @@ def _judge_volumes(vols: list[Volume], ref: str | None, manifest_b3: str | None,
     return accepted, refused
 
 
-def _still_needed(expected: dict, targets: dict, state: _State, stale: set) -> dict[str, int]:
+class _Targets(Mapping):
+    """(kind, path) -> the final name of each file the bundle imports: every one checked up front (Places.final: a
+    safe path, no link on the way), each Path made when asked (a Path is ~0.5 KB, and a bundle may hold a million
+    files)."""
+
+    def __init__(self, places: Places, keys: Mapping[tuple[str, str], int]):
+        self._roots, self._keys = places.roots, keys
+        for key in keys:
+            places.final(*key)
+
+    def __getitem__(self, key: tuple[str, str]) -> Path:
+        if key not in self._keys:
+            raise KeyError(key)
+        return self._roots[key[0]] / key[1]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def _still_needed(expected: dict, targets: Mapping, state: _State, stale: set) -> dict[str, int]:
     """Bytes still to write, by kind of destination (files not yet final, less pieces already in place)."""
     needed: dict[str, int] = {}
     for key, size in expected.items():
@@ -309,18 +331,22 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         accepted, refused = _judge_volumes(vols, ref, manifest_b3, first)
         if first is not None and accepted:
             idx, manifest_bytes, where = first.index, first.manifest_bytes, f"{first.path.name}: {MANIFEST_MEMBER}"
+            idx_where = first.path.name
         else:  # parity volumes only: the bundle's index from an earlier sitting, when it left one
             earlier = _earlier_index(dest, ref) if pvols else None
             if earlier is None:
                 raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} given: "
                                + "; ".join(refused[:3]))
             idx, manifest_bytes, where = earlier
+            idx_where = str(dest / STATE_DIR / "index.json")
             first = next((pv for pv in pvols if pv.bundle_id == ref and not pv.refused), None)
         manifest = from_json(manifest_bytes, where)
         for v in list(accepted):
             if disagree := disagreements(v.index, manifest):
                 accepted.remove(v)
                 refused.append(f"{v.path.name}: {disagree[0]}; refused")
+        if disagree := disagreements(idx, manifest):  # every path below is looked up among the manifest's files
+            raise BadInput(f"{idx_where}: {disagree[0]}; refused")
         pset = parity_set(pvols, ref)
         refused += pset.refused
         if signed_manifest is not None and manifest_bytes != signed_manifest:
@@ -331,7 +357,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         _check_dest_manifest(dest, manifest_bytes)
         places = Places(dest, payload_dests)
         expected = {**{(MODEL_KIND, f.path): f.size for f in manifest.files}, **files_expected(idx.payloads)}
-        targets = {key: places.final(*key) for key in expected}
+        targets = _Targets(places, expected)
         stale = _changed_since_named(targets, state)
         needed = _still_needed(expected, targets, state, stale)
         mode = how_to_share(base.path, places.partial_dir(MODEL_KIND), link, root=dest) if base else None

@@ -133,6 +133,33 @@ def kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+def argv_batches(head: Sequence[str], operands: Sequence[str], *, max_operands: int) -> Iterator[list[str]]:
+    """HEAD followed by as many OPERANDS as one exec takes (`docker inspect -- ID...` for every running container):
+    at most MAX_OPERANDS, and within half of what the kernel leaves of ARG_MAX beside this environment (mm's own
+    margin), so that no list from a tool, however long, makes the next exec fail with E2BIG."""
+    budget = _argv_budget() - sum(len(os.fsencode(a)) + 9 for a in head)  # each: its bytes, NUL, a pointer
+    batch: list[str] = []
+    used = 0
+    for operand in operands:
+        size = len(os.fsencode(operand)) + 9
+        if batch and (used + size > budget or len(batch) >= max_operands):
+            yield [*head, *batch]
+            batch, used = [], 0
+        batch.append(operand)
+        used += size
+    if batch:
+        yield [*head, *batch]
+
+
+def _argv_budget() -> int:
+    try:
+        arg_max = os.sysconf("SC_ARG_MAX")
+    except (ValueError, OSError):
+        arg_max = 128 * 1024  # POSIX's least ARG_MAX is 4096; Linux before 2.6.23 had 128 KiB
+    env = sum(len(k) + len(v) + 10 for k, v in os.environb.items())
+    return max(16 * 1024, (arg_max - env) // 2)
+
+
 def run_tool(argv: Sequence[str | os.PathLike], *, timeout: float, max_output: int = MAX_OUTPUT,
              input: bytes | None = None, cwd: str | os.PathLike | None = None, env: Mapping[str, str] | None = None,
              passthrough: bool = False) -> ToolResult:
