@@ -147,10 +147,14 @@ def escape(text: str) -> str:
 # --- rendering helpers shared by every command ------------------------------------------------
 
 def progress_for(json_out: bool) -> ProgressSink:
-    from ..artifacts.edges.progress import NULL_PROGRESS, terminal_progress
+    """A live bar on a terminal; otherwise a plain line every MM_PROGRESS_INTERVAL seconds on stderr, or with
+    --json one status event (a JSON object) a line there: stdout keeps the one JSON document."""
+    from ..artifacts.edges.progress import periodic_progress, terminal_progress
 
     if json_out or not err.is_terminal:
-        return NULL_PROGRESS
+        # a plain line is made printable (file names are hostile); json.dumps escapes control characters itself
+        write = (lambda line: err.write(line + "\n")) if json_out else err.line
+        return periodic_progress(write, os.environ, as_json=json_out)
     return terminal_progress(_consoles.err)
 
 
