@@ -17,7 +17,8 @@ from .errors import BadValue
 MAX_SIZE = 10**18  # bytes: the largest size a --volume-size or --chunk-size may name (mm's own bound)
 _SIZE_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
                "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+               "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}  # 20Gi as Kubernetes writes it: 20GiB
 
 
 def parse_size(text: str | int) -> int:
@@ -27,7 +28,7 @@ def parse_size(text: str | int) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text or "")
     unit = m.group(2).upper() if m else None
     if not m or unit not in _SIZE_UNITS:
-        raise BadValue(f"volume size {text[:40]!r} is not a size (examples: 750M, 4G, 500G, 1.8T, 4GiB)")
+        raise BadValue(f"volume size {text[:40]!r} is not a size (examples: 750M, 4G, 500G, 1.8T, 4GiB, 4Gi)")
     from fractions import Fraction  # here: the CLI imports this module at start-up
 
     number = m.group(1)

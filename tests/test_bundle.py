@@ -236,6 +236,7 @@ def test_volume_size_is_decimal_unless_spelled_binary():
     assert parse_size("1.8T") == 1_800_000_000_000
     assert parse_size("750M") == 750_000_000
     assert parse_size("4GiB") == 4 * 2**30
+    assert parse_size("20Gi") == parse_size("20GiB") == 20 * 2**30  # as Kubernetes writes it
     with pytest.raises(BadValue, match="'4Q'"):
         parse_size("4Q")
 

@@ -19,7 +19,7 @@ import pytest
 from mm.artifacts.bundle import wheelhouse
 from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.bundle.pack import MAX_VOLUMES, refuse_too_many_volumes
-from mm.artifacts.errors import BadInput
+from mm.artifacts.errors import BadValue
 from mm.artifacts.integrity.manifest import FileEntry, Manifest, write_manifest
 from mm.artifacts.paths import manifest_path
 from mm.artifacts.pins import default_pin
@@ -66,20 +66,31 @@ def big_manifest_dir(root: Path, size: int) -> Path:
     return root
 
 
+def test_a_volume_too_small_for_the_index_is_a_usage_error_naming_a_size_that_works(tmp_path):
+    model = tmp_path / "small"
+    write_model(model, shards=2)
+    manifest_for_local_dir(model, PIN.repo_id, PIN.revision, offline=True)
+    r = run_mm("bundle", model, "--out", tmp_path / "disk", "--volume-size", "10K", "--yes", "--no-mm")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("mm: --volume-size 10.0 kB is too small: ") and " kB of each volume" in r.stderr
+    assert r.stderr.strip().endswith("; use --volume-size 1M or more"), r.stderr
+    assert run_mm("bundle", model, "--out", tmp_path / "disk", "--volume-size", "1M", "--no-mm").returncode == 0
+
+
 def test_a_volume_size_typo_is_refused_before_any_work_naming_the_count(tmp_path):
     model = big_manifest_dir(tmp_path / "big", 2_100_000_000)
     r = run_mm("bundle", model, "--out", tmp_path / "disk", "--volume-size", "100K",
                extra_env={"MM_BUNDLE_NO_MM": "0", "XDG_CACHE_HOME": str(tmp_path / "xdg")})
-    assert r.returncode == 3, r.stderr
+    assert r.returncode == 2, r.stderr  # a bad option value: the usage code
     assert r.stderr.strip() == ("mm: --volume-size 100.0 kB: 2.1 GB would take 21,000 volumes, more than 10,000 "
-                                "(a typo, e.g. 100K for 100G?); choose a larger --volume-size, or give --yes to "
+                                "(a typo, e.g. 100K for 100G?); use --volume-size 1M or more, or give --yes to "
                                 "write them all")
     assert not (tmp_path / "disk").exists()
     assert not (tmp_path / "xdg").exists()  # refused before mm's wheelhouse was built (minutes, on a cold cache)
 
 
 def test_yes_lets_a_plan_of_more_than_10000_volumes_through():
-    with pytest.raises(BadInput, match="10,001 volumes"):
+    with pytest.raises(BadValue, match="10,001 volumes"):
         refuse_too_many_volumes(MAX_VOLUMES + 1, 10**5, 10**9, yes=False)
     refuse_too_many_volumes(MAX_VOLUMES + 1, 10**5, 10**9, yes=True)
     refuse_too_many_volumes(MAX_VOLUMES, 10**5, 10**9, yes=False)

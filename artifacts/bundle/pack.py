@@ -54,7 +54,7 @@ from typing import Callable, Sequence
 import blake3
 
 from ..serving.cachekey import parse_cache_key
-from ..errors import BadInput, IntegrityError, Refused
+from ..errors import BadInput, BadValue, IntegrityError, Refused
 from ..paths import MM_DIR
 from ..edges.fsutil import (atomic_write_bytes, check_inside, dir_lock, open_file, publish, publish_fd, read_local_file,
                             require_free_space, unlink_file)
@@ -272,7 +272,7 @@ def _require_first_volume(plan: Plan, first: list[CarriedFile], reserve: int) ->
     raise BadInput(f"--volume-size {human_bytes(plan.volume_size)}: too small to carry {' and '.join(kinds)} whole "
                    f"in volume 1 ({human_bytes(sum(s.size for s in first))} that must install from the first disk "
                    f"alone); "
-                   f"use --volume-size {minimum // 10**6}M or more, or --no-mm")
+                   f"use --volume-size {_whole_mb(minimum)}M or more, or --no-mm")
 
 
 def _mtime_ns(s: CarriedFile) -> int:
@@ -289,8 +289,10 @@ def _manifest_mtime(manifest: Manifest) -> int:
 def _place(sources: list[CarriedFile], volume_size: int, room: int) -> list[list[Piece]]:
     """Fill volumes in order: whole files where they fit, else split at the room left."""
     if room < MIN_PIECE + 4096:
-        raise BadInput(f"volume size {volume_size} bytes is too small: the index, manifest and restore notes "
-                       f"need {volume_size - room} of it, leaving less than {MIN_PIECE + 4096} for data")
+        raise BadValue(f"--volume-size {human_bytes(volume_size)} is too small: the index, manifest and restore "
+                       f"notes need {human_bytes(volume_size - room)} of each volume, leaving less than "
+                       f"{human_bytes(MIN_PIECE + 4096)} for data; use --volume-size "
+                       f"{_whole_mb(volume_size - room + MIN_PIECE + 4096)}M or more")
     volumes: list[list[Piece]] = [[]]
     used = 0
     for s in sources:
@@ -689,9 +691,14 @@ def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: 
 def refuse_too_many_volumes(count: int, volume_size: int, carried: int, yes: bool) -> None:
     """More than MAX_VOLUMES volumes is refused unless YES (`--volume-size 100K` typed for 100G)."""
     if count > MAX_VOLUMES and not yes:
-        raise BadInput(f"--volume-size {human_bytes(volume_size)}: {human_bytes(carried)} would take {count:,} "
-                       f"volumes, more than {MAX_VOLUMES:,} (a typo, e.g. 100K for 100G?); choose a larger "
-                       f"--volume-size, or give --yes to write them all")
+        raise BadValue(f"--volume-size {human_bytes(volume_size)}: {human_bytes(carried)} would take {count:,} "
+                       f"volumes, more than {MAX_VOLUMES:,} (a typo, e.g. 100K for 100G?); use --volume-size "
+                       f"{_whole_mb(-(-carried // MAX_VOLUMES))}M or more, or give --yes to write them all")
+
+
+def _whole_mb(nbytes: int) -> int:
+    """NBYTES rounded up to whole megabytes, at least 1: the size a refusal suggests."""
+    return max(1, -(-nbytes // 10**6))
 
 
 def precheck_volume_count(model_dir: Path, volume_size: int | str, yes: bool) -> None:
