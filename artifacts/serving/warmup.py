@@ -13,7 +13,6 @@ import base64
 import dataclasses
 import json
 import re
-import shutil
 import struct
 import time
 import urllib.error
@@ -109,7 +108,9 @@ def _docker(args: list[str], timeout: float = 120) -> ToolResult:
     try:
         done = run_tool([DOCKER, *args], timeout=timeout)
     except ToolMissing:
-        raise BadInput("docker: not found on PATH (warm-up starts the server with docker)") from None
+        from .docker import DOCKER_MISSING
+
+        raise ProblemsFound(DOCKER_MISSING) from None
     if done.stopped:
         raise ProblemsFound(f"docker {args[0]}: {done.stopped}")
     return done
@@ -131,8 +132,8 @@ def local_image(plan: LaunchPlan) -> str:
     without it, or with its daemon down, that is what warm-up says (as doctor and the start script do)."""
     from .docker import docker_problem
 
-    if problem := docker_problem(DOCKER):
-        raise (BadInput if shutil.which(DOCKER) is None else ProblemsFound)(problem)
+    if problem := docker_problem(DOCKER):  # missing or down: exit 1, as doctor's failed check and the start script
+        raise ProblemsFound(problem)
     for ref in image_candidates(plan):
         if _docker(["image", "inspect", "--", ref]).returncode == 0:
             return ref
