@@ -24,6 +24,19 @@ def _hardware(ctx, param, value):
     return value.strip().lower() if value is not None else None
 
 
+def _hardware_ids(ctx, param, incomplete):
+    """Shell completion of --hardware: the ids of the default pin's recipes file (nothing when it cannot be read)."""
+    from click.shell_completion import CompletionItem
+
+    from ..artifacts.serving.launch import load_catalog
+
+    try:
+        ids = load_catalog().hardware
+    except Exception:  # completion never prints an error into the user's command line
+        return []
+    return [CompletionItem(hw) for hw in ids if hw.startswith(incomplete.lower())]
+
+
 def _container_name(ctx, param, value):
     """A container name handed to docker: never something docker could take as an option (`--follow`)."""
     from ..artifacts.edges.tools import check_name
@@ -71,7 +84,7 @@ def recipe_options(fn: Callable) -> Callable:
     """The options `mm launch` and `mm warmup` share: they must produce the same command line."""
     options = [
         click.argument("model_dir", type=PATH),
-        click.option("--hardware", required=True, callback=_hardware,
+        click.option("--hardware", required=True, callback=_hardware, shell_complete=_hardware_ids,
                      help="b300, gb300, b200, gb200, h200, h100 (vLLM), mi355x, mi350x (any case: B300 is b300)."),
         click.option("--recipe", default=None, help="balanced, low-latency, high-throughput, ... (default: the hardware's reference)."),
         click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True),
@@ -226,7 +239,7 @@ def doctor(model_dir, json_out, **kw):
               help="A saved HTTP answer or request body (repeatable).")
 @click.option("--model-dir", type=PATH, default=None,
               help="The model directory: adapt each fix to its recipe (with --hardware and the launch options).")
-@click.option("--hardware", default=None, callback=_hardware, help="With --model-dir: the hardware of the launch.")
+@click.option("--hardware", default=None, callback=_hardware, shell_complete=_hardware_ids, help="With --model-dir: the hardware of the launch.")
 @click.option("--recipe", default=None)
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None,
               help="The engine that served (its detectors and fixes). Default: the one the logs show, else sglang.")

@@ -494,3 +494,13 @@ def test_a_start_script_printed_to_a_full_disk_names_that_file(model_dir):
     r = run_mm("launch", model_dir, "--hardware", "b300", prefix=("sh", "-c", 'exec "$0" "$@" > /dev/full'))
     assert r.returncode == 7, r.stderr
     assert r.stderr.startswith("mm: /dev/full: no space left on device") and str(model_dir) not in r.stderr
+
+
+def test_the_shell_completes_hardware_ids_from_the_recipes():
+    def complete(words: str) -> list[str]:
+        done = run_mm(extra_env={"_MM_COMPLETE": "bash_complete", "COMP_WORDS": words,
+                                 "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))})
+        return [line.split(",", 1)[1] for line in done.stdout.splitlines()]
+
+    assert complete("mm launch DIR --hardware ") == list(load_catalog().hardware)
+    assert complete("mm doctor DIR --hardware B") == [hw for hw in load_catalog().hardware if hw.startswith("b")]
