@@ -45,6 +45,10 @@ class BadInput(MMError):
     exit_code = 3
 
 
+class NotInRoot(BadInput):
+    """The model root holds no such repo or revision (perhaps it is not the root the user meant)."""
+
+
 class RemoteError(MMError):
     exit_code = 4
 

@@ -35,7 +35,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import BadInput, BadValue, Refused
+from .errors import BadInput, BadValue, NotInRoot, Refused
 from .paths import MM_DIR, POINTER, manifest_path
 from .edges.fsutil import dir_lock, open_file, parent_dir, read_local_file, remove_tree, unlink_file
 from .integrity.manifest import MAX_MANIFEST_BYTES, Manifest, from_json
@@ -93,7 +93,7 @@ class Store:
         found = next((r for r in self.repos if r.repo_id == repo_id), None)
         if found is None:
             held = ", ".join(r.repo_id for r in self.repos) or "none"
-            raise BadInput(f"{self.root}: no revision of {repo_id} here (repos: {held}); the layout is "
+            raise NotInRoot(f"{self.root}: no revision of {repo_id} here (repos: {held}); the layout is "
                            f"ROOT/<repo id>/<revision dir>/")
         return found
 
@@ -239,7 +239,7 @@ def find_revision(repo: Repo, wanted: str) -> Revision:
     matches = [r for r in repo.revisions if HEX.match(wanted.lower()) and r.revision.startswith(wanted.lower())]
     held = ", ".join(f"{r.revision[:12]} ({r.name})" for r in repo.revisions) or "none"
     if not matches:
-        raise BadInput(f"{repo.path}: no revision {wanted!r} of {repo.repo_id} here (held: {held})")
+        raise NotInRoot(f"{repo.path}: no revision {wanted!r} of {repo.repo_id} here (held: {held})")
     if len({r.revision for r in matches}) > 1:
         raise BadValue(f"revision {wanted!r} is ambiguous in {repo.path}: {held}")
     return matches[0]

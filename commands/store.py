@@ -59,8 +59,15 @@ def use(repo, revision, root, json_out):
     """Make REVISION (a commit prefix or its directory name) the current one of REPO under the model root: the
     ROOT/REPO/current symlink is replaced atomically, once `verify --quick` passes on it. A rollback is the same
     command with the earlier revision; a start script that names ROOT/REPO/current serves it at its next start."""
+    from ..artifacts.errors import NotInRoot
     from ..artifacts.store import use as use_revision
-    result = use_revision(root, repo, revision)
+    try:
+        result = use_revision(root, repo, revision)
+    except NotInRoot as e:
+        if click.get_current_context().get_parameter_source("root") is click.core.ParameterSource.DEFAULT:
+            e.message += ("; the model root is the current directory when none is given: "
+                          "add --root DIR or set MM_ROOT")
+        raise
     if json_out:
         emit_json({"ok": True, **to_jsonable(result)})
         return

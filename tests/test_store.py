@@ -102,6 +102,19 @@ def test_use_switches_the_pointer_and_a_rollback_is_one_command(root, revs, dock
     assert r.returncode == 3 and "no revision 'dddd'" in r.stderr and pointer(root) == revs["A"].name
 
 
+def test_use_without_a_root_in_the_wrong_directory_names_root_and_mm_root(root, revs, docker, tmp_path):
+    env, _ = docker
+    env = {k: v for k, v in env.items() if k != "MM_ROOT"}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = run_mm("use", REPO, "aaaa", env=env, cwd=elsewhere)
+    assert r.returncode == 3 and r.stderr.strip().endswith(
+        "the model root is the current directory when none is given: add --root DIR or set MM_ROOT"), r.stderr
+    given = run_mm("use", REPO, "aaaa", "--root", elsewhere, env=env)
+    assert given.returncode == 3 and "MM_ROOT" not in given.stderr  # a root the user named is the one they meant
+    assert run_mm("use", REPO, "aaaa", env={**env, "MM_ROOT": str(root)}, cwd=elsewhere).returncode == 0
+
+
 def test_use_refuses_a_revision_that_fails_its_quick_verify(root, revs, docker):
     env, _ = docker
     assert mm(env, "use", REPO, "aaaa", "--root", root).returncode == 0
