@@ -119,6 +119,31 @@ def test_a_disk_too_small_is_refused_before_anything_is_written(model, tmp_path)
     assert (tmp_path / "listing.txt").read_text() == ""  # not a volume, not a partial file
 
 
+def test_a_volume_larger_than_the_disk_is_refused_naming_a_volume_size_that_fits(model, tmp_path):
+    r = on_disks(tmp_path, {"disk1": 1_200_000, "disk2": 2_000_000}, f"""
+        $MM bundle {model} --out disk1 --out disk2 --volume-size 3M >out.txt 2>err.txt || echo $? >rc.txt
+        ls -A disk1 disk2 >listing.txt""")
+    assert r.returncode == 0, r.stderr
+    err = (tmp_path / "err.txt").read_text()
+    assert (tmp_path / "rc.txt").read_text().strip() == "7", err
+    assert " is larger than this disk's free space: use --volume-size 1M or less; nothing written" in err, err
+    assert "add a disk" not in err and " more, " not in err  # "needs X" is what it needs, not X more
+    r = on_disks(tmp_path, {"disk1": 1_200_000, "disk2": 2_000_000}, f"""
+        $MM bundle {model} --out disk1 --out disk2 --volume-size 1M >out.txt 2>err.txt""")
+    assert r.returncode == 0, r.stderr  # the size it named works
+
+
+def test_mm_s_own_wheels_that_do_not_fit_are_named_with_no_mm(model, tmp_path, wheelhouse_dir):
+    wheels = sum(f.stat().st_size for f in wheelhouse_dir.rglob("*") if f.is_file())
+    r = on_disks(tmp_path, {"disk1": 3_000_000 + wheels // 2}, f"""
+        MM_BUNDLE_NO_MM=0 $MM bundle {model} --out disk1 --volume-size 1G --wheelhouse {wheelhouse_dir} >out.txt 2>err.txt \
+            || echo $? >rc.txt""")
+    assert r.returncode == 0, r.stderr
+    err = (tmp_path / "err.txt").read_text()
+    assert (tmp_path / "rc.txt").read_text().strip() == "7", err
+    assert "of it is mm's own installer and wheels: --no-mm leaves them out" in err, err
+
+
 def test_two_disks_are_filled_in_order_and_read_back_from_both_mount_points(model, tmp_path):
     """disk1 holds two volumes; the rest and the parity volume go to disk2. verify and unbundle take both
     mount points; a rerun keeps every volume where it is; a volume lost on disk1 is rebuilt from disk2's parity."""

@@ -650,7 +650,8 @@ def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: 
                            len(payload_sources) + len(manifest.files) - (len(delta.take) if delta else 0))
     if on_plan:
         on_plan(summary)
-    _require_room(outs, summary, names, sizes, where)
+    _require_room(outs, summary, names, sizes, where,
+                  mm_bytes=sum(s.size for s in payload_sources if s.kind == "mm"))
     total = sum(p.length for v in plan.volumes for p in v)
     finals = [outs[where[i]] / names[i] for i in range(len(names))]
     parity_results: list[VolumeResult] = []
@@ -780,20 +781,38 @@ def _to_write(path: Path, size: int) -> int:
         return size
 
 
+VOLUME_SLACK = 256 * 1024  # mm's own margin: a volume's file-system blocks beyond its size (a suggestion's room)
+
+
 def _require_room(outs: list[Path], summary: PlanSummary, names: list[str], sizes: list[int],
-                  where: list[int]) -> None:
-    """Refuse (exit 7) before writing when a disk's file system has not room for what the plan puts on it."""
+                  where: list[int], mm_bytes: int = 0) -> None:
+    """Refuse (exit 7) before writing when a disk's file system has not room for what the plan puts on it, with
+    the fix that works there: a smaller --volume-size when one volume is larger than the disk's free space,
+    --no-mm when mm's own wheels are what does not fit, else another disk or free space."""
     by_device: dict[int, list[tuple[Path, int]]] = {}
+    largest: dict[int, int] = {}
     for i, out in enumerate(outs):
         need = sum(_need(out, names[j], sizes[j]) for j, w in enumerate(where) if w == i)
-        by_device.setdefault(os.stat(out).st_dev, []).append((out, need))
-    for needs in by_device.values():
+        dev = os.stat(out).st_dev
+        by_device.setdefault(dev, []).append((out, need))
+        largest[dev] = max([largest.get(dev, 0)] + [sizes[j] for j, w in enumerate(where) if w == i])
+    for dev, needs in by_device.items():
         shares = [d for d in summary.disks if Path(d.out) in {o for o, _ in needs}]
         what = "mm bundle (" + "; ".join(d.holds for d in shares if d.volumes or d.parity) + ")"
         try:
             require_free_space(needs, what)
         except Refused as e:
-            raise Refused(f"{e.message}; add a disk (another --out) or free space; nothing written") from None
+            free = _free_bytes(needs[0][0])
+            if mm_bytes and sum(n for _, n in needs) - mm_bytes <= free:
+                fix = (f"{human_bytes(mm_bytes)} of it is mm's own installer and wheels: --no-mm leaves them out "
+                       f"(the destination then needs mm installed already)")
+            elif largest[dev] > free:
+                fix = (f"one volume ({human_bytes(largest[dev])}) is larger than this disk's free space: use "
+                       f"--volume-size {max((free - VOLUME_SLACK) // 10**6, 1)}M or less"
+                       + (" and another --out for the rest" if len(outs) == 1 else ""))
+            else:
+                fix = "add a disk (another --out) or free space"
+            raise Refused(f"{e.message}; {fix}; nothing written") from None
 
 
 def _need(out: Path, file_name: str, size: int) -> int:

@@ -381,7 +381,7 @@ def require_free_space(needs: Iterable[tuple[Path, int]], what: str) -> None:
     for probe, need in by_device.values():
         free = shutil.disk_usage(probe).free
         if need > free:
-            raise Refused(f"{probe}: not enough free disk: {what} needs {human_bytes(need)} more, "
+            raise Refused(f"{probe}: not enough free disk: {what} needs {human_bytes(need)}, "
                           f"{human_bytes(free)} free")
 
 
