@@ -403,6 +403,17 @@ def test_unbundle_refuses_when_free_space_is_short(tmp_path):
         check_free_space(Places(tmp_path / "dest"), {"model": 10**18})
 
 
+def test_a_refused_unbundle_leaves_no_empty_dest_behind(vols, model, tmp_path):
+    dest = tmp_path / "new-dest"
+    r = run_mm("unbundle", vols, "--dest", dest, "--from", model)  # not a delta: refused once the index is read
+    assert r.returncode == 2 and "is not a delta" in r.stderr, r.stderr
+    assert not dest.exists()  # `mm unbundle ... && ...` retried later finds no half-made directory
+    kept = tmp_path / "kept"
+    (kept / "mine").mkdir(parents=True)
+    assert run_mm("unbundle", vols, "--dest", kept, "--from", model).returncode == 2
+    assert (kept / "mine").is_dir()  # a directory the user had stays, with what it held
+
+
 def test_unbundle_refuses_a_dest_holding_another_model(vols, other_vols, tmp_path):
     dest = tmp_path / "dest"
     assert unbundle([other_vols], dest).ok

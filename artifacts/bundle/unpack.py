@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
-from ..errors import BadInput, BadValue, IntegrityError, Refused
-from ..paths import IMPORT_RECORD, UNBUNDLE_DIR
+from ..errors import BadInput, BadValue, IntegrityError, MMError, Refused
+from ..paths import IMPORT_RECORD, MM_DIR, UNBUNDLE_DIR
 from ..edges.fsutil import (atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets, dir_lock,
                             fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, remove_tree,
                             require_free_space, unlink_file)
@@ -301,6 +301,34 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
              progress: ProgressSink = NULL_PROGRESS, sync: bool = True, allowed_signers: Path | None = None,
              identity: str | None = None, require_signature: bool = False, readback: bool = False,
              base_dir: Path | None = None, link: bool = False) -> UnbundleReport:
+    """_unbundle; a DEST this call made is removed again when the import is refused before keeping any work
+    (only mm's lock and state in it): a refused `mm unbundle` leaves no empty --dest behind."""
+    made = not os.path.lexists(dest)
+    try:
+        return _unbundle(sources, dest, payload_dests, progress, sync, allowed_signers, identity,
+                         require_signature, readback, base_dir, link)
+    except MMError:
+        if made:
+            _remove_if_no_work(Path(dest))
+        raise
+
+
+_NO_WORK = {f"{MM_DIR}/lock", f"{STATE_DIR}/state.json"}  # what a refused import leaves: no byte of the model
+
+
+def _remove_if_no_work(dest: Path) -> None:
+    try:
+        held = {str(p.relative_to(dest)) for p in dest.rglob("*") if not p.is_dir() or p.is_symlink()}
+        if held <= _NO_WORK:
+            remove_tree(dest.parent, dest)
+    except (OSError, MMError):  # left as it is: the refusal's own line is what the user needs
+        pass
+
+
+def _unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | None] | None = None,
+              progress: ProgressSink = NULL_PROGRESS, sync: bool = True, allowed_signers: Path | None = None,
+              identity: str | None = None, require_signature: bool = False, readback: bool = False,
+              base_dir: Path | None = None, link: bool = False) -> UnbundleReport:
     """Import the volumes in SOURCES into DEST; PAYLOAD_DESTS: payload kind -> its destination (default
     DEST.payload/<kind dir>). sync=False skips the fsyncs of imported data (the final names still come only
     after the hashes match). ALLOWED_SIGNERS: check the manifest's signature first (IntegrityError, nothing
