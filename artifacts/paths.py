@@ -118,6 +118,15 @@ def manifest_path(model_dir: Path) -> Path:
     return state_dir(model_dir, MM_DIR) / MANIFEST_NAME
 
 
+def store_root_of(revision_dir: Path, repo_id: str) -> Path | None:
+    """The model root ROOT when REVISION_DIR is ROOT/<REPO_ID>/<revision dir> (a store's layout), else None."""
+    parts = repo_id.split("/")
+    here = Path(os.path.abspath(revision_dir))
+    if len(here.parts) <= len(parts) + 1 or list(here.parts[-1 - len(parts):-1]) != parts:
+        return None
+    return here.parents[len(parts)]
+
+
 def is_pointer(path: Path) -> bool:
     """PATH is a store's `current` pointer (a symlink to a sibling revision directory)."""
     path = Path(path)

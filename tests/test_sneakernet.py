@@ -247,3 +247,19 @@ def test_bundle_json_carries_the_plan_in_bytes(model, tmp_path):
     assert plan["volumes"] == 5 and plan["volume_size"] == VOLUME_SIZE and plan["largest"] <= VOLUME_SIZE
     assert [d["volumes"] for d in plan["disks"]] == [[1, 2, 3, 4, 5], []]  # one file system: the first has room
     assert doc["outs"] == [str(tmp_path / "a"), str(tmp_path / "b")] and isinstance(doc["seconds"], float)
+
+
+def test_unbundle_into_a_store_says_mm_use_and_does_not_reinstall_the_running_mm(model, tmp_path, wheelhouse_dir):
+    out = tmp_path / "disk"
+    made = run_mm("bundle", model, "--out", out, "--volume-size", "1G", "--wheelhouse", wheelhouse_dir,
+                  extra_env={"MM_BUNDLE_NO_MM": "0"})
+    assert made.returncode == 0, made.stderr
+    root = tmp_path / "models"
+    dest = root / PIN.repo_id / PIN.revision[:12]
+    r = run_mm("unbundle", out, "--dest", dest)
+    assert r.returncode == 0, r.stderr
+    nexts = [line for line in r.stdout.splitlines() if line.startswith("next: ")]
+    assert any(line.startswith("next: sh ") and line.endswith("is the mm running here") for line in nexts), nexts
+    use = f"mm use {PIN.repo_id} {PIN.revision[:12]} --root {root}"
+    assert nexts[-1].startswith(f"next: {use}   # "), nexts
+    assert run_mm(*use.split()[1:]).returncode == 0  # the command it names works as printed

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from ..errors import BadInput
+from ..errors import BadInput, MMError
 from ..edges.fsutil import check_relpath, open_local_file
 from .fields import MAX_TEXT, integer, plain_name, record, string
 
@@ -329,6 +329,14 @@ class MmPayload(NamedTuple):
         return {**self.summary(), "path": str(root), "install": f"sh {root / 'install-mm.sh'} [DIR]"}
 
     def next_command(self, root: Path) -> str:
+        from .wheelhouse import mm_version  # here: the CLI imports this table at start-up
+        try:
+            running = mm_version()
+        except MMError:
+            running = None
+        if running == self.mm_version:  # it would install the mm that just ran
+            return (f"sh {root / 'install-mm.sh'} [DIR]   # only on another host (copy {root}): mm "
+                    f"{self.mm_version} is the mm running here")
         return (f"sh {root / 'install-mm.sh'} [DIR]   # mm {self.mm_version} offline, sets {', '.join(self.sets)} "
                 f"(on another host: copy {root})")
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
 from ..errors import BadInput, BadValue, IntegrityError, MMError, Refused
-from ..paths import IMPORT_RECORD, MM_DIR, UNBUNDLE_DIR
+from ..paths import IMPORT_RECORD, MM_DIR, POINTER, UNBUNDLE_DIR, store_root_of
 from ..edges.fsutil import (atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets, dir_lock,
                             fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, remove_tree,
                             require_free_space, unlink_file)
@@ -313,6 +313,16 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         raise
 
 
+def _next_commands(payloads, roots: dict[str, Path], dest: Path, manifest) -> list[str]:
+    """The payloads' next commands, then, when DEST is a revision in a store's layout, the `mm use` that makes it
+    the one a start script made from ROOT/REPO/current serves."""
+    use = []
+    if (root := store_root_of(dest, manifest.repo_id)) is not None:
+        use = [f"mm use {manifest.repo_id} {manifest.revision[:12]} --root {root}   # serve it from {root}/"
+               f"{manifest.repo_id}/{POINTER} at the next start"]
+    return next_commands(payloads, roots) + use
+
+
 _NO_WORK = {f"{MM_DIR}/lock", f"{STATE_DIR}/state.json"}  # what a refused import leaves: no byte of the model
 
 
@@ -446,7 +456,7 @@ def _unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | N
         return UnbundleReport(outcome is Outcome.IMPORTED, outcome, complete, ref, idx.name, str(dest), idx.volumes,
                               [v.path.name for v in accepted], refused, missing, run.imported, run.skipped,
                               run.corrupt, waiting, payloads_placed(idx.payloads, roots),
-                              next_commands(idx.payloads, roots) if complete else [], verify_doc,
+                              _next_commands(idx.payloads, roots, dest, manifest) if complete else [], verify_doc,
                               notes=rebuild_report.notes, synced=sync, rebuilt=rebuild_report.volumes,
                               parity_used=rebuild_report.parity_used, recovery=rebuild_report.recovery,
                               signature=_signature_doc(signature), delta=_delta_doc(idx, manifest, base, taken))
