@@ -230,6 +230,11 @@ def bundle_verify(volumes, json_out):
                 out.line(f"parity: {report.parities} volume(s); missing: {gone}")
             if report.recovery:
                 out.line(report.recovery)
+            if report.ok and not report.delta:
+                from shlex import quote
+                given = " ".join(quote(str(v)) for v in volumes)
+                later = "; the missing volumes may come later" if report.missing else ""
+                out.line(f"next: mm unbundle {given} --dest DIR   # on the offline host{later}")
     if not report.ok:
         bad = [f"{Path(v.path).name} {v.status}" for v in report.verdicts if v.status != "OK"]
         err.line(f"mm: bundle verify: {', '.join(bad)}")

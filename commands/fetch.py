@@ -139,7 +139,30 @@ def fetch(repo, revision, local_dir, include, exclude, connections, workers, sou
             render_signed(signed)
         elif sign_with is not None:
             err.print("not signed: some files failed", markup=False)
+        if not result.failed:
+            for hint in _next_after_fetch(result):
+                out.line(f"next: {hint}")
     sys.exit(_fetch_exit_code(result))
+
+
+def _next_after_fetch(result: mm_fetch.FetchResult) -> list[str]:
+    """Where a fetched model usually goes next: onto disks for an offline host, or (a pinned model) a start."""
+    from shlex import quote
+
+    from ..artifacts.pins import pin_for_repo
+
+    where = quote(result.local_dir)
+    hints = [f"mm bundle {where} --out /media/disk1 --volume-size 100G   # to carry it to an offline host"]
+    pin = pin_for_repo(result.repo_id)
+    if pin is not None and pin.recipes:
+        from ..artifacts.serving.launch import load_catalog, recipes_path
+
+        try:
+            gpus = ", ".join(load_catalog(recipes_path(pin), pin).hardware)
+        except MMError:
+            return hints
+        hints.append(f"mm launch {where} --hardware GPU --out start.sh   # a start script; GPU one of {gpus}")
+    return hints
 
 
 @click.group(cls=DefaultGroup, default="create")

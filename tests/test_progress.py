@@ -304,3 +304,15 @@ def test_a_bad_progress_interval_is_a_usage_error(model, tmp_path):
         "mm: MM_PROGRESS_INTERVAL='soon' is not a number of seconds between 0 and 86400 (unset it for the default, 10)"
     ], lines
 
+
+
+def test_fetch_and_bundle_verify_end_with_the_next_command(hub_env, model_repo, bundled, tmp_path):
+    dest = tmp_path / "dest"
+    fetched = run_mm("fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", dest, env=hub_env)
+    assert fetched.returncode == 0, fetched.stderr
+    nexts = [line for line in fetched.stdout.splitlines() if line.startswith("next: ")]
+    assert nexts[0] == f"next: mm bundle {dest} --out /media/disk1 --volume-size 100G   # to carry it to an offline host"
+    assert nexts[1].startswith(f"next: mm launch {dest} --hardware GPU --out start.sh   # a start script; GPU one of b300")
+    checked = run_mm("bundle", "verify", bundled)
+    assert checked.returncode == 0 and checked.stdout.splitlines()[-1] == \
+        f"next: mm unbundle {bundled} --dest DIR   # on the offline host", checked.stdout
