@@ -118,6 +118,14 @@ def manifest_path(model_dir: Path) -> Path:
     return state_dir(model_dir, MM_DIR) / MANIFEST_NAME
 
 
+PAYLOAD_SUFFIX = ".payload"  # DEST.payload/: what a bundle carried beside the model (mm's wheels, an image, caches)
+
+
+def payload_dir(model_dir: Path) -> Path:
+    """MODEL_DIR.payload/, beside the model directory: where unbundle puts payloads by default."""
+    return model_dir.parent / f"{model_dir.name}{PAYLOAD_SUFFIX}"
+
+
 def store_root_of(revision_dir: Path, repo_id: str) -> Path | None:
     """The model root ROOT when REVISION_DIR is ROOT/<REPO_ID>/<revision dir> (a store's layout), else None."""
     parts = repo_id.split("/")

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import BadInput, BadValue, NotInRoot, Refused
-from .paths import MM_DIR, POINTER, manifest_path
+from .paths import MM_DIR, POINTER, manifest_path, payload_dir
 from .edges.fsutil import dir_lock, open_file, parent_dir, read_local_file, remove_tree, unlink_file
 from .integrity.manifest import MAX_MANIFEST_BYTES, Manifest, from_json
 from .integrity.stamps import read_verified
@@ -331,6 +331,17 @@ def layouts(rev: Revision) -> list[Layout]:
     return out
 
 
+def _payload(rev: Revision) -> Path | None:
+    """The revision's DIR.payload/ beside it, when it is a real directory (a link there is not mm's to remove)."""
+    where = payload_dir(rev.path)
+    return where if where.is_dir() and not where.is_symlink() else None
+
+
+def _payload_layouts(rev: Revision) -> list[Layout]:
+    where = _payload(rev)
+    return _tree_layouts(where) if where else []
+
+
 def _tree_layouts(path: Path) -> list[Layout]:
     """Every regular file under PATH (a leftover of an interrupted gc), symlinks not followed."""
     out = []
@@ -361,6 +372,7 @@ class RevisionInfo:
     #                 | "stale" (the manifest changed after signing) | "unchecked" (ssh-keygen missing)
     signer: str | None  # key type and fingerprint
     mounted_by: list[str]
+    payload: int = 0  # bytes on disk of DIR.payload/ beside it (mm's wheels, an engine image, caches); gc frees it too
 
 
 @dataclass
@@ -398,7 +410,7 @@ def ls(root: Path, docker: str = "docker") -> LsReport:
             status, signer = _signature_status(r)
             infos.append(RevisionInfo(r.repo_id, r.revision, r.name, str(r.path), r.files, r.size, DiskUse(mine).bytes,
                                       shared_bytes(mine, others), r.current, stamp.__dict__ if stamp else None, status, signer,
-                                      sorted(set(users.get(r.path, [])))))
+                                      sorted(set(users.get(r.path, []))), DiskUse(_payload_layouts(r)).bytes))
     removing = [str(p) for repo in store.repos for p in repo.removing]
     if removing:
         notes.append(f"{len(removing)} revision(s) being removed by an interrupted `mm gc`; run `mm gc {store.root}` "
@@ -438,9 +450,15 @@ class GcReport:
     notes: list[str]
 
 
-def gc(root: Path, keep: int = DEFAULT_KEEP, dry_run: bool = False, docker: str = "docker") -> GcReport:
+WITHOUT_DOCKER = "--without-docker"
+
+
+def gc(root: Path, keep: int = DEFAULT_KEEP, dry_run: bool = False, docker: str = "docker",
+       without_docker: bool = False) -> GcReport:
     """Remove the revisions that are not current, not among the KEEP most recent others, not mounted by a running
-    container, not being written by mm, and finish what an interrupted gc left; with DRY_RUN only say so."""
+    container, not being written by mm, and finish what an interrupted gc left; with DRY_RUN only say so.
+    WITHOUT_DOCKER: docker is not asked which revisions running containers mount (its daemon stopped, or the
+    containers run under podman or Kubernetes): the user vouches that none runs from what goes."""
     if keep < 0:
         raise BadValue(f"--keep {keep}: must be 0 or more")
     root = Path(root)
@@ -448,11 +466,16 @@ def gc(root: Path, keep: int = DEFAULT_KEEP, dry_run: bool = False, docker: str 
         store = scan(root)
         notes = list(store.notes)
         try:
-            containers, note = running_containers(docker)
+            containers, note = ([], None) if without_docker else running_containers(docker)
         except Refused as e:
             if not dry_run:
-                raise
+                raise Refused(f"{e.message}; `mm gc {WITHOUT_DOCKER}` removes them without asking docker: a "
+                              f"container still serving a removed revision loses its files (reads fail, its next "
+                              f"start finds no model)") from None
             containers, note = [], f"{e}; this dry run lists what would go if no container mounted a revision"
+        if without_docker:
+            note = (f"docker not asked ({WITHOUT_DOCKER}): a revision a running container mounts is removed like "
+                    f"any other; the current and --keep ones stay")
         notes += [note] if note else []
         uses = read_uses(root)
         users, mount_notes = mounted(store, containers, uses)
@@ -462,7 +485,8 @@ def gc(root: Path, keep: int = DEFAULT_KEEP, dry_run: bool = False, docker: str 
             if repo.pointer_problem:
                 notes.append(repo.pointer_problem)
             for rev, why in _decide(repo, keep, users, uses or []):
-                doc = {"repo_id": repo.repo_id, "revision": rev.revision, "dir": rev.name, "size": rev.size}
+                doc = {"repo_id": repo.repo_id, "revision": rev.revision, "dir": rev.name, "size": rev.size,
+                       "payload": DiskUse(_payload_layouts(rev)).bytes}
                 (kept.append({**doc, "why": why}) if why else removed.append((rev, doc)))
         leftovers = [p for repo in store.repos for p in repo.removing]
         freed = _freed(store, [rev for rev, _ in removed], leftovers)
@@ -473,11 +497,14 @@ def gc(root: Path, keep: int = DEFAULT_KEEP, dry_run: bool = False, docker: str 
         for path in leftovers:  # below ROOT, through real directories only (fsutil's rule)
             remove_tree(root, path)
         for rev, _ in removed:
-            gone = rev.path.with_name(REMOVING + rev.name)
-            with parent_dir(root, rev.path) as (dfd, name):
-                os.rename(name, gone.name, src_dir_fd=dfd, dst_dir_fd=dfd)  # from here on the revision is gone whole
-                os.fsync(dfd)
-            remove_tree(root, gone)
+            # the payloads first: an interrupted gc leaves them as a leftover it finishes, never a revision without
+            # its model that still has its payloads (or the reverse)
+            for path in [p for p in (_payload(rev),) if p] + [rev.path]:
+                gone = path.with_name(REMOVING + path.name)
+                with parent_dir(root, path) as (dfd, name):
+                    os.rename(name, gone.name, src_dir_fd=dfd, dst_dir_fd=dfd)  # from here on it is gone whole
+                    os.fsync(dfd)
+                remove_tree(root, gone)
         for repo in store.repos:
             _clean_pointer_leftovers(root, repo.path)
         return report
@@ -534,7 +561,8 @@ def _freed(store: Store, removed: list[Revision], leftovers: list[Path]) -> int:
     root's revisions hold is used elsewhere too: it frees nothing."""
     gone = {r.path for r in removed}
     kept_layouts = [item for repo in store.repos for r in repo.revisions if r.path not in gone for item in layouts(r)]
-    removed_layouts = [item for r in removed for item in layouts(r)] + [i for p in leftovers for i in _tree_layouts(p)]
+    removed_layouts = [item for r in removed for item in layouts(r) + _payload_layouts(r)] + \
+        [i for p in leftovers for i in _tree_layouts(p)]
     seen = Counter((i.dev, i.ino) for i in kept_layouts + removed_layouts)
     kept_layouts += [i for i in removed_layouts if i.links > seen[(i.dev, i.ino)]]
     kept_use = DiskUse(kept_layouts).bytes

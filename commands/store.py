@@ -45,8 +45,10 @@ def _revision_line(r) -> str:
     signature = {"none": "unsigned", "good": f"signed ({r.signer})", "stale": "signature STALE (manifest changed)",
                  "unchecked": "signed (not checked: no ssh-keygen)"}[r.signature]
     mounted = f"; mounted by {', '.join(r.mounted_by)}" if r.mounted_by else ""
+    payload = f", {r.dir}.payload/ {human_bytes(r.payload)}" if r.payload else ""
     return (f"{'*' if r.current else ' '} {r.revision[:12]}  {r.dir}/  {r.files} files, {human_bytes(r.size)}, "
-            f"{human_bytes(r.on_disk)} on disk ({human_bytes(r.shared)} shared); {verified}; {signature}{mounted}")
+            f"{human_bytes(r.on_disk)} on disk ({human_bytes(r.shared)} shared){payload}; {verified}; "
+            f"{signature}{mounted}")
 
 
 @click.command("use")
@@ -84,14 +86,17 @@ def use(repo, revision, root, json_out):
 @click.option("--keep", type=click.IntRange(0, 10_000), default=1, show_default=True,
               help="Revisions to keep besides the current one, the most recently current (or imported) first.")
 @click.option("--dry-run", is_flag=True, help="Say what would be removed and freed; remove nothing.")
+@click.option("--without-docker", is_flag=True,
+              help="Do not ask docker which revisions running containers mount (daemon stopped; podman, "
+                   "Kubernetes): a container serving a removed revision loses its files. Current and kept stay.")
 @json_option
 @handles_errors
-def gc(root, keep, dry_run, json_out):
+def gc(root, keep, dry_run, without_docker, json_out):
     """Remove the revisions under ROOT that are not current, not kept (--keep) and not mounted by a running
     container (docker is asked), and say what it frees. Interrupted, it leaves every revision whole or gone;
     the next run finishes."""
     from ..artifacts.store import gc as collect
-    report = collect(root, keep=keep, dry_run=dry_run)
+    report = collect(root, keep=keep, dry_run=dry_run, without_docker=without_docker)
     if json_out:
         emit_json({"ok": True, **to_jsonable(report)})
         return
@@ -101,7 +106,9 @@ def gc(root, keep, dry_run, json_out):
     for path in report.leftovers:
         out.line(f"{verb} {path} (left by an interrupted gc)")
     for r in report.removed:
-        out.line(f"{verb} {r['repo_id']}@{r['revision'][:12]} ({r['dir']}/, {human_bytes(r['size'])} of files)")
+        payload = f", and {r['dir']}.payload/ ({human_bytes(r['payload'])})" if r["payload"] else ""
+        out.line(f"{verb} {r['repo_id']}@{r['revision'][:12]} ({r['dir']}/, {human_bytes(r['size'])} of files"
+                 f"{payload})")
     for r in report.kept:
         out.line(f"kept   {r['repo_id']}@{r['revision'][:12]} ({r['dir']}/): {r['why']}")
     out.line(f"{'would free' if dry_run else 'freed'} {human_bytes(report.freed)} on disk")

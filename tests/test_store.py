@@ -201,6 +201,27 @@ def test_gc_keeps_the_current_the_kept_and_the_mounted_revisions_and_says_what_i
     assert verify_dir(revs["B"]).ok and verify_dir(revs["C"]).ok  # hard links into A's files kept their bytes
 
 
+def test_gc_frees_a_revisions_payloads_with_it_and_ls_shows_their_size(root, revs, docker):
+    env, _ = docker
+    assert mm(env, "use", REPO, "cccc", "--root", root).returncode == 0
+    for label in ("A", "C"):  # what unbundle puts beside a revision: mm's wheels, an engine image archive
+        payload = revs[label].with_name(revs[label].name + ".payload")
+        (payload / "image").mkdir(parents=True)
+        (payload / "image" / "engine.tar").write_bytes(os.urandom(300_000))
+    listed = json.loads(mm(env, "ls", root, "--json").stdout)
+    sizes = {r["dir"]: r["payload"] for r in listed["revisions"]}
+    assert sizes[revs["A"].name] >= 300_000 and sizes[revs["B"].name] == 0
+    text = mm(env, "ls", root).stdout
+    assert f"{revs['A'].name}.payload/ " in text, text
+    dry = json.loads(mm(env, "gc", root, "--keep", "0", "--dry-run", "--json").stdout)
+    assert dry["freed"] >= 300_000 and {r["dir"]: r["payload"] for r in dry["removed"]} == {
+        revs["A"].name: sizes[revs["A"].name], revs["B"].name: 0}
+    r = mm(env, "gc", root, "--keep", "0")
+    assert r.returncode == 0 and f"and {revs['A'].name}.payload/ (" in r.stdout, r.stdout
+    assert not revs["A"].exists() and not revs["A"].with_name(revs["A"].name + ".payload").exists()
+    assert revs["C"].with_name(revs["C"].name + ".payload").is_dir()  # the current revision's stay
+
+
 def test_gc_keeps_the_revision_a_container_started_through_the_pointer_mounts(root, revs, docker):
     env, add = docker
     assert mm(env, "use", REPO, "aaaa", "--root", root).returncode == 0
@@ -227,7 +248,19 @@ def test_gc_removes_nothing_when_docker_cannot_say_what_runs(root, revs, tmp_pat
     env = docker_down(tmp_path)
     r = mm(env, "gc", root, "--keep", "0")
     assert r.returncode == 7 and "Cannot connect to the Docker daemon" in r.stderr, r.stderr
+    assert "`mm gc --without-docker` removes them without asking docker: a container still serving a removed " \
+           "revision loses its files" in r.stderr, r.stderr
     assert all(d.is_dir() for d in revs.values())
+
+
+def test_gc_without_docker_removes_what_it_would_with_docker_stopped_and_says_what_it_did_not_ask(root, revs,
+                                                                                                   tmp_path):
+    env = docker_down(tmp_path)
+    assert mm(env, "use", REPO, "cccc", "--root", root).returncode == 0
+    r = mm(env, "gc", root, "--keep", "0", "--without-docker")
+    assert r.returncode == 0, r.stderr
+    assert "note: docker not asked (--without-docker)" in r.stderr
+    assert not revs["A"].exists() and not revs["B"].exists() and revs["C"].is_dir()
 
 
 def test_gc_dry_run_without_docker_answering_says_what_would_go_and_that_mounts_are_unknown(root, revs, tmp_path):

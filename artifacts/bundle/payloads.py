@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from ..errors import BadInput, MMError
+from ..paths import payload_dir
 from ..edges.fsutil import check_relpath, open_local_file
 from .fields import MAX_TEXT, integer, plain_name, record, string
 
@@ -497,5 +498,5 @@ def files_expected(payloads: Payloads) -> dict[tuple[str, str], int]:
 def payload_roots(dest: Path, chosen: dict[str, Path | None] | None) -> dict[str, Path]:
     """Where each kind goes: the option given, else DEST.payload/<dest_default>."""
     chosen = chosen or {}
-    beside = dest.parent / f"{dest.name}.payload"
+    beside = payload_dir(dest)
     return {k.kind: Path(chosen.get(k.kind) or beside / k.dest_default) for k in PAYLOAD_KINDS}
