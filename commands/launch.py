@@ -107,6 +107,12 @@ def recipe_options(fn: Callable) -> Callable:
                      help="Image archive carried in the bundle; the script runs `docker load -i` when the image is absent."),
         click.option("--cache-root", type=PATH, default=None,
                      help="Host directory for kernel caches (default: DIR/../mm-kernel-cache/<recipe>)."),
+        click.option("--mem-fraction-static", default=None, metavar="FRACTION",
+                     help="SGLang's --mem-fraction-static, the user's override of the recipe's (the guide's fix "
+                          "for CUDA out of memory: below 0.8)."),
+        click.option("--chunked-prefill-size", default=None, metavar="TOKENS",
+                     help="SGLang's --chunked-prefill-size, the user's override of the recipe's (the guide's "
+                          "second step for CUDA out of memory: smaller)."),
         click.option("--name", default=None, callback=_container_name,
                      help="Container name. Default: the pin's container_name (minimax-m3-1-flash)."),
     ]
@@ -119,7 +125,13 @@ def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
     from ..artifacts.serving import launch as mm_launch
     keys = ("hardware", "recipe", "engine", "gpus", "port", "tp", "context_length", "dspark", "image",
             "image_archive", "cache_root", "name", "replicas", "replica_ports", "metrics_port")
-    return mm_launch.LaunchOptions(**{k: kw[k] for k in keys}, **extra)
+    overrides = tuple((flag, kw[_param(flag)]) for flag in mm_launch.OVERRIDE_FLAGS
+                      if kw.get(_param(flag)) is not None)
+    return mm_launch.LaunchOptions(**{k: kw[k] for k in keys}, overrides=overrides, **extra)
+
+
+def _param(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
 
 
 @click.command()
@@ -149,9 +161,15 @@ def launch(model_dir, expose, api_key_env, fmt, out, require_signature, allowed_
         from . import shared  # (`out` here is --out; the script goes to the stdout console, which names a full disk)
         shared.out.write(text)
     else:
-        err.line(f"wrote {out} ({plan.recipe.id}, {plan.recipe.status}, {len(node.replicas)} replica(s))")
+        # the script's own verdict: a command to revalidate is never summed up as the recipe's status alone
+        verdict = (f"{plan.recipe.status}; REVALIDATE before serving traffic, as the script says"
+                   if plan.revalidate else plan.recipe.status)
+        err.line(f"wrote {out} ({plan.recipe.id}, {verdict}, {len(node.replicas)} replica(s))")
     for warning in plan.warnings:
         err.line(f"warning: {warning}")
+    for flag, value, was in plan.overrides:
+        err.line(f"override: {flag} {value} (yours, not the guide's; the recipe has "
+                 f"{was if was is not None else 'none: SGLang default'})")
 
 
 def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers: Path | None, identity: str | None,

@@ -504,3 +504,29 @@ def test_the_shell_completes_hardware_ids_from_the_recipes():
 
     assert complete("mm launch DIR --hardware ") == list(load_catalog().hardware)
     assert complete("mm doctor DIR --hardware B") == [hw for hw in load_catalog().hardware if hw.startswith("b")]
+
+
+# --- the user's overrides of the flags the guide's fixes name ----------------------------------------------
+
+def test_launch_overrides_the_flags_the_guides_oom_fix_names_and_says_they_are_the_users(model_dir):
+    r = run_mm("launch", model_dir, "--hardware", "b300", "--mem-fraction-static", "0.75",
+               "--chunked-prefill-size", "4096")
+    assert r.returncode == 0, r.stderr
+    script = r.stdout
+    assert "# Override: --mem-fraction-static 0.75 is the user's (mm launch --mem-fraction-static 0.75), not the " \
+           "guide's: the recipe has --mem-fraction-static " in script, script
+    assert "# Override: --chunked-prefill-size 4096 is the user's" in script
+    doc = json.loads(run_mm("launch", model_dir, "--hardware", "b300", "--mem-fraction-static", "0.75",
+                            "--format", "json").stdout)
+    assert doc["overrides"] == [{"flag": "--mem-fraction-static", "value": "0.75",
+                                 "recipe_value": doc["overrides"][0]["recipe_value"],
+                                 "source": "the user's override (mm launch)"}]
+    argv = doc["engine_argv"]
+    assert argv.count("--mem-fraction-static") == 1 and argv[argv.index("--mem-fraction-static") + 1] == "0.75"
+    (result,) = sglang_parse([[t for t in argv][2:]])  # SGLang's own parser takes the overridden command
+    assert result["ok"] and result["args"]["mem_fraction_static"] == 0.75, result
+
+
+def test_a_launch_override_out_of_range_is_a_usage_error(model_dir):
+    r = run_mm("launch", model_dir, "--hardware", "b300", "--mem-fraction-static", "1.5")
+    assert r.returncode == 2 and "--mem-fraction-static '1.5': must be a fraction between 0 and 1" in r.stderr, r.stderr

@@ -13,6 +13,7 @@ import re
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from ..errors import BadInput, BadValue, Refused
 from ..edges.fsutil import atomic_write_text, check_inside, user_path
@@ -218,6 +219,31 @@ class LaunchOptions:
     replicas: int | None = None  # None: as many as --gpus holds (see router.plan_node)
     replica_ports: tuple[int, ...] | None = None
     metrics_port: int | None = None
+    overrides: tuple[tuple[str, str], ...] = ()  # (server flag, value) the user set: OVERRIDE_FLAGS
+
+
+# Server flags `mm launch` lets the user override, each named after the flag the guide's troubleshooting table names
+# in a fix (its "CUDA out of memory" row: lower --mem-fraction-static below 0.8, then --chunked-prefill-size);
+# flag -> (what the value must be, its check). SGLang's flags: the vLLM recipes take none of them.
+OVERRIDE_FLAGS: dict[str, tuple[str, Callable[[str], bool]]] = {
+    "--mem-fraction-static": ("a fraction between 0 and 1", lambda v: 0 < float(v) < 1),
+    "--chunked-prefill-size": ("a whole number of tokens, 1 or more", lambda v: int(v) >= 1),
+}
+
+
+def check_overrides(overrides: tuple[tuple[str, str], ...], engine: str) -> None:
+    for flag, value in overrides:
+        if flag not in OVERRIDE_FLAGS:
+            raise BadValue(f"{flag}: not a server flag mm launch overrides (those it does: {', '.join(OVERRIDE_FLAGS)})")
+        if engine != "sglang":
+            raise BadValue(f"{flag}: an SGLang flag; the {engine} recipes do not take it")
+        what, ok = OVERRIDE_FLAGS[flag]
+        try:
+            good = ok(value)
+        except ValueError:
+            good = False
+        if not good:
+            raise BadValue(f"{flag} {value!r}: must be {what}")
 
 
 @dataclass(frozen=True)
@@ -267,6 +293,7 @@ class LaunchPlan:
     revalidate: bool
     sampling: dict[str, float]
     warnings: tuple[str, ...] = field(default=())
+    overrides: tuple[tuple[str, str, str | None], ...] = ()  # (flag, the user's value, the recipe's value or None)
     image_id: str | None = None  # config digest recorded by `mm image save`: what survives `docker load`
     image_record: Path | None = None  # that record (beside the archive)
 
@@ -446,7 +473,10 @@ def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = 
     for m in mounts:
         if ":" in str(m.host) or "," in str(m.host):
             raise BadInput(f"{m.host}: docker -v cannot mount a path containing ':' or ','; move or link it")
+    check_overrides(opts.overrides, recipe.engine)
     engine_argv = _engine_argv(engine, recipe, tp, opts, container_model)
+    recipe_values = {a.flag: a.value for a in engine.common_args + recipe.args}
+    overrides = tuple((flag, value, recipe_values.get(flag)) for flag, value in opts.overrides)
     image_record, image_id, image_warnings = find_image_record(image, model_dir, opts.image_archive)
     warnings += image_warnings
     return LaunchPlan(
@@ -458,6 +488,7 @@ def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = 
         env=tuple(env), mounts=tuple(mounts), entrypoint=engine.entrypoint, engine_argv=tuple(engine_argv),
         cache_root=cache_root, uses_dspark=bool(recipe.speculative), revalidate=revalidate,
         sampling=catalog.sampling, warnings=tuple(warnings), image_id=image_id, image_record=image_record,
+        overrides=overrides,
     )
 
 
@@ -502,6 +533,11 @@ def _engine_argv(engine: Engine, recipe: Recipe, tp: int, opts: LaunchOptions, m
             argv[argv.index("--context-length") + 1] = str(opts.context_length)
         else:
             argv += ["--context-length", str(opts.context_length)]
+    for flag, value in opts.overrides:  # the user's value in place of the recipe's, else added
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
     for a in engine.tail_args:
         argv += [a.flag] + ([subst.get(a.value, a.value)] if a.value is not None else [])
     if opts.expose:
@@ -540,6 +576,13 @@ def _shell(token: Token) -> str:
     return f'"{token}"' if isinstance(token, EnvRef) else shlex.quote(token)
 
 
+def override_lines(plan: LaunchPlan) -> list[str]:
+    """The script's statement of each override: the user's value, not the guide's."""
+    return [f"# Override: {flag} {value} is the user's (mm launch {flag} {value}), not the guide's: the recipe has "
+            + (f"{flag} {was}" if was is not None else "no value for it (SGLang's default)")
+            for flag, value, was in plan.overrides]
+
+
 def render_script(plan: LaunchPlan) -> str:
     r = plan.recipe
     lines = [
@@ -552,6 +595,7 @@ def render_script(plan: LaunchPlan) -> str:
     if plan.hardware.vendor == "amd":
         lines.append("# Note: GPU access (--device /dev/kfd /dev/dri, HIP_VISIBLE_DEVICES) follows the ROCm container convention, not the guide.")
     lines += [f"# Warning: {w}" for w in plan.warnings]
+    lines += override_lines(plan)
     hicache = hicache_statement(plan, 1)
     if hicache:
         lines.append(f"# {hicache}")
@@ -700,6 +744,8 @@ def plan_document(plan: LaunchPlan) -> dict:
         "engine_argv": [str(t) for t in plan.engine_argv],
         "docker_argv": [str(t) for t in docker_run_argv(plan)],
         "facts": list(r.facts), "warnings": list(plan.warnings),
+        "overrides": [{"flag": f, "value": v, "recipe_value": was, "source": "the user's override (mm launch)"}
+                      for f, v, was in plan.overrides],
         "sources": {"recipe": r.sources, "args": {a.flag: a.source for a in r.args}},
     }
 

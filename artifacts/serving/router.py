@@ -25,7 +25,7 @@ from ..errors import BadValue, Refused
 from .cachekey import FILE_NAME as CACHE_KEY_FILE
 from .launch import (IMAGE_VAR, Catalog, EnvRef, LaunchOptions, LaunchPlan, Token, _wrap, check_combination,
                      check_model_dir, choose_recipe, docker_run_argv, hicache_statement, load_catalog, plan_document,
-                     plan_launch, read_identity, render_script, script_setup)
+                     override_lines, plan_launch, read_identity, render_script, script_setup)
 
 DEFAULT_HEALTH_TIMEOUT = 3600  # seconds the script waits for each replica's /health (a cold start compiles kernels)
 
@@ -187,6 +187,7 @@ def render_node_script(node: NodePlan) -> str:
     if first.hardware.vendor == "amd":
         lines.append("# Note: GPU access (--device /dev/kfd /dev/dri, HIP_VISIBLE_DEVICES) follows the ROCm container convention, not the guide.")
     lines += [f"# Warning: {w}" for w in first.warnings]
+    lines += override_lines(first)
     hicache = hicache_statement(first, n)
     if hicache:
         lines.append(f"# {hicache}")
