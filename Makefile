@@ -58,6 +58,8 @@ tools:
 	  [ -z "$$missing" ] || { apt-get update -qq && apt-get install -y -qq $(TOOL_PACKAGES) >/dev/null; }
 
 demo: install
+	# the demo's model server makes its tensors with numpy (a test tool: mm itself never imports it)
+	$(BIN)/pip install -q 'numpy>=1.26'
 	$(BIN)/python -m tests.support.demo
 	@echo
 	@echo "mm is installed at $(abspath $(BIN))/mm; to run it as \`mm\` in this shell:"
