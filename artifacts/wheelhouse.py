@@ -436,9 +436,38 @@ def build_set(target: Target, mm_wheel: Path, set_dir: Path) -> WheelSet:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise IntegrityError(f"{set_dir}: more than one wheel for {', '.join(dupes)}")
-    lock = "".join(f"{w.name}=={w.version} --hash=sha256:{w.sha256}\n" for w in wheels)
-    (set_dir / LOCK_NAME).write_text(lock)
+    _write_lock(set_dir, wheels)
     return WheelSet(target.name, target.machine, target.python, wheels, f"{target.name}/{LOCK_NAME}")
+
+
+def _write_lock(set_dir: Path, wheels: list[Wheel]) -> None:
+    (set_dir / LOCK_NAME).write_text("".join(f"{w.name}=={w.version} --hash=sha256:{w.sha256}\n" for w in wheels))
+
+
+def _share_wheels(work: Path, sets: list[WheelSet]) -> None:
+    """Where sets of one machine took different wheels of one release (cryptography's cp39-abi3 for 3.10 and its
+    cp311-abi3 for 3.11 on), the one that every set of them accepts (by its tags) serves them all: the same
+    release and code, built against an older stable ABI, and the volume carries it once."""
+    groups: dict[tuple[str, str, str], list[tuple[WheelSet, Wheel]]] = {}
+    for s in sets:
+        for w in s.wheels:
+            groups.setdefault((s.machine, w.name, w.version), []).append((s, w))
+    for users in groups.values():
+        files = {w.file: (s, w) for s, w in users}
+        if len(files) < 2:
+            continue
+        fits = [f for f in files if all(wheel_fits(f, Target(s.machine, s.python)) for s, _ in users)]
+        if not fits:
+            continue
+        best = max(fits, key=lambda f: sum(w.file == f for _, w in users))  # the one most sets took already
+        owner, chosen = files[best]
+        for s, w in users:
+            if w.file != best:
+                shutil.copy2(work / owner.name / best, work / s.name / best)
+                (work / s.name / w.file).unlink()
+                s.wheels[s.wheels.index(w)] = chosen
+                s.wheels.sort(key=lambda x: x.file)
+                _write_lock(work / s.name, s.wheels)
 
 
 def install_script_text() -> str:
@@ -473,6 +502,7 @@ def build_wheelhouse(out: Path, targets: list[Target], progress: ProgressSink = 
                     shutil.rmtree(cache / target.name, ignore_errors=True)
                     shutil.copytree(work / target.name, cache / target.name)
         shutil.rmtree(work / "_mm")
+        _share_wheels(work, sets)
         _pool_wheels(work, sets)
         dist_version = mm_version()
         index = {"schema": SCHEMA, "mm_version": dist_version, "glibc_min": "%d.%d" % GLIBC_MIN,
