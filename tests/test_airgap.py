@@ -88,6 +88,12 @@ def test_a_volume_too_small_for_mm_is_refused_naming_the_minimum(connected):
     assert "too small to carry mm whole in volume 1" in connected.too_small.stderr
 
 
+def test_the_bundle_says_which_hosts_mm_will_install_on_before_writing(connected):
+    assert "mm will install on: linux/amd64 CPython 3.10, 3.11, 3.12, 3.13 (--target-platform" in \
+        connected.too_small.stderr
+    assert "mm will install on" not in connected.bundled.stdout  # --json: the sets are in the document
+
+
 def test_mm_travels_whole_in_volume_1_with_the_installer_beside_the_volumes(connected, tmp_path):
     doc = json.loads(connected.bundled.stdout)
     assert doc["mm"]["sets"] == [t.name for t in wheelhouse.targets_for()]

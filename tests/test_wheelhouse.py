@@ -240,6 +240,17 @@ def test_target_python_versions():
         "linux-aarch64-cp311", "linux-aarch64-cp312"]
 
 
+def test_default_targets_are_cpython_3_10_to_3_13_on_amd64_plus_this_host_and_an_arm64_image():
+    names = [t.name for t in wheelhouse.targets_for()]
+    assert {"linux-x86_64-cp310", "linux-x86_64-cp311", "linux-x86_64-cp312", "linux-x86_64-cp313", HOST.name} == set(names)
+    with_arm = [t.name for t in wheelhouse.targets_for((), (), ("linux/arm64",))]
+    assert {"linux-aarch64-cp310", "linux-aarch64-cp313"} <= set(with_arm) and set(names) <= set(with_arm)
+    assert wheelhouse.describe_targets(wheelhouse.targets_for((), (), ("linux/arm64",))).startswith(
+        "linux/amd64 CPython 3.10, 3.11, 3.12, 3.13")
+    # given, the options replace the default
+    assert [t.name for t in wheelhouse.targets_for(("linux/arm64",), ("3.12",))] == ["linux-aarch64-cp312"]
+
+
 def test_no_pip_download_needed_when_the_set_is_cached(wheelhouse_dir, tmp_path_factory, tmp_path, monkeypatch):
     from tests.conftest import wheelhouse_cache
 
