@@ -127,6 +127,10 @@ def coverage(sets: tuple[str, ...] | list[str]) -> str:
         return f"this host: {why}"
     if target.name in sets:
         return f"this host is covered: {name} is CPython {target.python} on {target.machine}, set {target.name}"
+    if target.version < OLDEST_PYTHON:
+        return (f"this host is NOT covered: {name} is CPython {target.python}, older than mm supports (3.10 or newer); "
+                f"install a newer CPython the bundle holds a set for ({', '.join(sets) or 'none'}) and run "
+                f"PYTHON=python3.X sh install-mm.sh")
     return (f"this host is NOT covered: {name} is CPython {target.python} on {target.machine} and the bundle holds "
             f"{', '.join(sets) or 'no set'}; build one on the connected host with: mm bundle --only-mm --out DIR "
             f"--target-platform linux/{target.machine} --target-python {target.python} (or PYTHON=another "

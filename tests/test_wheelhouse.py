@@ -251,6 +251,20 @@ def test_default_targets_are_cpython_3_10_to_3_13_on_amd64_plus_this_host_and_an
     assert [t.name for t in wheelhouse.targets_for(("linux/arm64",), ("3.12",))] == ["linux-aarch64-cp312"]
 
 
+def test_coverage_names_the_set_to_build_for_a_python3_the_bundle_lacks(tmp_path, monkeypatch):
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\necho 3.14 cpython\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PYTHON", str(fake))
+    line = wheelhouse.coverage(["linux-x86_64-cp312"])
+    assert line.startswith(f"this host is NOT covered: {fake} is CPython 3.14 on {HOST.machine} and the bundle holds "
+                           f"linux-x86_64-cp312; build one on the connected host with: mm bundle --only-mm --out DIR "
+                           f"--target-platform linux/{HOST.machine} --target-python 3.14"), line
+    assert wheelhouse.coverage([f"linux-{HOST.machine}-cp314"]).startswith("this host is covered")
+    monkeypatch.setenv("PYTHON", str(tmp_path / "nothing"))
+    assert "not found (install-mm.sh needs CPython 3.10 or newer)" in wheelhouse.coverage([])
+
+
 def test_no_pip_download_needed_when_the_set_is_cached(wheelhouse_dir, tmp_path_factory, tmp_path, monkeypatch):
     from tests.conftest import wheelhouse_cache
 
