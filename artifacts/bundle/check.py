@@ -9,21 +9,20 @@ volumes would be enough (recoverability). parity_set picks the parity volumes a 
 """
 from __future__ import annotations
 
-import tarfile
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput
-from ..hashing import StreamHasher
-from ..manifest import from_json
-from ..progress import NULL_PROGRESS, ProgressSink
+from ..integrity.hashing import StreamHasher
+from ..integrity.manifest import from_json
+from ..edges.progress import NULL_PROGRESS, ProgressSink
 from .copyio import HASH_THREADS, ChunkPipe
 from .delta import summary
 from .format import MANIFEST_MEMBER
 from .index import disagreements
-from .volume import Volume, find_volumes, open_volume, split_volumes
+from .volume import Member, Volume, find_volumes, open_volume, split_volumes
 
 
 @dataclass(frozen=True)
@@ -104,7 +103,7 @@ def check_meaning(vol: Volume, reference: Volume | None = None) -> None:
     vol.refused += [f"{vol.path.name}: {p}" for p in disagreements(vol.index, manifest)]
 
 
-def _span_b3(path: Path, info: tarfile.TarInfo, pipe: ChunkPipe, progress: ProgressSink) -> str:
+def _span_b3(path: Path, info: Member, pipe: ChunkPipe, progress: ProgressSink) -> str:
     h = StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
     for view in pipe.stream(path, info.offset_data, info.size, (h,)):
         progress.advance(len(view))
@@ -167,7 +166,7 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
                                                              sorted(set(range(1, m + 1)) - good))
     report.install_mm = _install_mm(ref_vol.index.payloads) if ref_vol else None
     if report.install_mm:
-        from ..wheelhouse import coverage
+        from .wheelhouse import coverage
         report.mm_host = coverage(ref_vol.index.payloads["mm"][0].sets)
     if ref_vol is not None and ref_vol.index.delta is not None:
         report.delta = summary(ref_vol.index.delta, _manifest_of(reference))
