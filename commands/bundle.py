@@ -127,8 +127,8 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
             raise BadInput("--only-mm writes into one --out directory")
         targets = wheelhouse.targets_for(target_platforms, target_pythons)
         if not json_out:
-            err.print(f"mm will install on: {wheelhouse.describe_targets(targets)} (--target-platform and "
-                      f"--target-python choose others)", highlight=False, markup=False, soft_wrap=True)
+            err.line(f"mm will install on: {wheelhouse.describe_targets(targets)} (--target-platform and "
+                     f"--target-python choose others)")
         report = wheelhouse.build_wheelhouse(out_dirs[0], targets, progress_for(json_out),
                                              cache=wheelhouse.sets_cache())
         if json_out:
@@ -150,12 +150,12 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
     progress = progress_for(json_out)
     with contextlib.ExitStack() as stack:
         if not no_mm and not sources.get("mm"):  # built in mm's cache directory, removed after the run
-            from ..artifacts.image import archive_platform
+            from ..artifacts.serving.image import archive_platform
             also = tuple(p for p in map(archive_platform, sources.get("image") or ()) if p)
             targets = wheelhouse.targets_for(target_platforms, target_pythons, also)
             if not json_out:
-                err.print(f"mm will install on: {wheelhouse.describe_targets(targets)} (--target-platform and "
-                          f"--target-python choose others)", highlight=False, markup=False, soft_wrap=True)
+                err.line(f"mm will install on: {wheelhouse.describe_targets(targets)} (--target-platform and "
+                         f"--target-python choose others)")
             sources["mm"] = [stack.enter_context(wheelhouse.bundle_wheelhouse(targets, progress))]
         result = create_bundle(directory, list(out_dirs), volume_size, name=name, payloads=sources,
                                cache_key=cache_key, progress=progress, sync=not no_sync, parity=parity,

@@ -187,7 +187,7 @@ def wheelhouse_dir(tmp_path_factory) -> Path:
 
 def wheelhouse_cache(tmp_path_factory) -> Path:
     """Where `mm bundle` keeps downloaded sets (wheelhouse.sets_cache), under the session's XDG_CACHE_HOME."""
-    from mm.artifacts import wheelhouse
+    from mm.artifacts.bundle import wheelhouse
 
     return wheelhouse.sets_cache()
 
