@@ -32,7 +32,7 @@ MAX_LINE = 400  # a matched line is quoted up to this many characters
 class Detector:
     source: str
     pattern: re.Pattern | None = None
-    unless: re.Pattern | None = None  # the row does not match when this is anywhere in the text
+    unless: re.Pattern | None = None  # a line matching this voids the pattern's later lines (not earlier ones)
     also: re.Pattern | None = None  # ... and matches only when this is somewhere too
     after: re.Pattern | None = None  # the pattern counts only on lines after one that matches this (a ready line)
     requires: str | None = None  # a property of the recipe: expects_qmul4, blackwell
@@ -311,6 +311,68 @@ def iter_lines(stream: BinaryIO, max_line: int = MAX_LOG_LINE) -> Iterator[str]:
         yield line.decode("utf-8", "replace")
 
 
+# --- what the line says, whatever wrapped it --------------------------------------------------
+
+# ECMA-48 CSI sequences (colours, cursor moves) and OSC sequences (titles, hyperlinks) as terminals and rich write them
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+_RFC3339 = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)"
+# the CRI logging format kubelet writes under /var/log/pods (k8s.io/cri-api: TIMESTAMP STREAM TAG LINE, TAG P for a
+# partial line that the next piece continues, F for its last piece)
+_CRI = re.compile(rf"^{_RFC3339} (?:stdout|stderr) ([PF])(?:[:|][^ ]*)? ?(.*)$", re.S)
+_DOCKER_TIMESTAMP = re.compile(rf"^{_RFC3339} ")  # `docker logs --timestamps`
+# the JSON keys that hold the message of a log record: docker's json-file driver ({"log", "stream", "time"}),
+# Python/structlog/zap/Loki shippers ("message", "msg"); a record also names a level, time or stream
+_RECORD_TEXT = ("log", "message", "msg")
+_RECORD_MARK = frozenset({"stream", "time", "timestamp", "ts", "level", "levelname", "severity", "logger", "@timestamp"})
+
+
+def _record_text(line: str) -> str | None:
+    """The message of a JSON log record on one line, else None (a request or an answer is read by the body reader)."""
+    text = line.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        return None
+    try:
+        doc = load_json(text, "log record", max_bytes=MAX_LOG_LINE)
+    except Malformed:
+        return None
+    if not isinstance(doc, dict) or not _RECORD_MARK.intersection(doc):
+        return None
+    return next((doc[k] for k in _RECORD_TEXT if isinstance(doc.get(k), str)), None)
+
+
+def normalised(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
+    """(line number, text) of what each line says: ANSI escapes removed, a Kubernetes CRI prefix or a
+    `docker logs --timestamps` prefix removed (CRI partial pieces joined, bounded by MAX_LOG_LINE), a JSON log
+    record replaced by its message (one line per line of it). The number is the first physical line's."""
+    partial: list[str] = []
+    partial_at = 0
+    size = 0
+    for number, raw in enumerate(lines, 1):
+        line = _ANSI.sub("", raw) if "\x1b" in raw else raw
+        if m := _CRI.match(line):
+            tag, line = m.groups()
+            if tag == "P":
+                if not partial:
+                    partial_at = number
+                if size < MAX_LOG_LINE:
+                    partial.append(line)
+                    size += len(line)
+                continue
+            if partial:
+                line, number = "".join(partial) + line, partial_at
+                partial, size = [], 0
+        else:
+            line = _DOCKER_TIMESTAMP.sub("", line, count=1)
+        record = _record_text(line) if "{" in line else None
+        if record is None:
+            yield number, line
+            continue
+        for piece in record.splitlines() or [""]:
+            yield number, _ANSI.sub("", piece) if "\x1b" in piece else piece
+    if partial:
+        yield partial_at, "".join(partial)
+
+
 # --- JSON bodies inside a text ---------------------------------------------------------------
 
 MAX_BODY = 1024 * 1024  # bytes of one JSON request or answer judged; a longer one is read as text
@@ -516,7 +578,8 @@ class _Scanner:
             if engine not in scan.engines and marker.search(line):
                 scan.engines.add(engine)
         for key, d in self.detectors:
-            if key not in scan.hits and (d.after is None or key in scan.after_seen) and d.pattern.search(line):
+            if (key not in scan.hits and key not in scan.unless_seen and (d.after is None or key in scan.after_seen)
+                    and d.pattern.search(line)):
                 scan.hits[key] = (line, number)
             if d.after is not None and key not in scan.after_seen and d.after.search(line):
                 scan.after_seen.add(key)
@@ -536,7 +599,7 @@ class _Scanner:
 def scan_text(where: str, lines: Iterable[str], table: Table, *, tail: int = 0,
               keep: re.Pattern | None = None) -> ScannedText:
     scanner = _Scanner(where, table, tail, keep)
-    for number, line in enumerate(lines, 1):
+    for number, line in normalised(lines):
         scanner.line(number, line)
     return scanner.finish()
 
@@ -602,7 +665,7 @@ BODY_CHECKS: dict[str, Callable[[Body], str | None]] = {
 
 
 def _match_text(key: tuple[str, int], d: Detector, scan: ScannedText) -> tuple[str, int] | None:
-    if d.pattern is None or key in scan.unless_seen or (d.also is not None and key not in scan.also_seen):
+    if d.pattern is None or (d.also is not None and key not in scan.also_seen):
         return None
     return scan.hits.get(key)
 
