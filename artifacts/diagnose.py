@@ -740,6 +740,32 @@ def scan_log(path: Path, table: Table) -> ScannedText:
         raise BadInput(f"{path}: cannot read: {e.strerror}") from None
 
 
+MAX_PIPE_BYTES = 4 * 1024 ** 3  # mm's own margin: days of a busy server's log; a pipe that never ends (docker logs -f) stops
+
+
+class _Capped:
+    """A stream read up to MAX bytes: then BadInput, so that `docker logs -f X | mm diagnose -` ends."""
+
+    def __init__(self, stream: BinaryIO, where: str, cap: int):
+        self.stream, self.where, self.left, self.cap = stream, where, cap, cap
+
+    def read(self, n: int) -> bytes:
+        chunk = self.stream.read(min(n, self.left + 1))
+        self.left -= len(chunk)
+        if self.left < 0:
+            raise BadInput(f"{self.where}: more than {self.cap // 1024 ** 3} GiB; give the part around the failure "
+                           f"(docker logs --tail N, or a saved file)")
+        return chunk
+
+
+def scan_stream(where: str, stream: BinaryIO, table: Table, cap: int = MAX_PIPE_BYTES) -> ScannedText:
+    """A log piped in (`docker logs X 2>&1 | mm diagnose -`), read streaming like a file, up to CAP bytes."""
+    try:
+        return scan_text(where, iter_lines(_Capped(stream, where, cap)), table)
+    except OSError as e:
+        raise BadInput(f"{where}: cannot read: {e.strerror or e}") from None
+
+
 def scan_docker_logs(name: str, table: Table, *, docker: str = "docker", tail: int = 0, keep: re.Pattern | None = None,
                      timeout: float = 120, check: bool = True) -> ScannedText:
     """`docker logs NAME` (stdout and stderr, as docker interleaves them) read streaming, like a log file, within
@@ -853,6 +879,7 @@ def _mem_total_gb() -> float | None:
 @dataclass(frozen=True)
 class DiagnoseRequest:
     logfile: Path | None = None
+    stdin: BinaryIO | None = None  # LOGFILE `-`: the log piped in
     container: str | None = None
     answers: tuple[Path, ...] = ()
     model_dir: Path | None = None
@@ -863,9 +890,10 @@ class DiagnoseRequest:
 
 
 def run_diagnosis(req: DiagnoseRequest) -> Diagnosis:
-    if not (req.logfile or req.container or req.answers or req.host_checks):
-        raise BadInput("diagnose: give a LOGFILE, --container NAME, --answer FILE or --host-checks")
-    if req.logfile and req.container:
+    if not (req.logfile or req.stdin or req.container or req.answers or req.host_checks):
+        raise BadInput("diagnose: give a LOGFILE (- for the standard input), --container NAME, --answer FILE or "
+                       "--host-checks")
+    if (req.logfile or req.stdin) and req.container:
         raise BadInput("diagnose: give a LOGFILE or --container NAME, not both")
     plan = None
     if req.model_dir is not None:
@@ -877,7 +905,9 @@ def run_diagnosis(req: DiagnoseRequest) -> Diagnosis:
         raise BadInput("--host-checks: give --model-dir and --hardware (the checks are about that recipe on this host)")
     table = load_table()
     texts = []
-    if req.logfile:
+    if req.stdin is not None:
+        texts.append(scan_stream("<stdin>", req.stdin, table))
+    elif req.logfile:
         texts.append(scan_log(req.logfile, table))
     mounts = None
     if req.container:
