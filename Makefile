@@ -17,7 +17,7 @@ install-test: $(TEST_STAMP)
 
 # A strict editable install links each package file into build/__editable__*; a new module or pin file needs a
 # re-install, so the stamp depends on the list of package files.
-PACKAGE_FILES := $(wildcard *.py commands/*.py artifacts/*.py artifacts/*.sh artifacts/*/*.py manifests/*.json)
+PACKAGE_FILES := $(wildcard *.py commands/*.py artifacts/*.py artifacts/*.sh artifacts/*/*.py artifacts/*/*.sh manifests/*.json)
 
 $(STAMP): setup.cfg pyproject.toml $(PACKAGE_FILES)
 	test -x $(BIN)/pip || $(PYTHON) -m venv $(VENV)

@@ -105,11 +105,11 @@ class MMGroup(click.Group):
                 formatter.write_dl([(name, command.get_short_help_str(limit)) for name, command in commands])
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        args = list(sys.argv[1:] if args is None else args)
+        args = _json_after_command(list(sys.argv[1:] if args is None else args))
         json_out = "--json" in args
         threading.excepthook = thread_failed
         if threading.current_thread() is threading.main_thread():  # (click's test runner may call from elsewhere)
-            from .artifacts import interrupt
+            from .artifacts.edges import interrupt
             interrupt.install(functools.partial(report_interrupt, json_out, args))
         try:
             rv = super().main(args, prog_name=prog_name or "mm", complete_var=complete_var, standalone_mode=False,
@@ -129,6 +129,18 @@ class MMGroup(click.Group):
         except BaseException as e:
             fail(e, "mm " + " ".join(a for a in args[:2] if not a.startswith("-")), json_out)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _json_after_command(args: list[str]) -> list[str]:
+    """`mm --json COMMAND ...` is `mm COMMAND ... --json`: every command has --json, so it may come first too."""
+    if "--json" not in args:
+        return args
+    at = args.index("--json")
+    rest = args[:at] + args[at + 1:]
+    if any(not a.startswith("-") for a in args[:at]) or all(a.startswith("-") for a in rest):
+        return args  # after the command (its own option), or no command at all (click says so)
+    end = rest.index("--") if "--" in rest else len(rest)
+    return rest[:end] + ["--json"] + rest[end:]
 
 
 @click.group(cls=MMGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,7 +1,7 @@
 """User-facing failures. Each class carries the exit code the CLI returns for it.
 
 The CLI prints `mm: <message>` on one line for these and never a traceback.
-Exit codes (documented in README.md):
+Exit codes (documented in docs/exit-codes.md):
   0  success
   1  problems found (verify/bundle verify found damage; a check failed; the quick-verify gate refused)
   2  usage error (unknown option, missing argument, or an option/argument value that is malformed or out of range)
@@ -12,7 +12,7 @@ Exit codes (documented in README.md):
   6  busy (another mm process holds the directory's lock)
   7  refused (a combination the deployment guide says fails, or not enough disk)
  70  internal error: a bug in mm (an unexpected exception; one line, never a traceback unless MM_DEBUG=1)
-130  interrupted (SIGINT; the work is kept: artifacts/interrupt.py)
+130  interrupted (SIGINT; the work is kept: artifacts/edges/interrupt.py)
 143  stopped by SIGTERM (the same)
 """
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""`mm image save`: the pinned engine image by identity, as an archive for the air-gapped host (artifacts/image.py)."""
+"""`mm image save`: the pinned engine image by identity, as an archive for the air-gapped host (artifacts/serving/image.py)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import click
 
-from ..artifacts.progress import human_bytes
+from ..artifacts.units import human_bytes
 from .shared import emit_json, err, handles_errors, json_option, out, to_jsonable
 
 
@@ -27,7 +27,7 @@ def image():
 def image_save(reference, platform_, out_file, fmt, insecure_registry, json_out):
     """Write REFERENCE (default: the pinned engine image) for one platform to FILE by digest, with skopeo, and the
     chain pinned digest -> platform manifest -> config (image ID) -> layers in FILE.mm-image.json beside it."""
-    from ..artifacts import image as mm_image
+    from ..artifacts.serving import image as mm_image
     from ..artifacts.pins import default_pin
     ref = reference or default_pin().image
     platform = mm_image.parse_platform(platform_) if platform_ else mm_image.host_platform()
@@ -44,4 +44,4 @@ def image_save(reference, platform_, out_file, fmt, insecure_registry, json_out)
                  f"wrote     {report.archive} ({report.format}, {human_bytes(report.size)}, tag {report.tag})",
                  f"record    {report.record}",
                  f"next: mm bundle MODEL_DIR --image {report.archive} ...  (the bundle proves it is the pinned image)"):
-        out.print(line, markup=False, highlight=False, soft_wrap=True)
+        out.line(line)

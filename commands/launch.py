@@ -1,6 +1,6 @@
 """`mm launch`, `mm warmup`, `mm doctor`, `mm diagnose`: the offline start of a model on given hardware, its first
 run, the pre-flight check of a host, and a server log against the guide's troubleshooting table
-(artifacts/launch.py, router.py, warmup.py, doctor.py, diagnose.py)."""
+(artifacts/serving/launch.py, router.py, warmup.py, doctor.py, diagnose.py)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ from .shared import (emit_json, err, escape, handles_errors, json_option, out, p
                      signature_policy, to_jsonable)
 
 if TYPE_CHECKING:
-    from ..artifacts import launch as mm_launch
+    from ..artifacts.serving import launch as mm_launch
 
 
 def _hardware(ctx, param, value):
@@ -25,7 +25,7 @@ def _hardware(ctx, param, value):
 
 def _container_name(ctx, param, value):
     """A container name handed to docker: never something docker could take as an option (`--follow`)."""
-    from ..artifacts.tools import check_name
+    from ..artifacts.edges.tools import check_name
     if value is not None:
         try:
             check_name(value, param.opts[0])
@@ -53,7 +53,7 @@ def _int_list(lo: int, hi: int, what: str, example: str, distinct: str = "") -> 
         parts = value.split(",")
         numbers = tuple(int(p) for p in parts if p.strip().isdigit() and len(p.strip()) <= 6)
         if len(numbers) != len(parts) or any(not lo <= n <= hi for n in numbers):
-            from ..artifacts.untrusted import printable
+            from ..artifacts.edges.untrusted import printable
             raise click.BadParameter(f"{printable(value)[:60]!r}: expected {what} like {example} (integers {lo} to {hi})")
         if distinct and len(set(numbers)) != len(numbers):
             raise click.BadParameter(f"{value}: {distinct}")
@@ -102,7 +102,7 @@ def recipe_options(fn: Callable) -> Callable:
 
 
 def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
-    from ..artifacts import launch as mm_launch
+    from ..artifacts.serving import launch as mm_launch
     keys = ("hardware", "recipe", "engine", "gpus", "port", "tp", "context_length", "dspark", "image",
             "image_archive", "cache_root", "name", "replicas", "replica_ports", "metrics_port")
     return mm_launch.LaunchOptions(**{k: kw[k] for k in keys}, **extra)
@@ -119,7 +119,7 @@ def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
 @handles_errors
 def launch(model_dir, expose, api_key_env, fmt, out, require_signature, allowed_signers, identity, json_out, **kw):
     """Print (or write) the offline start for MODEL_DIR on the given hardware (replicas behind the router on a node)."""
-    from ..artifacts import launch as mm_launch, router as mm_router
+    from ..artifacts.serving import launch as mm_launch, router as mm_router
     signature = _launch_signature(model_dir, require_signature, allowed_signers, identity, json_out)
     node = mm_router.plan_node(model_dir, _launch_options(kw, expose=expose, api_key_env=api_key_env))
     doc = mm_router.node_document(node)
@@ -135,21 +135,20 @@ def launch(model_dir, expose, api_key_env, fmt, out, require_signature, allowed_
         from . import shared  # (`out` here is --out; the script goes to the stdout console, which names a full disk)
         shared.out.write(text)
     else:
-        err.print(f"wrote {out} ({plan.recipe.id}, {plan.recipe.status}, {len(node.replicas)} replica(s))",
-                  markup=False, highlight=False)
+        err.line(f"wrote {out} ({plan.recipe.id}, {plan.recipe.status}, {len(node.replicas)} replica(s))")
     for warning in plan.warnings:
-        err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+        err.line(f"warning: {warning}")
 
 
 def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers: Path | None, identity: str | None,
                       json_out: bool):
     """Check the model's manifest signature before anything is planned or written (exit 5 when refused)."""
-    from ..artifacts import signing
+    from ..artifacts.integrity import signing
     if not signature_policy(require_signature, allowed_signers, identity):
         return None
     report, _ = signing.verify_dir_signature(model_dir, allowed_signers, identity)
     if not json_out:
-        err.print(f"signature: good, {report.describe()}", markup=False, highlight=False, soft_wrap=True)
+        err.line(f"signature: good, {report.describe()}")
     return report
 
 
@@ -164,8 +163,7 @@ def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers:
 @handles_errors
 def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
     """Start the server once so kernel caches compile, run the guide's checks, stop it, write a report."""
-    from ..artifacts import router as mm_router
-    from ..artifacts import warmup as mm_warmup
+    from ..artifacts.serving import router as mm_router, warmup as mm_warmup
     node = mm_router.plan_node(model_dir, _launch_options(kw))
     image_png = mm_warmup.read_image_file(image_file) if image_file else None
     result = mm_warmup.run_warmup(node, timeout=timeout, image_png=image_png, gpu_info=gpu_info,
@@ -184,7 +182,7 @@ def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
     if result.log_tail:
         err.print(f"last {len(result.log_tail)} log lines of {', '.join(result.containers)}:", markup=False)
         for line in result.log_tail:
-            err.print("  " + line, markup=False, highlight=False, soft_wrap=True)
+            err.line("  " + line)
     if result.diagnosis:
         out.print("the guide's troubleshooting table:")
         _render_findings(result.diagnosis)
@@ -201,7 +199,7 @@ def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
 def doctor(model_dir, json_out, **kw):
     """Will this host start MODEL_DIR with this recipe? GPUs, driver, docker, the image by identity, port, /dev/shm,
     host memory, cache disk and key, the model. One line per check with its fix; exit 1 when a check fails."""
-    from ..artifacts import doctor as mm_doctor
+    from ..artifacts.serving import doctor as mm_doctor
     from ..artifacts.pins import default_pin
     report = mm_doctor.run_doctor(model_dir, _launch_options(kw), default_pin())
     if json_out:
@@ -242,7 +240,7 @@ def doctor(model_dir, json_out, **kw):
 def diagnose(logfile, container, answers, model_dir, hardware, recipe, engine, gpus, port, cache_root, image,
              host_checks, gpu_info, json_out):
     """Match a server log (or a container's) against the guide's troubleshooting table; exit 1 when a row matches."""
-    from ..artifacts import diagnose as mm_diagnose, launch as mm_launch
+    from ..artifacts.serving import diagnose as mm_diagnose, launch as mm_launch
     launch = (mm_launch.LaunchOptions(hardware=hardware, recipe=recipe, engine=engine or "sglang", gpus=gpus, port=port,
                                       cache_root=cache_root, image=image) if hardware else None)
     result = mm_diagnose.run_diagnosis(mm_diagnose.DiagnoseRequest(
@@ -255,8 +253,8 @@ def diagnose(logfile, container, answers, model_dir, hardware, recipe, engine, g
         _render_findings(result.findings)
         verdict = (f"{len(result.findings)} row(s) of the guide's troubleshooting table match" if result.findings
                    else "no row of the guide's troubleshooting table matches")
-        out.print(f"{verdict} ({result.lines_read} lines read, engine {result.engine} ({result.engine_from})"
-                  f"{', recipe ' + result.recipe if result.recipe else ''})", markup=False, highlight=False)
+        out.line(f"{verdict} ({result.lines_read} lines read, engine {result.engine} ({result.engine_from})"
+                 f"{', recipe ' + result.recipe if result.recipe else ''})")
     if not result.ok:
         sys.exit(ProblemsFound.exit_code)
 

@@ -14,17 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.bundle import payloads
 from mm.artifacts.bundle.check import verify_volumes
 from mm.artifacts.bundle.payloads import PAYLOAD_KINDS
-from mm.artifacts.bundle.format import b3, parse_size
+from mm.artifacts.bundle.format import b3
+from mm.artifacts.units import parse_size
 from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.bundle.unpack import Outcome, Places, check_free_space, unbundle
 from mm.artifacts.bundle.volume import find_volumes, open_volume
-from mm.artifacts.cachekey import CacheKey, write_cache_key
+from mm.artifacts.serving.cachekey import CacheKey, write_cache_key
 from mm.artifacts.errors import BadInput, BadValue, Refused
-from mm.artifacts.manifest import manifest_path, read_manifest
+from mm.artifacts.paths import manifest_path
+from mm.artifacts.integrity.manifest import read_manifest
 from tests.support.modelgen import write_model
 from tests.support.run import mm_argv, run_mm
 from tests.support.slowio import slow_io_env

@@ -23,7 +23,7 @@ from mm.artifacts.bundle.repair import repair_volumes
 from mm.artifacts.bundle.unpack import Outcome, unbundle
 from mm.artifacts.bundle.volume import open_volume
 from mm.artifacts.errors import ProblemsFound
-from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from tests.support.modelgen import write_model
 from tests.support.run import mm_argv, run_mm
 from tests.support.slowio import slow_stripes_env

@@ -1,4 +1,4 @@
-"""Delta bundles (issue 22): a site that imported revision A from full volumes receives revision B, which changes
+"""Delta bundles: a site that imported revision A from full volumes receives revision B, which changes
 three small files and renames one shard, as a delta of under 1% of the full bundle, and rebuilds B from its copy
 of A: by reflink on XFS, by copy on tmpfs, by hard link when asked; byte-identical to a fresh fetch of B.
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
-from mm.artifacts.sharing import layout, shared_bytes
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
+from mm.artifacts.edges.sharing import layout, shared_bytes
 from tests.support.fsimages import fill, require_mounts, tmpfs_mount, xfs_mount
 from tests.support.gitrepo import commit_dir
 from tests.support.modelgen import write_model

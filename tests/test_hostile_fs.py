@@ -1,6 +1,6 @@
-"""A target directory is mm's, and only its own; a local file is what it seems, or refused (issue 19 §2).
+"""A target directory is mm's, and only its own; a local file is what it seems, or refused.
 
-The rule (README "Hostile input"): a directory or file the user names is taken as given, a symlink included (the
+The rule (docs/hostile-input.md): a directory or file the user names is taken as given, a symlink included (the
 user's choice); below it, mm writes, renames and deletes only through real directories, never through a symlink (a
 link at a final name is replaced by the rename, as a name), and never into a file that has another hard link. A link in the way is refused, exit 3, naming it. Local
 files mm reads (logs, signatures, keys, auth files, manifests, image archives, volumes) must be regular files;
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import fsutil
+from mm.artifacts.edges import fsutil
 from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.errors import BadInput
 from tests.support.modelgen import write_fetched_model

@@ -1,4 +1,4 @@
-"""External tools answer like hostile input (issue 19 §4): every tool mm runs is bounded (artifacts/tools.py).
+"""External tools answer like hostile input: every tool mm runs is bounded (artifacts/edges/tools.py).
 
 A stand-in for each tool (nvidia-smi, rocm-smi, docker info / logs / inspect, skopeo, ssh-keygen) is put first on
 PATH and answers badly: NUL bytes and bytes that are not UTF-8, an endless stream, a number of 5,000 digits,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.pins import default_pin
 from tests.support.modelgen import write_model
 from tests.support.run import MM_BIN
@@ -113,7 +113,7 @@ def nvidia_smi(tools: Tools, rows: str, header: str = "| Driver Version: 590.48.
 
 @pytest.mark.parametrize("value,deadline", [(None, 60.0), ("7200", 7200.0), ("0.5", 0.5)])
 def test_mm_tool_timeout_is_every_tools_deadline_in_place_of_mms_own(monkeypatch, value, deadline):
-    from mm.artifacts.tools import deadline as tool_deadline
+    from mm.artifacts.edges.tools import deadline as tool_deadline
     if value is None:
         monkeypatch.delenv("MM_TOOL_TIMEOUT", raising=False)
     else:

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from mm.artifacts.errors import BadInput
-from mm.artifacts.manifest import FileEntry, Manifest, Upstream, export_sums, read_manifest, to_json, write_manifest
+from mm.artifacts.integrity.manifest import (FileEntry, Manifest, Upstream, export_sums, read_manifest, to_json,
+                                             write_manifest)
 
 COMMIT = "ce7f4df87d2e05262f5775f373dac4772f134041"
 H64 = "ab" * 32
@@ -66,7 +67,7 @@ def test_sums_export_is_in_coreutils_format():
 
 
 def test_endpoint_credentials_are_never_recorded():
-    from mm.artifacts.manifest import public_endpoint
+    from mm.artifacts.integrity.manifest import public_endpoint
 
     assert public_endpoint("https://user:hf_secret@hub.local:8443/x") == "https://hub.local:8443/x"
 
@@ -78,7 +79,7 @@ def test_adopting_a_directory_offline_never_loads_the_hub_client(tmp_path):
 
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}\n")
-    code = ("import sys; from mm.artifacts.adopt import manifest_for_local_dir; "
+    code = ("import sys; from mm.artifacts.fetching.adopt import manifest_for_local_dir; "
             f"manifest_for_local_dir({str(tmp_path / 'm')!r}, 'o/r', {COMMIT!r}, offline=True); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('huggingface_hub', 'httpx', 'httpx2')))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -1,4 +1,4 @@
-"""Revisions side by side (issue 22): a model root ROOT/<repo id>/<dir>/ whose revisions share bytes, a `current`
+"""Revisions side by side: a model root ROOT/<repo id>/<dir>/ whose revisions share bytes, a `current`
 pointer switched by `mm use`, `mm ls`, and `mm gc` that never removes the current revision or one a running
 container mounts (a stand-in docker on PATH answers `ps` and `inspect`), killed at every step of its work.
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
-from mm.artifacts.sharing import DiskUse, layout
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
+from mm.artifacts.edges.sharing import DiskUse, layout
 from mm.artifacts.store import gc, scan, use
-from mm.artifacts.verify import verify_dir
+from mm.artifacts.integrity.verify import verify_dir
 from tests.support import fake_docker, fake_gpu
 from tests.support.killstep import kill_at_step_env
 from tests.support.modelgen import write_model

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput
-from ..hashing import StreamHasher
-from ..manifest import from_json
-from ..progress import NULL_PROGRESS, ProgressSink
+from ..integrity.hashing import StreamHasher
+from ..integrity.manifest import from_json
+from ..edges.progress import NULL_PROGRESS, ProgressSink
 from .copyio import HASH_THREADS, ChunkPipe
 from .delta import summary
 from .format import MANIFEST_MEMBER

@@ -53,22 +53,24 @@ from typing import Callable, Sequence
 
 import blake3
 
-from ..cachekey import parse_cache_key
+from ..serving.cachekey import parse_cache_key
 from ..errors import BadInput, IntegrityError, Refused
-from ..fsutil import (MM_DIR, atomic_write_bytes, check_inside, dir_lock, open_file, publish, publish_fd,
-                      read_local_file, require_free_space, unlink_file)
-from ..hashing import ChangedDuringRead, StreamHasher
-from ..interrupt import keeps
-from ..manifest import MAX_MANIFEST_BYTES, Manifest, export_sums, manifest_path, read_manifest
-from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
-from ..verify import require_quick_verify
+from ..paths import MM_DIR
+from ..edges.fsutil import (atomic_write_bytes, check_inside, dir_lock, open_file, publish, publish_fd, read_local_file,
+                            require_free_space, unlink_file)
+from ..integrity.hashing import ChangedDuringRead, StreamHasher
+from ..edges.interrupt import keeps
+from ..integrity.manifest import MAX_MANIFEST_BYTES, Manifest, export_sums, read_manifest
+from ..paths import manifest_path
+from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..units import human_bytes
+from ..integrity.verify import require_quick_verify
 from .check import ranges
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, drop_cached, reports_free_pages, write_all
-from .format import (
-    END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3, data_member,
-    file_member, index_member, member_bytes, padded, parity_data_member, parity_filename, parity_index_member,
-    parse_size, payload_sums_member, render_json, tar_header, volume_filename,
-)
+from .format import (END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3,
+                     data_member, file_member, index_member, member_bytes, padded, parity_data_member, parity_filename,
+                     parity_index_member, payload_sums_member, render_json, tar_header, volume_filename)
+from ..units import parse_size
 from . import payloads as payload_table
 from . import delta as deltas
 from .index import DeltaNote, Entry, Index, ParityIndex, ParityNote, Stream
@@ -79,11 +81,11 @@ from .volume import open_volume
 
 MIN_PIECE = 64 * 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-MAX_VOLUMES = 10_000  # issue 21's limit: more is almost surely a --volume-size typo; `--yes` writes them anyway
+MAX_VOLUMES = 10_000  # more is almost surely a --volume-size typo; `--yes` writes them anyway
 
 
 @dataclass(frozen=True)
-class Source:
+class CarriedFile:
     """One file to carry: a model file (hashes known from the manifest) or a payload file."""
 
     kind: str
@@ -100,7 +102,7 @@ class Source:
 
 @dataclass
 class Piece:
-    source: Source
+    source: CarriedFile
     offset: int
     length: int
     segment: int = 1
@@ -224,11 +226,11 @@ class BundleResult:
 # --- planning ---------------------------------------------------------------------------------
 
 def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volume_size: int, name: str,
-                payloads: Payloads, payload_sources: list[Source], signature: bytes | None = None, parity: int = 0,
+                payloads: Payloads, payload_sources: list[CarriedFile], signature: bytes | None = None, parity: int = 0,
                 stripe: int = STRIPE, delta: DeltaNote | None = None) -> Plan:
     first = [s for s in payload_sources if payload_table.BY_KIND[s.kind].first_volume]
     taken = {t.path for t in delta.take} if delta else set()
-    sources = first + [Source(MODEL_KIND, f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files
+    sources = first + [CarriedFile(MODEL_KIND, f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files
                        if f.path not in taken]
     sources += [s for s in payload_sources if s not in first]
     id_doc = {"name": name, "volume_size": volume_size, "manifest": b3(manifest_bytes),
@@ -257,7 +259,7 @@ def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volu
     raise BadInput(f"volume size {volume_size} is too small for this bundle's index")  # pragma: no cover
 
 
-def _require_first_volume(plan: Plan, first: list[Source], reserve: int) -> None:
+def _require_first_volume(plan: Plan, first: list[CarriedFile], reserve: int) -> None:
     """Every first-volume source whole in volume 1, else refuse naming the smallest volume size that holds them."""
     keys = {s.key for s in first}
     whole = {p.source.key for p in plan.volumes[0] if p.segments == 1}
@@ -273,7 +275,7 @@ def _require_first_volume(plan: Plan, first: list[Source], reserve: int) -> None
                    f"use --volume-size {minimum // 10**6}M or more, or --no-mm")
 
 
-def _mtime_ns(s: Source) -> int:
+def _mtime_ns(s: CarriedFile) -> int:
     return s.src.stat().st_mtime_ns
 
 
@@ -284,7 +286,7 @@ def _manifest_mtime(manifest: Manifest) -> int:
         return 0
 
 
-def _place(sources: list[Source], volume_size: int, room: int) -> list[list[Piece]]:
+def _place(sources: list[CarriedFile], volume_size: int, room: int) -> list[list[Piece]]:
     """Fill volumes in order: whole files where they fit, else split at the room left."""
     if room < MIN_PIECE + 4096:
         raise BadInput(f"volume size {volume_size} bytes is too small: the index, manifest and restore notes "
@@ -374,7 +376,7 @@ def restore_text(plan: Plan) -> bytes:
     if payload_sums:
         lines.append(f"cat {' '.join(payload_sums)} | sha256sum -c -")
     # where mm looks for the manifest (and its signature): the restored model is a model directory like any other
-    from ..signing import signature_path
+    from ..integrity.signing import signature_path
 
     lines.append(f"mkdir -p {q(str(manifest_path(Path(MODEL_PREFIX)).parent))}")
     lines.append(f"cat {MANIFEST_MEMBER} > {q(str(manifest_path(Path(MODEL_PREFIX))))}")
@@ -382,7 +384,7 @@ def restore_text(plan: Plan) -> bytes:
         lines.append(f"cat {SIG_MEMBER} > {q(str(signature_path(Path(MODEL_PREFIX))))}")
     lines.append("--- end restore script ---")
     if plan.signature:
-        from ..signing import verify_command
+        from ..integrity.signing import verify_command
         lines += ["", "The manifest is signed (SSH signature, namespace mm-manifest). Check it with OpenSSH alone, with",
                   "your site's allowed_signers file and the signer's identity, after the restore script ran:",
                   f"  cd restore/MMBUNDLE && {verify_command()}",
@@ -607,7 +609,7 @@ def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: 
         raise BadInput(f"bundle name {name!r}: use letters, digits, '.', '_' and '-' only")
     opts = (collect or CollectOptions())._replace(cache_key=parse_cache_key(tuple(cache_key)))
     records, files, notes, beside = collect_payloads(dict(payloads or {}), opts)
-    payload_sources = [Source(kind, f.path, f.src, f.size) for kind, f in files]
+    payload_sources = [CarriedFile(kind, f.path, f.src, f.size) for kind, f in files]
     carried = manifest.total_bytes - (delta.taken_bytes if delta else 0) + sum(s.size for s in payload_sources)
     refuse_too_many_volumes(-(-carried // volume_size), volume_size, carried, yes)  # before planning them all
     plan = plan_bundle(manifest, manifest_bytes, model_dir, volume_size, name, records, payload_sources,
@@ -790,7 +792,7 @@ def leftovers(outs: list[Path], name: str, ours: set[str]) -> list[Path]:
 
 def _signature_to_carry(model_dir: Path, manifest_bytes: bytes) -> bytes | None:
     """The model's manifest signature, if it has one; a signature that does not match the manifest never travels."""
-    from ..signing import MAX_SIG_BYTES, check_signature_matches, signature_path
+    from ..integrity.signing import MAX_SIG_BYTES, check_signature_matches, signature_path
 
     sig_path = signature_path(model_dir)
     if not os.path.lexists(sig_path):
@@ -869,11 +871,11 @@ def _write_all(plan: Plan, finals: list[Path], progress: ProgressSink, sync: boo
         check_inside(final.parent, final)
     results, pending, hashed = [], [], {}  # hashed: volume number -> (blake3, identity)
     spans: dict[int, list[Span]] = {}
-    # A volume hashed once written stays cached for the parity pass, except where growing the page cache is dear: on
-    # a VM that reports free memory to its host, keeping 2.3 GB of volumes cost 3-4 s of sys time (README, "How the
-    # parity pass reads"); there it is dropped once hashed and the pass reads the files it was copied from (on the
-    # 16-core H200 host, without that device, doing so everywhere made `--no-sync` 1.66-1.76x a plain bundle against
-    # 1.36-1.50x, 2 runs of 3 rounds each).
+    # A volume hashed once written stays cached for the parity pass, except where growing the page cache is dear: on a VM
+    # that reports free memory to its host, keeping 2.3 GB of volumes cost 3-4 s of sys time (docs/bundle.md, "How the
+    # parity pass reads"); there it is dropped once hashed and the pass reads the files it was copied from (on the 16-core
+    # H200 host, without that device, doing so everywhere made `--no-sync` 1.66-1.76x a plain bundle against 1.36-1.50x, 2
+    # runs of 3 rounds each).
     keep_cached = not reports_free_pages()
     stop = threading.Event()
     try:

@@ -38,15 +38,18 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import BadInput, BadValue, IntegrityError, Refused
-from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets,
-                      dir_lock, fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, remove_tree,
-                      require_free_space, unlink_file)
-from ..hashing import StreamHasher
-from ..interrupt import keeps
-from ..manifest import MAX_MANIFEST_BYTES, from_json, manifest_path, read_manifest
-from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
-from ..sharing import COPY, how_to_share
-from ..untrusted import MAX_DOCUMENT, At, load_json, read_json_file
+from ..paths import MM_DIR
+from ..edges.fsutil import (atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets, dir_lock,
+                            fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, remove_tree,
+                            require_free_space, unlink_file)
+from ..integrity.hashing import StreamHasher
+from ..edges.interrupt import keeps
+from ..integrity.manifest import MAX_MANIFEST_BYTES, from_json, read_manifest
+from ..paths import manifest_path
+from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..units import human_bytes
+from ..edges.sharing import COPY, how_to_share
+from ..edges.untrusted import MAX_DOCUMENT, At, load_json, read_json_file
 from . import delta as deltas
 from .check import ParitySet, conflicting_numbers, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back, write_all
@@ -214,7 +217,7 @@ def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | N
     """The bundle's manifest signature, checked with ssh-keygen before anything is written: (report or None when
     unsigned and not required, the manifest bytes whose signature was checked). VOLS: data volumes first, then
     parity volumes (they carry the manifest and its signature too)."""
-    from ..signing import verify_manifest_signature
+    from ..integrity.signing import verify_manifest_signature
 
     ref = reference_bundle(vols)
     first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
@@ -242,7 +245,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
     written, when it is not good; with REQUIRE_SIGNATURE when there is none either). READBACK: each file, once
     fsynced, is read back from the disk (its pages dropped from the page cache) before it is named. BASE_DIR: a
     delta's base revision (--from), whose files are taken by reflink, by hard link when LINK, else by a copy."""
-    from ..hfcache import refuse_snapshot
+    from ..paths import refuse_snapshot
 
     dest = Path(dest)
     refuse_snapshot(dest, "mm unbundle")
@@ -402,7 +405,7 @@ def _earlier_index(dest: Path, ref: str | None) -> tuple[Index, bytes, str] | No
 
 def _restore_signature(dest: Path, first: Volume | None) -> None:
     """Put the manifest's signature back beside the manifest (DEST/.mm/manifest.json.sig)."""
-    from ..signing import signature_path
+    from ..integrity.signing import signature_path
 
     if first is None:
         return
@@ -510,7 +513,7 @@ class RebuiltVolumes(NamedTuple):
 def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: list[int], out_dir: Path,
                          sync: bool = True, progress: ProgressSink = NULL_PROGRESS, *,
                          root: Path | None = None) -> RebuiltVolumes:
-    """Rebuild data volumes WANT (numbers) from the good DATA sources (number -> parity.Source) and the parity
+    """Rebuild data volumes WANT (numbers) from the good DATA sources (number -> parity.ByteSource) and the parity
     volumes PVOLS (parity_set's usable), each into OUT_DIR under its own file name: written under a temporary
     name, named only when its whole-file blake3 is the one the parity index records. Raises NotRecoverable naming
     what would be enough. An input whose bytes are not those the parity index records (a damaged parity stream,
@@ -693,8 +696,8 @@ def _final_check(dest: Path, run: _Import, state: _State, manifest, progress: Pr
     very inode, size, mtime and ctime that sitting recorded; anything else (found in place, changed since) is hashed
     now. With --readback every file this run named was also read back from the disk (_Import.read_back). Files a
     delta took from its base count as named: each was hashed against the manifest before it got its name."""
-    from ..store import record_verified
-    from ..verify import verify_dir  # the verify capability (issue 3)
+    from ..integrity.stamps import record_verified
+    from ..integrity.verify import verify_dir  # the verify capability
 
     sizes = {f.path: f.size for f in manifest.files}
     now = {path for kind, path in run.named if kind == MODEL_KIND}
@@ -900,7 +903,7 @@ class _Import:
             pos = offset
             try:
                 # the volume's pages leave the page cache once copied: it is read once, and the memory they
-                # held takes the model's pages next (README, "Durable writes")
+                # held takes the model's pages next (docs/bundle.md, "Copying and durability")
                 for view in self.pipe.stream(v.path, info.offset_data, info.size, hashers,
                                              drop=True):
                     try:

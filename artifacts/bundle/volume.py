@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BadInput
-from ..fsutil import file_kind
-from ..untrusted import Malformed, load_json
+from ..edges.fsutil import file_kind
+from ..edges.untrusted import Malformed, load_json
 from .format import MANIFEST_MEMBER, META, PARITY_RE, VOLUME_RE, b3, index_member, parity_index_member
 from .index import Entry, Index, ParityIndex, parse_index, parse_parity_index
 

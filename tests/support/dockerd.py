@@ -1,4 +1,4 @@
-"""The real container engine for tests: Debian's docker.io daemon on a private socket (issue 20).
+"""The real container engine for tests: Debian's docker.io daemon on a private socket.
 
     with Dockerd(tmp) as engine:
         engine.env          # the environment for mm and the tests: PATH starts with engine.bin (the docker wrapper)
