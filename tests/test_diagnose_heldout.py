@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mm.artifacts.diagnose import DiagnoseRequest, run_diagnosis
+from mm.artifacts.serving.diagnose import DiagnoseRequest, run_diagnosis
 
 HELDOUT = Path(__file__).parent / "diagnose_heldout"
 CASES: dict[str, dict] = json.loads((HELDOUT / "index.json").read_text())["cases"]
