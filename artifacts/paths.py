@@ -33,6 +33,9 @@ from .errors import Refused
 MM_DIR = ".mm"  # a model directory's own files: DIR/.mm/
 MANIFEST_NAME = "manifest.json"
 POINTER = "current"  # a store's pointer: ROOT/<repo id>/current -> <revision dir>
+UNBUNDLE_DIR = f"{MM_DIR}/unbundle"  # an import in progress: its state, partial files, rebuilt volumes
+UNBUNDLE_STATE = f"{UNBUNDLE_DIR}/state.json"
+IMPORT_RECORD = f"{MM_DIR}/imported.json"  # what a finished import left: its bundle, volumes and file stamps
 
 REPO_FOLDER = re.compile(r"^(models|datasets|spaces)--[^/]+$")
 
@@ -103,9 +106,11 @@ def refuse_snapshot(path: Path | str, what: str) -> None:
 
 def state_root(model_dir: Path) -> Path:
     """The root that MODEL_DIR's own files (manifest, signature, lock, push state) are written under: MODEL_DIR,
-    whose .mm/ holds them, or, for a Hugging Face cache snapshot, mm's state directory outside hf's cache."""
+    whose .mm/ holds them, or, for a Hugging Face cache snapshot, mm's hf-cache state directory outside hf's cache
+    (that directory itself, so a link planted below it, at a repo's or a snapshot's folder, is refused as under
+    any target)."""
     own = state_dir(model_dir, MM_DIR)
-    return Path(model_dir) if own == Path(model_dir) / MM_DIR else own
+    return Path(model_dir) if own == Path(model_dir) / MM_DIR else mm_state_home()
 
 
 def manifest_path(model_dir: Path) -> Path:

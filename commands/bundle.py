@@ -9,8 +9,9 @@ from typing import Callable
 import click
 
 from ..artifacts.bundle.payloads import PAYLOAD_KINDS
-from ..artifacts.errors import IntegrityError, MMError, ProblemsFound
+from ..artifacts.errors import IntegrityError, MMError, ProblemsFound, Waiting
 from ..artifacts.units import human_bytes, human_duration
+from .shared import PATH
 from .shared import (DefaultGroup, emit_json, err, handles_errors, json_option, out, progress_for,
                      render_carried_signature, signature_options, signature_policy, to_jsonable)
 
@@ -44,10 +45,10 @@ def payload_options(side: str) -> Callable:
     def apply(fn: Callable) -> Callable:
         for k in reversed(PAYLOAD_KINDS):
             if side == "source":
-                option = click.option(k.source_option, k.source_param, multiple=k.many, type=click.Path(path_type=Path),
+                option = click.option(k.source_option, k.source_param, multiple=k.many, type=PATH,
                                       help=k.source_help)
             else:
-                option = click.option(k.dest_option, k.dest_param, type=click.Path(path_type=Path), help=k.dest_help)
+                option = click.option(k.dest_option, k.dest_param, type=PATH, help=k.dest_help)
             fn = option(fn)
         return fn
     return apply
@@ -64,8 +65,8 @@ def bundle():
 
 
 @bundle.command("create")
-@click.argument("directory", required=False, type=click.Path(path_type=Path))
-@click.option("--out", "out_dirs", required=True, multiple=True, type=click.Path(path_type=Path),
+@click.argument("directory", required=False, type=PATH)
+@click.option("--out", "out_dirs", required=True, multiple=True, type=PATH,
               help="Directory for the volume files: one per disk, repeatable (--out /media/disk1 --out /media/disk2): "
                    "filled in order, each volume where it fits (free space is checked before writing).")
 @click.option("--volume-size", type=VolumeSize(),
@@ -101,7 +102,7 @@ def bundle():
                    "(e.g. 2 for ten data volumes).")
 @click.option("--yes", is_flag=True, help="Write a plan of more than 10,000 volumes (refused otherwise: most likely a "
                                           "--volume-size typo, 100K for 100G).")
-@click.option("--base", type=click.Path(path_type=Path),
+@click.option("--base", type=PATH,
               help="Make a delta: carry only the files whose content this base revision lacks (its manifest file, "
                    "its model directory, or a volume of its bundle); the destination takes the rest from its copy "
                    "of the base (mm unbundle --from).")
@@ -194,7 +195,7 @@ def _render_bundle_plan(plan) -> None:
 
 
 @bundle.command("verify")
-@click.argument("volumes", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("volumes", nargs=-1, required=True, type=PATH)
 @json_option
 @handles_errors
 def bundle_verify(volumes, json_out):
@@ -236,8 +237,8 @@ def bundle_verify(volumes, json_out):
 
 
 @bundle.command("repair-volume")
-@click.argument("volumes", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--out", "out_dir", type=click.Path(path_type=Path),
+@click.argument("volumes", nargs=-1, required=True, type=PATH)
+@click.option("--out", "out_dir", type=PATH,
               help="Where rebuilt volume files go. Default: beside the first volume given.")
 @click.option("--no-sync", "no_sync", is_flag=True, help="Do not fsync the rebuilt volumes.")
 @json_option
@@ -272,8 +273,8 @@ def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
 
 
 @click.command()
-@click.argument("volumes", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--dest", required=True, type=click.Path(path_type=Path), help="The model directory to fill.")
+@click.argument("volumes", nargs=-1, required=True, type=PATH)
+@click.option("--dest", required=True, type=PATH, help="The model directory to fill.")
 @payload_options("dest")
 @click.option("--no-sync", "no_sync", is_flag=True,
               help="Do not fsync imported files (a scratch copy): files are still named only once their hashes match, "
@@ -281,7 +282,7 @@ def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
 @click.option("--readback", is_flag=True,
               help="Also read each file back from the disk once fsynced (its pages dropped from the page cache) and "
                    "name it only if it still matches: proves the disk holds the bytes, at the cost of a second read.")
-@click.option("--from", "base_dir", type=click.Path(path_type=Path),
+@click.option("--from", "base_dir", type=PATH,
               help="A delta bundle's base: the directory holding the base revision. Files the delta does not carry are "
                    "taken from there (reflink where the file system clones, else a copy), each hashed.")
 @click.option("--link", is_flag=True,
@@ -294,8 +295,9 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
              **kw):
     """Import volumes (files or directories, any order, some now and the rest later) into DEST, then verify.
 
-    Exit 0 imported (volumes may still be missing), 5 a volume or member was refused (or a file read back
-    with --readback differed), 1 the final verify failed, 7 not enough space.
+    Exit 0 imported and verified, 8 what was given is imported and other volumes are still to come, 5 a volume
+    or member was refused (or a file read back with --readback differed), 1 the final verify failed, 7 not
+    enough space.
     """
     import time
 
@@ -309,6 +311,7 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
                             identity=identity, require_signature=required, readback=readback, base_dir=base_dir,
                             link=link)
     exit_code, why = {Outcome.IMPORTED: (0, ""),
+                      Outcome.WAITING: (Waiting.exit_code, "waiting for more volumes"),
                       Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),
                       Outcome.VERIFY_FAILED: (ProblemsFound.exit_code, "final verify found problems")}[report.outcome]
     if json_out:
@@ -349,9 +352,12 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
             for cmd in report.next_commands:
                 out.line(f"next: {cmd}")
         else:
+            from ..artifacts.integrity.provenance import import_remedy
             missing = ", ".join(str(n) for n in report.missing_volumes) or "none"
             out.line(f"still missing: volume(s) {missing} of {report.volumes}; {len(report.waiting)} file(s) "
-                     f"waiting. Run again with the rest.")
+                     f"waiting.")
+            if remedy := import_remedy(dest):
+                out.line(f"next: {remedy}")
         if not report.synced:
             out.line(f"not synced (--no-sync): run `sync` before relying on {dest} surviving a crash")
     if exit_code:

@@ -12,6 +12,7 @@ import click
 
 from ..artifacts.errors import MMError
 from ..artifacts.units import human_bytes, human_duration, human_rate
+from .shared import PATH
 from .shared import (DefaultGroup, check_repo_id, check_revision, emit_json, err, escape, handles_errors, json_option,
                      out, progress_for, render_signed, to_jsonable)
 
@@ -90,7 +91,7 @@ def _fetch_exit_code(result: mm_fetch.FetchResult) -> int:
 @click.argument("repo", required=False, callback=check_repo_id)
 @click.option("--revision", "-r", callback=check_revision,
               help="Full or short commit, branch or tag. Default: the pin's revision (manifests/).")
-@click.option("--local-dir", type=click.Path(path_type=Path), help="Target directory. Default: ./<repo name>.")
+@click.option("--local-dir", type=PATH, help="Target directory. Default: ./<repo name>.")
 @click.option("--include", multiple=True, help="Only paths matching this glob (repeatable).")
 @click.option("--exclude", multiple=True, help="Skip paths matching this glob (repeatable).")
 @click.option("--connections", type=click.IntRange(1, 256), default=32, show_default=True,
@@ -100,11 +101,11 @@ def _fetch_exit_code(result: mm_fetch.FetchResult) -> int:
 @click.option("--source", default="hub", show_default=True,
               help="hub, or modelscope[:OWNER/NAME[@REV]]: every file whose content matches the pin from that mirror, the rest from the Hub.")
 @click.option("--mirror-only", is_flag=True, help="With --source modelscope: nothing from the Hub; fail naming the files the mirror cannot supply.")
-@click.option("--pin-manifest", type=click.Path(path_type=Path),
+@click.option("--pin-manifest", type=PATH,
               help="With --source modelscope: the pin's identities from this mm manifest, for when the Hub is unreachable.")
-@click.option("--sign-with", type=click.Path(path_type=Path),
+@click.option("--sign-with", type=PATH,
               help="Sign the manifest at the end (as `mm sign DIR --key KEY`) when every file was fetched.")
-@click.option("--from", "base_dir", type=click.Path(path_type=Path),
+@click.option("--from", "base_dir", type=PATH,
               help="Another revision's directory on this host: files whose content it has are read from there, not "
                    "downloaded (each checked against the pin like a download).")
 @json_option
@@ -147,7 +148,7 @@ def manifest():
 
 
 @manifest.command("create")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory", type=PATH)
 @click.option("--repo", callback=check_repo_id,
               help="The Hub repo the directory holds, e.g. MiniMaxAI/MiniMax-M3.1-Flash. Default for a Hugging Face "
                    "cache snapshot: the repo its folder names.")
@@ -187,7 +188,7 @@ def manifest_create(directory, repo, revision, offline, jobs, json_out):
 
 
 @manifest.command("export")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory", type=PATH)
 @click.option("--format", "fmt", type=click.Choice(["sha256", "blake3", "both"]), default="both", show_default=True)
 @json_option
 @handles_errors
@@ -269,7 +270,7 @@ def mirror():
 @click.option("--modelscope-id", callback=check_repo_id, help="The mirror, OWNER/NAME on ModelScope. Default: the pin's.")
 @click.option("--ms-revision", callback=check_revision, help="Mirror branch or tag. Default: master (ModelScope's default branch).")
 @click.option("--all-revisions", is_flag=True, help="Rank every branch and tag of the mirror by how much of the pin it supplies.")
-@click.option("--pin-manifest", "manifest_file", type=click.Path(path_type=Path),
+@click.option("--pin-manifest", "manifest_file", type=PATH,
               help="Take the pin's hashes from this mm manifest instead of the Hub (offline from the Hub).")
 @click.option("--ms-endpoint", help="ModelScope endpoint. Default: MODELSCOPE_ENDPOINT, else https://modelscope.cn.")
 @json_option

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable
 import click
 
 from ..artifacts.errors import MMError, ProblemsFound
+from .shared import PATH
 from .shared import (emit_json, err, escape, handles_errors, json_option, out, progress_for, signature_options,
                      signature_policy, to_jsonable)
 
@@ -69,7 +70,7 @@ _port_list = _int_list(1, 65535, "ports", "30001,30002")
 def recipe_options(fn: Callable) -> Callable:
     """The options `mm launch` and `mm warmup` share: they must produce the same command line."""
     options = [
-        click.argument("model_dir", type=click.Path(path_type=Path)),
+        click.argument("model_dir", type=PATH),
         click.option("--hardware", required=True, callback=_hardware,
                      help="b300, gb300, b200, gb200, h200, h100 (vLLM), mi355x, mi350x (any case: B300 is b300)."),
         click.option("--recipe", default=None, help="balanced, low-latency, high-throughput, ... (default: the hardware's reference)."),
@@ -89,9 +90,9 @@ def recipe_options(fn: Callable) -> Callable:
                      help="Cap the context (refused above the recipe's limit)."),
         click.option("--dspark", is_flag=True, help="Require DSpark speculative decoding (refused where the guide says it fails)."),
         click.option("--image", default=None, help="Engine image by digest (default: the pinned SGLang image)."),
-        click.option("--image-archive", type=click.Path(path_type=Path), default=None,
+        click.option("--image-archive", type=PATH, default=None,
                      help="Image archive carried in the bundle; the script runs `docker load -i` when the image is absent."),
-        click.option("--cache-root", type=click.Path(path_type=Path), default=None,
+        click.option("--cache-root", type=PATH, default=None,
                      help="Host directory for kernel caches (default: DIR/../mm-kernel-cache/<recipe>)."),
         click.option("--name", default=None, callback=_container_name,
                      help="Container name. Default: the pin's container_name (minimax-m3-1-flash)."),
@@ -113,7 +114,7 @@ def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
 @click.option("--expose", is_flag=True, help="Publish on all interfaces; then the API key is read from --api-key-env at run time.")
 @click.option("--api-key-env", default="MM_API_KEY", show_default=True, help="Environment variable holding the API key (with --expose).")
 @click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Write it here atomically (a script gets mode 0755, a JSON plan 0644).")
+@click.option("--out", type=PATH, default=None, help="Write it here atomically (a script gets mode 0755, a JSON plan 0644).")
 @signature_options
 @json_option
 @handles_errors
@@ -156,8 +157,8 @@ def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers:
 @recipe_options
 @click.option("--timeout", type=float, default=3600, show_default=True, callback=_seconds,
               help="Seconds to wait for /health (a first start compiles kernels).")
-@click.option("--report", type=click.Path(path_type=Path), default=None, help="JSON report path (default: <cache root>/mm-warmup-report.json).")
-@click.option("--image-file", type=click.Path(path_type=Path), default=None, help="Local PNG for the image check (default: a tiny PNG made in code).")
+@click.option("--report", type=PATH, default=None, help="JSON report path (default: <cache root>/mm-warmup-report.json).")
+@click.option("--image-file", type=PATH, default=None, help="Local PNG for the image check (default: a tiny PNG made in code).")
 @click.option("--gpu-info", default=None, help="'NAME, COMPUTE_CAP, DRIVER' for the cache key instead of asking nvidia-smi (required on AMD).")
 @json_option
 @handles_errors
@@ -218,12 +219,12 @@ def doctor(model_dir, json_out, **kw):
 
 
 @click.command()
-@click.argument("logfile", required=False, type=click.Path(path_type=Path))
+@click.argument("logfile", required=False, type=PATH)
 @click.option("--container", default=None, callback=_container_name,
               help="Read `docker logs NAME` and its mounts instead of a file.")
-@click.option("--answer", "answers", multiple=True, type=click.Path(path_type=Path),
+@click.option("--answer", "answers", multiple=True, type=PATH,
               help="A saved HTTP answer or request body (repeatable).")
-@click.option("--model-dir", type=click.Path(path_type=Path), default=None,
+@click.option("--model-dir", type=PATH, default=None,
               help="The model directory: adapt each fix to its recipe (with --hardware and the launch options).")
 @click.option("--hardware", default=None, callback=_hardware, help="With --model-dir: the hardware of the launch.")
 @click.option("--recipe", default=None)
@@ -231,7 +232,7 @@ def doctor(model_dir, json_out, **kw):
               help="The engine that served (its detectors and fixes). Default: the one the logs show, else sglang.")
 @click.option("--gpus", callback=_gpu_list, default=None)
 @click.option("--port", type=click.IntRange(1, 65535), default=30000, show_default=True)
-@click.option("--cache-root", type=click.Path(path_type=Path), default=None)
+@click.option("--cache-root", type=PATH, default=None)
 @click.option("--image", default=None)
 @click.option("--host-checks", is_flag=True, help="Also run the table's host checks for that recipe on this host.")
 @click.option("--gpu-info", default=None, help="'NAME, COMPUTE_CAP, DRIVER' lines for the GPU host check.")

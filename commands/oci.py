@@ -11,8 +11,8 @@ import click
 
 from ..artifacts.errors import ProblemsFound
 from ..artifacts.units import human_bytes, human_duration, human_rate
-from .shared import (emit_json, err, handles_errors, json_option, out, progress_for, render_carried_signature,
-                     signature_options, signature_policy, to_jsonable)
+from .shared import (PATH, emit_json, err, handles_errors, json_option, out, password_from_stdin, progress_for,
+                     render_carried_signature, signature_options, signature_policy, to_jsonable)
 
 
 def registry_options(fn: Callable) -> Callable:
@@ -22,7 +22,7 @@ def registry_options(fn: Callable) -> Callable:
                                         "REGISTRY_AUTH_FILE; else anonymous."),
         click.option("--password-stdin", is_flag=True, help="Read the password (or token) from standard input."),
         click.option("--plain-http", is_flag=True, help="Plain HTTP to a registry that is not on loopback (loopback always is)."),
-        click.option("--ca-file", type=click.Path(path_type=Path, dir_okay=False),
+        click.option("--ca-file", type=click.Path(path_type=Path, dir_okay=False, readable=False),
                      help="PEM CA bundle for the registry's HTTPS certificate. Default: the system's CAs."),
     ]):
         fn = option(fn)
@@ -32,14 +32,7 @@ def registry_options(fn: Callable) -> Callable:
 def _registry_access(ref_text: str, username: str | None, password_stdin: bool, plain_http: bool, ca_file: Path | None):
     from ..artifacts.oci import client as oci_client
     ref = oci_client.parse_reference(ref_text)
-    password = None
-    if password_stdin:
-        password = sys.stdin.readline().rstrip("\r\n")
-        if not password:
-            raise click.UsageError("--password-stdin: nothing on standard input")
-    if password_stdin and not username:
-        raise click.UsageError("--password-stdin needs --username")
-    creds = oci_client.load_credentials(ref.registry, username, password)
+    creds = oci_client.load_credentials(ref.registry, username, password_from_stdin(username, password_stdin))
     return creds, oci_client.Transport(plain_http=plain_http, ca_file=ca_file)
 
 
@@ -52,7 +45,7 @@ def _transfer_summary(items, nbytes: int, seconds: float) -> tuple[Counter, str]
 
 
 @click.command()
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory", type=PATH)
 @click.argument("reference")
 @registry_options
 @click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Blobs uploaded in parallel.")
@@ -106,7 +99,7 @@ def _render_inspect(report) -> None:
 
 @click.command()
 @click.argument("reference")
-@click.option("--local-dir", type=click.Path(path_type=Path), help="Target directory (required unless --list).")
+@click.option("--local-dir", type=PATH, help="Target directory (required unless --list).")
 @click.option("--list", "list_only", is_flag=True, help="Show the artifact's files, sizes and revision; download nothing.")
 @registry_options
 @click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Blobs downloaded in parallel.")

@@ -313,6 +313,11 @@ def quiet_stdout() -> None:
 
 # --- option values shared by several commands, checked where they are parsed (a bad value is a usage error: exit 2)
 
+# A path the user names, as given: mm opens it itself and says in one line why it cannot (exit 3, README "Exit
+# codes"). click's own readable check would answer a permission refused as a usage error (exit 2).
+PATH = click.Path(path_type=Path, readable=False)
+
+
 def check_repo_id(ctx, param, value):
     from ..artifacts.edges.untrusted import printable, repo_id_problem
     if value is not None and (problem := repo_id_problem(value)):
@@ -389,7 +394,7 @@ def signature_options(fn: Callable) -> Callable:
     options = [
         click.option("--require-signature", is_flag=True,
                      help="Kept for scripts: --allowed-signers alone already requires a good signature."),
-        click.option("--allowed-signers", type=click.Path(path_type=Path),
+        click.option("--allowed-signers", type=PATH,
                      help="OpenSSH allowed_signers file (namespace mm-manifest): the manifest must carry a good "
                           "signature by a key it allows; unsigned or not good: exit 5, before anything is written. "
                           "The same meaning in verify, unbundle, pull and launch."),
@@ -427,3 +432,16 @@ def render_signed(result) -> None:
     out.line(f"signed {result.manifest_path} with {result.key_type} key {result.fingerprint}: "
              f"{result.signature_path}")
     out.line("check without mm: cd DIR/.mm && " + signing.verify_command())
+
+
+def password_from_stdin(username: str | None, password_stdin: bool) -> str | None:
+    """--password-stdin: the password (or token) is the first line of standard input, never an argument; it needs
+    --username. None without --password-stdin."""
+    if not password_stdin:
+        return None
+    password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        raise click.UsageError("--password-stdin: nothing on standard input")
+    if not username:
+        raise click.UsageError("--password-stdin needs --username")
+    return password

@@ -7,14 +7,15 @@ from pathlib import Path
 import click
 
 from ..artifacts.units import human_bytes
+from .shared import PATH
 from .shared import check_repo_id, emit_json, err, handles_errors, json_option, out, to_jsonable
 
-root_option = click.option("--root", type=click.Path(path_type=Path), envvar="MM_ROOT", default=".", show_default=True,
+root_option = click.option("--root", type=PATH, envvar="MM_ROOT", default=".", show_default=True,
                            help="The model root (ROOT/<repo id>/<revision dir>/). Environment: MM_ROOT.")
 
 
 @click.command("ls")
-@click.argument("root", required=False, type=click.Path(path_type=Path), envvar="MM_ROOT", default=".")
+@click.argument("root", required=False, type=PATH, envvar="MM_ROOT", default=".")
 @json_option
 @handles_errors
 def ls(root, json_out):
@@ -73,7 +74,7 @@ def use(repo, revision, root, json_out):
 
 
 @click.command("gc")
-@click.argument("root", required=False, type=click.Path(path_type=Path), envvar="MM_ROOT", default=".")
+@click.argument("root", required=False, type=PATH, envvar="MM_ROOT", default=".")
 @click.option("--keep", type=click.IntRange(0, 10_000), default=1, show_default=True,
               help="Revisions to keep besides the current one, the most recently current (or imported) first.")
 @click.option("--dry-run", is_flag=True, help="Say what would be removed and freed; remove nothing.")

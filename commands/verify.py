@@ -13,6 +13,7 @@ from ..artifacts.errors import MMError, ProblemsFound
 from ..artifacts.units import human_bytes, human_duration, human_rate
 from .shared import (check_repo_id, check_revision, emit_json, handles_errors, json_option, out, progress_for,
                      render_signed, signature_options, signature_policy, to_jsonable)
+from .shared import PATH
 
 if TYPE_CHECKING:
     from ..artifacts.integrity.verify import VerifyReport
@@ -59,6 +60,9 @@ def _next_step(report: VerifyReport) -> str | None:
     fixable = [p for p in report.failures if p.kind in REPAIRABLE]
     if report.ok or report.manifest_path.startswith("hub:"):
         return None
+    from ..artifacts.integrity.provenance import import_remedy
+    if remedy := import_remedy(Path(report.model_dir), damaged=len(fixable)):  # from volumes: no Hub needed
+        return f"next: {remedy}"
     if fixable:
         return (f"next: mm repair {shlex.quote(report.model_dir)}   (re-fetches the {len(fixable)} missing or "
                 f"damaged file(s) from the Hub, then verifies again)")
@@ -66,8 +70,8 @@ def _next_step(report: VerifyReport) -> str | None:
 
 
 @click.command()
-@click.argument("directory", type=click.Path(path_type=Path, readable=False))  # verify says why it cannot read
-@click.option("--manifest", "manifest_file", type=click.Path(path_type=Path),
+@click.argument("directory", type=PATH)  # verify says why it cannot read
+@click.option("--manifest", "manifest_file", type=PATH,
               help="Manifest to check against. Default: DIR/.mm/manifest.json.")
 @click.option("--quick", is_flag=True, help="Presence, sizes, readability and shard headers only; no hashing.")
 @click.option("--strict", is_flag=True, help="Files not in the manifest fail too (exit 1); by default they are "
@@ -137,8 +141,8 @@ def _render_signature(report) -> None:
 
 
 @click.command()
-@click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--key", required=True, type=click.Path(path_type=Path),
+@click.argument("directory", type=PATH)
+@click.option("--key", required=True, type=PATH,
               help="SSH key for `ssh-keygen -Y sign`: a private key file, or KEY.pub whose key ssh-agent holds "
                    "(keys with a passphrase, hardware keys).")
 @json_option
@@ -157,7 +161,7 @@ def sign(directory, key, json_out):
 
 
 @click.command()
-@click.argument("directory", type=click.Path(path_type=Path, readable=False))
+@click.argument("directory", type=PATH)
 @click.option("--jobs", type=click.IntRange(1, 256), help="Verify threads. Default: one per core.")
 @click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Files downloaded in parallel.")
 @json_option

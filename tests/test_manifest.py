@@ -86,3 +86,29 @@ def test_adopting_a_directory_offline_never_loads_the_hub_client(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
     assert read_manifest(tmp_path / "m" / ".mm" / "manifest.json").revision == COMMIT
+
+
+def tiny_files(root, count: int) -> None:
+    for i in range(count):
+        d = root / f"d{i // 1000:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i:06d}.json").write_text(f'{{"i": {i}}}\n')
+
+
+def test_mm_manifest_memory_grows_by_a_bounded_amount_per_file(tmp_path):
+    """docs/memory.md's per-file budget for local work, checked on its slope: peak RSS at 10,000 files less that at
+    2,000, per file added (the figures at 120,000 and a million come from `python -m tests.bench.run manyfiles`)."""
+    import os
+
+    from tests.support.memory import peak_rss
+    from tests.support.run import mm_argv
+
+    peaks = {}
+    for count in (2000, 10000):
+        root = tmp_path / str(count)
+        tiny_files(root, count)
+        code, peaks[count] = peak_rss(mm_argv("manifest", root, "--repo", "a/b", "--revision", "c" * 40, "--json"),
+                                      os.environ, timeout=300)
+        assert code == 0
+    per_file = (peaks[10000] - peaks[2000]) / 8000
+    assert per_file < 2500, f"{per_file:.0f} bytes a file ({peaks})"

@@ -217,6 +217,38 @@ def test_manifest_of_a_cache_snapshot_is_kept_outside_the_cache(run_mm, snapshot
     assert v.returncode == 1 and f"HASH       {SHARD}" in v.stdout, v.stdout
 
 
+def test_fetch_from_a_cache_snapshot_without_a_manifest_reuses_its_files(run_mm, snapshot, model_repo, tmp_path):
+    snap, env = snapshot
+    r = run_mm("fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", tmp_path / "d",
+               "--from", snap, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["counts"]["downloaded"] == 0 and doc["counts"]["adopted"] == len(list(snap.rglob("*.*")))
+    assert run_mm("verify", tmp_path / "d", env=env).returncode == 0
+
+
+def test_fetch_from_a_cache_snapshot_with_its_manifest_reuses_the_blobs_its_links_lead_to(run_mm, snapshot,
+                                                                                        model_repo, tmp_path):
+    snap, env = snapshot
+    assert run_mm("manifest", snap, "--offline", env=env).returncode == 0
+    r = run_mm("fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", tmp_path / "d",
+               "--from", snap, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["counts"]["downloaded"] == 0, r.stdout
+
+
+def test_a_link_planted_below_mms_cache_state_is_not_written_through(run_mm, snapshot, model_repo, tmp_path):
+    snap, env = snapshot
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    state = tmp_path / "state" / "mm" / "hf-cache"
+    state.mkdir(parents=True)
+    (state / f"models--{model_repo.repo_id.replace('/', '--')}").symlink_to(elsewhere)
+    r = run_mm("manifest", snap, "--offline", env=env)
+    assert r.returncode == 3 and "symlink" in r.stderr.lower(), r.stdout + r.stderr
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_a_link_in_a_snapshot_that_leaves_its_blobs_is_refused(run_mm, snapshot, tmp_path):
     snap, env = snapshot
     assert run_mm("manifest", snap, "--offline", env=env).returncode == 0

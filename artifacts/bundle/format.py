@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import tarfile
+from typing import Iterable
 
 import blake3
 
@@ -96,8 +97,25 @@ def member_bytes(name: str, size: int, mtime: int = 0) -> int:
     return len(tar_header(name, size, mtime)) + padded(size)
 
 
-def render_json(doc: dict) -> bytes:
-    return (json.dumps(doc, indent=1) + "\n").encode()
+def render_json(doc: dict, **lists: Iterable) -> bytes:
+    """json.dumps(DOC, indent=1) + "\n", byte for byte, where DOC's keys named in LISTS (top-level keys, in DOC's
+    order) get their list from LISTS, an element at a time: json's indenting encoder makes a list of every token of
+    the whole document first, kilobytes a file, and an index may list a million files."""
+    if not lists:
+        return (json.dumps(doc, indent=1) + "\n").encode()
+    marks = {k: f"\x00mm-list-{k}\x00" for k in lists}
+    rest = json.dumps({k: [marks[k]] if k in marks else v for k, v in doc.items()}, indent=1)
+    out: list[bytes] = []
+    for k in (k for k in doc if k in marks):
+        before, rest = rest.split(f"[\n  {json.dumps(marks[k])}\n ]", 1)
+        out.append(before.encode())
+        sep = b"[\n  "
+        for element in lists[k]:
+            out += [sep, json.dumps(element, indent=1).replace("\n", "\n  ").encode()]
+            sep = b",\n  "
+        out.append(b"[]" if sep == b"[\n  " else b"\n ]")
+    out.append(rest.encode() + b"\n")
+    return b"".join(out)
 
 
 def b3(data: bytes) -> str:

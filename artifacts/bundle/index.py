@@ -49,7 +49,7 @@ PARITY_SCHEMA = "mm-bundle-parity/1"
 MAX_VOLUMES = 99_999  # data volumes in one bundle (the name holds at least three digits, the count can grow)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     """One member of a volume: a whole file, or one piece (segment) of a file split across volumes."""
 
@@ -87,7 +87,7 @@ class ParityNote:
     code: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Take:
     """A model file a delta does not carry: PATH in the new revision is BASE_PATH's bytes in the base."""
 
@@ -152,12 +152,12 @@ class Index:
         """The first bundle-wide field (the same in every volume of one bundle) where OTHER says otherwise."""
         return next((f for f in self.BUNDLE_WIDE if getattr(self, f) != getattr(other, f)), None)
 
-    def to_doc(self) -> dict:
+    def to_doc(self, members: bool = True) -> dict:
         doc = {"schema": DELTA_SCHEMA if self.delta else INDEX_SCHEMA, **{f: getattr(self, f) for f in
                                           ("bundle_id", "name", "volume", "volumes", "volume_size", "repo_id",
                                            "revision", "manifest_blake3", "meta")}}
         doc["payloads"] = payloads_document(self.payloads)
-        doc["members"] = [asdict(e) for e in self.members]
+        doc["members"] = [asdict(e) for e in self.members] if members else None
         if self.parity is not None:
             doc["parity"] = asdict(self.parity)
         if self.delta is not None:

@@ -47,7 +47,7 @@ import shlex
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -84,7 +84,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 MAX_VOLUMES = 10_000  # more is almost surely a --volume-size typo; `--yes` writes them anyway
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CarriedFile:
     """One file to carry: a model file (hashes known from the manifest) or a payload file."""
 
@@ -100,7 +100,7 @@ class CarriedFile:
         return (self.kind, self.path)
 
 
-@dataclass
+@dataclass(slots=True)
 class Piece:
     source: CarriedFile
     offset: int
@@ -427,7 +427,7 @@ def meta_members(plan: Plan, n: int, digests: dict, restore: bytes) -> list[tupl
     index = Index(plan.bundle_id, plan.name, n, plan.count, plan.volume_size, m.repo_id, m.revision,
                   b3(plan.manifest_bytes), meta, plan.payloads, tuple(_entry(p, digests) for p in plan.volumes[n - 1]),
                   plan.parity_note, plan.delta)
-    return [(index_member(n), render_json(index.to_doc())), (MANIFEST_MEMBER, plan.manifest_bytes), *sig,
+    return [(index_member(n), render_json(index.to_doc(members=False), members=(asdict(e) for e in index.members))), (MANIFEST_MEMBER, plan.manifest_bytes), *sig,
             (SUMS_MEMBER, sums), (RESTORE_MEMBER, restore), *extra]
 
 
@@ -471,9 +471,24 @@ class _Hashers:
         self.files: dict[tuple[str, str], StreamHasher] = {}
         self.done: dict[tuple[str, str], tuple[str, str]] = {}
 
-    def start(self, pieces: list[Piece]) -> dict:
-        return {p.source.key: (self.files[p.source.key].copy() if p.segment > 1 else
-                               StreamHasher(sha256=p.source.kind != MODEL_KIND, blake3_threads=HASH_THREADS)) for p in pieces}
+    def start(self, pieces: list[Piece]) -> "_Working":
+        return _Working(self.files)
+
+
+class _Working(dict):
+    """One volume's whole-file hashers, each made as its file's piece is reached and dropped once its last piece is
+    hashed: only a file that goes on into the next volume keeps one (a hasher holds ~2 KB of blake3 state, and a
+    volume may hold a million files)."""
+
+    def __init__(self, carried: dict):
+        super().__init__()
+        self.carried = carried
+
+    def hasher(self, p: Piece) -> StreamHasher:
+        if (h := self.get(p.source.key)) is None:
+            h = self[p.source.key] = (self.carried[p.source.key].copy() if p.segment > 1 else
+                                      StreamHasher(sha256=p.source.kind != MODEL_KIND, blake3_threads=HASH_THREADS))
+        return h
 
 
 class _SourceMismatch(IntegrityError):
@@ -526,6 +541,7 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
                     raise _SourceMismatch(f"{p.source.src}: content does not match the manifest (blake3); "
                                           f"run `mm verify` and repair before bundling", p.source.key)
                 digests[p.source.key] = (got.blake3, got.sha256)
+                del working[p.source.key]
         w.write(bytes(END_OF_ARCHIVE))
         for name, data in meta_members(plan, n, digests, restore):
             os.pwrite(fd, data, patch_at[name])
@@ -549,7 +565,7 @@ def _span(at: int, p: Piece) -> Span:
 
 def _piece_hashers(p: Piece, working: dict) -> tuple[StreamHasher, StreamHasher]:
     """(whole-file hasher, this piece's hasher): one and the same when the file is not split."""
-    whole = working[p.source.key]
+    whole = working.hasher(p)
     return whole, (whole if p.segments == 1 else StreamHasher(sha256=False, blake3_threads=HASH_THREADS))
 
 
@@ -576,6 +592,8 @@ def _keep_volume(plan: Plan, n: int, final: Path, hashers: _Hashers, pipe: Chunk
         if piece_hash.digests().blake3 != e.blake3:
             progress.advance(-checked)  # the volume is written again: the bar counts its bytes once
             return None
+        if p.is_last:
+            del working[p.source.key]
     return working
 
 
@@ -792,12 +810,11 @@ def leftovers(outs: list[Path], name: str, ours: set[str]) -> list[Path]:
 
 def _signature_to_carry(model_dir: Path, manifest_bytes: bytes) -> bytes | None:
     """The model's manifest signature, if it has one; a signature that does not match the manifest never travels."""
-    from ..integrity.signing import MAX_SIG_BYTES, check_signature_matches, signature_path
+    from ..integrity.signing import check_signature_matches, read_signature_file, signature_path
 
     sig_path = signature_path(model_dir)
-    if not os.path.lexists(sig_path):
+    if (signature := read_signature_file(sig_path)) is None:
         return None
-    signature = read_local_file(sig_path, what="signature", max_bytes=MAX_SIG_BYTES)
     check_signature_matches(manifest_bytes, signature, str(sig_path))
     return signature
 

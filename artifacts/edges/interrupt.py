@@ -4,7 +4,8 @@ One process-wide stop flag (`STOP`), set when SIGINT or SIGTERM arrives (`instal
   - the main thread gets `Interrupted` (a KeyboardInterrupt) raised where it is, and unwinds to the CLI;
   - workers check `requested()` between chunks and sleep with `STOP.wait()`, so they return within one chunk
     (the ranged engine lands its last batch and saves its range map on the way out);
-  - tools mm runs (`tools.py`) are in their own process group, killed at once (`on_stop`);
+  - tools mm runs (`tools.py`) are in their own process group, killed at once (`on_stop`); a tool is started and
+    registered for that as one step (`starting_child`), so a signal landing in between cannot leave it running;
   - a watcher thread, woken by the signal itself (`signal.set_wakeup_fd`: even while the main thread sits in a
     system call), ends the process after GRACE seconds whatever is still running, and a second signal ends it
     at once. What is on disk then is what kill -9 leaves, which every engine resumes from (partial files and
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
 
 STOP = threading.Event()
 GRACE = 0.7  # seconds the workers get to land their last batch before the process ends regardless
+# seconds the end waits for a child being started to be registered (mm's own margin: a fork and exec takes
+# milliseconds even on a loaded host; past it the process ends anyway)
+STARTING_WAIT = 2.0
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _signum = signal.SIGINT
@@ -37,6 +41,10 @@ _callbacks_lock = threading.RLock()  # re-entered by the signal handler when it 
 _ending = threading.Lock()  # held by whoever ends the process (the CLI after unwinding, or the watcher)
 _finisher: Callable[["Interrupted"], None] | None = None
 _working: list[Path] = []  # where the running command keeps resumable work (`keeps`)
+_starting = threading.Condition()  # guards _children_starting; notified when a start is over
+_children_starting = 0  # children being started in any thread and not yet registered with on_stop
+_main_defers = 0  # the main thread is inside starting_child: its Interrupted waits for the block's end
+_owed = False  # a signal came while the main thread deferred: the block's end raises its Interrupted
 
 
 class Interrupted(KeyboardInterrupt):
@@ -83,6 +91,35 @@ def on_stop(callback: Callable[[], None]) -> Callable[[], None]:
         with _callbacks_lock:
             _callbacks.pop(key, None)
     return remove
+
+
+@contextmanager
+def starting_child() -> Iterator[None]:
+    """Start a child process and register its kill with on_stop inside this block, as one step. Between fork and
+    registration the child is mm's but nothing would kill it: so a signal landing in the block is acted on only
+    when it ends (in the main thread, Interrupted is raised there, not inside Popen), and the process does not end
+    while any thread is in such a block (`end` waits for it). Once a stop was requested no child is started."""
+    global _children_starting, _main_defers, _owed
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        _main_defers += 1  # first: from here on the main thread's Interrupted waits for the end of the block
+    counted = False
+    try:
+        with _starting:
+            _children_starting += 1
+            counted = True
+        check()
+        yield
+    finally:
+        if counted:
+            with _starting:
+                _children_starting -= 1
+                _starting.notify_all()
+        if main:
+            _main_defers -= 1
+            if not _main_defers and _owed:
+                _owed = False
+                raise Interrupted(_signum)
 
 
 def _run(callback: Callable[[], None]) -> None:
@@ -151,9 +188,13 @@ _raised = threading.Event()  # the main thread got its Interrupted (the watcher 
 
 
 def _raise_in_main_thread(signum: int, frame) -> None:
+    global _owed
     request(signum)
     if not _raised.is_set():
         _raised.set()
+        if _main_defers:  # starting a child: raised when that block ends (starting_child)
+            _owed = True
+            return
         raise Interrupted(_signum)
 
 
@@ -200,6 +241,8 @@ def end(exc: Interrupted, flush: bool = False) -> None:
                 stream.flush()
             except (OSError, ValueError):
                 pass
+    with _starting:  # a child being started is registered (and so killed) before the process ends
+        _starting.wait_for(lambda: not _children_starting, timeout=STARTING_WAIT)
     _ending.acquire()  # never released: the one caller ends the process, any other waits for that
     try:
         if _finisher is not None:

@@ -8,9 +8,10 @@ Every subprocess of mm goes through here:
 The tool starts in its own session (start_new_session): it has no controlling terminal, so nothing it runs can
 prompt on the user's terminal (ssh-keygen asking for a passphrase fails instead), and the terminal's Ctrl-C
 reaches mm only. Its whole process group is killed (SIGKILL) when the deadline passes, when a stream passes its
-cap, when mm is interrupted (interrupt.on_stop), and once the tool itself has exited but something it started
-still holds its output open (after LINGER): mm never waits on a pipe a grandchild keeps. Standard input is
-/dev/null, or INPUT from a temporary file (never a pipe mm must feed).
+cap, when mm is interrupted (interrupt.on_stop, registered in the same step that starts the tool, so a Ctrl-C
+that lands while it starts kills it too: interrupt.starting_child), and once the tool itself has exited but
+something it started still holds its output open (after LINGER): mm never waits on a pipe a grandchild keeps.
+Standard input is /dev/null, or INPUT from a temporary file (never a pipe mm must feed).
 
 Each caller names mm's own deadline for its tool (seconds: nvidia-smi and docker probes 60-180, skopeo's inspections
 20-120 and its copy 3600, ssh-keygen 300, pip 1800); `MM_TOOL_TIMEOUT`, when set, is every tool's deadline
@@ -103,12 +104,60 @@ def _start(argv: Sequence[str], stdin, stdout, stderr, cwd, env) -> subprocess.P
         raise ToolMissing(f"{argv[0]}: cannot run ({e.strerror or e}); is it installed?") from None
 
 
+@contextmanager
+def _running(argv: Sequence[str], stdin, stdout, stderr, cwd, env) -> Iterator[subprocess.Popen]:
+    """The tool, started and registered for the stop as one step; on the way out, however it is left, its process
+    group killed (leftovers, or the tool itself when stopped), the tool reaped and its pipes closed."""
+    proc = unregister = None
+    try:
+        with interrupt.starting_child():
+            proc = _start(argv, stdin, stdout, stderr, cwd, env)
+            unregister = interrupt.on_stop(lambda: kill_group(proc))
+        yield proc
+    finally:
+        if unregister is not None:
+            unregister()
+        if proc is not None:
+            kill_group(proc)
+            proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the tool's whole process group (its children too); nothing when it is gone."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def argv_batches(head: Sequence[str], operands: Sequence[str], *, max_operands: int) -> Iterator[list[str]]:
+    """HEAD followed by as many OPERANDS as one exec takes (`docker inspect -- ID...` for every running container):
+    at most MAX_OPERANDS, and within half of what the kernel leaves of ARG_MAX beside this environment (mm's own
+    margin), so that no list from a tool, however long, makes the next exec fail with E2BIG."""
+    budget = _argv_budget() - sum(len(os.fsencode(a)) + 9 for a in head)  # each: its bytes, NUL, a pointer
+    batch: list[str] = []
+    used = 0
+    for operand in operands:
+        size = len(os.fsencode(operand)) + 9
+        if batch and (used + size > budget or len(batch) >= max_operands):
+            yield [*head, *batch]
+            batch, used = [], 0
+        batch.append(operand)
+        used += size
+    if batch:
+        yield [*head, *batch]
+
+
+def _argv_budget() -> int:
+    try:
+        arg_max = os.sysconf("SC_ARG_MAX")
+    except (ValueError, OSError):
+        arg_max = 128 * 1024  # POSIX's least ARG_MAX is 4096; Linux before 2.6.23 had 128 KiB
+    env = sum(len(k) + len(v) + 10 for k, v in os.environb.items())
+    return max(16 * 1024, (arg_max - env) // 2)
 
 
 def run_tool(argv: Sequence[str | os.PathLike], *, timeout: float, max_output: int = MAX_OUTPUT,
@@ -126,24 +175,15 @@ def run_tool(argv: Sequence[str | os.PathLike], *, timeout: float, max_output: i
         stdin_file.write(input)
         stdin_file.seek(0)
     try:  # passthrough: its stdout to mm's stderr (progress is not mm's output), its stderr as mm's
-        proc = _start(argv, stdin_file or subprocess.DEVNULL, 2 if passthrough else subprocess.PIPE,
-                      None if passthrough else subprocess.PIPE, cwd, env)
+        with _running(argv, stdin_file or subprocess.DEVNULL, 2 if passthrough else subprocess.PIPE,
+                      None if passthrough else subprocess.PIPE, cwd, env) as proc:
+            if passthrough:
+                out, err, stopped = b"", b"", _wait(proc, ends, timeout)
+            else:
+                out, err, stopped = _collect(proc, ends, timeout, max_output)
     finally:
         if stdin_file is not None:
             stdin_file.close()
-    unregister = interrupt.on_stop(lambda: kill_group(proc))
-    try:
-        if passthrough:
-            out, err, stopped = b"", b"", _wait(proc, ends, timeout)
-        else:
-            out, err, stopped = _collect(proc, ends, timeout, max_output)
-    finally:
-        unregister()
-        kill_group(proc)  # leftovers of the tool (or the tool itself, when stopped)
-        proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
     interrupt.check()
     return ToolResult(argv, None if stopped else proc.returncode, out, err, stopped)
 
@@ -215,22 +255,19 @@ def stream_tool(argv: Sequence[str | os.PathLike], *, timeout: float,
     the tool exited (a child holding the pipe): the caller's read then ends. Raises ToolMissing, Interrupted."""
     argv = tuple(os.fspath(a) for a in argv)
     timeout = deadline(timeout)
-    proc = _start(argv, subprocess.DEVNULL, subprocess.PIPE, subprocess.STDOUT, None, env)
-    stream = ToolStream(proc.stdout)
-    done = threading.Event()
-    guard = threading.Thread(target=_guard, args=(proc, time.monotonic() + timeout, timeout, done, stream._reason),
-                             name="mm-tool-guard", daemon=True)
-    guard.start()
-    try:
-        yield stream
-    finally:
-        done.set()
-        kill_group(proc)
-        proc.wait()
-        guard.join()
-        proc.stdout.close()
-        stream.stopped = stream._reason[0] if stream._reason else None
-        stream.returncode = None if stream.stopped else proc.returncode
+    with _running(argv, subprocess.DEVNULL, subprocess.PIPE, subprocess.STDOUT, None, env) as proc:
+        stream = ToolStream(proc.stdout)
+        done = threading.Event()
+        guard = threading.Thread(target=_guard, args=(proc, time.monotonic() + timeout, timeout, done, stream._reason),
+                                 name="mm-tool-guard", daemon=True)
+        guard.start()
+        try:
+            yield stream
+        finally:
+            done.set()
+            guard.join()
+    stream.stopped = stream._reason[0] if stream._reason else None
+    stream.returncode = None if stream.stopped else proc.returncode
     interrupt.check()
 
 

@@ -17,6 +17,7 @@ from ..paths import manifest_path, snapshot_of, state_root
 from ..integrity.manifest import FileEntry, Manifest, entry_for_file, public_endpoint, write_manifest
 from ..edges.progress import NULL_PROGRESS, ProgressSink
 from ..units import is_commit
+from ..integrity.hashing import bounded_map
 
 if TYPE_CHECKING:
     from .download import RemoteFile
@@ -64,7 +65,7 @@ def manifest_for_local_dir(local_dir: Path, repo_id: str, revision: str, *, endp
     with dir_lock(local_dir, "mm manifest"):
         try:
             with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-                hashed = list(pool.map(one, paths))
+                hashed = list(bounded_map(pool, one, paths, window=4 * max(1, jobs)))
         finally:
             progress.end()
         if remote is not None:

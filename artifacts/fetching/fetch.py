@@ -6,7 +6,8 @@ sources to the download engine (artifacts/fetching/download.py); write DIR/.mm/m
 engine proved, under the engine's lock.
 
 `--from BASE_DIR` (base_candidates): a file whose upstream identity and size are a file's of another revision's
-directory on this host is adopted from there instead of downloaded (download.Session.adopt: reflinked where the file
+directory on this host (by its manifest; without one, as in a Hugging Face cache snapshot, the file at the same path
+with the same size) is adopted from there instead of downloaded (download.Session.adopt: reflinked where the file
 system clones, else copied, hashed, checked against the pin's identity, named only then; a base file whose bytes
 are not the pinned ones is downloaded instead).
 """
@@ -24,6 +25,7 @@ from .download import JOURNAL, PARTIAL_DIR, FileOutcome, RemoteFile, Session, So
 from ..errors import BadInput, RemoteError
 from ..paths import MM_DIR, state_root
 from ..edges.fsutil import check_model_path, unlink_file
+from ..paths import Snapshot, snapshot_of
 from .ranges import DEFAULT_CONNECTIONS
 from ..edges import wire
 from ..integrity.manifest import (FileEntry, Manifest, Partial, expected_entry, public_endpoint, read_manifest,
@@ -173,32 +175,54 @@ def _manifest_entries(local_dir: Path, refetch: frozenset[str] | None, remote: l
 
 
 def base_candidates(base_dir: Path, files: list[RemoteFile], local_dir: Path) -> dict[str, Path]:
-    """{path: BASE_DIR's file} for each file of FILES whose upstream identity and size a file of BASE_DIR has (by its
-    manifest: the LFS sha256, or the git blob sha1 of a small file), the same path preferred: candidates the engine
-    adopts (download.Session.adopt: cloned or copied in, hashed, kept only when they match the pin). Only regular
-    files inside BASE_DIR (no symlink on the way) are named."""
+    """{path: BASE_DIR's file} for each file of FILES that a file of BASE_DIR may be: candidates the engine adopts
+    (download.Session.adopt: cloned or copied in, hashed in one read, kept only when they match the pin's upstream
+    identity, else downloaded). With a manifest in BASE_DIR, a candidate has the file's identity and size there (the
+    LFS sha256, or the git blob sha1 of a small file), the same path preferred; without one, or for a file it gives no
+    identity for (a Hugging Face cache snapshot, a manifest written offline), the file at the same path with the
+    same size. Only regular files inside
+    BASE_DIR (no symlink on the way) are named; in a cache snapshot, the blob a link resolves to in its own repo."""
     base_dir = Path(base_dir)
     if not base_dir.is_dir():
         raise BadInput(f"--from {base_dir}: not a directory")
     if os.path.realpath(base_dir) == os.path.realpath(local_dir):
         raise BadInput(f"--from {base_dir}: is the target directory itself")
-    base = read_manifest(manifest_path(base_dir))
+    by_identity = _base_identities(base_dir)
+    snap = snapshot_of(base_dir)
+    root = os.path.realpath(base_dir)
+    found = {}
+    for f in files:
+        same = by_identity.get((f.upstream.kind, f.upstream.value, f.size), []) if by_identity else []
+        paths = sorted(same, key=lambda p: p != f.path) or [f.path]  # else the same path: adopt still checks it
+        for candidate in paths:
+            full = _base_file(base_dir, root, snap, candidate)
+            if full is not None and same_size(full, f.size):
+                found[f.path] = full
+                break
+    return found
+
+
+def _base_identities(base_dir: Path) -> dict[tuple[str, str, int], list[str]] | None:
+    """(identity kind, value, size) -> paths, from BASE_DIR's manifest; None when it has none."""
+    if not manifest_path(base_dir).is_file():
+        return None
     by_identity: dict[tuple[str, str, int], list[str]] = {}
-    for e in base.files:
+    for e in read_manifest(manifest_path(base_dir)).files:
         if e.sha256:
             by_identity.setdefault(("lfs-sha256", e.sha256, e.size), []).append(e.path)
         if e.upstream is not None and e.upstream.kind == "git-blob-sha1":
             by_identity.setdefault((e.upstream.kind, e.upstream.value, e.size), []).append(e.path)
-    root = os.path.realpath(base_dir)
-    found = {}
-    for f in files:
-        for candidate in sorted(by_identity.get((f.upstream.kind, f.upstream.value, f.size), []),
-                                key=lambda p: p != f.path):
-            full = base_dir / candidate
-            if os.path.realpath(full) == os.path.join(root, *candidate.split("/")) and same_size(full, f.size):
-                found[f.path] = full
-                break
-    return found
+    return by_identity
+
+
+def _base_file(base_dir: Path, root: str, snap: Snapshot | None, path: str) -> Path | None:
+    """BASE_DIR/PATH when it is a file inside BASE_DIR reached through no link; in a cache snapshot, the blob its
+    link resolves to (paths.Snapshot.allows); else None."""
+    full = base_dir / path
+    real = os.path.realpath(full)
+    if real == os.path.join(root, *path.split("/")):
+        return full
+    return Path(real) if snap is not None and snap.allows(real) else None
 
 
 def _stamp_if_proven(local_dir: Path, outcomes: list[FileOutcome], entries: dict) -> None:

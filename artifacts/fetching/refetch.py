@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from ..errors import RemoteError
 from ..integrity.manifest import Manifest, read_manifest
 from ..paths import manifest_path
 from ..edges.progress import NULL_PROGRESS, ProgressSink
@@ -82,7 +83,14 @@ def repair_dir(model_dir: Path, *, source: RepairSource | None = None, jobs: int
     # files the revision lists that were never proven here are fetched too, even when bytes sit at their path
     damaged = before.repairable() | {f.path for f in manifest.unproven}
     if damaged:
-        source.restore(model_dir, manifest, damaged, progress)
+        try:
+            source.restore(model_dir, manifest, damaged, progress)
+        except RemoteError as e:  # an air-gapped host: the volumes it was imported from restore it, not the Hub
+            from ..integrity.provenance import import_remedy
+            if remedy := import_remedy(model_dir, damaged=len(damaged)):
+                raise type(e)(f"{e.message}; {model_dir} came from a bundle, whose volumes restore it: {remedy}") \
+                    from None
+            raise
         # the source rewrote the manifest's entries; only its files are hashed again
         after = verify_dir(model_dir, jobs=jobs, progress=progress, rehash=damaged)
     else:

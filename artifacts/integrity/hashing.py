@@ -14,7 +14,7 @@ import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import blake3
 
@@ -99,6 +99,25 @@ class StreamHasher:
             sha256=self._sha.hexdigest() if self._sha is not None else None,
             git_sha1=self._git.hexdigest() if self._git is not None else None,
         )
+
+
+def bounded_map(pool, fn: Callable, items: Iterable, window: int) -> Iterator:
+    """pool.map(FN, ITEMS), in order, with at most WINDOW calls submitted ahead of the one whose result is taken:
+    Executor.map submits every item at once, a Future (~1 KB) each, all alive until the end, for every file of a
+    revision that may hold a million. Where one call fails, those not started yet are cancelled."""
+    from collections import deque
+
+    pending: deque = deque()
+    try:
+        for item in items:
+            if len(pending) >= window:
+                yield pending.popleft().result()
+            pending.append(pool.submit(fn, item))
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for f in pending:
+            f.cancel()
 
 
 class SideThread:

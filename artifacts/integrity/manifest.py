@@ -45,7 +45,7 @@ MAX_FILES = 1_000_000  # entries in one manifest
 MAX_MANIFEST_BYTES = 512 * 1024 * 1024
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Upstream:
     """What the Hub published for a file: the LFS sha256, or the git blob sha1 of a small file."""
 
@@ -57,7 +57,7 @@ class Upstream:
         return got == self.value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileEntry:
     path: str
     size: int
@@ -133,12 +133,27 @@ def public_endpoint(endpoint: str | None) -> str | None:
 
 
 def to_json(manifest: Manifest) -> str:
-    doc = asdict(manifest)
-    ordered = {k: doc[k] for k in ("schema", "repo_id", "repo_type", "revision", "requested_revision", "endpoint", "created")}
+    """The manifest's JSON (indent 2), rendered a file at a time: a copy of every entry as a dict at once (asdict)
+    and json's list of every chunk cost kilobytes a file, and a revision may hold a million files."""
+    ordered = {k: getattr(manifest, k) for k in ("schema", "repo_id", "repo_type", "revision", "requested_revision",
+                                                  "endpoint", "created")}
     if manifest.partial is not None:
-        ordered["partial"] = {k: list(v) for k, v in doc["partial"].items()}
-    ordered["files"] = [{k: v for k, v in f.items() if k != "xet_hash" or v is not None} for f in doc["files"]]
-    return json.dumps(ordered, indent=2) + "\n"
+        ordered["partial"] = {k: list(v) for k, v in asdict(manifest.partial).items()}
+    if not manifest.files:
+        return json.dumps({**ordered, "files": []}, indent=2) + "\n"
+    head = json.dumps({**ordered, "files": [None]}, indent=2)
+    before, after = head.rsplit("null", 1)
+    return "".join([before, ",\n    ".join(json.dumps(_file_doc(f), indent=2).replace("\n", "\n    ")
+                                          for f in manifest.files), after, "\n"])
+
+
+def _file_doc(f: FileEntry) -> dict:
+    doc = {k: getattr(f, k) for k in ("path", "size", "blake3", "sha256", "upstream", "source")}
+    if doc["upstream"] is not None:
+        doc["upstream"] = asdict(doc["upstream"])
+    if f.xet_hash is not None:
+        doc["xet_hash"] = f.xet_hash
+    return doc
 
 
 def write_manifest(manifest: Manifest, path: Path, *, root: Path | None = None) -> None:

@@ -255,6 +255,17 @@ def verify_manifest_signature(manifest_bytes: bytes, signature: bytes | None, al
                          f"another manifest; refused")
 
 
+def read_signature_file(path: Path) -> bytes | None:
+    """A signature file's bytes, or None where there is none: no such name, or a symlink that leads nowhere (one
+    meaning, "not signed": exit 5 where a signature is required). Whatever else is there is read as hostile."""
+    try:
+        return read_local_file(path, what="signature", max_bytes=MAX_SIG_BYTES)
+    except BadInput:
+        if os.path.exists(path):
+            raise
+        return None
+
+
 def verify_dir_signature(model_dir: Path, allowed_signers: Path, identity: str | None = None,
                          manifest_file: Path | None = None) -> tuple[SignatureReport, bytes]:
     """Check DIR/.mm/manifest.json.sig; returns the report and the exact manifest bytes that were checked
@@ -264,7 +275,7 @@ def verify_dir_signature(model_dir: Path, allowed_signers: Path, identity: str |
     mpath = Path(manifest_file) if manifest_file else manifest_path(model_dir)
     data = _manifest_bytes(mpath)
     spath = Path(str(mpath) + SIG_SUFFIX)
-    sig = read_local_file(spath, what="signature", max_bytes=MAX_SIG_BYTES) if os.path.lexists(spath) else None
+    sig = read_signature_file(spath)
     return verify_manifest_signature(data, sig, allowed_signers, identity, str(mpath), str(spath)), data
 
 

@@ -147,11 +147,13 @@ def require_quick_verify(model_dir: Path, manifest: Manifest | None = None, *, b
     what is refused, e.g. "bundling"."""
     report = verify_dir(model_dir, manifest, quick=True)
     if not report.ok:
+        from .provenance import import_remedy
         failures = report.failures
         named = ", ".join(f"{p.path} ({p.kind}: {p.detail})" for p in failures[:3])
         more = f" and {len(failures) - 3} more" if len(failures) > 3 else ""
+        remedy = import_remedy(model_dir, damaged=len(failures)) or f"run `mm verify {model_dir}` (or `mm repair`)"
         raise QuickVerifyFailed(f"{model_dir}: quick verify found {len(failures)} problem(s): {named}{more}; "
-                                f"run `mm verify {model_dir}` (or `mm repair`) before {before}")
+                                f"{remedy} before {before}")
     manifest = manifest or read_manifest(manifest_path(model_dir))
     if unproven := manifest.unproven:  # listed by the revision, never fetched and proven here
         raise QuickVerifyFailed(f"{model_dir}: {len(unproven)} file(s) of the revision were never fetched and proven "

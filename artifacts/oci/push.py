@@ -135,13 +135,12 @@ def _signed_manifest(model_dir: Path, rendered: bytes) -> tuple[bytes, bytes | N
     """(the mm manifest layer's bytes, the signature layer's bytes or None). A signed model's layer is the manifest
     file's exact bytes (what the signature covers); a signature that no longer matches them is refused."""
     from ..integrity.manifest import MAX_MANIFEST_BYTES
-    from ..integrity.signing import MAX_SIG_BYTES, check_signature_matches, signature_path
+    from ..integrity.signing import check_signature_matches, read_signature_file, signature_path
 
     sig_path = signature_path(model_dir)
-    if not os.path.lexists(sig_path):
+    if (signature := read_signature_file(sig_path)) is None:
         return rendered, None
     data = read_local_file(manifest_path(model_dir), what="manifest", max_bytes=MAX_MANIFEST_BYTES)
-    signature = read_local_file(sig_path, what="signature", max_bytes=MAX_SIG_BYTES)
     check_signature_matches(data, signature, str(sig_path))
     return data, signature
 

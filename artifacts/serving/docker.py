@@ -15,14 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput, Refused
-from ..edges.tools import ToolMissing, ToolResult, check_name, last_line, run_tool
+from ..edges.tools import ToolMissing, argv_batches, check_name, last_line, run_tool
 from ..edges.untrusted import Malformed, load_json
 from ..paths import is_pointer
 
 DOCKER_MISSING = "docker: not found on PATH (install Docker Engine and the NVIDIA Container Toolkit)"
 DOCKER_DOWN = "the docker daemon is not answering; start it (systemctl start docker) and make sure this user may use it"
 DOCKER_TIMEOUT = 60  # seconds for `docker ps` / `docker inspect` (mm's own margin)
-MAX_DOCKER_ANSWER = 64 * 1024 * 1024
+MAX_DOCKER_ANSWER = 64 * 1024 * 1024  # `docker ps -q`: a million container ids of 65 bytes (mm's own margin)
+INSPECT_BATCH = 256  # containers per `docker inspect` (mm's own margin: an answer of a few KiB each)
+INSPECT_ANSWER = 16 * 1024 * 1024  # bytes of one such answer, 64 KiB a container: parsed, it stays within the memory bound
 
 
 def as_mounted(path: Path) -> Path:
@@ -40,7 +42,10 @@ def docker_server(docker: str = "docker") -> tuple[str | None, str | None]:
     words."""
     if shutil.which(docker) is None:
         return None, DOCKER_MISSING
-    done = _run([docker, "version", "--format", "{{.Server.Version}}"])
+    try:
+        done = run_tool([docker, "version", "--format", "{{.Server.Version}}"], timeout=60)
+    except ToolMissing:  # gone between which() and the call
+        done = None
     version = last_line(done.stdout) if done is not None and done.returncode == 0 else ""
     if not version:
         return None, f"{DOCKER_DOWN} ({done.last_line() if done else 'no output'})"
@@ -49,14 +54,6 @@ def docker_server(docker: str = "docker") -> tuple[str | None, str | None]:
 
 def docker_problem(docker: str = "docker") -> str | None:
     return docker_server(docker)[1]
-
-
-def _run(argv: list[str], timeout: float = 60) -> ToolResult | None:
-    """The tool's answer, bounded in bytes and time (tools.run_tool); None when it is not installed."""
-    try:
-        return run_tool(argv, timeout=timeout)
-    except ToolMissing:
-        return None
 
 
 # --- who mounts what ---------------------------------------------------------------------------------------------
@@ -78,9 +75,16 @@ def running_containers(docker: str = "docker") -> tuple[list[Container], str | N
     names = [line.strip() for line in ids.splitlines() if line.strip()]
     if not names:
         return [], None
-    answer = _docker([docker, "inspect", "--", *names], "docker inspect")
+    out: list[Container] = []
+    for argv in argv_batches([docker, "inspect", "--"], names, max_operands=INSPECT_BATCH):
+        out += _inspected(_docker(argv, "docker inspect", INSPECT_ANSWER))
+    return out, None
+
+
+def _inspected(answer: str | None) -> list[Container]:
+    """The running containers of one `docker inspect` answer."""
     try:
-        doc = load_json(answer or "[]", "docker inspect", max_bytes=MAX_DOCKER_ANSWER)
+        doc = load_json(answer or "[]", "docker inspect", max_bytes=INSPECT_ANSWER)
     except Malformed as e:
         raise Refused(f"docker inspect: an answer mm cannot read ({e.detail}); cannot tell which revisions running "
                       f"containers mount") from None
@@ -95,13 +99,13 @@ def running_containers(docker: str = "docker") -> tuple[list[Container], str | N
         sources = tuple(m["Source"] for m in mounts if isinstance(m, dict) and isinstance(m.get("Source"), str))
         name = item.get("Name") if isinstance(item.get("Name"), str) else str(item.get("Id", "?"))[:12]
         out.append(Container(name.lstrip("/")[:256], _epoch(state.get("StartedAt")), sources))
-    return out, None
+    return out
 
 
-def _docker(argv: list[str], what: str) -> str | None:
+def _docker(argv: list[str], what: str, max_output: int = MAX_DOCKER_ANSWER) -> str | None:
     """The tool's stdout (tools.run_tool: bounded, its own process group); None when docker is not installed."""
     try:
-        done = run_tool(argv, timeout=DOCKER_TIMEOUT, max_output=MAX_DOCKER_ANSWER)
+        done = run_tool(argv, timeout=DOCKER_TIMEOUT, max_output=max_output)
     except ToolMissing:
         return None
     if not done.ok:
@@ -117,7 +121,10 @@ def _epoch(text: object) -> float | None:
     m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)", text.strip())
     if not m or text.startswith("0001-"):
         return None
-    base = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) + float(m.group(2) or 0)
+    try:  # the pattern lets 9999-99-99T99:99:99 through: the calendar decides
+        base = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) + float(m.group(2) or 0)
+    except (ValueError, OverflowError):
+        return None
     if m.group(3) != "Z":
         sign = 1 if m.group(3)[0] == "+" else -1
         base -= sign * (int(m.group(3)[1:3]) * 3600 + int(m.group(3)[4:6]) * 60)

@@ -21,8 +21,10 @@ import re
 import shutil
 import tarfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from ..errors import BadInput, IntegrityError, Refused, RemoteError
 from ..edges.fsutil import atomic_write_json, open_local_file, publish, unlink_file, user_path
@@ -151,8 +153,9 @@ def _verify_tls(repo: str, tls_verify: bool) -> bool:
     return tls_verify and not is_loopback(repo.split("/", 1)[0])
 
 
-def _fetch_manifest(repo: str, digest: str, tls_verify: bool, timeout: float) -> dict:
-    raw = _skopeo(["inspect", "--raw", _tls(tls_verify), f"docker://{repo}@{digest}"], f"{repo}@{digest}", timeout)
+def _fetch_manifest(repo: str, digest: str, tls_verify: bool, timeout: float, auth: tuple[str, ...] = ()) -> dict:
+    raw = _skopeo(["inspect", "--raw", _tls(tls_verify), *auth, f"docker://{repo}@{digest}"], f"{repo}@{digest}",
+                  timeout)
     if sha256_digest(raw) != digest:
         raise IntegrityError(f"{repo}@{digest}: the registry served a manifest whose sha256 is {sha256_digest(raw)}")
     return _parse_json(raw, f"{repo}@{digest}")
@@ -221,18 +224,21 @@ def _chain_from_manifest(repo: str, pinned: str, pinned_type: str, platform: str
     return Chain(repo, pinned, pinned_type, platform, manifest_digest, config, layers)
 
 
-def resolve_chain(ref: str, platform: str, tls_verify: bool = True, timeout: float = 120) -> Chain:
-    """Ask the registry: pinned digest -> platform manifest -> config and layers, each manifest's sha256 checked."""
+def resolve_chain(ref: str, platform: str, tls_verify: bool = True, timeout: float = 120,
+                  auth: tuple[str, ...] = ()) -> Chain:
+    """Ask the registry: pinned digest -> platform manifest -> config and layers, each manifest's sha256 checked.
+    AUTH: skopeo's --authfile option when the registry wants credentials."""
     repo, pinned = parse_ref(ref)
     tls_verify = _verify_tls(repo, tls_verify)
-    top = _fetch_manifest(repo, pinned, tls_verify, timeout)
+    top = _fetch_manifest(repo, pinned, tls_verify, timeout, auth)
     top_type = _media_type(top)
     if top_type in INDEX_TYPES:
         manifest_digest = select_platform(top, platform, ref)
-        manifest = _fetch_manifest(repo, manifest_digest, tls_verify, timeout)
+        manifest = _fetch_manifest(repo, manifest_digest, tls_verify, timeout, auth)
     elif top_type in MANIFEST_TYPES:  # a single-platform image: its config says which platform
         manifest_digest, manifest = pinned, top
-        config = _parse_json(_skopeo(["inspect", "--raw", "--config", _tls(tls_verify), f"docker://{ref}"], ref, timeout), ref)
+        config = _parse_json(_skopeo(["inspect", "--raw", "--config", _tls(tls_verify), *auth, f"docker://{ref}"], ref,
+                                     timeout), ref)
         if f"{config.get('os')}/{config.get('architecture')}" != platform:
             raise Refused(f"{ref}: a single-platform image for {config.get('os')}/{config.get('architecture')}, not {platform}")
     else:
@@ -437,6 +443,11 @@ def _file_sha256(path: Path) -> str:
     return upstream_digest(path, "lfs-sha256")  # the file's sha256, memory bounded
 
 
+def _tag_name(chain: Chain) -> str:
+    """The tag mm gives the pinned image for one platform: mm-<12 hex of the pinned digest>-<arch>."""
+    return f"mm-{chain.pinned.split(':')[1][:12]}-{chain.platform.split('/')[1]}"
+
+
 def save_image(ref: str, out: Path, platform: str, fmt: str = "docker-archive", tls_verify: bool = True,
                timeout: float = 3600, show_progress: bool = False) -> SaveReport:
     """Copy REF's PLATFORM image by digest to OUT (temporary name, checked, fsynced, renamed) plus its record."""
@@ -447,7 +458,7 @@ def save_image(ref: str, out: Path, platform: str, fmt: str = "docker-archive", 
     if out.is_dir():
         raise BadInput(f"{out}: is a directory; give the archive's file name")
     chain = resolve_chain(ref, platform, tls_verify)
-    tag = f"{chain.repo}:mm-{chain.pinned.split(':')[1][:12]}-{platform.split('/')[1]}"
+    tag = f"{chain.repo}:{_tag_name(chain)}"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
     unlink_file(out.parent, tmp)
@@ -547,3 +558,218 @@ def prove_archive(archive: Path, ref: str, tls_verify: bool = True, record: Path
                   f"(checked against the {'registry' if how == 'registry' else 'record ' + rec_path.name})")
     return Proof(str(archive), ref, chain.platform, chain.config, chain.platform_manifest, how, configs, proven,
                  detail, chain)
+
+
+# --- mm image push: the carried archive into the site registry, by digest ---------------------------------
+# What the archive can give the registry, best first (the archive's own index.json says which):
+#   "pinned"    an OCI archive holding the pinned index itself (what a containerd-store `docker save REPO@DIGEST`
+#               writes): skopeo copy --all --preserve-digests, and the site serves REPO@<the pinned digest>;
+#   "platform"  an OCI archive holding the chain's platform manifest (`mm image save --format oci-archive`):
+#               skopeo copy --preserve-digests, and the site serves REPO@<that manifest digest>;
+#   "rebuilt"   a docker-archive (`mm image save`'s default, `docker save`): it holds no registry manifest and its
+#               layers uncompressed, so skopeo writes a new manifest; the site serves REPO@<that new digest>, whose
+#               config is the pinned image ID. Nothing upstream names that digest: mm reports it.
+PUSH_KINDS = ("pinned", "platform", "rebuilt")
+DOCKER_HUB = ("docker.io", "index.docker.io", "registry-1.docker.io")
+
+
+def repository_path(repo: str) -> str:
+    """REPO's path without its registry host, as a mirror serves it (containerd and docker ask a mirror for
+    /v2/<path>/...): lmsysorg/sglang, docker.io/lmsysorg/sglang -> lmsysorg/sglang; ubuntu -> library/ubuntu
+    (Docker Hub's own rule for one-component names)."""
+    parts = repo.split("/")
+    hub = True
+    if len(parts) > 1 and ("." in parts[0] or ":" in parts[0] or parts[0] == "localhost"):
+        hub = parts[0] in DOCKER_HUB
+        parts = parts[1:]
+    if hub and len(parts) == 1:
+        parts = ["library", *parts]
+    return "/".join(parts)
+
+
+def registry_of(repo: str) -> str:
+    """The registry host a repository reference names: docker.io when it names none (Docker Hub)."""
+    first = repo.split("/", 1)[0]
+    if "/" in repo and ("." in first or ":" in first or first == "localhost"):
+        return "docker.io" if first in DOCKER_HUB else first
+    return "docker.io"
+
+
+@dataclass
+class PushReport:
+    archive: Path
+    record: Path
+    pushed: str  # SITE/REPO@digest: what the nodes pull
+    digest: str
+    kind: str  # PUSH_KINDS
+    chain: Chain  # the pinned chain (from the record)
+    served: Chain  # what the site registry serves under `digest`, each manifest's sha256 checked
+    before: str  # how the archive was proven before the push
+    after: str  # what the registry was proven to serve after it
+    tls: str  # "verified" | "off (--plain-http)" | "off (loopback)"
+    credentials: str | None  # where they came from (never the values)
+    seconds: float
+    note: str | None = None  # when the site does not hold the pinned digest itself: what nodes must name
+
+
+def _archive_manifests(archive: Path) -> set[str]:
+    """The digests an OCI archive's index.json names (empty for a docker-archive); blob hashes are checked by
+    read_archive and, on upload, by the registry."""
+    with open_local_file(archive, what="image archive") as raw, tarfile.open(fileobj=raw, mode="r:") as tf:
+        if "index.json" not in set(tf.getnames()):
+            return set()
+        index = _parse_json(_read_member(tf, "index.json", str(archive)), f"{archive}: index.json")
+    return {str(e.get("digest")) for e in _manifests(index, f"{archive}: index.json") if isinstance(e, dict)}
+
+
+def parse_site(site: str, chain: Chain) -> str:
+    """SITE (host[:port], or host[:port]/repository) -> host[:port]/repository; the repository defaults to the
+    pinned one's path, which is what a mirror is asked for. A reference never carries credentials."""
+    from ..oci.client import HOST, REPOSITORY
+
+    host, _, repo = site.strip().partition("/")
+    if "@" in host or "://" in host:
+        raise BadInput("the site registry is host[:port][/repository], without a scheme or credentials; give "
+                       "--username with --password-stdin, or an entry in ~/.docker/config.json / REGISTRY_AUTH_FILE")
+    repo = repo.strip("/") or repository_path(chain.repo)
+    if not HOST.match(host) or not REPOSITORY.match(repo):
+        raise BadInput(f"{site!r}: not a registry host[:port][/repository] (lowercase repository path)")
+    return f"{host}/{repo}"
+
+
+@contextmanager
+def _authfile(credentials, registry: str) -> Iterator[tuple[str, ...]]:
+    """skopeo's options for CREDENTIALS: a containers auth file (mode 0600, in a private temporary directory,
+    removed after), never --creds (a command line is world-readable in /proc)."""
+    if credentials is None:
+        yield ()
+        return
+    import base64
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="mm-auth-") as tmp:
+        path = Path(tmp) / "auth.json"
+        token = base64.b64encode(f"{credentials.username}:{credentials.password}".encode()).decode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"auths": {registry: {"auth": token}}}, f)
+        yield ("--authfile", str(path))
+
+
+def _scrubbed(e: Exception, credentials) -> Exception:
+    """E with the password taken out of its message (a tool may echo what it was given)."""
+    if credentials is not None and credentials.password and isinstance(e, (BadInput, RemoteError, IntegrityError)):
+        e.message = e.message.replace(credentials.password, "***")
+        e.args = (e.message,)
+    return e
+
+
+def push_image(archive: Path, site: str, ref: str, credentials=None, plain_http: bool = False,
+               timeout: float = 3600, show_progress: bool = False) -> PushReport:
+    """Put ARCHIVE (the engine image carried in the bundle, with its record beside it) into the SITE registry by
+    digest with skopeo, proving before the push that the archive is REF's pinned image (its sha256 is the one its
+    record holds, its config the chain's image ID) and after it that the registry serves the pinned chain."""
+    from ..oci.client import is_loopback
+
+    started = time.monotonic()
+    archive = user_path(archive)
+    if not archive.is_file():
+        raise BadInput(f"{archive}: no such image archive")
+    if ":" in archive.name or ":" in str(archive.parent):
+        raise BadInput(f"{archive}: skopeo cannot read an archive whose path holds ':'; move or rename it")
+    rec_path = record_path(archive)
+    if not rec_path.is_file():
+        raise BadInput(f"{archive}: no record {rec_path.name} beside it: mm pushes only an archive it can prove "
+                       f"(written by `mm image save`, carried by `mm bundle --image`, restored by `mm unbundle`)")
+    record = read_record(rec_path)
+    chain = record.chain
+    repo, pinned = parse_ref(ref)
+    if (chain.pinned, repository_path(chain.repo)) != (pinned, repository_path(repo)):  # saved from a mirror: same
+        raise Refused(f"{rec_path}: records {chain.reference}, not the pinned {ref}")
+    if record.archive != archive.name:
+        raise BadInput(f"{rec_path}: records the archive {record.archive!r}, not {archive.name!r}")
+    digest_now = _file_sha256(archive)
+    if digest_now != record.sha256:
+        raise IntegrityError(f"{archive}: sha256 {digest_now}, but its record {rec_path.name} holds {record.sha256}: "
+                             f"the archive changed since it was saved; restore it from the bundle")
+    proof = prove_archive(archive, chain.reference, record=rec_path, registry=False)
+    if not proof.proven:
+        raise Refused(proof.detail)
+    before = (f"{archive.name}: sha256 as its record {rec_path.name}; config {chain.config} is the image ID of "
+              f"{ref} for {chain.platform}")
+    held = _archive_manifests(archive)
+    kind = "pinned" if chain.pinned in held else "platform" if chain.platform_manifest in held else "rebuilt"
+    dest_repo = parse_site(site, chain)
+    host = dest_repo.split("/", 1)[0]
+    verify = not plain_http and not is_loopback(host)
+    tls = "verified" if verify else "off (--plain-http)" if plain_http else "off (loopback)"
+    fmt = "oci-archive" if _is_oci(archive) else "docker-archive"
+    try:
+        with _authfile(credentials, host) as auth:
+            dest_flags = [f"--dest-tls-verify={'true' if verify else 'false'}",
+                          *(["--dest-authfile", auth[1]] if auth else [])]
+            if kind == "rebuilt":
+                digest = _push_rebuilt(archive, fmt, dest_repo, record, dest_flags, timeout, show_progress)
+            else:
+                digest = chain.pinned if kind == "pinned" else chain.platform_manifest
+                _skopeo(["copy", "--quiet", *(["--all"] if kind == "pinned" else []), "--preserve-digests",
+                         *dest_flags, f"{fmt}:{archive}", f"docker://{dest_repo}@{digest}"],
+                        f"skopeo copy {archive.name} -> {dest_repo}@{digest}", timeout, show_progress)
+            served = resolve_chain(f"{dest_repo}@{digest}", chain.platform, verify, auth=auth)
+    except (BadInput, RemoteError, IntegrityError) as e:
+        raise _scrubbed(e, credentials) from None
+    after = _prove_served(served, chain, kind, f"{dest_repo}@{digest}")
+    return PushReport(archive, rec_path, f"{dest_repo}@{digest}", digest, kind, chain, served, before, after, tls,
+                      credentials.origin if credentials is not None else None, time.monotonic() - started,
+                      _push_note(kind, chain))
+
+
+def _push_rebuilt(archive: Path, fmt: str, dest_repo: str, record: ImageRecord, dest_flags: list[str],
+                  timeout: float, show_progress: bool) -> str:
+    """A docker-archive: skopeo writes a new manifest under the record's tag and says its digest (--digestfile)."""
+    import tempfile
+
+    tag = _tag_name(record.chain)
+    with tempfile.TemporaryDirectory(prefix="mm-push-") as tmp:
+        digest_file = Path(tmp) / "digest"
+        _skopeo(["copy", "--quiet", "--digestfile", str(digest_file), *dest_flags, f"{fmt}:{archive}",
+                 f"docker://{dest_repo}:{tag}"], f"skopeo copy {archive.name} -> {dest_repo}:{tag}", timeout,
+                show_progress)
+        digest = digest_file.read_text(errors="replace").strip()[:100] if digest_file.is_file() else ""
+    if not DIGEST.match(digest):
+        raise RemoteError(f"skopeo copy {archive.name} -> {dest_repo}:{tag}: no manifest digest reported ({digest!r})")
+    return digest
+
+
+def _prove_served(served: Chain, chain: Chain, kind: str, where: str) -> str:
+    """The registry's answer under the pushed digest is the pinned chain (every manifest's sha256 was checked as it
+    was read): the same platform manifest, config and layers; for a rebuilt manifest, the same image ID."""
+    if served.config != chain.config:
+        raise IntegrityError(f"{where}: the registry serves config {served.config}, not the pinned image ID "
+                             f"{chain.config}")
+    if kind != "rebuilt" and (served.platform_manifest, served.layers) != (chain.platform_manifest, chain.layers):
+        raise IntegrityError(f"{where}: the registry serves manifest {served.platform_manifest}, not the pinned "
+                             f"chain's {chain.platform_manifest}")
+    if kind == "pinned":
+        return (f"{where} serves the pinned index: {chain.platform} -> manifest {served.platform_manifest} -> "
+                f"config {served.config}")
+    if kind == "platform":
+        return (f"{where} is the pinned chain's {chain.platform} manifest (under {chain.pinned}) -> config "
+                f"{served.config}")
+    return (f"{where} is a manifest skopeo wrote from the docker-archive (it holds no registry manifest); its config "
+            f"{served.config} is the pinned image ID, {len(served.layers)} "
+            f"layer{'' if len(served.layers) == 1 else 's'}")
+
+
+def _push_note(kind: str, chain: Chain) -> str | None:
+    """What a node naming the pinned digest finds at the site, when it is not the pinned digest itself."""
+    if kind == "pinned":
+        return None
+    carry = ("carry a containerd-store `docker save` of the pinned digest (the whole index) to push the pinned "
+             "digest itself")
+    if kind == "platform":
+        return (f"the site holds {chain.platform}'s manifest of {chain.pinned}, not the index itself: nodes name the "
+                f"manifest digest; {carry}")
+    return (f"a node naming {chain.pinned} or its {chain.platform} manifest will not find it at the site: nodes name "
+            f"the digest above; `mm image save --format oci-archive` keeps the pinned chain's digests, or {carry}")
