@@ -450,7 +450,7 @@ def test_the_oom_fix_lowers_the_value_the_log_shows(args, shown, proposed):
     assert f"the log shows --mem-fraction-static {shown} " in finding.fix
     flag = f"--mem-fraction-static {proposed}"
     expected = (f"mm launch MODEL_DIR --hardware HW {flag}" if launch_takes("--mem-fraction-static")
-                else f"start the server with {flag}")
+                else f"set the engine flag {flag}")
     assert expected in finding.fix and "below 0.8" not in finding.fix
 
 

@@ -256,7 +256,7 @@ def log_context(shown: dict[str, str], plan: LaunchPlan | None) -> dict[str, str
                  else "mm launch MODEL_DIR --hardware HW")
         apply = f"{where} --mem-fraction-static {lower}"
     else:
-        apply = f"start the server with --mem-fraction-static {lower} (the engine's flag, in the start script)"
+        apply = f"set the engine flag --mem-fraction-static {lower} in the start script `mm launch` wrote"
     return {"mem_fraction_static": fraction, "mem_fraction_lower": lower, "apply": apply,
             "chunked_prefill_size": shown.get("chunked_prefill_size") or "its current value"}
 
