@@ -2,7 +2,6 @@
 current one behind ROOT/<repo id>/current, and the cleanup of those no longer needed (artifacts/store.py)."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import click
 

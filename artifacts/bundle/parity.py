@@ -58,7 +58,7 @@ def _tune_malloc() -> None:
         libc.mallopt(-3, 4194304)   # M_MMAP_THRESHOLD
         libc.mallopt(-1, 64 * 1024 * 1024)  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):  # not glibc: slower, still correct
-        self._dropped = min(self._dropped, start)
+        pass
 
 
 class Code:
