@@ -22,8 +22,8 @@ only at the offsets its answer proves (``prove``: a 200 is the whole file from b
 refused before a byte is written or recorded). A 200 to a Range request means the server does not honour Range
 for that file now (a pull-through cache on a miss, a mirror that ignores it): that answer becomes the file's
 single stream (as aria2c does), bytes already here are read and dropped, no other connection is used for the
-file any more, and the file's byte budget grows once by what the answer declares (the file's size): a cold
-cache costs one more stream, not a failure. A 206 whose Content-Range starts earlier is used at its true
+file any more, and the file's byte budget covers, once, what was received so far plus what the answer declares
+(the file's size): a cold cache costs one more stream, not a failure. A 206 whose Content-Range starts earlier is used at its true
 offsets, becoming the file's single stream when the gap is large; a body that starts after the offset asked is
 refused and, after a second time, the whole file is asked for without Range. A file's first request goes
 alone; its other connections start once a 206 proved that the server honours Range. Failures are retried per range with backoff (``Retry-After``
@@ -1024,8 +1024,8 @@ def _attempt(f: _File, r: _Range, view: memoryview) -> None:
                     return  # another response already streams the whole file
                 f.sequential = sequential = True
                 if whole and not f.no_range:  # once per file: a cold cache costs one more stream, not a failure
-                    f.no_range = True
-                    f.byte_budget += job.size  # what the answer declares (prove: its Content-Length is the size)
+                    f.no_range = True  # what was received so far, and what this answer declares (prove: the size)
+                    f.byte_budget = max(f.byte_budget, f.transferred + job.size)
                 gaps = f.rmap.gaps(body_start)  # bytes already here are read and dropped, not written again
                 if not gaps:
                     f.sequential = False
