@@ -279,6 +279,17 @@ def test_a_server_ignoring_range_is_never_appended_as_the_range(run_mm, hub_env,
     assert json.loads(r.stdout)["files"][1]["bytes_transferred"] <= 2 * size
 
 
+def test_a_hub_answering_200_to_range_costs_one_stream_per_file(run_mm, hub_env, hub_server, one_file_repo, tmp_path):
+    """What a pull-through cache does on a miss: the file is one stream, every byte of it sent once."""
+    hub_server.ignore_range.add(BIG)
+    size = len(one_file_repo[2][BIG])
+    r = fetch(run_mm, hub_env, one_file_repo, tmp_path / "m", "--connections", "16")
+    assert r.returncode == 0, r.stderr
+    assert payload(tmp_path / "m") == one_file_repo[2]
+    assert len(hub_server.served_for(BIG)) == 1
+    assert json.loads(r.stdout)["files"][1]["bytes_transferred"] == size
+
+
 def test_a_server_ignoring_range_after_a_kill_restarts_from_byte_0_and_keeps_the_file_right(
         run_mm, hub_env, hub_server, one_file_repo, tmp_path):
     repo_id, commit, files = one_file_repo

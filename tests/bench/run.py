@@ -7,7 +7,7 @@ import importlib
 import sys
 from pathlib import Path
 
-BENCHMARKS = ["startup", "fetch", "verify", "bundle", "parity", "oci", "delta"]
+BENCHMARKS = ["startup", "fetch", "verify", "bundle", "parity", "oci", "delta", "fleet"]
 
 
 def byte_compile_mm() -> None:

@@ -6,6 +6,7 @@ is measured where it leaves it.
     with Chain(tmp_path, tiers=2) as chain:        # origin -> T1 -> T2
         chain.origin.host                           # "127.0.0.1:P": push here (the counting proxy's address)
         chain.tiers[1].host                         # T2: what nodes pull through (`mm pull --mirror`)
+        chain.tiers[1].direct_host                  # T2 itself, past its counting proxy
         chain.tiers[0].served                       # bytes T1 sent to its clients (T2 and whoever else asked)
         chain.reset()                               # every counter to zero
         chain.kill(chain.tiers[1])                  # the registry stops at once, its address refuses connections
@@ -37,6 +38,12 @@ class Hop:
     @property
     def url(self) -> str:
         return f"http://{self.host}"
+
+    @property
+    def direct_host(self) -> str:
+        """The registry itself, not through the counting proxy (a Python thread pair per connection): for the
+        last tier in a benchmark, where the bytes it serves need no counting and many connections go at once."""
+        return self.registry.host
 
     @property
     def served(self) -> int:
