@@ -27,26 +27,15 @@ import sys
 import time
 from pathlib import Path
 
-from mm.artifacts.adopt import manifest_for_local_dir
 from mm.artifacts.manifest import manifest_path, read_manifest
-from tests.bench.common import bench_dir, peer_bin
-from tests.support.modelgen import write_model
+from tests.bench.common import bench_dir, make_bench_model, peer_bin
 from tests.support.registry_chain import Chain
 
 BLOBS = int(os.environ.get("MM_BENCH_FLEET_BLOBS", "4"))
 MIB = int(os.environ.get("MM_BENCH_FLEET_MIB", "256"))
 NODES = int(os.environ.get("MM_BENCH_FLEET_NODES", "32"))
-COMMIT = "ce7f4df87d2e05262f5775f373dac4772f134041"
 REPO = "fleet/model"
 SMALL = 256 * 1024  # what a warm pass may still move at a tier: manifests and headers (mm's margin)
-
-
-def make_model(root: Path) -> Path:
-    if not manifest_path(root).exists():
-        shutil.rmtree(root, ignore_errors=True)
-        write_model(root, shards=BLOBS, shard_bytes=MIB << 20, seed=7)
-        manifest_for_local_dir(root, "MiniMaxAI/MiniMax-M3.1-Flash", COMMIT, offline=True, jobs=2)
-    return root
 
 
 def run(cmd: list, env: dict) -> subprocess.CompletedProcess:
@@ -95,7 +84,8 @@ def main() -> None:
     env.pop("REGISTRY_AUTH_FILE", None)
     mm = peer_bin("mm")
     try:
-        model = make_model(work / "model")
+        model = work / "model"
+        make_bench_model(model, BLOBS, MIB << 20)
         files = read_manifest(manifest_path(model)).files
         digests = sorted({f"sha256:{f.sha256}" for f in files})
         total = sum(f.size for f in files)
