@@ -103,9 +103,9 @@ class Skipped:
 
 
 class Places:
-    """Where an artifact is asked for, in order: each mirror (HOSTS[:-1] or all, with NO_FALLBACK) with the
-    reference's repository path, then the reference's own registry. Offers the two calls `resolve` makes
-    (get_manifest, read_blob), each trying the places in order; every place passed over is recorded in SKIPPED."""
+    """Where an artifact is asked for, in order: each of MIRRORS with the reference's repository path, then the
+    reference's own registry unless NO_FALLBACK. Offers the two calls `resolve` makes (get_manifest, read_blob),
+    each trying the places in order; every place passed over is recorded in SKIPPED."""
 
     def __init__(self, ref: Reference, credentials: Credentials | None, transport: Transport,
                  mirrors: tuple[tuple[str, Transport], ...] = (), no_fallback: bool = False):
