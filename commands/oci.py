@@ -227,7 +227,7 @@ def preheat(reference, tiers, username, password_stdin, plain_http, ca_file, wor
     not match their digest. --username credentials go to the origin only.
     """
     from ..artifacts.oci import preheat as oci_preheat
-    from ..artifacts.oci.client import parse_host
+    from ..artifacts.oci.client import parse_host, parse_reference
     creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
     hosts = tuple(parse_host(t, "--tier", transport) for t in tiers)
     report = oci_preheat.preheat(reference, hosts, creds, transport, workers=workers, progress=progress_for(json_out))
@@ -248,4 +248,8 @@ def preheat(reference, tiers, username, password_stdin, plain_http, ca_file, wor
                   markup=False, highlight=False, soft_wrap=True)
         for b in t.failed:
             err.print(f"FAILED {t.tier} {b.digest}: {b.error}", markup=False, highlight=False, soft_wrap=True)
+    if not code:  # by digest: a tag would be asked upstream, through every tier, at every node's pull
+        pinned = parse_reference(report.reference).at(report.digest)
+        out.print(f"pull on the nodes with: mm pull {pinned} --local-dir DIR --mirror "
+                  f"{report.tiers[-1].tier}", markup=False, highlight=False, soft_wrap=True)
     sys.exit(code)

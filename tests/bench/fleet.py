@@ -43,18 +43,40 @@ def run(cmd: list, env: dict) -> subprocess.CompletedProcess:
 
 
 def wave(cmds: list[list], env: dict, rss_dir: Path) -> tuple[float, list[int], list[str]]:
-    """Start every command at once; (wall seconds, exit codes, stderr tails), peak RSS of each in RSS_DIR."""
+    """Start every command at once; (wall seconds, exit codes, what each said went wrong), peak RSS of each in
+    RSS_DIR."""
     rss_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     procs = [subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", str(rss_dir / f"{i}.rss"), *map(str, cmd)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i, cmd in enumerate(cmds)]
-    errs = [p.communicate()[1][-400:] for p in procs]
-    return time.perf_counter() - start, [p.returncode for p in procs], errs
+    said = [p.communicate() for p in procs]
+    return time.perf_counter() - start, [p.returncode for p in procs], [trouble(out, err) for out, err in said]
+
+
+def trouble(out: str, err: str) -> str:
+    """A pull's failures and skipped sources (from its --json), else its stderr's tail."""
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        return err[-400:]
+    lines = [f"{f['path']}: {f['error']}" for f in doc.get("files", []) if f.get("status") == "failed"]
+    lines += [f"skipped {s['source']} for {s['what']}: {s['reason']}" for s in doc.get("skipped", [])]
+    return "; ".join(lines)[:600] or err[-400:]
 
 
 def peak_rss(rss_dir: Path) -> int:
     return max(int(p.read_text().split()[-1]) * 1024 for p in rss_dir.glob("*.rss"))
+
+
+def report_trouble(codes: list[int], errs: list[str]) -> None:
+    """The first failed node's reasons, and how many nodes passed a source over."""
+    failed = [e for c, e in zip(codes, errs) if c]
+    if failed:
+        print(f"  {len(failed)} failed; the first: {failed[0]}")
+    passed_over = [e for c, e in zip(codes, errs) if not c and "skipped" in e]
+    if passed_over:
+        print(f"  {len(passed_over)} nodes passed a source over; the first: {passed_over[0]}")
 
 
 def pulls(ref: str, dests: list[Path], *args) -> list[list]:
@@ -100,6 +122,7 @@ def main() -> None:
             got = run([mm, "preheat", ref, "--tier", t1.host, "--tier", t2.host, "--json"], env)
             assert got.returncode == 0, got.stderr
             report = json.loads(got.stdout)
+            ref = f"{chain.origin.host}/{REPO}@{report['digest']}"  # by digest: a tag is asked upstream at every tier
             print(f"preheat: {time.perf_counter() - start:.1f} s; " + "; ".join(
                 f"{t['tier']} read {t['bytes_read'] / 2**20:.0f} MiB ({t['fetched']} fetched, {t['warm']} warm)"
                 for t in report["tiers"]), flush=True)
@@ -112,8 +135,7 @@ def main() -> None:
             mm_rate = NODES * total / wall
             print(f"wave 1: {ok}/{NODES} nodes proven in {wall:.1f} s, aggregate {mm_rate / 1e6:.0f} MB/s, peak RSS "
                   f"{peak_rss(work / 'rss1') / 1e6:.0f} MB per node (goal < 150 MB)", flush=True)
-            if ok < NODES:
-                print("  failed: " + next(e for c, e in zip(codes, errs) if c))
+            report_trouble(codes, errs)
             print(f"  origin served {origin_x:.2f}x (goal <= 2), T1 {t1_x:.2f}x (goal <= 3) the artifact, preheat "
                   f"included")
             clear(dests)
@@ -125,10 +147,11 @@ def main() -> None:
             print(f"RATIO mm pull / curl aggregate rate from T2 = {mm_rate / curl_rate:.3f}  (goal >= 0.8)", flush=True)
 
             before_o, before_t1 = chain.origin.served, t1.served
-            wall, codes, _ = wave(pulls(ref, dests, "--mirror", t2.direct_host), env, work / "rss2")
+            wall, codes, errs = wave(pulls(ref, dests, "--mirror", t2.direct_host), env, work / "rss2")
             print(f"wave 2: {sum(c == 0 for c in codes)}/{NODES} proven in {wall:.1f} s; added at the origin "
                   f"{chain.origin.served - before_o} bytes, at T1 {t1.served - before_t1} bytes (manifests, headers)",
                   flush=True)
+            report_trouble(codes, errs)
             clear(dests)
 
             # a corrupted mirror first in the order: named, skipped for that blob
@@ -159,15 +182,15 @@ def main() -> None:
             clear(dests_k)
 
         with Chain(work / "cold") as cold:
-            ref = f"{cold.origin.host}/{REPO}:v1"
-            assert run([mm, "push", model, ref, "--json"], env).returncode == 0
+            got = run([mm, "push", model, f"{cold.origin.host}/{REPO}:v1", "--json"], env)
+            assert got.returncode == 0, got.stderr
+            ref = f"{cold.origin.host}/{REPO}@{json.loads(got.stdout)['digest']}"
             cold.reset()
             wall, codes, errs = wave(pulls(ref, dests, "--mirror", cold.tiers[1].direct_host), env, work / "rss3")
             print(f"cold, no preheat: {sum(c == 0 for c in codes)}/{NODES} nodes proven in {wall:.1f} s; origin "
                   f"served {cold.origin.served / total:.2f}x, T1 {cold.tiers[0].served / total:.2f}x the artifact "
                   f"(preheated: {origin_x:.2f}x, {t1_x:.2f}x)", flush=True)
-            if any(codes):
-                print("  failed: " + next(e for c, e in zip(codes, errs) if c))
+            report_trouble(codes, errs)
             clear(dests)
     finally:
         if not os.environ.get("MM_BENCH_KEEP"):
