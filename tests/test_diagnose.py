@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from mm.artifacts.diagnose import hicache_fits, host_findings, iter_lines, load_table
-from mm.artifacts.launch import LaunchOptions
-from mm.artifacts.router import plan_node
+from mm.artifacts.serving.diagnose import hicache_fits, host_findings, iter_lines, load_table
+from mm.artifacts.serving.launch import LaunchOptions
+from mm.artifacts.serving.router import plan_node
 from tests.support import fake_docker
 from tests.support.memory import peak_rss
 from tests.support.run import mm_argv, run_mm
@@ -207,14 +207,14 @@ def test_a_line_longer_than_the_cap_is_cut_and_the_next_line_is_whole():
 
 
 def test_lines_split_across_read_chunks_are_joined(monkeypatch):
-    from mm.artifacts import diagnose as mod
+    from mm.artifacts.serving import diagnose as mod
     monkeypatch.setattr(mod, "READ_CHUNK", 3)
     assert list(iter_lines(io.BytesIO(b"abcdefg\nhi\n\nj"), max_line=5)) == ["abcde", "hi", "", "j"]
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 1024])
 def test_crlf_and_a_lone_cr_end_lines_as_splitlines_does(monkeypatch, chunk):
-    from mm.artifacts import diagnose as mod
+    from mm.artifacts.serving import diagnose as mod
     monkeypatch.setattr(mod, "READ_CHUNK", chunk)
     text = b"a\r\nbc\r\r\n10%\r50%\rCUDA out of memory\n\rz"
     assert list(iter_lines(io.BytesIO(text))) == text.decode().splitlines()

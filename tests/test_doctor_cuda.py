@@ -1,4 +1,4 @@
-"""mm doctor judges the driver as the NVIDIA Container Toolkit does (issue 20), and says when docker cannot run.
+"""mm doctor judges the driver as the NVIDIA Container Toolkit does, and says when docker cannot run.
 
 The requirement language is libnvidia-container's (src/cli/dsl.c, src/cli/configure.c); which variables are
 requirements is the toolkit hook's (internal/config/image/cuda_image.go). The vectors below follow that source.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import cudareq
-from mm.artifacts.launch import DOCKER_DOWN, DOCKER_MISSING
+from mm.artifacts.serving import cudareq
+from mm.artifacts.serving.docker import DOCKER_DOWN, DOCKER_MISSING
 from tests.support import fake_gpu
 from tests.support.run import MM_BIN
 from tests.test_doctor import Host, saved  # noqa: F401 (the fixture)

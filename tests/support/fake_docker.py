@@ -17,7 +17,7 @@ A container whose command is `python3 -m sglang_router.launch_router` is a fake 
 bind elsewhere), answers /health, and forwards /v1/chat/completions to --worker-urls in turn, requiring
 `Authorization: Bearer <--api-key>` when a key is given.
 
-Image store (issue 12): `install(..., store="classic"|"containerd")` gives the stand-in a real image store in
+Image store: `install(..., store="classic"|"containerd")` gives the stand-in a real image store in
 STATE/.store/images.json; without it every image is present (the warm-up tests' default). `docker load -i` reads the
 archive: the classic store keeps the config digest as the image ID and the tags, and drops repo digests (moby#22011);
 the containerd store keeps the repo digests an OCI archive's index.json names (`io.containerd.image.name`) and
@@ -283,7 +283,7 @@ def cmd_rm(args: list[str]) -> int:
     return _each_container(args, remove)
 
 
-# --- the image store (issue 12) ---------------------------------------------------------------
+# --- the image store ---------------------------------------------------------------
 
 def _store() -> str | None:
     path = _state() / ".store" / "kind"
