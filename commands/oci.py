@@ -145,8 +145,7 @@ def pull(reference, local_dir, list_only, username, password_stdin, plain_http, 
     if mirrors:
         served = Counter(f.served_by for f in report.files if f.status == "downloaded")
         if served:
-            out.print("served by: " + ", ".join(f"{who} {n} file(s)" for who, n in served.items()), markup=False,
-                      highlight=False, soft_wrap=True)
+            out.line("served by: " + ", ".join(f"{who} {n} file(s)" for who, n in served.items()))
     for f in report.failed:
         err.line(f"FAILED {f.path}: {f.error}")
     counts, moved = _transfer_summary(report.files, report.bytes_transferred, report.seconds)
@@ -178,10 +177,9 @@ def _render_skipped(skipped) -> None:
         lines.setdefault((s.source, s.reason), []).append(s.what)
     for (source, reason), whats in list(lines.items())[:SKIPPED_SHOWN]:
         what = whats[0] if len(whats) == 1 else f"{len(whats)} items"
-        err.print(f"skipped {source} for {what}: {reason}", markup=False, highlight=False, soft_wrap=True)
+        err.line(f"skipped {source} for {what}: {reason}")
     if len(lines) > SKIPPED_SHOWN:
-        err.print(f"skipped sources {len(lines) - SKIPPED_SHOWN} more time(s) (--json lists them all)",
-                  markup=False, highlight=False)
+        err.line(f"skipped sources {len(lines) - SKIPPED_SHOWN} more time(s) (--json lists them all)")
 
 
 @click.command()
@@ -228,17 +226,15 @@ def preheat(reference, tiers, username, password_stdin, plain_http, ca_file, wor
                               "bytes_read": t.bytes_read, "seconds": t.seconds,
                               "blobs": to_jsonable(t.blobs)} for t in report.tiers]})
         sys.exit(code)
-    out.print(f"preheat {report.reference} -> {report.digest}: {report.blobs} blobs, {human_bytes(report.total_bytes)}",
-              markup=False, highlight=False, soft_wrap=True)
+    out.line(f"preheat {report.reference} -> {report.digest}: {report.blobs} blobs, "
+             f"{human_bytes(report.total_bytes)}")
     for t in report.tiers:
         rate = human_rate(t.bytes_read / t.seconds) if t.seconds and t.bytes_read else "-"
-        out.print(f"  {t.tier}: {t.fetched} fetched, {t.warm} already there, {len(t.failed)} failed; "
-                  f"{human_bytes(t.bytes_read)} read from it in {human_duration(t.seconds)} ({rate})",
-                  markup=False, highlight=False, soft_wrap=True)
+        out.line(f"  {t.tier}: {t.fetched} fetched, {t.warm} already there, {len(t.failed)} failed; "
+                 f"{human_bytes(t.bytes_read)} read from it in {human_duration(t.seconds)} ({rate})")
         for b in t.failed:
-            err.print(f"FAILED {t.tier} {b.digest}: {b.error}", markup=False, highlight=False, soft_wrap=True)
+            err.line(f"FAILED {t.tier} {b.digest}: {b.error}")
     if not code:  # by digest: a tag would be asked upstream, through every tier, at every node's pull
         pinned = parse_reference(report.reference).at(report.digest)
-        out.print(f"pull on the nodes with: mm pull {pinned} --local-dir DIR --mirror "
-                  f"{report.tiers[-1].tier}", markup=False, highlight=False, soft_wrap=True)
+        out.line(f"pull on the nodes with: mm pull {pinned} --local-dir DIR --mirror {report.tiers[-1].tier}")
     sys.exit(code)

@@ -28,10 +28,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .. import interrupt, wire
+from ..edges import interrupt, wire
 from ..errors import IntegrityError, MMError, RemoteError
-from ..progress import NULL_PROGRESS, ProgressSink
-from ..ranges import RetryLater
+from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..fetching.ranges import RetryLater
 from .client import Client, Credentials, Reference, Transport, parse_reference
 from . import modelpack
 from .pull import _require_tag_or_digest

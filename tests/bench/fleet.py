@@ -27,7 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-from mm.artifacts.manifest import manifest_path, read_manifest
+from mm.artifacts.paths import manifest_path
+from mm.artifacts.integrity.manifest import read_manifest
 from tests.bench.common import bench_dir, make_bench_model, peer_bin
 from tests.support.registry_chain import Chain
 
