@@ -46,8 +46,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "manifest": ("fetch", "Write (`mm manifest DIR --repo R --revision REV`) or export (`mm manifest export DIR`) a "
                           "manifest."),
     "mirror": ("fetch", "ModelScope mirrors: compare a mirror with the pinned revision by content."),
-    "preheat": ("oci", "Warm a chain of pull-through caches with an artifact, nearest the origin first: one request "
-                       "per blob per tier, every blob that passes checked against its digest."),
+    "preheat": ("oci", "Warm a chain of pull-through caches with an artifact, nearest the origin first."),
     "pull": ("oci", "Pull a ModelPack artifact that mm pushed, proving every byte (sha256 and blake3) before naming a "
                     "file."),
     "push": ("oci", "Push a verified model directory to an OCI registry as a CNCF ModelPack artifact."),
