@@ -25,8 +25,8 @@ from .commands.shared import emit_json, fail, json_option, report_interrupt, thr
 COMMANDS: dict[str, tuple[str, str]] = {
     "bundle": ("bundle", "Pack a model into volumes (`mm bundle DIR --out OUT --volume-size 500G`) or check them "
                          "(`mm bundle verify VOL...`)."),
-    "diagnose": ("launch", "Match a server log (or a container's) against the guide's troubleshooting table; exit 1 "
-                           "when a row matches."),
+    "diagnose": ("launch", "Match a server log (LOGFILE, `-` for the standard input, or a container's) against the "
+                           "guide's troubleshooting table; exit 1 when a row matches."),
     "doctor": ("launch", "Will this host start MODEL_DIR with this recipe? GPUs, driver, docker, the image by "
                          "identity, port, /dev/shm, host memory, cache disk and key, the model. One line per check "
                          "with its fix; exit 1 when a check fails."),
