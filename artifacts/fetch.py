@@ -15,14 +15,14 @@ from __future__ import annotations
 import gc
 import os
 import time
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping
 
 from .download import JOURNAL, PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources, same_size
 from .errors import BadInput, RemoteError
-from .fsutil import MM_DIR, check_model_path, state_root, unlink_file
+from .fsutil import MM_DIR, check_model_path, read_lock, state_root, unlink_file
 from .ranges import DEFAULT_CONNECTIONS
 from . import wire
 from .manifest import FileEntry, Manifest, Partial, expected_entry, manifest_path, public_endpoint, read_manifest, write_manifest
@@ -89,6 +89,14 @@ class FetchResult:
 
 def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: SourcePlan | None = None,
           refetch: frozenset[str] | None = None) -> FetchResult:
+    """_fetch, with the reader's lock of the revision it takes files from (--from) held throughout
+    (fsutil.read_lock: `mm gc` keeps it)."""
+    with read_lock(Path(req.base_dir), "mm fetch --from") if req.base_dir is not None else nullcontext():
+        return _fetch(req, progress, plan=plan, refetch=refetch)
+
+
+def _fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: SourcePlan | None = None,
+           refetch: frozenset[str] | None = None) -> FetchResult:
     """Fetch REQ. PLAN: sources decided beforehand (mirror). REFETCH: only these paths, downloaded again even
     when a good-looking final file exists (repair's scope)."""
     started = time.monotonic()

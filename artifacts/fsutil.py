@@ -430,6 +430,38 @@ def dir_lock(directory: Path, what: str = "mm", leave_nothing: bool = False) -> 
         os.close(fd)
 
 
+@contextmanager
+def read_lock(directory: Path, what: str, after: str = "wait for it or stop it") -> Iterator[None]:
+    """Share DIR/.mm/lock while mm reads DIR as its input (verify, bundle, push, a delta's base, fetch --from).
+    Writers (fetch, unbundle, manifest) hold it whole, and `mm gc` takes it whole before it removes a revision,
+    so what is being read is never half-written nor removed underneath: a reader's lock, as writers have theirs.
+    The lock file is created where DIR's .mm is a real directory (never through a link); a model on a read-only
+    mount, or without .mm, is read without it (nothing of mm's can write or remove it there either)."""
+    from .hfcache import state_dir  # a Hugging Face cache snapshot keeps its .mm outside the cache
+
+    lock = state_dir(directory, MM_DIR) / "lock"
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO there never blocks
+    except OSError:
+        fd = None
+        if lock.parent.is_dir() and not lock.parent.is_symlink():
+            with suppress(OSError, BadInput):
+                fd = open_file(state_root(directory), lock, os.O_RDWR | os.O_CREAT, 0o644)
+    if fd is None:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # dir_lock records the holder's pid: our own caller (e.g. unbundle verifying its DEST) may read it.
+            if os.pread(fd, 32, 0).strip() != str(os.getpid()).encode():
+                raise Busy(f"{directory}: {what} cannot start: {lock_holder(fd, lock)}; {after}") from None
+        yield
+    finally:
+        os.close(fd)
+
+
 def lock_holder(fd: int, lock_path: Path) -> str:
     """Who holds the flock on the file open as FD: "`mm verify DIR` (pid N) is reading it (lock PATH)".
 

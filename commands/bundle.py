@@ -364,10 +364,13 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
                 out.print(f"  {problem}", highlight=False, markup=False, soft_wrap=True)
             for cmd in report.next_commands:
                 out.print(f"next: {cmd}", highlight=False, markup=False, soft_wrap=True)
-        else:
-            missing = ", ".join(str(n) for n in report.missing_volumes) or "none"
+        elif report.missing_volumes:
+            missing = ", ".join(str(n) for n in report.missing_volumes)
             out.print(f"still missing: volume(s) {missing} of {report.volumes}; {len(report.waiting)} file(s) "
                       f"waiting. Run again with the rest.", highlight=False, markup=False, soft_wrap=True)
+        else:  # every volume imported: what still waits is refused above (a base file, or an index that forgets it)
+            out.print(f"{len(report.waiting)} file(s) not imported: {', '.join(report.waiting[:3])}"
+                      + (" ..." if len(report.waiting) > 3 else ""), highlight=False, markup=False, soft_wrap=True)
         if not report.synced:
             out.print(f"not synced (--no-sync): run `sync` before relying on {dest} surviving a crash",
                       highlight=False, markup=False, soft_wrap=True)

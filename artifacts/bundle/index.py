@@ -408,3 +408,19 @@ def disagreements(index: Index, manifest: Manifest | None) -> list[str]:
             if t.path in carried_paths:
                 problems.append(f"delta takes {t.path!r} from the base, and the volume carries it too")
     return problems
+
+
+def unaccounted(manifest: Manifest, indexes: list[Index]) -> list[str]:
+    """The model files of MANIFEST that INDEXES, the indexes of every data volume of one bundle, neither carry
+    whole (every piece of a split file) nor take from a delta's base. The signed manifest is the truth about the
+    files; an index only says where each one is, and with every volume at hand it must say it for each."""
+    pieces: dict[str, set[int]] = {}
+    count: dict[str, int] = {}
+    for idx in indexes:
+        for e in idx.members:
+            if e.kind == MODEL_KIND:
+                pieces.setdefault(e.path, set()).add(e.segment)
+                count[e.path] = e.segments
+    taken = {t.path for idx in indexes[:1] if idx.delta is not None for t in idx.delta.take}
+    return sorted(f.path for f in manifest.files if f.path not in taken
+                  and (f.path not in count or pieces[f.path] != set(range(1, count[f.path] + 1))))

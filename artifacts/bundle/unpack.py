@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import enum
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -40,7 +41,7 @@ from typing import NamedTuple
 from ..errors import BadInput, BadValue, IntegrityError, Refused
 from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets,
                       dir_lock, fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, remove_tree,
-                      require_free_space, unlink_file)
+                      read_lock, require_free_space, unlink_file)
 from ..hashing import StreamHasher
 from ..interrupt import keeps
 from ..manifest import MAX_MANIFEST_BYTES, from_json, manifest_path, read_manifest
@@ -48,15 +49,16 @@ from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..sharing import COPY, how_to_share
 from ..untrusted import MAX_DOCUMENT, At, load_json, read_json_file
 from . import delta as deltas
-from .check import ParitySet, conflicting_numbers, parity_set, reference_bundle
+from .check import ParitySet, conflicting_numbers, incomplete, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back, write_all
 from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member
-from .index import Entry, Index, disagreements, parse_index
+from .index import Entry, Index, disagreements, parse_index, unaccounted
 from .parity import FileSource, NotRecoverable, describe_shortfall, rebuild
 from .payloads import MODEL_KIND, PAYLOAD_PARTIAL, files_expected, next_commands, payload_roots, payloads_placed
 from .volume import Volume, find_volumes, meta_bytes, open_volume, split_volumes
 
 STATE_DIR = f"{MM_DIR}/unbundle"
+REBUILT = "rebuilt"  # under STATE_DIR: data volumes rebuilt from parity, deleted once imported
 
 
 class Outcome(str, enum.Enum):
@@ -253,10 +255,17 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
     if allowed_signers is not None:
         signature, signed_manifest = check_signature(vols + pvols, allowed_signers, identity, require_signature)
     dest.mkdir(parents=True, exist_ok=True)
-    with dir_lock(dest, "mm unbundle"):
+    with dir_lock(dest, "mm unbundle"), (read_lock(Path(base_dir), "mm unbundle --from") if base_dir is not None
+                                         else nullcontext()):  # gc keeps a delta's base while it is read
         keeps(dest)  # an interrupt names the imported volumes and partial files kept here
         state = _State(check_inside(dest, dest / STATE_DIR / "state.json"), dest)
         ref = reference_bundle(vols, state.doc.get("bundle_id"))
+        early = _Rebuilt()
+        if pvols and not _readable(vols, ref) and _earlier_index(dest, ref or reference_bundle(pvols)) is None:
+            rebuilt_vols = _rebuild_before_import(dest, vols, pvols, ref or reference_bundle(pvols), sync, progress,
+                                                  early)
+            vols = vols + rebuilt_vols
+            ref = reference_bundle(vols, state.doc.get("bundle_id"))
         first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
                       and MANIFEST_MEMBER not in v.damaged), None)
         manifest_b3 = state.doc.get("manifest_blake3") or (first.index.manifest_blake3 if first else None)
@@ -266,8 +275,10 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         else:  # parity volumes only: the bundle's index from an earlier sitting, when it left one
             earlier = _earlier_index(dest, ref) if pvols else None
             if earlier is None:
-                raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} given: "
-                               + "; ".join(refused[:3]))
+                why = refused[:3] + ([early.recovery] if early.recovery else []) or [
+                    "no data volume given, and no parity volume of an mm bundle" if not pvols else "none readable"]
+                raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} data and "
+                               f"{len(pvols)} parity volume(s) given: " + "; ".join(why))
             idx, manifest_bytes, where = earlier
             first = next((pv for pv in pvols if pv.bundle_id == ref and not pv.refused), None)
         manifest = from_json(manifest_bytes, where)
@@ -275,6 +286,9 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
             if disagree := disagreements(v.index, manifest):
                 accepted.remove(v)
                 refused.append(f"{v.path.name}: {disagree[0]}; refused")
+        if {v.number for v in accepted} == set(range(1, idx.volumes + 1)) and (
+                lost := unaccounted(manifest, [v.index for v in accepted])):
+            raise IntegrityError(f"{incomplete(ref, lost)}; nothing written")
         pset = parity_set(pvols, ref)
         refused += pset.refused
         if signed_manifest is not None and manifest_bytes != signed_manifest:
@@ -313,6 +327,9 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
                 state.doc["done_volumes"] = sorted(done_vols)
                 state.save()
             progress.end()
+            for v in vols:  # rebuilt from parity before the import: imported now, deleted as _rebuild_from_parity does
+                if v.path.parent == dest / STATE_DIR / REBUILT and v.number in state.doc["done_volumes"]:
+                    unlink_file(dest, v.path)
             rebuild_report = _Rebuilt(notes=list(pset.unused))
             from_base = {(MODEL_KIND, t.path) for t in idx.delta.take} if base else set()
             carried = {key: size for key, size in expected.items() if key not in from_base}
@@ -321,12 +338,19 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
                                                       lambda v: _judge_rebuilt(v, ref, manifest_b3, manifest, idx),
                                                       volume_size=idx.volume_size)
                 refused += rebuild_report.refused
+            rebuild_report.volumes = early.volumes + rebuild_report.volumes
+            rebuild_report.notes = early.notes + rebuild_report.notes
+            rebuild_report.parity_used = sorted(set(early.parity_used) | set(rebuild_report.parity_used))
             taken = _take_from_base(base, idx, mode, run, progress) if base else None
             run.corrupt += taken.refused if taken else []
         finally:
             run.pipe.close()
         waiting = sorted(file_member(*key) for key, size in expected.items() if not _is_done(targets[key], size))
         missing = sorted(set(range(1, idx.volumes + 1)) - set(state.doc["done_volumes"]))
+        taken_paths = {t.path for t in idx.delta.take} if idx.delta else set()
+        if not missing and (lost := sorted(key[1] for key, size in expected.items() if key[0] == MODEL_KIND
+                                           and key[1] not in taken_paths and not _is_done(targets[key], size))):
+            refused.append(incomplete(ref, lost))  # every volume imported, and still files no volume carries
         complete = not waiting
         verify_doc = None
         outcome = Outcome.REFUSED if (refused or run.corrupt) else Outcome.IMPORTED
@@ -465,7 +489,7 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
     try:
         progress.begin(sum(pindex.data[n - 1].size for n in lost), f"rebuild volume(s) {', '.join(map(str, lost))}",
                        files=len(lost))
-        rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / "rebuilt", sync, progress, root=dest)
+        rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / REBUILT, sync, progress, root=dest)
         out.notes += [f"{what}: damaged (its bytes do not match the parity index); left out of the rebuild"
                       for what in rebuilt.left_out]
     except NotRecoverable as e:
@@ -499,6 +523,46 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
         progress.end()
     out.parity_used = rebuilt.parity_used
     return out
+
+
+def _readable(vols: list[Volume], ref: str | None) -> bool:
+    """Some data volume of bundle REF gives its index and manifest."""
+    return any(v.bundle_id == ref and not v.refused and v.index is not None and v.manifest_bytes
+               and MANIFEST_MEMBER not in v.damaged for v in vols)
+
+
+def _rebuild_before_import(dest: Path, vols: list[Volume], pvols: list[Volume], ref: str | None, sync: bool,
+                           progress: ProgressSink, out: _Rebuilt) -> list[Volume]:
+    """No data volume tells the bundle's index, and no earlier sitting left it: the data volumes not given whole
+    are rebuilt from the parity volumes first (as `mm bundle repair-volume` does, and as `mm bundle verify`
+    promises), into DEST's state directory, then imported as if given. What could not be done goes to OUT."""
+    pset = parity_set(pvols, ref)
+    if not pset.usable:
+        out.recovery = "; ".join(pset.refused + pset.unused) or None
+        return []
+    pindex = pset.usable[0].parity
+    intact = {v.number: v for v in vols if v.bundle_id == ref and v.usable and v.number <= pindex.volumes
+              and v.path.name == pindex.data[v.number - 1].file}
+    lost = [n for n in range(1, pindex.volumes + 1) if n not in intact]
+    require_free_space([(dest / STATE_DIR, sum(pindex.data[n - 1].size for n in lost))],
+                       f"rebuilding data volume(s) {', '.join(map(str, lost))} from parity")
+    sources: dict[int, object] = {n: FileSource(v.path, read_once=True) for n, v in intact.items()}
+    try:
+        progress.begin(sum(pindex.data[n - 1].size for n in lost), f"rebuild volume(s) {', '.join(map(str, lost))}",
+                       files=len(lost))
+        rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / REBUILT, sync, progress,
+                                       root=dest)
+    except NotRecoverable as e:
+        out.recovery = f"cannot rebuild from parity: {e.message}"
+        return []
+    finally:
+        progress.end()
+        for src in sources.values():
+            src.close()
+    out.volumes, out.parity_used = sorted(rebuilt.files), rebuilt.parity_used
+    out.notes += [f"data volume(s) {', '.join(map(str, sorted(rebuilt.files)))} rebuilt from parity "
+                  f"{', '.join(map(str, rebuilt.parity_used))} before the import"]
+    return [open_volume(path) for _, path in sorted(rebuilt.files.items())]
 
 
 class RebuiltVolumes(NamedTuple):

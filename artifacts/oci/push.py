@@ -17,7 +17,8 @@ from pathlib import Path
 
 from .. import interrupt
 from ..errors import BadInput, Refused, RemoteError
-from ..fsutil import MM_DIR, atomic_write_text, check_inside, read_local_file, remove_tree, state_root, unlink_file
+from ..fsutil import (MM_DIR, atomic_write_text, check_inside, read_local_file, read_lock, remove_tree, state_root,
+                      unlink_file)
 from ..manifest import manifest_path, read_manifest, to_json
 from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
 from ..untrusted import read_json_file
@@ -66,6 +67,13 @@ class PushOptions:
 
 def push(model_dir: Path, reference: str, options: PushOptions = PushOptions(),
          progress: ProgressSink = NULL_PROGRESS) -> PushReport:
+    """_push, with MODEL_DIR's reader's lock held throughout (fsutil.read_lock: `mm gc` keeps a revision being
+    pushed)."""
+    with read_lock(Path(model_dir), "mm push"):
+        return _push(model_dir, reference, options, progress)
+
+
+def _push(model_dir: Path, reference: str, options: PushOptions, progress: ProgressSink) -> PushReport:
     from ..verify import require_quick_verify
 
     started = time.monotonic()
