@@ -181,6 +181,14 @@ def scan(root: Path) -> Store:
     return Store(root, repos, notes)
 
 
+def _existing(root: Path) -> Path:
+    """ROOT, a directory that exists: its lock is never made in a directory a typo would create."""
+    root = Path(root)
+    if not root.is_dir():
+        raise BadInput(f"{root}: not a directory (a model root holds ROOT/<repo id>/<revision dir>/)")
+    return root
+
+
 def _repo_dirs(root: Path) -> list[Path]:
     """ROOT/<name> and ROOT/<owner>/<name>: directories (not symlinks, not mm's own) that may hold revisions."""
     found = []
@@ -315,7 +323,7 @@ def use(root: Path, repo_id: str, wanted: str) -> UseResult:
     """Point ROOT/REPO_ID/current at revision WANTED, atomically, once `verify --quick` passes on it."""
     from .verify import require_quick_verify  # here: verify imports the safetensors checks
 
-    root = Path(root)
+    root = _existing(root)
     with dir_lock(root, "mm use"):
         repo = scan(root).repo(repo_id)
         rev = find_revision(repo, wanted)
@@ -628,7 +636,7 @@ def gc(root: Path, keep: int = DEFAULT_KEEP, dry_run: bool = False, docker: str 
     container, not being written by mm, and finish what an interrupted gc left; with DRY_RUN only say so."""
     if keep < 0:
         raise BadValue(f"--keep {keep}: must be 0 or more")
-    root = Path(root)
+    root = _existing(root)
     with dir_lock(root, "mm gc"):
         store = scan(root)
         notes = list(store.notes)
