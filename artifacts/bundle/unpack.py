@@ -52,7 +52,7 @@ from . import delta as deltas
 from .check import ParitySet, conflicting_numbers, incomplete, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back, write_all
 from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member
-from .index import Entry, Index, disagreements, parse_index, unaccounted
+from .index import Entry, Index, disagreements, parse_index, take_disagreements, unaccounted
 from .parity import FileSource, NotRecoverable, describe_shortfall, rebuild
 from .payloads import MODEL_KIND, PAYLOAD_PARTIAL, files_expected, next_commands, payload_roots, payloads_placed
 from .volume import Volume, find_volumes, meta_bytes, open_volume, split_volumes
@@ -222,7 +222,9 @@ def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | N
     first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
                   and MANIFEST_MEMBER not in v.damaged), None)
     if first is None:
-        raise BadInput("no usable volume to check the manifest signature in")
+        why = [r for v in vols for r in v.refused][:3] or [f"{v.path.name}: its manifest is damaged or missing"
+                                                          for v in vols][:3] or ["no volume given"]
+        raise BadInput(f"no usable volume to check the manifest signature in: {'; '.join(why)}")
     sig = meta_bytes(first, SIG_MEMBER)
     if sig is None and SIG_MEMBER in first.described.meta:
         raise IntegrityError(f"{first.path.name}: member {SIG_MEMBER!r} is damaged; refused")
@@ -282,10 +284,14 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
             idx, manifest_bytes, where = earlier
             first = next((pv for pv in pvols if pv.bundle_id == ref and not pv.refused), None)
         manifest = from_json(manifest_bytes, where)
+        if idx.delta is not None and (wrong := take_disagreements(idx.delta, manifest)):
+            raise IntegrityError(f"{first.path.name if first else where}: {wrong[0]}; refused, nothing written")
         for v in list(accepted):
             if disagree := disagreements(v.index, manifest):
                 accepted.remove(v)
                 refused.append(f"{v.path.name}: {disagree[0]}; refused")
+                if not accepted:  # every volume given says otherwise than the manifest: nothing to import
+                    raise IntegrityError(f"{'; '.join(refused[:3])}; nothing written")
         if {v.number for v in accepted} == set(range(1, idx.volumes + 1)) and (
                 lost := unaccounted(manifest, [v.index for v in accepted])):
             raise IntegrityError(f"{incomplete(ref, lost)}; nothing written")
