@@ -32,7 +32,7 @@ from typing import ContextManager, Mapping, Protocol, Sequence
 
 from .errors import BadInput, IntegrityError, MMError, RemoteError
 from .fsutil import (MM_DIR, check_inside, check_model_path, check_targets, dir_lock, make_dirs, open_file, publish,
-                     read_local_file, require_free_space, unlink_file)
+                     read_local_file, require_free_space, still_to_write, unlink_file)
 from .hashing import SLICE, Digests, StreamHasher, hash_file, mapped_windows
 from .interrupt import keeps, requested as interrupt_requested, worker_pool
 from .manifest import FileEntry, Upstream, entry_from_dict, manifest_path, read_manifest
@@ -368,7 +368,8 @@ class Session:
         for f in files:
             if not refetch and self.present(f):
                 continue
-            needed += f.size - Partial.of(self.local_dir, f).have
+            partial = Partial.of(self.local_dir, f)
+            needed += still_to_write(partial.path, f.size, partial.have)
         require_free_space([(self.local_dir, needed)], "the download")
 
 

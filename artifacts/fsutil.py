@@ -369,6 +369,18 @@ def read_local_file(path: Path | str, *, what: str = "file", max_bytes: int) -> 
     return data
 
 
+def still_to_write(partial: Path, size: int, recorded: int = 0) -> int:
+    """Bytes a file of SIZE still needs on disk, continuing PARTIAL: less what PARTIAL already holds, whether
+    RECORDED (its range map, an import's state) or only allocated (reserved up front, or written after the
+    record was last saved, as when a full disk stopped the run); a hole still needs its bytes."""
+    try:
+        st = os.lstat(partial)
+        held = min(st.st_size, st.st_blocks * 512) if stat.S_ISREG(st.st_mode) else 0
+    except OSError:
+        held = 0
+    return max(0, size - max(recorded, held))
+
+
 def require_free_space(needs: Iterable[tuple[Path, int]], what: str) -> None:
     """Refuse up front (exit 7) rather than fail hours later with a full disk.
 

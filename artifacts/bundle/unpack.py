@@ -41,7 +41,7 @@ from typing import NamedTuple
 from ..errors import BadInput, BadValue, IntegrityError, Refused
 from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets,
                       dir_lock, fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, remove_tree,
-                      read_lock, require_free_space, unlink_file)
+                      read_lock, require_free_space, still_to_write, unlink_file)
 from ..hashing import StreamHasher
 from ..interrupt import keeps
 from ..manifest import MAX_MANIFEST_BYTES, from_json, manifest_path, read_manifest
@@ -203,11 +203,12 @@ def _judge_volumes(vols: list[Volume], ref: str | None, manifest_b3: str | None,
     return accepted, refused
 
 
-def _still_needed(expected: dict, targets: dict, state: _State) -> dict[str, int]:
-    """Bytes still to write, by kind of destination (files not yet final, less pieces already in place)."""
+def _still_needed(expected: dict, targets: dict, state: _State, places: Places) -> dict[str, int]:
+    """Bytes still to write, by kind of destination (files not yet final, less what their partial files hold)."""
     needed: dict[str, int] = {}
     for key, size in expected.items():
-        left = 0 if _is_done(targets[key], size) else size - state.bytes_in_place(f"{key[0]}:{key[1]}")
+        left = 0 if _is_done(targets[key], size) else still_to_write(
+            places.partial(*key), size, state.bytes_in_place(f"{key[0]}:{key[1]}"))
         needed[key[0]] = needed.get(key[0], 0) + left
     return needed
 
@@ -306,7 +307,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         places = Places(dest, payload_dests)
         expected = {**{(MODEL_KIND, f.path): f.size for f in manifest.files}, **files_expected(idx.payloads)}
         targets = {key: places.final(*key) for key in expected}
-        needed = _still_needed(expected, targets, state)
+        needed = _still_needed(expected, targets, state, places)
         mode = how_to_share(base.path, places.partial_dir(MODEL_KIND), link, root=dest) if base else None
         if base and mode != COPY:  # a reflink or a hard link writes no data
             needed[MODEL_KIND] -= sum(t.size for t in idx.delta.take if not _is_done(targets[(MODEL_KIND, t.path)], t.size))

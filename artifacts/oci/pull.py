@@ -23,7 +23,7 @@ from typing import Iterator
 from ..download import (JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, fetch_into, known_entries, partial_path,
                         prepare_dir)
 from ..errors import BadInput, IntegrityError, MMError
-from ..fsutil import check_targets, dir_lock, publish, require_free_space, state_root, unlink_file
+from ..fsutil import check_targets, dir_lock, publish, require_free_space, state_root, still_to_write, unlink_file
 from .. import interrupt
 from ..manifest import FileEntry, Manifest, manifest_path, write_manifest
 from ..progress import NULL_PROGRESS, ProgressSink
@@ -252,7 +252,8 @@ def _check_free_space(local_dir: Path, wanted, known) -> None:
     for f in wanted:
         if _present(local_dir, f, known):
             continue
-        needed += f.size - Partial.of(local_dir, _blob_file(f)).have
+        partial = Partial.of(local_dir, _blob_file(f))
+        needed += still_to_write(partial.path, f.size, partial.have)
     require_free_space([(local_dir, needed)], "the pull")
 
 
