@@ -188,20 +188,36 @@ def _delta_volumes(site) -> Path:
     return out
 
 
-READERS = {  # argv of a reader of revision B (the one gc would remove: not current, not among --keep 0)
-    "unbundle --from (a delta's base)": lambda s: ["unbundle", *sorted(_delta_volumes(s).glob("*.tar")),
-                                                   "--dest", s.tmp / "new", "--from", s.revs["B"]],
-    "bundle": lambda s: ["bundle", s.revs["B"], "--out", s.tmp / "vols", "--volume-size", "1G"],
-    "verify": lambda s: ["verify", s.revs["B"]],
+def _fetch_from(s, request) -> tuple[list, dict]:
+    repo = request.getfixturevalue("model_repo")
+    env = {**s.env, "HF_ENDPOINT": request.getfixturevalue("hub_server").url, "HF_HOME": str(s.tmp / "hf-home"),
+           "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+    return ["fetch", repo.repo_id, "--revision", repo.head, "--local-dir", s.tmp / "new", "--from", s.revs["B"]], env
+
+
+def _push(s, request) -> tuple[list, dict]:
+    registry = request.getfixturevalue("registry")
+    env = {**{k: v for k, v in s.env.items() if k not in ("REGISTRY_AUTH_FILE", "DOCKER_CONFIG")},
+           "DOCKER_CONFIG": str(s.tmp / "docker-config"), "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+    return ["push", s.revs["B"], f"{registry.host}/inuse/{s.tmp.name[-24:].strip('_-.').lower() or 'm'}:b"], env
+
+
+READERS = {  # (argv, env) of a reader of revision B (the one gc would remove: not current, not among --keep 0)
+    "unbundle --from (a delta's base)": lambda s, rq: (["unbundle", *sorted(_delta_volumes(s).glob("*.tar")),
+                                                        "--dest", s.tmp / "new", "--from", s.revs["B"]], s.env),
+    "fetch --from": _fetch_from,
+    "bundle": lambda s, rq: (["bundle", s.revs["B"], "--out", s.tmp / "vols", "--volume-size", "1G"], s.env),
+    "push": _push,
+    "verify": lambda s, rq: (["verify", s.revs["B"]], s.env),
 }
 
 
 @pytest.mark.parametrize("reader", sorted(READERS))
-def test_gc_keeps_a_revision_an_mm_process_is_reading(site, reader):
+def test_gc_keeps_a_revision_an_mm_process_is_reading(site, reader, request):
     _use(site, "cccc")
-    argv = READERS[reader](site)
+    argv, env = READERS[reader](site, request)
     lock = site.revs["B"] / ".mm" / "lock"
-    proc = subprocess.Popen(mm_argv(*argv), env=site.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(mm_argv(*argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while not _holds_lock_on(proc.pid, lock):
