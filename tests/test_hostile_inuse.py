@@ -29,6 +29,7 @@ import pytest
 from mm.artifacts.bundle.pack import create_bundle
 from tests.support import fake_docker
 from tests.support.run import mm_argv, run_mm
+from tests.support.slowio import slow_io_env
 from tests.test_store import REPO, make_root
 
 OWNER, NAME = REPO.split("/")
@@ -202,25 +203,39 @@ def _push(s, request) -> tuple[list, dict]:
     return ["push", s.revs["B"], f"{registry.host}/inuse/{s.tmp.name[-24:].strip('_-.').lower() or 'm'}:b"], env
 
 
-READERS = {  # (argv, env) of a reader of revision B (the one gc would remove: not current, not among --keep 0)
-    "unbundle --from (a delta's base)": lambda s, rq: (["unbundle", *sorted(_delta_volumes(s).glob("*.tar")),
-                                                        "--dest", s.tmp / "new", "--from", s.revs["B"]], s.env),
-    "fetch --from": _fetch_from,
-    "bundle": lambda s, rq: (["bundle", s.revs["B"], "--out", s.tmp / "vols", "--volume-size", "1G"], s.env),
-    "push": _push,
-    "verify": lambda s, rq: (["verify", s.revs["B"]], s.env),
+def _talking(pid: int) -> bool:
+    """PID has a socket open: past its checks of the model (quick verify), talking to the server."""
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:") for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+READERS = {  # (argv, env) of a reader of revision B (the one gc would remove: not current, not among --keep 0),
+    # and when it is well into its work (past the quick verify of B, whose own shared lock is not the point here)
+    "unbundle --from (a delta's base)": (
+        lambda s, rq: (["unbundle", *sorted(_delta_volumes(s).glob("*.tar")), "--dest", s.tmp / "new",
+                        "--from", s.revs["B"]], s.env),
+        lambda s, pid: (s.tmp / "new" / ".mm" / "unbundle").is_dir()),
+    "fetch --from": (_fetch_from, lambda s, pid: _talking(pid)),
+    "bundle": (lambda s, rq: (["bundle", s.revs["B"], "--out", s.tmp / "vols", "--volume-size", "1G"],
+                              {**s.env, **slow_io_env(s.tmp)}),
+               lambda s, pid: (s.tmp / "vols").is_dir() and any((s.tmp / "vols").iterdir())),
+    "push": (_push, lambda s, pid: _talking(pid)),
+    "verify": (lambda s, rq: (["verify", s.revs["B"]], s.env), lambda s, pid: True),
 }
 
 
 @pytest.mark.parametrize("reader", sorted(READERS))
 def test_gc_keeps_a_revision_an_mm_process_is_reading(site, reader, request):
     _use(site, "cccc")
-    argv, env = READERS[reader](site, request)
+    start, busy = READERS[reader]
+    argv, env = start(site, request)
     lock = site.revs["B"] / ".mm" / "lock"
     proc = subprocess.Popen(mm_argv(*argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while not _holds_lock_on(proc.pid, lock):
+        while not (_holds_lock_on(proc.pid, lock) and busy(site, proc.pid)):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the reader never took the revision's lock"
             time.sleep(0.005)
