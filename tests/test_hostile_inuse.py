@@ -269,3 +269,42 @@ def test_a_reader_that_starts_while_gc_removes_the_revision_is_refused_naming_gc
         os.close(fd)
     assert r.returncode == 6 and "Traceback" not in r.stderr, r.stderr
     assert "mm bundle cannot start" in r.stderr and "is writing it" in r.stderr
+
+
+# --- the real engine ------------------------------------------------------------------------------------------------
+
+def test_real_dockerd_keeps_the_mount_as_named_and_gc_keeps_the_revision_it_serves(real_docker, tmp_path):
+    """Debian's dockerd records a bind's source as named (cleaned, not resolved) and the kernel follows the pointer
+    when the container starts: gc, given the physical root, keeps what the container serves."""
+    from tests.support import standin_image
+
+    root = tmp_path / "data" / "models"
+    revs = make_root(root)
+    (tmp_path / "srv").mkdir()
+    (tmp_path / "srv" / "m").symlink_to(root)
+    env = real_docker.env
+    image = standin_image.build(real_docker, "mm-inuse/standin:1", {})
+    name = f"mm-inuse-{os.getpid()}"
+
+    def docker(*args) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", *map(str, args)], env=env, capture_output=True, text=True, timeout=120)
+
+    assert run_mm("use", REPO, "aaaa", "--root", tmp_path / "srv" / "m", env=env).returncode == 0
+    started = docker("run", "-d", "--name", name, "--entrypoint", "/bin/busybox",
+                     "-v", f"{tmp_path}/srv/m/{REPO}/current/:/models/x:ro", image, "sleep", "600")
+    assert started.returncode == 0, started.stderr
+    try:
+        mounts = json.loads(docker("inspect", "-f", "{{json .Mounts}}", name).stdout)
+        assert [m["Source"] for m in mounts] == [f"{tmp_path}/srv/m/{REPO}/current"]
+        served = docker("exec", name, "cat", "/models/x/generation_config.json").stdout
+        assert served == (revs["A"] / "generation_config.json").read_text()
+        assert run_mm("use", REPO, "cccc", "--root", root, env=env).returncode == 0
+        r = run_mm("gc", root, "--keep", "0", "--json", env=env)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        kept = {k["dir"]: k["why"] for k in doc["kept"]}
+        assert kept[revs["A"].name].startswith(f"mounted by running container(s) {name}"), doc
+        assert [x["dir"] for x in doc["removed"]] == [revs["B"].name]
+        assert docker("exec", name, "cat", "/models/x/generation_config.json").stdout == served
+    finally:
+        docker("rm", "-f", name)
