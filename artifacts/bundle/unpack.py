@@ -567,8 +567,8 @@ def _rebuild_before_import(dest: Path, vols: list[Volume], pvols: list[Volume], 
         for src in sources.values():
             src.close()
     out.volumes, out.parity_used = sorted(rebuilt.files), rebuilt.parity_used
-    out.notes += [f"data volume(s) {', '.join(map(str, sorted(rebuilt.files)))} rebuilt from parity "
-                  f"{', '.join(map(str, rebuilt.parity_used))} before the import"]
+    out.notes += [f"{what}: damaged (its bytes do not match the parity index); left out of the rebuild"
+                  for what in rebuilt.left_out]
     return [open_volume(path) for _, path in sorted(rebuilt.files.items())]
 
 
