@@ -139,13 +139,13 @@ def _drop_carried(vol: Path) -> None:
 
 DELTA_EDITS = {  # edit of every volume's index; (bundle verify's exit, a needle), (unbundle's exit, a needle)
     "dropped take": (lambda i: {**i, "delta": {**i["delta"], "take": i["delta"]["take"][1:]}},
-                     (1, "neither carried by a volume nor taken"), (5, "neither carried by a volume nor taken")),
+                     (1, "neither carried by a volume nor taken"), (3, "neither carried by a volume nor taken")),
     "duplicated take": (lambda i: {**i, "delta": {**i["delta"], "take": i["delta"]["take"] + i["delta"]["take"][:1]}},
                         (1, "takes one path twice"), (3, "takes one path twice")),
     "take of a path the manifest lacks": (
         lambda i: {**i, "delta": {**i["delta"], "take": [{**i["delta"]["take"][0], "path": "zzz.json"}]
                                   + i["delta"]["take"][1:]}},
-        (1, "the manifest has no such file"), (5, "the manifest has no such file")),
+        (1, "the manifest has no such file"), (3, "the manifest has no such file")),
     "take of a path the base lacks": (
         lambda i: {**i, "delta": {**i["delta"], "take": [{**i["delta"]["take"][0], "base_path": "not-in-base.bin"}]
                                   + i["delta"]["take"][1:]}},
@@ -159,9 +159,9 @@ DELTA_EDITS = {  # edit of every volume's index; (bundle verify's exit, a needle
     "take with other hashes": (
         lambda i: {**i, "delta": {**i["delta"], "take": [{**i["delta"]["take"][0], "blake3": "0" * 64}]
                                   + i["delta"]["take"][1:]}},
-        (1, "the hashes differ"), (5, "the hashes differ")),
+        (1, "the hashes differ"), (3, "the hashes differ")),
     "dropped carried file (member and entry)": (None, (1, "neither carried by a volume nor taken"),
-                                                (5, "neither carried by a volume nor taken")),
+                                                (3, "neither carried by a volume nor taken")),
 }
 
 

@@ -286,7 +286,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
             first = next((pv for pv in pvols if pv.bundle_id == ref and not pv.refused), None)
         manifest = from_json(manifest_bytes, where)
         if idx.delta is not None and (wrong := take_disagreements(idx.delta, manifest)):
-            raise IntegrityError(f"{first.path.name if first else where}: {wrong[0]}; refused, nothing written")
+            raise BadInput(f"{first.path.name if first else where}: {wrong[0]}; refused, nothing written")
         for v in list(accepted):
             if disagree := disagreements(v.index, manifest):
                 accepted.remove(v)
@@ -295,7 +295,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
                     raise IntegrityError(f"{'; '.join(refused[:3])}; nothing written")
         if {v.number for v in accepted} == set(range(1, idx.volumes + 1)) and (
                 lost := unaccounted(manifest, [v.index for v in accepted])):
-            raise IntegrityError(f"{incomplete(ref, lost)}; nothing written")
+            raise BadInput(f"{incomplete(ref, lost)}; nothing written")
         pset = parity_set(pvols, ref)
         refused += pset.refused
         if signed_manifest is not None and manifest_bytes != signed_manifest:
