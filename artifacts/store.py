@@ -1,6 +1,6 @@
 """A model root that holds several revisions of a repo side by side, sharing their bytes: `mm ls`, `mm use`, `mm gc`.
 
-Layout (README, "Revisions side by side"):
+Layout (docs/store.md):
 
     ROOT/<repo id>/<dir>/        one revision: a plain model directory (DIR/.mm/manifest.json), what `mm verify`,
                                  `mm launch` and a container mount take; any name (mm suggests the short revision)
@@ -17,16 +17,14 @@ revision directory frees exactly the bytes no other revision uses, and there is 
 Disk use is measured with FIEMAP (sharing.py), each shared byte counted once.
 
 Verification stamps: `mm verify DIR` (full) and `mm unbundle`'s final verify record when and how DIR was last
-verified in DIR/.mm/verified.json (record_verified), for `mm ls`.
+verified in DIR/.mm/verified.json (integrity/stamps.py), for `mm ls`.
 
 Interrupted at any point, the root stays consistent: a switch is a rename of a new symlink over `current`; a
 removal is a rename out of the way, then a delete that the next `mm gc` finishes.
 """
 from __future__ import annotations
 
-import calendar
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -38,69 +36,22 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import BadInput, BadValue, Refused
-from .fsutil import (MM_DIR, atomic_write_json, dir_lock, lock_holder, open_file, parent_dir, read_local_file, remove_tree,
-                     state_root, unlink_file)
-from .manifest import MAX_MANIFEST_BYTES, Manifest, from_json, manifest_path
-from .sharing import DiskUse, Layout, layout, shared_bytes
-from .untrusted import At, Malformed, load_json
+from .paths import MM_DIR, POINTER, manifest_path
+from .edges.fsutil import dir_lock, lock_holder, open_file, parent_dir, read_local_file, remove_tree, unlink_file
+from .integrity.manifest import MAX_MANIFEST_BYTES, Manifest, from_json
+from .integrity.stamps import read_verified
+from .edges.sharing import DiskUse, Layout, layout, shared_bytes
+from .edges.untrusted import At, load_json
+from .serving.docker import Container, running_containers
+from .units import iso_time
 
-POINTER = "current"
 REMOVING = ".mm-removing-"
 POINTER_TMP = ".current.tmp-"
 USES = "uses.jsonl"
-STAMP = "verified.json"
-STAMP_SCHEMA = "mm-verified/1"
 DEFAULT_KEEP = 1  # mm's own choice: besides the current revision, one more, so that a rollback is always one command
 SWITCH_WINDOW = 5.0  # seconds after a switch is logged during which the pointer may still name the previous one
-DOCKER_TIMEOUT = 60  # seconds for `docker ps` / `docker inspect` (mm's own margin)
-MAX_DOCKER_ANSWER = 64 * 1024 * 1024
 MAX_USES = 16 * 1024 * 1024
 HEX = re.compile(r"^[0-9a-f]{4,40}$")
-
-
-# --- verification stamps ------------------------------------------------------------------------------
-
-def record_verified(model_dir: Path, ok: bool, files: int, nbytes: int, problems: int, by: str) -> None:
-    """Note in DIR/.mm/verified.json that DIR was verified in full now, against its manifest as it is (its sha256).
-    Best effort: a directory mm cannot write (a read-only mount, a link planted under it) keeps no stamp."""
-    try:
-        data = read_local_file(manifest_path(model_dir), what="manifest", max_bytes=MAX_MANIFEST_BYTES)
-        atomic_write_json(_stamp_path(model_dir), {
-            "schema": STAMP_SCHEMA, "time": _iso(time.time()), "ok": ok, "manifest_sha256": hashlib.sha256(data).hexdigest(),
-            "files": files, "bytes": nbytes, "problems": problems, "by": by}, root=state_root(model_dir))
-    except (OSError, BadInput):
-        pass
-
-
-def _stamp_path(model_dir: Path) -> Path:
-    """Beside the manifest (for a Hugging Face cache snapshot, in mm's state directory outside the cache)."""
-    from .hfcache import state_dir
-
-    return state_dir(model_dir, MM_DIR) / STAMP
-
-
-@dataclass(frozen=True)
-class Verified:
-    time: str
-    ok: bool
-    current: bool  # for the manifest as it is now (False: the manifest changed since)
-    by: str
-
-
-def read_verified(model_dir: Path, manifest_bytes: bytes) -> Verified | None:
-    path = _stamp_path(model_dir)
-    try:
-        doc = load_json(read_local_file(path, what="verification stamp", max_bytes=64 * 1024), str(path),
-                        max_bytes=64 * 1024)
-        at = At(str(path))
-        at.obj(doc)
-        if doc.get("schema") != STAMP_SCHEMA:
-            return None
-        return Verified(at.get_str(doc, "time", max_len=64), at.get_bool(doc, "ok"),
-                        at.get_str(doc, "manifest_sha256", max_len=64) == hashlib.sha256(manifest_bytes).hexdigest(),
-                        at.get_str(doc, "by", max_len=64))
-    except (OSError, BadInput):
-        return None
 
 
 # --- what the root holds ------------------------------------------------------------------------------
@@ -224,23 +175,6 @@ def _pointer(repo_dir: Path, revisions: list[Revision]) -> tuple[str | None, str
     return target, None
 
 
-def is_pointer(path: Path) -> bool:
-    """PATH is a store's `current` pointer (a symlink to a sibling revision directory)."""
-    path = Path(path)
-    if path.name != POINTER or not path.is_symlink():
-        return False
-    target = os.readlink(path)
-    return "/" not in target and manifest_path(path.parent / target).is_file()
-
-
-def as_mounted(path: Path) -> Path:
-    """The host path a start script mounts for the model directory PATH: a store's `current` pointer as a pointer
-    (in its repo's physical directory, not resolved), so that `mm use` decides what the next start serves; any
-    other path resolved."""
-    path = Path(path)
-    return Path(os.path.realpath(path.parent)) / POINTER if is_pointer(path) else path.resolve()
-
-
 # --- the switch log ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -282,7 +216,7 @@ def read_uses(root: Path) -> list[Use] | None:
 
 def _append_use(root: Path, use: Use) -> None:
     path = _uses_path(root)
-    line = json.dumps({"time": use.time, "at": _iso(use.time), "repo_id": use.repo_id, "dir": use.dir,
+    line = json.dumps({"time": use.time, "at": iso_time(use.time), "repo_id": use.repo_id, "dir": use.dir,
                        "previous": use.previous}) + "\n"
     fd = open_file(root, path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # never through a link (fsutil's rule)
     try:
@@ -321,7 +255,7 @@ def find_revision(repo: Repo, wanted: str) -> Revision:
 
 def use(root: Path, repo_id: str, wanted: str) -> UseResult:
     """Point ROOT/REPO_ID/current at revision WANTED, atomically, once `verify --quick` passes on it."""
-    from .verify import require_quick_verify  # here: verify imports the safetensors checks
+    from .integrity.verify import require_quick_verify  # here: verify imports the safetensors checks
 
     root = _existing(root)
     with dir_lock(root, "mm use"):
@@ -353,73 +287,6 @@ def _clean_pointer_leftovers(root: Path, repo_dir: Path) -> None:
 
 
 # --- who mounts what: docker ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Container:
-    name: str
-    started: float | None  # epoch seconds, None when docker did not say
-    sources: tuple[str, ...]  # host paths it mounts
-
-
-def running_containers(docker: str = "docker") -> tuple[list[Container], str | None]:
-    """The running containers and their mounts, from `docker ps` and `docker inspect`: (containers, note).
-    No docker on PATH: none, with a note. Docker present but not answering: Refused (exit 7), since then no one
-    can tell which revisions are in use."""
-    ids = _docker([docker, "ps", "--quiet", "--no-trunc"], "docker ps")
-    if ids is None:
-        return [], "docker not found on PATH: no container checked"
-    names = [line.strip() for line in ids.splitlines() if line.strip()]
-    if not names:
-        return [], None
-    answer = _docker([docker, "inspect", "--", *names], "docker inspect")
-    try:
-        doc = load_json(answer or "[]", "docker inspect", max_bytes=MAX_DOCKER_ANSWER)
-    except Malformed as e:
-        raise Refused(f"docker inspect: an answer mm cannot read ({e.detail}); cannot tell which revisions running "
-                      f"containers mount") from None
-    out = []
-    for item in doc if isinstance(doc, list) else []:
-        if not isinstance(item, dict):
-            continue
-        state = item.get("State") if isinstance(item.get("State"), dict) else {}
-        if state.get("Running") is False:
-            continue
-        mounts = item.get("Mounts") if isinstance(item.get("Mounts"), list) else []
-        sources = tuple(m["Source"] for m in mounts if isinstance(m, dict) and isinstance(m.get("Source"), str))
-        name = item.get("Name") if isinstance(item.get("Name"), str) else str(item.get("Id", "?"))[:12]
-        out.append(Container(name.lstrip("/")[:256], _epoch(state.get("StartedAt")), sources))
-    return out, None
-
-
-def _docker(argv: list[str], what: str) -> str | None:
-    """The tool's stdout (tools.run_tool: bounded, its own process group); None when docker is not installed."""
-    from .tools import ToolMissing, run_tool
-
-    try:
-        done = run_tool(argv, timeout=DOCKER_TIMEOUT, max_output=MAX_DOCKER_ANSWER)
-    except ToolMissing:
-        return None
-    if not done.ok:
-        from .launch import DOCKER_DOWN  # the one wording doctor, warm-up and the start script use
-
-        raise Refused(f"{what}: {DOCKER_DOWN} ({done.last_line()}); mm cannot tell which revisions running containers "
-                      f"mount, so nothing is removed")
-    return done.stdout
-
-
-def _epoch(text: object) -> float | None:
-    """docker's RFC 3339 time (2026-01-01T10:00:00.123456789Z) in epoch seconds."""
-    if not isinstance(text, str):
-        return None
-    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)", text.strip())
-    if not m or text.startswith("0001-"):
-        return None
-    base = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) + float(m.group(2) or 0)
-    if m.group(3) != "Z":
-        sign = 1 if m.group(3)[0] == "+" else -1
-        base -= sign * (int(m.group(3)[1:3]) * 3600 + int(m.group(3)[4:6]) * 60)
-    return base
-
 
 def mounted(store: Store, containers: list[Container], uses: list[Use] | None) -> tuple[dict[Path, list[str]], list[str]]:
     """{revision path: [container names]} for every revision a running container mounts (the revision itself, a
@@ -603,7 +470,7 @@ def ls(root: Path, docker: str = "docker") -> LsReport:
 
 def _signature_status(rev: Revision) -> tuple[str, str | None]:
     from .errors import IntegrityError
-    from .signing import check_signature_matches, signature_path
+    from .integrity.signing import check_signature_matches, signature_path
 
     sig = signature_path(rev.path)
     if not sig.is_file():
@@ -762,7 +629,4 @@ def _freed(store: Store, removed: list[Revision], leftovers: list[Path]) -> int:
     kept_use = DiskUse(kept_layouts).bytes
     return DiskUse(kept_layouts + removed_layouts).bytes - kept_use
 
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 

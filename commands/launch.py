@@ -1,6 +1,6 @@
 """`mm launch`, `mm warmup`, `mm doctor`, `mm diagnose`: the offline start of a model on given hardware, its first
 run, the pre-flight check of a host, and a server log against the guide's troubleshooting table
-(artifacts/launch.py, router.py, warmup.py, doctor.py, diagnose.py)."""
+(artifacts/serving/launch.py, router.py, warmup.py, doctor.py, diagnose.py)."""
 from __future__ import annotations
 
 import json
@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Callable
 import click
 
 from ..artifacts.errors import MMError, ProblemsFound
+from .shared import PATH
 from .shared import (emit_json, err, escape, handles_errors, json_option, out, progress_for, signature_options,
                      signature_policy, to_jsonable)
 
 if TYPE_CHECKING:
-    from ..artifacts import launch as mm_launch
+    from ..artifacts.serving import launch as mm_launch
 
 
 def _hardware(ctx, param, value):
@@ -25,7 +26,7 @@ def _hardware(ctx, param, value):
 
 def _container_name(ctx, param, value):
     """A container name handed to docker: never something docker could take as an option (`--follow`)."""
-    from ..artifacts.tools import check_name
+    from ..artifacts.edges.tools import check_name
     if value is not None:
         try:
             check_name(value, param.opts[0])
@@ -53,7 +54,7 @@ def _int_list(lo: int, hi: int, what: str, example: str, distinct: str = "") -> 
         parts = value.split(",")
         numbers = tuple(int(p) for p in parts if p.strip().isdigit() and len(p.strip()) <= 6)
         if len(numbers) != len(parts) or any(not lo <= n <= hi for n in numbers):
-            from ..artifacts.untrusted import printable
+            from ..artifacts.edges.untrusted import printable
             raise click.BadParameter(f"{printable(value)[:60]!r}: expected {what} like {example} (integers {lo} to {hi})")
         if distinct and len(set(numbers)) != len(numbers):
             raise click.BadParameter(f"{value}: {distinct}")
@@ -69,7 +70,7 @@ _port_list = _int_list(1, 65535, "ports", "30001,30002")
 def recipe_options(fn: Callable) -> Callable:
     """The options `mm launch` and `mm warmup` share: they must produce the same command line."""
     options = [
-        click.argument("model_dir", type=click.Path(path_type=Path)),
+        click.argument("model_dir", type=PATH),
         click.option("--hardware", required=True, callback=_hardware,
                      help="b300, gb300, b200, gb200, h200, h100 (vLLM), mi355x, mi350x (any case: B300 is b300)."),
         click.option("--recipe", default=None, help="balanced, low-latency, high-throughput, ... (default: the hardware's reference)."),
@@ -89,9 +90,9 @@ def recipe_options(fn: Callable) -> Callable:
                      help="Cap the context (refused above the recipe's limit)."),
         click.option("--dspark", is_flag=True, help="Require DSpark speculative decoding (refused where the guide says it fails)."),
         click.option("--image", default=None, help="Engine image by digest (default: the pinned SGLang image)."),
-        click.option("--image-archive", type=click.Path(path_type=Path), default=None,
+        click.option("--image-archive", type=PATH, default=None,
                      help="Image archive carried in the bundle; the script runs `docker load -i` when the image is absent."),
-        click.option("--cache-root", type=click.Path(path_type=Path), default=None,
+        click.option("--cache-root", type=PATH, default=None,
                      help="Host directory for kernel caches (default: DIR/../mm-kernel-cache/<recipe>)."),
         click.option("--name", default=None, callback=_container_name,
                      help="Container name. Default: the pin's container_name (minimax-m3-1-flash)."),
@@ -102,7 +103,7 @@ def recipe_options(fn: Callable) -> Callable:
 
 
 def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
-    from ..artifacts import launch as mm_launch
+    from ..artifacts.serving import launch as mm_launch
     keys = ("hardware", "recipe", "engine", "gpus", "port", "tp", "context_length", "dspark", "image",
             "image_archive", "cache_root", "name", "replicas", "replica_ports", "metrics_port")
     return mm_launch.LaunchOptions(**{k: kw[k] for k in keys}, **extra)
@@ -113,13 +114,13 @@ def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
 @click.option("--expose", is_flag=True, help="Publish on all interfaces; then the API key is read from --api-key-env at run time.")
 @click.option("--api-key-env", default="MM_API_KEY", show_default=True, help="Environment variable holding the API key (with --expose).")
 @click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Write it here atomically (a script gets mode 0755, a JSON plan 0644).")
+@click.option("--out", type=PATH, default=None, help="Write it here atomically (a script gets mode 0755, a JSON plan 0644).")
 @signature_options
 @json_option
 @handles_errors
 def launch(model_dir, expose, api_key_env, fmt, out, require_signature, allowed_signers, identity, json_out, **kw):
     """Print (or write) the offline start for MODEL_DIR on the given hardware (replicas behind the router on a node)."""
-    from ..artifacts import launch as mm_launch, router as mm_router
+    from ..artifacts.serving import launch as mm_launch, router as mm_router
     signature = _launch_signature(model_dir, require_signature, allowed_signers, identity, json_out)
     node = mm_router.plan_node(model_dir, _launch_options(kw, expose=expose, api_key_env=api_key_env))
     doc = mm_router.node_document(node)
@@ -135,21 +136,20 @@ def launch(model_dir, expose, api_key_env, fmt, out, require_signature, allowed_
         from . import shared  # (`out` here is --out; the script goes to the stdout console, which names a full disk)
         shared.out.write(text)
     else:
-        err.print(f"wrote {out} ({plan.recipe.id}, {plan.recipe.status}, {len(node.replicas)} replica(s))",
-                  markup=False, highlight=False)
+        err.line(f"wrote {out} ({plan.recipe.id}, {plan.recipe.status}, {len(node.replicas)} replica(s))")
     for warning in plan.warnings:
-        err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+        err.line(f"warning: {warning}")
 
 
 def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers: Path | None, identity: str | None,
                       json_out: bool):
     """Check the model's manifest signature before anything is planned or written (exit 5 when refused)."""
-    from ..artifacts import signing
+    from ..artifacts.integrity import signing
     if not signature_policy(require_signature, allowed_signers, identity):
         return None
     report, _ = signing.verify_dir_signature(model_dir, allowed_signers, identity)
     if not json_out:
-        err.print(f"signature: good, {report.describe()}", markup=False, highlight=False, soft_wrap=True)
+        err.line(f"signature: good, {report.describe()}")
     return report
 
 
@@ -157,15 +157,14 @@ def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers:
 @recipe_options
 @click.option("--timeout", type=float, default=3600, show_default=True, callback=_seconds,
               help="Seconds to wait for /health (a first start compiles kernels).")
-@click.option("--report", type=click.Path(path_type=Path), default=None, help="JSON report path (default: <cache root>/mm-warmup-report.json).")
-@click.option("--image-file", type=click.Path(path_type=Path), default=None, help="Local PNG for the image check (default: a tiny PNG made in code).")
+@click.option("--report", type=PATH, default=None, help="JSON report path (default: <cache root>/mm-warmup-report.json).")
+@click.option("--image-file", type=PATH, default=None, help="Local PNG for the image check (default: a tiny PNG made in code).")
 @click.option("--gpu-info", default=None, help="'NAME, COMPUTE_CAP, DRIVER' for the cache key instead of asking nvidia-smi (required on AMD).")
 @json_option
 @handles_errors
 def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
     """Start the server once so kernel caches compile, run the guide's checks, stop it, write a report."""
-    from ..artifacts import router as mm_router
-    from ..artifacts import warmup as mm_warmup
+    from ..artifacts.serving import router as mm_router, warmup as mm_warmup
     node = mm_router.plan_node(model_dir, _launch_options(kw))
     image_png = mm_warmup.read_image_file(image_file) if image_file else None
     result = mm_warmup.run_warmup(node, timeout=timeout, image_png=image_png, gpu_info=gpu_info,
@@ -184,7 +183,7 @@ def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
     if result.log_tail:
         err.print(f"last {len(result.log_tail)} log lines of {', '.join(result.containers)}:", markup=False)
         for line in result.log_tail:
-            err.print("  " + line, markup=False, highlight=False, soft_wrap=True)
+            err.line("  " + line)
     if result.diagnosis:
         out.print("the guide's troubleshooting table:")
         _render_findings(result.diagnosis)
@@ -201,7 +200,7 @@ def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
 def doctor(model_dir, json_out, **kw):
     """Will this host start MODEL_DIR with this recipe? GPUs, driver, docker, the image by identity, port, /dev/shm,
     host memory, cache disk and key, the model. One line per check with its fix; exit 1 when a check fails."""
-    from ..artifacts import doctor as mm_doctor
+    from ..artifacts.serving import doctor as mm_doctor
     from ..artifacts.pins import default_pin
     report = mm_doctor.run_doctor(model_dir, _launch_options(kw), default_pin())
     if json_out:
@@ -220,12 +219,12 @@ def doctor(model_dir, json_out, **kw):
 
 
 @click.command()
-@click.argument("logfile", required=False, type=click.Path(path_type=Path))
+@click.argument("logfile", required=False, type=PATH)
 @click.option("--container", default=None, callback=_container_name,
               help="Read `docker logs NAME` and its mounts instead of a file.")
-@click.option("--answer", "answers", multiple=True, type=click.Path(path_type=Path),
+@click.option("--answer", "answers", multiple=True, type=PATH,
               help="A saved HTTP answer or request body (repeatable).")
-@click.option("--model-dir", type=click.Path(path_type=Path), default=None,
+@click.option("--model-dir", type=PATH, default=None,
               help="The model directory: adapt each fix to its recipe (with --hardware and the launch options).")
 @click.option("--hardware", default=None, callback=_hardware, help="With --model-dir: the hardware of the launch.")
 @click.option("--recipe", default=None)
@@ -233,7 +232,7 @@ def doctor(model_dir, json_out, **kw):
               help="The engine that served (its detectors and fixes). Default: the one the logs show, else sglang.")
 @click.option("--gpus", callback=_gpu_list, default=None)
 @click.option("--port", type=click.IntRange(1, 65535), default=30000, show_default=True)
-@click.option("--cache-root", type=click.Path(path_type=Path), default=None)
+@click.option("--cache-root", type=PATH, default=None)
 @click.option("--image", default=None)
 @click.option("--host-checks", is_flag=True, help="Also run the table's host checks for that recipe on this host.")
 @click.option("--gpu-info", default=None, help="'NAME, COMPUTE_CAP, DRIVER' lines for the GPU host check.")
@@ -241,12 +240,14 @@ def doctor(model_dir, json_out, **kw):
 @handles_errors
 def diagnose(logfile, container, answers, model_dir, hardware, recipe, engine, gpus, port, cache_root, image,
              host_checks, gpu_info, json_out):
-    """Match a server log (or a container's) against the guide's troubleshooting table; exit 1 when a row matches."""
-    from ..artifacts import diagnose as mm_diagnose, launch as mm_launch
+    """Match a server log (LOGFILE, `-` for the standard input, or a container's) against the guide's
+    troubleshooting table; exit 1 when a row matches."""
+    from ..artifacts.serving import diagnose as mm_diagnose, launch as mm_launch
     launch = (mm_launch.LaunchOptions(hardware=hardware, recipe=recipe, engine=engine or "sglang", gpus=gpus, port=port,
                                       cache_root=cache_root, image=image) if hardware else None)
     result = mm_diagnose.run_diagnosis(mm_diagnose.DiagnoseRequest(
-        logfile=logfile, container=container, answers=tuple(answers), model_dir=model_dir, launch=launch,
+        logfile=None if str(logfile) == "-" else logfile,
+        stdin=click.get_binary_stream("stdin") if str(logfile) == "-" else None, container=container, answers=tuple(answers), model_dir=model_dir, launch=launch,
         host_checks=host_checks, gpu_info=gpu_info, engine=engine))
     if json_out:
         emit_json({"ok": result.ok, **to_jsonable(result)})
@@ -254,8 +255,8 @@ def diagnose(logfile, container, answers, model_dir, hardware, recipe, engine, g
         _render_findings(result.findings)
         verdict = (f"{len(result.findings)} row(s) of the guide's troubleshooting table match" if result.findings
                    else "no row of the guide's troubleshooting table matches")
-        out.print(f"{verdict} ({result.lines_read} lines read, engine {result.engine} ({result.engine_from})"
-                  f"{', recipe ' + result.recipe if result.recipe else ''})", markup=False, highlight=False)
+        out.line(f"{verdict} ({result.lines_read} lines read, engine {result.engine} ({result.engine_from})"
+                 f"{', recipe ' + result.recipe if result.recipe else ''})")
     if not result.ok:
         sys.exit(ProblemsFound.exit_code)
 

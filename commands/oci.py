@@ -10,9 +10,9 @@ from typing import Callable
 import click
 
 from ..artifacts.errors import ProblemsFound
-from ..artifacts.progress import human_bytes, human_duration, human_rate
-from .shared import (emit_json, err, handles_errors, json_option, out, progress_for, render_carried_signature,
-                     signature_options, signature_policy, to_jsonable)
+from ..artifacts.units import human_bytes, human_duration, human_rate
+from .shared import (PATH, emit_json, err, handles_errors, json_option, out, password_from_stdin, progress_for,
+                     render_carried_signature, signature_options, signature_policy, to_jsonable)
 
 
 def registry_options(fn: Callable) -> Callable:
@@ -22,7 +22,7 @@ def registry_options(fn: Callable) -> Callable:
                                         "REGISTRY_AUTH_FILE; else anonymous."),
         click.option("--password-stdin", is_flag=True, help="Read the password (or token) from standard input."),
         click.option("--plain-http", is_flag=True, help="Plain HTTP to a registry that is not on loopback (loopback always is)."),
-        click.option("--ca-file", type=click.Path(path_type=Path, dir_okay=False),
+        click.option("--ca-file", type=click.Path(path_type=Path, dir_okay=False, readable=False),
                      help="PEM CA bundle for the registry's HTTPS certificate. Default: the system's CAs."),
     ]):
         fn = option(fn)
@@ -32,14 +32,7 @@ def registry_options(fn: Callable) -> Callable:
 def _registry_access(ref_text: str, username: str | None, password_stdin: bool, plain_http: bool, ca_file: Path | None):
     from ..artifacts.oci import client as oci_client
     ref = oci_client.parse_reference(ref_text)
-    password = None
-    if password_stdin:
-        password = sys.stdin.readline().rstrip("\r\n")
-        if not password:
-            raise click.UsageError("--password-stdin: nothing on standard input")
-    if password_stdin and not username:
-        raise click.UsageError("--password-stdin needs --username")
-    creds = oci_client.load_credentials(ref.registry, username, password)
+    creds = oci_client.load_credentials(ref.registry, username, password_from_stdin(username, password_stdin))
     return creds, oci_client.Transport(plain_http=plain_http, ca_file=ca_file)
 
 
@@ -52,7 +45,7 @@ def _transfer_summary(items, nbytes: int, seconds: float) -> tuple[Counter, str]
 
 
 @click.command()
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory", type=PATH)
 @click.argument("reference")
 @registry_options
 @click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Blobs uploaded in parallel.")
@@ -70,7 +63,7 @@ def push(directory, reference, username, password_stdin, plain_http, ca_file, wo
     REFERENCE is host[:port]/repository[:tag]; the tag defaults to the manifest's short revision. Refuses
     (exit 1) a directory whose `mm verify --quick` fails. A rerun skips what the registry has and resumes uploads.
     """
-    from ..artifacts.bundle.format import parse_size
+    from ..artifacts.units import parse_size
     from ..artifacts.oci import push as oci_push
     creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
     options = oci_push.PushOptions(credentials=creds, transport=transport, workers=workers,
@@ -81,34 +74,32 @@ def push(directory, reference, username, password_stdin, plain_http, ca_file, wo
         emit_json({"ok": True, **to_jsonable(report)})
         return
     for note in report.notes:
-        err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+        err.line(f"note: {note}")
     counts, moved = _transfer_summary(report.blobs, report.bytes_sent, report.seconds)
-    out.print(f"pushed {report.reference} ({report.repo_id}@{report.revision[:12]}): {counts['uploaded']} uploaded "
-              f"{moved}, {counts['present']} already there, {counts['mounted']} mounted", markup=False, highlight=False,
-              soft_wrap=True)
-    out.print(f"digest: {report.digest}", markup=False, highlight=False)
-    out.print(f"pull with: mm pull {report.reference.rsplit(':', 1)[0]}@{report.digest} --local-dir DIR",
-              markup=False, highlight=False, soft_wrap=True)
+    out.line(f"pushed {report.reference} ({report.repo_id}@{report.revision[:12]}): {counts['uploaded']} uploaded "
+             f"{moved}, {counts['present']} already there, {counts['mounted']} mounted")
+    out.line(f"digest: {report.digest}")
+    out.line(f"pull with: mm pull {report.reference.rsplit(':', 1)[0]}@{report.digest} --local-dir DIR")
 
 
 def _render_inspect(report) -> None:
-    out.print(f"{report.reference} -> {report.digest}", markup=False, highlight=False, soft_wrap=True)
-    out.print(f"model: {report.repo_id or '?'} revision {report.revision or '?'}", markup=False, highlight=False)
+    out.line(f"{report.reference} -> {report.digest}")
+    out.line(f"model: {report.repo_id or '?'} revision {report.revision or '?'}")
     fields = ", ".join(f"{k} {v}" for k, v in report.config.items() if isinstance(v, str))
     if fields:
-        out.print(f"config: {fields}", markup=False, highlight=False, soft_wrap=True)
+        out.line(f"config: {fields}")
     for f in report.files:
         kind = f["media_type"].rsplit(".model.", 1)[-1]
-        out.print(f"{human_bytes(f['size']):>10}  {kind:<22} {f['path']}", markup=False, highlight=False, soft_wrap=True)
+        out.line(f"{human_bytes(f['size']):>10}  {kind:<22} {f['path']}")
     signed = {None: "unknown (not pushed by mm)", True: "yes (check with mm pull --allowed-signers FILE)",
               False: "no"}[report.signed]
-    out.print(f"{len(report.files)} files, {human_bytes(report.total_bytes)}; mm manifest: "
-              f"{'yes' if report.mm_manifest else 'no'}; signed: {signed}", markup=False, highlight=False, soft_wrap=True)
+    out.line(f"{len(report.files)} files, {human_bytes(report.total_bytes)}; mm manifest: "
+             f"{'yes' if report.mm_manifest else 'no'}; signed: {signed}")
 
 
 @click.command()
 @click.argument("reference")
-@click.option("--local-dir", type=click.Path(path_type=Path), help="Target directory (required unless --list).")
+@click.option("--local-dir", type=PATH, help="Target directory (required unless --list).")
 @click.option("--list", "list_only", is_flag=True, help="Show the artifact's files, sizes and revision; download nothing.")
 @registry_options
 @click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Blobs downloaded in parallel.")
@@ -139,25 +130,23 @@ def pull(reference, local_dir, list_only, username, password_stdin, plain_http, 
         sys.exit(code)
     render_carried_signature(report.signature, allowed_signers)
     for f in report.failed:
-        err.print(f"FAILED {f.path}: {f.error}", markup=False, highlight=False, soft_wrap=True)
+        err.line(f"FAILED {f.path}: {f.error}")
     counts, moved = _transfer_summary(report.files, report.bytes_transferred, report.seconds)
-    out.print(f"{report.source}: {report.repo_id}@{report.revision[:12]}: {counts['downloaded']} downloaded {moved}, "
-              f"{counts['present']} already present, {counts['failed']} failed", markup=False, highlight=False, soft_wrap=True)
+    out.line(f"{report.source}: {report.repo_id}@{report.revision[:12]}: {counts['downloaded']} downloaded {moved}, "
+             f"{counts['present']} already present, {counts['failed']} failed")
     if report.removed:
-        out.print(f"removed {len(report.removed)} file(s) of the earlier revision: {', '.join(report.removed[:5])}",
-                  markup=False, highlight=False, soft_wrap=True)
+        out.line(f"removed {len(report.removed)} file(s) of the earlier revision: {', '.join(report.removed[:5])}")
     if not report.failed:
         verdict = "OK" if not report.verify_problems else f"{len(report.verify_problems)} problem(s)"
-        out.print(f"verify --quick {report.local_dir}: {verdict}", markup=False, highlight=False, soft_wrap=True)
+        out.line(f"verify --quick {report.local_dir}: {verdict}")
         for problem in report.verify_problems:
-            out.print(f"  {problem}", markup=False, highlight=False, soft_wrap=True)
-        out.print(f"Manifest: {report.manifest_path}", markup=False, highlight=False, soft_wrap=True)
+            out.line(f"  {problem}")
+        out.line(f"Manifest: {report.manifest_path}")
         if report.draft_subfolder:  # the pin names a draft model (as fetch says it)
-            out.print(f"DSpark draft ({report.draft_subfolder}): {'present' if report.draft_present else 'MISSING'}",
-                      markup=False, highlight=False)
+            out.line(f"DSpark draft ({report.draft_subfolder}): {'present' if report.draft_present else 'MISSING'}")
     if code:
         if not report.failed:
-            err.print(f"mm: {report.local_dir}: quick verify after pull found problems", markup=False, highlight=False)
+            err.line(f"mm: {report.local_dir}: quick verify after pull found problems")
         sys.exit(code)
 
 

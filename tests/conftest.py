@@ -136,7 +136,7 @@ def run_mm(tmp_path):
 # --- end hub server fixtures ---
 
 
-# --- mirror (issue 4) ---
+# --- mirror ---
 from tests.support.msserver import MSServer, net_guard_env  # noqa: E402
 
 
@@ -168,13 +168,13 @@ def ms_env(hub_env, ms_server, tmp_path) -> dict[str, str]:
 # --- end mirror ---
 
 
-# --- air gap (issue 12) ---
+# --- air gap ---
 @pytest.fixture(scope="session")
 def wheelhouse_dir(tmp_path_factory) -> Path:
     """OUT of `build_wheelhouse` for this host's machine and the other one (x86_64, aarch64), this Python:
     install-mm.sh + wheelhouse/. Built once a session; downloaded sets are kept in a cache directory that
     later builds copy from (the same mm wheel bytes), so the suite downloads each set once."""
-    from mm.artifacts import wheelhouse
+    from mm.artifacts.bundle import wheelhouse
 
     out = tmp_path_factory.mktemp("wheelhouse")
     host = wheelhouse.host_target()
@@ -226,7 +226,7 @@ def other_image(tmp_path_factory):
     return build_layout(tmp_path_factory.mktemp("oci-other") / "layout", salt="other")
 # --- end air gap ---
 
-# --- OCI registry (issue 14) ---
+# --- OCI registry ---
 from tests.support.registry import Registry  # noqa: E402
 
 REGISTRY_USER, REGISTRY_PASSWORD = "mm-tester", "pw-" + secrets.token_hex(12)
@@ -247,7 +247,7 @@ def auth_registry():
 # --- end OCI registry ---
 
 
-# --- signatures (issue 15) ---
+# --- signatures ---
 from tests.support.sshkeys import make_keys  # noqa: E402
 
 
@@ -258,7 +258,7 @@ def keys(tmp_path_factory) -> dict[str, Path]:
 # --- end signatures ---
 
 
-# --- the real container engine (issue 20) ---
+# --- the real container engine ---
 @pytest.fixture(scope="session")
 def real_docker(tmp_path_factory):
     """Debian's dockerd on a private socket, data root, exec root and bridge, started once per session (root only;

@@ -1,4 +1,4 @@
-"""Everything the air-gapped host needs crosses with the bundle (issue 12), end to end.
+"""Everything the air-gapped host needs crosses with the bundle, end to end.
 
 Connected side: `mm fetch` of the demo model from the local Hub, `mm image save` from the real docker-registry on
 127.0.0.1, `mm bundle` (mm's wheelhouse for this host built from the package index pip is configured for, the image
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import image as mm_image
-from mm.artifacts import wheelhouse
-from mm.artifacts.wheelhouse import Target
+from mm.artifacts.serving import image as mm_image
+from mm.artifacts.bundle import wheelhouse
+from mm.artifacts.bundle.wheelhouse import Platform
 from tests.support import fake_docker, fake_gpu
 from tests.support.oci_image import containerd_save_archive
 from tests.support.registry import free_port
@@ -212,14 +212,14 @@ def test_only_mm_writes_one_locked_set_per_platform_and_python(tools):
 
 @pytest.mark.parametrize("python", ["3.10", "3.12"])
 def test_every_aarch64_wheel_fits_an_aarch64_cpython_of_that_version(tools, python):
-    target = Target("aarch64", python)
+    target = Platform("aarch64", python)
     assert wheelhouse.misfits(tools / "wheelhouse" / target.name, target) == []
 
 
 def test_each_set_meets_its_own_pythons_markers_not_the_one_pip_ran_on(tools):
     """pip download evaluates markers for the Python running it; anyio needs exceptiongroup below 3.11 only."""
     for name, python in (("linux-aarch64-cp310", "3.10"), ("linux-aarch64-cp312", "3.12")):
-        target = Target("aarch64", python)
+        target = Platform("aarch64", python)
         assert wheelhouse.unmet_requirements(target, tools / "wheelhouse" / name)[0] == []
     names = {s["name"]: {w["name"] for w in s["wheels"]} for s in wheelhouse.read_index(tools / "wheelhouse")["sets"]}
     assert "exceptiongroup" in names["linux-aarch64-cp310"] and "exceptiongroup" not in names["linux-aarch64-cp312"]

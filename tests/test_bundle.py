@@ -14,17 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.bundle import payloads
 from mm.artifacts.bundle.check import verify_volumes
 from mm.artifacts.bundle.payloads import PAYLOAD_KINDS
-from mm.artifacts.bundle.format import b3, parse_size
+from mm.artifacts.bundle.format import b3
+from mm.artifacts.units import parse_size
 from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.bundle.unpack import Outcome, Places, check_free_space, unbundle
 from mm.artifacts.bundle.volume import find_volumes, open_volume
-from mm.artifacts.cachekey import CacheKey, write_cache_key
+from mm.artifacts.serving.cachekey import CacheKey, write_cache_key
 from mm.artifacts.errors import BadInput, BadValue, Refused
-from mm.artifacts.manifest import manifest_path, read_manifest
+from mm.artifacts.paths import manifest_path
+from mm.artifacts.integrity.manifest import read_manifest
 from tests.support.modelgen import write_model
 from tests.support.run import mm_argv, run_mm
 from tests.support.slowio import slow_io_env
@@ -42,9 +44,10 @@ def make_model(root: Path, seed: int = 0, shard_bytes: int = 600 * 1024) -> Path
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    """Every file under ROOT (manifest included; the lock and the verification stamp of `mm ls` excluded) with its bytes."""
+    """Every file under ROOT (manifest included; the lock, the verification stamp of `mm ls` and the import record
+    excluded) with its bytes."""
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name not in ("lock", "verified.json")}
+            if p.is_file() and p.name not in ("lock", "verified.json", "imported.json")}
 
 
 def volumes_in(d: Path) -> list[Path]:
@@ -383,7 +386,7 @@ def test_import_in_two_sittings_names_what_is_missing_and_does_not_rewrite(model
     dest = tmp_path / "dest"
     first, second = vs[::2], vs[1::2]
     r = run_mm("unbundle", *first, "--dest", dest)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 8, r.stderr  # waiting for the rest
     missing = ", ".join(str(n) for n in range(2, len(vs) + 1, 2))
     assert f"still missing: volume(s) {missing}" in r.stdout
     done = {p: (dest / p).stat().st_mtime_ns for p in ("config.json", "README.md") if (dest / p).exists()}

@@ -1,4 +1,4 @@
-"""mm fetch at WAN speed (issue 13): ranges over many connections, the Hub's redirect to a signed bridge URL,
+"""mm fetch at WAN speed: ranges over many connections, the Hub's redirect to a signed bridge URL,
 Xet-backed repos, rate limits and servers that answer Range wrongly; the real mm against the local Hub."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from mm.artifacts.manifest import manifest_path, read_manifest
+from mm.artifacts.paths import manifest_path
+from mm.artifacts.integrity.manifest import read_manifest
 from tests.support.gitrepo import commit_dir
 from tests.support.hubserver import xet_hash_for
 from tests.support.memory import peak_rss
@@ -266,7 +267,7 @@ def test_a_hub_that_keeps_answering_503_fails_the_file_naming_it_and_keeps_the_p
     assert ranges_done(tmp_path / "m") == MiB  # the bytes that came before the 503s are kept
 
 
-# --- servers that answer Range wrongly (issue 11, item 3) ---
+# --- servers that answer Range wrongly ---
 
 def test_a_server_ignoring_range_is_never_appended_as_the_range(run_mm, hub_env, hub_server, one_file_repo, tmp_path):
     hub_server.ignore_range.add(BIG)

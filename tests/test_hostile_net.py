@@ -1,11 +1,11 @@
-"""Hostile servers on 127.0.0.1 against `mm fetch`, `mm pull`, `mm push` and `mm inspect` (issue 19, section 1).
+"""Hostile servers on 127.0.0.1 against `mm fetch`, `mm pull`, `mm push` and `mm inspect`.
 
 Every case runs the real mm in a subprocess against tests/support/hostile.py, a server whose answers the case
 scripts byte by byte, and asserts what a user sees and what the host keeps: the exit code (never 70), the
 message (one line, no traceback), nothing created, changed or deleted outside the target (a snapshot of the
 test's directory, a sentinel directory and HOME included), the child's peak RSS under 150 MB, and that the
-case ends within its deadline. The bounds are the short ones tests set (MM_NET_*, artifacts/wire.py); mm's
-defaults are for real WAN links (README, "Network bounds").
+case ends within its deadline. The bounds are the short ones tests set (MM_NET_*, artifacts/edges/wire.py); mm's
+defaults are for real WAN links (docs/hostile-input.md, "Network bounds").
 
 Families: Hub API answers (fetch), file bytes from the Hub or its CDN (fetch), registry documents (ping, token,
 manifests, error bodies: pull, inspect, push), registry blobs (pull, through the same ranged engine), upload
@@ -28,7 +28,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from mm.artifacts.manifest import FileEntry, Manifest, Upstream, to_json, write_manifest, manifest_path
+from mm.artifacts.integrity.manifest import FileEntry, Manifest, Upstream, to_json, write_manifest
+from mm.artifacts.paths import manifest_path
 from mm.artifacts.oci import modelpack
 from tests.support.hostile import HostileServer, Out, Request
 from tests.support.memory import run_with_peak_rss
@@ -717,7 +718,7 @@ def test_a_password_in_a_url_reference_is_never_printed(harness):
 
 
 def test_redact_hides_the_credentials_of_a_reference_in_any_line_mm_prints():
-    from mm.artifacts.untrusted import redact
+    from mm.artifacts.edges.untrusted import redact
     assert redact(f"mm: robot:{PASSWORD}@reg.site:5000/models/x:tag: refused") == "mm: ***@reg.site:5000/models/x:tag: refused"
     assert redact(f"pulling http://robot:{PASSWORD}@reg.site/x") == "pulling http://reg.site/x"
     assert redact("sha256:abc@def and mail a@b.c") == "sha256:abc@def and mail a@b.c"  # nothing else touched

@@ -1,4 +1,4 @@
-"""install-mm.sh stays offline and bounded (issue 19 §3).
+"""install-mm.sh stays offline and bounded.
 
   lock      requirements.lock is data, not pip input: a line that is not `name==version --hash=sha256:<hex>` (or a
             comment) is refused, exit 3, in one line, before pip or uv runs (and a loopback server named in it sees
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import wheelhouse
+from mm.artifacts.bundle import wheelhouse
 
 HOST = wheelhouse.host_target()
 SHELL_PATH = "/usr/bin:/bin"

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.launch import EnvRef, LaunchOptions, load_catalog, plan_launch, recipes_path
-from mm.artifacts.manifest import Manifest, entry_for_file, manifest_path, write_manifest
+from mm.artifacts.serving.launch import EnvRef, LaunchOptions, load_catalog, plan_launch, recipes_path
+from mm.artifacts.integrity.manifest import Manifest, entry_for_file, write_manifest
+from mm.artifacts.paths import manifest_path
 from mm.artifacts.pins import default_pin
 from tests.support.modelgen import write_model
 from tests.support.run import run_mm
@@ -180,7 +181,7 @@ def test_b300_balanced_reproduces_the_guides_offline_command_flag_for_flag(model
     assert ours[ours.index(image) + 1:] == guide[guide.index(image) + 1:]  # sglang serve ... identical
     our_opts, guide_opts = docker_options(ours, image), docker_options(guide, image)
     assert [o for o in our_opts if o not in guide_opts] == [
-        ("--pull", "never"),  # offline: never let docker try a registry (issue 12)
+        ("--pull", "never"),  # offline: never let docker try a registry
         ("-e", "SGLANG_CACHE_DIR=/root/.cache/sglang"), ("-e", "SGLANG_JIT_CACHE_DIR=/root/.cache/sglang-jit"),
         ("-v", "/root/.cache/sglang"), ("-v", "/root/.cache/sglang-jit")]
     assert [o for o in guide_opts if o not in our_opts] == []

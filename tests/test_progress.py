@@ -1,4 +1,4 @@
-"""Progress and units (issue 21): one live bar per phase that leaves one summary line when it ends, figures
+"""Progress and units: one live bar per phase that leaves one summary line when it ends, figures
 restic shows (percent, bytes, rate, elapsed, ETA, the current file), never past 100%, decimal units throughout.
 
 What a user sees is read on a real pseudo-terminal (tests/support/tty.py: `script`, then pyte plays the bytes
@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.bundle.repair import repair_volumes
 from mm.artifacts.bundle.unpack import unbundle
-from mm.artifacts.progress import human_bytes, human_duration, human_rate, phase_summary
+from mm.artifacts.units import human_bytes, human_duration, human_rate
+from mm.artifacts.edges.progress import phase_summary
 from tests.support.modelgen import write_model
 from tests.support.run import run_mm
 from tests.support.tty import run_on_tty
@@ -153,7 +154,7 @@ def test_unbundle_rebuilding_past_a_damaged_parity_stream_counts_each_phase_once
     rec = Recorder()
     report = unbundle([vols], tmp_path / "dest", progress=rec, sync=False)
     assert report.ok and report.rebuilt == [3]
-    # no "verify" phase: every file was hashed on its way to disk, the final check reads none again (issue 23)
+    # no "verify" phase: every file was hashed on its way to disk, the final check reads none again
     assert [p[0] for p in rec.phases] == [f"unbundle {NAME}", "rebuild volume(s) 3", "unbundle rebuilt volume(s) 3"]
     assert_each_phase_counts_its_total(rec)  # the rebuild ran twice (parity 1 left out): counted once
 
@@ -202,7 +203,7 @@ def test_unbundle_with_a_parity_rebuild_on_a_terminal(vols, tmp_path):
     assert_no_bar_left_and_never_past_100(run)
     for label in (f"unbundle {NAME}", "rebuild volume(s) 2", "unbundle rebuilt volume(s) 2"):
         assert len(summaries(run.screen, label)) == 1, (label, run.text)
-    assert not summaries(run.screen, "verify"), run.text  # nothing to read again: no bar (issue 23)
+    assert not summaries(run.screen, "verify"), run.text  # nothing to read again: no bar
 
 
 def test_repair_volume_on_a_terminal(vols):

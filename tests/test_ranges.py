@@ -1,4 +1,4 @@
-"""artifacts/ranges.py: range map, planning, in-order hashing and the answers a server should not give.
+"""artifacts/fetching/ranges.py: range map, planning, in-order hashing and the answers a server should not give.
 
 A byte source of our own (the RangeSource protocol over bytes in memory) stands in for the network here; the
 same paths through the real client and the local Hub server are in test_fetch_wan.py."""
@@ -15,10 +15,11 @@ import blake3
 import pytest
 
 from mm.artifacts.errors import RemoteError
-from mm.artifacts.hashing import StreamHasher, git_blob_header
-from mm.artifacts.ranges import (BUDGET_FACTOR, BUDGET_MARGIN, BUFFER, MiB, RANGE_MAX, SAVE_SECONDS, Answer,
-                                 Connections, RangedJob, RangeMap, RetryLater, TransferStats, chunk_reader, download,
-                                 file_share, load_state, plan_ranges, prove, range_size, save_state, state_path)
+from mm.artifacts.integrity.hashing import StreamHasher, git_blob_header
+from mm.artifacts.fetching.ranges import (BUDGET_FACTOR, BUDGET_MARGIN, BUFFER, MiB, RANGE_MAX, SAVE_SECONDS, Answer,
+                                          Connections, RangedJob, RangeMap, RetryLater, TransferStats, chunk_reader,
+                                          download, file_share, load_state, plan_ranges, prove, range_size, save_state,
+                                          state_path)
 
 
 # --- the range map ---
@@ -334,7 +335,7 @@ def test_a_body_longer_than_the_file_is_never_read_past_the_file_end(tmp_path):
     assert (tmp_path / "w.part").read_bytes() == data
 
 
-# --- answers are proven before a byte is kept; each file has a budget (issue 19) ---
+# --- answers are proven before a byte is kept; each file has a budget ---
 
 @pytest.mark.parametrize("status,content_range,length,span", [
     (200, None, None, (0, 1000)),
@@ -421,7 +422,7 @@ def test_a_trickle_that_never_speeds_up_fails_the_file_after_bounded_attempts(tm
 
 
 def test_the_range_map_is_saved_at_most_every_save_seconds_however_many_connections(tmp_path, monkeypatch):
-    from mm.artifacts import ranges
+    from mm.artifacts.fetching import ranges
     saves = []
     real = ranges.save_state
     monkeypatch.setattr(ranges, "save_state", lambda *a: (saves.append(time.monotonic()), real(*a)))

@@ -1,4 +1,4 @@
-"""The sneakernet itself (issue 21): the plan first, free space per disk, several disks, nothing of mm's on the
+"""The sneakernet itself: the plan first, free space per disk, several disks, nothing of mm's on the
 media, RESTORE.txt's result usable by mm, leftovers in one line.
 
 Disks are real file systems with real free space: each test that needs one runs mm in a private mount namespace
@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import wheelhouse
-from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.bundle import wheelhouse
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.bundle.pack import MAX_VOLUMES, refuse_too_many_volumes
 from mm.artifacts.errors import BadInput
-from mm.artifacts.manifest import FileEntry, Manifest, manifest_path, write_manifest
+from mm.artifacts.integrity.manifest import FileEntry, Manifest, write_manifest
+from mm.artifacts.paths import manifest_path
 from mm.artifacts.pins import default_pin
 from tests.support.modelgen import write_model
 from tests.support.run import mm_argv, run_mm

@@ -1,4 +1,4 @@
-"""Revisions side by side (issue 22): a model root ROOT/<repo id>/<dir>/ whose revisions share bytes, a `current`
+"""Revisions side by side: a model root ROOT/<repo id>/<dir>/ whose revisions share bytes, a `current`
 pointer switched by `mm use`, `mm ls`, and `mm gc` that never removes the current revision or one a running
 container mounts (a stand-in docker on PATH answers `ps` and `inspect`), killed at every step of its work.
 """
@@ -8,16 +8,17 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
-from mm.artifacts.sharing import DiskUse, layout
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
+from mm.artifacts.edges.sharing import DiskUse, layout
 from mm.artifacts.store import gc, scan, use
-from mm.artifacts.verify import verify_dir
+from mm.artifacts.integrity.verify import verify_dir
 from tests.support import fake_docker, fake_gpu
 from tests.support.killstep import kill_at_step_env
 from tests.support.modelgen import write_model
@@ -224,6 +225,45 @@ def test_gc_dry_run_without_docker_answering_says_what_would_go_and_that_mounts_
     assert doc["dry_run"] and {r["dir"] for r in doc["removed"]} == {revs["A"].name, revs["B"].name}
     assert any("Cannot connect to the Docker daemon" in n and "if no container mounted" in n for n in doc["notes"])
     assert all(d.is_dir() for d in revs.values())
+
+
+def crowded_docker(tmp_path: Path, count: int, mounter: int, mount: Path, started: str) -> dict[str, str]:
+    """A docker whose `ps` lists COUNT running containers (ids 0..COUNT-1, 64 digits); `inspect` answers for the
+    ids it is given, container MOUNTER mounting MOUNT, each started at STARTED (sh: a few ms a call). Each
+    inspect's operand count goes to tmp_path/inspect-sizes."""
+    bin_dir = tmp_path / "crowded-bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f"""#!/bin/sh
+case "$1" in
+ps) seq -f %064.0f 0 {count - 1} ;;
+inspect) shift 2; echo $# >> '{tmp_path / "inspect-sizes"}'; printf '['; sep=; mounter=$(printf %064d {mounter})
+  for id; do
+    printf '%s{{"Id":"%s","Name":"/c%s","State":{{"Running":true,"StartedAt":"%s"}},"Mounts":[' "$sep" $id $id '{started}'
+    [ "$id" = "$mounter" ] && printf '{{"Source":"%s"}}' '{mount}'
+    printf ']}}'; sep=,
+  done; printf ']' ;;
+esac
+""")
+    (bin_dir / "docker").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_gc_asks_docker_about_50000_containers_more_than_one_exec_takes_in_batches_and_keeps_what_the_last_one_mounts(root, revs, tmp_path):
+    env = crowded_docker(tmp_path, 50_000, 49_999, revs["A"], "2026-01-01T10:00:00Z")
+    doc = json.loads(mm(env, "gc", root, "--keep", "0", "--dry-run", "--json").stdout)
+    assert {r["dir"]: r["why"] for r in doc["kept"]}[revs["A"].name] == f"mounted by running container(s) c{49_999:064d}"
+    sizes = [int(n) for n in (tmp_path / "inspect-sizes").read_text().split()]
+    assert sum(sizes) == 50_000 and max(sizes) <= 256
+
+
+@pytest.mark.parametrize("started", ["9999-99-99T99:99:99Z", "2026-02-30T10:00:00Z", "2026-01-01T24:61:00+25:99"])
+def test_gc_reads_a_start_time_no_calendar_has_as_unknown(root, revs, tmp_path, started):
+    env = crowded_docker(tmp_path, 2, 1, revs["A"], started)
+    r = mm(env, "gc", root, "--keep", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert {r["dir"]: r["why"] for r in doc["kept"]}[revs["A"].name].startswith(f"mounted by running container(s) c{1:064d}")
+    assert revs["A"].is_dir()
 
 
 # --- interrupted at every step --------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The wheelhouse (issue 12): mm and its dependencies as locked wheels per target; install-mm.sh installs offline."""
+"""The wheelhouse: mm and its dependencies as locked wheels per target; install-mm.sh installs offline."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import wheelhouse
-from mm.artifacts.wheelhouse import Target
+from mm.artifacts.bundle import wheelhouse
+from mm.artifacts.bundle.wheelhouse import Platform
 
 HOST = wheelhouse.host_target()
 OTHER = "aarch64" if HOST.machine == "x86_64" else "x86_64"
@@ -26,7 +26,7 @@ def run_install(script: Path, cwd: Path, bin_dir: Path, *args: str, **env: str) 
 
 def test_each_set_holds_mm_uv_and_every_dependency_locked_by_sha256(wheelhouse_dir):
     doc = wheelhouse.read_index(wheelhouse_dir / "wheelhouse")
-    assert {s["name"] for s in doc["sets"]} == {HOST.name, Target(OTHER, HOST.python).name}
+    assert {s["name"] for s in doc["sets"]} == {HOST.name, Platform(OTHER, HOST.python).name}
     for s in doc["sets"]:
         names = {w["name"] for w in s["wheels"]}
         assert {"mm", "uv", "huggingface-hub", "modelscope", "blake3", "safetensors", "click", "rich",
@@ -37,15 +37,15 @@ def test_each_set_holds_mm_uv_and_every_dependency_locked_by_sha256(wheelhouse_d
 
 
 def test_every_aarch64_wheel_has_a_tag_an_aarch64_cpython_of_that_version_accepts(wheelhouse_dir):
-    arm = Target("aarch64", HOST.python)
-    x86 = Target("x86_64", HOST.python)
+    arm = Platform("aarch64", HOST.python)
+    x86 = Platform("x86_64", HOST.python)
     arm_dir, x86_dir = (wheelhouse_dir / "wheelhouse" / t.name for t in (arm, x86))
     assert wheelhouse.misfits(arm_dir, arm) == [] and wheelhouse.misfits(x86_dir, x86) == []
     # the check can fail: the x86_64 set's compiled wheels are refused for aarch64
     refused = wheelhouse.misfits(x86_dir, arm)
     assert any(name.startswith(("blake3-", "cryptography-", "uv-")) for name in refused)
     # per-minor-version wheels (not abi3) are refused for another CPython minor
-    other_minor = Target("aarch64", "3.%d" % (HOST.version[1] + 1))
+    other_minor = Platform("aarch64", "3.%d" % (HOST.version[1] + 1))
     assert any(name.startswith("blake3-") for name in wheelhouse.misfits(arm_dir, other_minor))
 
 
@@ -58,7 +58,7 @@ def test_the_mm_wheel_is_packed_from_the_installed_package_byte_for_byte_reprodu
         info = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         assert "mm = mm.__main__:main" in zf.read(info).decode()
         assert zf.testzip() is None
-    assert {"mm/cli.py", "mm/artifacts/wheelhouse.py", "mm/artifacts/install-mm.sh",
+    assert {"mm/cli.py", "mm/artifacts/bundle/wheelhouse.py", "mm/artifacts/bundle/install-mm.sh",
             "mm/manifests/minimax-m3.1-flash.json"} <= names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
 
@@ -90,7 +90,7 @@ def test_install_on_a_host_with_no_matching_set_says_what_the_bundle_holds(wheel
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1
     assert f"no wheel set for this host ({HOST.name}" in lines[0]
-    assert f"the bundle holds: {Target(OTHER, HOST.python).name}" in lines[0]
+    assert f"the bundle holds: {Platform(OTHER, HOST.python).name}" in lines[0]
     assert not (tmp_path / "venv").exists()
 
 

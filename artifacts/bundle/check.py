@@ -9,21 +9,20 @@ volumes would be enough (recoverability). parity_set picks the parity volumes a 
 """
 from __future__ import annotations
 
-import tarfile
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput
-from ..hashing import StreamHasher
-from ..manifest import from_json
-from ..progress import NULL_PROGRESS, ProgressSink
+from ..integrity.hashing import StreamHasher
+from ..integrity.manifest import from_json
+from ..edges.progress import NULL_PROGRESS, ProgressSink
 from .copyio import HASH_THREADS, ChunkPipe
 from .delta import summary
 from .format import MANIFEST_MEMBER
 from .index import disagreements, unaccounted
-from .volume import Volume, find_volumes, open_volume, split_volumes
+from .volume import Member, Volume, find_volumes, open_volume, split_volumes
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,7 @@ def incomplete(ref: str | None, lost: list[str]) -> str:
             f"(e.g. {lost[0]!r}): its index does not account for every file; refused")
 
 
-def _span_b3(path: Path, info: tarfile.TarInfo, pipe: ChunkPipe, progress: ProgressSink) -> str:
+def _span_b3(path: Path, info: Member, pipe: ChunkPipe, progress: ProgressSink) -> str:
     h = StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
     for view in pipe.stream(path, info.offset_data, info.size, (h,)):
         progress.advance(len(view))

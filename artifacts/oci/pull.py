@@ -4,7 +4,7 @@ The tag is resolved to a digest once; everything after uses that digest (a tag m
 revisions). mm's manifest comes first (its own layer, cross-checked with the layers); then each file's blob is
 streamed into DIR/.mm/partial/<sha256>.part (continued with Range after a kill), hashed in the pass that writes
 it (sha256 against the layer digest, blake3 against the manifest), and named only when both match. The same
-lock, free-space check, journal and atomic names as `mm fetch`, and the same ranged engine (artifacts/ranges.py:
+lock, free-space check, journal and atomic names as `mm fetch`, and the same ranged engine (artifacts/fetching/ranges.py:
 a blob's missing ranges over several connections, every answer's offsets proven, a budget per file, a range map
 beside the partial); it ends with the quick verify.
 With --allowed-signers, the signature layer (a signed model's, modelpack.MM_SIGNATURE) is checked over the mm
@@ -20,15 +20,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
-from ..download import (JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, fetch_into, known_entries, partial_path,
-                        prepare_dir)
+from ..fetching.download import (JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, fetch_into, known_entries,
+                                 partial_path, prepare_dir)
 from ..errors import BadInput, IntegrityError, MMError
-from ..fsutil import check_targets, dir_lock, publish, require_free_space, state_root, still_to_write, unlink_file
-from .. import interrupt
-from ..manifest import FileEntry, Manifest, manifest_path, write_manifest
-from ..progress import NULL_PROGRESS, ProgressSink
-from ..ranges import DEFAULT_CONNECTIONS, Answer, Connections, TransferStats, clear_state, http_answer, state_path
-from ..untrusted import load_json
+from ..edges.fsutil import check_targets, dir_lock, publish, require_free_space, still_to_write, unlink_file
+from ..paths import manifest_path, state_root
+from ..edges import interrupt
+from ..integrity.manifest import FileEntry, Manifest, write_manifest
+from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..fetching.ranges import (DEFAULT_CONNECTIONS, Answer, Connections, TransferStats, clear_state, http_answer,
+                               state_path)
+from ..edges.untrusted import load_json
 from . import modelpack
 from .client import Client, Credentials, Reference, Transport, parse_reference
 
@@ -106,7 +108,7 @@ def resolve(client: Client, ref: Reference) -> Resolved:
         mm_bytes = client.read_blob(parsed.mm_layer.digest, modelpack.MAX_MM_MANIFEST)
         manifest = modelpack.restored_manifest(parsed, mm_bytes, where)
     if parsed.sig_layer is not None:
-        from ..signing import MAX_SIG_BYTES
+        from ..integrity.signing import MAX_SIG_BYTES
         signature = client.read_blob(parsed.sig_layer.digest, MAX_SIG_BYTES)
     return Resolved(ref, digest, parsed, config if isinstance(config, dict) else {}, manifest, mm_bytes, signature)
 
@@ -141,7 +143,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
     """DRAFT_SUBFOLDER: where the draft model lives; default the pin's (none for a model that never had one).
     ALLOWED_SIGNERS: check the artifact's manifest signature before anything is written (IntegrityError when
     it is not good; with REQUIRE_SIGNATURE when there is none either)."""
-    from ..verify import verify_dir
+    from ..integrity.verify import verify_dir
 
     started = time.monotonic()
     local_dir = Path(local_dir)
@@ -215,7 +217,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
 def _check_signature(r: Resolved, allowed_signers: Path | None, identity: str | None, require: bool) -> dict | None:
     if allowed_signers is None or (r.signature is None and not require):
         return None
-    from ..signing import verify_manifest_signature
+    from ..integrity.signing import verify_manifest_signature
 
     where = f"{r.ref.at(r.digest)}: {modelpack.MM_MANIFEST_PATH}"
     report = verify_manifest_signature(r.mm_bytes, r.signature, allowed_signers, identity, where=where,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 BENCHMARKS = ["startup", "fetch", "verify", "bundle", "parity", "oci", "delta"]
+ON_REQUEST = ["manyfiles"]  # `python -m tests.bench.run manyfiles`: a million tiny files take tens of minutes
 
 
 def byte_compile_mm() -> None:

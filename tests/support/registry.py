@@ -38,6 +38,10 @@ REGISTRY_BIN = os.environ.get("MM_TEST_REGISTRY_BIN", "/usr/bin/docker-registry"
 HOST = "127.0.0.1"
 
 
+class MissingTool(RuntimeError):
+    """docker-registry is not installed (one line: what to install)."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -69,6 +73,7 @@ class Registry:
         self.log_path = self.root / "registry.log"
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
+        self.env: dict[str, str] | None = None  # the process's environment (None: this one's)
 
     # -- files -----------------------------------------------------------------------------------------------
     def _write_config(self) -> None:
@@ -126,12 +131,12 @@ class Registry:
 
     def _start_once(self) -> "Registry":
         if not os.access(REGISTRY_BIN, os.X_OK):
-            raise RuntimeError(f"{REGISTRY_BIN} not found: install Debian docker-registry (make tools)")
+            raise MissingTool(f"{REGISTRY_BIN} not found: install Debian docker-registry (make tools)")
         self._write_config()
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen([REGISTRY_BIN, "serve", str(self.config_path)], stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                         stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         finally:
             log.close()
         deadline = time.monotonic() + self.start_timeout
