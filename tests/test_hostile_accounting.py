@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.bundle.pack import create_bundle
-from mm.artifacts.manifest import manifest_path
+from mm.artifacts.paths import manifest_path
 from tests.support.modelgen import write_model
 from tests.test_hostile import COMMIT, REPO, fails_cleanly, no_run_prints_a_traceback, run, set_index  # noqa: F401
 

@@ -42,7 +42,7 @@ SLOW_WRITES = '''\
 """sitecustomize installed by tests: the download engine pauses after each write to the partial file."""
 import time
 
-from mm.artifacts import ranges
+from mm.artifacts.fetching import ranges
 
 _write = ranges._pwrite_all
 
