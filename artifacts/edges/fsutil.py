@@ -441,9 +441,7 @@ def read_lock(directory: Path, what: str, after: str = "wait for it or stop it")
     so what is being read is never half-written nor removed underneath: a reader's lock, as writers have theirs.
     The lock file is created where DIR's .mm is a real directory (never through a link); a model on a read-only
     mount, or without .mm, is read without it (nothing of mm's can write or remove it there either)."""
-    from .hfcache import state_dir  # a Hugging Face cache snapshot keeps its .mm outside the cache
-
-    lock = state_dir(directory, MM_DIR) / "lock"
+    lock = state_dir(directory, MM_DIR) / "lock"  # a Hugging Face cache snapshot keeps its .mm outside the cache
     try:
         fd = os.open(lock, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO there never blocks
     except OSError:
