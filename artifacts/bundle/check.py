@@ -49,6 +49,7 @@ class BundleVerifyReport:
     recoverable: bool | None = None  # with parity: can the data volumes missing or damaged be rebuilt
     recovery: str | None = None  # e.g. "volumes 3 and 7 missing: recoverable with parity 1-2"
     install_mm: str | None = None  # how to install mm from these volumes, when the bundle carries it
+    mm_host: str | None = None  # whether the bundle's wheel sets cover this host's python3 (wheelhouse.coverage)
     delta: dict | None = None  # a delta bundle: its base and how much comes from it (delta.summary)
     files_checked: int = 0  # volume files read
     bytes_checked: int = 0
@@ -181,6 +182,9 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
         report.recoverable, report.recovery = recoverability(count, m, missing, damaged,
                                                              sorted(set(range(1, m + 1)) - good))
     report.install_mm = _install_mm(ref_vol.index.payloads) if ref_vol else None
+    if report.install_mm:
+        from .wheelhouse import coverage
+        report.mm_host = coverage(ref_vol.index.payloads["mm"][0].sets)
     if ref_vol is not None and ref_vol.index.delta is not None:
         report.delta = summary(ref_vol.index.delta, _manifest_of(reference))
     report.files_checked, report.bytes_checked = len(vols), data_bytes(data + parity, ref)
