@@ -361,13 +361,16 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
                 out.line(f"  {problem}")
             for cmd in report.next_commands:
                 out.line(f"next: {cmd}")
-        else:
+        elif report.missing_volumes:
             from ..artifacts.integrity.provenance import import_remedy
-            missing = ", ".join(str(n) for n in report.missing_volumes) or "none"
+            missing = ", ".join(str(n) for n in report.missing_volumes)
             out.line(f"still missing: volume(s) {missing} of {report.volumes}; {len(report.waiting)} file(s) "
-                     f"waiting.")
+                     f"waiting. Run again with the rest.")
             if remedy := import_remedy(dest):
                 out.line(f"next: {remedy}")
+        else:  # every volume imported: what still waits is refused above (a base file, or an index that forgets it)
+            out.line(f"{len(report.waiting)} file(s) not imported: {', '.join(report.waiting[:3])}"
+                     + (" ..." if len(report.waiting) > 3 else ""))
         if not report.synced:
             out.line(f"not synced (--no-sync): run `sync` before relying on {dest} surviving a crash")
     if exit_code:

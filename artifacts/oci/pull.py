@@ -32,7 +32,7 @@ from typing import Iterator
 from ..fetching.download import (JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, fetch_into, known_entries,
                                  partial_path, prepare_dir)
 from ..errors import BadInput, IntegrityError, MMError, RemoteError
-from ..edges.fsutil import check_targets, dir_lock, publish, require_free_space, unlink_file
+from ..edges.fsutil import check_targets, dir_lock, publish, require_free_space, still_to_write, unlink_file
 from ..paths import manifest_path, state_root
 from ..edges import interrupt
 from ..integrity.manifest import FileEntry, Manifest, write_manifest
@@ -337,7 +337,8 @@ def _check_free_space(local_dir: Path, wanted, known) -> None:
     for f in wanted:
         if _present(local_dir, f, known):
             continue
-        needed += f.size - Partial.of(local_dir, _blob_file(f)).have
+        partial = Partial.of(local_dir, _blob_file(f))
+        needed += still_to_write(partial.path, f.size, partial.have)
     require_free_space([(local_dir, needed)], "the pull")
 
 

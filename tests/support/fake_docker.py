@@ -203,7 +203,10 @@ def _mounts(state: dict) -> list[dict]:
     mounts = []
     for spec in state["opts"]["volumes"]:
         host, container, *mode = spec.split(":")
-        mounts.append({"Type": "bind", "Source": host, "Destination": container, "RW": mode != ["ro"]})
+        # dockerd records a bind's source cleaned as text (Go's path.Clean: `..`, `.`, `//`, a trailing slash),
+        # never resolved: a symlink in it stays a symlink, followed by the kernel when the container starts
+        source = "/" + os.path.normpath(host).lstrip("/") if host.startswith("/") else host
+        mounts.append({"Type": "bind", "Source": source, "Destination": container, "RW": mode != ["ro"]})
     return mounts
 
 
