@@ -77,6 +77,8 @@ demo-tools:
 	$(call install_missing,$(DEMO_TOOLS),$(DEMO_TOOL_PACKAGES))
 
 demo: install demo-tools
+	# the demo's model server makes its tensors with numpy (a test tool: mm itself never imports it)
+	$(BIN)/pip install -q 'numpy>=1.26'
 	$(BIN)/python -m tests.support.demo
 	@echo
 	@echo "mm is installed at $(abspath $(BIN))/mm; to run it as \`mm\` in this shell:"

@@ -25,8 +25,8 @@ from .commands.shared import emit_json, fail, json_option, report_interrupt, thr
 COMMANDS: dict[str, tuple[str, str]] = {
     "bundle": ("bundle", "Pack a model into volumes (`mm bundle DIR --out OUT --volume-size 500G`) or check them "
                          "(`mm bundle verify VOL...`)."),
-    "diagnose": ("launch", "Match a server log (or a container's) against the guide's troubleshooting table; exit 1 "
-                           "when a row matches."),
+    "diagnose": ("launch", "Match a server log (LOGFILE, `-` for the standard input, or a container's) against the "
+                           "guide's troubleshooting table; exit 1 when a row matches."),
     "doctor": ("launch", "Will this host start MODEL_DIR with this recipe? GPUs, driver, docker, the image by "
                          "identity, port, /dev/shm, host memory, cache disk and key, the model. One line per check "
                          "with its fix; exit 1 when a check fails."),
@@ -46,6 +46,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "manifest": ("fetch", "Write (`mm manifest DIR --repo R --revision REV`) or export (`mm manifest export DIR`) a "
                           "manifest."),
     "mirror": ("fetch", "ModelScope mirrors: compare a mirror with the pinned revision by content."),
+    "preheat": ("oci", "Warm a chain of pull-through caches with an artifact, nearest the origin first."),
     "pull": ("oci", "Pull a ModelPack artifact that mm pushed, proving every byte (sha256 and blake3) before naming a "
                     "file."),
     "push": ("oci", "Push a verified model directory to an OCI registry as a CNCF ModelPack artifact."),
@@ -236,7 +237,12 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
                 "echo \"$TOKEN\" | mm push DIR registry.example.com/models/flash --username ci --password-stdin"),
     "mm pull": ("mm pull registry.example.com/models/minimax-m3.1-flash:ce7f4df87d2e --local-dir DIR",
                 "mm pull registry.example.com/models/flash@sha256:DIGEST --local-dir DIR --allowed-signers allowed_signers",
-                "mm pull registry.example.com/models/flash:ce7f4df87d2e --list"),
+                "mm pull registry.example.com/models/flash:ce7f4df87d2e --list",
+                "mm pull registry.example.com/models/flash:ce7f4df87d2e --local-dir DIR --mirror t2.site:5000",
+                "mm pull registry.example.com/models/flash:ce7f4df87d2e --local-dir DIR --mirror t2.site:5000 "
+                "--mirror t1.site:5000 --no-fallback"),
+    "mm preheat": ("mm preheat registry.example.com/models/flash:ce7f4df87d2e --tier t1.site:5000 --tier t2.site:5000",
+                   "mm preheat 127.0.0.1:5000/models/flash:v1 --tier http://127.0.0.1:5001 --tier http://127.0.0.1:5002 --json"),
     "mm inspect": ("mm inspect registry.example.com/models/minimax-m3.1-flash:ce7f4df87d2e",
                    "mm inspect 127.0.0.1:5000/models/flash:v1 --json | jq .files"),
     "mm launch": ("mm launch /data/models/MiniMax-M3.1-Flash --hardware b300 --out start.sh",

@@ -24,20 +24,20 @@ removal is a rename out of the way, then a delete that the next `mm gc` finishes
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
 import re
 import time
 from collections import Counter
-from contextlib import suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from .errors import BadInput, BadValue, NotInRoot, Refused
 from .paths import MM_DIR, POINTER, manifest_path, payload_dir
-from .edges.fsutil import dir_lock, open_file, parent_dir, read_local_file, remove_tree, unlink_file
+from .edges.fsutil import dir_lock, lock_holder, open_file, parent_dir, read_local_file, remove_tree, unlink_file
 from .integrity.manifest import MAX_MANIFEST_BYTES, Manifest, from_json
 from .integrity.stamps import read_verified
 from .edges.sharing import DiskUse, Layout, layout, shared_bytes
@@ -130,6 +130,14 @@ def scan(root: Path) -> Store:
             rev.current = rev.name == current
         repos.append(Repo(repo_id, repo_dir, revisions, current, problem, removing))
     return Store(root, repos, notes)
+
+
+def _existing(root: Path) -> Path:
+    """ROOT, a directory that exists: its lock is never made in a directory a typo would create."""
+    root = Path(root)
+    if not root.is_dir():
+        raise BadInput(f"{root}: not a directory (a model root holds ROOT/<repo id>/<revision dir>/)")
+    return root
 
 
 def _repo_dirs(root: Path) -> list[Path]:
@@ -249,7 +257,7 @@ def use(root: Path, repo_id: str, wanted: str) -> UseResult:
     """Point ROOT/REPO_ID/current at revision WANTED, atomically, once `verify --quick` passes on it."""
     from .integrity.verify import require_quick_verify  # here: verify imports the safetensors checks
 
-    root = Path(root)
+    root = _existing(root)
     with dir_lock(root, "mm use"):
         repo = scan(root).repo(repo_id)
         rev = find_revision(repo, wanted)
@@ -295,9 +303,11 @@ def mounted(store: Store, containers: list[Container], uses: list[Use] | None) -
 
 
 def _mounted_revisions(repo: Repo, source: str, c: Container, uses: list[Use] | None, notes: list[str]) -> list[Revision]:
-    src = os.path.normpath(source)
-    pointer = os.path.normpath(os.path.abspath(repo.path / POINTER))
-    if src == pointer or src.startswith(pointer + "/"):
+    """The revisions of REPO a mount of SOURCE serves. Compared by identity (device and inode), never by spelling:
+    the root may be reached through a symlink, a bind mount or `..`, and the user's spelling is not docker's."""
+    steps, real = _lookup(source)
+    repo_id = _identity(repo.path)
+    if repo_id is not None and any(name == POINTER and _identity(where) == repo_id for where, name in steps):
         if uses is None or c.started is None:
             notes.append(f"container {c.name} mounts {source}, and when it started (or what the pointer named then) "
                          f"is unknown: every revision of {repo.repo_id} is kept")
@@ -309,13 +319,63 @@ def _mounted_revisions(repo: Repo, source: str, c: Container, uses: list[Use] | 
         else:
             names = {mine[0].previous} if mine else set()
         return [r for r in repo.revisions if r.name in names | {repo.current}]
-    real = os.path.realpath(source)
+    mounted_chain = _chain(real)  # the source and every directory above it
+    if not mounted_chain:
+        return []
     hit = []
     for rev in repo.revisions:
-        target = os.path.realpath(rev.path)
-        if real == target or real.startswith(target + "/") or target.startswith(real.rstrip("/") + "/"):
+        rev_chain = _chain(os.path.realpath(rev.path))
+        if rev_chain and (rev_chain[0] in mounted_chain or mounted_chain[0] in rev_chain):
             hit.append(rev)
     return hit
+
+
+MAX_LINKS = 40  # symlinks one lookup follows, as Linux's own limit (ELOOP past 40)
+
+
+def _lookup(source: str) -> tuple[list[tuple[str, str]], str]:
+    """Resolve SOURCE as the kernel does when docker mounts it (after docker's own textual clean): every
+    (physical directory, name) the lookup reads, symlinks followed one by one, and the physical path it ends at."""
+    todo = [p for p in reversed(os.path.normpath(source).split("/")) if p and p != "."]
+    where, steps, links = "/", [], 0
+    while todo:
+        name = todo.pop()
+        if name == "..":
+            where = os.path.dirname(where)
+            continue
+        steps.append((where, name))
+        full = os.path.join(where, name)
+        if links < MAX_LINKS and os.path.islink(full):
+            links += 1
+            try:
+                target = os.readlink(full)
+            except OSError:
+                break
+            where = "/" if target.startswith("/") else where
+            todo += [p for p in reversed(target.split("/")) if p and p != "."]
+        else:
+            where = full
+    return steps, where
+
+
+def _identity(path: str | Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _chain(real: str) -> list[tuple[int, int]]:
+    """The identities of physical path REAL and of every directory above it (a bind mount of a directory has the
+    directory's identity under any other name)."""
+    out = []
+    for p in [real, *(str(q) for q in Path(real).parents)]:
+        ident = _identity(p)
+        if ident is None:
+            return out if out else []
+        out.append(ident)
+    return out
 
 
 # --- disk use ---------------------------------------------------------------------------------------------------
@@ -461,7 +521,7 @@ def gc(root: Path, keep: int = DEFAULT_KEEP, dry_run: bool = False, docker: str 
     containers run under podman or Kubernetes): the user vouches that none runs from what goes."""
     if keep < 0:
         raise BadValue(f"--keep {keep}: must be 0 or more")
-    root = Path(root)
+    root = _existing(root)
     with dir_lock(root, "mm gc"):
         store = scan(root)
         notes = list(store.notes)
@@ -496,15 +556,20 @@ def gc(root: Path, keep: int = DEFAULT_KEEP, dry_run: bool = False, docker: str 
             return report
         for path in leftovers:  # below ROOT, through real directories only (fsutil's rule)
             remove_tree(root, path)
-        for rev, _ in removed:
-            # the payloads first: an interrupted gc leaves them as a leftover it finishes, never a revision without
-            # its model that still has its payloads (or the reverse)
-            for path in [p for p in (_payload(rev),) if p] + [rev.path]:
-                gone = path.with_name(REMOVING + path.name)
-                with parent_dir(root, path) as (dfd, name):
-                    os.rename(name, gone.name, src_dir_fd=dfd, dst_dir_fd=dfd)  # from here on it is gone whole
-                    os.fsync(dfd)
-                remove_tree(root, gone)
+        with _claimed(root, [rev for rev, _ in removed]) as (claimed, busy):
+            if busy:  # a reader started since the decision: it keeps its revision
+                report.kept += [{**doc, "why": busy[rev.path]} for rev, doc in removed if rev.path in busy]
+                report.removed = [doc for rev, doc in removed if rev.path not in busy]
+                report.freed = _freed(store, claimed, leftovers)
+            for rev in claimed:
+                # the payloads first: an interrupted gc leaves them as a leftover it finishes, never a revision
+                # without its model that still has its payloads (or the reverse)
+                for path in [p for p in (_payload(rev),) if p] + [rev.path]:
+                    gone = path.with_name(REMOVING + path.name)
+                    with parent_dir(root, path) as (dfd, name):
+                        os.rename(name, gone.name, src_dir_fd=dfd, dst_dir_fd=dfd)  # from here on it is gone whole
+                        os.fsync(dfd)
+                    remove_tree(root, gone)
         for repo in store.repos:
             _clean_pointer_leftovers(root, repo.path)
         return report
@@ -539,21 +604,45 @@ def _decide(repo: Repo, keep: int, users: dict[Path, list[str]], uses: list[Use]
 
 
 def _being_written(path: Path) -> str | None:
-    """Why PATH must stay: an mm process holds its lock, or an import into it is unfinished."""
+    """Why PATH must stay: an mm process reads or writes it (holds its lock), or an import into it is unfinished."""
     if (path / MM_DIR / "unbundle" / "state.json").exists():
         return "an unfinished `mm unbundle` (run it again to complete it)"
     lock = path / MM_DIR / "lock"
     try:
-        fd = os.open(lock, os.O_RDONLY)
+        fd = os.open(lock, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return None
-    except OSError as e:
-        return "an mm process is using it" if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+    except BlockingIOError:
+        return f"in use: {lock_holder(fd, lock)}"
     finally:
         os.close(fd)
+
+
+@contextmanager
+def _claimed(root: Path, revs: list[Revision]) -> Iterator[tuple[list[Revision], dict[Path, str]]]:
+    """Take each revision's lock whole (created if missing, so that a reader starting now finds it) and hold it
+    while the revision is renamed away and deleted: a reader or writer that holds it keeps its revision, one
+    that comes later is told gc holds it. Yields (the revisions claimed, {path: why kept} for the others)."""
+    with ExitStack() as held:
+        claimed, busy = [], {}
+        for rev in revs:
+            lock = rev.path / MM_DIR / "lock"
+            try:
+                fd = open_file(root, lock, os.O_RDWR | os.O_CREAT, 0o644)
+            except (OSError, BadInput) as e:
+                busy[rev.path] = f"its lock {lock} cannot be taken ({getattr(e, 'message', None) or e.strerror})"
+                continue
+            held.callback(os.close, fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                busy[rev.path] = f"in use: {lock_holder(fd, lock)}"
+                continue
+            claimed.append(rev)
+        yield claimed, busy
 
 
 def _freed(store: Store, removed: list[Revision], leftovers: list[Path]) -> int:

@@ -83,10 +83,10 @@ def bundle():
 @click.option("--only-mm", "only_mm", is_flag=True,
               help="No model: write install-mm.sh and wheelhouse/ into --out (to upgrade mm on a host that has the model).")
 @click.option("--target-platform", "target_platforms", multiple=True, metavar="linux/amd64|linux/arm64",
-              help="The air-gapped host's platform for the wheelhouse (repeatable; default: this host's). "
-                   "GB200/GB300 nodes are linux/arm64.")
+              help="The air-gapped host's platform for the wheelhouse (repeatable; default: linux/amd64, plus this "
+                   "host's and an --image's platform). GB200/GB300 nodes are linux/arm64.")
 @click.option("--target-python", "target_pythons", multiple=True, metavar="3.X",
-              help="The air-gapped host's CPython minor version (repeatable; default: this host's).")
+              help="The air-gapped host's CPython minor version (repeatable; default: 3.10 to 3.13 and this host's).")
 @click.option("--image-ref", default=None,
               help="The pinned reference --image must be (default: the pin's engine image).")
 @click.option("--allow-other-image", is_flag=True,
@@ -125,8 +125,12 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
                            "--volume-size or payload")
         if len(out_dirs) > 1:
             raise BadInput("--only-mm writes into one --out directory")
-        report = wheelhouse.build_wheelhouse(out_dirs[0], wheelhouse.targets_for(target_platforms, target_pythons),
-                                             progress_for(json_out))
+        targets = wheelhouse.targets_for(target_platforms, target_pythons)
+        if not json_out:
+            err.line(f"mm will install on: {wheelhouse.describe_targets(targets)} (--target-platform and "
+                     f"--target-python choose others)")
+        report = wheelhouse.build_wheelhouse(out_dirs[0], targets, progress_for(json_out),
+                                             cache=wheelhouse.sets_cache())
         if json_out:
             emit_json({"ok": True, **to_jsonable(report), "size": report.size})
             return
@@ -146,8 +150,13 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
     progress = progress_for(json_out)
     with contextlib.ExitStack() as stack:
         if not no_mm and not sources.get("mm"):  # built in mm's cache directory, removed after the run
-            sources["mm"] = [stack.enter_context(wheelhouse.bundle_wheelhouse(target_platforms, target_pythons,
-                                                                              progress))]
+            from ..artifacts.serving.image import archive_platform
+            also = tuple(p for p in map(archive_platform, sources.get("image") or ()) if p)
+            targets = wheelhouse.targets_for(target_platforms, target_pythons, also)
+            if not json_out:
+                err.line(f"mm will install on: {wheelhouse.describe_targets(targets)} (--target-platform and "
+                         f"--target-python choose others)")
+            sources["mm"] = [stack.enter_context(wheelhouse.bundle_wheelhouse(targets, progress))]
         result = create_bundle(directory, list(out_dirs), volume_size, name=name, payloads=sources,
                                cache_key=cache_key, progress=progress, sync=not no_sync, parity=parity,
                                collect=CollectOptions(image_ref=image_ref, allow_other_image=allow_other_image,
@@ -222,6 +231,7 @@ def bundle_verify(volumes, json_out):
             out.line(f"bundle {report.name} ({report.bundle_id}): {report.volumes} volume(s); missing: {missing}")
             if report.install_mm:
                 out.line(f"install: {report.install_mm}")
+                out.line(f"         {report.mm_host}")
             if report.delta:
                 from ..artifacts.bundle.delta import describe
                 out.line(f"{describe(report.delta)}: mm unbundle VOLUMES --dest NEW_DIR --from BASE_DIR")
@@ -356,13 +366,16 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
                 out.line(f"  {problem}")
             for cmd in report.next_commands:
                 out.line(f"next: {cmd}")
-        else:
+        elif report.missing_volumes:
             from ..artifacts.integrity.provenance import import_remedy
-            missing = ", ".join(str(n) for n in report.missing_volumes) or "none"
+            missing = ", ".join(str(n) for n in report.missing_volumes)
             out.line(f"still missing: volume(s) {missing} of {report.volumes}; {len(report.waiting)} file(s) "
-                     f"waiting.")
+                     f"waiting. Run again with the rest.")
             if remedy := import_remedy(dest):
                 out.line(f"next: {remedy}")
+        else:  # every volume imported: what still waits is refused above (a base file, or an index that forgets it)
+            out.line(f"{len(report.waiting)} file(s) not imported: {', '.join(report.waiting[:3])}"
+                     + (" ..." if len(report.waiting) > 3 else ""))
         if not report.synced:
             out.line(f"not synced (--no-sync): run `sync` before relying on {dest} surviving a crash")
     if exit_code:

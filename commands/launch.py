@@ -271,12 +271,14 @@ def doctor(model_dir, json_out, **kw):
 @handles_errors
 def diagnose(logfile, container, answers, model_dir, hardware, recipe, engine, gpus, port, cache_root, image,
              host_checks, gpu_info, json_out):
-    """Match a server log (or a container's) against the guide's troubleshooting table; exit 1 when a row matches."""
+    """Match a server log (LOGFILE, `-` for the standard input, or a container's) against the guide's
+    troubleshooting table; exit 1 when a row matches."""
     from ..artifacts.serving import diagnose as mm_diagnose, launch as mm_launch
     launch = (mm_launch.LaunchOptions(hardware=hardware, recipe=recipe, engine=engine or "sglang", gpus=gpus, port=port,
                                       cache_root=cache_root, image=image) if hardware else None)
     result = mm_diagnose.run_diagnosis(mm_diagnose.DiagnoseRequest(
-        logfile=logfile, container=container, answers=tuple(answers), model_dir=model_dir, launch=launch,
+        logfile=None if str(logfile) == "-" else logfile,
+        stdin=click.get_binary_stream("stdin") if str(logfile) == "-" else None, container=container, answers=tuple(answers), model_dir=model_dir, launch=launch,
         host_checks=host_checks, gpu_info=gpu_info, engine=engine))
     if json_out:
         emit_json({"ok": result.ok, **to_jsonable(result)})

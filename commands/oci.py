@@ -1,5 +1,5 @@
-"""`mm push`, `mm pull`, `mm inspect`: a model directory as a ModelPack artifact in an OCI registry, and back
-(artifacts/oci/)."""
+"""`mm push`, `mm pull`, `mm inspect`, `mm preheat`: a model directory as a ModelPack artifact in an OCI registry,
+and back, through a site's pull-through caches (artifacts/oci/)."""
 from __future__ import annotations
 
 import sys
@@ -103,19 +103,30 @@ def _render_inspect(report) -> None:
 @click.option("--list", "list_only", is_flag=True, help="Show the artifact's files, sizes and revision; download nothing.")
 @registry_options
 @click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Blobs downloaded in parallel.")
+@click.option("--mirror", "mirrors", multiple=True, metavar="HOST[:PORT]",
+              help="Ask this registry mirror (a pull-through cache, with the reference's repository path) first; "
+                   "repeat for more, tried in order, then the reference's own registry. Also http(s)://HOST[:PORT].")
+@click.option("--no-fallback", is_flag=True, help="Never reach the reference's own registry: only the mirrors "
+                                                  "(an air-gapped site).")
 @signature_options
 @json_option
 @handles_errors
-def pull(reference, local_dir, list_only, username, password_stdin, plain_http, ca_file, workers, require_signature,
-         allowed_signers, identity, json_out):
+def pull(reference, local_dir, list_only, username, password_stdin, plain_http, ca_file, workers, mirrors, no_fallback,
+         require_signature, allowed_signers, identity, json_out):
     """Pull a ModelPack artifact that mm pushed, proving every byte (sha256 and blake3) before naming a file.
 
     The tag is resolved to a digest once; resumes across runs; ends with the quick verify (exit 1 if it fails).
     With --allowed-signers the manifest's signature is checked before anything is written (exit 5 if not good).
+    With --mirror, a mirror that is down or serves a blob whose digest fails is named and skipped for that
+    blob; the next source serves it. --username credentials go to the reference's registry only.
     """
     from ..artifacts.oci import pull as oci_pull
+    from ..artifacts.oci.client import parse_host
     required = signature_policy(require_signature, allowed_signers, identity)
     creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
+    if no_fallback and not mirrors:
+        raise click.UsageError("--no-fallback needs at least one --mirror")
+    hosts = tuple(parse_host(m, "--mirror", transport) for m in mirrors)
     if list_only:
         report = oci_pull.inspect(reference, creds, transport)
         emit_json({"ok": True, **to_jsonable(report)}) if json_out else _render_inspect(report)
@@ -123,12 +134,18 @@ def pull(reference, local_dir, list_only, username, password_stdin, plain_http, 
     if local_dir is None:
         raise click.UsageError("--local-dir is required (or --list)")
     report = oci_pull.pull(reference, local_dir, creds, transport, workers=workers, progress=progress_for(json_out),
-                           allowed_signers=allowed_signers, identity=identity, require_signature=required)
+                           allowed_signers=allowed_signers, identity=identity, require_signature=required,
+                           mirrors=hosts, no_fallback=no_fallback)
     code = max((f.error_kind.exit_code for f in report.failed), default=0) or (ProblemsFound.exit_code if report.verify_problems else 0)
     if json_out:
         emit_json({"ok": code == 0, **to_jsonable(report)})
         sys.exit(code)
     render_carried_signature(report.signature, allowed_signers)
+    _render_skipped(report.skipped)
+    if mirrors:
+        served = Counter(f.served_by for f in report.files if f.status == "downloaded")
+        if served:
+            out.line("served by: " + ", ".join(f"{who} {n} file(s)" for who, n in served.items()))
     for f in report.failed:
         err.line(f"FAILED {f.path}: {f.error}")
     counts, moved = _transfer_summary(report.files, report.bytes_transferred, report.seconds)
@@ -150,6 +167,21 @@ def pull(reference, local_dir, list_only, username, password_stdin, plain_http, 
         sys.exit(code)
 
 
+SKIPPED_SHOWN = 10  # lines naming skipped sources; the rest are counted (all are in --json)
+
+
+def _render_skipped(skipped) -> None:
+    """One line per source passed over for one reason (a mirror that is down: one line, not one per file)."""
+    lines: dict[tuple[str, str], list[str]] = {}
+    for s in skipped:
+        lines.setdefault((s.source, s.reason), []).append(s.what)
+    for (source, reason), whats in list(lines.items())[:SKIPPED_SHOWN]:
+        what = whats[0] if len(whats) == 1 else f"{len(whats)} items"
+        err.line(f"skipped {source} for {what}: {reason}")
+    if len(lines) > SKIPPED_SHOWN:
+        err.line(f"skipped sources {len(lines) - SKIPPED_SHOWN} more time(s) (--json lists them all)")
+
+
 @click.command()
 @click.argument("reference")
 @registry_options
@@ -161,3 +193,48 @@ def inspect(reference, username, password_stdin, plain_http, ca_file, json_out):
     creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
     report = oci_pull.inspect(reference, creds, transport)
     emit_json({"ok": True, **to_jsonable(report)}) if json_out else _render_inspect(report)
+
+
+@click.command()
+@click.argument("reference")
+@click.option("--tier", "tiers", multiple=True, required=True, metavar="HOST[:PORT]",
+              help="A pull-through cache to warm (also http(s)://HOST[:PORT]); repeat, nearest the origin first.")
+@registry_options
+@click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Blobs warmed in parallel at each tier.")
+@json_option
+@handles_errors
+def preheat(reference, tiers, username, password_stdin, plain_http, ca_file, workers, json_out):
+    """Warm a chain of pull-through caches with an artifact, nearest the origin first.
+
+    REFERENCE names the origin (the site registry mm push wrote to); its manifest is resolved there once. Each
+    tier then gets one request per blob: a tier that has the blob sends one byte; one that does not sends the
+    whole blob (fetching it from its upstream as it does), read here through sha256 and checked, never stored.
+    Run again on a warm chain, no blob moves. Exit 4 when a tier is down or refuses, 5 when a tier's bytes do
+    not match their digest. --username credentials go to the origin only.
+    """
+    from ..artifacts.oci import preheat as oci_preheat
+    from ..artifacts.oci.client import parse_host, parse_reference
+    creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
+    hosts = tuple(parse_host(t, "--tier", transport) for t in tiers)
+    report = oci_preheat.preheat(reference, hosts, creds, transport, workers=workers, progress=progress_for(json_out))
+    code = max((b.error_kind.exit_code for b in report.failed), default=0)
+    if json_out:
+        emit_json({"ok": code == 0, "reference": report.reference, "digest": report.digest, "blobs": report.blobs,
+                   "total_bytes": report.total_bytes, "seconds": report.seconds,
+                   "tiers": [{"tier": t.tier, "warm": t.warm, "fetched": t.fetched, "failed": len(t.failed),
+                              "bytes_read": t.bytes_read, "seconds": t.seconds,
+                              "blobs": to_jsonable(t.blobs)} for t in report.tiers]})
+        sys.exit(code)
+    out.line(f"preheat {report.reference} -> {report.digest}: {report.blobs} blobs, "
+             f"{human_bytes(report.total_bytes)}")
+    for t in report.tiers:
+        rate = human_rate(t.bytes_read / t.seconds) if t.seconds and t.bytes_read else "-"
+        out.line(f"  {t.tier}: {t.fetched} fetched, {t.warm} already there, {len(t.failed)} failed; "
+                 f"{human_bytes(t.bytes_read)} read from it in {human_duration(t.seconds)} ({rate})")
+        for b in t.failed:
+            err.line(f"FAILED {t.tier} {b.digest}: {b.error}")
+    if not code:  # by digest: a tag would be asked upstream, through every tier, at every node's pull
+        pinned = parse_reference(report.reference).at(report.digest)
+        out.line(f"pull on the nodes with: mm pull {pinned} --local-dir DIR --mirror {report.tiers[-1].tier}")
+    sys.exit(code)

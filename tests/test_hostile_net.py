@@ -796,3 +796,39 @@ def test_fetch_from_a_hostile_modelscope_mirror_ends_in_one_line_and_fetches_not
                           env=mirror_env(harness, server))
     expect(got, 4, MIRROR_CASES["files", how])
     assert not (harness.dest / BIG).exists()
+
+
+# --- a hostile tier, for preheat ------------------------------------------------------------------------------
+
+def _whole_flipped(req, out, data):
+    """A cold tier's answer (the whole blob to a Range request) with one byte changed."""
+    bad = bytearray(data)
+    bad[len(bad) // 2] ^= 0xFF
+    out.send(200, {}, bytes(bad))
+
+
+def _whole_then_garbage(req, out, data):
+    """The whole blob to a Range request, chunked, then garbage forever: preheat stops at the blob's size."""
+    out.head(200, {"Transfer-Encoding": "chunked"})
+    out.body(b"%x\r\n" % len(data) + data + b"\r\n")
+    frame = b"10000\r\n" + b"\xee" * 65536 + b"\r\n"
+    while True:
+        out.body(frame)
+
+
+PREHEAT_TIER = {
+    "the whole blob with one byte changed": (_whole_flipped, 5, r"do not match the blob's digest"),
+    "206 with Content-Range: bytes banana": (_content_range("bytes banana"), 4, r"Content-Range 'bytes banana'"),
+    "a 200 whose Content-Length lies": (_length_lie, 4, r"answered with \d+ bytes for a blob of"),
+    "ignores Range, every body 1,000 bytes short": (_short_ignoring_range, 4, r"answered with \d+ bytes for a blob"),
+    "the whole blob, then garbage forever": (_whole_then_garbage, 0, r""),
+}
+
+
+@pytest.mark.parametrize("case", list(PREHEAT_TIER))
+def test_preheat_checks_what_a_hostile_tier_sends_and_stays_bounded(harness, artifact, case):
+    resolve, code, message = PREHEAT_TIER[case]
+    with HostileServer(registry(artifact)) as origin, \
+            HostileServer(registry(artifact, blob=_blob_script(artifact, resolve))) as tier:
+        got = harness.run("preheat", f"{origin.host}/hostile/model:v1", "--tier", tier.host, deadline=20)
+    expect(got, code, message)

@@ -394,14 +394,38 @@ def disagreements(index: Index, manifest: Manifest | None) -> list[str]:
         elif carried.get(e.key) != e.size:
             problems.append(f"member {e.member!r} ({e.size} bytes) is not a {e.kind} file the payload records list")
     if index.delta is not None:
+        problems += take_disagreements(index.delta, manifest) if manifest is not None else []
         carried_paths = {e.path for e in index.members if e.kind == MODEL_KIND}
-        for t in index.delta.take:
-            f = files.get(t.path)
-            if manifest is not None and f is None:
-                problems.append(f"delta takes {t.path!r} from the base, but the manifest has no such file")
-            elif f is not None and (f.size, f.sha256, f.blake3) != (t.size, t.sha256, t.blake3):
-                problems.append(f"delta takes {t.path!r} from the base as {t.size} bytes, the manifest says {f.size} "
-                                f"(or the hashes differ)")
-            if t.path in carried_paths:
-                problems.append(f"delta takes {t.path!r} from the base, and the volume carries it too")
+        problems += [f"delta takes {t.path!r} from the base, and the volume carries it too"
+                     for t in index.delta.take if t.path in carried_paths]
     return problems
+
+
+def take_disagreements(note: DeltaNote, manifest: Manifest) -> list[str]:
+    """Takes that are not a file of MANIFEST with the same size and hashes (bundle-wide: the same in every volume)."""
+    files = manifest.by_path()
+    problems = []
+    for t in note.take:
+        f = files.get(t.path)
+        if f is None:
+            problems.append(f"delta takes {t.path!r} from the base, but the manifest has no such file")
+        elif (f.size, f.sha256, f.blake3) != (t.size, t.sha256, t.blake3):
+            problems.append(f"delta takes {t.path!r} from the base as {t.size} bytes, the manifest says {f.size} "
+                            f"(or the hashes differ)")
+    return problems
+
+
+def unaccounted(manifest: Manifest, indexes: list[Index]) -> list[str]:
+    """The model files of MANIFEST that INDEXES, the indexes of every data volume of one bundle, neither carry
+    whole (every piece of a split file) nor take from a delta's base. The signed manifest is the truth about the
+    files; an index only says where each one is, and with every volume at hand it must say it for each."""
+    pieces: dict[str, set[int]] = {}
+    count: dict[str, int] = {}
+    for idx in indexes:
+        for e in idx.members:
+            if e.kind == MODEL_KIND:
+                pieces.setdefault(e.path, set()).add(e.segment)
+                count[e.path] = e.segments
+    taken = {t.path for idx in indexes[:1] if idx.delta is not None for t in idx.delta.take}
+    return sorted(f.path for f in manifest.files if f.path not in taken
+                  and (f.path not in count or pieces[f.path] != set(range(1, count[f.path] + 1))))

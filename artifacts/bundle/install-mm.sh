@@ -39,6 +39,7 @@ cat > "$check" <<'PY'
 import glob, hashlib, json, os, re, stat, sys, tarfile
 
 PROG = "install-mm.sh"
+SCHEMA = "mm-wheelhouse/2"  # wheelhouse/wheels/ holds every set's wheels, each once; SET/requirements.lock names them
 MAX_INDEX = 4 << 20       # wheelhouse.json: a few KB today
 MAX_LOCK = 1 << 20        # requirements.lock: one line a wheel
 MAX_WHEEL = 1 << 30       # mm's margin: the largest wheel of a set (uv's) is ~20 MB
@@ -105,8 +106,8 @@ def parse_index(data, where):
         bad("nested too deeply")
     except ValueError as e:  # not UTF-8, not JSON
         bad("not JSON: %s" % e)
-    if not isinstance(doc, dict) or doc.get("schema") != "mm-wheelhouse/1":
-        bad("expected an object with schema 'mm-wheelhouse/1'")
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        bad("expected an object with schema %r" % SCHEMA)
     need = doc.get("glibc_min")
     if not isinstance(need, str) or not re.fullmatch(r"[0-9]{1,4}[.][0-9]{1,4}", need):
         bad("glibc_min: expected a version like 2.28")
@@ -151,6 +152,9 @@ def cmd_extract(vol, out, set_name):
             for n, m in enumerate(tf):
                 if n >= MAX_MEMBERS:
                     refuse("more than %d members" % MAX_MEMBERS)
+                why = unsafe_name(m.name)
+                if why:  # mm never writes such a member: the volume is not what mm bundle wrote
+                    refuse("member %s: %s" % (ascii(m.name[:200]), why))
                 members.setdefault(m.name, []).append(m)
             index_names = [name for name in members if name == "wheelhouse/wheelhouse.json"
                            or name.endswith("/wheelhouse/wheelhouse.json")]
@@ -164,7 +168,7 @@ def cmd_extract(vol, out, set_name):
                 wanted[root + s["name"] + "/requirements.lock"] = ("a lock", None, MAX_LOCK)
                 if s["name"] == set_name:
                     for w in s["wheels"]:
-                        wanted[root + s["name"] + "/" + w["file"]] = ("a wheel", w["size"], w["size"])
+                        wanted[root + "wheels/" + w["file"]] = ("a wheel", w["size"], w["size"])
             take = [(name, plain(members, name, size, limit, refuse)) for name, (_, size, limit) in sorted(wanted.items())
                     if name in members or size is not None]
             need = sum(m.size for _, m in take)
@@ -191,6 +195,22 @@ def cmd_extract(vol, out, set_name):
         refuse("%s: %s" % (type(e).__name__, e))
 
 
+def unsafe_name(name):
+    """Why NAME is not a member name mm bundle writes (the rule of mm's check_relpath), or None: an absolute path,
+    an empty, `.` or `..` part, a backslash or a control character (an ANSI escape, a newline, a NUL)."""
+    import unicodedata
+
+    if not name:
+        return "an empty name"
+    if name.startswith("/"):
+        return "an absolute path"
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        return "not normalised or escapes the directory (an empty, . or .. part)"
+    if any(c == "\\" or unicodedata.category(c) in ("Cc", "Cs") for c in name):
+        return "a control character or backslash in the name"
+    return None
+
+
 def plain(members, name, size, limit, refuse):
     """The one member NAME: a plain file (not sparse), of SIZE bytes when the index gives it, else at most LIMIT."""
     found = members.get(name, [])
@@ -213,16 +233,29 @@ def read_member(tf, m, refuse):
     return data
 
 
-def cmd_lock(set_dir, lock):
-    """The lock is data: every line `name==version --hash=sha256:...` (or a comment); every wheel's bytes in it."""
+def cmd_lock(wheelhouse, set_name, set_dir, checked_lock):
+    """The lock is data: every line `name==version --hash=sha256:...` (or a comment); the bytes of every wheel the
+    index gives the set (under wheels/) in it, and each linked into SET_DIR, the only directory pip and uv see
+    (they check the hashes again as they install). The lock's checked bytes go to CHECKED_LOCK, the file pip and
+    uv read. Prints what the lock pins, one `name==version` a line."""
+    lock = os.path.join(wheelhouse, set_name, "requirements.lock")
+    doc = parse_index(read_small(os.path.join(wheelhouse, "wheelhouse.json"), MAX_INDEX, 3, "not a wheelhouse index"),
+                      os.path.join(wheelhouse, "wheelhouse.json"))
     data = read_small(lock, MAX_LOCK, 5, "not a readable lock file")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         fail(5, "%s: not a readable lock file (UnicodeDecodeError: %s)" % (lock, e))
+    # pip splits a requirements file with str.splitlines (\r, \f, \v, \x1c-\x1e, \x85, \u2028, \u2029 end a line
+    # too), uv has its own rules: a byte outside printable ASCII could hide a line from this check that they read.
+    # mm writes printable ASCII and \n only; anything else refuses the lock.
+    odd = next((i for i, c in enumerate(text) if c != "\n" and not " " <= c <= "~"), None)
+    if odd is not None:
+        n = text.count("\n", 0, odd) + 1
+        fail(3, "%s: line %d holds the character %s, not printable ASCII; the lock is data, never pip input: "
+                "refused, nothing installed" % (lock, n, ascii(text[odd])))
     pinned = {}
     for n, line in enumerate(text.split("\n"), 1):
-        line = line.rstrip("\r")
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         if not LOCK_LINE.fullmatch(line):
@@ -233,7 +266,9 @@ def cmd_lock(set_dir, lock):
     if not pinned:
         fail(3, "%s: no wheel in the lock; refused" % lock)
     seen = set()
-    for path in sorted(glob.glob(os.path.join(set_dir, "*.whl"))):
+    files = [w["file"] for s in doc["sets"] if s["name"] == set_name for w in s["wheels"]]
+    os.makedirs(set_dir)
+    for path in (os.path.join(wheelhouse, "wheels", f) for f in sorted(set(files))):
         h = hashlib.sha256()
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -247,9 +282,13 @@ def cmd_lock(set_dir, lock):
         if h.hexdigest() not in pinned:
             fail(5, "%s: sha256 %s is not in %s (damaged in transit?)" % (path, h.hexdigest(), lock))
         seen.add(h.hexdigest())
+        os.symlink(os.path.abspath(path), os.path.join(set_dir, os.path.basename(path)))
     missing = sorted(spec for digest, spec in pinned.items() if digest not in seen)
     if missing:
-        fail(5, "%s: no wheel for %s" % (set_dir, ", ".join(missing)))
+        fail(5, "%s: no wheel for %s" % (os.path.join(wheelhouse, "wheels"), ", ".join(missing)))
+    with open(checked_lock, "xb") as f:
+        f.write(data)
+    sys.stdout.write("".join(spec + "\n" for spec in sorted(pinned.values())))
 
 
 def cmd_uv(set_dir, out):
@@ -330,10 +369,12 @@ fi
 # The index came from a removable disk: read it as hostile (bounded, its shape checked), one line when it is not one.
 glibc_ok=$("$py" "$check" index "$wheelhouse/wheelhouse.json") || exit $?
 [ "$glibc_ok" = yes ] || die 7 "this host has $glibc_ok; the bundle holds: $holds"
-set_dir="$wheelhouse/$set_name"
+set_dir="$tmp/set"
 
-# The lock is data: each line checked (exit 3 before pip or uv runs), then every wheel's bytes against it (exit 5).
-"$py" "$check" lock "$set_dir" "$lock" || exit $?
+# The lock is data: each line checked (exit 3 before pip or uv runs), then every wheel's bytes against it (exit 5);
+# the set's wheels are linked into $set_dir, where pip and uv find them and nothing else.
+"$py" "$check" lock "$wheelhouse" "$set_name" "$set_dir" "$tmp/requirements.lock" >/dev/null || exit $?
+lock="$tmp/requirements.lock"
 
 [ ! -e "$dest" ] || [ -z "$(ls -A "$dest" 2>/dev/null)" ] || [ -x "$dest/bin/python" ] ||
   die 3 "$dest: exists and is not a virtual environment; name another directory"

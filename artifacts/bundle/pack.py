@@ -56,8 +56,8 @@ import blake3
 from ..serving.cachekey import parse_cache_key
 from ..errors import BadInput, BadValue, IntegrityError, Refused
 from ..paths import MM_DIR
-from ..edges.fsutil import (atomic_write_bytes, check_inside, dir_lock, open_file, publish, publish_fd, read_local_file,
-                            require_free_space, unlink_file)
+from ..edges.fsutil import (atomic_write_bytes, check_inside, dir_lock, open_file, publish, publish_fd, read_lock,
+                            read_local_file, require_free_space, unlink_file)
 from ..integrity.hashing import ChangedDuringRead, StreamHasher
 from ..edges.interrupt import keeps
 from ..integrity.manifest import MAX_MANIFEST_BYTES, Manifest, export_sums, read_manifest
@@ -599,7 +599,14 @@ def _keep_volume(plan: Plan, n: int, final: Path, hashers: _Hashers, pipe: Chunk
     return working
 
 
-def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: int | str, name: str | None = None,
+def create_bundle(model_dir: Path, *args, **kwargs) -> BundleResult:
+    """_create_bundle, with MODEL_DIR's reader's lock held throughout (fsutil.read_lock: `mm gc` keeps a
+    revision being bundled, and no writer starts in it meanwhile)."""
+    with read_lock(Path(model_dir), "mm bundle"):
+        return _create_bundle(model_dir, *args, **kwargs)
+
+
+def _create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: int | str, name: str | None = None,
                   payloads: dict[str, Sequence[Path]] | None = None, cache_key: Sequence[str] = (),
                   progress: ProgressSink = NULL_PROGRESS, sync: bool = True, parity: int = 0,
                   stripe: int = STRIPE, collect: CollectOptions | None = None, yes: bool = False,

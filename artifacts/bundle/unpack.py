@@ -36,6 +36,7 @@ from __future__ import annotations
 import bisect
 import enum
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
@@ -43,8 +44,8 @@ from typing import Iterator, Mapping, NamedTuple
 from ..errors import BadInput, BadValue, IntegrityError, MMError, Refused
 from ..paths import IMPORT_RECORD, MM_DIR, POINTER, UNBUNDLE_DIR, store_root_of
 from ..edges.fsutil import (atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets, dir_lock,
-                            fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, remove_tree,
-                            require_free_space, unlink_file)
+                            fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, read_lock,
+                            remove_tree, require_free_space, still_to_write, unlink_file)
 from ..integrity.hashing import StreamHasher
 from ..edges.interrupt import keeps
 from ..integrity.manifest import MAX_MANIFEST_BYTES, from_json, read_manifest
@@ -54,15 +55,16 @@ from ..units import human_bytes
 from ..edges.sharing import COPY, how_to_share
 from ..edges.untrusted import MAX_DOCUMENT, At, load_json, read_json_file
 from . import delta as deltas
-from .check import ParitySet, conflicting_numbers, parity_set, reference_bundle
+from .check import ParitySet, conflicting_numbers, incomplete, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back, write_all
 from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member, volume_filename
-from .index import Entry, Index, disagreements, parse_index
+from .index import Entry, Index, disagreements, parse_index, take_disagreements, unaccounted
 from .parity import FileSource, NotRecoverable, describe_shortfall, rebuild
 from .payloads import MODEL_KIND, PAYLOAD_PARTIAL, files_expected, next_commands, payload_roots, payloads_placed
 from .volume import Volume, find_volumes, meta_bytes, open_volume, split_volumes
 
 STATE_DIR = UNBUNDLE_DIR
+REBUILT = "rebuilt"  # under STATE_DIR: data volumes rebuilt from parity, deleted once imported
 MAX_NAMED_VOLUMES = 10_000  # mm's own bound on the names kept for advice (a bundle of more volumes is named by number)
 
 
@@ -266,11 +268,12 @@ class _Targets(Mapping):
         return len(self._keys)
 
 
-def _still_needed(expected: dict, targets: Mapping, state: _State, stale: set) -> dict[str, int]:
-    """Bytes still to write, by kind of destination (files not yet final, less pieces already in place)."""
+def _still_needed(expected: dict, targets: Mapping, state: _State, stale: set, places: Places) -> dict[str, int]:
+    """Bytes still to write, by kind of destination (files not yet final, less what their partial files hold)."""
     needed: dict[str, int] = {}
     for key, size in expected.items():
-        left = 0 if _in_place(targets, stale, key, size) else size - state.bytes_in_place(f"{key[0]}:{key[1]}")
+        left = 0 if _in_place(targets, stale, key, size) else still_to_write(
+            places.partial(*key), size, state.bytes_in_place(f"{key[0]}:{key[1]}"))
         needed[key[0]] = needed.get(key[0], 0) + left
     return needed
 
@@ -285,7 +288,9 @@ def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | N
     first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
                   and MANIFEST_MEMBER not in v.damaged), None)
     if first is None:
-        raise BadInput("no usable volume to check the manifest signature in")
+        why = [r for v in vols for r in v.refused][:3] or [f"{v.path.name}: its manifest is damaged or missing"
+                                                          for v in vols][:3] or ["no volume given"]
+        raise BadInput(f"no usable volume to check the manifest signature in: {'; '.join(why)}")
     sig = meta_bytes(first, SIG_MEMBER)
     if sig is None and SIG_MEMBER in first.described.meta:
         raise IntegrityError(f"{first.path.name}: member {SIG_MEMBER!r} is damaged; refused")
@@ -356,13 +361,20 @@ def _unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | N
     if allowed_signers is not None:
         signature, signed_manifest = check_signature(vols + pvols, allowed_signers, identity, require_signature)
     dest.mkdir(parents=True, exist_ok=True)
-    with dir_lock(dest, "mm unbundle"):
+    with dir_lock(dest, "mm unbundle"), (read_lock(Path(base_dir), "mm unbundle --from") if base_dir is not None
+                                         else nullcontext()):  # gc keeps a delta's base while it is read
         keeps(dest)  # an interrupt names the imported volumes and partial files kept here
         state = _State(check_inside(dest, dest / STATE_DIR / "state.json"), dest)
         record = _read_record(dest) if not state.doc.get("bundle_id") else None
         ref = reference_bundle(vols, state.doc.get("bundle_id"))
         if record is not None and record.doc.get("bundle_id") == ref:  # the same bundle again: trust its stamps
             state.doc["proven"] = record.doc.get("proven", {})
+        early = _Rebuilt()
+        if pvols and not _readable(vols, ref) and _earlier_index(dest, ref or reference_bundle(pvols)) is None:
+            rebuilt_vols = _rebuild_before_import(dest, vols, pvols, ref or reference_bundle(pvols), sync, progress,
+                                                  early)
+            vols = vols + rebuilt_vols
+            ref = reference_bundle(vols, state.doc.get("bundle_id"))
         first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
                       and MANIFEST_MEMBER not in v.damaged), None)
         manifest_b3 = state.doc.get("manifest_blake3") or (first.index.manifest_blake3 if first else None)
@@ -373,18 +385,27 @@ def _unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | N
         else:  # parity volumes only: the bundle's index from an earlier sitting, when it left one
             earlier = _earlier_index(dest, ref) if pvols else None
             if earlier is None:
-                raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} given: "
-                               + "; ".join(refused[:3]))
+                why = refused[:3] + ([early.recovery] if early.recovery else []) or [
+                    "no data volume given, and no parity volume of an mm bundle" if not pvols else "none readable"]
+                raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} data and "
+                               f"{len(pvols)} parity volume(s) given: " + "; ".join(why))
             idx, manifest_bytes, where = earlier
             idx_where = str(dest / STATE_DIR / "index.json")
             first = next((pv for pv in pvols if pv.bundle_id == ref and not pv.refused), None)
         manifest = from_json(manifest_bytes, where)
+        if idx.delta is not None and (wrong := take_disagreements(idx.delta, manifest)):
+            raise BadInput(f"{first.path.name if first else where}: {wrong[0]}; refused, nothing written")
         for v in list(accepted):
             if disagree := disagreements(v.index, manifest):
                 accepted.remove(v)
                 refused.append(f"{v.path.name}: {disagree[0]}; refused")
+                if not accepted:  # every volume given says otherwise than the manifest: nothing to import
+                    raise IntegrityError(f"{'; '.join(refused[:3])}; nothing written")
         if disagree := disagreements(idx, manifest):  # every path below is looked up among the manifest's files
             raise BadInput(f"{idx_where}: {disagree[0]}; refused")
+        if {v.number for v in accepted} == set(range(1, idx.volumes + 1)) and (
+                lost := unaccounted(manifest, [v.index for v in accepted])):
+            raise BadInput(f"{incomplete(ref, lost)}; nothing written")
         pset = parity_set(pvols, ref)
         refused += pset.refused
         if signed_manifest is not None and manifest_bytes != signed_manifest:
@@ -397,7 +418,7 @@ def _unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | N
         expected = {**{(MODEL_KIND, f.path): f.size for f in manifest.files}, **files_expected(idx.payloads)}
         targets = _Targets(places, expected)
         stale = _changed_since_named(targets, state)
-        needed = _still_needed(expected, targets, state, stale)
+        needed = _still_needed(expected, targets, state, stale, places)
         mode = how_to_share(base.path, places.partial_dir(MODEL_KIND), link, root=dest) if base else None
         if base and mode != COPY:  # a reflink or a hard link writes no data
             needed[MODEL_KIND] -= sum(t.size for t in idx.delta.take
@@ -428,6 +449,9 @@ def _unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | N
                 state.doc["done_volumes"] = sorted(done_vols)
                 state.save()
             progress.end()
+            for v in vols:  # rebuilt from parity before the import: imported now, deleted as _rebuild_from_parity does
+                if v.path.parent == dest / STATE_DIR / REBUILT and v.number in state.doc["done_volumes"]:
+                    unlink_file(dest, v.path)
             rebuild_report = _Rebuilt(notes=list(pset.unused))
             from_base = {(MODEL_KIND, t.path) for t in idx.delta.take} if base else set()
             carried = {key: size for key, size in expected.items() if key not in from_base}
@@ -436,12 +460,19 @@ def _unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | N
                                                       lambda v: _judge_rebuilt(v, ref, manifest_b3, manifest, idx),
                                                       volume_size=idx.volume_size)
                 refused += rebuild_report.refused
+            rebuild_report.volumes = early.volumes + rebuild_report.volumes
+            rebuild_report.notes = early.notes + rebuild_report.notes
+            rebuild_report.parity_used = sorted(set(early.parity_used) | set(rebuild_report.parity_used))
             taken = _take_from_base(base, idx, mode, run, progress) if base else None
             run.corrupt += taken.refused if taken else []
         finally:
             run.pipe.close()
         waiting = sorted(file_member(*key) for key, size in expected.items() if not run.in_place(key, size))
         missing = sorted(set(range(1, idx.volumes + 1)) - set(state.doc["done_volumes"]))
+        taken_paths = {t.path for t in idx.delta.take} if idx.delta else set()
+        if not missing and (lost := sorted(key[1] for key, size in expected.items() if key[0] == MODEL_KIND
+                                           and key[1] not in taken_paths and not _is_done(targets[key], size))):
+            refused.append(incomplete(ref, lost))  # every volume imported, and still files no volume carries
         complete = not waiting
         verify_doc = None
         outcome = (Outcome.REFUSED if (refused or run.corrupt) else Outcome.IMPORTED if complete
@@ -583,7 +614,7 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
     try:
         progress.begin(sum(pindex.data[n - 1].size for n in lost), f"rebuild volume(s) {', '.join(map(str, lost))}",
                        files=len(lost))
-        rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / "rebuilt", sync, progress, root=dest)
+        rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / REBUILT, sync, progress, root=dest)
         out.notes += [f"{what}: damaged (its bytes do not match the parity index); left out of the rebuild"
                       for what in rebuilt.left_out]
     except NotRecoverable as e:
@@ -617,6 +648,46 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
         progress.end()
     out.parity_used = rebuilt.parity_used
     return out
+
+
+def _readable(vols: list[Volume], ref: str | None) -> bool:
+    """Some data volume of bundle REF gives its index and manifest."""
+    return any(v.bundle_id == ref and not v.refused and v.index is not None and v.manifest_bytes
+               and MANIFEST_MEMBER not in v.damaged for v in vols)
+
+
+def _rebuild_before_import(dest: Path, vols: list[Volume], pvols: list[Volume], ref: str | None, sync: bool,
+                           progress: ProgressSink, out: _Rebuilt) -> list[Volume]:
+    """No data volume tells the bundle's index, and no earlier sitting left it: the data volumes not given whole
+    are rebuilt from the parity volumes first (as `mm bundle repair-volume` does, and as `mm bundle verify`
+    promises), into DEST's state directory, then imported as if given. What could not be done goes to OUT."""
+    pset = parity_set(pvols, ref)
+    if not pset.usable:
+        out.recovery = "; ".join(pset.refused + pset.unused) or None
+        return []
+    pindex = pset.usable[0].parity
+    intact = {v.number: v for v in vols if v.bundle_id == ref and v.usable and v.number <= pindex.volumes
+              and v.path.name == pindex.data[v.number - 1].file}
+    lost = [n for n in range(1, pindex.volumes + 1) if n not in intact]
+    require_free_space([(dest / STATE_DIR, sum(pindex.data[n - 1].size for n in lost))],
+                       f"rebuilding data volume(s) {', '.join(map(str, lost))} from parity")
+    sources: dict[int, object] = {n: FileSource(v.path, read_once=True) for n, v in intact.items()}
+    try:
+        progress.begin(sum(pindex.data[n - 1].size for n in lost), f"rebuild volume(s) {', '.join(map(str, lost))}",
+                       files=len(lost))
+        rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / REBUILT, sync, progress,
+                                       root=dest)
+    except NotRecoverable as e:
+        out.recovery = f"cannot rebuild from parity: {e.message}"
+        return []
+    finally:
+        progress.end()
+        for src in sources.values():
+            src.close()
+    out.volumes, out.parity_used = sorted(rebuilt.files), rebuilt.parity_used
+    out.notes += [f"{what}: damaged (its bytes do not match the parity index); left out of the rebuild"
+                  for what in rebuilt.left_out]
+    return [open_volume(path) for _, path in sorted(rebuilt.files.items())]
 
 
 class RebuiltVolumes(NamedTuple):

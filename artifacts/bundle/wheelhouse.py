@@ -8,9 +8,11 @@ offline: `--no-index --find-links SET --require-hashes -r SET/requirements.lock`
 
 Layout written under OUT:
   install-mm.sh
-  wheelhouse/wheelhouse.json                (schema mm-wheelhouse/1: the sets, their wheels, sizes, sha256)
-  wheelhouse/linux-<machine>-cp<XY>/*.whl   one set per target
-  wheelhouse/linux-<machine>-cp<XY>/requirements.lock   `name==version --hash=sha256:...`, one line a wheel
+  wheelhouse/wheelhouse.json                (schema mm-wheelhouse/2: the sets, their wheels, sizes, sha256)
+  wheelhouse/wheels/*.whl                   every wheel once: a pure-Python or abi3 wheel serves every set that
+                                            installs it, so another CPython adds only its version-specific wheels
+  wheelhouse/linux-<machine>-cp<XY>/requirements.lock   one set per target: `name==version --hash=sha256:...`,
+                                                        one line a wheel of wheels/
 """
 from __future__ import annotations
 
@@ -40,8 +42,9 @@ from ..edges.progress import NULL_PROGRESS, ProgressSink
 from ..edges.tools import ToolMissing, run_tool
 from ..edges.untrusted import read_json_file
 
-SCHEMA = "mm-wheelhouse/1"
+SCHEMA = "mm-wheelhouse/2"
 WHEELHOUSE_DIR = "wheelhouse"
+WHEELS_DIR = "wheels"  # under wheelhouse/: the wheels of every set, each once
 INSTALL_SCRIPT = "install-mm.sh"
 LOCK_NAME = "requirements.lock"
 MAX_LOCK_BYTES = 1024 * 1024  # a lock: one line a wheel (install-mm.sh's bound too)
@@ -50,6 +53,15 @@ INDEX_NAME = "wheelhouse.json"
 GLIBC_MIN = (2, 28)
 MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 OLDEST_PYTHON = (3, 10)  # setup.cfg python_requires
+# The hosts mm installs on by default: the system python3 of the distributions GPU servers run, each CPython
+# from mm's oldest on. Ubuntu 22.04 ships 3.10, Debian 12 3.11, Ubuntu 24.04 3.12, Debian 13 and Fedora 41 3.13
+# (their python3 packages); RHEL 9's 3.9 is older than mm supports (python_requires). The connected host's own
+# Python is added when it is not among them. Each set past the first costs only its version-specific wheels
+# (docs/python-targets.md has the sizes).
+DEFAULT_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+# linux/amd64 always (the GPU servers of the guide's hardware matrix but GB200/GB300); linux/arm64 (GB200/GB300
+# nodes: NVIDIA Grace) when this host is one or an image the bundle carries is (targets_for's `also`).
+DEFAULT_MACHINES = ("x86_64",)
 EXTRA_WHEELS = ("uv",)  # the fallback installer for a python3 without venv/pip
 PIP_TIMEOUT = 1800  # seconds for one `pip download` (mm's margin: a slow index, dozens of wheels)
 PIP_OUTPUT = 4 * 1024 * 1024  # bytes of pip's output kept (it runs --quiet: errors only)
@@ -80,6 +92,51 @@ class Platform:
         return tags + [f"manylinux2014_{self.machine}"]
 
 
+def describe_targets(targets: list[Platform]) -> str:
+    """linux/amd64 CPython 3.10, 3.11; linux/arm64 CPython 3.12: the hosts a wheelhouse installs mm on."""
+    by_machine: dict[str, list[str]] = {}
+    for t in targets:
+        by_machine.setdefault(t.machine, []).append(t.python)
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}
+    return "; ".join(f"linux/{arch[m]} CPython {', '.join(v)}" for m, v in by_machine.items())
+
+
+def installer_python() -> tuple[str, Platform | None, str]:
+    """(the interpreter install-mm.sh would use here: $PYTHON or python3 on PATH, its target or None, why not):
+    asked with `-c`, bounded, so `mm bundle verify` can say before anything is installed whether a bundle's sets
+    cover this host."""
+    name = os.environ.get("PYTHON") or "python3"
+    machine = MACHINES.get(platform.machine().lower())
+    if machine is None:
+        return name, None, f"this machine ({platform.machine()}) is neither x86_64 nor aarch64"
+    try:
+        proc = run_tool([name, "-I", "-c", "import sys; print('%d.%d' % sys.version_info[:2], "
+                                           "sys.implementation.name)"], timeout=10, max_output=4096)
+    except ToolMissing:
+        return name, None, f"{name}: not found (install-mm.sh needs CPython 3.10 or newer)"
+    words = proc.stdout.split() if proc.returncode == 0 and not proc.stopped else []
+    if len(words) != 2 or words[1] != "cpython" or not re.fullmatch(r"3\.\d{1,2}", words[0]):
+        return name, None, f"{name}: not a CPython that runs"
+    return name, Platform(machine, words[0]), ""
+
+
+def coverage(sets: tuple[str, ...] | list[str]) -> str:
+    """One line: whether SETS (a bundle's wheel sets) install mm with this host's python3, before anything is."""
+    name, target, why = installer_python()
+    if target is None:
+        return f"this host: {why}"
+    if target.name in sets:
+        return f"this host is covered: {name} is CPython {target.python} on {target.machine}, set {target.name}"
+    if target.version < OLDEST_PYTHON:
+        return (f"this host is NOT covered: {name} is CPython {target.python}, older than mm supports (3.10 or newer); "
+                f"install a newer CPython the bundle holds a set for ({', '.join(sets) or 'none'}) and run "
+                f"PYTHON=python3.X sh install-mm.sh")
+    return (f"this host is NOT covered: {name} is CPython {target.python} on {target.machine} and the bundle holds "
+            f"{', '.join(sets) or 'no set'}; build one on the connected host with: mm bundle --only-mm --out DIR "
+            f"--target-platform linux/{target.machine} --target-python {target.python} (or PYTHON=another "
+            f"python3 sh install-mm.sh)")
+
+
 def parse_machine(value: str) -> str:
     """linux/amd64, linux/arm64, x86_64, aarch64, amd64, arm64 -> x86_64 | aarch64."""
     raw = value.strip().lower()
@@ -105,11 +162,15 @@ def host_target() -> Platform:
     return Platform(machine, "%d.%d" % sys.version_info[:2])
 
 
-def targets_for(platforms: tuple[str, ...] = (), pythons: tuple[str, ...] = ()) -> list[Platform]:
-    """Every (platform, python) pair; defaults are this host's machine and Python minor version."""
+def targets_for(platforms: tuple[str, ...] = (), pythons: tuple[str, ...] = (),
+                also: tuple[str, ...] = ()) -> list[Platform]:
+    """Every (platform, python) pair. Without platforms: linux/amd64, this host's machine and ALSO (the platforms
+    of what the bundle carries, e.g. an arm64 image); without pythons: DEFAULT_PYTHONS and this host's Python."""
     host = host_target() if not platforms or not pythons else None
-    machines = [parse_machine(p) for p in platforms] or [host.machine]
-    versions = [parse_python(p) for p in pythons] or [host.python]
+    machines = [parse_machine(p) for p in platforms] or [*DEFAULT_MACHINES, host.machine,
+                                                          *(parse_machine(p) for p in also)]
+    versions = [parse_python(p) for p in pythons] or sorted({*DEFAULT_PYTHONS, host.python},
+                                                            key=lambda v: tuple(map(int, v.split("."))))
     seen: dict[str, Platform] = {}
     for machine in machines:
         for version in versions:
@@ -210,10 +271,15 @@ def wheel_fits(filename: str, target: Platform, accepted: set | None = None) -> 
     return bool(parse_wheel_filename(filename)[3] & accepted)
 
 
-def misfits(set_dir: Path, target: Platform) -> list[str]:
-    """Wheels in SET_DIR that a CPython of TARGET would not install (should be none)."""
+def _wheel_paths(wheels: Path | list[Path]) -> list[Path]:
+    """The wheels of a set: a directory's *.whl (a set being built) or a list (`set_wheels` of a wheelhouse)."""
+    return sorted(Path(wheels).glob("*.whl")) if isinstance(wheels, (str, Path)) else list(wheels)
+
+
+def misfits(wheels: Path | list[Path], target: Platform) -> list[str]:
+    """Wheels of a set that a CPython of TARGET would not install (should be none)."""
     accepted = accepted_tags(target)
-    return sorted(w.name for w in set_dir.glob("*.whl") if not wheel_fits(w.name, target, accepted))
+    return sorted(w.name for w in _wheel_paths(wheels) if not wheel_fits(w.name, target, accepted))
 
 
 # --- building ------------------------------------------------------------------------------------
@@ -251,15 +317,15 @@ class WheelhouseReport:
 
     @property
     def size(self) -> int:
-        return sum(s.size for s in self.sets)
+        """Bytes of wheels carried: a wheel shared by several sets counts once."""
+        return sum({w.file: w.size for s in self.sets for w in s.wheels}.values())
 
     @property
     def files(self) -> list[str]:
         """Every file under OUT (relative POSIX paths), the script first: what the bundle payload carries."""
         names = [INSTALL_SCRIPT, f"{WHEELHOUSE_DIR}/{INDEX_NAME}"]
-        for s in self.sets:
-            names += [f"{WHEELHOUSE_DIR}/{s.name}/{w.file}" for w in s.wheels] + [f"{WHEELHOUSE_DIR}/{s.lock}"]
-        return names
+        names += [f"{WHEELHOUSE_DIR}/{WHEELS_DIR}/{f}" for f in sorted({w.file for s in self.sets for w in s.wheels})]
+        return names + [f"{WHEELHOUSE_DIR}/{s.lock}" for s in self.sets]
 
 
 def _sha256(path: Path) -> str:
@@ -304,14 +370,14 @@ def _requires(wheel: Path) -> list[str]:
     return [line.split(":", 1)[1].strip() for line in head.splitlines() if line.startswith("Requires-Dist:")]
 
 
-def unmet_requirements(target: Platform, set_dir: Path) -> tuple[list[str], set[str]]:
-    """(requirements no wheel in SET_DIR satisfies, names of the wheels the target needs), with every marker
+def unmet_requirements(target: Platform, set_wheels: Path | list[Path]) -> tuple[list[str], set[str]]:
+    """(requirements no wheel of the set satisfies, names of the wheels the target needs), with every marker
     evaluated for TARGET: pip download evaluates markers for the Python running it, not --python-version."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
     env = marker_environment(target)
-    wheels = {_wheel_name_version(w.name)[0]: w for w in set_dir.glob("*.whl")}
+    wheels = {_wheel_name_version(w.name)[0]: w for w in _wheel_paths(set_wheels)}
     versions = {name: _wheel_name_version(w.name)[1] for name, w in wheels.items()}
     roots = ["mm", *EXTRA_WHEELS]
     todo = [(canonicalize_name(r), frozenset()) for r in roots]
@@ -376,9 +442,38 @@ def build_set(target: Platform, mm_wheel: Path, set_dir: Path) -> WheelSet:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise IntegrityError(f"{set_dir}: more than one wheel for {', '.join(dupes)}")
-    lock = "".join(f"{w.name}=={w.version} --hash=sha256:{w.sha256}\n" for w in wheels)
-    (set_dir / LOCK_NAME).write_text(lock)
+    _write_lock(set_dir, wheels)
     return WheelSet(target.name, target.machine, target.python, wheels, f"{target.name}/{LOCK_NAME}")
+
+
+def _write_lock(set_dir: Path, wheels: list[Wheel]) -> None:
+    (set_dir / LOCK_NAME).write_text("".join(f"{w.name}=={w.version} --hash=sha256:{w.sha256}\n" for w in wheels))
+
+
+def _share_wheels(work: Path, sets: list[WheelSet]) -> None:
+    """Where sets of one machine took different wheels of one release (cryptography's cp39-abi3 for 3.10 and its
+    cp311-abi3 for 3.11 on), the one that every set of them accepts (by its tags) serves them all: the same
+    release and code, built against an older stable ABI, and the volume carries it once."""
+    groups: dict[tuple[str, str, str], list[tuple[WheelSet, Wheel]]] = {}
+    for s in sets:
+        for w in s.wheels:
+            groups.setdefault((s.machine, w.name, w.version), []).append((s, w))
+    for users in groups.values():
+        files = {w.file: (s, w) for s, w in users}
+        if len(files) < 2:
+            continue
+        fits = [f for f in files if all(wheel_fits(f, Platform(s.machine, s.python)) for s, _ in users)]
+        if not fits:
+            continue
+        best = max(fits, key=lambda f: sum(w.file == f for _, w in users))  # the one most sets took already
+        owner, chosen = files[best]
+        for s, w in users:
+            if w.file != best:
+                shutil.copy2(work / owner.name / best, work / s.name / best)
+                (work / s.name / w.file).unlink()
+                s.wheels[s.wheels.index(w)] = chosen
+                s.wheels.sort(key=lambda x: x.file)
+                _write_lock(work / s.name, s.wheels)
 
 
 def install_script_text() -> str:
@@ -413,6 +508,8 @@ def build_wheelhouse(out: Path, targets: list[Platform], progress: ProgressSink 
                     shutil.rmtree(cache / target.name, ignore_errors=True)
                     shutil.copytree(work / target.name, cache / target.name)
         shutil.rmtree(work / "_mm")
+        _share_wheels(work, sets)
+        _pool_wheels(work, sets)
         dist_version = mm_version()
         index = {"schema": SCHEMA, "mm_version": dist_version, "glibc_min": "%d.%d" % GLIBC_MIN,
                  "install": f"sh {INSTALL_SCRIPT} [DIR]",
@@ -432,6 +529,31 @@ def build_wheelhouse(out: Path, targets: list[Platform], progress: ProgressSink 
     atomic_write_text(out / INSTALL_SCRIPT, install_script_text(), mode=0o755, root=out)
     normalize_mtimes(out)
     return WheelhouseReport(out, dist_version, "%d.%d" % GLIBC_MIN, sets, time.monotonic() - started)
+
+
+def _pool_wheels(work: Path, sets: list[WheelSet]) -> None:
+    """Move each set's wheels into WORK/wheels/, one file a wheel name: the sets share what they have in common
+    (a wheel's file name names its tags, so the same name for two sets is the same wheel, checked by sha256)."""
+    pool = work / WHEELS_DIR
+    pool.mkdir()
+    for s in sets:
+        for w in s.wheels:
+            src, dst = work / s.name / w.file, pool / w.file
+            if dst.exists():
+                if _sha256(dst) != w.sha256:
+                    raise IntegrityError(f"{w.file}: two different wheels of one name for {s.name} and another set")
+                src.unlink()
+            else:
+                os.replace(src, dst)
+
+
+def set_wheels(wheelhouse: Path, name: str) -> list[Path]:
+    """The wheel files of set NAME in a written wheelhouse (under wheels/), as its index lists them."""
+    doc = read_index(wheelhouse)
+    s = next((s for s in doc["sets"] if s["name"] == name), None)
+    if s is None:
+        raise BadInput(f"{wheelhouse}: no set {name}")
+    return [Path(wheelhouse) / WHEELS_DIR / w["file"] for w in s["wheels"]]
 
 
 def _read_set(set_dir: Path, target: Platform) -> WheelSet:
@@ -473,6 +595,7 @@ def check_wheelhouse(wheelhouse: Path) -> list[str]:
     """Every wheel present with its size and sha256, every lock line matching: problems, one line each."""
     doc = read_index(wheelhouse)
     problems = []
+    checked: set[str] = set()
     for s in doc["sets"]:
         lock = Path(wheelhouse) / s["lock"]
         expected = "".join(f"{w['name']}=={w['version']} --hash=sha256:{w['sha256']}\n" for w in s["wheels"])
@@ -483,7 +606,10 @@ def check_wheelhouse(wheelhouse: Path) -> list[str]:
         if not same:
             problems.append(f"{lock}: missing or not the lock wheelhouse.json records")
         for w in s["wheels"]:
-            path = Path(wheelhouse) / s["name"] / w["file"]
+            path = Path(wheelhouse) / WHEELS_DIR / w["file"]
+            if w["file"] in checked:
+                continue
+            checked.add(w["file"])
             if not path.is_file():
                 problems.append(f"{path}: missing")
             elif path.stat().st_size != w["size"] or _sha256(path) != w["sha256"]:
@@ -514,10 +640,9 @@ def payload_files(out: Path) -> tuple[dict, list[tuple[str, Path, int]]]:
     if problems:
         raise IntegrityError(f"{problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     files = [(INSTALL_SCRIPT, out / INSTALL_SCRIPT), (f"{WHEELHOUSE_DIR}/{INDEX_NAME}", out / WHEELHOUSE_DIR / INDEX_NAME)]
-    for s in doc["sets"]:
-        files += [(f"{WHEELHOUSE_DIR}/{s['name']}/{w['file']}", out / WHEELHOUSE_DIR / s["name"] / w["file"])
-                  for w in s["wheels"]]
-        files.append((f"{WHEELHOUSE_DIR}/{s['lock']}", out / WHEELHOUSE_DIR / s["lock"]))
+    shared = sorted({w["file"] for s in doc["sets"] for w in s["wheels"]})
+    files += [(f"{WHEELHOUSE_DIR}/{WHEELS_DIR}/{f}", out / WHEELHOUSE_DIR / WHEELS_DIR / f) for f in shared]
+    files += [(f"{WHEELHOUSE_DIR}/{s['lock']}", out / WHEELHOUSE_DIR / s["lock"]) for s in doc["sets"]]
     record = {"mm_version": str(doc["mm_version"]), "sets": [str(s["name"]) for s in doc["sets"]]}
     return record, [(rel, src, src.stat().st_size) for rel, src in files]
 
@@ -529,9 +654,13 @@ def cache_dir() -> Path:
     return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "mm"
 
 
+def sets_cache() -> Path:
+    """Sets downloaded by an earlier run, by name, each with the mm wheel it was made for."""
+    return cache_dir() / "wheelhouse" / "sets"
+
+
 @contextlib.contextmanager
-def bundle_wheelhouse(platforms: tuple[str, ...] = (), pythons: tuple[str, ...] = (),
-                      progress: ProgressSink = NULL_PROGRESS) -> Iterator[Path]:
+def bundle_wheelhouse(targets: list[Platform], progress: ProgressSink = NULL_PROGRESS) -> Iterator[Path]:
     """The wheelhouse `mm bundle` carries by default, built in mm's cache directory, never on the output disks:
     CACHE/wheelhouse/build-XXXX for this run (locked while it runs, removed after; one a kill left is removed by
     the next run). Sets downloaded by an earlier run (same mm wheel, byte for byte) are copied from
@@ -545,7 +674,7 @@ def bundle_wheelhouse(platforms: tuple[str, ...] = (), pythons: tuple[str, ...] 
     try:
         with dir_lock(fresh, "mm bundle", leave_nothing=True):
             os.replace(fresh, build)  # the lock is on the directory itself: it moves with it
-            build_wheelhouse(build, targets_for(tuple(platforms), tuple(pythons)), progress, cache=root / "sets")
+            build_wheelhouse(build, targets, progress, cache=sets_cache())
             yield build
     finally:
         shutil.rmtree(build, ignore_errors=True)

@@ -362,6 +362,18 @@ def read_local_file(path: Path | str, *, what: str = "file", max_bytes: int) -> 
     return data
 
 
+def still_to_write(partial: Path, size: int, recorded: int = 0) -> int:
+    """Bytes a file of SIZE still needs on disk, continuing PARTIAL: less what PARTIAL already holds, whether
+    RECORDED (its range map, an import's state) or only allocated (reserved up front, or written after the
+    record was last saved, as when a full disk stopped the run); a hole still needs its bytes."""
+    try:
+        st = os.lstat(partial)
+        held = min(st.st_size, st.st_blocks * 512) if stat.S_ISREG(st.st_mode) else 0
+    except OSError:
+        held = 0
+    return max(0, size - max(recorded, held))
+
+
 def require_free_space(needs: Iterable[tuple[Path, int]], what: str) -> None:
     """Refuse up front (exit 7) rather than fail hours later with a full disk.
 
@@ -417,6 +429,36 @@ def dir_lock(directory: Path, what: str = "mm", leave_nothing: bool = False) -> 
         if not leave_nothing:
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def read_lock(directory: Path, what: str, after: str = "wait for it or stop it") -> Iterator[None]:
+    """Share DIR/.mm/lock while mm reads DIR as its input (verify, bundle, push, a delta's base, fetch --from).
+    Writers (fetch, unbundle, manifest) hold it whole, and `mm gc` takes it whole before it removes a revision,
+    so what is being read is never half-written nor removed underneath: a reader's lock, as writers have theirs.
+    The lock file is created where DIR's .mm is a real directory (never through a link); a model on a read-only
+    mount, or without .mm, is read without it (nothing of mm's can write or remove it there either)."""
+    lock = state_dir(directory, MM_DIR) / "lock"  # a Hugging Face cache snapshot keeps its .mm outside the cache
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO there never blocks
+    except OSError:
+        fd = None
+        if lock.parent.is_dir() and not lock.parent.is_symlink():
+            with suppress(OSError, BadInput):
+                fd = open_file(state_root(directory), lock, os.O_RDWR | os.O_CREAT, 0o644)
+    if fd is None:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # dir_lock records the holder's pid: our own caller (e.g. unbundle verifying its DEST) may read it.
+            if os.pread(fd, 32, 0).strip() != str(os.getpid()).encode():
+                raise Busy(f"{directory}: {what} cannot start: {lock_holder(fd, lock)}; {after}") from None
         yield
     finally:
         os.close(fd)

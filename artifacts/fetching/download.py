@@ -33,7 +33,7 @@ from typing import ContextManager, Mapping, Protocol, Sequence
 from ..errors import BadInput, IntegrityError, MMError, RemoteError
 from ..paths import MM_DIR
 from ..edges.fsutil import (check_inside, check_model_path, check_targets, dir_lock, make_dirs, open_file, publish,
-                            read_local_file, require_free_space, unlink_file)
+                            read_local_file, require_free_space, still_to_write, unlink_file)
 from ..integrity.hashing import SLICE, Digests, StreamHasher, hash_file, mapped_windows
 from ..edges.interrupt import keeps, requested as interrupt_requested, worker_pool
 from ..integrity.manifest import FileEntry, Upstream, entry_from_dict, read_manifest
@@ -370,7 +370,8 @@ class Session:
         for f in files:
             if not refetch and self.present(f):
                 continue
-            needed += f.size - Partial.of(self.local_dir, f).have
+            partial = Partial.of(self.local_dir, f)
+            needed += still_to_write(partial.path, f.size, partial.have)
         require_free_space([(self.local_dir, needed)], "the download")
 
 

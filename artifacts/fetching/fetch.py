@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 import os
 import time
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping
 from .download import JOURNAL, PARTIAL_DIR, FileOutcome, RemoteFile, Session, Source, Sources, same_size
 from ..errors import BadInput, RemoteError
 from ..paths import MM_DIR, state_root
-from ..edges.fsutil import check_model_path, unlink_file
+from ..edges.fsutil import check_model_path, read_lock, unlink_file
 from ..paths import Snapshot, snapshot_of
 from .ranges import DEFAULT_CONNECTIONS
 from ..edges import wire
@@ -94,6 +94,14 @@ class FetchResult:
 
 def fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: SourcePlan | None = None,
           refetch: frozenset[str] | None = None) -> FetchResult:
+    """_fetch, with the reader's lock of the revision it takes files from (--from) held throughout
+    (fsutil.read_lock: `mm gc` keeps it)."""
+    with read_lock(Path(req.base_dir), "mm fetch --from") if req.base_dir is not None else nullcontext():
+        return _fetch(req, progress, plan=plan, refetch=refetch)
+
+
+def _fetch(req: FetchRequest, progress: ProgressSink = NULL_PROGRESS, *, plan: SourcePlan | None = None,
+           refetch: frozenset[str] | None = None) -> FetchResult:
     """Fetch REQ. PLAN: sources decided beforehand (mirror). REFETCH: only these paths, downloaded again even
     when a good-looking final file exists (repair's scope)."""
     started = time.monotonic()

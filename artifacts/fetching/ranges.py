@@ -19,10 +19,14 @@ read back, at most ``HASHING_AT_ONCE`` files at once, whatever the file sizes.
 Answers are hostile until proven, for every source (the Hub, its CDN, a mirror, an OCI registry): a body is used
 only at the offsets its answer proves (``prove``: a 200 is the whole file from byte 0; a 206 needs a
 ``Content-Range: bytes S-E/SIZE`` that fits the file; anything else, ``bytes banana``, ``bytes */N`` or none, is
-refused before a byte is written or recorded). A body that starts before the offset asked (a 200 to a Range
-request, or a 206 whose Content-Range starts earlier) is used at its true offsets, becoming the file's single
-stream when the gap is large; a body that starts after the offset asked is refused and, after a second time,
-the whole file is asked for without Range. Failures are retried per range with backoff (``Retry-After``
+refused before a byte is written or recorded). A 200 to a Range request means the server does not honour Range
+for that file now (a pull-through cache on a miss, a mirror that ignores it): that answer becomes the file's
+single stream (as aria2c does), bytes already here are read and dropped, no other connection is used for the
+file any more, and the file's byte budget covers, once, what was received so far plus what the answer declares
+(the file's size): a cold cache costs one more stream, not a failure. A 206 whose Content-Range starts earlier is used at its true
+offsets, becoming the file's single stream when the gap is large; a body that starts after the offset asked is
+refused and, after a second time, the whole file is asked for without Range. A file's first request goes
+alone; its other connections start once a 206 proved that the server honours Range. Failures are retried per range with backoff (``Retry-After``
 honoured) within a per-range limit and a budget for the whole fetch. Each file has its own budget too: bytes
 received at most 1.5x its size plus ``BUDGET_MARGIN``, requests at most twice its planned ranges plus
 ``REQUEST_MARGIN``; past either the file fails (exit 4: the server answers wrongly) and keeps its partial. A
@@ -733,6 +737,8 @@ class _File:
                                                                  head=share if share > 1 else 0))
         self.inflight: set[_Range] = set()
         self.sequential = False  # one response is streaming the whole rest of the file
+        self.no_range = False  # a Range request was answered with the whole file: the rest of it is one stream
+        self.honoured = most <= 1  # an answer proved the server honours Range (a 206): more connections may start
         self.whole_file = False  # the server answers Range at the wrong offset: ask without Range
         self.wrong_offsets = 0
         self.error: MMError | None = None
@@ -754,8 +760,8 @@ class _File:
 
     def take(self) -> _Range | None:
         with self.lock:
-            if self.error is not None:
-                return None
+            if self.error is not None or (self.no_range and self.inflight):
+                return None  # (the stream holds the rest of the file)
             while self.pending and not self.sequential:
                 start, end = self.pending.popleft()
                 gaps = self.rmap.gaps(start, end)
@@ -942,9 +948,13 @@ def _spread(f: _File) -> None:
     connection in use, plus at most one waiting (which is also what tells the budget that more connections are
     wanted), instead of every file starting its whole share up front: 8 files of 128 MiB started 31 threads each,
     most of them only to wait and end, and each start and end is a round of GIL hand-offs (10,000 futex calls and
-    0.1 CPU-s of a 1 GiB fetch)."""
+    0.1 CPU-s of a 1 GiB fetch). A file's first request goes alone: the others start once an answer proved that the
+    server honours Range (a 206). A pull-through cache answers a miss with the whole blob to every request, and
+    fetches it from its upstream once per request (distribution's proxy does not merge concurrent misses): one
+    request on a cold cache, not sixteen."""
     with f.lock:
-        if f.error is not None or f.waiting or f.sequential or not f.pending or f.threads >= f.most:
+        if (f.error is not None or f.waiting or f.sequential or f.no_range or not f.honoured or not f.pending
+                or f.threads >= f.most):
             return
         f.threads += 1
     worker = threading.Thread(target=_work, args=(f,), name="mm-range", daemon=True)
@@ -995,6 +1005,11 @@ def _attempt(f: _File, r: _Range, view: memoryview) -> None:
     with f.source.stream(job.path, start, end) as answer:
         where = f"{job.path}: {answer.peer}" if answer.peer else f.where
         body_start, body_end = prove(answer, job.size, where)
+        ranged = start > 0 or end is not None
+        if answer.status == 206 and not f.honoured:
+            with f.lock:
+                f.honoured = True
+            _spread(f)  # the file's other connections start now, not before: see _spread
         if body_start > r.pos:
             with f.lock:
                 f.wrong_offsets += 1
@@ -1002,12 +1017,20 @@ def _attempt(f: _File, r: _Range, view: memoryview) -> None:
             raise RetryLater(f"{where} answered a request for byte {r.pos} from byte {body_start}",
                              "wrong-range", after=0)
         sequential = False
-        if r.pos - body_start > SKIP_LIMIT:
+        whole = answer.status == 200 and ranged  # the server does not honour Range for this file now
+        if whole or r.pos - body_start > SKIP_LIMIT:
             with f.lock:
                 if f.sequential:
                     return  # another response already streams the whole file
                 f.sequential = sequential = True
-                r.pos, r.end = body_start, job.size
+                if whole and not f.no_range:  # once per file: a cold cache costs one more stream, not a failure
+                    f.no_range = True  # what was received so far, and what this answer declares (prove: the size)
+                    f.byte_budget = max(f.byte_budget, f.transferred + job.size)
+                gaps = f.rmap.gaps(body_start)  # bytes already here are read and dropped, not written again
+                if not gaps:
+                    f.sequential = False
+                    return  # every byte is here already
+                r.pos, r.end = gaps[0][0], job.size
         try:
             _land(f, r, body_start, body_end, answer.read, view, where)
         finally:

@@ -17,22 +17,20 @@ The structure checks read headers through safetensors.deserialize, so no verify 
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import posixpath
 import stat
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import Callable, Iterable, TypeVar
 
 import blake3
 
 from ..errors import BadInput, Busy, QuickVerifyFailed
 from ..paths import MM_DIR, Snapshot, manifest_path, snapshot_of, state_dir
-from ..edges.fsutil import check_relpath, is_model_file, lock_holder, read_local_file
+from ..edges.fsutil import check_relpath, is_model_file, lock_holder, read_local_file, read_lock
 from .hashing import SLICE, ChangedDuringRead, blake3_file, upstream_digest
 from .manifest import Manifest, read_manifest
 from ..edges.progress import NULL_PROGRESS, ProgressSink
@@ -66,6 +64,7 @@ _END = object()
 class Problem:
     path: str  # relative POSIX path in the model dir (or the manifest/index file)
     kind: str  # "missing" | "size" | "hash" | "extra" | "empty" | "unreadable" | "changed" | "symlink" | "structure" | "index" | "draft"
+    #         | "manifest" (the manifest itself: it lists no file)
     detail: str  # expected vs found, one line
 
 
@@ -128,7 +127,7 @@ def verify_dir(model_dir: Path, manifest: Manifest | None = None, *, quick: bool
     model_dir = Path(model_dir)
     _check_readable_dir(model_dir)
     manifest_file = Path(manifest_file) if manifest_file else manifest_path(model_dir)
-    with _no_writer(model_dir):
+    with read_lock(model_dir, "verify", "verify when it has finished"):
         if manifest is None:
             manifest = read_manifest(manifest_file)
         expected = [Expected(f.path, f.size, "blake3", f.blake3) if f.blake3 is not None
@@ -136,6 +135,10 @@ def verify_dir(model_dir: Path, manifest: Manifest | None = None, *, quick: bool
         report = _verify(model_dir, expected, str(manifest_file), quick=quick, jobs=jobs, progress=progress,
                          ignore=_inside(model_dir, manifest_file), rehash=rehash,
                          left_out=frozenset(manifest.partial.left_out if manifest.partial else ()))
+    if not manifest.files:  # a model is at least one file: an emptied manifest would vouch for anything beside it
+        report = replace(report, problems=(Problem(_inside(model_dir, manifest_file) or str(manifest_file), "manifest",
+                                                   "lists no file, and a model is at least one: an emptied "
+                                                   "manifest (write it again with `mm manifest`)"), *report.problems))
     partial = manifest.partial
     return replace(report, strict=strict, left_out=partial.left_out if partial else (),
                    asked=partial.asked() if partial else None)
@@ -171,7 +174,7 @@ def verify_upstream(model_dir: Path, repo_id: str, revision: str, *, quick: bool
     resolved = resolve_revision(repo_id, revision, endpoint=endpoint, token=token)
     remote = list_remote_files(repo_id, resolved.commit, endpoint=endpoint, token=token)
     expected = [Expected(f.path, f.size, f.upstream.kind, f.upstream.value) for f in remote]
-    with _no_writer(model_dir):
+    with read_lock(model_dir, "verify", "verify when it has finished"):
         report = _verify(model_dir, expected, f"hub:{repo_id}@{resolved.commit}", quick=quick, jobs=jobs,
                          progress=progress, listing="the Hub's file list")
     return replace(report, strict=strict)
@@ -239,32 +242,6 @@ def _check_readable_dir(model_dir: Path) -> None:
             pass
     except OSError as e:
         raise BadInput(f"{model_dir}: cannot read the model directory: {e.strerror}") from None
-
-
-@contextmanager
-def _no_writer(model_dir: Path) -> Iterator[None]:
-    """Share the directory's lock (DIR/.mm/lock, held exclusively by fetch, unbundle, manifest) while
-    verifying, so that verify never judges a half-written directory and no writer starts meanwhile.
-    Opens the lock read-only and never creates it: a model mounted read-only verifies too."""
-    lock = state_dir(model_dir, MM_DIR) / "lock"
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO there never blocks
-    except OSError:
-        yield  # no lock file: no mm writer has ever run here
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            held_elsewhere = False
-        except BlockingIOError:
-            # fsutil.dir_lock records the holder's pid: our own caller (e.g. unbundle) may verify.
-            held_elsewhere = os.pread(fd, 32, 0).strip() != str(os.getpid()).encode()
-        if held_elsewhere:
-            raise Busy(f"{model_dir}: verify cannot start: {lock_holder(fd, lock)}; "
-                       f"verify when it has finished")
-        yield
-    finally:
-        os.close(fd)
 
 
 def _inside(model_dir: Path, path: Path) -> str | None:

@@ -104,6 +104,28 @@ def parse_reference(text: str) -> Reference:
     return Reference(host, rest, tag, digest)
 
 
+def parse_host(text: str, what: str, transport: "Transport") -> tuple[str, "Transport"]:
+    """A mirror or tier as the user names it: HOST[:PORT], or http(s)://HOST[:PORT] (http: plain HTTP to that host
+    whatever TRANSPORT says; https: TLS even on loopback). Returns the host and the transport for it."""
+    raw = text.strip().rstrip("/")
+    scheme = None
+    if "://" in raw:
+        scheme, _, raw = raw.partition("://")
+        scheme = scheme.lower()
+        if scheme not in ("http", "https"):
+            raise BadInput(f"{what} {wire.shown(text, 80)!r}: not HOST[:PORT] or an http(s):// URL")
+    if "@" in raw:
+        raise BadInput(f"{what} ***@{wire.shown(raw.rsplit('@', 1)[1], 80)}: holds credentials; give them in "
+                       f"~/.docker/config.json / REGISTRY_AUTH_FILE instead")
+    if not HOST.match(raw):
+        raise BadInput(f"{what} {wire.shown(text, 80)!r}: not HOST[:PORT] or an http(s):// URL without a path")
+    if scheme == "http":
+        return raw, Transport(plain_http=True, timeout=transport.timeout)
+    if scheme == "https" and not transport.ca_file and is_loopback(raw):
+        raise BadInput(f"{what} {wire.shown(text, 80)!r}: HTTPS on loopback needs --ca-file")
+    return raw, transport
+
+
 def is_loopback(registry: str) -> bool:
     host = urlsplit(f"//{registry}").hostname or ""
     if host == "localhost":

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..edges import interrupt
 from ..errors import BadInput, Refused, RemoteError
 from ..paths import MM_DIR, manifest_path, state_root
-from ..edges.fsutil import atomic_write_text, check_inside, read_local_file, remove_tree, unlink_file
+from ..edges.fsutil import atomic_write_text, check_inside, read_local_file, read_lock, remove_tree, unlink_file
 from ..integrity.manifest import read_manifest, to_json
 from ..edges.progress import NULL_PROGRESS, ProgressSink
 from ..units import human_bytes
@@ -68,6 +68,13 @@ class PushOptions:
 
 def push(model_dir: Path, reference: str, options: PushOptions = PushOptions(),
          progress: ProgressSink = NULL_PROGRESS) -> PushReport:
+    """_push, with MODEL_DIR's reader's lock held throughout (fsutil.read_lock: `mm gc` keeps a revision being
+    pushed)."""
+    with read_lock(Path(model_dir), "mm push"):
+        return _push(model_dir, reference, options, progress)
+
+
+def _push(model_dir: Path, reference: str, options: PushOptions, progress: ProgressSink) -> PushReport:
     from ..integrity.verify import require_quick_verify
 
     started = time.monotonic()

@@ -32,7 +32,7 @@ MAX_LINE = 400  # a matched line is quoted up to this many characters
 class Detector:
     source: str
     pattern: re.Pattern | None = None
-    unless: re.Pattern | None = None  # the row does not match when this is anywhere in the text
+    unless: re.Pattern | None = None  # a line matching this voids the pattern's later lines (not earlier ones)
     also: re.Pattern | None = None  # ... and matches only when this is somewhere too
     after: re.Pattern | None = None  # the pattern counts only on lines after one that matches this (a ready line)
     requires: str | None = None  # a property of the recipe: expects_qmul4, blackwell
@@ -41,6 +41,8 @@ class Detector:
     body: str | None = None  # a named check on a JSON request or answer body (BODY_CHECKS)
     fallback: bool = False  # a symptom whose cause another row may name: reported only when no other row matches
     missing_mount: str | None = None
+    fix: str | None = None  # this message's own fix, where it says more than the row's (a full disk, the GPU)
+    fix_here: str | None = None  # ... adapted to the plan
     check: str | None = None
     pattern_source: str = ""
 
@@ -59,6 +61,8 @@ class Row:
     fix_vllm: str | None = None  # the guide's vLLM row, where it differs
     fix_here_vllm: str | None = None
     fix_here_hardware: dict = field(default_factory=dict)  # hardware name -> fix_here (the guide's B200 advice)
+    fix_here_pinned_image: str | None = None  # when the start already runs the pinned image (its other fix)
+    fix_log: str | None = None  # when the log shows the server's own values of the flags the fix names (LOG_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -124,9 +128,11 @@ FIX_FIELDS = frozenset({"recipe", "hardware", "model_dir", "revision", "pinned_r
                         "cache_root", "minfer_mount", "minfer_host", "mem_fraction_static", "chunked_prefill_size",
                         "gpu_count", "gpus", "port", "container"})
 FIELDS = ("error", "content")
+# the placeholders a row's fix_log may name: the values the log shows and the lower ones mm proposes
+LOG_FIELDS = frozenset({"mem_fraction_static", "mem_fraction_lower", "chunked_prefill_size", "apply"})
 
 
-def _fix_template(value: str | None, at: At) -> str | None:
+def _fix_template(value: str | None, at: At, known: frozenset = FIX_FIELDS) -> str | None:
     import string
 
     if value is None:
@@ -136,8 +142,8 @@ def _fix_template(value: str | None, at: At) -> str | None:
     except ValueError as e:
         raise at.fail(f"not a fix template ({e})") from None
     for f in fields:
-        if f not in FIX_FIELDS:
-            raise at.fail(f"unknown placeholder {{{f[:40]}}} (known: {', '.join(sorted(FIX_FIELDS))})")
+        if f not in known:
+            raise at.fail(f"unknown placeholder {{{f[:40]}}} (known: {', '.join(sorted(known))})")
     return value
 
 
@@ -164,6 +170,8 @@ def _detector(d: dict, d_at: At, where: str) -> Detector:
     return Detector(source=source, **patterns, requires=d_at.get_str(d, "requires", None, max_len=64), engine=engine,
                     field=judged, body=body, fallback=d_at.get_bool(d, "fallback", False),
                     missing_mount=d_at.get_str(d, "missing_mount", None, max_len=4096), check=check,
+                    fix=d_at.get_str(d, "fix", None), fix_here=_fix_template(d_at.get_str(d, "fix_here", None),
+                                                                             d_at.key("fix_here")),
                     pattern_source=pattern_source)
 
 
@@ -192,7 +200,10 @@ def load_table(path: Path | None = None) -> Table:
                         fix_vllm=r_at.get_str(r, "fix_vllm", None),
                         fix_here_vllm=_fix_template(r_at.get_str(r, "fix_here_vllm", None), r_at.key("fix_here_vllm")),
                         fix_here_hardware={hw: _fix_template(r_at.key("fix_here_hardware").get_str(by_hw, hw), r_at.key(hw))
-                                           for hw in by_hw}))
+                                           for hw in by_hw},
+                        fix_here_pinned_image=_fix_template(r_at.get_str(r, "fix_here_pinned_image", None),
+                                                            r_at.key("fix_here_pinned_image")),
+                        fix_log=_fix_template(r_at.get_str(r, "fix_log", None), r_at.key("fix_log"), LOG_FIELDS)))
     return Table(path=path, rows=tuple(rows))
 
 
@@ -215,15 +226,58 @@ def plan_context(plan: LaunchPlan) -> dict[str, str]:
     }
 
 
-def fix_for(row: Row, plan: LaunchPlan | None, engine: str) -> str:
-    """The fix for ENGINE: on vLLM the row's vLLM fix (the guide's vLLM row) where it has one, never an
-    SGLang-specific one; with a plan, adapted to it (on SGLang, the hardware's own advice first: B200)."""
-    context = plan_context(plan) if plan is not None else None
-    if engine == "vllm":
-        options = [(row.fix_here_vllm, True), (row.fix_vllm, False), (row.fix_here, True), (row.fix, False)]
+def _lower_fraction(shown: str) -> str | None:
+    """The --mem-fraction-static mm proposes below SHOWN: under the guide's 0.8 (row 4: 'lower it below 0.8') and
+    0.05 below the lower of the two (mm's own step), so the proposal always moves down from what ran."""
+    try:
+        value = float(shown)
+    except ValueError:
+        return None
+    lower = round(min(value, 0.8) - 0.05, 2)
+    return f"{lower:.2f}" if 0 < lower < value else None
+
+
+def launch_takes(option: str) -> bool:
+    """Whether `mm launch` takes this engine flag as an override (a LaunchOptions field of that name)."""
+    from dataclasses import fields
+    from .launch import LaunchOptions
+
+    return option.lstrip("-").replace("-", "_") in {f.name for f in fields(LaunchOptions)}
+
+
+def log_context(shown: dict[str, str], plan: LaunchPlan | None) -> dict[str, str] | None:
+    """The placeholders of a row's fix_log from the server's own values in the log, or None when it shows none."""
+    fraction = shown.get("mem_fraction_static")
+    lower = _lower_fraction(fraction) if fraction else None
+    if lower is None:
+        return None
+    if launch_takes("--mem-fraction-static"):
+        where = (f"mm launch {plan.model_dir} --hardware {plan.hardware.name}" if plan is not None
+                 else "mm launch MODEL_DIR --hardware HW")
+        apply = f"{where} --mem-fraction-static {lower}"
     else:
-        options = [(row.fix_here_hardware.get(plan.hardware.name) if plan else None, True), (row.fix_here, True),
-                   (row.fix, False)]
+        apply = f"set the engine flag --mem-fraction-static {lower} in the start script `mm launch` wrote"
+    return {"mem_fraction_static": fraction, "mem_fraction_lower": lower, "apply": apply,
+            "chunked_prefill_size": shown.get("chunked_prefill_size") or "its current value"}
+
+
+def fix_for(row: Row, plan: LaunchPlan | None, engine: str, d: Detector | None = None,
+            shown: dict[str, str] | None = None) -> str:
+    """The fix for ENGINE: on vLLM the row's vLLM fix (the guide's vLLM row) where it has one, never an
+    SGLang-specific one; the matched message's own fix first (D); on SGLang, the server's own flag values the log
+    SHOWS; with a plan, adapted to it (on SGLang, the hardware's own advice first: B200; the pinned image's
+    other fix when it already runs)."""
+    context = plan_context(plan) if plan is not None else None
+    from_log = log_context(shown or {}, plan) if row.fix_log else None
+    if from_log is not None and engine != "vllm" and not (plan and plan.hardware.name in row.fix_here_hardware):
+        return row.fix_log.format_map(from_log)
+    pinned = plan is not None and context["pinned_image"] and plan.image == context["pinned_image"]
+    own = [(d.fix_here, True), (d.fix, False)] if d is not None else []
+    if engine == "vllm":
+        options = own + [(row.fix_here_vllm, True), (row.fix_vllm, False), (row.fix_here, True), (row.fix, False)]
+    else:
+        options = own + [(row.fix_here_hardware.get(plan.hardware.name) if plan else None, True),
+                         (row.fix_here_pinned_image if pinned else None, True), (row.fix_here, True), (row.fix, False)]
     for text, templated in options:
         if text and not (templated and context is None):
             return text.format_map(context) if templated else text
@@ -243,9 +297,9 @@ def _applies(d: Detector, plan: LaunchPlan | None, engine: str) -> bool:
 
 
 def _finding(row: Row, plan: LaunchPlan | None, engine: str, d: Detector, where: str, line: str,
-             number: int | None) -> Finding:
+             number: int | None, shown: dict[str, str] | None = None) -> Finding:
     line = printable(line.strip())
-    return Finding(row=row.id, guide_row=row.guide_row, symptom=row.symptom, cause=row.cause, fix=fix_for(row, plan, engine),
+    return Finding(row=row.id, guide_row=row.guide_row, symptom=row.symptom, cause=row.cause, fix=fix_for(row, plan, engine, d, shown),
                    change=row.change, source=d.source, where=where,
                    line=line if len(line) <= MAX_LINE else line[:MAX_LINE] + "...", line_number=number, guide=row.guide,
                    pattern_source=d.pattern_source)
@@ -309,6 +363,68 @@ def iter_lines(stream: BinaryIO, max_line: int = MAX_LOG_LINE) -> Iterator[str]:
             after_cr = m.group() == b"\r" and start == len(chunk)
     if line or full:
         yield line.decode("utf-8", "replace")
+
+
+# --- what the line says, whatever wrapped it --------------------------------------------------
+
+# ECMA-48 CSI sequences (colours, cursor moves) and OSC sequences (titles, hyperlinks) as terminals and rich write them
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+_RFC3339 = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)"
+# the CRI logging format kubelet writes under /var/log/pods (k8s.io/cri-api: TIMESTAMP STREAM TAG LINE, TAG P for a
+# partial line that the next piece continues, F for its last piece)
+_CRI = re.compile(rf"^{_RFC3339} (?:stdout|stderr) ([PF])(?:[:|][^ ]*)? ?(.*)$", re.S)
+_DOCKER_TIMESTAMP = re.compile(rf"^{_RFC3339} ")  # `docker logs --timestamps`
+# the JSON keys that hold the message of a log record: docker's json-file driver ({"log", "stream", "time"}),
+# Python/structlog/zap/Loki shippers ("message", "msg"); a record also names a level, time or stream
+_RECORD_TEXT = ("log", "message", "msg")
+_RECORD_MARK = frozenset({"stream", "time", "timestamp", "ts", "level", "levelname", "severity", "logger", "@timestamp"})
+
+
+def _record_text(line: str) -> str | None:
+    """The message of a JSON log record on one line, else None (a request or an answer is read by the body reader)."""
+    text = line.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        return None
+    try:
+        doc = load_json(text, "log record", max_bytes=MAX_LOG_LINE)
+    except Malformed:
+        return None
+    if not isinstance(doc, dict) or not _RECORD_MARK.intersection(doc):
+        return None
+    return next((doc[k] for k in _RECORD_TEXT if isinstance(doc.get(k), str)), None)
+
+
+def normalised(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
+    """(line number, text) of what each line says: ANSI escapes removed, a Kubernetes CRI prefix or a
+    `docker logs --timestamps` prefix removed (CRI partial pieces joined, bounded by MAX_LOG_LINE), a JSON log
+    record replaced by its message (one line per line of it). The number is the first physical line's."""
+    partial: list[str] = []
+    partial_at = 0
+    size = 0
+    for number, raw in enumerate(lines, 1):
+        line = _ANSI.sub("", raw) if "\x1b" in raw else raw
+        if m := _CRI.match(line):
+            tag, line = m.groups()
+            if tag == "P":
+                if not partial:
+                    partial_at = number
+                if size < MAX_LOG_LINE:
+                    partial.append(line)
+                    size += len(line)
+                continue
+            if partial:
+                line, number = "".join(partial) + line, partial_at
+                partial, size = [], 0
+        else:
+            line = _DOCKER_TIMESTAMP.sub("", line, count=1)
+        record = _record_text(line) if "{" in line else None
+        if record is None:
+            yield number, line
+            continue
+        for piece in record.splitlines() or [""]:
+            yield number, _ANSI.sub("", piece) if "\x1b" in piece else piece
+    if partial:
+        yield partial_at, "".join(partial)
 
 
 # --- JSON bodies inside a text ---------------------------------------------------------------
@@ -450,11 +566,16 @@ class ScannedText:
     stream_content: str = ""  # the delta.content of SSE chunks, joined (a marker may span chunks)
     stream_line: int | None = None
     engines: set = field(default_factory=set)
+    shown: dict = field(default_factory=dict)  # the server's own flag values the text shows (SHOWN_FLAGS)
     tail: deque = field(default_factory=deque)
     kept: list = field(default_factory=list)
 
 
 MAX_KEPT = 256
+# the flag values a server prints at start: SGLang's server_args line (ServerArgs(mem_fraction_static=0.92, ...) or
+# {'mem_fraction_static': 0.92, ...}: srt/entrypoints/engine.py) and a command line echoed in the log
+SHOWN_FLAGS = re.compile(r"\b(mem_fraction_static|chunked_prefill_size)'?\s*[=:]\s*'?(\d+(?:\.\d+)?)\b"
+                         r"|--(mem-fraction-static|chunked-prefill-size)[= ](\d+(?:\.\d+)?)\b")
 
 
 class _Scanner:
@@ -515,8 +636,12 @@ class _Scanner:
         for engine, marker in ENGINE_MARKERS.items():
             if engine not in scan.engines and marker.search(line):
                 scan.engines.add(engine)
+        if ("mem" in line or "chunked" in line) and len(scan.shown) < 2:
+            for m in SHOWN_FLAGS.finditer(line):
+                scan.shown.setdefault((m.group(1) or m.group(3)).replace("-", "_"), m.group(2) or m.group(4))
         for key, d in self.detectors:
-            if key not in scan.hits and (d.after is None or key in scan.after_seen) and d.pattern.search(line):
+            if (key not in scan.hits and key not in scan.unless_seen and (d.after is None or key in scan.after_seen)
+                    and d.pattern.search(line)):
                 scan.hits[key] = (line, number)
             if d.after is not None and key not in scan.after_seen and d.after.search(line):
                 scan.after_seen.add(key)
@@ -536,7 +661,7 @@ class _Scanner:
 def scan_text(where: str, lines: Iterable[str], table: Table, *, tail: int = 0,
               keep: re.Pattern | None = None) -> ScannedText:
     scanner = _Scanner(where, table, tail, keep)
-    for number, line in enumerate(lines, 1):
+    for number, line in normalised(lines):
         scanner.line(number, line)
     return scanner.finish()
 
@@ -602,7 +727,7 @@ BODY_CHECKS: dict[str, Callable[[Body], str | None]] = {
 
 
 def _match_text(key: tuple[str, int], d: Detector, scan: ScannedText) -> tuple[str, int] | None:
-    if d.pattern is None or key in scan.unless_seen or (d.also is not None and key not in scan.also_seen):
+    if d.pattern is None or (d.also is not None and key not in scan.also_seen):
         return None
     return scan.hits.get(key)
 
@@ -638,6 +763,7 @@ def diagnose(texts: Iterable[tuple[str, str] | ScannedText] = (), *, plan: Launc
     table = table or load_table()
     scans = [t if isinstance(t, ScannedText) else scan_text(t[0], t[1].splitlines(), table) for t in texts]
     engine, engine_from = engine_of(scans, engine, plan)
+    shown = {k: v for scan in reversed(scans) for k, v in scan.shown.items()}  # the first text's value wins
     found_by: list[tuple[Finding, Detector]] = []
     for row in table.rows:
         found = None
@@ -647,13 +773,18 @@ def diagnose(texts: Iterable[tuple[str, str] | ScannedText] = (), *, plan: Launc
             if d.source in ("log", "http"):
                 for scan in scans:
                     if key_hit := (_match_bodies(d, scan) if d.body or d.field else _match_text((row.id, j), d, scan)):
-                        found = _finding(row, plan, engine, d, scan.where, key_hit[0], key_hit[1])
+                        found = _finding(row, plan, engine, d, scan.where, key_hit[0], key_hit[1], shown)
                         break
             elif d.source == "container" and mounts is not None:
                 name, items = mounts
-                if d.missing_mount and not any(m.get("Destination") == d.missing_mount for m in items):
+                at = [m for m in items if m.get("Destination") == d.missing_mount]
+                if d.missing_mount and not at:
                     found = _finding(row, plan, engine, d, name, f"no mount at {d.missing_mount} (mounts: "
                                      f"{', '.join(sorted(str(m.get('Destination')) for m in items)) or 'none'})", None)
+                elif d.missing_mount and all(m.get("Type") == "tmpfs" for m in at):
+                    # docker inspect's Mounts Type "tmpfs" (--mount type=tmpfs): memory, gone when the container stops
+                    found = _finding(row, plan, engine, d, name, f"{d.missing_mount} is a tmpfs mount: what is "
+                                     f"compiled there is lost when the container stops", None)
             elif d.source == "host" and host and plan is not None:
                 fact = HOST_CHECKS[d.check](plan, gpu_info)
                 if fact:
@@ -675,6 +806,32 @@ def scan_log(path: Path, table: Table) -> ScannedText:
             return scan_text(str(path), iter_lines(f), table)
     except OSError as e:
         raise BadInput(f"{path}: cannot read: {e.strerror}") from None
+
+
+MAX_PIPE_BYTES = 4 * 1024 ** 3  # mm's own margin: days of a busy server's log; a pipe that never ends (docker logs -f) stops
+
+
+class _Capped:
+    """A stream read up to MAX bytes: then BadInput, so that `docker logs -f X | mm diagnose -` ends."""
+
+    def __init__(self, stream: BinaryIO, where: str, cap: int):
+        self.stream, self.where, self.left, self.cap = stream, where, cap, cap
+
+    def read(self, n: int) -> bytes:
+        chunk = self.stream.read(min(n, self.left + 1))
+        self.left -= len(chunk)
+        if self.left < 0:
+            raise BadInput(f"{self.where}: more than {self.cap // 1024 ** 3} GiB; give the part around the failure "
+                           f"(docker logs --tail N, or a saved file)")
+        return chunk
+
+
+def scan_stream(where: str, stream: BinaryIO, table: Table, cap: int = MAX_PIPE_BYTES) -> ScannedText:
+    """A log piped in (`docker logs X 2>&1 | mm diagnose -`), read streaming like a file, up to CAP bytes."""
+    try:
+        return scan_text(where, iter_lines(_Capped(stream, where, cap)), table)
+    except OSError as e:
+        raise BadInput(f"{where}: cannot read: {e.strerror or e}") from None
 
 
 def scan_docker_logs(name: str, table: Table, *, docker: str = "docker", tail: int = 0, keep: re.Pattern | None = None,
@@ -774,6 +931,7 @@ def _mem_total_gb() -> float | None:
 @dataclass(frozen=True)
 class DiagnoseRequest:
     logfile: Path | None = None
+    stdin: BinaryIO | None = None  # LOGFILE `-`: the log piped in
     container: str | None = None
     answers: tuple[Path, ...] = ()
     model_dir: Path | None = None
@@ -784,9 +942,10 @@ class DiagnoseRequest:
 
 
 def run_diagnosis(req: DiagnoseRequest) -> Diagnosis:
-    if not (req.logfile or req.container or req.answers or req.host_checks):
-        raise BadInput("diagnose: give a LOGFILE, --container NAME, --answer FILE or --host-checks")
-    if req.logfile and req.container:
+    if not (req.logfile or req.stdin or req.container or req.answers or req.host_checks):
+        raise BadInput("diagnose: give a LOGFILE (- for the standard input), --container NAME, --answer FILE or "
+                       "--host-checks")
+    if (req.logfile or req.stdin) and req.container:
         raise BadInput("diagnose: give a LOGFILE or --container NAME, not both")
     plan = None
     if req.model_dir is not None:
@@ -798,7 +957,9 @@ def run_diagnosis(req: DiagnoseRequest) -> Diagnosis:
         raise BadInput("--host-checks: give --model-dir and --hardware (the checks are about that recipe on this host)")
     table = load_table()
     texts = []
-    if req.logfile:
+    if req.stdin is not None:
+        texts.append(scan_stream("<stdin>", req.stdin, table))
+    elif req.logfile:
         texts.append(scan_log(req.logfile, table))
     mounts = None
     if req.container:

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..errors import BadInput, Refused
 from ..edges.tools import ToolMissing, argv_batches, check_name, last_line, run_tool
 from ..edges.untrusted import Malformed, load_json
-from ..paths import is_pointer
+from ..paths import POINTER, is_pointer
 
 DOCKER_MISSING = "docker: not found on PATH (install Docker Engine and the NVIDIA Container Toolkit)"
 DOCKER_DOWN = "the docker daemon is not answering; start it (systemctl start docker) and make sure this user may use it"
@@ -28,9 +28,11 @@ INSPECT_ANSWER = 16 * 1024 * 1024  # bytes of one such answer, 64 KiB a containe
 
 
 def as_mounted(path: Path) -> Path:
-    """The host path a start script mounts for the model directory PATH: a store's `current` pointer as named
-    (absolute, not resolved), so that `mm use` decides what the next start serves; any other path resolved."""
-    return Path(os.path.abspath(path)) if is_pointer(path) else Path(path).resolve()
+    """The host path a start script mounts for the model directory PATH: a store's `current` pointer as a pointer
+    (in its repo's physical directory, not resolved), so that `mm use` decides what the next start serves; any
+    other path resolved."""
+    path = Path(path)
+    return Path(os.path.realpath(path.parent)) / POINTER if is_pointer(path) else path.resolve()
 
 
 # --- is docker there -------------------------------------------------------------------------------------------

@@ -2,12 +2,15 @@
 
 Runs on the destination before `mm launch`, offline. It plans the same start `mm launch` would (same recipe
 options) and checks what that start needs from the host:
-  GPUs      nvidia-smi (rocm-smi on AMD): model and count against the recipe and --gpus, compute capability
+  GPUs      nvidia-smi (rocm-smi on AMD): model and count against the recipe and --gpus, compute capability, MIG
+            mode off on the selected GPUs (with MIG on, CUDA sees only MIG instances, not the whole GPU)
   driver    as the NVIDIA Container Toolkit judges it (cudareq): the image's own NVIDIA_REQUIRE_* (from the `mm image
             save` record, the archive, else `docker image inspect`) evaluated for each GPU the way libnvidia-container
-            does, NVIDIA_DISABLE_REQUIRE honoured; FAIL only where the container will not start. A runtime newer than
-            the driver's CUDA within its major version is a WARN explaining minor-version compatibility and
-            cuda-compat. The guide's CUDA 13.4 belongs to the pinned SGLang image only (it publishes no minimum
+            does, NVIDIA_DISABLE_REQUIRE honoured; FAIL where the container will not start, or will start and fail at
+            its first CUDA call (a runtime a major version above the driver's CUDA: minor-version compatibility stays
+            within a major version). A runtime newer than the driver's CUDA within its major version is a WARN
+            explaining minor-version compatibility and cuda-compat. The toolkit refusing the image ("requirement
+            error") is the driver's failure, not the container runtime's. The guide's CUDA 13.4 belongs to the pinned SGLang image only (it publishes no minimum
             driver, so none is invented here)
   docker    present and answering; the image present by identity (pinned reference, else the image ID
             `mm image save` recorded); the NVIDIA container runtime usable (the image's own nvidia-smi sees the GPUs)
@@ -95,6 +98,7 @@ class Gpu:
     name: str
     compute_capability: str
     driver: str
+    mig: str | None = None  # nvidia-smi's mig.mode.current: Enabled, Disabled, [N/A]; None when not asked
 
 
 def nvidia_gpus() -> tuple[list[Gpu], str | None, str | None]:
@@ -109,6 +113,15 @@ def nvidia_gpus() -> tuple[list[Gpu], str | None, str | None]:
         parts = [p.strip()[:MAX_FIELD] for p in line.split(",")]
         if len(parts) == 4 and (index := small_int(parts[0], hi=4095)) is not None:
             gpus.append(Gpu(index, parts[1], parts[2], parts[3]))
+    mig = _run(["nvidia-smi", "--query-gpu=index,mig.mode.current", "--format=csv,noheader"])
+    if mig is not None and mig.returncode == 0:  # an older driver without the field: not judged
+        modes = {}
+        for line in mig.stdout.splitlines():
+            parts = [p.strip()[:MAX_FIELD] for p in line.split(",")]
+            if len(parts) == 2 and (index := small_int(parts[0], hi=4095)) is not None:
+                modes[index] = parts[1]
+        for g in gpus:
+            g.mig = modes.get(g.index)
     header = _run(["nvidia-smi"])
     m = re.search(r"CUDA Version:\s*([0-9]{1,4}(?:\.[0-9]{1,4}){0,2})(?![0-9.])", header.stdout if header else "")
     return gpus, (m.group(1) if m else None), None
@@ -176,6 +189,16 @@ def gpu_checks(plan: LaunchPlan) -> tuple[list[Check], list[Gpu], str | None]:
                             else f"run on {token} GPUs"))
     elif selected:
         checks.append(Check("gpu model", OK, f"{selected[0].name} x {len(selected)}"))
+    mig = [g for g in selected if g.mig == "Enabled"]
+    if mig:
+        # NVIDIA's MIG User Guide: with MIG mode on, CUDA sees only the GPU instances created on it, not the whole GPU,
+        # and GPU instances have no peer-to-peer between them, so a TP start over whole GPUs cannot run
+        checks.append(Check("mig", FAIL, f"GPU {', '.join(str(g.index) for g in mig)}: MIG mode enabled; recipe "
+                                         f"{plan.recipe.id} needs whole GPUs (CUDA sees only MIG instances there)",
+                            f"turn MIG off with no process on the GPU: sudo nvidia-smi -i {mig[0].index} -mig 0 "
+                            f"(some GPUs apply it after a GPU reset or a reboot)"))
+    elif selected and any(g.mig is not None for g in selected):
+        checks.append(Check("mig", OK, "MIG mode off on the selected GPUs"))
     major = FAMILY_CC_MAJOR.get(hw.family)
     if major and selected and not wrong:
         bad_cc = [g for g in selected if g.compute_capability.split(".")[0] != major]
@@ -236,6 +259,10 @@ def _docker_runtimes() -> dict:
     return runtimes if isinstance(runtimes, dict) else {}
 
 
+REQUIREMENT_ERROR = "nvidia-container-cli: requirement error"  # libnvidia-container's refusal of an image's NVIDIA_REQUIRE_*
+REFUSED = "the NVIDIA Container Toolkit is installed and answers; it refused this image on this driver"
+
+
 def _nvidia_runtime_check(plan: LaunchPlan, image: str | None) -> Check:
     fix = "install the NVIDIA Container Toolkit, then `nvidia-ctk runtime configure --runtime=docker` and restart docker"
     if image is None:
@@ -245,6 +272,9 @@ def _nvidia_runtime_check(plan: LaunchPlan, image: str | None) -> Check:
     done = _run(["docker", "run", "--rm", "--pull", "never", "--gpus", '"device=%s"' % ",".join(map(str, plan.gpus)),
                  "--entrypoint", "nvidia-smi", check_name(image, "image", IMAGE_REF), "--query-gpu=name",
                  "--format=csv,noheader"], timeout=120)
+    if done is not None and done.returncode != 0 and REQUIREMENT_ERROR in done.stderr + done.stdout:
+        # the toolkit ran and refused this image on this driver: the runtime works; the driver check owns the verdict
+        return Check("nvidia container runtime", OK, f"{REFUSED}: {done.last_line()}")
     if done is None or done.returncode != 0:
         return Check("nvidia container runtime", FAIL,
                      f"a container cannot reach the GPUs: {done.last_line() if done else 'docker: not found'}", fix)
@@ -331,10 +361,14 @@ def _runtime_note(runtime: str | None, cuda: str | None, driver: str) -> tuple[s
                       f"minor version compatibility), with a limited feature set: PTX newer than the driver cannot be "
                       f"JIT-compiled by it (CUDA_ERROR_UNSUPPORTED_PTX_VERSION for kernels shipped as PTX); an image's "
                       f"cuda-compat package (forward compatibility, datacenter GPUs on LTS drivers) is the other way")
-    return WARN, (f"the image's CUDA {runtime} runtime is a newer major version than the driver's CUDA {cuda}: the "
-                  f"container starts, but CUDA initialises only through the image's cuda-compat package (forward "
-                  f"compatibility: datacenter GPUs on LTS drivers), else it fails with 'CUDA driver version is "
-                  f"insufficient'")
+    # NVIDIA CUDA Compatibility: minor-version compatibility holds within one major version only; a newer major
+    # runtime needs forward compatibility (the cuda-compat package, datacenter GPUs, given driver branches), which
+    # nothing the image declares shows, so CUDA's first call fails: 'CUDA driver version is insufficient'
+    return FAIL, (f"the image's CUDA {runtime} runtime is a newer major version than the driver's CUDA {cuda}: "
+                  f"minor-version compatibility does not cross major versions (NVIDIA CUDA Compatibility), so the "
+                  f"server fails at its first CUDA call with 'CUDA driver version is insufficient for CUDA runtime "
+                  f"version' unless the image carries cuda-compat for this driver branch (forward compatibility, "
+                  f"datacenter GPUs only)")
 
 
 def driver_check(plan: LaunchPlan, gpus: list[Gpu], cuda: str | None, found: str | None, pin: Pin) -> Check | None:
@@ -355,7 +389,8 @@ def driver_check(plan: LaunchPlan, gpus: list[Gpu], cuda: str | None, found: str
             return Check("driver", WARN, f"driver {driver} supports CUDA {cuda or '?'}; {why}, so whether the container "
                                          f"runtime starts {plan.image} is not judged", f"docker load -i {plan.archive_hint}")
         detail = f"driver {driver} supports CUDA {cuda or '?'}; the guide's pinned image carries the CUDA {runtime} runtime; {why}"
-        return Check("driver", WARN, detail + (f"; {note}" if note else ""), upgrade if note else f"docker load -i {plan.archive_hint}")
+        return Check("driver", FAIL if status == FAIL else WARN, detail + (f"; {note}" if note else ""),
+                     upgrade if note else f"docker load -i {plan.archive_hint}")
     try:
         reqs = cudareq.requirements(env)
     except cudareq.Invalid as e:
@@ -376,6 +411,8 @@ def driver_check(plan: LaunchPlan, gpus: list[Gpu], cuda: str | None, found: str
     started = ("NVIDIA_DISABLE_REQUIRE is set, so the toolkit checks nothing" if env.get(cudareq.DISABLE, "") in cudareq.TRUE
                else "the NVIDIA Container Toolkit's requirement holds")
     status, note = _runtime_note(runtime, cuda, driver)
+    if status == FAIL:
+        return Check("driver", FAIL, f"{head}: the container starts ({started}); {note}", upgrade)
     if status == WARN:
         return Check("driver", WARN, f"{head}: the container starts ({started}); {note}", upgrade)
     return Check("driver", OK, f"{head}: the container starts ({started})")
@@ -523,7 +560,12 @@ def run_doctor(model_dir: Path, opts: LaunchOptions, pin: Pin) -> DoctorReport:
         report.checks.append(Check("gpu family", FAIL, f"{family.line}: {family.cause}", family.fix))
     dchecks, found = docker_checks(every_gpu)
     report.checks += dchecks
-    if (driver := driver_check(plan, gpus, cuda, found, pin)) is not None:
+    driver = driver_check(plan, gpus, cuda, found, pin)
+    refused = next((c for c in dchecks if c.detail.startswith(REFUSED)), None)
+    if refused is not None and (driver is None or driver.status != FAIL):
+        driver = Check("driver", FAIL, f"the container will not start: {refused.detail[len(REFUSED) + 2:]}",
+                       "install a driver whose `nvidia-smi` CUDA Version satisfies the image's NVIDIA_REQUIRE_CUDA")
+    if driver is not None:
         report.checks.append(driver)
     if node.router is None:
         ports = [("port", plan.port)]

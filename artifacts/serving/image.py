@@ -274,6 +274,13 @@ class ImageRecord:
                 "config_env": self.env, "saved_at": self.saved_at}
 
 
+def archive_platform(archive: Path) -> str | None:
+    """The platform (linux/amd64, linux/arm64) of an archive `mm image save` wrote, from the record beside it;
+    None without a record."""
+    rec = record_path(Path(archive))
+    return read_record(rec).chain.platform if rec.is_file() else None
+
+
 def read_record(path: Path) -> ImageRecord:
     """A record written by `mm image save`, parsed and checked (it came across the air gap: hostile until parsed)."""
     doc = read_json_file(path, what="image record", max_bytes=MAX_JSON)

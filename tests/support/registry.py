@@ -13,6 +13,9 @@
     with TokenServer(tmp, users) as ts, Registry(token=ts) as reg:   # Bearer tokens (tests/support/tokenserver.py)
     with Registry(tls=True) as reg:   # HTTPS with a self-signed certificate for 127.0.0.1: reg.url is https://,
         reg.ca_path                   # and reg.ca_path the PEM to trust
+    with Registry(proxy="http://127.0.0.1:P") as t1:   # a pull-through cache of that registry (`proxy: remoteurl:`)
+
+A chain of them (origin -> T1 -> T2, each behind a byte-counting proxy) is tests/support/registry_chain.py.
 
 Each instance gets a fresh temporary directory (config.yml, htpasswd, storage, registry.log) under `root`
 (default: a new `tempfile.mkdtemp`, removed on exit; a given root is left in place) and a free port. The
@@ -58,7 +61,7 @@ class Registry:
     """A docker-registry process on 127.0.0.1:<free port>; see the module docstring."""
 
     def __init__(self, root: Path | None = None, *, users: dict[str, str] | None = None,
-                 start_timeout: float = 20.0, token=None, tls: bool = False):
+                 start_timeout: float = 20.0, token=None, tls: bool = False, proxy: str | None = None):
         self._own_root = root is None
         self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="mm-registry-"))
         self.users = dict(users or {})
@@ -66,6 +69,7 @@ class Registry:
         self.host = f"{HOST}:{self.port}"
         self.token = token
         self.tls = tls
+        self.proxy = proxy  # the upstream URL when this registry is a pull-through cache
         self.ca_path: Path | None = None
         self.url = f"{'https' if tls else 'http'}://{self.host}"
         self.storage = self.root / "storage"
@@ -88,6 +92,8 @@ class Registry:
             "http": {"addr": self.host, "secret": "mm-test-upload-state-secret",
                      "headers": {"X-Content-Type-Options": ["nosniff"]}},
         }
+        if self.proxy:
+            config["proxy"] = {"remoteurl": self.proxy}
         if self.users:
             htpasswd = self.root / "htpasswd"
             htpasswd.write_text("".join(htpasswd_line(u, p) + "\n" for u, p in self.users.items()))
