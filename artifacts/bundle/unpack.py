@@ -455,7 +455,7 @@ def _unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | N
             rebuild_report = _Rebuilt(notes=list(pset.unused))
             from_base = {(MODEL_KIND, t.path) for t in idx.delta.take} if base else set()
             carried = {key: size for key, size in expected.items() if key not in from_base}
-            if pset.usable and any(not run.in_place(key, size) for key, size in carried.items()):
+            if pset.usable and any(not _is_done(targets[key], size) for key, size in carried.items()):
                 rebuild_report = _rebuild_from_parity(dest, accepted, pset, run, state, idx.volumes, sync, progress,
                                                       lambda v: _judge_rebuilt(v, ref, manifest_b3, manifest, idx),
                                                       volume_size=idx.volume_size)
@@ -467,7 +467,9 @@ def _unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | N
             run.corrupt += taken.refused if taken else []
         finally:
             run.pipe.close()
-        waiting = sorted(file_member(*key) for key, size in expected.items() if not run.in_place(key, size))
+        # a file changed since an import named it is imported again when its volume is here; when it is not, it
+        # does not wait: the final check hashes it and names it (and the volumes that restore it)
+        waiting = sorted(file_member(*key) for key, size in expected.items() if not _is_done(targets[key], size))
         missing = sorted(set(range(1, idx.volumes + 1)) - set(state.doc["done_volumes"]))
         taken_paths = {t.path for t in idx.delta.take} if idx.delta else set()
         if not missing and (lost := sorted(key[1] for key, size in expected.items() if key[0] == MODEL_KIND
