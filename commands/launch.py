@@ -111,16 +111,51 @@ def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
 @click.command()
 @recipe_options
 @click.option("--expose", is_flag=True, help="Publish on all interfaces; then the API key is read from --api-key-env at run time.")
-@click.option("--api-key-env", default="MM_API_KEY", show_default=True, help="Environment variable holding the API key (with --expose).")
-@click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Write it here atomically (a script gets mode 0755, a JSON plan 0644).")
+@click.option("--api-key-env", default="MM_API_KEY", show_default=True, help="Environment variable holding the API key (with --expose; in a cluster, in every pod).")
+@click.option("--format", "fmt", type=click.Choice(["sh", "json", "k8s", "ome"]), default="sh", show_default=True,
+              help="sh: the node's start script; json: the plan; k8s: Kubernetes manifests (servers, router, RBAC, "
+                   "Service); ome: OME's ClusterBaseModel over the nodes' copies.")
+@click.option("--namespace", default="default", show_default=True, help="k8s/ome: the namespace of the servers and router.")
+@click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
+              help="k8s: GPUs of one node (default: the hardware's, from the recipes); a replica needing more becomes a LeaderWorkerSet.")
+@click.option("--nodes", type=click.IntRange(1, 100000), default=None,
+              help="k8s: the cluster's nodes of this hardware; --replicas must fit on them.")
+@click.option("--api-key-secret", default=None, help="k8s: the Secret holding the API key under key 'api-key' (default: NAME-api-key).")
+@click.option("--mm-installer", type=click.Path(path_type=Path), default=None,
+              help="k8s: the node directory with install-mm.sh and wheelhouse/ for the proof gate (default: DEST.payload/mm beside the current revision).")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Write it here atomically (a script gets mode 0755, a plan 0644).")
 @signature_options
 @json_option
 @handles_errors
-def launch(model_dir, expose, api_key_env, fmt, out, require_signature, allowed_signers, identity, json_out, **kw):
-    """Print (or write) the offline start for MODEL_DIR on the given hardware (replicas behind the router on a node)."""
+def launch(model_dir, expose, api_key_env, fmt, namespace, gpus_per_node, nodes, api_key_secret, mm_installer, out,
+           require_signature, allowed_signers, identity, json_out, **kw):
+    """Print (or write) the offline start for MODEL_DIR on the given hardware (replicas behind the router on a node),
+    or, with --format k8s/ome, the cluster's manifests from the same plan."""
     from ..artifacts import launch as mm_launch, router as mm_router
     signature = _launch_signature(model_dir, require_signature, allowed_signers, identity, json_out)
+    if fmt in ("k8s", "ome"):
+        from ..artifacts import kube
+        cluster = kube.ClusterOptions(namespace=namespace, replicas=kw["replicas"] or 1, gpus_per_node=gpus_per_node,
+                                      nodes=nodes, api_key_secret=api_key_secret, mm_installer=mm_installer)
+        plan = kube.plan_cluster(model_dir, _launch_options(kw, api_key_env=api_key_env), cluster)
+        docs = kube.documents(plan) if fmt == "k8s" else kube.ome_documents(plan)
+        text = kube.render_yaml(plan, docs, fmt)
+        if out is not None:
+            mm_launch.write_output(text, out, executable=False)
+        summary = kube.plan_summary(plan, fmt, docs)
+        if json_out:
+            emit_json({"ok": True, "out": str(out) if out else None, "format": fmt, "plan": summary,
+                       "signature": to_jsonable(signature), **({"yaml": text} if out is None else {})})
+            return
+        if out is None:
+            from . import shared
+            shared.out.write(text)
+        else:
+            err.print(f"wrote {out} ({plan.server.recipe.id}, {plan.replicas} replica(s) as a {plan.kind}, "
+                      f"namespace {plan.namespace})", markup=False, highlight=False)
+        for warning in plan.warnings:
+            err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+        return
     node = mm_router.plan_node(model_dir, _launch_options(kw, expose=expose, api_key_env=api_key_env))
     doc = mm_router.node_document(node)
     text = mm_router.render_node_script(node) if fmt == "sh" else json.dumps(doc, indent=2) + "\n"
