@@ -136,7 +136,8 @@ def launch(model_dir, expose, api_key_env, fmt, namespace, gpus_per_node, nodes,
     if fmt in ("k8s", "ome"):
         from ..artifacts import kube
         cluster = kube.ClusterOptions(namespace=namespace, replicas=kw["replicas"] or 1, gpus_per_node=gpus_per_node,
-                                      nodes=nodes, api_key_secret=api_key_secret, mm_installer=mm_installer)
+                                      nodes=nodes, api_key_secret=api_key_secret, mm_installer=mm_installer,
+                                      gate=fmt == "k8s")
         plan = kube.plan_cluster(model_dir, _launch_options(kw, api_key_env=api_key_env), cluster)
         docs = kube.documents(plan) if fmt == "k8s" else kube.ome_documents(plan)
         text = kube.render_yaml(plan, docs, fmt)

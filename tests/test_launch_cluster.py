@@ -333,6 +333,11 @@ def test_ome_cluster_base_model_is_local_storage_on_proven_nodes_valid_against_o
     assert command == f"kubectl label node gpu-node-7 {key}={value} --overwrite"
 
 
+def test_ome_needs_no_installer_its_pods_are_omes(store):
+    [doc] = k8s(store, "--hardware", "b300", "--mm-installer", "/nonexistent", fmt="ome")
+    assert doc["kind"] == "ClusterBaseModel"
+
+
 def test_label_is_never_printed_for_a_copy_that_failed_its_full_verify(store, tmp_path):
     copy_ = tmp_path / "copy"
     shutil.copytree(current(store), copy_, symlinks=True)
