@@ -424,6 +424,8 @@ def render_yaml(plan: ClusterPlan, docs: list[dict], fmt: str) -> str:
                  f"#   kubectl -n {plan.namespace} create secret generic {plan.api_key_secret} "
                  f"--from-file={API_KEY_SECRET_KEY}=KEYFILE",
                  "# Proof gate: init container mm-verify runs `mm verify --quick` on the node's copy before each start.",
+                 f"# Start-up allowance {DEFAULT_HEALTH_TIMEOUT} s (startupProbe on /health) for the first compile: mm's own "
+                 "margin (the guide gives no figure).",
                  f"# Update or roll back: `mm use` on every node, then "
                  f"kubectl -n {plan.namespace} rollout restart {plan.kind.lower()}/{plan.server_name}"]
     head += [f"# Note: {f}" for f in r.facts]

@@ -19,7 +19,7 @@ import yaml
 
 from mm.artifacts.kube import KUBERNETES_VERSION
 from mm.artifacts.router import DEFAULT_HEALTH_TIMEOUT
-from tests.test_launch import (PIN, REPO_ROOT, ROCM_IMAGE, SECRET, assert_no_secrets, docker_options, engine_part,  # noqa: F401
+from tests.test_launch import (PIN, REPO_ROOT, ROCM_IMAGE, SECRET, VLLM_IMAGE, assert_no_secrets, docker_options, engine_part,  # noqa: F401
                                make_model_dir, mm, script_tokens, sglang_parse)
 from tests.test_launch_node import router_parse
 
@@ -382,6 +382,7 @@ def test_json_names_the_documents_and_the_file_written(store, tmp_path):
     (("--hardware", "mi355x", "--image", ROCM_IMAGE, "--tp", "8"), 7, "TP 4 or lower"),
     (("--hardware", "b300", "--recipe", "high-throughput", "--gpus-per-node", "3"), 7, "cannot split evenly"),
     (("--hardware", "b300", "--mm-installer", "/nonexistent"), 3, "install-mm.sh"),
+    (("--hardware", "h200", "--engine", "vllm", "--image", VLLM_IMAGE), 7, "SGLang router"),
 ])
 def test_bad_input_is_refused_in_one_line_with_its_exit_code_and_nothing_written(store, tmp_path, args, code, words):
     out = tmp_path / "plan.yaml"
