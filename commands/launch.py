@@ -77,7 +77,8 @@ def recipe_options(fn: Callable) -> Callable:
         click.option("--gpus", callback=_gpu_list, default=None,
                      help="GPU indices, e.g. 0,1,2,3 (default: 0..N-1); more than one replica needs: one replica per group."),
         click.option("--replicas", type=click.IntRange(1, 1024), default=None,
-                     help="Servers behind the SGLang router (default: as many as --gpus holds; 1 keeps one server, no router)."),
+                     help="Servers behind the SGLang router (default: as many as --gpus holds; 1 keeps one server, no router; "
+                          "--format k8s: server replicas, default 1)."),
         click.option("--port", type=click.IntRange(1, 65535), default=30000, show_default=True,
                      help="The server's port; with replicas, the router's."),
         click.option("--replica-ports", callback=_port_list, default=None,
