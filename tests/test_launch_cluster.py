@@ -181,7 +181,10 @@ def test_server_flags_env_and_image_equal_the_docker_scripts(store, hardware, ex
 
 
 def test_h200_and_mi355x_plans_take_their_recipes_gpus_and_resource_names(store):
-    h200 = container(server_pod(k8s(store, "--hardware", "h200")))
+    h200_docs = k8s(store, "--hardware", "h200")
+    for doc in h200_docs:
+        assert_valid_kubernetes(doc)
+    h200 = container(server_pod(h200_docs))
     assert h200["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     assert h200["args"][h200["args"].index("--context-length") + 1] == "140000"
     assert "FMHA_SM100_ALLOW_JIT" not in {e["name"] for e in h200["env"]}  # MSA JIT is Blackwell only
