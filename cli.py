@@ -25,16 +25,18 @@ from .commands.shared import emit_json, fail, json_option, report_interrupt, thr
 COMMANDS: dict[str, tuple[str, str]] = {
     "bundle": ("bundle", "Pack a model into volumes (`mm bundle DIR --out OUT --volume-size 500G`) or check them "
                          "(`mm bundle verify VOL...`)."),
-    "diagnose": ("launch", "Match a server log (or a container's) against the guide's troubleshooting table; exit 1 "
-                           "when a row matches."),
+    "diagnose": ("launch", "Match a server log (LOGFILE, `-` for the standard input, or a container's) against the "
+                           "guide's troubleshooting table; exit 1 when a row matches."),
     "doctor": ("launch", "Will this host start MODEL_DIR with this recipe? GPUs, driver, docker, the image by "
                          "identity, port, /dev/shm, host memory, cache disk and key, the model. One line per check "
                          "with its fix; exit 1 when a check fails."),
     "fetch": ("fetch", "Download a pinned revision, verify every file against the Hub, write the manifest."),
+    "fleet": ("tiers", "The registry tiers between the site registry and the nodes (`mm fleet config --origin URL "
+                       "--tier URL --out DIR`)."),
     "gc": ("store", "Remove the revisions under ROOT that are not current, not kept (--keep) and not mounted by a running "
                     "container (docker is asked), and say what it frees. Interrupted, it leaves every revision whole "
                     "or gone; the next run finishes."),
-    "image": ("image", "The pinned engine image by identity (`mm image save --out FILE`)."),
+    "image": ("image", "The pinned engine image by identity (`mm image save --out FILE`, `mm image push FILE SITE`)."),
     "inspect": ("oci", "Show a registry artifact's files, sizes, revision and signature status (same as "
                        "`mm pull --list`)."),
     "launch": ("launch", "Print (or write) the offline start for MODEL_DIR on the given hardware (replicas behind the "
@@ -44,6 +46,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "manifest": ("fetch", "Write (`mm manifest DIR --repo R --revision REV`) or export (`mm manifest export DIR`) a "
                           "manifest."),
     "mirror": ("fetch", "ModelScope mirrors: compare a mirror with the pinned revision by content."),
+    "preheat": ("oci", "Warm a chain of pull-through caches with an artifact, nearest the origin first."),
     "pull": ("oci", "Pull a ModelPack artifact that mm pushed, proving every byte (sha256 and blake3) before naming a "
                     "file."),
     "push": ("oci", "Push a verified model directory to an OCI registry as a CNCF ModelPack artifact."),
@@ -105,11 +108,11 @@ class MMGroup(click.Group):
                 formatter.write_dl([(name, command.get_short_help_str(limit)) for name, command in commands])
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        args = list(sys.argv[1:] if args is None else args)
+        args = _json_after_command(list(sys.argv[1:] if args is None else args))
         json_out = "--json" in args
         threading.excepthook = thread_failed
         if threading.current_thread() is threading.main_thread():  # (click's test runner may call from elsewhere)
-            from .artifacts import interrupt
+            from .artifacts.edges import interrupt
             interrupt.install(functools.partial(report_interrupt, json_out, args))
         try:
             rv = super().main(args, prog_name=prog_name or "mm", complete_var=complete_var, standalone_mode=False,
@@ -129,6 +132,18 @@ class MMGroup(click.Group):
         except BaseException as e:
             fail(e, "mm " + " ".join(a for a in args[:2] if not a.startswith("-")), json_out)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _json_after_command(args: list[str]) -> list[str]:
+    """`mm --json COMMAND ...` is `mm COMMAND ... --json`: every command has --json, so it may come first too."""
+    if "--json" not in args:
+        return args
+    at = args.index("--json")
+    rest = args[:at] + args[at + 1:]
+    if any(not a.startswith("-") for a in args[:at]) or all(a.startswith("-") for a in rest):
+        return args  # after the command (its own option), or no command at all (click says so)
+    end = rest.index("--") if "--" in rest else len(rest)
+    return rest[:end] + ["--json"] + rest[end:]
 
 
 @click.group(cls=MMGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -207,16 +222,28 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
                "mm use MiniMaxAI/MiniMax-M3.1-Flash ce7f4df8 --root /data/models    # the rollback"),
     "mm gc": ("mm gc /data/models --dry-run",
               "mm gc /data/models --keep 2"),
-    "mm image": ("mm image save --out sglang.tar",),
+    "mm image": ("mm image save --out sglang.tar",
+                 "mm image push DEST.payload/image/sglang.tar registry.site:5000"),
     "mm image save": ("mm image save --out sglang.tar                      # the pinned engine image, this platform",
                       "mm image save --platform linux/arm64 --out sglang-arm64.tar      # for GB200/GB300 nodes",
                       "mm image save 127.0.0.1:5000/lmsysorg/sglang@sha256:DIGEST --out sglang.tar"),
+    "mm image push": ("mm image push DEST.payload/image/sglang.tar registry.site:5000      # -> registry.site:5000/lmsysorg/sglang",
+                      "mm image push sglang.tar 10.0.0.5:5000 --plain-http               # a site registry without TLS",
+                      "echo \"$TOKEN\" | mm image push sglang.tar registry.site --username ci --password-stdin"),
+    "mm fleet": ("mm fleet config --origin http://10.0.0.1:5000 --tier http://10.0.1.1:5000 --tier http://10.0.2.1:5000 --out fleet",),
+    "mm fleet config": ("mm fleet config --origin http://10.0.0.1:5000 --tier http://10.0.1.1:5000 --tier http://10.0.2.1:5000 --out fleet",
+                        "mm fleet config --origin https://registry.site --tier https://cache.rack7.site --out fleet --ttl 720h"),
     "mm push": ("mm push /data/models/MiniMax-M3.1-Flash registry.example.com/models/minimax-m3.1-flash",
                 "mm push DIR 127.0.0.1:5000/models/flash:v1                # loopback: plain HTTP",
                 "echo \"$TOKEN\" | mm push DIR registry.example.com/models/flash --username ci --password-stdin"),
     "mm pull": ("mm pull registry.example.com/models/minimax-m3.1-flash:ce7f4df87d2e --local-dir DIR",
                 "mm pull registry.example.com/models/flash@sha256:DIGEST --local-dir DIR --allowed-signers allowed_signers",
-                "mm pull registry.example.com/models/flash:ce7f4df87d2e --list"),
+                "mm pull registry.example.com/models/flash:ce7f4df87d2e --list",
+                "mm pull registry.example.com/models/flash:ce7f4df87d2e --local-dir DIR --mirror t2.site:5000",
+                "mm pull registry.example.com/models/flash:ce7f4df87d2e --local-dir DIR --mirror t2.site:5000 "
+                "--mirror t1.site:5000 --no-fallback"),
+    "mm preheat": ("mm preheat registry.example.com/models/flash:ce7f4df87d2e --tier t1.site:5000 --tier t2.site:5000",
+                   "mm preheat 127.0.0.1:5000/models/flash:v1 --tier http://127.0.0.1:5001 --tier http://127.0.0.1:5002 --json"),
     "mm inspect": ("mm inspect registry.example.com/models/minimax-m3.1-flash:ce7f4df87d2e",
                    "mm inspect 127.0.0.1:5000/models/flash:v1 --json | jq .files"),
     "mm launch": ("mm launch /data/models/MiniMax-M3.1-Flash --hardware b300 --out start.sh",

@@ -1,7 +1,7 @@
 """User-facing failures. Each class carries the exit code the CLI returns for it.
 
 The CLI prints `mm: <message>` on one line for these and never a traceback.
-Exit codes (documented in README.md):
+Exit codes (documented in docs/exit-codes.md):
   0  success
   1  problems found (verify/bundle verify found damage; a check failed; the quick-verify gate refused)
   2  usage error (unknown option, missing argument, or an option/argument value that is malformed or out of range)
@@ -11,8 +11,9 @@ Exit codes (documented in README.md):
      signature is missing or not good)
   6  busy (another mm process holds the directory's lock)
   7  refused (a combination the deployment guide says fails, or not enough disk)
+  8  incomplete: an import is waiting for more volumes (everything given was imported; run it again with the rest)
  70  internal error: a bug in mm (an unexpected exception; one line, never a traceback unless MM_DEBUG=1)
-130  interrupted (SIGINT; the work is kept: artifacts/interrupt.py)
+130  interrupted (SIGINT; the work is kept: artifacts/edges/interrupt.py)
 143  stopped by SIGTERM (the same)
 """
 from __future__ import annotations
@@ -44,6 +45,10 @@ class BadInput(MMError):
     exit_code = 3
 
 
+class NotInRoot(BadInput):
+    """The model root holds no such repo or revision (perhaps it is not the root the user meant)."""
+
+
 class RemoteError(MMError):
     exit_code = 4
 
@@ -58,6 +63,13 @@ class Busy(MMError):
 
 class Refused(MMError):
     exit_code = 7
+
+
+class Waiting(MMError):
+    """Not a failure of what was given: the work is incomplete until more input (the rest of a bundle's volumes)
+    comes. A script's `mm unbundle DISK --dest D && mm launch D` must not go on with a partial model."""
+
+    exit_code = 8
 
 
 def first_line(e: BaseException) -> str:
@@ -75,6 +87,7 @@ EXIT_CODES = {
     5: "integrity error (bytes do not match the expected identity; a manifest signature missing or not good)",
     6: "busy (another mm process holds the directory lock)",
     7: "refused (unsupported combination per the deployment guide, or not enough disk)",
+    8: "incomplete: an import is waiting for more volumes (what was given is imported; run it again with the rest)",
     70: "internal error: a bug in mm (please report it; MM_DEBUG=1 shows the traceback)",
     130: "interrupted by Ctrl-C (SIGINT); the work done so far is kept",
     143: "stopped by SIGTERM; the work done so far is kept",

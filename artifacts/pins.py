@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BadInput
-from .untrusted import At, read_json_file
+from .edges.untrusted import At, read_json_file
 
 PIN_SCHEMA = "mm-pin/1"
 

@@ -1,6 +1,6 @@
 """A model root that holds several revisions of a repo side by side, sharing their bytes: `mm ls`, `mm use`, `mm gc`.
 
-Layout (README, "Revisions side by side"):
+Layout (docs/store.md):
 
     ROOT/<repo id>/<dir>/        one revision: a plain model directory (DIR/.mm/manifest.json), what `mm verify`,
                                  `mm launch` and a container mount take; any name (mm suggests the short revision)
@@ -17,90 +17,41 @@ revision directory frees exactly the bytes no other revision uses, and there is 
 Disk use is measured with FIEMAP (sharing.py), each shared byte counted once.
 
 Verification stamps: `mm verify DIR` (full) and `mm unbundle`'s final verify record when and how DIR was last
-verified in DIR/.mm/verified.json (record_verified), for `mm ls`.
+verified in DIR/.mm/verified.json (integrity/stamps.py), for `mm ls`.
 
 Interrupted at any point, the root stays consistent: a switch is a rename of a new symlink over `current`; a
 removal is a rename out of the way, then a delete that the next `mm gc` finishes.
 """
 from __future__ import annotations
 
-import calendar
-import errno
 import fcntl
-import hashlib
 import json
 import os
 import re
 import time
 from collections import Counter
-from contextlib import suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
-from .errors import BadInput, BadValue, Refused
-from .fsutil import (MM_DIR, atomic_write_json, dir_lock, open_file, parent_dir, read_local_file, remove_tree, state_root,
-                     unlink_file)
-from .manifest import MAX_MANIFEST_BYTES, Manifest, from_json, manifest_path
-from .sharing import DiskUse, Layout, layout, shared_bytes
-from .untrusted import At, Malformed, load_json
+from .errors import BadInput, BadValue, NotInRoot, Refused
+from .paths import MM_DIR, POINTER, manifest_path, payload_dir
+from .edges.fsutil import dir_lock, lock_holder, open_file, parent_dir, read_local_file, remove_tree, unlink_file
+from .integrity.manifest import MAX_MANIFEST_BYTES, Manifest, from_json
+from .integrity.stamps import read_verified
+from .edges.sharing import DiskUse, Layout, layout, shared_bytes
+from .edges.untrusted import At, load_json
+from .serving.docker import Container, running_containers
+from .units import iso_time
 
-POINTER = "current"
 REMOVING = ".mm-removing-"
 POINTER_TMP = ".current.tmp-"
 USES = "uses.jsonl"
-STAMP = "verified.json"
-STAMP_SCHEMA = "mm-verified/1"
 DEFAULT_KEEP = 1  # mm's own choice: besides the current revision, one more, so that a rollback is always one command
 SWITCH_WINDOW = 5.0  # seconds after a switch is logged during which the pointer may still name the previous one
-DOCKER_TIMEOUT = 60  # seconds for `docker ps` / `docker inspect` (mm's own margin)
-MAX_DOCKER_ANSWER = 64 * 1024 * 1024
 MAX_USES = 16 * 1024 * 1024
 HEX = re.compile(r"^[0-9a-f]{4,40}$")
-
-
-# --- verification stamps ------------------------------------------------------------------------------
-
-def record_verified(model_dir: Path, ok: bool, files: int, nbytes: int, problems: int, by: str) -> None:
-    """Note in DIR/.mm/verified.json that DIR was verified in full now, against its manifest as it is (its sha256).
-    Best effort: a directory mm cannot write (a read-only mount, a link planted under it) keeps no stamp."""
-    try:
-        data = read_local_file(manifest_path(model_dir), what="manifest", max_bytes=MAX_MANIFEST_BYTES)
-        atomic_write_json(_stamp_path(model_dir), {
-            "schema": STAMP_SCHEMA, "time": _iso(time.time()), "ok": ok, "manifest_sha256": hashlib.sha256(data).hexdigest(),
-            "files": files, "bytes": nbytes, "problems": problems, "by": by}, root=state_root(model_dir))
-    except (OSError, BadInput):
-        pass
-
-
-def _stamp_path(model_dir: Path) -> Path:
-    """Beside the manifest (for a Hugging Face cache snapshot, in mm's state directory outside the cache)."""
-    from .hfcache import state_dir
-
-    return state_dir(model_dir, MM_DIR) / STAMP
-
-
-@dataclass(frozen=True)
-class Verified:
-    time: str
-    ok: bool
-    current: bool  # for the manifest as it is now (False: the manifest changed since)
-    by: str
-
-
-def read_verified(model_dir: Path, manifest_bytes: bytes) -> Verified | None:
-    path = _stamp_path(model_dir)
-    try:
-        doc = load_json(read_local_file(path, what="verification stamp", max_bytes=64 * 1024), str(path),
-                        max_bytes=64 * 1024)
-        at = At(str(path))
-        at.obj(doc)
-        if doc.get("schema") != STAMP_SCHEMA:
-            return None
-        return Verified(at.get_str(doc, "time", max_len=64), at.get_bool(doc, "ok"),
-                        at.get_str(doc, "manifest_sha256", max_len=64) == hashlib.sha256(manifest_bytes).hexdigest(),
-                        at.get_str(doc, "by", max_len=64))
-    except (OSError, BadInput):
-        return None
 
 
 # --- what the root holds ------------------------------------------------------------------------------
@@ -142,7 +93,7 @@ class Store:
         found = next((r for r in self.repos if r.repo_id == repo_id), None)
         if found is None:
             held = ", ".join(r.repo_id for r in self.repos) or "none"
-            raise BadInput(f"{self.root}: no revision of {repo_id} here (repos: {held}); the layout is "
+            raise NotInRoot(f"{self.root}: no revision of {repo_id} here (repos: {held}); the layout is "
                            f"ROOT/<repo id>/<revision dir>/")
         return found
 
@@ -181,6 +132,14 @@ def scan(root: Path) -> Store:
     return Store(root, repos, notes)
 
 
+def _existing(root: Path) -> Path:
+    """ROOT, a directory that exists: its lock is never made in a directory a typo would create."""
+    root = Path(root)
+    if not root.is_dir():
+        raise BadInput(f"{root}: not a directory (a model root holds ROOT/<repo id>/<revision dir>/)")
+    return root
+
+
 def _repo_dirs(root: Path) -> list[Path]:
     """ROOT/<name> and ROOT/<owner>/<name>: directories (not symlinks, not mm's own) that may hold revisions."""
     found = []
@@ -214,21 +173,6 @@ def _pointer(repo_dir: Path, revisions: list[Revision]) -> tuple[str | None, str
     if "/" in target or target not in {r.name for r in revisions}:
         return None, f"{pointer} -> {target}: names no revision here"
     return target, None
-
-
-def is_pointer(path: Path) -> bool:
-    """PATH is a store's `current` pointer (a symlink to a sibling revision directory)."""
-    path = Path(path)
-    if path.name != POINTER or not path.is_symlink():
-        return False
-    target = os.readlink(path)
-    return "/" not in target and manifest_path(path.parent / target).is_file()
-
-
-def as_mounted(path: Path) -> Path:
-    """The host path a start script mounts for the model directory PATH: a store's `current` pointer as named
-    (absolute, not resolved), so that `mm use` decides what the next start serves; any other path resolved."""
-    return Path(os.path.abspath(path)) if is_pointer(path) else Path(path).resolve()
 
 
 # --- the switch log ---------------------------------------------------------------------------------------
@@ -272,7 +216,7 @@ def read_uses(root: Path) -> list[Use] | None:
 
 def _append_use(root: Path, use: Use) -> None:
     path = _uses_path(root)
-    line = json.dumps({"time": use.time, "at": _iso(use.time), "repo_id": use.repo_id, "dir": use.dir,
+    line = json.dumps({"time": use.time, "at": iso_time(use.time), "repo_id": use.repo_id, "dir": use.dir,
                        "previous": use.previous}) + "\n"
     fd = open_file(root, path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # never through a link (fsutil's rule)
     try:
@@ -303,7 +247,7 @@ def find_revision(repo: Repo, wanted: str) -> Revision:
     matches = [r for r in repo.revisions if HEX.match(wanted.lower()) and r.revision.startswith(wanted.lower())]
     held = ", ".join(f"{r.revision[:12]} ({r.name})" for r in repo.revisions) or "none"
     if not matches:
-        raise BadInput(f"{repo.path}: no revision {wanted!r} of {repo.repo_id} here (held: {held})")
+        raise NotInRoot(f"{repo.path}: no revision {wanted!r} of {repo.repo_id} here (held: {held})")
     if len({r.revision for r in matches}) > 1:
         raise BadValue(f"revision {wanted!r} is ambiguous in {repo.path}: {held}")
     return matches[0]
@@ -311,9 +255,9 @@ def find_revision(repo: Repo, wanted: str) -> Revision:
 
 def use(root: Path, repo_id: str, wanted: str) -> UseResult:
     """Point ROOT/REPO_ID/current at revision WANTED, atomically, once `verify --quick` passes on it."""
-    from .verify import require_quick_verify  # here: verify imports the safetensors checks
+    from .integrity.verify import require_quick_verify  # here: verify imports the safetensors checks
 
-    root = Path(root)
+    root = _existing(root)
     with dir_lock(root, "mm use"):
         repo = scan(root).repo(repo_id)
         rev = find_revision(repo, wanted)
@@ -344,73 +288,6 @@ def _clean_pointer_leftovers(root: Path, repo_dir: Path) -> None:
 
 # --- who mounts what: docker ---------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Container:
-    name: str
-    started: float | None  # epoch seconds, None when docker did not say
-    sources: tuple[str, ...]  # host paths it mounts
-
-
-def running_containers(docker: str = "docker") -> tuple[list[Container], str | None]:
-    """The running containers and their mounts, from `docker ps` and `docker inspect`: (containers, note).
-    No docker on PATH: none, with a note. Docker present but not answering: Refused (exit 7), since then no one
-    can tell which revisions are in use."""
-    ids = _docker([docker, "ps", "--quiet", "--no-trunc"], "docker ps")
-    if ids is None:
-        return [], "docker not found on PATH: no container checked"
-    names = [line.strip() for line in ids.splitlines() if line.strip()]
-    if not names:
-        return [], None
-    answer = _docker([docker, "inspect", "--", *names], "docker inspect")
-    try:
-        doc = load_json(answer or "[]", "docker inspect", max_bytes=MAX_DOCKER_ANSWER)
-    except Malformed as e:
-        raise Refused(f"docker inspect: an answer mm cannot read ({e.detail}); cannot tell which revisions running "
-                      f"containers mount") from None
-    out = []
-    for item in doc if isinstance(doc, list) else []:
-        if not isinstance(item, dict):
-            continue
-        state = item.get("State") if isinstance(item.get("State"), dict) else {}
-        if state.get("Running") is False:
-            continue
-        mounts = item.get("Mounts") if isinstance(item.get("Mounts"), list) else []
-        sources = tuple(m["Source"] for m in mounts if isinstance(m, dict) and isinstance(m.get("Source"), str))
-        name = item.get("Name") if isinstance(item.get("Name"), str) else str(item.get("Id", "?"))[:12]
-        out.append(Container(name.lstrip("/")[:256], _epoch(state.get("StartedAt")), sources))
-    return out, None
-
-
-def _docker(argv: list[str], what: str) -> str | None:
-    """The tool's stdout (tools.run_tool: bounded, its own process group); None when docker is not installed."""
-    from .tools import ToolMissing, run_tool
-
-    try:
-        done = run_tool(argv, timeout=DOCKER_TIMEOUT, max_output=MAX_DOCKER_ANSWER)
-    except ToolMissing:
-        return None
-    if not done.ok:
-        from .launch import DOCKER_DOWN  # the one wording doctor, warm-up and the start script use
-
-        raise Refused(f"{what}: {DOCKER_DOWN} ({done.last_line()}); mm cannot tell which revisions running containers "
-                      f"mount, so nothing is removed")
-    return done.stdout
-
-
-def _epoch(text: object) -> float | None:
-    """docker's RFC 3339 time (2026-01-01T10:00:00.123456789Z) in epoch seconds."""
-    if not isinstance(text, str):
-        return None
-    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)", text.strip())
-    if not m or text.startswith("0001-"):
-        return None
-    base = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) + float(m.group(2) or 0)
-    if m.group(3) != "Z":
-        sign = 1 if m.group(3)[0] == "+" else -1
-        base -= sign * (int(m.group(3)[1:3]) * 3600 + int(m.group(3)[4:6]) * 60)
-    return base
-
-
 def mounted(store: Store, containers: list[Container], uses: list[Use] | None) -> tuple[dict[Path, list[str]], list[str]]:
     """{revision path: [container names]} for every revision a running container mounts (the revision itself, a
     directory above it, or a path inside it; through the pointer: the revision it named when the container
@@ -426,9 +303,11 @@ def mounted(store: Store, containers: list[Container], uses: list[Use] | None) -
 
 
 def _mounted_revisions(repo: Repo, source: str, c: Container, uses: list[Use] | None, notes: list[str]) -> list[Revision]:
-    src = os.path.normpath(source)
-    pointer = os.path.normpath(os.path.abspath(repo.path / POINTER))
-    if src == pointer or src.startswith(pointer + "/"):
+    """The revisions of REPO a mount of SOURCE serves. Compared by identity (device and inode), never by spelling:
+    the root may be reached through a symlink, a bind mount or `..`, and the user's spelling is not docker's."""
+    steps, real = _lookup(source)
+    repo_id = _identity(repo.path)
+    if repo_id is not None and any(name == POINTER and _identity(where) == repo_id for where, name in steps):
         if uses is None or c.started is None:
             notes.append(f"container {c.name} mounts {source}, and when it started (or what the pointer named then) "
                          f"is unknown: every revision of {repo.repo_id} is kept")
@@ -440,13 +319,63 @@ def _mounted_revisions(repo: Repo, source: str, c: Container, uses: list[Use] | 
         else:
             names = {mine[0].previous} if mine else set()
         return [r for r in repo.revisions if r.name in names | {repo.current}]
-    real = os.path.realpath(source)
+    mounted_chain = _chain(real)  # the source and every directory above it
+    if not mounted_chain:
+        return []
     hit = []
     for rev in repo.revisions:
-        target = os.path.realpath(rev.path)
-        if real == target or real.startswith(target + "/") or target.startswith(real.rstrip("/") + "/"):
+        rev_chain = _chain(os.path.realpath(rev.path))
+        if rev_chain and (rev_chain[0] in mounted_chain or mounted_chain[0] in rev_chain):
             hit.append(rev)
     return hit
+
+
+MAX_LINKS = 40  # symlinks one lookup follows, as Linux's own limit (ELOOP past 40)
+
+
+def _lookup(source: str) -> tuple[list[tuple[str, str]], str]:
+    """Resolve SOURCE as the kernel does when docker mounts it (after docker's own textual clean): every
+    (physical directory, name) the lookup reads, symlinks followed one by one, and the physical path it ends at."""
+    todo = [p for p in reversed(os.path.normpath(source).split("/")) if p and p != "."]
+    where, steps, links = "/", [], 0
+    while todo:
+        name = todo.pop()
+        if name == "..":
+            where = os.path.dirname(where)
+            continue
+        steps.append((where, name))
+        full = os.path.join(where, name)
+        if links < MAX_LINKS and os.path.islink(full):
+            links += 1
+            try:
+                target = os.readlink(full)
+            except OSError:
+                break
+            where = "/" if target.startswith("/") else where
+            todo += [p for p in reversed(target.split("/")) if p and p != "."]
+        else:
+            where = full
+    return steps, where
+
+
+def _identity(path: str | Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _chain(real: str) -> list[tuple[int, int]]:
+    """The identities of physical path REAL and of every directory above it (a bind mount of a directory has the
+    directory's identity under any other name)."""
+    out = []
+    for p in [real, *(str(q) for q in Path(real).parents)]:
+        ident = _identity(p)
+        if ident is None:
+            return out if out else []
+        out.append(ident)
+    return out
 
 
 # --- disk use ---------------------------------------------------------------------------------------------------
@@ -460,6 +389,17 @@ def layouts(rev: Revision) -> list[Layout]:
         except OSError:
             continue
     return out
+
+
+def _payload(rev: Revision) -> Path | None:
+    """The revision's DIR.payload/ beside it, when it is a real directory (a link there is not mm's to remove)."""
+    where = payload_dir(rev.path)
+    return where if where.is_dir() and not where.is_symlink() else None
+
+
+def _payload_layouts(rev: Revision) -> list[Layout]:
+    where = _payload(rev)
+    return _tree_layouts(where) if where else []
 
 
 def _tree_layouts(path: Path) -> list[Layout]:
@@ -492,6 +432,7 @@ class RevisionInfo:
     #                 | "stale" (the manifest changed after signing) | "unchecked" (ssh-keygen missing)
     signer: str | None  # key type and fingerprint
     mounted_by: list[str]
+    payload: int = 0  # bytes on disk of DIR.payload/ beside it (mm's wheels, an engine image, caches); gc frees it too
 
 
 @dataclass
@@ -529,7 +470,7 @@ def ls(root: Path, docker: str = "docker") -> LsReport:
             status, signer = _signature_status(r)
             infos.append(RevisionInfo(r.repo_id, r.revision, r.name, str(r.path), r.files, r.size, DiskUse(mine).bytes,
                                       shared_bytes(mine, others), r.current, stamp.__dict__ if stamp else None, status, signer,
-                                      sorted(set(users.get(r.path, [])))))
+                                      sorted(set(users.get(r.path, []))), DiskUse(_payload_layouts(r)).bytes))
     removing = [str(p) for repo in store.repos for p in repo.removing]
     if removing:
         notes.append(f"{len(removing)} revision(s) being removed by an interrupted `mm gc`; run `mm gc {store.root}` "
@@ -541,7 +482,7 @@ def ls(root: Path, docker: str = "docker") -> LsReport:
 
 def _signature_status(rev: Revision) -> tuple[str, str | None]:
     from .errors import IntegrityError
-    from .signing import check_signature_matches, signature_path
+    from .integrity.signing import check_signature_matches, signature_path
 
     sig = signature_path(rev.path)
     if not sig.is_file():
@@ -569,21 +510,32 @@ class GcReport:
     notes: list[str]
 
 
-def gc(root: Path, keep: int = DEFAULT_KEEP, dry_run: bool = False, docker: str = "docker") -> GcReport:
+WITHOUT_DOCKER = "--without-docker"
+
+
+def gc(root: Path, keep: int = DEFAULT_KEEP, dry_run: bool = False, docker: str = "docker",
+       without_docker: bool = False) -> GcReport:
     """Remove the revisions that are not current, not among the KEEP most recent others, not mounted by a running
-    container, not being written by mm, and finish what an interrupted gc left; with DRY_RUN only say so."""
+    container, not being written by mm, and finish what an interrupted gc left; with DRY_RUN only say so.
+    WITHOUT_DOCKER: docker is not asked which revisions running containers mount (its daemon stopped, or the
+    containers run under podman or Kubernetes): the user vouches that none runs from what goes."""
     if keep < 0:
         raise BadValue(f"--keep {keep}: must be 0 or more")
-    root = Path(root)
+    root = _existing(root)
     with dir_lock(root, "mm gc"):
         store = scan(root)
         notes = list(store.notes)
         try:
-            containers, note = running_containers(docker)
+            containers, note = ([], None) if without_docker else running_containers(docker)
         except Refused as e:
             if not dry_run:
-                raise
+                raise Refused(f"{e.message}; `mm gc {WITHOUT_DOCKER}` removes them without asking docker: a "
+                              f"container still serving a removed revision loses its files (reads fail, its next "
+                              f"start finds no model)") from None
             containers, note = [], f"{e}; this dry run lists what would go if no container mounted a revision"
+        if without_docker:
+            note = (f"docker not asked ({WITHOUT_DOCKER}): a revision a running container mounts is removed like "
+                    f"any other; the current and --keep ones stay")
         notes += [note] if note else []
         uses = read_uses(root)
         users, mount_notes = mounted(store, containers, uses)
@@ -593,7 +545,8 @@ def gc(root: Path, keep: int = DEFAULT_KEEP, dry_run: bool = False, docker: str 
             if repo.pointer_problem:
                 notes.append(repo.pointer_problem)
             for rev, why in _decide(repo, keep, users, uses or []):
-                doc = {"repo_id": repo.repo_id, "revision": rev.revision, "dir": rev.name, "size": rev.size}
+                doc = {"repo_id": repo.repo_id, "revision": rev.revision, "dir": rev.name, "size": rev.size,
+                       "payload": DiskUse(_payload_layouts(rev)).bytes}
                 (kept.append({**doc, "why": why}) if why else removed.append((rev, doc)))
         leftovers = [p for repo in store.repos for p in repo.removing]
         freed = _freed(store, [rev for rev, _ in removed], leftovers)
@@ -603,12 +556,20 @@ def gc(root: Path, keep: int = DEFAULT_KEEP, dry_run: bool = False, docker: str 
             return report
         for path in leftovers:  # below ROOT, through real directories only (fsutil's rule)
             remove_tree(root, path)
-        for rev, _ in removed:
-            gone = rev.path.with_name(REMOVING + rev.name)
-            with parent_dir(root, rev.path) as (dfd, name):
-                os.rename(name, gone.name, src_dir_fd=dfd, dst_dir_fd=dfd)  # from here on the revision is gone whole
-                os.fsync(dfd)
-            remove_tree(root, gone)
+        with _claimed(root, [rev for rev, _ in removed]) as (claimed, busy):
+            if busy:  # a reader started since the decision: it keeps its revision
+                report.kept += [{**doc, "why": busy[rev.path]} for rev, doc in removed if rev.path in busy]
+                report.removed = [doc for rev, doc in removed if rev.path not in busy]
+                report.freed = _freed(store, claimed, leftovers)
+            for rev in claimed:
+                # the payloads first: an interrupted gc leaves them as a leftover it finishes, never a revision
+                # without its model that still has its payloads (or the reverse)
+                for path in [p for p in (_payload(rev),) if p] + [rev.path]:
+                    gone = path.with_name(REMOVING + path.name)
+                    with parent_dir(root, path) as (dfd, name):
+                        os.rename(name, gone.name, src_dir_fd=dfd, dst_dir_fd=dfd)  # from here on it is gone whole
+                        os.fsync(dfd)
+                    remove_tree(root, gone)
         for repo in store.repos:
             _clean_pointer_leftovers(root, repo.path)
         return report
@@ -643,21 +604,45 @@ def _decide(repo: Repo, keep: int, users: dict[Path, list[str]], uses: list[Use]
 
 
 def _being_written(path: Path) -> str | None:
-    """Why PATH must stay: an mm process holds its lock, or an import into it is unfinished."""
+    """Why PATH must stay: an mm process reads or writes it (holds its lock), or an import into it is unfinished."""
     if (path / MM_DIR / "unbundle" / "state.json").exists():
         return "an unfinished `mm unbundle` (run it again to complete it)"
     lock = path / MM_DIR / "lock"
     try:
-        fd = os.open(lock, os.O_RDONLY)
+        fd = os.open(lock, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return None
-    except OSError as e:
-        return "an mm process is using it" if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+    except BlockingIOError:
+        return f"in use: {lock_holder(fd, lock)}"
     finally:
         os.close(fd)
+
+
+@contextmanager
+def _claimed(root: Path, revs: list[Revision]) -> Iterator[tuple[list[Revision], dict[Path, str]]]:
+    """Take each revision's lock whole (created if missing, so that a reader starting now finds it) and hold it
+    while the revision is renamed away and deleted: a reader or writer that holds it keeps its revision, one
+    that comes later is told gc holds it. Yields (the revisions claimed, {path: why kept} for the others)."""
+    with ExitStack() as held:
+        claimed, busy = [], {}
+        for rev in revs:
+            lock = rev.path / MM_DIR / "lock"
+            try:
+                fd = open_file(root, lock, os.O_RDWR | os.O_CREAT, 0o644)
+            except (OSError, BadInput) as e:
+                busy[rev.path] = f"its lock {lock} cannot be taken ({getattr(e, 'message', None) or e.strerror})"
+                continue
+            held.callback(os.close, fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                busy[rev.path] = f"in use: {lock_holder(fd, lock)}"
+                continue
+            claimed.append(rev)
+        yield claimed, busy
 
 
 def _freed(store: Store, removed: list[Revision], leftovers: list[Path]) -> int:
@@ -665,13 +650,11 @@ def _freed(store: Store, removed: list[Revision], leftovers: list[Path]) -> int:
     root's revisions hold is used elsewhere too: it frees nothing."""
     gone = {r.path for r in removed}
     kept_layouts = [item for repo in store.repos for r in repo.revisions if r.path not in gone for item in layouts(r)]
-    removed_layouts = [item for r in removed for item in layouts(r)] + [i for p in leftovers for i in _tree_layouts(p)]
+    removed_layouts = [item for r in removed for item in layouts(r) + _payload_layouts(r)] + \
+        [i for p in leftovers for i in _tree_layouts(p)]
     seen = Counter((i.dev, i.ino) for i in kept_layouts + removed_layouts)
     kept_layouts += [i for i in removed_layouts if i.links > seen[(i.dev, i.ino)]]
     kept_use = DiskUse(kept_layouts).bytes
     return DiskUse(kept_layouts + removed_layouts).bytes - kept_use
 
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 

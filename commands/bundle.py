@@ -9,14 +9,15 @@ from typing import Callable
 import click
 
 from ..artifacts.bundle.payloads import PAYLOAD_KINDS
-from ..artifacts.errors import IntegrityError, MMError, ProblemsFound
-from ..artifacts.progress import human_bytes, human_duration
+from ..artifacts.errors import IntegrityError, MMError, ProblemsFound, Waiting
+from ..artifacts.units import human_bytes, human_duration
+from .shared import PATH
 from .shared import (DefaultGroup, emit_json, err, handles_errors, json_option, out, progress_for,
                      render_carried_signature, signature_options, signature_policy, to_jsonable)
 
 
 def _cache_key_pairs(ctx, param, value):
-    from ..artifacts.cachekey import parse_cache_key
+    from ..artifacts.serving.cachekey import parse_cache_key
     try:
         parse_cache_key(value)
     except MMError as e:
@@ -28,7 +29,7 @@ class VolumeSize(click.ParamType):
     name = "SIZE"
 
     def convert(self, value, param, ctx):
-        from ..artifacts.bundle.format import parse_size
+        from ..artifacts.units import parse_size
         if isinstance(value, int):
             return value
         try:
@@ -44,10 +45,10 @@ def payload_options(side: str) -> Callable:
     def apply(fn: Callable) -> Callable:
         for k in reversed(PAYLOAD_KINDS):
             if side == "source":
-                option = click.option(k.source_option, k.source_param, multiple=k.many, type=click.Path(path_type=Path),
+                option = click.option(k.source_option, k.source_param, multiple=k.many, type=PATH,
                                       help=k.source_help)
             else:
-                option = click.option(k.dest_option, k.dest_param, type=click.Path(path_type=Path), help=k.dest_help)
+                option = click.option(k.dest_option, k.dest_param, type=PATH, help=k.dest_help)
             fn = option(fn)
         return fn
     return apply
@@ -64,8 +65,8 @@ def bundle():
 
 
 @bundle.command("create")
-@click.argument("directory", required=False, type=click.Path(path_type=Path))
-@click.option("--out", "out_dirs", required=True, multiple=True, type=click.Path(path_type=Path),
+@click.argument("directory", required=False, type=PATH)
+@click.option("--out", "out_dirs", required=True, multiple=True, type=PATH,
               help="Directory for the volume files: one per disk, repeatable (--out /media/disk1 --out /media/disk2): "
                    "filled in order, each volume where it fits (free space is checked before writing).")
 @click.option("--volume-size", type=VolumeSize(),
@@ -82,10 +83,10 @@ def bundle():
 @click.option("--only-mm", "only_mm", is_flag=True,
               help="No model: write install-mm.sh and wheelhouse/ into --out (to upgrade mm on a host that has the model).")
 @click.option("--target-platform", "target_platforms", multiple=True, metavar="linux/amd64|linux/arm64",
-              help="The air-gapped host's platform for the wheelhouse (repeatable; default: this host's). "
-                   "GB200/GB300 nodes are linux/arm64.")
+              help="The air-gapped host's platform for the wheelhouse (repeatable; default: linux/amd64, plus this "
+                   "host's and an --image's platform). GB200/GB300 nodes are linux/arm64.")
 @click.option("--target-python", "target_pythons", multiple=True, metavar="3.X",
-              help="The air-gapped host's CPython minor version (repeatable; default: this host's).")
+              help="The air-gapped host's CPython minor version (repeatable; default: 3.10 to 3.13 and this host's).")
 @click.option("--image-ref", default=None,
               help="The pinned reference --image must be (default: the pin's engine image).")
 @click.option("--allow-other-image", is_flag=True,
@@ -101,7 +102,7 @@ def bundle():
                    "(e.g. 2 for ten data volumes).")
 @click.option("--yes", is_flag=True, help="Write a plan of more than 10,000 volumes (refused otherwise: most likely a "
                                           "--volume-size typo, 100K for 100G).")
-@click.option("--base", type=click.Path(path_type=Path),
+@click.option("--base", type=PATH,
               help="Make a delta: carry only the files whose content this base revision lacks (its manifest file, "
                    "its model directory, or a volume of its bundle); the destination takes the rest from its copy "
                    "of the base (mm unbundle --from).")
@@ -113,7 +114,7 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
     rerun resumes."""
     import contextlib
 
-    from ..artifacts import wheelhouse
+    from ..artifacts.bundle import wheelhouse
     from ..artifacts.bundle.pack import create_bundle, precheck_volume_count
     from ..artifacts.bundle.payloads import CollectOptions
     from ..artifacts.errors import BadInput
@@ -124,16 +125,19 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
                            "--volume-size or payload")
         if len(out_dirs) > 1:
             raise BadInput("--only-mm writes into one --out directory")
-        report = wheelhouse.build_wheelhouse(out_dirs[0], wheelhouse.targets_for(target_platforms, target_pythons),
-                                             progress_for(json_out))
+        targets = wheelhouse.targets_for(target_platforms, target_pythons)
+        if not json_out:
+            err.line(f"mm will install on: {wheelhouse.describe_targets(targets)} (--target-platform and "
+                     f"--target-python choose others)")
+        report = wheelhouse.build_wheelhouse(out_dirs[0], targets, progress_for(json_out),
+                                             cache=wheelhouse.sets_cache())
         if json_out:
             emit_json({"ok": True, **to_jsonable(report), "size": report.size})
             return
         for s in report.sets:
-            out.print(f"{s.name}: {len(s.wheels)} wheels, {human_bytes(s.size)}", highlight=False, markup=False)
-        out.print(f"wrote {report.out}/install-mm.sh and {report.out}/wheelhouse/ (mm {report.mm_version}, "
-                  f"{human_bytes(report.size)}); on the air-gapped host: sh install-mm.sh [DIR]",
-                  highlight=False, markup=False, soft_wrap=True)
+            out.line(f"{s.name}: {len(s.wheels)} wheels, {human_bytes(s.size)}")
+        out.line(f"wrote {report.out}/install-mm.sh and {report.out}/wheelhouse/ (mm {report.mm_version}, "
+                 f"{human_bytes(report.size)}); on the air-gapped host: sh install-mm.sh [DIR]")
         return
     if directory is None or volume_size is None:
         raise BadInput("give the model DIRECTORY and --volume-size (or --only-mm for mm alone)")
@@ -146,8 +150,13 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
     progress = progress_for(json_out)
     with contextlib.ExitStack() as stack:
         if not no_mm and not sources.get("mm"):  # built in mm's cache directory, removed after the run
-            sources["mm"] = [stack.enter_context(wheelhouse.bundle_wheelhouse(target_platforms, target_pythons,
-                                                                              progress))]
+            from ..artifacts.serving.image import archive_platform
+            also = tuple(p for p in map(archive_platform, sources.get("image") or ()) if p)
+            targets = wheelhouse.targets_for(target_platforms, target_pythons, also)
+            if not json_out:
+                err.line(f"mm will install on: {wheelhouse.describe_targets(targets)} (--target-platform and "
+                         f"--target-python choose others)")
+            sources["mm"] = [stack.enter_context(wheelhouse.bundle_wheelhouse(targets, progress))]
         result = create_bundle(directory, list(out_dirs), volume_size, name=name, payloads=sources,
                                cache_key=cache_key, progress=progress, sync=not no_sync, parity=parity,
                                collect=CollectOptions(image_ref=image_ref, allow_other_image=allow_other_image,
@@ -160,30 +169,25 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
     for note in result.notes:
         err.print(f"note: {note}", markup=False)
     for v in result.volumes:
-        out.print(f"{'kept ' if v.kept else 'wrote'} {v.path} ({human_bytes(v.size)})", highlight=False, markup=False, soft_wrap=True)
+        out.line(f"{'kept ' if v.kept else 'wrote'} {v.path} ({human_bytes(v.size)})")
     for v in result.parity_volumes:
-        out.print(f"wrote {v.path} ({human_bytes(v.size)}, parity {v.number} of {len(result.parity_volumes)})",
-                  highlight=False, markup=False, soft_wrap=True)
+        out.line(f"wrote {v.path} ({human_bytes(v.size)}, parity {v.number} of {len(result.parity_volumes)})")
     if result.signed:
-        out.print("the manifest's signature travels in every volume (MMBUNDLE/manifest.json.sig)",
-                  highlight=False, markup=False, soft_wrap=True)
+        out.line("the manifest's signature travels in every volume (MMBUNDLE/manifest.json.sig)")
     parity_part = f" + {len(result.parity_volumes)} parity" if result.parity_volumes else ""
-    out.print(f"bundle {result.name} (id {result.bundle_id}): {len(result.volumes)} volume(s){parity_part}, "
-              f"{result.files} files, {human_bytes(result.total_bytes)} of data in {human_duration(result.seconds)}. "
-              f"Check the disks with: mm bundle verify {' '.join(result.outs)}",
-              highlight=False, markup=False, soft_wrap=True)
+    out.line(f"bundle {result.name} (id {result.bundle_id}): {len(result.volumes)} volume(s){parity_part}, "
+             f"{result.files} files, {human_bytes(result.total_bytes)} of data in {human_duration(result.seconds)}. "
+             f"Check the disks with: mm bundle verify {' '.join(result.outs)}")
     if result.delta:
         from ..artifacts.bundle.delta import describe
-        out.print(f"{describe(result.delta)}; at the destination: mm unbundle VOLUMES --dest NEW_DIR --from BASE_DIR",
-                  highlight=False, markup=False, soft_wrap=True)
+        out.line(f"{describe(result.delta)}; at the destination: mm unbundle VOLUMES --dest NEW_DIR --from BASE_DIR")
     carried = result.payloads.get("mm")
     if carried:
-        out.print(f"mm {carried['mm_version']} ({', '.join(carried['sets'])}) travels whole in volume 1; on the "
-                  f"air-gapped host, where the volumes lie: sh install-mm.sh [DIR]", highlight=False, markup=False,
-                  soft_wrap=True)
+        out.line(f"mm {carried['mm_version']} ({', '.join(carried['sets'])}) travels whole in volume 1; on the "
+                 f"air-gapped host, where the volumes lie: sh install-mm.sh [DIR]")
     if not result.synced:
-        out.print(f"not synced (--no-sync): run `sync` or unmount before removing the disk holding "
-                  f"{' and '.join(result.outs)}", highlight=False, markup=False, soft_wrap=True)
+        out.line(f"not synced (--no-sync): run `sync` or unmount before removing the disk holding "
+                 f"{' and '.join(result.outs)}")
 
 
 def _render_bundle_plan(plan) -> None:
@@ -191,18 +195,16 @@ def _render_bundle_plan(plan) -> None:
     the progress: stdout keeps the results)."""
     parity = f" + {plan.parity} parity volume(s)" if plan.parity else ""
     last = f" (the last {human_bytes(plan.last)})" if plan.volumes > 1 else ""
-    err.print(f"plan: {plan.files} files, {human_bytes(plan.data_bytes)}, in {plan.volumes} volume(s) of up to "
-              f"{human_bytes(plan.volume_size)}{last}{parity}; {human_bytes(plan.total_bytes)} to the disks",
-              highlight=False, markup=False, soft_wrap=True)
+    err.line(f"plan: {plan.files} files, {human_bytes(plan.data_bytes)}, in {plan.volumes} volume(s) of up to "
+             f"{human_bytes(plan.volume_size)}{last}{parity}; {human_bytes(plan.total_bytes)} to the disks")
     for d in plan.disks:
-        err.print(f"  {d.out}: {d.holds} ({human_bytes(d.to_write)} to write, {human_bytes(d.free)} free)",
-                  highlight=False, markup=False, soft_wrap=True)
+        err.line(f"  {d.out}: {d.holds} ({human_bytes(d.to_write)} to write, {human_bytes(d.free)} free)")
     for note in plan.notes:
-        err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+        err.line(f"note: {note}")
 
 
 @bundle.command("verify")
-@click.argument("volumes", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("volumes", nargs=-1, required=True, type=PATH)
 @json_option
 @handles_errors
 def bundle_verify(volumes, json_out):
@@ -217,39 +219,41 @@ def bundle_verify(volumes, json_out):
     else:
         for v in report.verdicts:
             what = "parity" if v.kind == "parity" else "volume"
-            out.print(f"{v.status:<8} {v.path}" + (f"  ({what} {v.volume} of {v.volumes})" if v.volume else ""),
-                      highlight=False, markup=False, soft_wrap=True)
+            out.line(f"{v.status:<8} {v.path}" + (f"  ({what} {v.volume} of {v.volumes})" if v.volume else ""))
             for problem in v.problems:
-                out.print(f"         {problem}", highlight=False, markup=False, soft_wrap=True)
+                out.line(f"         {problem}")
         missing = ", ".join(str(n) for n in report.missing) or "none"
-        out.print(f"checked {report.files_checked} volume file(s), {human_bytes(report.bytes_checked)} in "
-                  f"{human_duration(report.seconds)}", highlight=False, markup=False, soft_wrap=True)
+        out.line(f"checked {report.files_checked} volume file(s), {human_bytes(report.bytes_checked)} in "
+                 f"{human_duration(report.seconds)}")
         if report.bundle_id is None:
-            out.print("no readable bundle volume among those given", highlight=False, markup=False, soft_wrap=True)
+            out.line("no readable bundle volume among those given")
         else:
-            out.print(f"bundle {report.name} ({report.bundle_id}): {report.volumes} volume(s); missing: {missing}",
-                      highlight=False, markup=False, soft_wrap=True)
+            out.line(f"bundle {report.name} ({report.bundle_id}): {report.volumes} volume(s); missing: {missing}")
             if report.install_mm:
-                out.print(f"install: {report.install_mm}", highlight=False, markup=False, soft_wrap=True)
+                out.line(f"install: {report.install_mm}")
+                out.line(f"         {report.mm_host}")
             if report.delta:
                 from ..artifacts.bundle.delta import describe
-                out.print(f"{describe(report.delta)}: mm unbundle VOLUMES --dest NEW_DIR --from BASE_DIR",
-                          highlight=False, markup=False, soft_wrap=True)
+                out.line(f"{describe(report.delta)}: mm unbundle VOLUMES --dest NEW_DIR --from BASE_DIR")
             if report.parities:
                 gone = ", ".join(str(n) for n in report.parity_missing) or "none"
-                out.print(f"parity: {report.parities} volume(s); missing: {gone}", highlight=False, markup=False,
-                          soft_wrap=True)
+                out.line(f"parity: {report.parities} volume(s); missing: {gone}")
             if report.recovery:
-                out.print(report.recovery, highlight=False, markup=False, soft_wrap=True)
+                out.line(report.recovery)
+            if report.ok and not report.delta:
+                from shlex import quote
+                given = " ".join(quote(str(v)) for v in volumes)
+                later = "; the missing volumes may come later" if report.missing else ""
+                out.line(f"next: mm unbundle {given} --dest DIR   # on the offline host{later}")
     if not report.ok:
         bad = [f"{Path(v.path).name} {v.status}" for v in report.verdicts if v.status != "OK"]
-        err.print(f"mm: bundle verify: {', '.join(bad)}", markup=False, highlight=False, soft_wrap=True)
+        err.line(f"mm: bundle verify: {', '.join(bad)}")
         sys.exit(ProblemsFound.exit_code)
 
 
 @bundle.command("repair-volume")
-@click.argument("volumes", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--out", "out_dir", type=click.Path(path_type=Path),
+@click.argument("volumes", nargs=-1, required=True, type=PATH)
+@click.option("--out", "out_dir", type=PATH,
               help="Where rebuilt volume files go. Default: beside the first volume given.")
 @click.option("--no-sync", "no_sync", is_flag=True, help="Do not fsync the rebuilt volumes.")
 @json_option
@@ -269,25 +273,23 @@ def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
         emit_json(report)
         return
     for note in report.notes:
-        err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+        err.line(f"note: {note}")
     for path in report.rebuilt:
-        out.print(f"rebuilt  {path} (byte-identical, blake3 checked)", highlight=False, markup=False, soft_wrap=True)
+        out.line(f"rebuilt  {path} (byte-identical, blake3 checked)")
     for path in report.parity_rewritten:
-        out.print(f"rewrote  {path} (parity)", highlight=False, markup=False, soft_wrap=True)
+        out.line(f"rewrote  {path} (parity)")
     written = [Path(p) for p in report.rebuilt + report.parity_rewritten]
     if not written:
-        out.print(f"bundle {report.name}: nothing to repair ({len(report.intact)} data volume(s) intact)",
-                  highlight=False, markup=False, soft_wrap=True)
+        out.line(f"bundle {report.name}: nothing to repair ({len(report.intact)} data volume(s) intact)")
     else:
-        out.print(f"bundle {report.name}: {len(written)} volume file(s) written, "
-                  f"{human_bytes(sum(p.stat().st_size for p in written))}, "
-                  f"in {human_duration(time.monotonic() - started)}",
-                  highlight=False, markup=False, soft_wrap=True)
+        out.line(f"bundle {report.name}: {len(written)} volume file(s) written, "
+                 f"{human_bytes(sum(p.stat().st_size for p in written))}, "
+                 f"in {human_duration(time.monotonic() - started)}")
 
 
 @click.command()
-@click.argument("volumes", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--dest", required=True, type=click.Path(path_type=Path), help="The model directory to fill.")
+@click.argument("volumes", nargs=-1, required=True, type=PATH)
+@click.option("--dest", required=True, type=PATH, help="The model directory to fill.")
 @payload_options("dest")
 @click.option("--no-sync", "no_sync", is_flag=True,
               help="Do not fsync imported files (a scratch copy): files are still named only once their hashes match, "
@@ -295,7 +297,7 @@ def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
 @click.option("--readback", is_flag=True,
               help="Also read each file back from the disk once fsynced (its pages dropped from the page cache) and "
                    "name it only if it still matches: proves the disk holds the bytes, at the cost of a second read.")
-@click.option("--from", "base_dir", type=click.Path(path_type=Path),
+@click.option("--from", "base_dir", type=PATH,
               help="A delta bundle's base: the directory holding the base revision. Files the delta does not carry are "
                    "taken from there (reflink where the file system clones, else a copy), each hashed.")
 @click.option("--link", is_flag=True,
@@ -308,8 +310,9 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
              **kw):
     """Import volumes (files or directories, any order, some now and the rest later) into DEST, then verify.
 
-    Exit 0 imported (volumes may still be missing), 5 a volume or member was refused (or a file read back
-    with --readback differed), 1 the final verify failed, 7 not enough space.
+    Exit 0 imported and verified, 8 what was given is imported and other volumes are still to come, 5 a volume
+    or member was refused (or a file read back with --readback differed), 1 the final verify failed, 7 not
+    enough space.
     """
     import time
 
@@ -323,6 +326,7 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
                             identity=identity, require_signature=required, readback=readback, base_dir=base_dir,
                             link=link)
     exit_code, why = {Outcome.IMPORTED: (0, ""),
+                      Outcome.WAITING: (Waiting.exit_code, "waiting for more volumes"),
                       Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),
                       Outcome.VERIFY_FAILED: (ProblemsFound.exit_code, "final verify found problems")}[report.outcome]
     if json_out:
@@ -331,47 +335,50 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
     else:
         render_carried_signature(report.signature, allowed_signers)
         for line in report.refused + report.corrupt:
-            err.print(f"refused: {line}", markup=False, highlight=False, soft_wrap=True)
+            err.line(f"refused: {line}")
         for note in report.notes:
-            err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+            err.line(f"note: {note}")
         if report.rebuilt:
-            out.print(f"rebuilt from parity {', '.join(map(str, report.parity_used))}: volume(s) "
-                      f"{', '.join(map(str, report.rebuilt))} (each checked whole, then imported)",
-                      highlight=False, markup=False, soft_wrap=True)
+            out.line(f"rebuilt from parity {', '.join(map(str, report.parity_used))}: volume(s) "
+                     f"{', '.join(map(str, report.rebuilt))} (each checked whole, then imported)")
         if report.recovery:
-            out.print(report.recovery, highlight=False, markup=False, soft_wrap=True)
-        out.print(f"{len(report.imported)} file(s) imported, {report.skipped} already present, from "
-                  f"{len(report.used)} volume(s) of {report.name} ({report.bundle_id}) in "
-                  f"{human_duration(time.monotonic() - started)}.", highlight=False, markup=False, soft_wrap=True)
+            out.line(report.recovery)
+        out.line(f"{len(report.imported)} file(s) imported, {report.skipped} already present, from "
+                 f"{len(report.used)} volume(s) of {report.name} ({report.bundle_id}) in "
+                 f"{human_duration(time.monotonic() - started)}.")
         if report.delta and report.delta.get("mode"):
             d = report.delta
             how = {"reflink": "by reflink (no bytes copied)", "link": "by hard link (--link)",
                    "copy": "by copy (no reflink on this file system)"}[d["mode"]]
-            out.print(f"{d['taken']} file(s), {human_bytes(d['taken_bytes'])} taken from the base {d['from']} {how}, "
-                      f"each hashed; {d['files_from_base'] - d['taken']} already in place", highlight=False,
-                      markup=False, soft_wrap=True)
+            out.line(f"{d['taken']} file(s), {human_bytes(d['taken_bytes'])} taken from the base {d['from']} {how}, "
+                     f"each hashed; {d['files_from_base'] - d['taken']} already in place")
         if report.complete:
             v = report.verify
             checked = sum(v[k]["bytes"] for k in ("hashed_as_written", "named_earlier_unchanged", "hashed_now"))
-            out.print(f"verify {dest}: {'OK' if v['ok'] else 'PROBLEMS'} ({v['files_checked']} files, "
-                      f"{human_bytes(checked)}: {v['hashed_as_written']['files']} hashed as they were written, "
-                      + (f"{v['named_earlier_unchanged']['files']} named by an earlier run and unchanged, "
-                         if v['named_earlier_unchanged']['files'] else "")
-                      + f"{v['hashed_now']['files']} hashed now ({human_bytes(v['hashed_now']['bytes'])}); "
-                      f"sizes and shard headers checked)", highlight=False, markup=False, soft_wrap=True)
-            out.print(f"proven: {v['proven']}", highlight=False, markup=False, soft_wrap=True)
+            out.line(f"verify {dest}: {'OK' if v['ok'] else 'PROBLEMS'} ({v['files_checked']} files, "
+                     f"{human_bytes(checked)}: {v['hashed_as_written']['files']} hashed as they were written, "
+                     + (f"{v['named_earlier_unchanged']['files']} named by an earlier run and unchanged, "
+                        if v['named_earlier_unchanged']['files'] else "")
+                     + f"{v['hashed_now']['files']} hashed now ({human_bytes(v['hashed_now']['bytes'])}); "
+                     f"sizes and shard headers checked)")
+            out.line(f"proven: {v['proven']}")
             for problem in v["problems"]:
-                out.print(f"  {problem}", highlight=False, markup=False, soft_wrap=True)
+                out.line(f"  {problem}")
             for cmd in report.next_commands:
-                out.print(f"next: {cmd}", highlight=False, markup=False, soft_wrap=True)
-        else:
-            missing = ", ".join(str(n) for n in report.missing_volumes) or "none"
-            out.print(f"still missing: volume(s) {missing} of {report.volumes}; {len(report.waiting)} file(s) "
-                      f"waiting. Run again with the rest.", highlight=False, markup=False, soft_wrap=True)
+                out.line(f"next: {cmd}")
+        elif report.missing_volumes:
+            from ..artifacts.integrity.provenance import import_remedy
+            missing = ", ".join(str(n) for n in report.missing_volumes)
+            out.line(f"still missing: volume(s) {missing} of {report.volumes}; {len(report.waiting)} file(s) "
+                     f"waiting. Run again with the rest.")
+            if remedy := import_remedy(dest):
+                out.line(f"next: {remedy}")
+        else:  # every volume imported: what still waits is refused above (a base file, or an index that forgets it)
+            out.line(f"{len(report.waiting)} file(s) not imported: {', '.join(report.waiting[:3])}"
+                     + (" ..." if len(report.waiting) > 3 else ""))
         if not report.synced:
-            out.print(f"not synced (--no-sync): run `sync` before relying on {dest} surviving a crash",
-                      highlight=False, markup=False, soft_wrap=True)
+            out.line(f"not synced (--no-sync): run `sync` before relying on {dest} surviving a crash")
     if exit_code:
         if not json_out:
-            err.print(f"mm: unbundle {dest}: {why}", markup=False, highlight=False, soft_wrap=True)
+            err.line(f"mm: unbundle {dest}: {why}")
         sys.exit(exit_code)

@@ -1,6 +1,6 @@
 """`mm fetch`, `mm manifest`, `mm mirror`: a pinned revision from the Hub (or a ModelScope mirror) into a directory
 with its manifest, a manifest for a directory another tool filled, and a mirror compared with the pin
-(artifacts/fetch.py, adopt.py, manifest.py, mirror.py)."""
+(artifacts/fetching/fetch.py, adopt.py, manifest.py, mirror.py)."""
 from __future__ import annotations
 
 import sys
@@ -11,16 +11,17 @@ from typing import TYPE_CHECKING
 import click
 
 from ..artifacts.errors import MMError
-from ..artifacts.progress import human_bytes, human_duration, human_rate
+from ..artifacts.units import human_bytes, human_duration, human_rate
+from .shared import PATH
 from .shared import (DefaultGroup, check_repo_id, check_revision, emit_json, err, escape, handles_errors, json_option,
                      out, progress_for, render_signed, to_jsonable)
 
 if TYPE_CHECKING:
-    from ..artifacts import fetch as mm_fetch, mirror as ms_mirror
+    from ..artifacts.fetching import fetch as mm_fetch, mirror as ms_mirror
 
 
 def _fetch_request(repo: str | None, revision: str | None, local_dir: Path | None, **options) -> mm_fetch.FetchRequest:
-    from ..artifacts import fetch as mm_fetch
+    from ..artifacts.fetching import fetch as mm_fetch
     from ..artifacts.pins import pinned_target
     t = pinned_target(repo, revision)
     return mm_fetch.FetchRequest(repo_id=t.repo_id, revision=t.revision or "main",
@@ -90,7 +91,7 @@ def _fetch_exit_code(result: mm_fetch.FetchResult) -> int:
 @click.argument("repo", required=False, callback=check_repo_id)
 @click.option("--revision", "-r", callback=check_revision,
               help="Full or short commit, branch or tag. Default: the pin's revision (manifests/).")
-@click.option("--local-dir", type=click.Path(path_type=Path), help="Target directory. Default: ./<repo name>.")
+@click.option("--local-dir", type=PATH, help="Target directory. Default: ./<repo name>.")
 @click.option("--include", multiple=True, help="Only paths matching this glob (repeatable).")
 @click.option("--exclude", multiple=True, help="Skip paths matching this glob (repeatable).")
 @click.option("--connections", type=click.IntRange(1, 256), default=32, show_default=True,
@@ -100,11 +101,11 @@ def _fetch_exit_code(result: mm_fetch.FetchResult) -> int:
 @click.option("--source", default="hub", show_default=True,
               help="hub, or modelscope[:OWNER/NAME[@REV]]: every file whose content matches the pin from that mirror, the rest from the Hub.")
 @click.option("--mirror-only", is_flag=True, help="With --source modelscope: nothing from the Hub; fail naming the files the mirror cannot supply.")
-@click.option("--pin-manifest", type=click.Path(path_type=Path),
+@click.option("--pin-manifest", type=PATH,
               help="With --source modelscope: the pin's identities from this mm manifest, for when the Hub is unreachable.")
-@click.option("--sign-with", type=click.Path(path_type=Path),
+@click.option("--sign-with", type=PATH,
               help="Sign the manifest at the end (as `mm sign DIR --key KEY`) when every file was fetched.")
-@click.option("--from", "base_dir", type=click.Path(path_type=Path),
+@click.option("--from", "base_dir", type=PATH,
               help="Another revision's directory on this host: files whose content it has are read from there, not "
                    "downloaded (each checked against the pin like a download).")
 @json_option
@@ -115,10 +116,10 @@ def fetch(repo, revision, local_dir, include, exclude, connections, workers, sou
 
     Resumes across runs; the token comes from HF_TOKEN or the stored login, the endpoint from HF_ENDPOINT.
     """
-    from ..artifacts import fetch as mm_fetch
+    from ..artifacts.fetching import fetch as mm_fetch
     req = _fetch_request(repo, revision, local_dir, include=tuple(include), exclude=tuple(exclude), workers=workers,
                          connections=connections, base_dir=base_dir)
-    plan = _mirror_plan(req, source, mirror_only, pin_manifest)  # mirror (issue 4)
+    plan = _mirror_plan(req, source, mirror_only, pin_manifest)  # mirror
     if sign_with is not None and not Path(sign_with).exists():  # before the download, not after it
         raise MMError(f"{sign_with}: no such key file (give a private key, or KEY.pub with its key in ssh-agent)")
     try:
@@ -127,7 +128,7 @@ def fetch(repo, revision, local_dir, include, exclude, connections, workers, sou
         raise _with_pin_origin(e, repo, revision, req) from None
     signed = None
     if sign_with is not None and not result.failed:
-        from ..artifacts import signing
+        from ..artifacts.integrity import signing
         signed = signing.sign_manifest(req.local_dir, sign_with)
     if json_out:
         emit_json({"ok": not result.failed, **to_jsonable(result), "counts": _fetch_counts(result.files),
@@ -138,7 +139,30 @@ def fetch(repo, revision, local_dir, include, exclude, connections, workers, sou
             render_signed(signed)
         elif sign_with is not None:
             err.print("not signed: some files failed", markup=False)
+        if not result.failed:
+            for hint in _next_after_fetch(result):
+                out.line(f"next: {hint}")
     sys.exit(_fetch_exit_code(result))
+
+
+def _next_after_fetch(result: mm_fetch.FetchResult) -> list[str]:
+    """Where a fetched model usually goes next: onto disks for an offline host, or (a pinned model) a start."""
+    from shlex import quote
+
+    from ..artifacts.pins import pin_for_repo
+
+    where = quote(result.local_dir)
+    hints = [f"mm bundle {where} --out /media/disk1 --volume-size 100G   # to carry it to an offline host"]
+    pin = pin_for_repo(result.repo_id)
+    if pin is not None and pin.recipes:
+        from ..artifacts.serving.launch import load_catalog, recipes_path
+
+        try:
+            gpus = ", ".join(load_catalog(recipes_path(pin), pin).hardware)
+        except MMError:
+            return hints
+        hints.append(f"mm launch {where} --hardware GPU --out start.sh   # a start script; GPU one of {gpus}")
+    return hints
 
 
 @click.group(cls=DefaultGroup, default="create")
@@ -147,7 +171,7 @@ def manifest():
 
 
 @manifest.command("create")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory", type=PATH)
 @click.option("--repo", callback=check_repo_id,
               help="The Hub repo the directory holds, e.g. MiniMaxAI/MiniMax-M3.1-Flash. Default for a Hugging Face "
                    "cache snapshot: the repo its folder names.")
@@ -161,8 +185,8 @@ def manifest_create(directory, repo, revision, offline, jobs, json_out):
     """Hash a directory another tool filled (e.g. `hf download`) and write DIR/.mm/manifest.json."""
     import time
 
-    from ..artifacts import adopt
-    from ..artifacts.hfcache import snapshot_of
+    from ..artifacts.fetching import adopt
+    from ..artifacts.paths import snapshot_of
     started = time.monotonic()
     snapshot = snapshot_of(directory)
     if snapshot is not None:  # hf's cache layout names both
@@ -187,13 +211,13 @@ def manifest_create(directory, repo, revision, offline, jobs, json_out):
 
 
 @manifest.command("export")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory", type=PATH)
 @click.option("--format", "fmt", type=click.Choice(["sha256", "blake3", "both"]), default="both", show_default=True)
 @json_option
 @handles_errors
 def manifest_export(directory, fmt, json_out):
     """Write SHA256SUMS / B3SUMS into DIR/.mm/ for `sha256sum -c` and `b3sum --check` (run from DIR)."""
-    from ..artifacts.manifest import export_sums_files
+    from ..artifacts.integrity.manifest import export_sums_files
     written = export_sums_files(directory, ("sha256", "blake3") if fmt == "both" else (fmt,))
     if json_out:
         emit_json({"ok": True, "written": written})
@@ -205,10 +229,10 @@ def manifest_export(directory, fmt, json_out):
 
 
 
-# --- mirror (issue 4) --------------------------------------------------------------------------
+# --- mirror --------------------------------------------------------------------------
 
 def _render_reconciliation(rec: ms_mirror.Reconciliation) -> None:
-    from ..artifacts import mirror as ms_mirror
+    from ..artifacts.fetching import mirror as ms_mirror
     from rich.table import Table
 
     table = Table(title=escape(f"{rec.label} vs {rec.repo_id}@{rec.revision[:12]} (pin from {rec.pin_origin})"))
@@ -221,9 +245,9 @@ def _render_reconciliation(rec: ms_mirror.Reconciliation) -> None:
         table.add_row(escape(f.path), status, "-" if f.pin_size is None else str(f.pin_size),
                       "-" if f.mirror_size is None else str(f.mirror_size), f.compared_by or "-")
     out.print(table)
-    out.print(f"Verdict: {rec.label} can supply {rec.supplied_files} of {rec.pin_files} files "
-              f"({human_bytes(rec.supplied_bytes)} of {human_bytes(rec.pin_bytes)}) of {rec.repo_id}@{rec.revision[:12]}"
-              + ("." if rec.complete else f"; from the Hub: {', '.join(rec.unsupplied())}"), highlight=False, markup=False)
+    out.line(f"Verdict: {rec.label} can supply {rec.supplied_files} of {rec.pin_files} files "
+             f"({human_bytes(rec.supplied_bytes)} of {human_bytes(rec.pin_bytes)}) of {rec.repo_id}@{rec.revision[:12]}"
+             + ("." if rec.complete else f"; from the Hub: {', '.join(rec.unsupplied())}"))
 
 
 def _render_ranking(ranking: ms_mirror.RevisionRanking) -> None:
@@ -247,7 +271,7 @@ def _mirror_plan(req: mm_fetch.FetchRequest, source: str, mirror_only: bool,
         if mirror_only or pin_manifest:
             raise click.UsageError("--mirror-only and --pin-manifest need --source modelscope")
         return None
-    from ..artifacts import mirror as ms_mirror
+    from ..artifacts.fetching import mirror as ms_mirror
     from ..artifacts.pins import pinned_target
     pin = pinned_target(req.repo_id, req.revision).pin
     return ms_mirror.plan_fetch(req, source, pin.modelscope_id if pin else None, mirror_only=mirror_only,
@@ -269,7 +293,7 @@ def mirror():
 @click.option("--modelscope-id", callback=check_repo_id, help="The mirror, OWNER/NAME on ModelScope. Default: the pin's.")
 @click.option("--ms-revision", callback=check_revision, help="Mirror branch or tag. Default: master (ModelScope's default branch).")
 @click.option("--all-revisions", is_flag=True, help="Rank every branch and tag of the mirror by how much of the pin it supplies.")
-@click.option("--pin-manifest", "manifest_file", type=click.Path(path_type=Path),
+@click.option("--pin-manifest", "manifest_file", type=PATH,
               help="Take the pin's hashes from this mm manifest instead of the Hub (offline from the Hub).")
 @click.option("--ms-endpoint", help="ModelScope endpoint. Default: MODELSCOPE_ENDPOINT, else https://modelscope.cn.")
 @json_option
@@ -280,7 +304,7 @@ def mirror_reconcile(repo, revision, modelscope_id, ms_revision, all_revisions, 
     Matches on path, size and content hash (sha256; git blob sha1 of the mirror's bytes for small non-LFS
     files). Exit 0 whatever the verdict; 4 when the mirror or the Hub cannot be listed.
     """
-    from ..artifacts import mirror as ms_mirror
+    from ..artifacts.fetching import mirror as ms_mirror
     if all_revisions and ms_revision:
         raise click.UsageError("--ms-revision and --all-revisions exclude each other")
     target = ms_mirror.target(repo, revision, modelscope_id)

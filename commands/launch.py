@@ -1,6 +1,6 @@
 """`mm launch`, `mm warmup`, `mm doctor`, `mm diagnose`: the offline start of a model on given hardware, its first
 run, the pre-flight check of a host, and a server log against the guide's troubleshooting table
-(artifacts/launch.py, router.py, warmup.py, doctor.py, diagnose.py)."""
+(artifacts/serving/launch.py, router.py, warmup.py, doctor.py, diagnose.py)."""
 from __future__ import annotations
 
 import json
@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Callable
 import click
 
 from ..artifacts.errors import MMError, ProblemsFound
+from .shared import PATH
 from .shared import (emit_json, err, escape, handles_errors, json_option, out, progress_for, signature_options,
                      signature_policy, to_jsonable)
 
 if TYPE_CHECKING:
-    from ..artifacts import launch as mm_launch
+    from ..artifacts.serving import launch as mm_launch
 
 
 def _hardware(ctx, param, value):
@@ -23,9 +24,22 @@ def _hardware(ctx, param, value):
     return value.strip().lower() if value is not None else None
 
 
+def _hardware_ids(ctx, param, incomplete):
+    """Shell completion of --hardware: the ids of the default pin's recipes file (nothing when it cannot be read)."""
+    from click.shell_completion import CompletionItem
+
+    from ..artifacts.serving.launch import load_catalog
+
+    try:
+        ids = load_catalog().hardware
+    except Exception:  # completion never prints an error into the user's command line
+        return []
+    return [CompletionItem(hw) for hw in ids if hw.startswith(incomplete.lower())]
+
+
 def _container_name(ctx, param, value):
     """A container name handed to docker: never something docker could take as an option (`--follow`)."""
-    from ..artifacts.tools import check_name
+    from ..artifacts.edges.tools import check_name
     if value is not None:
         try:
             check_name(value, param.opts[0])
@@ -53,7 +67,7 @@ def _int_list(lo: int, hi: int, what: str, example: str, distinct: str = "") -> 
         parts = value.split(",")
         numbers = tuple(int(p) for p in parts if p.strip().isdigit() and len(p.strip()) <= 6)
         if len(numbers) != len(parts) or any(not lo <= n <= hi for n in numbers):
-            from ..artifacts.untrusted import printable
+            from ..artifacts.edges.untrusted import printable
             raise click.BadParameter(f"{printable(value)[:60]!r}: expected {what} like {example} (integers {lo} to {hi})")
         if distinct and len(set(numbers)) != len(numbers):
             raise click.BadParameter(f"{value}: {distinct}")
@@ -69,8 +83,8 @@ _port_list = _int_list(1, 65535, "ports", "30001,30002")
 def recipe_options(fn: Callable) -> Callable:
     """The options `mm launch` and `mm warmup` share: they must produce the same command line."""
     options = [
-        click.argument("model_dir", type=click.Path(path_type=Path)),
-        click.option("--hardware", required=True, callback=_hardware,
+        click.argument("model_dir", type=PATH),
+        click.option("--hardware", required=True, callback=_hardware, shell_complete=_hardware_ids,
                      help="b300, gb300, b200, gb200, h200, h100 (vLLM), mi355x, mi350x (any case: B300 is b300)."),
         click.option("--recipe", default=None, help="balanced, low-latency, high-throughput, ... (default: the hardware's reference)."),
         click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True),
@@ -90,10 +104,16 @@ def recipe_options(fn: Callable) -> Callable:
                      help="Cap the context (refused above the recipe's limit)."),
         click.option("--dspark", is_flag=True, help="Require DSpark speculative decoding (refused where the guide says it fails)."),
         click.option("--image", default=None, help="Engine image by digest (default: the pinned SGLang image)."),
-        click.option("--image-archive", type=click.Path(path_type=Path), default=None,
+        click.option("--image-archive", type=PATH, default=None,
                      help="Image archive carried in the bundle; the script runs `docker load -i` when the image is absent."),
-        click.option("--cache-root", type=click.Path(path_type=Path), default=None,
+        click.option("--cache-root", type=PATH, default=None,
                      help="Host directory for kernel caches (default: DIR/../mm-kernel-cache/<recipe>)."),
+        click.option("--mem-fraction-static", default=None, metavar="FRACTION",
+                     help="SGLang's --mem-fraction-static, the user's override of the recipe's (the guide's fix "
+                          "for CUDA out of memory: below 0.8)."),
+        click.option("--chunked-prefill-size", default=None, metavar="TOKENS",
+                     help="SGLang's --chunked-prefill-size, the user's override of the recipe's (the guide's "
+                          "second step for CUDA out of memory: smaller)."),
         click.option("--name", default=None, callback=_container_name,
                      help="Container name. Default: the pin's container_name (minimax-m3-1-flash)."),
     ]
@@ -103,10 +123,16 @@ def recipe_options(fn: Callable) -> Callable:
 
 
 def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
-    from ..artifacts import launch as mm_launch
+    from ..artifacts.serving import launch as mm_launch
     keys = ("hardware", "recipe", "engine", "gpus", "port", "tp", "context_length", "dspark", "image",
             "image_archive", "cache_root", "name", "replicas", "replica_ports", "metrics_port")
-    return mm_launch.LaunchOptions(**{k: kw[k] for k in keys}, **extra)
+    overrides = tuple((flag, kw[_param(flag)]) for flag in mm_launch.OVERRIDE_FLAGS
+                      if kw.get(_param(flag)) is not None)
+    return mm_launch.LaunchOptions(**{k: kw[k] for k in keys}, overrides=overrides, **extra)
+
+
+def _param(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
 
 
 @click.command()
@@ -122,9 +148,9 @@ def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
 @click.option("--nodes", type=click.IntRange(1, 100000), default=None,
               help="k8s: the cluster's nodes of this hardware; --replicas must fit on them.")
 @click.option("--api-key-secret", default=None, help="k8s: the Secret holding the API key under key 'api-key' (default: NAME-api-key).")
-@click.option("--mm-installer", type=click.Path(path_type=Path), default=None,
+@click.option("--mm-installer", type=PATH, default=None,
               help="k8s: the node directory with install-mm.sh and wheelhouse/ for the proof gate (default: DEST.payload/mm beside the current revision).")
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Write it here atomically (a script gets mode 0755, a plan 0644).")
+@click.option("--out", type=PATH, default=None, help="Write it here atomically (a script gets mode 0755, a plan 0644).")
 @signature_options
 @json_option
 @handles_errors
@@ -132,10 +158,10 @@ def launch(model_dir, expose, api_key_env, fmt, namespace, gpus_per_node, nodes,
            require_signature, allowed_signers, identity, json_out, **kw):
     """Print (or write) the offline start for MODEL_DIR on the given hardware (replicas behind the router on a node),
     or, with --format k8s/ome, the cluster's manifests from the same plan."""
-    from ..artifacts import launch as mm_launch, router as mm_router
+    from ..artifacts.serving import launch as mm_launch, router as mm_router
     signature = _launch_signature(model_dir, require_signature, allowed_signers, identity, json_out)
     if fmt in ("k8s", "ome"):
-        from ..artifacts import kube
+        from ..artifacts.serving import kube
         cluster = kube.ClusterOptions(namespace=namespace, replicas=kw["replicas"] or 1, gpus_per_node=gpus_per_node,
                                       nodes=nodes, api_key_secret=api_key_secret, mm_installer=mm_installer,
                                       gate=fmt == "k8s")
@@ -153,10 +179,10 @@ def launch(model_dir, expose, api_key_env, fmt, namespace, gpus_per_node, nodes,
             from . import shared
             shared.out.write(text)
         else:
-            err.print(f"wrote {out} ({plan.server.recipe.id}, {plan.replicas} replica(s) as a {plan.kind}, "
-                      f"namespace {plan.namespace})", markup=False, highlight=False)
+            err.line(f"wrote {out} ({plan.server.recipe.id}, {plan.replicas} replica(s) as a {plan.kind}, "
+                     f"namespace {plan.namespace})")
         for warning in plan.warnings:
-            err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+            err.line(f"warning: {warning}")
         return
     node = mm_router.plan_node(model_dir, _launch_options(kw, expose=expose, api_key_env=api_key_env))
     doc = mm_router.node_document(node)
@@ -172,21 +198,26 @@ def launch(model_dir, expose, api_key_env, fmt, namespace, gpus_per_node, nodes,
         from . import shared  # (`out` here is --out; the script goes to the stdout console, which names a full disk)
         shared.out.write(text)
     else:
-        err.print(f"wrote {out} ({plan.recipe.id}, {plan.recipe.status}, {len(node.replicas)} replica(s))",
-                  markup=False, highlight=False)
+        # the script's own verdict: a command to revalidate is never summed up as the recipe's status alone
+        verdict = (f"{plan.recipe.status}; REVALIDATE before serving traffic, as the script says"
+                   if plan.revalidate else plan.recipe.status)
+        err.line(f"wrote {out} ({plan.recipe.id}, {verdict}, {len(node.replicas)} replica(s))")
     for warning in plan.warnings:
-        err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+        err.line(f"warning: {warning}")
+    for flag, value, was in plan.overrides:
+        err.line(f"override: {flag} {value} (yours, not the guide's; the recipe has "
+                 f"{was if was is not None else 'none: SGLang default'})")
 
 
 def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers: Path | None, identity: str | None,
                       json_out: bool):
     """Check the model's manifest signature before anything is planned or written (exit 5 when refused)."""
-    from ..artifacts import signing
+    from ..artifacts.integrity import signing
     if not signature_policy(require_signature, allowed_signers, identity):
         return None
     report, _ = signing.verify_dir_signature(model_dir, allowed_signers, identity)
     if not json_out:
-        err.print(f"signature: good, {report.describe()}", markup=False, highlight=False, soft_wrap=True)
+        err.line(f"signature: good, {report.describe()}")
     return report
 
 
@@ -194,15 +225,14 @@ def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers:
 @recipe_options
 @click.option("--timeout", type=float, default=3600, show_default=True, callback=_seconds,
               help="Seconds to wait for /health (a first start compiles kernels).")
-@click.option("--report", type=click.Path(path_type=Path), default=None, help="JSON report path (default: <cache root>/mm-warmup-report.json).")
-@click.option("--image-file", type=click.Path(path_type=Path), default=None, help="Local PNG for the image check (default: a tiny PNG made in code).")
+@click.option("--report", type=PATH, default=None, help="JSON report path (default: <cache root>/mm-warmup-report.json).")
+@click.option("--image-file", type=PATH, default=None, help="Local PNG for the image check (default: a tiny PNG made in code).")
 @click.option("--gpu-info", default=None, help="'NAME, COMPUTE_CAP, DRIVER' for the cache key instead of asking nvidia-smi (required on AMD).")
 @json_option
 @handles_errors
 def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
     """Start the server once so kernel caches compile, run the guide's checks, stop it, write a report."""
-    from ..artifacts import router as mm_router
-    from ..artifacts import warmup as mm_warmup
+    from ..artifacts.serving import router as mm_router, warmup as mm_warmup
     node = mm_router.plan_node(model_dir, _launch_options(kw))
     image_png = mm_warmup.read_image_file(image_file) if image_file else None
     result = mm_warmup.run_warmup(node, timeout=timeout, image_png=image_png, gpu_info=gpu_info,
@@ -221,7 +251,7 @@ def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
     if result.log_tail:
         err.print(f"last {len(result.log_tail)} log lines of {', '.join(result.containers)}:", markup=False)
         for line in result.log_tail:
-            err.print("  " + line, markup=False, highlight=False, soft_wrap=True)
+            err.line("  " + line)
     if result.diagnosis:
         out.print("the guide's troubleshooting table:")
         _render_findings(result.diagnosis)
@@ -238,7 +268,7 @@ def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
 def doctor(model_dir, json_out, **kw):
     """Will this host start MODEL_DIR with this recipe? GPUs, driver, docker, the image by identity, port, /dev/shm,
     host memory, cache disk and key, the model. One line per check with its fix; exit 1 when a check fails."""
-    from ..artifacts import doctor as mm_doctor
+    from ..artifacts.serving import doctor as mm_doctor
     from ..artifacts.pins import default_pin
     report = mm_doctor.run_doctor(model_dir, _launch_options(kw), default_pin())
     if json_out:
@@ -257,20 +287,20 @@ def doctor(model_dir, json_out, **kw):
 
 
 @click.command()
-@click.argument("logfile", required=False, type=click.Path(path_type=Path))
+@click.argument("logfile", required=False, type=PATH)
 @click.option("--container", default=None, callback=_container_name,
               help="Read `docker logs NAME` and its mounts instead of a file.")
-@click.option("--answer", "answers", multiple=True, type=click.Path(path_type=Path),
+@click.option("--answer", "answers", multiple=True, type=PATH,
               help="A saved HTTP answer or request body (repeatable).")
-@click.option("--model-dir", type=click.Path(path_type=Path), default=None,
+@click.option("--model-dir", type=PATH, default=None,
               help="The model directory: adapt each fix to its recipe (with --hardware and the launch options).")
-@click.option("--hardware", default=None, callback=_hardware, help="With --model-dir: the hardware of the launch.")
+@click.option("--hardware", default=None, callback=_hardware, shell_complete=_hardware_ids, help="With --model-dir: the hardware of the launch.")
 @click.option("--recipe", default=None)
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None,
               help="The engine that served (its detectors and fixes). Default: the one the logs show, else sglang.")
 @click.option("--gpus", callback=_gpu_list, default=None)
 @click.option("--port", type=click.IntRange(1, 65535), default=30000, show_default=True)
-@click.option("--cache-root", type=click.Path(path_type=Path), default=None)
+@click.option("--cache-root", type=PATH, default=None)
 @click.option("--image", default=None)
 @click.option("--host-checks", is_flag=True, help="Also run the table's host checks for that recipe on this host.")
 @click.option("--gpu-info", default=None, help="'NAME, COMPUTE_CAP, DRIVER' lines for the GPU host check.")
@@ -278,12 +308,14 @@ def doctor(model_dir, json_out, **kw):
 @handles_errors
 def diagnose(logfile, container, answers, model_dir, hardware, recipe, engine, gpus, port, cache_root, image,
              host_checks, gpu_info, json_out):
-    """Match a server log (or a container's) against the guide's troubleshooting table; exit 1 when a row matches."""
-    from ..artifacts import diagnose as mm_diagnose, launch as mm_launch
+    """Match a server log (LOGFILE, `-` for the standard input, or a container's) against the guide's
+    troubleshooting table; exit 1 when a row matches."""
+    from ..artifacts.serving import diagnose as mm_diagnose, launch as mm_launch
     launch = (mm_launch.LaunchOptions(hardware=hardware, recipe=recipe, engine=engine or "sglang", gpus=gpus, port=port,
                                       cache_root=cache_root, image=image) if hardware else None)
     result = mm_diagnose.run_diagnosis(mm_diagnose.DiagnoseRequest(
-        logfile=logfile, container=container, answers=tuple(answers), model_dir=model_dir, launch=launch,
+        logfile=None if str(logfile) == "-" else logfile,
+        stdin=click.get_binary_stream("stdin") if str(logfile) == "-" else None, container=container, answers=tuple(answers), model_dir=model_dir, launch=launch,
         host_checks=host_checks, gpu_info=gpu_info, engine=engine))
     if json_out:
         emit_json({"ok": result.ok, **to_jsonable(result)})
@@ -291,8 +323,8 @@ def diagnose(logfile, container, answers, model_dir, hardware, recipe, engine, g
         _render_findings(result.findings)
         verdict = (f"{len(result.findings)} row(s) of the guide's troubleshooting table match" if result.findings
                    else "no row of the guide's troubleshooting table matches")
-        out.print(f"{verdict} ({result.lines_read} lines read, engine {result.engine} ({result.engine_from})"
-                  f"{', recipe ' + result.recipe if result.recipe else ''})", markup=False, highlight=False)
+        out.line(f"{verdict} ({result.lines_read} lines read, engine {result.engine} ({result.engine_from})"
+                 f"{', recipe ' + result.recipe if result.recipe else ''})")
     if not result.ok:
         sys.exit(ProblemsFound.exit_code)
 

@@ -2,7 +2,7 @@
 options (and their checks) that several commands take.
 
 User errors (artifacts.errors.MMError) print one line `mm: <message>` on stderr and exit with the error's code
-(see README.md, "Exit codes"); they never show a traceback. Imports here stay light: `mm verify --help` loads
+(see docs/exit-codes.md); they never show a traceback. Imports here stay light: `mm verify --help` loads
 this module, so library modules and rich are imported inside the functions that use them.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..artifacts.errors import MMError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..artifacts.progress import ProgressSink
+    from ..artifacts.edges.progress import ProgressSink
 
 
 class _Consoles:
@@ -76,7 +76,7 @@ class _Lazy:
 
         A plain line (text only; no markup, no highlighting, never wrapped) is written as it is: rich would
         write the same bytes, and importing it costs a short command a third of its time (~45 ms)."""
-        from ..artifacts.untrusted import printable, redact
+        from ..artifacts.edges.untrusted import printable, redact
 
         objects = tuple(printable(redact(o), keep_newlines=True) if isinstance(o, str) else o for o in objects)
         plain = kwargs == _PLAIN_LINE and all(isinstance(o, str) for o in objects)
@@ -85,6 +85,11 @@ class _Lazy:
             return
         with self._named_if_it_fails():
             getattr(_consoles, self._name).print(*objects, **kwargs)
+
+    def line(self, *objects: Any) -> None:
+        """One plain line: the text as it is (no markup, no highlighting, never wrapped), the way mm writes a
+        report line."""
+        self.print(*objects, **_PLAIN_LINE)
 
     def write(self, text: str) -> None:
         """TEXT on this stream, flushed (as rich does: lines on stdout and stderr keep their order).
@@ -142,10 +147,14 @@ def escape(text: str) -> str:
 # --- rendering helpers shared by every command ------------------------------------------------
 
 def progress_for(json_out: bool) -> ProgressSink:
-    from ..artifacts.progress import NULL_PROGRESS, terminal_progress
+    """A live bar on a terminal; otherwise a plain line every MM_PROGRESS_INTERVAL seconds on stderr, or with
+    --json one status event (a JSON object) a line there: stdout keeps the one JSON document."""
+    from ..artifacts.edges.progress import periodic_progress, terminal_progress
 
     if json_out or not err.is_terminal:
-        return NULL_PROGRESS
+        # a plain line is made printable (file names are hostile); json.dumps escapes control characters itself
+        write = (lambda line: err.write(line + "\n")) if json_out else err.line
+        return periodic_progress(write, os.environ, as_json=json_out)
     return terminal_progress(_consoles.err)
 
 
@@ -176,7 +185,7 @@ def emit_json(doc: Any) -> None:
 
 def _redacted(doc: Any) -> Any:
     """Every string of a JSON document without credentials (see untrusted.redact)."""
-    from ..artifacts.untrusted import redact
+    from ..artifacts.edges.untrusted import redact
 
     def walk(obj: Any) -> Any:
         if isinstance(obj, str):
@@ -228,13 +237,13 @@ def fail(exc: BaseException, operation: str, json_out: bool, target: str | None 
     the operation, the file when known and a bug-report hint; the traceback only with MM_DEBUG=1.
     """
     from ..artifacts.errors import INTERNAL_ERROR
-    from ..artifacts.oserrors import describe_os_error
-    from ..artifacts.progress import abandon_live
-    from ..artifacts.untrusted import printable, redact
+    from ..artifacts.edges.oserrors import describe_os_error
+    from ..artifacts.edges.progress import abandon_live
+    from ..artifacts.edges.untrusted import printable, redact
 
     kind = type(exc).__name__
     if isinstance(exc, KeyboardInterrupt):  # Ctrl-C or SIGTERM: what is kept, the command that resumes, 130/143
-        from ..artifacts import interrupt
+        from ..artifacts.edges import interrupt
         interrupt.end(exc if isinstance(exc, interrupt.Interrupted) else interrupt.current(), flush=True)
     if isinstance(exc, MMError):
         code, message = exc.exit_code, exc.message
@@ -259,7 +268,7 @@ def fail(exc: BaseException, operation: str, json_out: bool, target: str | None 
             emit_json({"ok": False, "error": message, "exit_code": code, "kind": kind})
         except (OSError, MMError):  # the output is what failed: the line below says so
             pass
-    err.print(f"mm: {printable(message)}", markup=False, highlight=False, soft_wrap=True)
+    err.line(f"mm: {printable(message)}")
     sys.exit(code)
 
 
@@ -270,8 +279,8 @@ def report_interrupt(json_out: bool, argv: list[str], exc) -> None:
     import json
     from shlex import join
 
-    from ..artifacts.interrupt import kept_work, working_dirs
-    from ..artifacts.untrusted import printable, redact
+    from ..artifacts.edges.interrupt import kept_work, working_dirs
+    from ..artifacts.edges.untrusted import printable, redact
 
     dirs = working_dirs()
     kept = kept_work(dirs) if dirs else []
@@ -308,8 +317,13 @@ def quiet_stdout() -> None:
 
 # --- option values shared by several commands, checked where they are parsed (a bad value is a usage error: exit 2)
 
+# A path the user names, as given: mm opens it itself and says in one line why it cannot (exit 3, README "Exit
+# codes"). click's own readable check would answer a permission refused as a usage error (exit 2).
+PATH = click.Path(path_type=Path, readable=False)
+
+
 def check_repo_id(ctx, param, value):
-    from ..artifacts.untrusted import printable, repo_id_problem
+    from ..artifacts.edges.untrusted import printable, repo_id_problem
     if value is not None and (problem := repo_id_problem(value)):
         raise click.BadParameter(f"{printable(value)[:120]!r}: {problem}")
     return value
@@ -317,7 +331,7 @@ def check_repo_id(ctx, param, value):
 
 def check_revision(ctx, param, value):
     if value is not None and (not value.strip() or len(value) > 256 or not value.isprintable() or value != value.strip()):
-        from ..artifacts.untrusted import printable
+        from ..artifacts.edges.untrusted import printable
         raise click.BadParameter(f"{printable(value)[:60]!r}: expected a commit sha, branch or tag")
     return value
 
@@ -325,7 +339,7 @@ def check_revision(ctx, param, value):
 def check_identity(ctx, param, value):
     """A signer identity (an allowed_signers principal, e.g. alice@example.com): "" would pass as no identity."""
     if value is not None and (not value.strip() or len(value) > 256 or not value.isprintable() or value != value.strip()):
-        from ..artifacts.untrusted import printable
+        from ..artifacts.edges.untrusted import printable
         raise click.BadParameter(f"{printable(value)[:60]!r}: expected a signer identity (a principal of the "
                                  f"allowed signers file, e.g. alice@example.com)")
     return value
@@ -371,10 +385,9 @@ def thread_failed(hook_args) -> None:
     if os.environ.get("MM_DEBUG") == "1":
         import traceback
         traceback.print_exception(hook_args.exc_value)
-    from ..artifacts.untrusted import printable
-    err.print(f"mm: internal error in a worker thread: {hook_args.exc_type.__name__}: "
-              f"{printable(str(hook_args.exc_value))[:300]}; this is a bug in mm, please report it",
-              markup=False, highlight=False, soft_wrap=True)
+    from ..artifacts.edges.untrusted import printable
+    err.line(f"mm: internal error in a worker thread: {hook_args.exc_type.__name__}: "
+             f"{printable(str(hook_args.exc_value))[:300]}; this is a bug in mm, please report it")
 
 
 
@@ -385,7 +398,7 @@ def signature_options(fn: Callable) -> Callable:
     options = [
         click.option("--require-signature", is_flag=True,
                      help="Kept for scripts: --allowed-signers alone already requires a good signature."),
-        click.option("--allowed-signers", type=click.Path(path_type=Path),
+        click.option("--allowed-signers", type=PATH,
                      help="OpenSSH allowed_signers file (namespace mm-manifest): the manifest must carry a good "
                           "signature by a key it allows; unsigned or not good: exit 5, before anything is written. "
                           "The same meaning in verify, unbundle, pull and launch."),
@@ -399,11 +412,11 @@ def signature_options(fn: Callable) -> Callable:
 
 def render_carried_signature(signature: dict | None, allowed_signers: Path | None) -> None:
     """The signature a bundle or an artifact carried, as unbundle and pull checked it."""
-    from ..artifacts.signing import SignatureReport
+    from ..artifacts.integrity.signing import SignatureReport
     if signature:
         described = SignatureReport(signature["identity"], signature["key_type"], signature["fingerprint"], "",
                                     str(allowed_signers)).describe()
-        out.print(f"signature: good, {described}", highlight=False, markup=False, soft_wrap=True)
+        out.line(f"signature: good, {described}")
 
 
 def signature_policy(require_signature: bool, allowed_signers: Path | None, identity: str | None) -> bool:
@@ -419,8 +432,20 @@ def signature_policy(require_signature: bool, allowed_signers: Path | None, iden
 
 
 def render_signed(result) -> None:
-    from ..artifacts import signing
-    out.print(f"signed {result.manifest_path} with {result.key_type} key {result.fingerprint}: "
-              f"{result.signature_path}", markup=False, highlight=False, soft_wrap=True)
-    out.print("check without mm: cd DIR/.mm && " + signing.verify_command(), markup=False, highlight=False,
-              soft_wrap=True)
+    from ..artifacts.integrity import signing
+    out.line(f"signed {result.manifest_path} with {result.key_type} key {result.fingerprint}: "
+             f"{result.signature_path}")
+    out.line("check without mm: cd DIR/.mm && " + signing.verify_command())
+
+
+def password_from_stdin(username: str | None, password_stdin: bool) -> str | None:
+    """--password-stdin: the password (or token) is the first line of standard input, never an argument; it needs
+    --username. None without --password-stdin."""
+    if not password_stdin:
+        return None
+    password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        raise click.UsageError("--password-stdin: nothing on standard input")
+    if not username:
+        raise click.UsageError("--password-stdin needs --username")
+    return password

@@ -1,5 +1,5 @@
 """`mm verify`, `mm sign`, `mm repair`: a model directory against its manifest (or the Hub), its signature, and
-re-fetching what is damaged (artifacts/verify.py, signing.py, repair.py)."""
+re-fetching what is damaged (artifacts/integrity/verify.py, signing.py, repair.py)."""
 from __future__ import annotations
 
 import json
@@ -10,32 +10,33 @@ from typing import TYPE_CHECKING
 import click
 
 from ..artifacts.errors import MMError, ProblemsFound
-from ..artifacts.progress import human_bytes, human_duration, human_rate
-from .shared import (check_identity, check_repo_id, check_revision, emit_json, handles_errors, json_option, out,
-                     progress_for, render_signed, to_jsonable)
+from ..artifacts.units import human_bytes, human_duration, human_rate
+from .shared import (check_repo_id, check_revision, emit_json, handles_errors, json_option, out, progress_for,
+                     render_signed, signature_options, signature_policy, to_jsonable)
+from .shared import PATH
 
 if TYPE_CHECKING:
-    from ..artifacts.verify import VerifyReport
+    from ..artifacts.integrity.verify import VerifyReport
 
 
 def _verify_doc(report: VerifyReport) -> dict:
-    from ..artifacts.verify import summary_counts
+    from ..artifacts.integrity.verify import summary_counts
     return {"ok": report.ok, **to_jsonable(report), "bytes_per_second": report.bytes_per_second,
             "counts": summary_counts(report.problems)}
 
 
 def _counts_text(problems) -> str:
-    from ..artifacts.verify import summary_counts
+    from ..artifacts.integrity.verify import summary_counts
     return ", ".join(f"{n} {kind}" for kind, n in sorted(summary_counts(problems).items()))
 
 
 def _render_verify(report: VerifyReport, title: str = "verify") -> None:
     for p in report.problems:
-        out.print(f"{p.kind.upper():<10} {p.path}: {p.detail}", markup=False, highlight=False, soft_wrap=True)
+        out.line(f"{p.kind.upper():<10} {p.path}: {p.detail}")
     if report.left_out:
         shown = ", ".join(report.left_out[:3]) + (f" and {len(report.left_out) - 3} more" if len(report.left_out) > 3 else "")
-        out.print(f"partial fetch ({report.asked}): {len(report.left_out)} file(s) of the revision left out, not "
-                  f"judged: {shown}", markup=False, highlight=False, soft_wrap=True)
+        out.line(f"partial fetch ({report.asked}): {len(report.left_out)} file(s) of the revision left out, not "
+                 f"judged: {shown}")
     read = ("presence, sizes, readability and shard headers (--quick: nothing hashed)" if report.quick else
             f"{human_bytes(report.bytes_checked)} hashed at {human_rate(report.bytes_per_second)}")
     failures = report.failures
@@ -43,8 +44,8 @@ def _render_verify(report: VerifyReport, title: str = "verify") -> None:
     verdict = "OK" if report.ok else f"DAMAGED: {len(failures)} problem(s) ({_counts_text(failures)})"
     if extras:
         verdict += f"; {extras} extra file(s) reported, not failed (--strict fails on them)"
-    out.print(f"{title} {report.model_dir} against {report.manifest_path}: {report.files_checked} files, {read}, "
-              f"{human_duration(report.seconds)}. {verdict}", markup=False, highlight=False, soft_wrap=True)
+    out.line(f"{title} {report.model_dir} against {report.manifest_path}: {report.files_checked} files, {read}, "
+             f"{human_duration(report.seconds)}. {verdict}")
 
 
 def _problems_found(report: VerifyReport, what: str) -> None:
@@ -54,11 +55,14 @@ def _problems_found(report: VerifyReport, what: str) -> None:
 
 def _next_step(report: VerifyReport) -> str | None:
     """What a user runs after a verify that found damage: repair when a download fixes some of it."""
-    from ..artifacts.verify import REPAIRABLE
+    from ..artifacts.integrity.verify import REPAIRABLE
     import shlex
     fixable = [p for p in report.failures if p.kind in REPAIRABLE]
     if report.ok or report.manifest_path.startswith("hub:"):
         return None
+    from ..artifacts.integrity.provenance import import_remedy
+    if remedy := import_remedy(Path(report.model_dir), damaged=len(fixable)):  # from volumes: no Hub needed
+        return f"next: {remedy}"
     if fixable:
         return (f"next: mm repair {shlex.quote(report.model_dir)}   (re-fetches the {len(fixable)} missing or "
                 f"damaged file(s) from the Hub, then verifies again)")
@@ -74,8 +78,8 @@ def _node_name(ctx, param, value):
 
 
 @click.command()
-@click.argument("directory", type=click.Path(path_type=Path, readable=False))  # verify says why it cannot read
-@click.option("--manifest", "manifest_file", type=click.Path(path_type=Path),
+@click.argument("directory", type=PATH)  # verify says why it cannot read
+@click.option("--manifest", "manifest_file", type=PATH,
               help="Manifest to check against. Default: DIR/.mm/manifest.json.")
 @click.option("--quick", is_flag=True, help="Presence, sizes, readability and shard headers only; no hashing.")
 @click.option("--strict", is_flag=True, help="Files not in the manifest fail too (exit 1); by default they are "
@@ -85,31 +89,25 @@ def _node_name(ctx, param, value):
                                                "not the manifest; needs the Hub.")
 @click.option("--repo", callback=check_repo_id, help="With --upstream: the Hub repo. Default: the manifest's.")
 @click.option("--revision", callback=check_revision, help="With --upstream: the revision. Default: the manifest's commit.")
-@click.option("--allowed-signers", type=click.Path(path_type=Path),
-              help="OpenSSH allowed_signers file (namespace mm-manifest): the manifest must carry a good signature by "
-                   "a key it allows (unsigned or not good: exit 5), checked before every byte. The same meaning in "
-                   "verify, unbundle, pull and launch.")
-@click.option("--identity", callback=check_identity,
-              help="With --allowed-signers: the signer identity (principal) to require.")
+@signature_options
 @click.option("--label-node", metavar="NODE", callback=_node_name, default=None,
               help="After a full verify that passes, print the `kubectl label node NODE ...` line that marks this "
                    "node's copy proven for this manifest (OME's node selector, `mm launch --format ome`).")
 @json_option
 @handles_errors
-def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revision, allowed_signers, identity, label_node,
-           json_out):
+def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revision, require_signature, allowed_signers,
+           identity, label_node, json_out):
     """Check every byte of DIR against its manifest, every file present, every safetensors shard and index
     sound; files not in the manifest are reported (and fail with --strict). A partial fetch is judged on what
     was asked for. Exit 0 all good, 1 problems found, 3 could not run, 5 bad signature."""
-    from ..artifacts.verify import upstream_target, verify_dir, verify_upstream
+    from ..artifacts.integrity.verify import upstream_target, verify_dir, verify_upstream
     progress = progress_for(json_out)
     signature = None
     if label_node and (quick or upstream or manifest_file):
         raise click.UsageError("--label-node needs a full verify of DIR against its own manifest "
                                "(no --quick, --upstream or --manifest)")
+    signature_policy(require_signature, allowed_signers, identity)  # checked before every byte
     label = _proof_label(directory) if label_node else None  # the manifest as it is before the bytes are read
-    if identity and not allowed_signers:
-        raise click.UsageError("--identity needs --allowed-signers")
     if upstream:
         if allowed_signers:
             raise click.UsageError("--allowed-signers checks the manifest; --upstream does not use it")
@@ -126,7 +124,7 @@ def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revisi
         report = verify_dir(directory, manifest_obj, quick=quick, jobs=jobs, progress=progress,
                             manifest_file=manifest_file, strict=strict)
         if not quick and manifest_file is None:  # for `mm ls`: when this directory was last verified in full
-            from ..artifacts.store import record_verified
+            from ..artifacts.integrity.stamps import record_verified
             record_verified(directory, report.ok, report.files_checked, report.bytes_checked, len(report.problems),
                             "mm verify")
     command = None
@@ -142,11 +140,11 @@ def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revisi
         sys.exit(0 if report.ok else ProblemsFound.exit_code)
     _render_verify(report)
     if (step := _next_step(report)) is not None:
-        out.print(step, markup=False, highlight=False, soft_wrap=True)
+        out.line(step)
     if not report.ok:
         _problems_found(report, "found")
     if command:
-        out.print(command, markup=False, highlight=False, soft_wrap=True)
+        out.line(command)
 
 
 def _proof_label(directory: Path) -> tuple[str, str]:
@@ -156,8 +154,8 @@ def _proof_label(directory: Path) -> tuple[str, str]:
 
 def _checked_signature(directory: Path, allowed_signers: Path, identity: str | None, manifest_file: Path | None = None):
     """(SignatureReport, the Manifest parsed from exactly the bytes whose signature was checked)."""
-    from ..artifacts import signing
-    from ..artifacts.manifest import from_dict
+    from ..artifacts.integrity import signing
+    from ..artifacts.integrity.manifest import from_dict
     report, data = signing.verify_dir_signature(directory, allowed_signers, identity, manifest_file)
     try:
         doc = json.loads(data)
@@ -167,14 +165,13 @@ def _checked_signature(directory: Path, allowed_signers: Path, identity: str | N
 
 
 def _render_signature(report) -> None:
-    out.print(f"signature: good, {report.describe()}, allowed by {report.allowed_signers}",
-              markup=False, highlight=False, soft_wrap=True)
+    out.line(f"signature: good, {report.describe()}, allowed by {report.allowed_signers}")
 
 
 
 @click.command()
-@click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--key", required=True, type=click.Path(path_type=Path),
+@click.argument("directory", type=PATH)
+@click.option("--key", required=True, type=PATH,
               help="SSH key for `ssh-keygen -Y sign`: a private key file, or KEY.pub whose key ssh-agent holds "
                    "(keys with a passphrase, hardware keys).")
 @json_option
@@ -183,7 +180,7 @@ def sign(directory, key, json_out):
     """Sign DIR/.mm/manifest.json with ssh-keygen (namespace mm-manifest), writing .mm/manifest.json.sig.
 
     mm never reads the private key: ssh-keygen does, or ssh-agent signs (SSH_AUTH_SOCK)."""
-    from ..artifacts import signing
+    from ..artifacts.integrity import signing
     result = signing.sign_manifest(directory, key)
     if json_out:
         emit_json({"ok": True, **to_jsonable(result)})
@@ -193,7 +190,7 @@ def sign(directory, key, json_out):
 
 
 @click.command()
-@click.argument("directory", type=click.Path(path_type=Path, readable=False))
+@click.argument("directory", type=PATH)
 @click.option("--jobs", type=click.IntRange(1, 256), help="Verify threads. Default: one per core.")
 @click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Files downloaded in parallel.")
 @json_option
@@ -201,7 +198,7 @@ def sign(directory, key, json_out):
 def repair(directory, jobs, workers, json_out):
     """Re-fetch only the files verify finds missing or corrupt (from the Hub, at the manifest's commit),
     then verify again. Good files are never touched. Exit 0 repaired, 1 problems remain."""
-    from ..artifacts import repair as mm_repair
+    from ..artifacts.fetching import refetch as mm_repair
     report = mm_repair.repair_dir(directory, source=mm_repair.HubRepairSource(workers=workers), jobs=jobs, progress=progress_for(json_out))
     if json_out:
         emit_json({"ok": report.ok, "model_dir": report.model_dir, "source": report.source,
@@ -211,10 +208,9 @@ def repair(directory, jobs, workers, json_out):
         _render_verify(report.after, "verify")
         out.print(f"{directory}: nothing to re-fetch (no missing or corrupt files)", highlight=False)
     for path in report.restored:
-        out.print(f"RESTORED   {path} (from {report.source})", markup=False, highlight=False)
+        out.line(f"RESTORED   {path} (from {report.source})")
     if report.restored:
-        out.print("re-verify: the restored file(s) hashed; the others were hashed once, before, and not rewritten",
-                  markup=False, highlight=False, soft_wrap=True)
+        out.line("re-verify: the restored file(s) hashed; the others were hashed once, before, and not rewritten")
         _render_verify(report.after, "re-verify")
     if not report.ok:
         _problems_found(report.after, "remain that re-fetching cannot fix (fix or remove them by hand)")

@@ -136,7 +136,7 @@ def run_mm(tmp_path):
 # --- end hub server fixtures ---
 
 
-# --- mirror (issue 4) ---
+# --- mirror ---
 from tests.support.msserver import MSServer, net_guard_env  # noqa: E402
 
 
@@ -168,24 +168,28 @@ def ms_env(hub_env, ms_server, tmp_path) -> dict[str, str]:
 # --- end mirror ---
 
 
-# --- air gap (issue 12) ---
+# --- air gap ---
 @pytest.fixture(scope="session")
 def wheelhouse_dir(tmp_path_factory) -> Path:
-    """OUT of `build_wheelhouse` for this host's machine and the other one (x86_64, aarch64), this Python:
-    install-mm.sh + wheelhouse/. Built once a session; downloaded sets are kept in a cache directory that
-    later builds copy from (the same mm wheel bytes), so the suite downloads each set once."""
-    from mm.artifacts import wheelhouse
+    """OUT of `build_wheelhouse` for the default targets (linux/amd64, CPython 3.10 to 3.13 and this one) and this
+    Python on the other machine (x86_64, aarch64): install-mm.sh + wheelhouse/. Built once a session; downloaded
+    sets are kept in the session's mm cache directory, which later builds (and `mm bundle` run by the tests) copy
+    from (the same mm wheel bytes), so the suite downloads each set once."""
+    from mm.artifacts.bundle import wheelhouse
 
     out = tmp_path_factory.mktemp("wheelhouse")
     host = wheelhouse.host_target()
     other = "aarch64" if host.machine == "x86_64" else "x86_64"
-    targets = wheelhouse.targets_for((host.machine, other), (host.python,))
+    targets = wheelhouse.targets_for() + wheelhouse.targets_for((other,), (host.python,))
     wheelhouse.build_wheelhouse(out, targets, cache=wheelhouse_cache(tmp_path_factory))
     return out
 
 
 def wheelhouse_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.getbasetemp() / "wheel-sets-cache"
+    """Where `mm bundle` keeps downloaded sets (wheelhouse.sets_cache), under the session's XDG_CACHE_HOME."""
+    from mm.artifacts.bundle import wheelhouse
+
+    return wheelhouse.sets_cache()
 
 
 @pytest.fixture
@@ -226,7 +230,7 @@ def other_image(tmp_path_factory):
     return build_layout(tmp_path_factory.mktemp("oci-other") / "layout", salt="other")
 # --- end air gap ---
 
-# --- OCI registry (issue 14) ---
+# --- OCI registry ---
 from tests.support.registry import Registry  # noqa: E402
 
 REGISTRY_USER, REGISTRY_PASSWORD = "mm-tester", "pw-" + secrets.token_hex(12)
@@ -247,7 +251,7 @@ def auth_registry():
 # --- end OCI registry ---
 
 
-# --- signatures (issue 15) ---
+# --- signatures ---
 from tests.support.sshkeys import make_keys  # noqa: E402
 
 
@@ -258,7 +262,7 @@ def keys(tmp_path_factory) -> dict[str, Path]:
 # --- end signatures ---
 
 
-# --- the real container engine (issue 20) ---
+# --- the real container engine ---
 @pytest.fixture(scope="session")
 def real_docker(tmp_path_factory):
     """Debian's dockerd on a private socket, data root, exec root and bridge, started once per session (root only;

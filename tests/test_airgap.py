@@ -1,4 +1,4 @@
-"""Everything the air-gapped host needs crosses with the bundle (issue 12), end to end.
+"""Everything the air-gapped host needs crosses with the bundle, end to end.
 
 Connected side: `mm fetch` of the demo model from the local Hub, `mm image save` from the real docker-registry on
 127.0.0.1, `mm bundle` (mm's wheelhouse for this host built from the package index pip is configured for, the image
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import image as mm_image
-from mm.artifacts import wheelhouse
-from mm.artifacts.wheelhouse import Target
+from mm.artifacts.serving import image as mm_image
+from mm.artifacts.bundle import wheelhouse
+from mm.artifacts.bundle.wheelhouse import Platform
 from tests.support import fake_docker, fake_gpu
 from tests.support.oci_image import containerd_save_archive
 from tests.support.registry import free_port
@@ -88,16 +88,23 @@ def test_a_volume_too_small_for_mm_is_refused_naming_the_minimum(connected):
     assert "too small to carry mm whole in volume 1" in connected.too_small.stderr
 
 
+def test_the_bundle_says_which_hosts_mm_will_install_on_before_writing(connected):
+    assert "mm will install on: linux/amd64 CPython 3.10, 3.11, 3.12, 3.13 (--target-platform" in \
+        connected.too_small.stderr
+    assert "mm will install on" not in connected.bundled.stdout  # --json: the sets are in the document
+
+
 def test_mm_travels_whole_in_volume_1_with_the_installer_beside_the_volumes(connected, tmp_path):
     doc = json.loads(connected.bundled.stdout)
-    assert doc["mm"]["sets"] == [HOST.name] and doc["mm"]["install"] == "sh install-mm.sh [DIR]"
+    assert doc["mm"]["sets"] == [t.name for t in wheelhouse.targets_for()]
+    assert doc["mm"]["install"] == "sh install-mm.sh [DIR]"
     vols = volumes(connected.out)
     assert len(vols) >= 2  # the minimum holds mm; the model spills over to the next disk
     first = members(vols[0])
     with tarfile.open(vols[0]) as tf:
         (tmp_path / "wheelhouse.json").write_bytes(tf.extractfile("payload/mm/wheelhouse/wheelhouse.json").read())
     house = wheelhouse.read_index(tmp_path)
-    wheels = [f"payload/mm/wheelhouse/{HOST.name}/{w['file']}" for w in house["sets"][0]["wheels"]]
+    wheels = [f"payload/mm/wheelhouse/wheels/{w['file']}" for s in house["sets"] for w in s["wheels"]]
     assert "payload/mm/install-mm.sh" in first and set(wheels) <= set(first)
     assert not any(m.startswith("segments/payload/mm/") for v in vols for m in members(v))  # never split
     assert (connected.out / "install-mm.sh").read_bytes() == wheelhouse.install_script_text().encode()
@@ -118,6 +125,24 @@ def test_restore_txt_and_bundle_verify_name_install_mm_sh(connected):
     checked = run_mm("bundle", "verify", connected.out)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "install: mm " in checked.stdout and "sh install-mm.sh [DIR] where the volumes lie" in checked.stdout
+
+
+@pytest.mark.parametrize("python,covered", [("3.12", True), ("3.9", False)])
+def test_bundle_verify_says_whether_this_hosts_python3_is_covered_before_anything_is_installed(connected, python,
+                                                                                                covered):
+    interpreter = other_cpython(python)
+    if interpreter is None:
+        pytest.skip(f"no CPython {python} here")
+    checked = run_mm("bundle", "verify", connected.out, extra_env={"PYTHON": interpreter})
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    if covered:
+        assert f"this host is covered: {interpreter} is CPython {python} on {HOST.machine}, set " \
+               f"linux-{HOST.machine}-cp{python.replace('.', '')}" in checked.stdout
+    else:
+        assert f"this host is NOT covered: {interpreter} is CPython {python}, older than mm supports (3.10 or " \
+               f"newer); install a newer CPython the bundle holds a set for (linux-x86_64-cp310" in checked.stdout
+    doc = json.loads(run_mm("bundle", "verify", connected.out, "--json", extra_env={"PYTHON": interpreter}).stdout)
+    assert ("is covered" if covered else "NOT covered") in doc["mm_host"]
 
 
 def test_the_image_is_proven_against_the_pinned_reference_and_its_record_travels(connected):
@@ -212,15 +237,15 @@ def test_only_mm_writes_one_locked_set_per_platform_and_python(tools):
 
 @pytest.mark.parametrize("python", ["3.10", "3.12"])
 def test_every_aarch64_wheel_fits_an_aarch64_cpython_of_that_version(tools, python):
-    target = Target("aarch64", python)
-    assert wheelhouse.misfits(tools / "wheelhouse" / target.name, target) == []
+    target = Platform("aarch64", python)
+    assert wheelhouse.misfits(wheelhouse.set_wheels(tools / "wheelhouse", target.name), target) == []
 
 
 def test_each_set_meets_its_own_pythons_markers_not_the_one_pip_ran_on(tools):
     """pip download evaluates markers for the Python running it; anyio needs exceptiongroup below 3.11 only."""
     for name, python in (("linux-aarch64-cp310", "3.10"), ("linux-aarch64-cp312", "3.12")):
-        target = Target("aarch64", python)
-        assert wheelhouse.unmet_requirements(target, tools / "wheelhouse" / name)[0] == []
+        target = Platform("aarch64", python)
+        assert wheelhouse.unmet_requirements(target, wheelhouse.set_wheels(tools / "wheelhouse", name))[0] == []
     names = {s["name"]: {w["name"] for w in s["wheels"]} for s in wheelhouse.read_index(tools / "wheelhouse")["sets"]}
     assert "exceptiongroup" in names["linux-aarch64-cp310"] and "exceptiongroup" not in names["linux-aarch64-cp312"]
 
@@ -245,6 +270,24 @@ def test_install_into_another_cpython_from_its_own_set(tools, python, tmp_path):
                                "MM_INSTALL_WITH": "uv"})
     assert done.returncode == 0, done.stderr
     assert f"(linux-x86_64-cp{python.replace('.', '')}, with uv, offline)" in done.stdout
+    assert subprocess.run([str(tmp_path / "venv" / "bin" / "mm"), "--version"], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("python", ["3.10", "3.12", "3.13"])
+def test_a_bundle_made_with_the_defaults_installs_mm_offline_into_another_cpython(connected, python, tmp_path):
+    """The air-gapped host's python3 is rarely the connected host's: a default bundle made here installs mm, with
+    no network (`unshare -n`), into each CPython a GPU server is likely to run, from volume 1 beside the script."""
+    interpreter, prefix = other_cpython(python), unshare_prefix()
+    if interpreter is None or prefix is None or HOST.machine != "x86_64":
+        pytest.skip(f"no CPython {python} on this x86_64 host to install into, or no unshare -n")
+    done = subprocess.run([*prefix, "sh", str(connected.out / "install-mm.sh"), str(tmp_path / "venv")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHON": interpreter})
+    assert done.returncode == 0, done.stderr
+    assert f"(linux-x86_64-cp{python.replace('.', '')}, with pip, offline)" in done.stdout
+    venv_python = subprocess.run([str(tmp_path / "venv" / "bin" / "python"), "-c",
+                                  "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True)
+    assert venv_python.stdout.strip() == python
     assert subprocess.run([str(tmp_path / "venv" / "bin" / "mm"), "--version"], capture_output=True).returncode == 0
 
 

@@ -1,4 +1,4 @@
-"""How mm bundle and mm unbundle touch the disk (issue 23): unbundle reads each byte once, --readback reads each
+"""How mm bundle and mm unbundle touch the disk: unbundle reads each byte once, --readback reads each
 file back from the disk itself, and every file is synced before it gets its name.
 
 The syscalls are seen with strace (-ff: one trace file per thread, -ttt: timestamps to merge them in order, -y: the
@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.bundle.format import b3
 from mm.artifacts.bundle.volume import open_volume
-from mm.artifacts.manifest import manifest_path, read_manifest
+from mm.artifacts.paths import manifest_path
+from mm.artifacts.integrity.manifest import read_manifest
 from tests.support.modelgen import write_model
 from tests.support.run import mm_argv, run_mm
 

@@ -1,4 +1,4 @@
-"""How bundle and unbundle use the page cache (issue 23): on a VM that reports free pages to its host, writes into
+"""How bundle and unbundle use the page cache: on a VM that reports free pages to its host, writes into
 it in pieces of at most 64 KiB (small page-cache folios; copyio.write_size), whole chunks elsewhere; unbundle
 leaves the volumes it has read out of it (their memory takes the model); and a bundle with parity keeps its data
 volumes cached for the parity pass only where memory is cheap (no free page reporting), else drops them once hashed

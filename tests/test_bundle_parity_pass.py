@@ -1,4 +1,4 @@
-"""The parity pass of `mm bundle --parity` (issue 23): the parity index's digest of each data volume, taken while
+"""The parity pass of `mm bundle --parity`: the parity index's digest of each data volume, taken while
 the volume is written (pack._hash_then_publish), is the blake3 of the file on the disk; a volume whose digest was
 not taken then is hashed by the parity pass (write_parity_volumes' DATA_BLAKE3); the parity written by a helper
 thread (parity._ParityOut) hands its errors to the caller; Ctrl-C in the pass stops mm within the limit, and the

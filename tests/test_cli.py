@@ -62,7 +62,7 @@ def test_a_plain_line_is_written_as_rich_would_write_it(capsys):
 
 
 def _verified_model(tmp_path):
-    from mm.artifacts.adopt import manifest_for_local_dir
+    from mm.artifacts.fetching.adopt import manifest_for_local_dir
     from tests.support.modelgen import write_model
 
     model = tmp_path / "model"

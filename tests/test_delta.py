@@ -1,4 +1,4 @@
-"""Delta bundles (issue 22): a site that imported revision A from full volumes receives revision B, which changes
+"""Delta bundles: a site that imported revision A from full volumes receives revision B, which changes
 three small files and renames one shard, as a delta of under 1% of the full bundle, and rebuilds B from its copy
 of A: by reflink on XFS, by copy on tmpfs, by hard link when asked; byte-identical to a fresh fetch of B.
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
-from mm.artifacts.sharing import layout, shared_bytes
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
+from mm.artifacts.edges.sharing import layout, shared_bytes
 from tests.support.fsimages import fill, require_mounts, tmpfs_mount, xfs_mount
 from tests.support.gitrepo import commit_dir
 from tests.support.modelgen import write_model
@@ -221,6 +221,18 @@ def test_a_take_whose_hashes_disagree_with_the_manifest_refuses_the_volume(updat
     assert r.returncode == 3 and payload(tmp_path / "B") == {}
 
 
+@pytest.mark.parametrize("path", ["zzz.json", ".mm/evil", ".mm-partial/x", "\u202enosj.txt"])
+def test_a_take_of_a_path_the_manifest_lacks_is_refused_by_unbundle_as_by_bundle_verify(update, tmp_path, path):
+    def edit(take):
+        take[RENAMED]["path"] = path
+    vols = edited_delta(update, tmp_path / "vols", edit)
+    r = mm(update, "bundle", "verify", vols)
+    assert r.returncode == 1 and "the manifest has no such file" in r.stdout, r.stdout + r.stderr
+    r = mm(update, "unbundle", vols, "--dest", tmp_path / "B", "--from", update.conn_a)
+    assert r.returncode == 3 and "the manifest has no such file" in r.stderr, r.stderr
+    assert payload(tmp_path / "B") == {}
+
+
 def test_a_base_file_damaged_after_its_verify_is_not_taken_and_a_rerun_completes(update, tmp_path):
     base = tmp_path / "A"
     shutil.copytree(update.conn_a, base)
@@ -276,7 +288,7 @@ def test_a_delta_in_two_sittings_with_its_second_volume_rebuilt_from_parity(upda
     assert len(data) >= 3
     dest = tmp_path / "B"
     first = json.loads(mm(update, "unbundle", data[0], "--dest", dest, "--from", base, "--json").stdout)
-    assert (first["exit_code"], first["complete"]) == (0, False)
+    assert (first["exit_code"], first["complete"]) == (8, False)
     assert first["delta"]["taken"] == first["delta"]["files_from_base"] > 0
     second = json.loads(mm(update, "unbundle", *data[2:], *vols.glob("*.par*.tar"), "--dest", dest,
                            "--from", base, "--json").stdout)

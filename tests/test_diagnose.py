@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from mm.artifacts.diagnose import hicache_fits, host_findings, iter_lines, load_table
-from mm.artifacts.launch import LaunchOptions
-from mm.artifacts.router import plan_node
+from mm.artifacts.serving.diagnose import hicache_fits, host_findings, iter_lines, load_table
+from mm.artifacts.serving.launch import LaunchOptions
+from mm.artifacts.serving.router import plan_node
 from tests.support import fake_docker
 from tests.support.memory import peak_rss
 from tests.support.run import mm_argv, run_mm
@@ -207,14 +207,14 @@ def test_a_line_longer_than_the_cap_is_cut_and_the_next_line_is_whole():
 
 
 def test_lines_split_across_read_chunks_are_joined(monkeypatch):
-    from mm.artifacts import diagnose as mod
+    from mm.artifacts.serving import diagnose as mod
     monkeypatch.setattr(mod, "READ_CHUNK", 3)
     assert list(iter_lines(io.BytesIO(b"abcdefg\nhi\n\nj"), max_line=5)) == ["abcde", "hi", "", "j"]
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 1024])
 def test_crlf_and_a_lone_cr_end_lines_as_splitlines_does(monkeypatch, chunk):
-    from mm.artifacts import diagnose as mod
+    from mm.artifacts.serving import diagnose as mod
     monkeypatch.setattr(mod, "READ_CHUNK", chunk)
     text = b"a\r\nbc\r\r\n10%\r50%\rCUDA out of memory\n\rz"
     assert list(iter_lines(io.BytesIO(text))) == text.decode().splitlines()
@@ -315,7 +315,9 @@ def test_a_single_server_warmup_that_dies_reports_the_rows_its_log_matches(model
     # the cause only: "exited before /health answered" is the symptom the OOM explains
     assert [f["row"] for f in report["diagnosis"]] == ["cuda-oom"]
     assert "exited before /health answered" in report["error"]
-    assert "--mem-fraction-static 0.8 and --chunked-prefill-size 32768" in report["diagnosis"][0]["fix"]
+    fix = report["diagnosis"][0]["fix"]  # what the server's log shows, and a lower value to start with
+    assert "the log shows --mem-fraction-static 0.8 (--chunked-prefill-size 32768)" in fix
+    assert "--mem-fraction-static 0.75" in fix
     assert "the guide's troubleshooting table:" in result.stdout and "row 4 cuda-oom" in result.stdout
 
 
@@ -342,3 +344,144 @@ def test_a_saved_answer_is_read_beside_the_log(tmp_path):
     doc = json.loads(result.stdout)
     assert result.returncode == 1 and doc["inputs"] == [str(log), str(answer)]
     assert [(f["row"], f["where"], f["line_number"]) for f in doc["findings"]] == [("thinking-type-400", str(answer), 1)]
+
+
+# --- what a line says, whatever wrapped it; messages from the same sources; fixes from what the log shows -------
+
+from mm.artifacts.errors import BadInput  # noqa: E402
+from mm.artifacts.serving.diagnose import diagnose as diagnose_texts, launch_takes, scan_stream  # noqa: E402
+
+READY = "[2026-12-03 09:12:00] The server is fired up and ready to roll!"
+HEALTH_503 = 'INFO:     127.0.0.1:50421 - "GET /health HTTP/1.1" 503 Service Unavailable'
+TS = "2026-12-03T09:12:01.123456789Z"
+
+
+def rows_of(text: str, **kw) -> list[str]:
+    return [f.row for f in diagnose_texts([("log", text)], **kw).findings]
+
+
+def test_a_log_piped_to_dash_is_read_from_the_standard_input():
+    result = run_mm("diagnose", "-", "--json", input="[2026-12-03 09:12:00 TP0] " + ROW_INPUTS["cuda-oom"] + "\n")
+    doc = json.loads(result.stdout)
+    assert result.returncode == 1 and [(f["row"], f["where"]) for f in doc["findings"]] == [("cuda-oom", "<stdin>")]
+
+
+def test_a_pipe_that_does_not_end_within_the_cap_stops_with_one_line():
+    with pytest.raises(BadInput, match="<stdin>: more than"):
+        scan_stream("<stdin>", io.BytesIO(b"INFO: tokens\n" * 1000), load_table(), cap=1000)
+
+
+@pytest.mark.parametrize("wrap", [
+    lambda line: f"\x1b[32m{line.replace('503', chr(27) + '[91m503')}\x1b[0m",  # uvicorn with colours
+    lambda line: f"{TS} stderr F {line}",  # Kubernetes CRI (kubelet's /var/log/pods)
+    lambda line: f"{TS} {line}",  # docker logs --timestamps
+    lambda line: json.dumps({"log": line + "\n", "stream": "stderr", "time": TS}),  # docker's json-file driver
+    lambda line: json.dumps({"level": "info", "message": line}),  # a log shipper's JSON record
+], ids=["ansi", "cri", "docker-timestamps", "json-file", "json-record"])
+def test_a_wrapped_line_is_read_as_what_it_says(wrap):
+    assert rows_of("\n".join(wrap(line) for line in (READY, HEALTH_503))) == ["health-failing"]
+
+
+def test_kubernetes_partial_lines_are_joined_before_matching():
+    oom = ROW_INPUTS["cuda-oom"]
+    text = f"{TS} stdout F starting\n{TS} stderr P {oom[:20]}\n{TS} stderr P {oom[20:40]}\n{TS} stderr F {oom[40:]}\n"
+    [finding] = diagnose_texts([("log", text)]).findings
+    assert finding.row == "cuda-oom" and finding.line == oom and finding.line_number == 2
+
+
+def test_a_later_shutdown_line_does_not_hide_an_earlier_failure():
+    shutdown = "[2026-12-03 09:30:00] Health check request received during shutdown. Returning 503."
+    assert rows_of("\n".join([READY, HEALTH_503, shutdown, HEALTH_503])) == ["health-failing"]
+    assert rows_of("\n".join([READY, shutdown, HEALTH_503])) == []  # 503s after the shutdown line are the shutdown
+
+
+@pytest.mark.parametrize("line, row", [
+    ("huggingface_hub.errors.RevisionNotFoundError: 404 Client Error. (Request ID: Root=1)", "weights-incomplete"),
+    ("Revision Not Found for url: https://huggingface.co/api/models/MiniMaxAI/MiniMax-M3.1-Flash/revision/0f3c2a1.",
+     "weights-incomplete"),
+    ("Repository Not Found for url: https://huggingface.co/api/models/MiniMaxAI/MiniMax-M3-Flash.", "weights-incomplete"),
+    ("torch.distributed.DistStoreError: wait timeout after 600000ms, keys: /default_pg//cuda//0", "nccl-hang"),
+    ("torch.distributed.DistNetworkError: The client socket has timed out after 600000ms while trying to connect to "
+     "(10.0.0.5, 29500).", "nccl-hang"),
+    ("[rank2]: torch.distributed.DistStoreError: Socket Timeout", "nccl-hang"),
+    ("  Warning  Unhealthy  2m (x40 over 12m)  kubelet  Readiness probe failed: HTTP probe failed with statuscode: 503",
+     "health-failing"),
+    ('Liveness probe failed: Get "http://10.1.4.7:30000/health": context deadline exceeded', "health-failing"),
+    ("3f2a9c1d7e44   lmsysorg/sglang   20 minutes ago   Up 20 minutes (unhealthy)   mm-minimax", "health-failing"),
+    ("2026-12-03T09:31:00Z container health_status: unhealthy 3f2a9c1d7e44 (name=mm-minimax)", "health-failing"),
+    # look alike, are not failures: the IPv6 fallback warning of c10d; a startup probe waiting for the model to load
+    ("[W1203 socket.cpp:755] [c10d] The client socket cannot be initialized to connect to [localhost]:29500 "
+     "(errno: 97 - Address family not supported by protocol).", None),
+    ("  Warning  Unhealthy  9m (x20 over 12m)  kubelet  Startup probe failed: HTTP probe failed with statuscode: 503",
+     None),
+    ("3f2a9c1d7e44   lmsysorg/sglang   20 minutes ago   Up 20 minutes (healthy)   mm-minimax", None),
+])
+def test_sibling_messages_of_the_cited_sources_name_their_row(line, row):
+    assert rows_of(line) == ([row] if row else [])
+
+
+def test_vllms_uninitialized_weights_are_missing_weights():
+    line = "ValueError: Following weights were not initialized from checkpoint: {'model.layers.47.mlp.experts.w13_weight'}"
+    assert rows_of(line, engine="vllm") == ["weights-incomplete"]
+
+
+def test_an_answer_that_quotes_the_reasoning_tags_is_no_leak():
+    def answer(content):
+        return json.dumps({"object": "chat.completion", "choices": [{"message": {"role": "assistant", "content": content}}]})
+    assert rows_of(answer("MiniMax M3 reasons between <mm:think> and </mm:think>; the parser removes them.")) == []
+    assert rows_of(answer("The user asks about primes.\n</mm:think>\nThere are 15.")) == ["raw-think-tokens"]
+    assert rows_of(answer("  <mm:think>The user asks about primes.")) == ["raw-think-tokens"]
+
+
+def test_a_tmpfs_kernel_cache_mount_is_not_persisted():
+    tmpfs = [{"Type": "tmpfs", "Source": "", "Destination": "/root/.cache/minfer"}]
+    [finding] = diagnose_texts(mounts=("c", tmpfs)).findings
+    assert finding.row == "kernel-cache-not-persisted" and "tmpfs" in finding.line
+    bind = [{"Type": "bind", "Source": "/srv/minfer", "Destination": "/root/.cache/minfer"}]
+    assert diagnose_texts(mounts=("c", bind)).findings == ()
+
+
+@pytest.mark.parametrize("args, shown, proposed", [
+    ("server_args=ServerArgs(model_path='/models/M', mem_fraction_static=0.92, chunked_prefill_size=16384)", "0.92", "0.75"),
+    ("server_args={'model_path': '/models/M', 'mem_fraction_static': 0.7, 'chunked_prefill_size': 8192}", "0.7", "0.65"),
+])
+def test_the_oom_fix_lowers_the_value_the_log_shows(args, shown, proposed):
+    [finding] = diagnose_texts([("log", f"[2026-12-03 09:10:00] {args}\n{ROW_INPUTS['cuda-oom']}\n")]).findings
+    assert f"the log shows --mem-fraction-static {shown} " in finding.fix
+    flag = f"--mem-fraction-static {proposed}"
+    expected = (f"mm launch MODEL_DIR --hardware HW {flag}" if launch_takes("--mem-fraction-static")
+                else f"set the engine flag {flag}")
+    assert expected in finding.fix and "below 0.8" not in finding.fix
+
+
+def test_the_oom_fix_with_a_plan_names_the_launch_that_applies_it(model_dir):
+    log = "server_args=ServerArgs(mem_fraction_static=0.92)\n" + ROW_INPUTS["cuda-oom"] + "\n"
+    plan = plan_node(model_dir, LaunchOptions(hardware="b300"), check_dir=False).first
+    [finding] = diagnose_texts([("log", log)], plan=plan).findings
+    if launch_takes("--mem-fraction-static"):
+        assert f"mm launch {model_dir} --hardware b300 --mem-fraction-static 0.75" in finding.fix
+    else:
+        assert "--mem-fraction-static 0.75" in finding.fix
+
+
+def test_row_2_with_the_pinned_image_already_running_points_to_cuda_home(model_dir):
+    plan = plan_node(model_dir, LaunchOptions(hardware="b300"), check_dir=False).first
+    assert plan.image == PIN.image
+    [finding] = diagnose_texts([("log", ROW_INPUTS["nvfp4-slow-path"])], plan=plan).findings
+    assert "already runs the pinned image" in finding.fix and "CUDA_HOME" in finding.fix
+
+
+def test_an_sm120_gpu_is_named_as_the_reason_not_the_toolkit():
+    [sm120] = diagnose_texts([("log", "Selected NVCC does not accept QMUL4 for SM120; using FP16 dequant fallback")]).findings
+    assert sm120.row == "nvfp4-slow-path" and sm120.fix.startswith("the GPU is the reason, not the toolkit")
+    [sm100] = diagnose_texts([("log", "Selected NVCC does not accept QMUL4 for SM100a; using FP16 dequant fallback")]).findings
+    assert "CUDA_HOME" in sm100.fix
+
+
+def test_a_full_disk_is_named_in_the_fix(model_dir):
+    line = "OSError: [Errno 28] No space left on device: '/models/MiniMax-M3.1-Flash/model-00031-of-00059.safetensors'"
+    [bare] = diagnose_texts([("log", line)]).findings
+    assert bare.row == "weights-incomplete" and bare.fix.startswith("the disk is full")
+    plan = plan_node(model_dir, LaunchOptions(hardware="b300"), check_dir=False).first
+    [here] = diagnose_texts([("log", line)], plan=plan).findings
+    assert here.fix.startswith("the disk is full") and f"mm verify {model_dir}" in here.fix

@@ -1,4 +1,4 @@
-"""mm diagnose against a corpus of real message text (issue 20): tests/diagnose_corpus/.
+"""mm diagnose against a corpus of real message text: tests/diagnose_corpus/.
 
 Each case is a file (a server log, a saved answer or request, a terminal session) and an entry in index.json:
 the row of the guide's troubleshooting table it must give (or null for a healthy or unrelated input), the source
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.diagnose import DiagnoseRequest, load_table, run_diagnosis
-from mm.artifacts.launch import LaunchOptions
+from mm.artifacts.serving.diagnose import DiagnoseRequest, load_table, run_diagnosis
+from mm.artifacts.serving.launch import LaunchOptions
 from tests.test_launch import VLLM_IMAGE, make_model_dir
 
 CORPUS = Path(__file__).parent / "diagnose_corpus"

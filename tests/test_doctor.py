@@ -1,4 +1,4 @@
-"""mm doctor (issue 12): one line per check with its fix, --json, exit 1 on a failed check (0 with warnings).
+"""mm doctor: one line per check with its fix, --json, exit 1 on a failed check (0 with warnings).
 
 Stand-ins on PATH: nvidia-smi (tests/support/fake_gpu.py) and docker with a classic image store
 (tests/support/fake_docker.py); the image is the pinned test image saved from the real docker-registry.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import image as mm_image
+from mm.artifacts.serving import image as mm_image
 from tests.support.run import MM_BIN
 from tests.support import fake_docker, fake_gpu
 from tests.test_launch import make_model_dir
@@ -201,7 +201,7 @@ def test_no_nvidia_smi(host):
 
 @pytest.mark.parametrize("bad", [b"[" * 100_000 + b"]" * 100_000, b'{"gpu": NaN}', b"\xff", b"[1]"])
 def test_a_hostile_cache_key_is_named_unreadable_not_a_crash(host, bad):
-    """The key is read like every file mm reads (issue 11): deep nesting, NaN, bytes that are not UTF-8 or a
+    """The key is read like every file mm reads: deep nesting, NaN, bytes that are not UTF-8 or a
     list warn that the first start compiles; doctor still answers every other check."""
     (host.cache / "mm-cache-key.json").write_bytes(bad)
     done = host.doctor("--json")

@@ -1,4 +1,4 @@
-"""mm doctor judges the driver as the NVIDIA Container Toolkit does (issue 20), and says when docker cannot run.
+"""mm doctor judges the driver as the NVIDIA Container Toolkit does, and says when docker cannot run.
 
 The requirement language is libnvidia-container's (src/cli/dsl.c, src/cli/configure.c); which variables are
 requirements is the toolkit hook's (internal/config/image/cuda_image.go). The vectors below follow that source.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import cudareq
-from mm.artifacts.launch import DOCKER_DOWN, DOCKER_MISSING
+from mm.artifacts.serving import cudareq
+from mm.artifacts.serving.docker import DOCKER_DOWN, DOCKER_MISSING
 from tests.support import fake_gpu
 from tests.support.run import MM_BIN
 from tests.test_doctor import Host, saved  # noqa: F401 (the fixture)
@@ -135,6 +135,7 @@ def test_doctor_says_docker_is_not_installed(host):
                            "--port", str(host.port), "--json"], env=env, capture_output=True, text=True, timeout=120)
     checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
     assert checks["docker"] == {"name": "docker", "status": "fail", "detail": DOCKER_MISSING, "fix": "install Docker Engine"}
+    assert done.returncode == 1  # as warm-up and the start script: one code for "no docker here"
 
 
 def test_doctor_refuses_the_model_directory_launch_refuses(tmp_path, pinned_image, saved, unused_port):  # noqa: F811
@@ -179,9 +180,62 @@ def test_warmup_and_the_start_script_say_docker_is_not_installed(host, tmp_path)
     warm = subprocess.run([str(MM_BIN), "warmup", str(host.model), "--hardware", "b300", "--image", host.ref,
                            "--port", str(host.port), "--cache-root", str(host.cache)],
                           env=env, capture_output=True, text=True, timeout=120)
-    assert warm.returncode == 3 and warm.stderr.strip() == f"mm: {DOCKER_MISSING}"
+    assert warm.returncode == 1 and warm.stderr.strip() == f"mm: {DOCKER_MISSING}"
     script = tmp_path / "start.sh"
     assert subprocess.run([str(MM_BIN), "launch", str(host.model), "--hardware", "b300", "--image", host.ref,
                            "--out", str(script)], env=env, capture_output=True, timeout=120).returncode == 0
     started = subprocess.run(["/bin/bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert started.returncode == 1 and started.stderr.strip() == f"mm: {DOCKER_MISSING}"
+
+
+def test_a_12_x_driver_with_a_13_4_runtime_the_toolkit_does_not_check_fails(host):
+    """NVIDIA_DISABLE_REQUIRE: the toolkit starts the container, but a 13.x runtime on a 12.x driver crosses a major
+    version, which minor-version compatibility does not (NVIDIA CUDA Compatibility): the first CUDA call fails."""
+    host.image_env({"NVIDIA_DISABLE_REQUIRE": "1", "CUDA_VERSION": "13.4.1"})
+    host.gpus(4 * [fake_gpu.B300[:2] + ("570.172.08",)], cuda="12.8")
+    code, checks = host.checks()
+    assert code == 1 and checks["driver"]["status"] == "fail"
+    assert "minor-version compatibility does not cross major versions" in checks["driver"]["detail"]
+
+
+def test_a_runtime_a_major_version_above_the_driver_with_no_requirement_is_a_failure():
+    """The pinned image's runtime known (CUDA 13.4), nothing in the image for the toolkit to check: fail, not warn."""
+    from mm.artifacts.serving.doctor import FAIL, WARN, _runtime_note
+    assert _runtime_note("13.4", "12.8", "570.172.08")[0] == FAIL
+    assert _runtime_note("13.4", "13.0", "580.159.03")[0] == WARN  # within 13.x: minor-version compatibility
+
+
+def test_a_requirement_error_is_the_drivers_failure_not_the_container_runtimes(host, monkeypatch):
+    """The toolkit's prestart hook refusing the image proves the toolkit works: only the driver check fails."""
+    host.image_env({"NVIDIA_REQUIRE_CUDA": CUDA_134_IMAGE, "CUDA_VERSION": "13.4.1"})
+    host.gpus(4 * [fake_gpu.B300[:2] + ("580.159.03",)], cuda="13.0")
+    monkeypatch.setenv("FAKE_TOOLKIT_REFUSES", "nvidia-container-cli: requirement error: unsatisfied condition: "
+                                               "cuda>=13.4, please update your driver to a newer version, or use an "
+                                               "earlier cuda container")
+    code, checks = host.checks()
+    runtime = checks["nvidia container runtime"]
+    assert code == 1 and checks["driver"]["status"] == "fail"
+    assert runtime["status"] == "ok" and "requirement error" in runtime["detail"]
+    assert "Container Toolkit" not in (runtime["fix"] or "")
+
+
+def test_a_requirement_error_the_image_env_did_not_show_still_fails_the_driver(host, monkeypatch):
+    host.image_env({"CUDA_VERSION": "13.4.1", "NVIDIA_REQUIRE_CUDA": "cuda>=13.0"})
+    host.gpus(4 * [fake_gpu.B300[:2] + ("580.159.03",)], cuda="13.0")
+    monkeypatch.setenv("FAKE_TOOLKIT_REFUSES", "nvidia-container-cli: requirement error: unsatisfied condition: brand=tesla")
+    code, checks = host.checks()
+    assert code == 1 and checks["driver"]["status"] == "fail" and "brand=tesla" in checks["driver"]["detail"]
+    assert checks["nvidia container runtime"]["status"] == "ok"
+
+
+def test_mig_mode_on_a_selected_gpu_fails(host):
+    host.gpus(4 * [fake_gpu.B300])
+    fake_gpu.install(host.bin, 4 * [fake_gpu.B300], mig=["Disabled", "Enabled", "Disabled", "Disabled"])
+    code, checks = host.checks()
+    assert code == 1 and checks["mig"]["status"] == "fail"
+    assert checks["mig"]["detail"].startswith("GPU 1: MIG mode enabled") and "nvidia-smi -i 1 -mig 0" in checks["mig"]["fix"]
+
+
+def test_mig_mode_off_is_ok(host):
+    code, checks = host.checks()
+    assert checks["mig"]["status"] == "ok"

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.manifest import manifest_path, read_manifest
+from mm.artifacts.paths import manifest_path
+from mm.artifacts.integrity.manifest import read_manifest
 from tests.support.run import mm_argv
 
 SHARD = "model-00002-of-00004.safetensors"

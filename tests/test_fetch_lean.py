@@ -1,4 +1,4 @@
-"""What keeps a fetch's fixed and per-file costs down (issue 23 §Fetch) without changing what it proves: a file's
+"""What keeps a fetch's fixed and per-file costs down without changing what it proves: a file's
 connection threads follow the slots it gets, body reads on a plain socket wait for a batch of bytes (SO_RCVLOWAT)
 but never past the body's end nor into the next answer's headers, a full sha is resolved in one request, the
 environment's proxies are read once per fetch, and the hasher keeps up with the bytes."""
@@ -11,8 +11,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from mm.artifacts import wire
-from mm.artifacts.ranges import Connections, MiB, download
+from mm.artifacts.edges import wire
+from mm.artifacts.fetching.ranges import Connections, MiB, download
 from tests.test_ranges import MemorySource, check_digests, job, payload
 
 
@@ -135,7 +135,7 @@ def test_reads_of_a_fast_body_bring_batches_not_whatever_arrived(monkeypatch):
 # --- start-up: fewer requests and less work per request ----------------------------------------------
 
 def test_a_full_sha_is_resolved_in_one_request(hub_server, model_repo):
-    from mm.artifacts.hub import resolve_revision
+    from mm.artifacts.fetching.hub import resolve_revision
 
     commit = model_repo.commits[0]
     before = len(hub_server.requests)
@@ -166,7 +166,7 @@ def test_proxies_are_read_from_the_environment_once(monkeypatch):
 # --- the hasher keeps up: a prefix from the first second, reads beside both hashes --------------------------
 
 def test_the_first_ranges_of_a_big_file_grow_so_that_side_by_side_they_end_in_file_order():
-    from mm.artifacts.ranges import RANGE_MIN, plan_ranges
+    from mm.artifacts.fetching.ranges import RANGE_MIN, plan_ranges
 
     ranges = plan_ranges([(0, 1 << 30)], 16 * MiB, tail=16, head=16)
     sizes = [e - s for s, e in ranges[:17]]
@@ -175,7 +175,7 @@ def test_the_first_ranges_of_a_big_file_grow_so_that_side_by_side_they_end_in_fi
 
 
 def test_a_file_of_few_ranges_keeps_them_even():
-    from mm.artifacts.ranges import plan_ranges
+    from mm.artifacts.fetching.ranges import plan_ranges
 
     assert plan_ranges([(0, 64 * MiB)], 4 * MiB, head=16) == plan_ranges([(0, 64 * MiB)], 4 * MiB)  # 16 < 4 x 16
 
@@ -185,7 +185,7 @@ def test_hashing_in_cache_slices_gives_the_digests_of_one_pass():
 
     import blake3
 
-    from mm.artifacts.hashing import CACHE_SLICE, StreamHasher
+    from mm.artifacts.integrity.hashing import CACHE_SLICE, StreamHasher
 
     data = payload(9 * MiB + 123, seed=7)
     hasher = StreamHasher(sha256=True, git_size=len(data))

@@ -1,4 +1,4 @@
-"""Hostile and broken input, faults and full disks: every path ends in the documented outcome (issue 11).
+"""Hostile and broken input, faults and full disks: every path ends in the documented outcome.
 
 Families (each parametrized; the count of cases is what pytest collects here):
   json      malformed JSON of every kind of file mm reads, through the commands that read it (the troubleshooting
@@ -29,12 +29,12 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.bundle.format import b3
 from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.bundle.payloads import CollectOptions
-from mm.artifacts.manifest import manifest_path
-from mm.artifacts.untrusted import At
+from mm.artifacts.paths import manifest_path
+from mm.artifacts.edges.untrusted import At
 from tests.support.modelgen import write_model
 from tests.support.run import mm_argv, run_mm
 from tests.support.slowio import slow_io_env
@@ -166,7 +166,7 @@ SOME = ["deep-nesting", "huge-float", "lone-surrogate", "wrong-shape"]
 
 @pytest.mark.parametrize("bad", sorted(MALFORMED))
 def test_json_the_loader_refuses_each_kind_in_one_line(bad):
-    from mm.artifacts.untrusted import Malformed, load_json
+    from mm.artifacts.edges.untrusted import Malformed, load_json
     with pytest.raises(Malformed) as caught:
         doc = load_json(MALFORMED[bad], "f.json")
         assert bad == "wrong-shape" and doc == [1, 2, 3]
@@ -276,7 +276,7 @@ def test_json_image_record_beside_an_archive(model, tmp_path, bad):
 @pytest.mark.parametrize("bad", sorted(MALFORMED))
 def test_json_wheelhouse_index(tmp_path, bad):
     from mm.artifacts.errors import BadInput
-    from mm.artifacts.wheelhouse import INDEX_NAME, read_index
+    from mm.artifacts.bundle.wheelhouse import INDEX_NAME, read_index
     (tmp_path / INDEX_NAME).write_bytes(MALFORMED[bad])
     with pytest.raises(BadInput) as caught:
         read_index(tmp_path)
@@ -909,7 +909,7 @@ def test_hub_fetch_onto_a_full_or_read_only_disk(hub_server, hub_env, model_repo
 @pytest.mark.parametrize("shift", [1000, -1000])
 def test_hub_a_range_answered_from_another_byte_ends_in_a_correct_file_or_a_bounded_failure(
         hub_server, hub_env, model_repo, tmp_path, shift):
-    """Issue 11 item 3: a resumed download whose Range is answered by a 206 starting SHIFT bytes before (after,
+    """A resumed download whose Range is answered by a 206 starting SHIFT bytes before (after,
     when negative) the offset asked. Before: the bytes at their true offset, the file right. After: refused,
     then the whole file without Range. Never an endless loop (the requests are counted), never a misplaced byte."""
     import hashlib
@@ -999,7 +999,7 @@ TABLE_SHAPES = {
 @pytest.mark.parametrize("bad", sorted(set(MALFORMED) - {"empty"}) + sorted(TABLE_SHAPES))
 def test_json_troubleshooting_table(tmp_path, bad):
     """The table `mm diagnose` and warm-up read: malformed or of the wrong shape, one line naming the file."""
-    from mm.artifacts.diagnose import load_table, table_path
+    from mm.artifacts.serving.diagnose import load_table, table_path
     from mm.artifacts.errors import BadInput
     table = tmp_path / "table.json"
     if bad in TABLE_SHAPES:
@@ -1014,8 +1014,8 @@ def test_json_troubleshooting_table(tmp_path, bad):
 
 def test_json_the_table_placeholders_are_the_plans_fields(tmp_path):
     """What load_table lets a fix name is exactly what a plan supplies (so no shown fix can fail)."""
-    from mm.artifacts.diagnose import FIX_FIELDS, load_table, plan_context
-    from mm.artifacts.launch import LaunchOptions, plan_launch
+    from mm.artifacts.serving.diagnose import FIX_FIELDS, load_table, plan_context
+    from mm.artifacts.serving.launch import LaunchOptions, plan_launch
     from tests.test_launch import make_model_dir
     assert load_table().rows
     plan = plan_launch(make_model_dir(tmp_path), LaunchOptions(hardware="b300"))
@@ -1182,24 +1182,24 @@ def fault_env(directory: Path, module: str, attr: str) -> dict[str, str]:
 
 
 GUARDED = {
-    "verify": ("mm.artifacts.verify", "verify_dir", lambda m, t: ["verify", m], "mm verify"),
+    "verify": ("mm.artifacts.integrity.verify", "verify_dir", lambda m, t: ["verify", m], "mm verify"),
     "bundle": ("mm.artifacts.bundle.pack", "create_bundle",
                lambda m, t: ["bundle", m, "--out", t / "out", "--volume-size", "1G"], "mm bundle create"),
     "bundle verify": ("mm.artifacts.bundle.check", "verify_volumes", lambda m, t: ["bundle", "verify", m],
                       "mm bundle verify"),
     "unbundle": ("mm.artifacts.bundle.unpack", "unbundle", lambda m, t: ["unbundle", m, "--dest", t / "d"],
                  "mm unbundle"),
-    "launch --replicas": ("mm.artifacts.router", "plan_node",
+    "launch --replicas": ("mm.artifacts.serving.router", "plan_node",
                           lambda m, t: ["launch", m, "--hardware", "b300", "--replicas", "2"], "mm launch"),
-    "warmup": ("mm.artifacts.router", "plan_node", lambda m, t: ["warmup", m, "--hardware", "b300"], "mm warmup"),
-    "diagnose": ("mm.artifacts.diagnose", "run_diagnosis", lambda m, t: ["diagnose", t / "x.log"], "mm diagnose"),
-    "manifest export": ("mm.artifacts.manifest", "export_sums_files", lambda m, t: ["manifest", "export", m],
+    "warmup": ("mm.artifacts.serving.router", "plan_node", lambda m, t: ["warmup", m, "--hardware", "b300"], "mm warmup"),
+    "diagnose": ("mm.artifacts.serving.diagnose", "run_diagnosis", lambda m, t: ["diagnose", t / "x.log"], "mm diagnose"),
+    "manifest export": ("mm.artifacts.integrity.manifest", "export_sums_files", lambda m, t: ["manifest", "export", m],
                         "mm manifest export"),
     "bundle repair-volume": ("mm.artifacts.bundle.repair", "repair_volumes",
                              lambda m, t: ["bundle", "repair-volume", m], "mm bundle repair-volume"),
     "pull": ("mm.artifacts.oci.pull", "pull", lambda m, t: ["pull", "127.0.0.1:1/a/b:v1", "--local-dir", t / "p"],
              "mm pull"),
-    "sign": ("mm.artifacts.signing", "sign_manifest", lambda m, t: ["sign", m, "--key", t / "k"], "mm sign"),
+    "sign": ("mm.artifacts.integrity.signing", "sign_manifest", lambda m, t: ["sign", m, "--key", t / "k"], "mm sign"),
 }
 
 
@@ -1214,13 +1214,13 @@ def test_guard_an_unexpected_exception_is_one_line_exit_70(model, tmp_path, comm
 
 def test_guard_with_json_gives_one_document_exit_70(model, tmp_path):
     r = run("diagnose", tmp_path / "x.log", "--json",
-            env=fault_env(tmp_path, "mm.artifacts.diagnose", "run_diagnosis"))
+            env=fault_env(tmp_path, "mm.artifacts.serving.diagnose", "run_diagnosis"))
     doc = json.loads(r.stdout)
     assert r.returncode == 70 and doc["exit_code"] == 70 and doc["kind"] == "ZeroDivisionError"
     assert "Traceback" not in r.stderr
 
 
 def test_guard_mm_debug_shows_the_traceback(model, tmp_path):
-    env = {**fault_env(tmp_path, "mm.artifacts.verify", "verify_dir"), "MM_DEBUG": "1"}
+    env = {**fault_env(tmp_path, "mm.artifacts.integrity.verify", "verify_dir"), "MM_DEBUG": "1"}
     r = run_mm("verify", model, extra_env=env)  # not recorded: this one is meant to show a traceback
     assert r.returncode == 70 and "Traceback" in r.stderr and "ZeroDivisionError" in r.stderr

@@ -1,6 +1,6 @@
-"""A target directory is mm's, and only its own; a local file is what it seems, or refused (issue 19 §2).
+"""A target directory is mm's, and only its own; a local file is what it seems, or refused.
 
-The rule (README "Hostile input"): a directory or file the user names is taken as given, a symlink included (the
+The rule (docs/hostile-input.md): a directory or file the user names is taken as given, a symlink included (the
 user's choice); below it, mm writes, renames and deletes only through real directories, never through a symlink (a
 link at a final name is replaced by the rename, as a name), and never into a file that has another hard link. A link in the way is refused, exit 3, naming it. Local
 files mm reads (logs, signatures, keys, auth files, manifests, image archives, volumes) must be regular files;
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import fsutil
+from mm.artifacts.edges import fsutil
 from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.errors import BadInput
 from tests.support.modelgen import write_fetched_model
@@ -376,6 +376,38 @@ def test_a_signature_that_is_not_a_regular_file_is_refused(what, model, keys, fi
     (model / ".mm" / "manifest.json.sig").symlink_to(fifo if what == "fifo" else what)
     r = run_mm("verify", model, "--allowed-signers", keys["allowed"], timeout=DEADLINE)
     refused(r, 3, model / ".mm" / "manifest.json.sig", "not a regular file")
+
+
+@pytest.mark.parametrize("where", ["missing", "a dangling link", "a link loop"])
+def test_a_signature_that_is_not_there_is_one_meaning_not_signed_exit_5(where, model, keys, tmp_path):
+    sig = model / ".mm" / "manifest.json.sig"
+    if where == "a dangling link":
+        sig.symlink_to(tmp_path / "nowhere.sig")
+    elif where == "a link loop":
+        sig.symlink_to(sig)
+    r = run_mm("verify", model, "--allowed-signers", keys["allowed"], timeout=DEADLINE)
+    refused(r, 5, "not signed")
+
+
+@pytest.mark.parametrize("where", ["missing", "a dangling link"])
+def test_bundle_of_a_model_whose_signature_is_not_there_carries_none(where, model, tmp_path):
+    if where == "a dangling link":
+        (model / ".mm" / "manifest.json.sig").symlink_to(tmp_path / "nowhere.sig")
+    r = run_mm("bundle", model, "--out", tmp_path / "out", "--volume-size", "1G", "--json", timeout=DEADLINE,
+               extra_env={"MM_BUNDLE_NO_MM": "1"})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout).get("signature") is None
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None and os.geteuid() == 0, reason="needs setpriv to drop root's read-any-file capability")
+@pytest.mark.parametrize("command", [["diagnose", "{f}"], ["verify", "{model}", "--allowed-signers", "{f}"]])
+def test_a_file_mm_may_not_read_is_mm_s_one_line_and_exit_3_not_a_usage_error(command, model, tmp_path):
+    f = tmp_path / "private"
+    f.write_text("x\n")
+    f.chmod(0)
+    as_unprivileged = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    r = run_mm(*[a.format(f=f, model=model) for a in command], prefix=as_unprivileged, timeout=DEADLINE)
+    refused(r, 3, f, "Permission denied")
 
 
 @pytest.mark.parametrize("what", ["fifo", "/dev/zero"])

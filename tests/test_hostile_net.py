@@ -1,11 +1,11 @@
-"""Hostile servers on 127.0.0.1 against `mm fetch`, `mm pull`, `mm push` and `mm inspect` (issue 19, section 1).
+"""Hostile servers on 127.0.0.1 against `mm fetch`, `mm pull`, `mm push` and `mm inspect`.
 
 Every case runs the real mm in a subprocess against tests/support/hostile.py, a server whose answers the case
 scripts byte by byte, and asserts what a user sees and what the host keeps: the exit code (never 70), the
 message (one line, no traceback), nothing created, changed or deleted outside the target (a snapshot of the
 test's directory, a sentinel directory and HOME included), the child's peak RSS under 150 MB, and that the
-case ends within its deadline. The bounds are the short ones tests set (MM_NET_*, artifacts/wire.py); mm's
-defaults are for real WAN links (README, "Network bounds").
+case ends within its deadline. The bounds are the short ones tests set (MM_NET_*, artifacts/edges/wire.py); mm's
+defaults are for real WAN links (docs/hostile-input.md, "Network bounds").
 
 Families: Hub API answers (fetch), file bytes from the Hub or its CDN (fetch), registry documents (ping, token,
 manifests, error bodies: pull, inspect, push), registry blobs (pull, through the same ranged engine), upload
@@ -28,7 +28,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from mm.artifacts.manifest import FileEntry, Manifest, Upstream, to_json, write_manifest, manifest_path
+from mm.artifacts.integrity.manifest import FileEntry, Manifest, Upstream, to_json, write_manifest
+from mm.artifacts.paths import manifest_path
 from mm.artifacts.oci import modelpack
 from tests.support.hostile import HostileServer, Out, Request
 from tests.support.memory import run_with_peak_rss
@@ -717,7 +718,7 @@ def test_a_password_in_a_url_reference_is_never_printed(harness):
 
 
 def test_redact_hides_the_credentials_of_a_reference_in_any_line_mm_prints():
-    from mm.artifacts.untrusted import redact
+    from mm.artifacts.edges.untrusted import redact
     assert redact(f"mm: robot:{PASSWORD}@reg.site:5000/models/x:tag: refused") == "mm: ***@reg.site:5000/models/x:tag: refused"
     assert redact(f"pulling http://robot:{PASSWORD}@reg.site/x") == "pulling http://reg.site/x"
     assert redact("sha256:abc@def and mail a@b.c") == "sha256:abc@def and mail a@b.c"  # nothing else touched
@@ -795,3 +796,39 @@ def test_fetch_from_a_hostile_modelscope_mirror_ends_in_one_line_and_fetches_not
                           env=mirror_env(harness, server))
     expect(got, 4, MIRROR_CASES["files", how])
     assert not (harness.dest / BIG).exists()
+
+
+# --- a hostile tier, for preheat ------------------------------------------------------------------------------
+
+def _whole_flipped(req, out, data):
+    """A cold tier's answer (the whole blob to a Range request) with one byte changed."""
+    bad = bytearray(data)
+    bad[len(bad) // 2] ^= 0xFF
+    out.send(200, {}, bytes(bad))
+
+
+def _whole_then_garbage(req, out, data):
+    """The whole blob to a Range request, chunked, then garbage forever: preheat stops at the blob's size."""
+    out.head(200, {"Transfer-Encoding": "chunked"})
+    out.body(b"%x\r\n" % len(data) + data + b"\r\n")
+    frame = b"10000\r\n" + b"\xee" * 65536 + b"\r\n"
+    while True:
+        out.body(frame)
+
+
+PREHEAT_TIER = {
+    "the whole blob with one byte changed": (_whole_flipped, 5, r"do not match the blob's digest"),
+    "206 with Content-Range: bytes banana": (_content_range("bytes banana"), 4, r"Content-Range 'bytes banana'"),
+    "a 200 whose Content-Length lies": (_length_lie, 4, r"answered with \d+ bytes for a blob of"),
+    "ignores Range, every body 1,000 bytes short": (_short_ignoring_range, 4, r"answered with \d+ bytes for a blob"),
+    "the whole blob, then garbage forever": (_whole_then_garbage, 0, r""),
+}
+
+
+@pytest.mark.parametrize("case", list(PREHEAT_TIER))
+def test_preheat_checks_what_a_hostile_tier_sends_and_stays_bounded(harness, artifact, case):
+    resolve, code, message = PREHEAT_TIER[case]
+    with HostileServer(registry(artifact)) as origin, \
+            HostileServer(registry(artifact, blob=_blob_script(artifact, resolve))) as tier:
+        got = harness.run("preheat", f"{origin.host}/hostile/model:v1", "--tier", tier.host, deadline=20)
+    expect(got, code, message)

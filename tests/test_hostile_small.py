@@ -1,4 +1,4 @@
-"""The smaller ones (issue 19 §6), and every typed reader fed values of the wrong JSON type.
+"""The smaller hostile cases, and every typed reader fed values of the wrong JSON type.
 
   values    `--identity ""` is refused (exit 2), for every command that takes it
   records   an image record with a float layer size; an image index whose platform is a list; an OCI archive whose
@@ -69,7 +69,7 @@ def test_an_empty_identity_is_refused_not_taken_as_none(command, model, tmp_path
 # --- records and archives ----------------------------------------------------------------------------
 
 def _record(**changes) -> dict:
-    from mm.artifacts.image import RECORD_SCHEMA
+    from mm.artifacts.serving.image import RECORD_SCHEMA
     from mm.artifacts.pins import default_pin
 
     pinned = default_pin().image
@@ -255,14 +255,16 @@ def _tar(path: Path, members: dict[str, bytes]) -> Path:
 
 def _readers(model: Path, tmp: Path) -> dict[str, tuple[object, Callable]]:
     """(a valid sample document, a call that reads one) for each typed reader."""
-    from mm.artifacts import cachekey, image, manifest, wheelhouse
+    from mm.artifacts.serving import cachekey, image
+    from mm.artifacts.integrity import manifest
+    from mm.artifacts.bundle import wheelhouse
     from mm.artifacts.bundle.index import parse_index
     from mm.artifacts.bundle.pack import create_bundle
     from mm.artifacts.bundle.unpack import _State
     from mm.artifacts.bundle.volume import open_volume
-    from mm.artifacts.download import Journal
+    from mm.artifacts.fetching.download import Journal
     from mm.artifacts.oci import client, modelpack
-    from mm.artifacts.ranges import RangeMap
+    from mm.artifacts.fetching.ranges import RangeMap
 
     mdoc = json.loads((model / ".mm" / "manifest.json").read_text())
     create_bundle(model, tmp / "vols", 10 ** 9, name="s")

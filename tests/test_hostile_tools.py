@@ -1,4 +1,4 @@
-"""External tools answer like hostile input (issue 19 §4): every tool mm runs is bounded (artifacts/tools.py).
+"""External tools answer like hostile input: every tool mm runs is bounded (artifacts/edges/tools.py).
 
 A stand-in for each tool (nvidia-smi, rocm-smi, docker info / logs / inspect, skopeo, ssh-keygen) is put first on
 PATH and answers badly: NUL bytes and bytes that are not UTF-8, an endless stream, a number of 5,000 digits,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.pins import default_pin
 from tests.support.modelgen import write_model
 from tests.support.run import MM_BIN
@@ -113,7 +113,7 @@ def nvidia_smi(tools: Tools, rows: str, header: str = "| Driver Version: 590.48.
 
 @pytest.mark.parametrize("value,deadline", [(None, 60.0), ("7200", 7200.0), ("0.5", 0.5)])
 def test_mm_tool_timeout_is_every_tools_deadline_in_place_of_mms_own(monkeypatch, value, deadline):
-    from mm.artifacts.tools import deadline as tool_deadline
+    from mm.artifacts.edges.tools import deadline as tool_deadline
     if value is None:
         monkeypatch.delenv("MM_TOOL_TIMEOUT", raising=False)
     else:
@@ -428,3 +428,79 @@ def test_a_container_name_option_that_docker_could_take_as_an_option_is_refused(
     r, _, _ = tools.mm(command[0], model_dir, *command[1:], "--name", "--rm")
     assert r.returncode == 2 and "'--rm': not a valid name" in r.stderr
     assert tools.called() == []
+
+
+# The Ctrl-C that lands while a tool is being started: after fork and exec, before mm holds the tool's process group
+# (Popen not yet returned, or returned but not yet registered for the stop). A driver runs mm's own run_tool and
+# stream_tool with mm's own signal handling (interrupt.install) and sends the SIGINT at exactly that point, once
+# the tool has started its child; the tool and its child must be gone when the process has exited 130.
+SPAWN_RACE = r'''
+import os, signal, subprocess, sys, threading, time
+from mm.artifacts.edges import interrupt, tools
+
+how, where, pids = sys.argv[1], sys.argv[2], sys.argv[3]
+
+
+def ctrl_c_once_the_tool_runs():
+    until = time.monotonic() + 30
+    while not (os.path.exists(pids) and len(open(pids).read().split()) == 2) and time.monotonic() < until:
+        time.sleep(0.005)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+class Popen(subprocess.Popen):
+    def _execute_child(self, *args):
+        super()._execute_child(*args)
+        if where == "inside-popen":  # fork and exec done, Popen has not returned
+            ctrl_c_once_the_tool_runs()
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if where == "after-popen":  # Popen returned, run_tool has not yet registered the tool for the stop
+            ctrl_c_once_the_tool_runs()
+            if how == "worker":  # the main thread ends the process meanwhile
+                time.sleep(0.3)
+
+
+subprocess.Popen = Popen
+interrupt.install(lambda exc: os.write(2, f"mm: interrupted by {exc.signal_name}\n".encode()))
+tool = ["sh", "-c", f"sleep 600 & echo $! >> {pids}; echo $$ >> {pids}; exec sleep 600"]
+try:
+    if how == "run_tool":
+        tools.run_tool(tool, timeout=3600)
+    elif how == "stream_tool":
+        with tools.stream_tool(tool, timeout=3600) as stream:
+            stream.stdout.read()
+    else:  # run_tool in a worker thread, as a command's worker pool would (its Interrupted stays in the thread)
+        def work():
+            try:
+                tools.run_tool(tool, timeout=3600)
+            except interrupt.Interrupted:
+                pass
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.05)
+    print("the tool ended by itself", flush=True)
+except interrupt.Interrupted as exc:
+    interrupt.end(exc, flush=True)
+'''
+
+
+@pytest.mark.parametrize("how, where", [("run_tool", "inside-popen"), ("run_tool", "after-popen"),
+                                        ("stream_tool", "inside-popen"), ("stream_tool", "after-popen"),
+                                        ("worker", "after-popen")])
+def test_ctrl_c_while_a_tool_is_being_started_still_kills_its_process_group(tmp_path, how, where):
+    pids = tmp_path / "pids"
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", SPAWN_RACE, how, where, str(pids)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 130 and done.stderr.strip() == "mm: interrupted by SIGINT", done.stderr[-3000:]
+    assert time.monotonic() - started < 10
+    until = time.monotonic() + 2  # SIGKILLed as a group; the kernel may take a moment to end them
+    while not all(_gone(int(p)) for p in pids.read_text().split()) and time.monotonic() < until:
+        time.sleep(0.01)
+    left = [p for p in pids.read_text().split() if not _gone(int(p))]
+    for p in left:  # this test's own leftovers go, whatever it found
+        os.kill(int(p), signal.SIGKILL)
+    assert not left, f"the tool's processes {left} outlived the interrupted mm"

@@ -16,7 +16,7 @@ from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub
 from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError,
                                     RevisionNotFoundError)
 
-from mm.artifacts.hashing import git_blob_sha1
+from mm.artifacts.integrity.hashing import git_blob_sha1
 from tests.support.gitrepo import lfs_object_path, make_model_repo, parse_lfs_pointer
 from tests.support.hubserver import HubServer, xet_hash_for
 
@@ -280,7 +280,7 @@ def test_stopped_server_refuses_connections(hub_root, model_repo):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
-# --- WAN hooks (issue 13): bridge, Xet, throttle, rate limits, broken Range ---
+# --- WAN hooks: bridge, Xet, throttle, rate limits, broken Range ---
 
 def get_url(url: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
     parts = urlsplit(url)

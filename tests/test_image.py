@@ -1,4 +1,4 @@
-"""mm image save (issue 12): the pinned image by digest, without a Docker daemon, with the chain that proves it."""
+"""mm image save: the pinned image by digest, without a Docker daemon, with the chain that proves it."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from mm.artifacts import image as mm_image
+from mm.artifacts.serving import image as mm_image
 from tests.support.oci_image import containerd_save_archive
 from tests.support.registry import Registry
 

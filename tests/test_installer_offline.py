@@ -1,4 +1,4 @@
-"""install-mm.sh stays offline and bounded (issue 19 §3).
+"""install-mm.sh stays offline and bounded.
 
   lock      requirements.lock is data, not pip input: a line that is not `name==version --hash=sha256:<hex>` (or a
             comment) is refused, exit 3, in one line, before pip or uv runs (and a loopback server named in it sees
@@ -15,9 +15,11 @@ member unpacked whatever its size would fail loudly rather than fill the disk.
 """
 from __future__ import annotations
 
+import io
 import shutil
 import socket
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import wheelhouse
+from mm.artifacts.bundle import wheelhouse
 
 HOST = wheelhouse.host_target()
 SHELL_PATH = "/usr/bin:/bin"
@@ -139,6 +141,138 @@ def test_comments_and_blank_lines_in_the_lock_are_data_too(disk, bare_python, tm
     one_line(run_install(disk, tmp_path, bare_python, str(tmp_path / "venv")), 3, lock_of(disk), "no wheel")
 
 
+# --- lock: the checker sees the lines pip and uv see ----------------------------------------------------
+#
+# pip splits a requirements file with str.splitlines: besides \n and \r, \f, \v, \x1c-\x1e, \x85, \u2028 and
+# \u2029 end a line, so `# x<FF>-r FILE` is a comment to a checker that splits on \n and two lines to pip. Each lock
+# of the family below is either refused by install-mm.sh's own checker (exit 3, before pip or uv runs) or read by
+# pip's and uv's own parsers as exactly the pins the checker saw.
+
+SEPARATORS = {"form feed": "\f", "vertical tab": "\v", "file separator": "\x1c", "group separator": "\x1d",
+              "record separator": "\x1e", "next line (NEL)": "\x85", "line separator": "\u2028",
+              "paragraph separator": "\u2029", "carriage return": "\r", "NUL": "\x00", "tab": "\t",
+              "ANSI escape": "\x1b", "zero-width space": "\u200b", "byte order mark": "\ufeff"}
+HIDDEN = {"nested requirements": "-r /nonexistent/more.txt", "constraints": "-c /nonexistent/c.txt",
+          "find-links": "--find-links /tmp", "extra pin": "six==1.16.0 --hash=sha256:" + HEX}
+PLACES = {"inside a comment": "# mm's lock{sep}{hidden}", "after a comment's hash": "#{sep}{hidden}",
+          "on an indented comment": "   # note{sep}{hidden}", "on a blank line": "{sep}{hidden}"}
+SEPARATED_LOCKS = {f"{p}, {s}, {h}": (PLACES[p], SEPARATORS[s], HIDDEN[h])
+                   for p in PLACES for s in SEPARATORS for h in HIDDEN}
+# Printable ASCII only: the checker lets these through, and pip and uv must read the same pins from them.
+PLAIN_LOCKS = {
+    "comments and blank lines": "# mm's lock\n\n   \n{pins}# end\n",
+    "a comment ending in a backslash": "# continued? \\\n{pins}",
+    "a comment naming an option": "# -r /nonexistent/more.txt --find-links /tmp\n{pins}",
+    "no newline at the end": "{pins_no_eol}",
+}
+
+
+def _installer_checker(tmp_path: Path) -> Path:
+    """install-mm.sh's own checker (the Python helper it writes and runs), as a file."""
+    text = wheelhouse.install_script_text()
+    body = text.split("cat > \"$check\" <<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
+    check = tmp_path / "check.py"
+    check.write_text(body + "\n")
+    return check
+
+
+def _with_lock(wheelhouse_dir: Path, tmp_path: Path, lock: str) -> Path:
+    """A wheelhouse whose index and wheels are the session's and whose lock for this host is LOCK."""
+    house = tmp_path / "wh"
+    (house / HOST.name).mkdir(parents=True)
+    for name in ("wheelhouse.json", "wheels"):
+        (house / name).symlink_to(wheelhouse_dir / "wheelhouse" / name)
+    (house / HOST.name / "requirements.lock").write_bytes(lock.encode())
+    return house
+
+
+def _checker_reads(wheelhouse_dir: Path, tmp_path: Path, lock: str) -> subprocess.CompletedProcess:
+    house = _with_lock(wheelhouse_dir, tmp_path, lock)
+    return subprocess.run([sys.executable, "-I", str(_installer_checker(tmp_path)), "lock", str(house), HOST.name,
+                           str(tmp_path / "set"), str(tmp_path / "checked.lock")], capture_output=True, text=True)
+
+
+def pip_reads(lock: Path) -> list[str]:
+    """What pip's own requirements-file parser makes of LOCK: `name==version` of each requirement; an option line
+    or a nested file it would act on as such (a nested file that does not exist: pip's error)."""
+    from pip._internal.exceptions import InstallationError
+    from pip._internal.network.session import PipSession
+    from pip._internal.req.req_file import RequirementsFileParser, get_line_parser
+
+    seen = []
+    try:
+        for line in RequirementsFileParser(PipSession(), get_line_parser(None)).parse(str(lock), constraint=False):
+            if line.requirement:
+                seen.append(line.requirement)
+            else:
+                seen.append("option " + " ".join(f"{k}={v}" for k, v in sorted(vars(line.opts).items()) if v))
+    except InstallationError as e:
+        seen.append(f"pip error: {e}")
+    return seen
+
+
+def uv_reads(uv: Path, lock: Path, wheels: Path) -> list[str]:
+    """What uv's own parser makes of LOCK: the pins `uv pip compile --no-deps` resolves from it, offline."""
+    proc = subprocess.run([str(uv), "--no-config", "pip", "compile", str(lock), "--no-deps", "--offline", "--no-index",
+                           "--find-links", str(wheels), "--python", sys.executable, "--no-header", "--no-annotate",
+                           "--quiet"], capture_output=True, text=True, timeout=120,
+                          env={"PATH": SHELL_PATH, "HOME": str(lock.parent), "UV_CACHE_DIR": str(lock.parent / "uv-cache")})
+    if proc.returncode != 0:
+        return [f"uv error: {proc.stderr.strip()[:300]}"]
+    return [ln.strip() for ln in proc.stdout.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+@pytest.fixture(scope="module")
+def uv_binary(wheelhouse_dir, tmp_path_factory) -> Path:
+    """The uv the wheelhouse carries, out of its wheel."""
+    import zipfile
+
+    wheel = next((wheelhouse_dir / "wheelhouse" / "wheels").glob(f"uv-*{HOST.machine}*.whl"))
+    out = tmp_path_factory.mktemp("uv") / "uv"
+    with zipfile.ZipFile(wheel) as zf:
+        out.write_bytes(zf.read(next(n for n in zf.namelist() if n.endswith(".data/scripts/uv"))))
+    out.chmod(0o755)
+    return out
+
+
+def _pins(wheelhouse_dir: Path) -> str:
+    return (wheelhouse_dir / "wheelhouse" / HOST.name / "requirements.lock").read_text()
+
+
+@pytest.mark.parametrize("case", sorted(SEPARATED_LOCKS))
+def test_a_lock_with_a_byte_outside_printable_ascii_is_refused_before_pip_runs(case, wheelhouse_dir, tmp_path):
+    place, sep, hidden = SEPARATED_LOCKS[case]
+    lock = place.format(sep=sep, hidden=hidden) + "\n" + _pins(wheelhouse_dir)
+    proc = _checker_reads(wheelhouse_dir, tmp_path, lock)
+    assert proc.returncode == 3, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "line 1 holds the character" in lines[0] and "not printable ASCII" in lines[0], lines
+    assert "refused, nothing installed" in lines[0] and not (tmp_path / "set").exists()
+
+
+@pytest.mark.parametrize("sep", ["\f", "\v", "\x1c", "\x85", "\u2028"])
+def test_pip_itself_reads_a_line_hidden_behind_a_line_separator_in_a_comment(sep, wheelhouse_dir, tmp_path):
+    """Why the checker refuses those bytes: to pip the comment ends there and the rest is a line of its own."""
+    lock = tmp_path / "requirements.lock"
+    lock.write_text(f"# mm's lock{sep}six==1.16.0 --hash=sha256:{HEX}\n", encoding="utf-8")
+    assert [r for r in pip_reads(lock)] == ["six==1.16.0"]
+
+
+@pytest.mark.parametrize("case", sorted(PLAIN_LOCKS))
+def test_a_lock_the_checker_accepts_is_read_by_pip_and_uv_as_exactly_the_pins_it_saw(case, wheelhouse_dir, uv_binary,
+                                                                                      tmp_path):
+    pins = _pins(wheelhouse_dir)
+    lock = PLAIN_LOCKS[case].format(pins=pins, pins_no_eol=pins.rstrip("\n"))
+    proc = _checker_reads(wheelhouse_dir, tmp_path, lock)
+    assert proc.returncode == 0, proc.stderr
+    checker_saw = proc.stdout.splitlines()
+    assert len(checker_saw) == len(pins.splitlines())
+    checked = tmp_path / "checked.lock"
+    assert checked.read_bytes() == lock.encode()  # pip and uv read the bytes the checker read
+    assert sorted(pip_reads(checked)) == checker_saw
+    assert sorted(uv_reads(uv_binary, checked, tmp_path / "set")) == checker_saw
+
+
 # --- network: nothing leaves the host --------------------------------------------------------------
 
 def _hostile_network_env(home: Path, url: str) -> dict[str, str]:
@@ -210,7 +344,7 @@ def _append_sparse(vol: Path, name: str, size: int) -> None:
 
 
 def _mm_wheel(disk: Path) -> str:
-    return next((disk / "wheelhouse" / HOST.name).glob("mm-*.whl")).relative_to(disk).as_posix()
+    return next((disk / "wheelhouse" / "wheels").glob("mm-*.whl")).relative_to(disk).as_posix()
 
 
 def test_a_2_gib_sparse_member_in_place_of_a_wheel_is_refused_before_a_byte_is_written(disk, bare_python, tmp_path):
@@ -252,6 +386,32 @@ def test_a_huge_sparse_member_the_index_does_not_name_is_never_unpacked(disk, ba
     proc = run_install(vol.parent, tmp_path, bare_python, "venv", MM_INSTALL_WITH="uv", TMPDIR=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "venv" / "bin" / "mm").is_file()
+
+
+HOSTILE_MEMBERS = {
+    "dot-dot": "payload/mm/../../evil.txt",
+    "dot-dot at the top": "../evil.txt",
+    "absolute": "/tmp/evil.txt",
+    "double slash": "payload//mm/wheelhouse/evil.txt",
+    "dot part": "payload/./mm/wheelhouse/evil.txt",
+    "ANSI escape in the wheelhouse prefix": "payload/\x1b[2J\x1b[31mmm/wheelhouse/evil.txt",
+    "newline": "payload/mm/wheelhouse/evil\n.txt",
+    "backslash": "payload\\..\\evil.txt",
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_MEMBERS))
+def test_a_first_volume_carrying_a_member_mm_never_writes_is_refused(case, disk, bare_python, tmp_path):
+    """Whether or not the index names it: mm bundle writes no such member, so the volume is not its own."""
+    vol = _volume(disk)
+    with tarfile.open(vol, "a", format=tarfile.GNU_FORMAT) as tf:
+        member = tarfile.TarInfo(HOSTILE_MEMBERS[case])  # as named: tf.add would strip a leading /
+        member.size = 5
+        tf.addfile(member, io.BytesIO(b"evil\n"))
+    proc = run_install(vol.parent, tmp_path, bare_python, str(tmp_path / "venv"))
+    one_line(proc, 3, vol, "cannot read the wheelhouse from this volume")
+    assert "\x1b" not in proc.stderr  # the name is shown escaped, never sent to the terminal
+    assert not (tmp_path / "venv").exists()
 
 
 # --- layout: one line, a documented code ------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM keep the work (issue 19 §5): a real signal in the middle of each transfer, then a rerun.
+"""Ctrl-C and SIGTERM keep the work: a real signal in the middle of each transfer, then a rerun.
 
 Each case starts the real `mm` in a subprocess, slows its transfer from the test side (the Hub test server's rate
 limit, a rate-limited proxy in front of the real docker-registry, the bundle copy loop's test pause), sends SIGINT
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.manifest import manifest_path
+from mm.artifacts.paths import manifest_path
 from tests.support.countproxy import CountingProxy
 from tests.support.run import mm_argv, run_mm
 from tests.support.slowio import slow_io_env, slow_stripes_env
@@ -384,7 +384,7 @@ STUCK = '''\
 import signal
 import time
 
-from mm.artifacts import download
+from mm.artifacts.fetching import download
 
 _clean = download._clean_stale_partials
 

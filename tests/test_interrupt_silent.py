@@ -1,9 +1,9 @@
-"""Ctrl-C while a server sends nothing (issue 19 §5): the blocked download wakes at once and mm ends cooperatively.
+"""Ctrl-C while a server sends nothing: the blocked download wakes at once and mm ends cooperatively.
 
 A read on a socket whose server has gone silent waits up to MM_NET_TIMEOUT (30 s by default) before the worker
 could see the stop flag; the interrupt watcher would end the process after 0.7 s instead, like kill -9, losing
 what that worker held in its buffer. mm shuts down the socket of every answer being read when it is stopped
-(artifacts/wire.py), so the worker lands what it received and the range map is saved on the way out.
+(artifacts/edges/wire.py), so the worker lands what it received and the range map is saved on the way out.
 
 Each case serves a 3 MiB file whose first answer sends PART bytes and then nothing (the Hub and a registry from
 tests/support/hostile.py, a ModelScope mirror from tests/support/msserver.py), sends a real SIGINT while the

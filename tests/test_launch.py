@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.launch import EnvRef, LaunchOptions, load_catalog, plan_launch, recipes_path
-from mm.artifacts.manifest import Manifest, entry_for_file, manifest_path, write_manifest
+from mm.artifacts.serving.launch import EnvRef, LaunchOptions, load_catalog, plan_launch, recipes_path
+from mm.artifacts.integrity.manifest import Manifest, entry_for_file, write_manifest
+from mm.artifacts.paths import manifest_path
 from mm.artifacts.pins import default_pin
 from tests.support.modelgen import write_model
 from tests.support.run import run_mm
@@ -180,7 +181,7 @@ def test_b300_balanced_reproduces_the_guides_offline_command_flag_for_flag(model
     assert ours[ours.index(image) + 1:] == guide[guide.index(image) + 1:]  # sglang serve ... identical
     our_opts, guide_opts = docker_options(ours, image), docker_options(guide, image)
     assert [o for o in our_opts if o not in guide_opts] == [
-        ("--pull", "never"),  # offline: never let docker try a registry (issue 12)
+        ("--pull", "never"),  # offline: never let docker try a registry
         ("-e", "SGLANG_CACHE_DIR=/root/.cache/sglang"), ("-e", "SGLANG_JIT_CACHE_DIR=/root/.cache/sglang-jit"),
         ("-v", "/root/.cache/sglang"), ("-v", "/root/.cache/sglang-jit")]
     assert [o for o in guide_opts if o not in our_opts] == []
@@ -493,3 +494,39 @@ def test_a_start_script_printed_to_a_full_disk_names_that_file(model_dir):
     r = run_mm("launch", model_dir, "--hardware", "b300", prefix=("sh", "-c", 'exec "$0" "$@" > /dev/full'))
     assert r.returncode == 7, r.stderr
     assert r.stderr.startswith("mm: /dev/full: no space left on device") and str(model_dir) not in r.stderr
+
+
+def test_the_shell_completes_hardware_ids_from_the_recipes():
+    def complete(words: str) -> list[str]:
+        done = run_mm(extra_env={"_MM_COMPLETE": "bash_complete", "COMP_WORDS": words,
+                                 "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))})
+        return [line.split(",", 1)[1] for line in done.stdout.splitlines()]
+
+    assert complete("mm launch DIR --hardware ") == list(load_catalog().hardware)
+    assert complete("mm doctor DIR --hardware B") == [hw for hw in load_catalog().hardware if hw.startswith("b")]
+
+
+# --- the user's overrides of the flags the guide's fixes name ----------------------------------------------
+
+def test_launch_overrides_the_flags_the_guides_oom_fix_names_and_says_they_are_the_users(model_dir):
+    r = run_mm("launch", model_dir, "--hardware", "b300", "--mem-fraction-static", "0.75",
+               "--chunked-prefill-size", "4096")
+    assert r.returncode == 0, r.stderr
+    script = r.stdout
+    assert "# Override: --mem-fraction-static 0.75 is the user's (mm launch --mem-fraction-static 0.75), not the " \
+           "guide's: the recipe has --mem-fraction-static " in script, script
+    assert "# Override: --chunked-prefill-size 4096 is the user's" in script
+    doc = json.loads(run_mm("launch", model_dir, "--hardware", "b300", "--mem-fraction-static", "0.75",
+                            "--format", "json").stdout)
+    assert doc["overrides"] == [{"flag": "--mem-fraction-static", "value": "0.75",
+                                 "recipe_value": doc["overrides"][0]["recipe_value"],
+                                 "source": "the user's override (mm launch)"}]
+    argv = doc["engine_argv"]
+    assert argv.count("--mem-fraction-static") == 1 and argv[argv.index("--mem-fraction-static") + 1] == "0.75"
+    (result,) = sglang_parse([[t for t in argv][2:]])  # SGLang's own parser takes the overridden command
+    assert result["ok"] and result["args"]["mem_fraction_static"] == 0.75, result
+
+
+def test_a_launch_override_out_of_range_is_a_usage_error(model_dir):
+    r = run_mm("launch", model_dir, "--hardware", "b300", "--mem-fraction-static", "1.5")
+    assert r.returncode == 2 and "--mem-fraction-static '1.5': must be a fraction between 0 and 1" in r.stderr, r.stderr

@@ -1,4 +1,4 @@
-"""The launch script finds the image by identity after `docker load` (issue 12), never pulls.
+"""The launch script finds the image by identity after `docker load`, never pulls.
 
 Stand-in docker with a real image store: the classic store (keeps the image ID, drops repo digests on load) and the
 containerd store (keeps the repo digests an OCI archive names). Archives come from `mm image save` against the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import image as mm_image
+from mm.artifacts.serving import image as mm_image
 from tests.support import fake_docker
 from tests.support.oci_image import containerd_save_archive
 from tests.test_launch import make_model_dir, mm

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.launch import EnvRef, LaunchOptions, load_catalog
-from mm.artifacts.router import plan_node
+from mm.artifacts.serving.launch import EnvRef, LaunchOptions, load_catalog
+from mm.artifacts.serving.router import plan_node
 from tests.test_launch import (PIN, QUARK_REPO, REPO_ROOT, ROCM_IMAGE, SECRET, assert_no_secrets, mm, model_dir,  # noqa: F401
                                quark_dir, sglang_parse)
 

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from mm.artifacts.errors import BadInput
-from mm.artifacts.manifest import FileEntry, Manifest, Upstream, export_sums, read_manifest, to_json, write_manifest
+from mm.artifacts.integrity.manifest import (FileEntry, Manifest, Upstream, export_sums, read_manifest, to_json,
+                                             write_manifest)
 
 COMMIT = "ce7f4df87d2e05262f5775f373dac4772f134041"
 H64 = "ab" * 32
@@ -66,7 +67,7 @@ def test_sums_export_is_in_coreutils_format():
 
 
 def test_endpoint_credentials_are_never_recorded():
-    from mm.artifacts.manifest import public_endpoint
+    from mm.artifacts.integrity.manifest import public_endpoint
 
     assert public_endpoint("https://user:hf_secret@hub.local:8443/x") == "https://hub.local:8443/x"
 
@@ -78,10 +79,36 @@ def test_adopting_a_directory_offline_never_loads_the_hub_client(tmp_path):
 
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}\n")
-    code = ("import sys; from mm.artifacts.adopt import manifest_for_local_dir; "
+    code = ("import sys; from mm.artifacts.fetching.adopt import manifest_for_local_dir; "
             f"manifest_for_local_dir({str(tmp_path / 'm')!r}, 'o/r', {COMMIT!r}, offline=True); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('huggingface_hub', 'httpx', 'httpx2')))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
     assert read_manifest(tmp_path / "m" / ".mm" / "manifest.json").revision == COMMIT
+
+
+def tiny_files(root, count: int) -> None:
+    for i in range(count):
+        d = root / f"d{i // 1000:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i:06d}.json").write_text(f'{{"i": {i}}}\n')
+
+
+def test_mm_manifest_memory_grows_by_a_bounded_amount_per_file(tmp_path):
+    """docs/memory.md's per-file budget for local work, checked on its slope: peak RSS at 10,000 files less that at
+    2,000, per file added (the figures at 120,000 and a million come from `python -m tests.bench.run manyfiles`)."""
+    import os
+
+    from tests.support.memory import peak_rss
+    from tests.support.run import mm_argv
+
+    peaks = {}
+    for count in (2000, 10000):
+        root = tmp_path / str(count)
+        tiny_files(root, count)
+        code, peaks[count] = peak_rss(mm_argv("manifest", root, "--repo", "a/b", "--revision", "c" * 40, "--json"),
+                                      os.environ, timeout=300)
+        assert code == 0
+    per_file = (peaks[10000] - peaks[2000]) / 8000
+    assert per_file < 2500, f"{per_file:.0f} bytes a file ({peaks})"

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.fetch import FetchRequest, fetch
-from mm.artifacts.manifest import manifest_path, read_manifest
-from mm.artifacts.mirror import DIFFERENT, EXTRA, IDENTICAL, MISSING, MirrorFile, PinFile, compare, list_mirror_files, ms_api
+from mm.artifacts.fetching.fetch import FetchRequest, fetch
+from mm.artifacts.paths import manifest_path
+from mm.artifacts.integrity.manifest import read_manifest
+from mm.artifacts.fetching.mirror import (DIFFERENT, EXTRA, IDENTICAL, MISSING, MirrorFile, PinFile, compare,
+                                          list_mirror_files, ms_api)
 from tests.support.msserver import net_guard_env
 
 MS_ID = "MiniMax/MiniMax-M3.1-Flash"

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
-from mm.artifacts.manifest import manifest_path, read_manifest
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
+from mm.artifacts.paths import manifest_path
+from mm.artifacts.integrity.manifest import read_manifest
 from mm.artifacts.oci import modelpack
 from mm.artifacts.oci.client import Client, Transport, parse_reference
 from tests.support.countproxy import CountingProxy
@@ -629,7 +630,7 @@ def test_an_artifact_without_mm_manifest_is_listed_but_not_pulled(registry, tmp_
 
 
 def test_a_second_pull_into_a_directory_being_pulled_is_refused(registry, pushed_a, tmp_path):
-    from mm.artifacts.fsutil import dir_lock
+    from mm.artifacts.edges.fsutil import dir_lock
     dest = tmp_path / "pulled"
     with dir_lock(dest, "mm pull"):  # as a running pull holds it
         proc = mm(tmp_path, "pull", pushed_a, "--local-dir", dest)
@@ -653,7 +654,7 @@ def test_not_enough_disk_is_refused_before_downloading(registry, pushed_a, tmp_p
         subprocess.run(["umount", str(small)])
 
 
-# --- signed models (issue 15) -----------------------------------------------------------------------
+# --- signed models -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def pushed_signed(registry, model_a, keys, tmp_path_factory) -> str:

@@ -1,4 +1,4 @@
-"""Progress and units (issue 21): one live bar per phase that leaves one summary line when it ends, figures
+"""Progress and units: one live bar per phase that leaves one summary line when it ends, figures
 restic shows (percent, bytes, rate, elapsed, ETA, the current file), never past 100%, decimal units throughout.
 
 What a user sees is read on a real pseudo-terminal (tests/support/tty.py: `script`, then pyte plays the bytes
@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.bundle.repair import repair_volumes
 from mm.artifacts.bundle.unpack import unbundle
-from mm.artifacts.progress import human_bytes, human_duration, human_rate, phase_summary
+from mm.artifacts.units import human_bytes, human_duration, human_rate
+from mm.artifacts.edges.progress import phase_summary
 from tests.support.modelgen import write_model
 from tests.support.run import run_mm
 from tests.support.tty import run_on_tty
@@ -153,7 +154,7 @@ def test_unbundle_rebuilding_past_a_damaged_parity_stream_counts_each_phase_once
     rec = Recorder()
     report = unbundle([vols], tmp_path / "dest", progress=rec, sync=False)
     assert report.ok and report.rebuilt == [3]
-    # no "verify" phase: every file was hashed on its way to disk, the final check reads none again (issue 23)
+    # no "verify" phase: every file was hashed on its way to disk, the final check reads none again
     assert [p[0] for p in rec.phases] == [f"unbundle {NAME}", "rebuild volume(s) 3", "unbundle rebuilt volume(s) 3"]
     assert_each_phase_counts_its_total(rec)  # the rebuild ran twice (parity 1 left out): counted once
 
@@ -202,7 +203,7 @@ def test_unbundle_with_a_parity_rebuild_on_a_terminal(vols, tmp_path):
     assert_no_bar_left_and_never_past_100(run)
     for label in (f"unbundle {NAME}", "rebuild volume(s) 2", "unbundle rebuilt volume(s) 2"):
         assert len(summaries(run.screen, label)) == 1, (label, run.text)
-    assert not summaries(run.screen, "verify"), run.text  # nothing to read again: no bar (issue 23)
+    assert not summaries(run.screen, "verify"), run.text  # nothing to read again: no bar
 
 
 def test_repair_volume_on_a_terminal(vols):
@@ -234,3 +235,84 @@ def test_repair_on_a_terminal_leaves_one_line_per_phase(hub_env, hub_server, mod
     assert_no_bar_left_and_never_past_100(run)
     fetched = [line for line in run.screen if re.fullmatch(r"fetch \S+: 1 file, .* in .*", line)]
     assert len(summaries(run.screen, "verify")) == 2 and len(fetched) == 1, run.text
+
+
+# --- off a terminal: a plain line every interval, or a status event a line with --json ------------------------
+
+PERIODIC = re.compile(r"^(?P<label>[^:]+): +\d+%  +\S+ \S+ / \S+ \S+  +(\S+ \S+/s|\? B/s)  \d:\d\d:\d\d ETA \S+")
+
+
+def run_logged(tmp_path: Path, *args, env=None, interval: str = "0.05"):
+    """mm ARGS with stderr going to a file, as under nohup or systemd: (result, the log's lines)."""
+    import os
+    import subprocess
+
+    from tests.support.run import mm_argv
+
+    log = tmp_path / "mm-stderr.log"
+    with open(log, "w") as sink:
+        result = subprocess.run(mm_argv(*args), env={**(env or os.environ), "MM_PROGRESS_INTERVAL": interval},
+                                stdout=subprocess.PIPE, stderr=sink, text=True, timeout=120)
+    return result, log.read_text().splitlines()
+
+
+def test_fetch_to_a_log_writes_a_progress_line_every_interval(hub_env, hub_server, model_repo, tmp_path):
+    hub_server.rate_limit = 2 * 1024 * 1024  # bytes/s: the fetch takes about a second, many intervals
+    result, lines = run_logged(tmp_path, "fetch", model_repo.repo_id, "--revision", model_repo.head,
+                               "--local-dir", tmp_path / "dest", env=hub_env)
+    assert result.returncode == 0, lines
+    periodic = [line for line in lines if PERIODIC.match(line)]
+    assert len(periodic) >= 3, lines
+    assert all("\r" not in line and "\x1b" not in line for line in lines)  # whole lines, never a redrawn one
+    assert any(re.search(r" \d+/\d+ files", line) for line in periodic), periodic
+
+
+def test_bundle_and_unbundle_to_a_log_write_progress_lines(model, tmp_path):
+    for args in (("bundle", model, "--out", tmp_path / "out", "--volume-size", VOLUME_SIZE),
+                 ("unbundle", tmp_path / "out", "--dest", tmp_path / "dest")):
+        result, lines = run_logged(tmp_path, *args, interval="0.01")
+        assert result.returncode == 0, lines
+        assert any(PERIODIC.match(line) for line in lines), (args, lines)
+
+
+def test_json_fetch_streams_status_events_on_stderr_and_one_document_on_stdout(hub_env, hub_server, model_repo,
+                                                                                  tmp_path):
+    import json
+
+    hub_server.rate_limit = 2 * 1024 * 1024
+    result, lines = run_logged(tmp_path, "fetch", model_repo.repo_id, "--revision", model_repo.head,
+                               "--local-dir", tmp_path / "dest", "--json", env=hub_env)
+    assert result.returncode == 0, lines
+    json.loads(result.stdout)  # the one document, as without the events
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    assert len(events) >= 3, lines
+    assert {e["message_type"] for e in events} == {"status"}
+    assert {"seconds_elapsed", "seconds_remaining", "percent_done", "total_bytes", "bytes_done",
+            "total_files", "files_done", "current_files"} <= events[0].keys()
+    done = [e for e in events if e.get("done")]
+    assert done and done[-1]["bytes_done"] == done[-1]["total_bytes"] and done[-1]["percent_done"] == 1.0, done
+
+
+def test_a_short_phase_writes_no_progress_line(model, tmp_path):
+    result, lines = run_logged(tmp_path, "verify", model, interval="3600")
+    assert result.returncode == 0 and not any(PERIODIC.match(line) for line in lines), lines
+
+
+def test_a_bad_progress_interval_is_a_usage_error(model, tmp_path):
+    result, lines = run_logged(tmp_path, "verify", model, interval="soon")
+    assert result.returncode == 2 and lines == [
+        "mm: MM_PROGRESS_INTERVAL='soon' is not a number of seconds between 0 and 86400 (unset it for the default, 10)"
+    ], lines
+
+
+
+def test_fetch_and_bundle_verify_end_with_the_next_command(hub_env, model_repo, bundled, tmp_path):
+    dest = tmp_path / "dest"
+    fetched = run_mm("fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", dest, env=hub_env)
+    assert fetched.returncode == 0, fetched.stderr
+    nexts = [line for line in fetched.stdout.splitlines() if line.startswith("next: ")]
+    assert nexts[0] == f"next: mm bundle {dest} --out /media/disk1 --volume-size 100G   # to carry it to an offline host"
+    assert nexts[1].startswith(f"next: mm launch {dest} --hardware GPU --out start.sh   # a start script; GPU one of b300")
+    checked = run_mm("bundle", "verify", bundled)
+    assert checked.returncode == 0 and checked.stdout.splitlines()[-1] == \
+        f"next: mm unbundle {bundled} --dest DIR   # on the offline host", checked.stdout

@@ -1,4 +1,4 @@
-"""artifacts/ranges.py: range map, planning, in-order hashing and the answers a server should not give.
+"""artifacts/fetching/ranges.py: range map, planning, in-order hashing and the answers a server should not give.
 
 A byte source of our own (the RangeSource protocol over bytes in memory) stands in for the network here; the
 same paths through the real client and the local Hub server are in test_fetch_wan.py."""
@@ -15,10 +15,11 @@ import blake3
 import pytest
 
 from mm.artifacts.errors import RemoteError
-from mm.artifacts.hashing import StreamHasher, git_blob_header
-from mm.artifacts.ranges import (BUDGET_FACTOR, BUDGET_MARGIN, BUFFER, MiB, RANGE_MAX, SAVE_SECONDS, Answer,
-                                 Connections, RangedJob, RangeMap, RetryLater, TransferStats, chunk_reader, download,
-                                 file_share, load_state, plan_ranges, prove, range_size, save_state, state_path)
+from mm.artifacts.integrity.hashing import StreamHasher, git_blob_header
+from mm.artifacts.fetching.ranges import (BUDGET_FACTOR, BUDGET_MARGIN, BUFFER, MiB, RANGE_MAX, SAVE_SECONDS, Answer,
+                                          Connections, RangedJob, RangeMap, RetryLater, TransferStats, chunk_reader,
+                                          download, file_share, load_state, plan_ranges, prove, range_size, save_state,
+                                          state_path)
 
 
 # --- the range map ---
@@ -280,6 +281,38 @@ def test_a_server_ignoring_range_is_used_from_byte_0_never_appended(tmp_path):
     assert len(src.requests) <= 8 and src.sent <= 8 * len(data)
 
 
+def test_a_200_to_a_range_request_becomes_the_files_one_stream(tmp_path):
+    """A pull-through cache on a miss: every Range request gets the whole file. The first answer is the stream;
+    no other connection is opened for the file, and no byte arrives twice."""
+    data = payload(12 * MiB)
+    src = MemorySource(data, answer=lambda start, end, n, bs, be: (0, len(data), None))
+    result = download(job(tmp_path, data), src, Connections(8))
+    check_digests(result, data)
+    assert len(src.requests) == 1 and src.sent == len(data) and result.transferred == len(data)
+
+
+def test_a_200_to_a_resumed_range_reads_past_the_bytes_kept_and_ends_right(tmp_path):
+    data = payload(6 * MiB)
+    partial = tmp_path / "w.part"
+    partial.write_bytes(data[:2 * MiB])  # a killed run's prefix
+    save_state(partial, RangeMap(len(data), [(0, 2 * MiB)]), "id-1")
+    src = MemorySource(data, answer=lambda start, end, n, bs, be: (0, len(data), None))
+    result = download(job(tmp_path, data), src, Connections(8))
+    check_digests(result, data)
+    assert len(src.requests) == 1 and result.resumed_from == 2 * MiB
+    assert result.transferred == len(data)  # the kept prefix read and dropped once: one stream in all
+
+
+def test_a_200_stream_cut_part_way_goes_on_as_one_stream_within_the_budget(tmp_path):
+    data = payload(6 * MiB)
+    src = MemorySource(data, answer=lambda start, end, n, bs, be: (0, len(data), 4 * MiB if n == 1 else None))
+    stats = TransferStats()
+    result = download(job(tmp_path, data), src, Connections(8), stats)
+    check_digests(result, data)
+    assert len(src.requests) == 2 and src.sent == 4 * MiB + len(data)  # the second stream skips the first's bytes
+    assert stats.report()["retries_by_reason"] == {"cut": 1}
+
+
 def test_a_206_starting_before_the_offset_asked_uses_the_bytes_at_their_offsets(tmp_path):
     data = payload(6 * MiB)
     src = MemorySource(data, answer=lambda start, end, n, bs, be: (max(0, start - 300), be, None))
@@ -334,7 +367,7 @@ def test_a_body_longer_than_the_file_is_never_read_past_the_file_end(tmp_path):
     assert (tmp_path / "w.part").read_bytes() == data
 
 
-# --- answers are proven before a byte is kept; each file has a budget (issue 19) ---
+# --- answers are proven before a byte is kept; each file has a budget ---
 
 @pytest.mark.parametrize("status,content_range,length,span", [
     (200, None, None, (0, 1000)),
@@ -421,7 +454,7 @@ def test_a_trickle_that_never_speeds_up_fails_the_file_after_bounded_attempts(tm
 
 
 def test_the_range_map_is_saved_at_most_every_save_seconds_however_many_connections(tmp_path, monkeypatch):
-    from mm.artifacts import ranges
+    from mm.artifacts.fetching import ranges
     saves = []
     real = ranges.save_state
     monkeypatch.setattr(ranges, "save_state", lambda *a: (saves.append(time.monotonic()), real(*a)))

@@ -1,4 +1,4 @@
-"""artifacts/ranges.py's disk side: received bytes go to disk direct (O_DIRECT) where the file system allows it,
+"""artifacts/fetching/ranges.py's disk side: received bytes go to disk direct (O_DIRECT) where the file system allows it,
 their unaligned edges buffered, and are read back direct for hashing; wire.Alarms, the one thread behind every
 request's header deadline."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from mm.artifacts.ranges import ALIGN, Connections, Disk, MiB, download
-from mm.artifacts.wire import Alarms
+from mm.artifacts.fetching.ranges import ALIGN, Connections, Disk, MiB, download
+from mm.artifacts.edges.wire import Alarms
 from tests.test_ranges import MemorySource, check_digests, job, payload
 
 
@@ -115,7 +115,7 @@ def serve_once(body_head: bytes, length: int, then_close: threading.Event):
 
 
 def test_a_body_that_goes_silent_ends_the_read_after_mm_net_timeout(monkeypatch):
-    from mm.artifacts import wire
+    from mm.artifacts.edges import wire
     monkeypatch.setenv("MM_NET_TIMEOUT", "0.5")
     done = threading.Event()
     raw = wire.open_raw(serve_once(b"x" * 1000, 5000, done), {}, "test server")

@@ -1,4 +1,4 @@
-"""mm on a real container engine (issue 20): Debian's dockerd, a stand-in SGLang image, the whole offline path.
+"""mm on a real container engine: Debian's dockerd, a stand-in SGLang image, the whole offline path.
 
 The image (tests/support/standin_image.py: busybox-static, SGLang's HTTP API and log lines, a failure mode per
 troubleshooting row) is built with `docker import`, pushed to the test's docker-registry, then removed from the
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import image as mm_image
-from mm.artifacts.diagnose import fix_for, load_table
-from mm.artifacts.launch import LaunchOptions
-from mm.artifacts.router import plan_node
+from mm.artifacts.serving import image as mm_image
+from mm.artifacts.serving.diagnose import fix_for, load_table
+from mm.artifacts.serving.launch import LaunchOptions
+from mm.artifacts.serving.router import plan_node
 from tests.support import fake_gpu, standin_image
 from tests.support.run import MM_BIN
 from tests.test_launch import make_model_dir

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from mm.artifacts.errors import BadInput
-from mm.artifacts.manifest import Manifest, manifest_path, read_manifest
-from mm.artifacts.repair import repair_dir
-from mm.artifacts.verify import verify_dir
+from mm.artifacts.integrity.manifest import Manifest, read_manifest
+from mm.artifacts.paths import manifest_path
+from mm.artifacts.fetching.refetch import repair_dir
+from mm.artifacts.integrity.verify import verify_dir
 from tests.support.run import run_mm
 
 SHARD2 = "model-00002-of-00004.safetensors"

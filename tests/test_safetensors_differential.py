@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from safetensors import SafetensorError, safe_open
 
-from mm.artifacts.safetensors_check import DTYPE_BITS, StructureError, read_header
+from mm.artifacts.integrity.safetensors_check import DTYPE_BITS, StructureError, read_header
 
 SEED = 20261130
 VALID = 500  # generated valid files

@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import signing
+from mm.artifacts.integrity import signing
 from mm.artifacts.errors import IntegrityError
-from mm.artifacts.adopt import manifest_for_local_dir
-from mm.artifacts.manifest import manifest_path
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
+from mm.artifacts.paths import manifest_path
 from tests.support.modelgen import write_model
 from tests.support.run import run_mm
 from tests.support.sshkeys import BOB_PASSPHRASE, keygen
 
 REPO = "MiniMaxAI/MiniMax-M3.1-Flash"
 COMMIT = "ce7f4df87d2e05262f5775f373dac4772f134041"
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "verify.md"
 
 
 def mm(*args, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -251,3 +251,11 @@ def test_fetch_sign_with_signs_the_manifest_at_the_end(run_mm, hub_env, model_re
     assert fingerprint(keys["dir"] / "alice.pub") in r.stdout
     v = mm("verify", dest, "--allowed-signers", keys["allowed"], "--identity", "alice@example.com")
     assert v.returncode == 0, v.stderr
+
+
+def test_verify_takes_the_signature_options_every_consumer_takes(model):
+    """verify, unbundle, pull and launch share one set of signature options and one rule for them."""
+    r = mm("verify", model, "--require-signature")
+    assert r.returncode == 2 and "--require-signature needs --allowed-signers FILE" in r.stderr
+    r = mm("verify", model, "--identity", "release@example.com")
+    assert r.returncode == 2 and "--identity needs --allowed-signers" in r.stderr

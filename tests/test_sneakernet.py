@@ -1,4 +1,4 @@
-"""The sneakernet itself (issue 21): the plan first, free space per disk, several disks, nothing of mm's on the
+"""The sneakernet itself: the plan first, free space per disk, several disks, nothing of mm's on the
 media, RESTORE.txt's result usable by mm, leftovers in one line.
 
 Disks are real file systems with real free space: each test that needs one runs mm in a private mount namespace
@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import wheelhouse
-from mm.artifacts.adopt import manifest_for_local_dir
+from mm.artifacts.bundle import wheelhouse
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.bundle.pack import MAX_VOLUMES, refuse_too_many_volumes
-from mm.artifacts.errors import BadInput
-from mm.artifacts.manifest import FileEntry, Manifest, manifest_path, write_manifest
+from mm.artifacts.errors import BadValue
+from mm.artifacts.integrity.manifest import FileEntry, Manifest, write_manifest
+from mm.artifacts.paths import manifest_path
 from mm.artifacts.pins import default_pin
 from tests.support.modelgen import write_model
 from tests.support.run import mm_argv, run_mm
@@ -65,20 +66,31 @@ def big_manifest_dir(root: Path, size: int) -> Path:
     return root
 
 
+def test_a_volume_too_small_for_the_index_is_a_usage_error_naming_a_size_that_works(tmp_path):
+    model = tmp_path / "small"
+    write_model(model, shards=2)
+    manifest_for_local_dir(model, PIN.repo_id, PIN.revision, offline=True)
+    r = run_mm("bundle", model, "--out", tmp_path / "disk", "--volume-size", "10K", "--yes", "--no-mm")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("mm: --volume-size 10.0 kB is too small: ") and " kB of each volume" in r.stderr
+    assert r.stderr.strip().endswith("; use --volume-size 1M or more"), r.stderr
+    assert run_mm("bundle", model, "--out", tmp_path / "disk", "--volume-size", "1M", "--no-mm").returncode == 0
+
+
 def test_a_volume_size_typo_is_refused_before_any_work_naming_the_count(tmp_path):
     model = big_manifest_dir(tmp_path / "big", 2_100_000_000)
     r = run_mm("bundle", model, "--out", tmp_path / "disk", "--volume-size", "100K",
                extra_env={"MM_BUNDLE_NO_MM": "0", "XDG_CACHE_HOME": str(tmp_path / "xdg")})
-    assert r.returncode == 3, r.stderr
+    assert r.returncode == 2, r.stderr  # a bad option value: the usage code
     assert r.stderr.strip() == ("mm: --volume-size 100.0 kB: 2.1 GB would take 21,000 volumes, more than 10,000 "
-                                "(a typo, e.g. 100K for 100G?); choose a larger --volume-size, or give --yes to "
+                                "(a typo, e.g. 100K for 100G?); use --volume-size 1M or more, or give --yes to "
                                 "write them all")
     assert not (tmp_path / "disk").exists()
     assert not (tmp_path / "xdg").exists()  # refused before mm's wheelhouse was built (minutes, on a cold cache)
 
 
 def test_yes_lets_a_plan_of_more_than_10000_volumes_through():
-    with pytest.raises(BadInput, match="10,001 volumes"):
+    with pytest.raises(BadValue, match="10,001 volumes"):
         refuse_too_many_volumes(MAX_VOLUMES + 1, 10**5, 10**9, yes=False)
     refuse_too_many_volumes(MAX_VOLUMES + 1, 10**5, 10**9, yes=True)
     refuse_too_many_volumes(MAX_VOLUMES, 10**5, 10**9, yes=False)
@@ -105,6 +117,31 @@ def test_a_disk_too_small_is_refused_before_anything_is_written(model, tmp_path)
     assert "disk1: not enough free disk: mm bundle (volumes 1-5) needs " in err
     assert err.strip().endswith("add a disk (another --out) or free space; nothing written")
     assert (tmp_path / "listing.txt").read_text() == ""  # not a volume, not a partial file
+
+
+def test_a_volume_larger_than_the_disk_is_refused_naming_a_volume_size_that_fits(model, tmp_path):
+    r = on_disks(tmp_path, {"disk1": 1_200_000, "disk2": 2_000_000}, f"""
+        $MM bundle {model} --out disk1 --out disk2 --volume-size 3M >out.txt 2>err.txt || echo $? >rc.txt
+        ls -A disk1 disk2 >listing.txt""")
+    assert r.returncode == 0, r.stderr
+    err = (tmp_path / "err.txt").read_text()
+    assert (tmp_path / "rc.txt").read_text().strip() == "7", err
+    assert " is larger than this disk's free space: use --volume-size 1M or less; nothing written" in err, err
+    assert "add a disk" not in err and " more, " not in err  # "needs X" is what it needs, not X more
+    r = on_disks(tmp_path, {"disk1": 1_200_000, "disk2": 2_000_000}, f"""
+        $MM bundle {model} --out disk1 --out disk2 --volume-size 1M >out.txt 2>err.txt""")
+    assert r.returncode == 0, r.stderr  # the size it named works
+
+
+def test_mm_s_own_wheels_that_do_not_fit_are_named_with_no_mm(model, tmp_path, wheelhouse_dir):
+    wheels = sum(f.stat().st_size for f in wheelhouse_dir.rglob("*") if f.is_file())
+    r = on_disks(tmp_path, {"disk1": 3_000_000 + wheels // 2}, f"""
+        MM_BUNDLE_NO_MM=0 $MM bundle {model} --out disk1 --volume-size 1G --wheelhouse {wheelhouse_dir} >out.txt 2>err.txt \
+            || echo $? >rc.txt""")
+    assert r.returncode == 0, r.stderr
+    err = (tmp_path / "err.txt").read_text()
+    assert (tmp_path / "rc.txt").read_text().strip() == "7", err
+    assert "of it is mm's own installer and wheels: --no-mm leaves them out" in err, err
 
 
 def test_two_disks_are_filled_in_order_and_read_back_from_both_mount_points(model, tmp_path):
@@ -210,3 +247,19 @@ def test_bundle_json_carries_the_plan_in_bytes(model, tmp_path):
     assert plan["volumes"] == 5 and plan["volume_size"] == VOLUME_SIZE and plan["largest"] <= VOLUME_SIZE
     assert [d["volumes"] for d in plan["disks"]] == [[1, 2, 3, 4, 5], []]  # one file system: the first has room
     assert doc["outs"] == [str(tmp_path / "a"), str(tmp_path / "b")] and isinstance(doc["seconds"], float)
+
+
+def test_unbundle_into_a_store_says_mm_use_and_does_not_reinstall_the_running_mm(model, tmp_path, wheelhouse_dir):
+    out = tmp_path / "disk"
+    made = run_mm("bundle", model, "--out", out, "--volume-size", "1G", "--wheelhouse", wheelhouse_dir,
+                  extra_env={"MM_BUNDLE_NO_MM": "0"})
+    assert made.returncode == 0, made.stderr
+    root = tmp_path / "models"
+    dest = root / PIN.repo_id / PIN.revision[:12]
+    r = run_mm("unbundle", out, "--dest", dest)
+    assert r.returncode == 0, r.stderr
+    nexts = [line for line in r.stdout.splitlines() if line.startswith("next: ")]
+    assert any(line.startswith("next: sh ") and line.endswith("is the mm running here") for line in nexts), nexts
+    use = f"mm use {PIN.repo_id} {PIN.revision[:12]} --root {root}"
+    assert nexts[-1].startswith(f"next: {use}   # "), nexts
+    assert run_mm(*use.split()[1:]).returncode == 0  # the command it names works as printed

@@ -1,4 +1,4 @@
-"""What mm loads to start (issue 23): each command's module only when that command runs, no library module, rich
+"""What mm loads to start: each command's module only when that command runs, no library module, rich
 or numpy before a command needs it, and `mm --help` from the registry in cli.py, which must say what each command's
 own help says. Speed itself is measured in `make bench` (tests/bench/startup.py), not here."""
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_the_version_flags_load_neither_click_nor_metadata(run_mm):
 def test_a_commands_help_loads_its_module_alone_and_no_library(run_mm):
     modules = loaded_modules(run_mm, "verify", "--help")
     assert command_modules(modules) == {"verify"}
-    assert not {m for m in modules if m.startswith(("mm.artifacts.verify", "rich", "numpy", "huggingface_hub"))}
+    assert not {m for m in modules if m.startswith(("mm.artifacts.integrity.verify", "rich", "numpy", "huggingface_hub"))}
     assert command_modules(loaded_modules(run_mm, "bundle", "verify", "--help")) == {"bundle"}
 
 
@@ -52,7 +52,7 @@ def test_a_quick_verify_loads_neither_numpy_nor_openssl_nor_another_command(run_
     assert run_mm("manifest", model, "--repo", "o/r", "--revision", "a" * 40, "--offline").returncode == 0
     modules = loaded_modules(run_mm, "verify", model, "--quick")
     assert command_modules(modules) == {"verify"}
-    assert not {"numpy", "hashlib"} & modules and "mm.artifacts.safetensors_check" in modules
+    assert not {"numpy", "hashlib"} & modules and "mm.artifacts.integrity.safetensors_check" in modules
 
 
 def test_a_verify_whose_output_goes_to_a_pipe_loads_no_rich(run_mm, tmp_path):
@@ -70,7 +70,7 @@ def test_a_full_verify_loads_no_numpy_either(run_mm, tmp_path):
     write_model(model, shards=2, shard_bytes=4096)
     assert run_mm("manifest", model, "--repo", "o/r", "--revision", "a" * 40, "--offline").returncode == 0
     modules = loaded_modules(run_mm, "verify", model)
-    assert "numpy" not in modules and "mm.artifacts.safetensors_check" in modules
+    assert "numpy" not in modules and "mm.artifacts.integrity.safetensors_check" in modules
 
 
 @pytest.mark.parametrize("limit", [20, 45, 60, 80, 300])

@@ -1,4 +1,4 @@
-"""Revisions side by side (issue 22): a model root ROOT/<repo id>/<dir>/ whose revisions share bytes, a `current`
+"""Revisions side by side: a model root ROOT/<repo id>/<dir>/ whose revisions share bytes, a `current`
 pointer switched by `mm use`, `mm ls`, and `mm gc` that never removes the current revision or one a running
 container mounts (a stand-in docker on PATH answers `ps` and `inspect`), killed at every step of its work.
 """
@@ -8,16 +8,17 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from mm.artifacts.adopt import manifest_for_local_dir
-from mm.artifacts.sharing import DiskUse, layout
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
+from mm.artifacts.edges.sharing import DiskUse, layout
 from mm.artifacts.store import gc, scan, use
-from mm.artifacts.verify import verify_dir
+from mm.artifacts.integrity.verify import verify_dir
 from tests.support import fake_docker, fake_gpu
 from tests.support.killstep import kill_at_step_env
 from tests.support.modelgen import write_model
@@ -99,6 +100,19 @@ def test_use_switches_the_pointer_and_a_rollback_is_one_command(root, revs, dock
     assert json.loads(r.stdout)["previous"] == revs["B"].name and pointer(root) == revs["A"].name
     r = mm(env, "use", REPO, "dddd", "--root", root)
     assert r.returncode == 3 and "no revision 'dddd'" in r.stderr and pointer(root) == revs["A"].name
+
+
+def test_use_without_a_root_in_the_wrong_directory_names_root_and_mm_root(root, revs, docker, tmp_path):
+    env, _ = docker
+    env = {k: v for k, v in env.items() if k != "MM_ROOT"}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = run_mm("use", REPO, "aaaa", env=env, cwd=elsewhere)
+    assert r.returncode == 3 and r.stderr.strip().endswith(
+        "the model root is the current directory when none is given: add --root DIR or set MM_ROOT"), r.stderr
+    given = run_mm("use", REPO, "aaaa", "--root", elsewhere, env=env)
+    assert given.returncode == 3 and "MM_ROOT" not in given.stderr  # a root the user named is the one they meant
+    assert run_mm("use", REPO, "aaaa", env={**env, "MM_ROOT": str(root)}, cwd=elsewhere).returncode == 0
 
 
 def test_use_refuses_a_revision_that_fails_its_quick_verify(root, revs, docker):
@@ -187,6 +201,27 @@ def test_gc_keeps_the_current_the_kept_and_the_mounted_revisions_and_says_what_i
     assert verify_dir(revs["B"]).ok and verify_dir(revs["C"]).ok  # hard links into A's files kept their bytes
 
 
+def test_gc_frees_a_revisions_payloads_with_it_and_ls_shows_their_size(root, revs, docker):
+    env, _ = docker
+    assert mm(env, "use", REPO, "cccc", "--root", root).returncode == 0
+    for label in ("A", "C"):  # what unbundle puts beside a revision: mm's wheels, an engine image archive
+        payload = revs[label].with_name(revs[label].name + ".payload")
+        (payload / "image").mkdir(parents=True)
+        (payload / "image" / "engine.tar").write_bytes(os.urandom(300_000))
+    listed = json.loads(mm(env, "ls", root, "--json").stdout)
+    sizes = {r["dir"]: r["payload"] for r in listed["revisions"]}
+    assert sizes[revs["A"].name] >= 300_000 and sizes[revs["B"].name] == 0
+    text = mm(env, "ls", root).stdout
+    assert f"{revs['A'].name}.payload/ " in text, text
+    dry = json.loads(mm(env, "gc", root, "--keep", "0", "--dry-run", "--json").stdout)
+    assert dry["freed"] >= 300_000 and {r["dir"]: r["payload"] for r in dry["removed"]} == {
+        revs["A"].name: sizes[revs["A"].name], revs["B"].name: 0}
+    r = mm(env, "gc", root, "--keep", "0")
+    assert r.returncode == 0 and f"and {revs['A'].name}.payload/ (" in r.stdout, r.stdout
+    assert not revs["A"].exists() and not revs["A"].with_name(revs["A"].name + ".payload").exists()
+    assert revs["C"].with_name(revs["C"].name + ".payload").is_dir()  # the current revision's stay
+
+
 def test_gc_keeps_the_revision_a_container_started_through_the_pointer_mounts(root, revs, docker):
     env, add = docker
     assert mm(env, "use", REPO, "aaaa", "--root", root).returncode == 0
@@ -213,7 +248,19 @@ def test_gc_removes_nothing_when_docker_cannot_say_what_runs(root, revs, tmp_pat
     env = docker_down(tmp_path)
     r = mm(env, "gc", root, "--keep", "0")
     assert r.returncode == 7 and "Cannot connect to the Docker daemon" in r.stderr, r.stderr
+    assert "`mm gc --without-docker` removes them without asking docker: a container still serving a removed " \
+           "revision loses its files" in r.stderr, r.stderr
     assert all(d.is_dir() for d in revs.values())
+
+
+def test_gc_without_docker_removes_what_it_would_with_docker_stopped_and_says_what_it_did_not_ask(root, revs,
+                                                                                                   tmp_path):
+    env = docker_down(tmp_path)
+    assert mm(env, "use", REPO, "cccc", "--root", root).returncode == 0
+    r = mm(env, "gc", root, "--keep", "0", "--without-docker")
+    assert r.returncode == 0, r.stderr
+    assert "note: docker not asked (--without-docker)" in r.stderr
+    assert not revs["A"].exists() and not revs["B"].exists() and revs["C"].is_dir()
 
 
 def test_gc_dry_run_without_docker_answering_says_what_would_go_and_that_mounts_are_unknown(root, revs, tmp_path):
@@ -224,6 +271,45 @@ def test_gc_dry_run_without_docker_answering_says_what_would_go_and_that_mounts_
     assert doc["dry_run"] and {r["dir"] for r in doc["removed"]} == {revs["A"].name, revs["B"].name}
     assert any("Cannot connect to the Docker daemon" in n and "if no container mounted" in n for n in doc["notes"])
     assert all(d.is_dir() for d in revs.values())
+
+
+def crowded_docker(tmp_path: Path, count: int, mounter: int, mount: Path, started: str) -> dict[str, str]:
+    """A docker whose `ps` lists COUNT running containers (ids 0..COUNT-1, 64 digits); `inspect` answers for the
+    ids it is given, container MOUNTER mounting MOUNT, each started at STARTED (sh: a few ms a call). Each
+    inspect's operand count goes to tmp_path/inspect-sizes."""
+    bin_dir = tmp_path / "crowded-bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f"""#!/bin/sh
+case "$1" in
+ps) seq -f %064.0f 0 {count - 1} ;;
+inspect) shift 2; echo $# >> '{tmp_path / "inspect-sizes"}'; printf '['; sep=; mounter=$(printf %064d {mounter})
+  for id; do
+    printf '%s{{"Id":"%s","Name":"/c%s","State":{{"Running":true,"StartedAt":"%s"}},"Mounts":[' "$sep" $id $id '{started}'
+    [ "$id" = "$mounter" ] && printf '{{"Source":"%s"}}' '{mount}'
+    printf ']}}'; sep=,
+  done; printf ']' ;;
+esac
+""")
+    (bin_dir / "docker").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_gc_asks_docker_about_50000_containers_more_than_one_exec_takes_in_batches_and_keeps_what_the_last_one_mounts(root, revs, tmp_path):
+    env = crowded_docker(tmp_path, 50_000, 49_999, revs["A"], "2026-01-01T10:00:00Z")
+    doc = json.loads(mm(env, "gc", root, "--keep", "0", "--dry-run", "--json").stdout)
+    assert {r["dir"]: r["why"] for r in doc["kept"]}[revs["A"].name] == f"mounted by running container(s) c{49_999:064d}"
+    sizes = [int(n) for n in (tmp_path / "inspect-sizes").read_text().split()]
+    assert sum(sizes) == 50_000 and max(sizes) <= 256
+
+
+@pytest.mark.parametrize("started", ["9999-99-99T99:99:99Z", "2026-02-30T10:00:00Z", "2026-01-01T24:61:00+25:99"])
+def test_gc_reads_a_start_time_no_calendar_has_as_unknown(root, revs, tmp_path, started):
+    env = crowded_docker(tmp_path, 2, 1, revs["A"], started)
+    r = mm(env, "gc", root, "--keep", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert {r["dir"]: r["why"] for r in doc["kept"]}[revs["A"].name].startswith(f"mounted by running container(s) c{1:064d}")
+    assert revs["A"].is_dir()
 
 
 # --- interrupted at every step --------------------------------------------------------------------------------

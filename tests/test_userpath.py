@@ -1,4 +1,4 @@
-"""The user's path (issue 21): work already on disk is used, verify says what a user means, the conventions a
+"""The user's path: work already on disk is used, verify says what a user means, the conventions a
 newcomer brings. Every test runs the real `mm` (and the real `hf` CLI where a user would) against the local Hub."""
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.manifest import manifest_path, read_manifest
+from mm.artifacts.paths import manifest_path
+from mm.artifacts.integrity.manifest import read_manifest
 from tests.support.run import run_mm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,7 +169,7 @@ def test_quick_verify_summary_and_readme_say_the_same(run_mm, model):
     r = run_mm("verify", model, "--quick")
     assert r.returncode == 0
     said = "presence, sizes, readability and shard headers"
-    assert said in r.stdout and f"--quick` checks {said}" in (ROOT / "README.md").read_text()
+    assert said in r.stdout and f"--quick` checks {said}" in (ROOT / "docs" / "verify.md").read_text()
 
 
 # --- the Hugging Face cache layout (`hf download` without --local-dir) ----------------------------------
@@ -214,6 +215,38 @@ def test_manifest_of_a_cache_snapshot_is_kept_outside_the_cache(run_mm, snapshot
     flip_byte(Path(os.path.realpath(snap / SHARD)))  # the blob the link leads to
     v = run_mm("verify", snap, env=env)
     assert v.returncode == 1 and f"HASH       {SHARD}" in v.stdout, v.stdout
+
+
+def test_fetch_from_a_cache_snapshot_without_a_manifest_reuses_its_files(run_mm, snapshot, model_repo, tmp_path):
+    snap, env = snapshot
+    r = run_mm("fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", tmp_path / "d",
+               "--from", snap, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["counts"]["downloaded"] == 0 and doc["counts"]["adopted"] == len(list(snap.rglob("*.*")))
+    assert run_mm("verify", tmp_path / "d", env=env).returncode == 0
+
+
+def test_fetch_from_a_cache_snapshot_with_its_manifest_reuses_the_blobs_its_links_lead_to(run_mm, snapshot,
+                                                                                        model_repo, tmp_path):
+    snap, env = snapshot
+    assert run_mm("manifest", snap, "--offline", env=env).returncode == 0
+    r = run_mm("fetch", model_repo.repo_id, "--revision", model_repo.head, "--local-dir", tmp_path / "d",
+               "--from", snap, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["counts"]["downloaded"] == 0, r.stdout
+
+
+def test_a_link_planted_below_mms_cache_state_is_not_written_through(run_mm, snapshot, model_repo, tmp_path):
+    snap, env = snapshot
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    state = tmp_path / "state" / "mm" / "hf-cache"
+    state.mkdir(parents=True)
+    (state / f"models--{model_repo.repo_id.replace('/', '--')}").symlink_to(elsewhere)
+    r = run_mm("manifest", snap, "--offline", env=env)
+    assert r.returncode == 3 and "symlink" in r.stderr.lower(), r.stdout + r.stderr
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_a_link_in_a_snapshot_that_leaves_its_blobs_is_refused(run_mm, snapshot, tmp_path):
@@ -297,7 +330,7 @@ def test_an_offline_variable_is_named_not_masked(run_mm, hub_env, model_repo, tm
 
 
 def test_a_token_value_is_still_masked():
-    from mm.artifacts.untrusted import redact
+    from mm.artifacts.edges.untrusted import redact
     token = "hf_" + "aB3" * 12
     assert redact(f"HF_TOKEN={token} HF_ENDPOINT=http://u:pw@host") == "HF_TOKEN=hf_*** HF_ENDPOINT=http://host"
 
@@ -431,7 +464,7 @@ def test_readme_lists_every_mm_environment_variable():
     read = re.compile(r"""(?:environ(?:\.get)?\(\s*|environ\[|envvar=|getenv\(\s*|default=)["'](MM_[A-Z0-9_]+)["']"""
                       r"""|\$\{?(MM_[A-Z0-9_]+)""")
     used = {a or b for path in code for a, b in read.findall(path.read_text(encoding="utf-8"))}
-    table = (ROOT / "README.md").read_text().split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    table = (ROOT / "docs" / "environment.md").read_text()
     assert used and not {v for v in used if f"| `{v}`" not in table}, sorted(used)
 
 
@@ -477,7 +510,7 @@ def test_mm_wheel_from_a_plain_editable_checkout_holds_only_the_package(tmp_path
     site = tmp_path / "site"
     site.mkdir()
     (site / "mm").symlink_to(checkout)
-    code = ("import sys, zipfile; from pathlib import Path; from mm.artifacts import wheelhouse; "
+    code = ("import sys, zipfile; from pathlib import Path; from mm.artifacts.bundle import wheelhouse; "
             "print('\\n'.join(zipfile.ZipFile(wheelhouse.build_mm_wheel(Path(sys.argv[1]))).namelist()))")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out")], env=dict(os.environ, PYTHONPATH=str(site)),
                        capture_output=True, text=True, timeout=60)
@@ -490,7 +523,7 @@ def test_mm_wheel_from_a_plain_editable_checkout_holds_only_the_package(tmp_path
 
 def test_the_wheels_file_list_is_setup_cfgs():
     import configparser
-    from mm.artifacts import wheelhouse
+    from mm.artifacts.bundle import wheelhouse
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
     packages = [p.strip() for p in cfg["options"]["packages"].split(",")]
@@ -503,8 +536,8 @@ def test_known_content_in_another_directory_is_copied_in_not_downloaded(tmp_path
     """The engine's step `fetch --from BASE_DIR` builds on: a candidate elsewhere is hashed as it is copied and
     published under its final name only when it matches; a wrong one leaves nothing behind."""
     import hashlib
-    from mm.artifacts.download import RemoteFile, Session
-    from mm.artifacts.hashing import git_blob_sha1
+    from mm.artifacts.fetching.download import RemoteFile, Session
+    from mm.artifacts.integrity.hashing import git_blob_sha1
 
     base, dest = tmp_path / "base", tmp_path / "dest"
     base.mkdir()

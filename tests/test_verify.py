@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import verify as verify_mod
-from mm.artifacts.adopt import manifest_for_local_dir
-from mm.artifacts.manifest import Manifest, manifest_path
-from mm.artifacts.safetensors_check import StructureError, read_header
-from mm.artifacts.verify import verify_dir
+from mm.artifacts.integrity import verify as verify_mod
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
+from mm.artifacts.integrity.manifest import Manifest
+from mm.artifacts.paths import manifest_path
+from mm.artifacts.integrity.safetensors_check import StructureError, read_header
+from mm.artifacts.integrity.verify import verify_dir
 from tests.support.modelgen import write_model
 from tests.support.run import mm_argv, run_mm
 
@@ -322,7 +323,7 @@ def test_safetensors_layout_rules(tmp_path, tensors, data_bytes, message):
 
 
 def test_verify_refuses_while_another_process_writes_the_directory_exit_6(model):
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from mm.artifacts.fsutil import dir_lock\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from mm.artifacts.edges.fsutil import dir_lock\n"
                                "with dir_lock(sys.argv[1], 'mm fetch'):\n    print('held', flush=True); time.sleep(60)", str(model)],
                               stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
     try:
@@ -337,7 +338,7 @@ def test_verify_refuses_while_another_process_writes_the_directory_exit_6(model)
 
 
 def test_verify_inside_the_lock_holder_itself_runs(model):
-    from mm.artifacts.fsutil import dir_lock
+    from mm.artifacts.edges.fsutil import dir_lock
     with dir_lock(model, "mm unbundle"):
         assert verify_dir(model).ok
 

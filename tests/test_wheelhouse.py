@@ -1,4 +1,4 @@
-"""The wheelhouse (issue 12): mm and its dependencies as locked wheels per target; install-mm.sh installs offline."""
+"""The wheelhouse: mm and its dependencies as locked wheels per target; install-mm.sh installs offline."""
 from __future__ import annotations
 
 import json
@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts import wheelhouse
-from mm.artifacts.wheelhouse import Target
+from mm.artifacts.bundle import wheelhouse
+from mm.artifacts.bundle.wheelhouse import Platform
 
 HOST = wheelhouse.host_target()
+DEFAULT = wheelhouse.targets_for()  # conftest.wheelhouse_dir: these and this Python on the other machine
 OTHER = "aarch64" if HOST.machine == "x86_64" else "x86_64"
 SHELL_PATH = "/usr/bin:/bin"
 
@@ -26,7 +27,7 @@ def run_install(script: Path, cwd: Path, bin_dir: Path, *args: str, **env: str) 
 
 def test_each_set_holds_mm_uv_and_every_dependency_locked_by_sha256(wheelhouse_dir):
     doc = wheelhouse.read_index(wheelhouse_dir / "wheelhouse")
-    assert {s["name"] for s in doc["sets"]} == {HOST.name, Target(OTHER, HOST.python).name}
+    assert {s["name"] for s in doc["sets"]} == {t.name for t in DEFAULT} | {Platform(OTHER, HOST.python).name}
     for s in doc["sets"]:
         names = {w["name"] for w in s["wheels"]}
         assert {"mm", "uv", "huggingface-hub", "modelscope", "blake3", "safetensors", "click", "rich",
@@ -36,16 +37,32 @@ def test_each_set_holds_mm_uv_and_every_dependency_locked_by_sha256(wheelhouse_d
     assert wheelhouse.check_wheelhouse(wheelhouse_dir / "wheelhouse") == []
 
 
+def test_sets_of_one_machine_share_every_wheel_they_all_accept(wheelhouse_dir):
+    """Another CPython costs its version-specific wheels only: cryptography's abi3 wheel serves 3.10 to 3.13."""
+    doc = wheelhouse.read_index(wheelhouse_dir / "wheelhouse")
+    groups: dict[tuple, dict[str, list[Platform]]] = {}
+    for s in doc["sets"]:
+        for w in s["wheels"]:
+            groups.setdefault((s["machine"], w["name"], w["version"]), {}).setdefault(w["file"], []).append(
+                Platform(s["machine"], s["python"]))
+    for key, files in groups.items():
+        users = [t for ts in files.values() for t in ts]
+        if len(files) > 1:  # kept apart only when no one of them fits every set that needs that release
+            assert not any(all(wheelhouse.wheel_fits(f, t) for t in users) for f in files), key
+    assert len(groups[("x86_64", "cryptography", next(k[2] for k in groups if k[1] == "cryptography"))]) == 1
+    assert len(list((wheelhouse_dir / "wheelhouse" / "wheels").glob("uv-*x86_64*.whl"))) == 1
+
+
 def test_every_aarch64_wheel_has_a_tag_an_aarch64_cpython_of_that_version_accepts(wheelhouse_dir):
-    arm = Target("aarch64", HOST.python)
-    x86 = Target("x86_64", HOST.python)
-    arm_dir, x86_dir = (wheelhouse_dir / "wheelhouse" / t.name for t in (arm, x86))
+    arm = Platform("aarch64", HOST.python)
+    x86 = Platform("x86_64", HOST.python)
+    arm_dir, x86_dir = (wheelhouse.set_wheels(wheelhouse_dir / "wheelhouse", t.name) for t in (arm, x86))
     assert wheelhouse.misfits(arm_dir, arm) == [] and wheelhouse.misfits(x86_dir, x86) == []
     # the check can fail: the x86_64 set's compiled wheels are refused for aarch64
     refused = wheelhouse.misfits(x86_dir, arm)
     assert any(name.startswith(("blake3-", "cryptography-", "uv-")) for name in refused)
     # per-minor-version wheels (not abi3) are refused for another CPython minor
-    other_minor = Target("aarch64", "3.%d" % (HOST.version[1] + 1))
+    other_minor = Platform("aarch64", "3.%d" % (HOST.version[1] + 1))
     assert any(name.startswith("blake3-") for name in wheelhouse.misfits(arm_dir, other_minor))
 
 
@@ -58,7 +75,7 @@ def test_the_mm_wheel_is_packed_from_the_installed_package_byte_for_byte_reprodu
         info = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         assert "mm = mm.__main__:main" in zf.read(info).decode()
         assert zf.testzip() is None
-    assert {"mm/cli.py", "mm/artifacts/wheelhouse.py", "mm/artifacts/install-mm.sh",
+    assert {"mm/cli.py", "mm/artifacts/bundle/wheelhouse.py", "mm/artifacts/bundle/install-mm.sh",
             "mm/manifests/minimax-m3.1-flash.json"} <= names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
 
@@ -90,14 +107,15 @@ def test_install_on_a_host_with_no_matching_set_says_what_the_bundle_holds(wheel
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1
     assert f"no wheel set for this host ({HOST.name}" in lines[0]
-    assert f"the bundle holds: {Target(OTHER, HOST.python).name}" in lines[0]
+    assert f"the bundle holds: " in lines[0] and Platform(OTHER, HOST.python).name in lines[0]
+    assert f"{HOST.name} " not in lines[0].split("the bundle holds: ", 1)[1]
     assert not (tmp_path / "venv").exists()
 
 
 def test_install_refuses_a_wheel_whose_bytes_differ_from_the_lock(wheelhouse_dir, bare_python, tmp_path):
     tampered = tmp_path / "bundle"
     shutil.copytree(wheelhouse_dir, tampered)
-    click_wheel = next((tampered / "wheelhouse" / HOST.name).glob("click-*.whl"))
+    click_wheel = next((tampered / "wheelhouse" / "wheels").glob("click-*.whl"))
     data = bytearray(click_wheel.read_bytes())
     data[-100] ^= 0xFF
     click_wheel.write_bytes(bytes(data))
@@ -105,25 +123,25 @@ def test_install_refuses_a_wheel_whose_bytes_differ_from_the_lock(wheelhouse_dir
     assert proc.returncode == 5
     assert proc.stderr.strip().splitlines() == [
         f"install-mm.sh: {click_wheel}: sha256 {wheelhouse._sha256(click_wheel)} is not in "
-        f"{click_wheel.parent / 'requirements.lock'} (damaged in transit?)"]
+        f"{tampered / 'wheelhouse' / HOST.name / 'requirements.lock'} (damaged in transit?)"]
     assert not (tmp_path / "venv" / "bin" / "mm").exists()
 
 
 HOSTILE_INDEXES = {
-    "truncated JSON": b'{"schema": "mm-wheelhouse/1", "glibc_min": "2.2',
-    "not UTF-8": b'\xff\xfe{"schema": "mm-wheelhouse/1"}',
+    "truncated JSON": b'{"schema": "mm-wheelhouse/2", "glibc_min": "2.2',
+    "not UTF-8": b'\xff\xfe{"schema": "mm-wheelhouse/2"}',
     "empty": b"",
     "a list": b"[]",
     "another schema": b'{"schema": "mm-wheelhouse/9", "glibc_min": "2.28", "sets": []}',
-    "no glibc_min": b'{"schema": "mm-wheelhouse/1", "sets": []}',
-    "glibc_min a number": b'{"schema": "mm-wheelhouse/1", "glibc_min": 2.28, "sets": []}',
-    "glibc_min not a version": b'{"schema": "mm-wheelhouse/1", "glibc_min": "2.x", "sets": []}',
-    "glibc_min unicode digits": '{"schema": "mm-wheelhouse/1", "glibc_min": "\u0662.\u0662\u0668", "sets": []}'.encode(),
-    "sets not a list": b'{"schema": "mm-wheelhouse/1", "glibc_min": "2.28", "sets": {"name": "x"}}',
-    "a set not an object": b'{"schema": "mm-wheelhouse/1", "glibc_min": "2.28", "sets": ["linux-x86_64-cp311"]}',
-    "deep nesting": b'{"schema": "mm-wheelhouse/1", "glibc_min": "2.28", "sets": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
-    "huge integer": b'{"schema": "mm-wheelhouse/1", "glibc_min": "2.28", "sets": [], "n": ' + b"9" * 10_000 + b"}",
-    "bigger than 4 MiB": b'{"schema": "mm-wheelhouse/1", "glibc_min": "2.28", "sets": []' + b" " * (5 << 20) + b"}",
+    "no glibc_min": b'{"schema": "mm-wheelhouse/2", "sets": []}',
+    "glibc_min a number": b'{"schema": "mm-wheelhouse/2", "glibc_min": 2.28, "sets": []}',
+    "glibc_min not a version": b'{"schema": "mm-wheelhouse/2", "glibc_min": "2.x", "sets": []}',
+    "glibc_min unicode digits": '{"schema": "mm-wheelhouse/2", "glibc_min": "\u0662.\u0662\u0668", "sets": []}'.encode(),
+    "sets not a list": b'{"schema": "mm-wheelhouse/2", "glibc_min": "2.28", "sets": {"name": "x"}}',
+    "a set not an object": b'{"schema": "mm-wheelhouse/2", "glibc_min": "2.28", "sets": ["linux-x86_64-cp311"]}',
+    "deep nesting": b'{"schema": "mm-wheelhouse/2", "glibc_min": "2.28", "sets": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
+    "huge integer": b'{"schema": "mm-wheelhouse/2", "glibc_min": "2.28", "sets": [], "n": ' + b"9" * 10_000 + b"}",
+    "bigger than 4 MiB": b'{"schema": "mm-wheelhouse/2", "glibc_min": "2.28", "sets": []' + b" " * (5 << 20) + b"}",
 }
 
 
@@ -222,6 +240,31 @@ def test_target_python_versions():
         "linux-aarch64-cp311", "linux-aarch64-cp312"]
 
 
+def test_default_targets_are_cpython_3_10_to_3_13_on_amd64_plus_this_host_and_an_arm64_image():
+    names = [t.name for t in wheelhouse.targets_for()]
+    assert {"linux-x86_64-cp310", "linux-x86_64-cp311", "linux-x86_64-cp312", "linux-x86_64-cp313", HOST.name} == set(names)
+    with_arm = [t.name for t in wheelhouse.targets_for((), (), ("linux/arm64",))]
+    assert {"linux-aarch64-cp310", "linux-aarch64-cp313"} <= set(with_arm) and set(names) <= set(with_arm)
+    assert wheelhouse.describe_targets(wheelhouse.targets_for((), (), ("linux/arm64",))).startswith(
+        "linux/amd64 CPython 3.10, 3.11, 3.12, 3.13")
+    # given, the options replace the default
+    assert [t.name for t in wheelhouse.targets_for(("linux/arm64",), ("3.12",))] == ["linux-aarch64-cp312"]
+
+
+def test_coverage_names_the_set_to_build_for_a_python3_the_bundle_lacks(tmp_path, monkeypatch):
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\necho 3.14 cpython\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PYTHON", str(fake))
+    line = wheelhouse.coverage(["linux-x86_64-cp312"])
+    assert line.startswith(f"this host is NOT covered: {fake} is CPython 3.14 on {HOST.machine} and the bundle holds "
+                           f"linux-x86_64-cp312; build one on the connected host with: mm bundle --only-mm --out DIR "
+                           f"--target-platform linux/{HOST.machine} --target-python 3.14"), line
+    assert wheelhouse.coverage([f"linux-{HOST.machine}-cp314"]).startswith("this host is covered")
+    monkeypatch.setenv("PYTHON", str(tmp_path / "nothing"))
+    assert "not found (install-mm.sh needs CPython 3.10 or newer)" in wheelhouse.coverage([])
+
+
 def test_no_pip_download_needed_when_the_set_is_cached(wheelhouse_dir, tmp_path_factory, tmp_path, monkeypatch):
     from tests.conftest import wheelhouse_cache
 
@@ -231,7 +274,8 @@ def test_no_pip_download_needed_when_the_set_is_cached(wheelhouse_dir, tmp_path_
     monkeypatch.setattr(wheelhouse, "_pip_download", no_network)
     report = wheelhouse.build_wheelhouse(tmp_path / "out", [HOST], cache=wheelhouse_cache(tmp_path_factory))
     assert [s.name for s in report.sets] == [HOST.name]
-    assert os.listdir(tmp_path / "out" / "wheelhouse" / HOST.name) == os.listdir(wheelhouse_dir / "wheelhouse" / HOST.name)
+    assert sorted(os.listdir(tmp_path / "out" / "wheelhouse" / "wheels")) == sorted(
+        p.name for p in (wheelhouse_cache(tmp_path_factory) / HOST.name).glob("*.whl"))
 
 
 def test_install_again_into_the_same_directory_upgrades_in_place(wheelhouse_dir, bare_python, tmp_path):

@@ -9,21 +9,20 @@ volumes would be enough (recoverability). parity_set picks the parity volumes a 
 """
 from __future__ import annotations
 
-import tarfile
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput
-from ..hashing import StreamHasher
-from ..manifest import from_json
-from ..progress import NULL_PROGRESS, ProgressSink
+from ..integrity.hashing import StreamHasher
+from ..integrity.manifest import from_json
+from ..edges.progress import NULL_PROGRESS, ProgressSink
 from .copyio import HASH_THREADS, ChunkPipe
 from .delta import summary
 from .format import MANIFEST_MEMBER
-from .index import disagreements
-from .volume import Volume, find_volumes, open_volume, split_volumes
+from .index import disagreements, unaccounted
+from .volume import Member, Volume, find_volumes, open_volume, split_volumes
 
 
 @dataclass(frozen=True)
@@ -50,6 +49,7 @@ class BundleVerifyReport:
     recoverable: bool | None = None  # with parity: can the data volumes missing or damaged be rebuilt
     recovery: str | None = None  # e.g. "volumes 3 and 7 missing: recoverable with parity 1-2"
     install_mm: str | None = None  # how to install mm from these volumes, when the bundle carries it
+    mm_host: str | None = None  # whether the bundle's wheel sets cover this host's python3 (wheelhouse.coverage)
     delta: dict | None = None  # a delta bundle: its base and how much comes from it (delta.summary)
     files_checked: int = 0  # volume files read
     bytes_checked: int = 0
@@ -103,7 +103,23 @@ def check_meaning(vol: Volume, reference: Volume | None = None) -> None:
     vol.refused += [f"{vol.path.name}: {p}" for p in disagreements(vol.index, manifest)]
 
 
-def _span_b3(path: Path, info: tarfile.TarInfo, pipe: ChunkPipe, progress: ProgressSink) -> str:
+def check_complete(data: list[Volume], ref: str | None, reference: Volume | None) -> None:
+    """With every data volume of bundle REF at hand, every file of the manifest must be carried or taken from a
+    delta's base: one the index forgets could never be imported. A fault goes to REFERENCE's refused list."""
+    mine = [v for v in data if v.index is not None and v.bundle_id == ref and not v.refused]
+    manifest = _manifest_of(reference)
+    if manifest is None or {v.number for v in mine} != set(range(1, reference.index.volumes + 1)):
+        return
+    if lost := unaccounted(manifest, [v.index for v in mine]):
+        reference.refused.append(incomplete(ref, lost))
+
+
+def incomplete(ref: str | None, lost: list[str]) -> str:
+    return (f"bundle {ref}: {len(lost)} file(s) of its manifest neither carried by a volume nor taken from the base "
+            f"(e.g. {lost[0]!r}): its index does not account for every file; refused")
+
+
+def _span_b3(path: Path, info: Member, pipe: ChunkPipe, progress: ProgressSink) -> str:
     h = StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
     for view in pipe.stream(path, info.offset_data, info.size, (h,)):
         progress.advance(len(view))
@@ -141,6 +157,7 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
         for v in data:
             if v.index is not None and not v.refused and v.bundle_id == ref:
                 check_meaning(v, reference)
+        check_complete(data, ref, reference)
         progress.begin(data_bytes(data + parity, ref), "bundle verify", files=len(vols))
         check_volumes(data + parity, ref, pipe, progress)
     finally:
@@ -165,6 +182,9 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
         report.recoverable, report.recovery = recoverability(count, m, missing, damaged,
                                                              sorted(set(range(1, m + 1)) - good))
     report.install_mm = _install_mm(ref_vol.index.payloads) if ref_vol else None
+    if report.install_mm:
+        from .wheelhouse import coverage
+        report.mm_host = coverage(ref_vol.index.payloads["mm"][0].sets)
     if ref_vol is not None and ref_vol.index.delta is not None:
         report.delta = summary(ref_vol.index.delta, _manifest_of(reference))
     report.files_checked, report.bytes_checked = len(vols), data_bytes(data + parity, ref)

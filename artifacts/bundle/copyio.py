@@ -19,7 +19,7 @@ from pathlib import Path
 
 import blake3
 
-from ..hashing import ChangedDuringRead, lease, lease_broken, unlease
+from ..integrity.hashing import ChangedDuringRead, lease, lease_broken, unlease
 
 # blake3's own threads over each chunk: the writer thread spends its time in the kernel, so the
 # hashing helper thread gets a second core (measured: bundle ~1.4x faster than one hashing thread).

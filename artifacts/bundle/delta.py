@@ -26,11 +26,13 @@ from typing import Callable
 import blake3
 
 from ..errors import BadInput, BadValue, QuickVerifyFailed
-from ..fsutil import make_dirs, open_file, parent_dir, publish, read_local_file, unlink_file
-from ..hashing import StreamHasher, blake3_file
-from ..manifest import MAX_MANIFEST_BYTES, Manifest, from_json, manifest_path
-from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
-from ..sharing import LINK, REFLINK, clone_file
+from ..edges.fsutil import make_dirs, open_file, parent_dir, publish, read_local_file, unlink_file
+from ..integrity.hashing import StreamHasher, blake3_file
+from ..integrity.manifest import MAX_MANIFEST_BYTES, Manifest, from_json
+from ..paths import manifest_path
+from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..units import human_bytes
+from ..edges.sharing import LINK, REFLINK, clone_file
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, write_all
 from .format import MANIFEST_MEMBER, PARITY_RE, VOLUME_RE
 from .index import DeltaNote, Take
@@ -157,7 +159,7 @@ def open_base(base_dir: Path | None, note: DeltaNote, where: str, dest: Path) ->
     """BASE_DIR checked against the delta's NOTE before anything is written (BadInput, exit 3, otherwise):
     its manifest is the recorded base byte for byte, `verify --quick` passes on it, and every file to take is one
     of its files with the recorded size and hashes. WHERE names the volume whose index holds NOTE."""
-    from ..verify import require_quick_verify  # here: verify imports the safetensors checks
+    from ..integrity.verify import require_quick_verify  # here: verify imports the safetensors checks
 
     base_name = f"{note.base_repo_id}@{note.base_revision[:12]}"
     if base_dir is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from ..fsutil import check_relpath
+from ..edges.fsutil import check_relpath
 
 
 def record(raw: object, what: str) -> dict:

@@ -25,10 +25,11 @@ from __future__ import annotations
 import json
 import re
 import tarfile
+from typing import Iterable
 
 import blake3
 
-from ..errors import BadValue
+from ..units import MAX_SIZE
 from .payloads import PREFIXES
 
 META = "MMBUNDLE"
@@ -39,32 +40,9 @@ RESTORE_MEMBER = f"{META}/RESTORE.txt"
 PLACEHOLDER = "0" * 64
 BLOCK = 512
 END_OF_ARCHIVE = 2 * BLOCK
-MAX_VOLUME_SIZE = 10**18
+MAX_VOLUME_SIZE = MAX_SIZE
 VOLUME_RE = re.compile(r"^(?P<name>.+)\.vol(?P<num>\d{3,})-of-(?P<count>\d{3,})\.tar$")
 PARITY_RE = re.compile(r"^(?P<name>.+)\.par(?P<num>\d{3,})-of-(?P<count>\d{3,})\.tar$")
-
-_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_size(text: str | int) -> int:
-    """'4G' -> 4e9, '1.8T' -> 1.8e12, '750M', '4GiB' -> 2**32. Decimal unless spelled with 'i'."""
-    if isinstance(text, int):
-        text = str(text)
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text or "")
-    unit = m.group(2).upper() if m else None
-    if not m or unit not in _UNITS:
-        raise BadValue(f"volume size {text[:40]!r} is not a size (examples: 750M, 4G, 500G, 1.8T, 4GiB)")
-    from fractions import Fraction  # here: the CLI imports this module at start-up
-
-    number = m.group(1)
-    # exact arithmetic (no float rounding, no overflow); a number of more than 40 digits is out of range anyway
-    size = int(Fraction(number) * _UNITS[unit]) if len(number) <= 40 else MAX_VOLUME_SIZE + 1
-    if not 1 <= size <= MAX_VOLUME_SIZE:
-        raise BadValue(f"volume size {text[:40]!r} is out of range (1 byte to {MAX_VOLUME_SIZE // 10**15} PB)")
-    return size
-
 
 def index_member(volume: int) -> str:
     return f"{META}/index-vol{volume:03d}.json"
@@ -119,8 +97,25 @@ def member_bytes(name: str, size: int, mtime: int = 0) -> int:
     return len(tar_header(name, size, mtime)) + padded(size)
 
 
-def render_json(doc: dict) -> bytes:
-    return (json.dumps(doc, indent=1) + "\n").encode()
+def render_json(doc: dict, **lists: Iterable) -> bytes:
+    """json.dumps(DOC, indent=1) + "\n", byte for byte, where DOC's keys named in LISTS (top-level keys, in DOC's
+    order) get their list from LISTS, an element at a time: json's indenting encoder makes a list of every token of
+    the whole document first, kilobytes a file, and an index may list a million files."""
+    if not lists:
+        return (json.dumps(doc, indent=1) + "\n").encode()
+    marks = {k: f"\x00mm-list-{k}\x00" for k in lists}
+    rest = json.dumps({k: [marks[k]] if k in marks else v for k, v in doc.items()}, indent=1)
+    out: list[bytes] = []
+    for k in (k for k in doc if k in marks):
+        before, rest = rest.split(f"[\n  {json.dumps(marks[k])}\n ]", 1)
+        out.append(before.encode())
+        sep = b"[\n  "
+        for element in lists[k]:
+            out += [sep, json.dumps(element, indent=1).replace("\n", "\n  ").encode()]
+            sep = b",\n  "
+        out.append(b"[]" if sep == b"[\n  " else b"\n ]")
+    out.append(rest.encode() + b"\n")
+    return b"".join(out)
 
 
 def b3(data: bytes) -> str:

@@ -27,21 +27,21 @@ member name is checked.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import BadInput
-from ..fsutil import check_model_path, check_relpath
+from ..edges.fsutil import check_model_path, check_relpath
 from .fields import MAX_NAME, MAX_TEXT, digest, integer, plain_name, record, string
 from .format import (
     MANIFEST_MEMBER, META, data_member, index_member, parity_data_member, parity_index_member, volume_filename,
 )
 from .parity import CODEC, MAX_STRIPE, MAX_TOTAL, Layout
 from .payloads import MODEL_KIND, PREFIXES, Payloads, files_expected, parse_payloads, payloads_document
+from ..units import is_commit
 
 if TYPE_CHECKING:
-    from ..manifest import Manifest
+    from ..integrity.manifest import Manifest
 
 INDEX_SCHEMA = "mm-bundle-index/1"
 DELTA_SCHEMA = "mm-bundle-delta/1"
@@ -49,7 +49,7 @@ PARITY_SCHEMA = "mm-bundle-parity/1"
 MAX_VOLUMES = 99_999  # data volumes in one bundle (the name holds at least three digits, the count can grow)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     """One member of a volume: a whole file, or one piece (segment) of a file split across volumes."""
 
@@ -87,7 +87,7 @@ class ParityNote:
     code: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Take:
     """A model file a delta does not carry: PATH in the new revision is BASE_PATH's bytes in the base."""
 
@@ -152,12 +152,12 @@ class Index:
         """The first bundle-wide field (the same in every volume of one bundle) where OTHER says otherwise."""
         return next((f for f in self.BUNDLE_WIDE if getattr(self, f) != getattr(other, f)), None)
 
-    def to_doc(self) -> dict:
+    def to_doc(self, members: bool = True) -> dict:
         doc = {"schema": DELTA_SCHEMA if self.delta else INDEX_SCHEMA, **{f: getattr(self, f) for f in
                                           ("bundle_id", "name", "volume", "volumes", "volume_size", "repo_id",
                                            "revision", "manifest_blake3", "meta")}}
         doc["payloads"] = payloads_document(self.payloads)
-        doc["members"] = [asdict(e) for e in self.members]
+        doc["members"] = [asdict(e) for e in self.members] if members else None
         if self.parity is not None:
             doc["parity"] = asdict(self.parity)
         if self.delta is not None:
@@ -271,9 +271,6 @@ def _parity_note(raw: object, volumes: int) -> ParityNote | None:
     return note
 
 
-HEX40 = re.compile(r"^[0-9a-f]{40}$")
-
-
 def _take(raw: object, where: str) -> Take:
     raw = record(raw, "a take-from-base record")
     return Take(check_relpath(string(raw, "path"), where), check_relpath(string(raw, "base_path"), where),
@@ -284,7 +281,7 @@ def _delta_note(raw: object, where: str) -> DeltaNote:
     raw = record(raw, "delta")
     base = record(raw["base"], "delta base")
     revision = string(base, "revision", max_len=40)
-    if not HEX40.match(revision):
+    if not is_commit(revision):
         raise ValueError(f"delta base revision {revision!r} is not a full 40-hex commit")
     take = raw["take"]
     if not isinstance(take, list):
@@ -397,14 +394,38 @@ def disagreements(index: Index, manifest: Manifest | None) -> list[str]:
         elif carried.get(e.key) != e.size:
             problems.append(f"member {e.member!r} ({e.size} bytes) is not a {e.kind} file the payload records list")
     if index.delta is not None:
+        problems += take_disagreements(index.delta, manifest) if manifest is not None else []
         carried_paths = {e.path for e in index.members if e.kind == MODEL_KIND}
-        for t in index.delta.take:
-            f = files.get(t.path)
-            if manifest is not None and f is None:
-                problems.append(f"delta takes {t.path!r} from the base, but the manifest has no such file")
-            elif f is not None and (f.size, f.sha256, f.blake3) != (t.size, t.sha256, t.blake3):
-                problems.append(f"delta takes {t.path!r} from the base as {t.size} bytes, the manifest says {f.size} "
-                                f"(or the hashes differ)")
-            if t.path in carried_paths:
-                problems.append(f"delta takes {t.path!r} from the base, and the volume carries it too")
+        problems += [f"delta takes {t.path!r} from the base, and the volume carries it too"
+                     for t in index.delta.take if t.path in carried_paths]
     return problems
+
+
+def take_disagreements(note: DeltaNote, manifest: Manifest) -> list[str]:
+    """Takes that are not a file of MANIFEST with the same size and hashes (bundle-wide: the same in every volume)."""
+    files = manifest.by_path()
+    problems = []
+    for t in note.take:
+        f = files.get(t.path)
+        if f is None:
+            problems.append(f"delta takes {t.path!r} from the base, but the manifest has no such file")
+        elif (f.size, f.sha256, f.blake3) != (t.size, t.sha256, t.blake3):
+            problems.append(f"delta takes {t.path!r} from the base as {t.size} bytes, the manifest says {f.size} "
+                            f"(or the hashes differ)")
+    return problems
+
+
+def unaccounted(manifest: Manifest, indexes: list[Index]) -> list[str]:
+    """The model files of MANIFEST that INDEXES, the indexes of every data volume of one bundle, neither carry
+    whole (every piece of a split file) nor take from a delta's base. The signed manifest is the truth about the
+    files; an index only says where each one is, and with every volume at hand it must say it for each."""
+    pieces: dict[str, set[int]] = {}
+    count: dict[str, int] = {}
+    for idx in indexes:
+        for e in idx.members:
+            if e.kind == MODEL_KIND:
+                pieces.setdefault(e.path, set()).add(e.segment)
+                count[e.path] = e.segments
+    taken = {t.path for idx in indexes[:1] if idx.delta is not None for t in idx.delta.take}
+    return sorted(f.path for f in manifest.files if f.path not in taken
+                  and (f.path not in count or pieces[f.path] != set(range(1, count[f.path] + 1))))

@@ -47,28 +47,30 @@ import shlex
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import blake3
 
-from ..cachekey import parse_cache_key
-from ..errors import BadInput, IntegrityError, Refused
-from ..fsutil import (MM_DIR, atomic_write_bytes, check_inside, dir_lock, open_file, publish, publish_fd,
-                      read_local_file, require_free_space, unlink_file)
-from ..hashing import ChangedDuringRead, StreamHasher
-from ..interrupt import keeps
-from ..manifest import MAX_MANIFEST_BYTES, Manifest, export_sums, manifest_path, read_manifest
-from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
-from ..verify import require_quick_verify
+from ..serving.cachekey import parse_cache_key
+from ..errors import BadInput, BadValue, IntegrityError, Refused
+from ..paths import MM_DIR
+from ..edges.fsutil import (atomic_write_bytes, check_inside, dir_lock, open_file, publish, publish_fd, read_lock,
+                            read_local_file, require_free_space, unlink_file)
+from ..integrity.hashing import ChangedDuringRead, StreamHasher
+from ..edges.interrupt import keeps
+from ..integrity.manifest import MAX_MANIFEST_BYTES, Manifest, export_sums, read_manifest
+from ..paths import manifest_path
+from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..units import human_bytes
+from ..integrity.verify import require_quick_verify
 from .check import ranges
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, drop_cached, reports_free_pages, write_all
-from .format import (
-    END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3, data_member,
-    file_member, index_member, member_bytes, padded, parity_data_member, parity_filename, parity_index_member,
-    parse_size, payload_sums_member, render_json, tar_header, volume_filename,
-)
+from .format import (END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3,
+                     data_member, file_member, index_member, member_bytes, padded, parity_data_member, parity_filename,
+                     parity_index_member, payload_sums_member, render_json, tar_header, volume_filename)
+from ..units import parse_size
 from . import payloads as payload_table
 from . import delta as deltas
 from .index import DeltaNote, Entry, Index, ParityIndex, ParityNote, Stream
@@ -79,11 +81,11 @@ from .volume import open_volume
 
 MIN_PIECE = 64 * 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-MAX_VOLUMES = 10_000  # issue 21's limit: more is almost surely a --volume-size typo; `--yes` writes them anyway
+MAX_VOLUMES = 10_000  # more is almost surely a --volume-size typo; `--yes` writes them anyway
 
 
-@dataclass(frozen=True)
-class Source:
+@dataclass(frozen=True, slots=True)
+class CarriedFile:
     """One file to carry: a model file (hashes known from the manifest) or a payload file."""
 
     kind: str
@@ -98,9 +100,9 @@ class Source:
         return (self.kind, self.path)
 
 
-@dataclass
+@dataclass(slots=True)
 class Piece:
-    source: Source
+    source: CarriedFile
     offset: int
     length: int
     segment: int = 1
@@ -224,11 +226,11 @@ class BundleResult:
 # --- planning ---------------------------------------------------------------------------------
 
 def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volume_size: int, name: str,
-                payloads: Payloads, payload_sources: list[Source], signature: bytes | None = None, parity: int = 0,
+                payloads: Payloads, payload_sources: list[CarriedFile], signature: bytes | None = None, parity: int = 0,
                 stripe: int = STRIPE, delta: DeltaNote | None = None) -> Plan:
     first = [s for s in payload_sources if payload_table.BY_KIND[s.kind].first_volume]
     taken = {t.path for t in delta.take} if delta else set()
-    sources = first + [Source(MODEL_KIND, f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files
+    sources = first + [CarriedFile(MODEL_KIND, f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files
                        if f.path not in taken]
     sources += [s for s in payload_sources if s not in first]
     id_doc = {"name": name, "volume_size": volume_size, "manifest": b3(manifest_bytes),
@@ -257,7 +259,7 @@ def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volu
     raise BadInput(f"volume size {volume_size} is too small for this bundle's index")  # pragma: no cover
 
 
-def _require_first_volume(plan: Plan, first: list[Source], reserve: int) -> None:
+def _require_first_volume(plan: Plan, first: list[CarriedFile], reserve: int) -> None:
     """Every first-volume source whole in volume 1, else refuse naming the smallest volume size that holds them."""
     keys = {s.key for s in first}
     whole = {p.source.key for p in plan.volumes[0] if p.segments == 1}
@@ -270,10 +272,10 @@ def _require_first_volume(plan: Plan, first: list[Source], reserve: int) -> None
     raise BadInput(f"--volume-size {human_bytes(plan.volume_size)}: too small to carry {' and '.join(kinds)} whole "
                    f"in volume 1 ({human_bytes(sum(s.size for s in first))} that must install from the first disk "
                    f"alone); "
-                   f"use --volume-size {minimum // 10**6}M or more, or --no-mm")
+                   f"use --volume-size {_whole_mb(minimum)}M or more, or --no-mm")
 
 
-def _mtime_ns(s: Source) -> int:
+def _mtime_ns(s: CarriedFile) -> int:
     return s.src.stat().st_mtime_ns
 
 
@@ -284,11 +286,13 @@ def _manifest_mtime(manifest: Manifest) -> int:
         return 0
 
 
-def _place(sources: list[Source], volume_size: int, room: int) -> list[list[Piece]]:
+def _place(sources: list[CarriedFile], volume_size: int, room: int) -> list[list[Piece]]:
     """Fill volumes in order: whole files where they fit, else split at the room left."""
     if room < MIN_PIECE + 4096:
-        raise BadInput(f"volume size {volume_size} bytes is too small: the index, manifest and restore notes "
-                       f"need {volume_size - room} of it, leaving less than {MIN_PIECE + 4096} for data")
+        raise BadValue(f"--volume-size {human_bytes(volume_size)} is too small: the index, manifest and restore "
+                       f"notes need {human_bytes(volume_size - room)} of each volume, leaving less than "
+                       f"{human_bytes(MIN_PIECE + 4096)} for data; use --volume-size "
+                       f"{_whole_mb(volume_size - room + MIN_PIECE + 4096)}M or more")
     volumes: list[list[Piece]] = [[]]
     used = 0
     for s in sources:
@@ -374,7 +378,7 @@ def restore_text(plan: Plan) -> bytes:
     if payload_sums:
         lines.append(f"cat {' '.join(payload_sums)} | sha256sum -c -")
     # where mm looks for the manifest (and its signature): the restored model is a model directory like any other
-    from ..signing import signature_path
+    from ..integrity.signing import signature_path
 
     lines.append(f"mkdir -p {q(str(manifest_path(Path(MODEL_PREFIX)).parent))}")
     lines.append(f"cat {MANIFEST_MEMBER} > {q(str(manifest_path(Path(MODEL_PREFIX))))}")
@@ -382,7 +386,7 @@ def restore_text(plan: Plan) -> bytes:
         lines.append(f"cat {SIG_MEMBER} > {q(str(signature_path(Path(MODEL_PREFIX))))}")
     lines.append("--- end restore script ---")
     if plan.signature:
-        from ..signing import verify_command
+        from ..integrity.signing import verify_command
         lines += ["", "The manifest is signed (SSH signature, namespace mm-manifest). Check it with OpenSSH alone, with",
                   "your site's allowed_signers file and the signer's identity, after the restore script ran:",
                   f"  cd restore/MMBUNDLE && {verify_command()}",
@@ -425,7 +429,7 @@ def meta_members(plan: Plan, n: int, digests: dict, restore: bytes) -> list[tupl
     index = Index(plan.bundle_id, plan.name, n, plan.count, plan.volume_size, m.repo_id, m.revision,
                   b3(plan.manifest_bytes), meta, plan.payloads, tuple(_entry(p, digests) for p in plan.volumes[n - 1]),
                   plan.parity_note, plan.delta)
-    return [(index_member(n), render_json(index.to_doc())), (MANIFEST_MEMBER, plan.manifest_bytes), *sig,
+    return [(index_member(n), render_json(index.to_doc(members=False), members=(asdict(e) for e in index.members))), (MANIFEST_MEMBER, plan.manifest_bytes), *sig,
             (SUMS_MEMBER, sums), (RESTORE_MEMBER, restore), *extra]
 
 
@@ -469,9 +473,24 @@ class _Hashers:
         self.files: dict[tuple[str, str], StreamHasher] = {}
         self.done: dict[tuple[str, str], tuple[str, str]] = {}
 
-    def start(self, pieces: list[Piece]) -> dict:
-        return {p.source.key: (self.files[p.source.key].copy() if p.segment > 1 else
-                               StreamHasher(sha256=p.source.kind != MODEL_KIND, blake3_threads=HASH_THREADS)) for p in pieces}
+    def start(self, pieces: list[Piece]) -> "_Working":
+        return _Working(self.files)
+
+
+class _Working(dict):
+    """One volume's whole-file hashers, each made as its file's piece is reached and dropped once its last piece is
+    hashed: only a file that goes on into the next volume keeps one (a hasher holds ~2 KB of blake3 state, and a
+    volume may hold a million files)."""
+
+    def __init__(self, carried: dict):
+        super().__init__()
+        self.carried = carried
+
+    def hasher(self, p: Piece) -> StreamHasher:
+        if (h := self.get(p.source.key)) is None:
+            h = self[p.source.key] = (self.carried[p.source.key].copy() if p.segment > 1 else
+                                      StreamHasher(sha256=p.source.kind != MODEL_KIND, blake3_threads=HASH_THREADS))
+        return h
 
 
 class _SourceMismatch(IntegrityError):
@@ -524,6 +543,7 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
                     raise _SourceMismatch(f"{p.source.src}: content does not match the manifest (blake3); "
                                           f"run `mm verify` and repair before bundling", p.source.key)
                 digests[p.source.key] = (got.blake3, got.sha256)
+                del working[p.source.key]
         w.write(bytes(END_OF_ARCHIVE))
         for name, data in meta_members(plan, n, digests, restore):
             os.pwrite(fd, data, patch_at[name])
@@ -547,7 +567,7 @@ def _span(at: int, p: Piece) -> Span:
 
 def _piece_hashers(p: Piece, working: dict) -> tuple[StreamHasher, StreamHasher]:
     """(whole-file hasher, this piece's hasher): one and the same when the file is not split."""
-    whole = working[p.source.key]
+    whole = working.hasher(p)
     return whole, (whole if p.segments == 1 else StreamHasher(sha256=False, blake3_threads=HASH_THREADS))
 
 
@@ -574,10 +594,19 @@ def _keep_volume(plan: Plan, n: int, final: Path, hashers: _Hashers, pipe: Chunk
         if piece_hash.digests().blake3 != e.blake3:
             progress.advance(-checked)  # the volume is written again: the bar counts its bytes once
             return None
+        if p.is_last:
+            del working[p.source.key]
     return working
 
 
-def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: int | str, name: str | None = None,
+def create_bundle(model_dir: Path, *args, **kwargs) -> BundleResult:
+    """_create_bundle, with MODEL_DIR's reader's lock held throughout (fsutil.read_lock: `mm gc` keeps a
+    revision being bundled, and no writer starts in it meanwhile)."""
+    with read_lock(Path(model_dir), "mm bundle"):
+        return _create_bundle(model_dir, *args, **kwargs)
+
+
+def _create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: int | str, name: str | None = None,
                   payloads: dict[str, Sequence[Path]] | None = None, cache_key: Sequence[str] = (),
                   progress: ProgressSink = NULL_PROGRESS, sync: bool = True, parity: int = 0,
                   stripe: int = STRIPE, collect: CollectOptions | None = None, yes: bool = False,
@@ -607,7 +636,7 @@ def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: 
         raise BadInput(f"bundle name {name!r}: use letters, digits, '.', '_' and '-' only")
     opts = (collect or CollectOptions())._replace(cache_key=parse_cache_key(tuple(cache_key)))
     records, files, notes, beside = collect_payloads(dict(payloads or {}), opts)
-    payload_sources = [Source(kind, f.path, f.src, f.size) for kind, f in files]
+    payload_sources = [CarriedFile(kind, f.path, f.src, f.size) for kind, f in files]
     carried = manifest.total_bytes - (delta.taken_bytes if delta else 0) + sum(s.size for s in payload_sources)
     refuse_too_many_volumes(-(-carried // volume_size), volume_size, carried, yes)  # before planning them all
     plan = plan_bundle(manifest, manifest_bytes, model_dir, volume_size, name, records, payload_sources,
@@ -628,7 +657,8 @@ def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: 
                            len(payload_sources) + len(manifest.files) - (len(delta.take) if delta else 0))
     if on_plan:
         on_plan(summary)
-    _require_room(outs, summary, names, sizes, where)
+    _require_room(outs, summary, names, sizes, where,
+                  mm_bytes=sum(s.size for s in payload_sources if s.kind == "mm"))
     total = sum(p.length for v in plan.volumes for p in v)
     finals = [outs[where[i]] / names[i] for i in range(len(names))]
     parity_results: list[VolumeResult] = []
@@ -669,9 +699,14 @@ def create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: 
 def refuse_too_many_volumes(count: int, volume_size: int, carried: int, yes: bool) -> None:
     """More than MAX_VOLUMES volumes is refused unless YES (`--volume-size 100K` typed for 100G)."""
     if count > MAX_VOLUMES and not yes:
-        raise BadInput(f"--volume-size {human_bytes(volume_size)}: {human_bytes(carried)} would take {count:,} "
-                       f"volumes, more than {MAX_VOLUMES:,} (a typo, e.g. 100K for 100G?); choose a larger "
-                       f"--volume-size, or give --yes to write them all")
+        raise BadValue(f"--volume-size {human_bytes(volume_size)}: {human_bytes(carried)} would take {count:,} "
+                       f"volumes, more than {MAX_VOLUMES:,} (a typo, e.g. 100K for 100G?); use --volume-size "
+                       f"{_whole_mb(-(-carried // MAX_VOLUMES))}M or more, or give --yes to write them all")
+
+
+def _whole_mb(nbytes: int) -> int:
+    """NBYTES rounded up to whole megabytes, at least 1: the size a refusal suggests."""
+    return max(1, -(-nbytes // 10**6))
 
 
 def precheck_volume_count(model_dir: Path, volume_size: int | str, yes: bool) -> None:
@@ -753,20 +788,38 @@ def _to_write(path: Path, size: int) -> int:
         return size
 
 
+VOLUME_SLACK = 256 * 1024  # mm's own margin: a volume's file-system blocks beyond its size (a suggestion's room)
+
+
 def _require_room(outs: list[Path], summary: PlanSummary, names: list[str], sizes: list[int],
-                  where: list[int]) -> None:
-    """Refuse (exit 7) before writing when a disk's file system has not room for what the plan puts on it."""
+                  where: list[int], mm_bytes: int = 0) -> None:
+    """Refuse (exit 7) before writing when a disk's file system has not room for what the plan puts on it, with
+    the fix that works there: a smaller --volume-size when one volume is larger than the disk's free space,
+    --no-mm when mm's own wheels are what does not fit, else another disk or free space."""
     by_device: dict[int, list[tuple[Path, int]]] = {}
+    largest: dict[int, int] = {}
     for i, out in enumerate(outs):
         need = sum(_need(out, names[j], sizes[j]) for j, w in enumerate(where) if w == i)
-        by_device.setdefault(os.stat(out).st_dev, []).append((out, need))
-    for needs in by_device.values():
+        dev = os.stat(out).st_dev
+        by_device.setdefault(dev, []).append((out, need))
+        largest[dev] = max([largest.get(dev, 0)] + [sizes[j] for j, w in enumerate(where) if w == i])
+    for dev, needs in by_device.items():
         shares = [d for d in summary.disks if Path(d.out) in {o for o, _ in needs}]
         what = "mm bundle (" + "; ".join(d.holds for d in shares if d.volumes or d.parity) + ")"
         try:
             require_free_space(needs, what)
         except Refused as e:
-            raise Refused(f"{e.message}; add a disk (another --out) or free space; nothing written") from None
+            free = _free_bytes(needs[0][0])
+            if mm_bytes and sum(n for _, n in needs) - mm_bytes <= free:
+                fix = (f"{human_bytes(mm_bytes)} of it is mm's own installer and wheels: --no-mm leaves them out "
+                       f"(the destination then needs mm installed already)")
+            elif largest[dev] > free:
+                fix = (f"one volume ({human_bytes(largest[dev])}) is larger than this disk's free space: use "
+                       f"--volume-size {max((free - VOLUME_SLACK) // 10**6, 1)}M or less"
+                       + (" and another --out for the rest" if len(outs) == 1 else ""))
+            else:
+                fix = "add a disk (another --out) or free space"
+            raise Refused(f"{e.message}; {fix}; nothing written") from None
 
 
 def _need(out: Path, file_name: str, size: int) -> int:
@@ -790,12 +843,11 @@ def leftovers(outs: list[Path], name: str, ours: set[str]) -> list[Path]:
 
 def _signature_to_carry(model_dir: Path, manifest_bytes: bytes) -> bytes | None:
     """The model's manifest signature, if it has one; a signature that does not match the manifest never travels."""
-    from ..signing import MAX_SIG_BYTES, check_signature_matches, signature_path
+    from ..integrity.signing import check_signature_matches, read_signature_file, signature_path
 
     sig_path = signature_path(model_dir)
-    if not os.path.lexists(sig_path):
+    if (signature := read_signature_file(sig_path)) is None:
         return None
-    signature = read_local_file(sig_path, what="signature", max_bytes=MAX_SIG_BYTES)
     check_signature_matches(manifest_bytes, signature, str(sig_path))
     return signature
 
@@ -869,11 +921,11 @@ def _write_all(plan: Plan, finals: list[Path], progress: ProgressSink, sync: boo
         check_inside(final.parent, final)
     results, pending, hashed = [], [], {}  # hashed: volume number -> (blake3, identity)
     spans: dict[int, list[Span]] = {}
-    # A volume hashed once written stays cached for the parity pass, except where growing the page cache is dear: on
-    # a VM that reports free memory to its host, keeping 2.3 GB of volumes cost 3-4 s of sys time (README, "How the
-    # parity pass reads"); there it is dropped once hashed and the pass reads the files it was copied from (on the
-    # 16-core H200 host, without that device, doing so everywhere made `--no-sync` 1.66-1.76x a plain bundle against
-    # 1.36-1.50x, 2 runs of 3 rounds each).
+    # A volume hashed once written stays cached for the parity pass, except where growing the page cache is dear: on a VM
+    # that reports free memory to its host, keeping 2.3 GB of volumes cost 3-4 s of sys time (docs/bundle.md, "How the
+    # parity pass reads"); there it is dropped once hashed and the pass reads the files it was copied from (on the 16-core
+    # H200 host, without that device, doing so everywhere made `--no-sync` 1.66-1.76x a plain bundle against 1.36-1.50x, 2
+    # runs of 3 rounds each).
     keep_cached = not reports_free_pages()
     stop = threading.Event()
     try:

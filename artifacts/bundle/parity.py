@@ -58,7 +58,7 @@ def _tune_malloc() -> None:
         libc.mallopt(-3, 4194304)   # M_MMAP_THRESHOLD
         libc.mallopt(-1, 64 * 1024 * 1024)  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):  # not glibc: slower, still correct
-        self._dropped = min(self._dropped, start)
+        pass
 
 
 class Code:
@@ -149,7 +149,7 @@ class Codes:
         return self._codes[size]
 
 
-class Source(Protocol):
+class ByteSource(Protocol):
     """Bytes of one stream: pread(offset, n) returns up to n bytes (fewer at its end)."""
 
     def pread(self, offset: int, n: int) -> bytes: ...
@@ -161,9 +161,9 @@ class FileSource:
     READ_ONCE (the inputs of unbundle's rebuild, read from start to end for the last time): the pages read leave
     the page cache behind the reader, DROP_BEHIND at a time, so the cache stays small. Growing it by every byte of
     ten volumes is what a rebuild from uncached volumes cost on a VM that reports free memory to its host: 3.3-4.8
-    CPU-s and 3.5-4.9 s for one 228 MB volume from 2.3 GB, against 0.75-1.3 CPU-s and 1.1-1.6 s this way (README,
-    "Parity"). repair-volume keeps its inputs: its check pass has just cached them, and a later unbundle may read
-    them from there (dropping measured no faster for it)."""
+    CPU-s and 3.5-4.9 s for one 228 MB volume from 2.3 GB, against 0.75-1.3 CPU-s and 1.1-1.6 s this way
+    (docs/bundle.md, "Parity"). repair-volume keeps its inputs: its check pass has just cached them, and a later
+    unbundle may read them from there (dropping measured no faster for it)."""
 
     DROP_BEHIND = 8 * 1024 * 1024  # 4, 16 and 32 MiB measured no better (same runs)
 
@@ -201,7 +201,7 @@ class FileSource:
         """The stream mapped (copy-on-write, never written: so that its address can be taken) under a read lease (a
         writer or a truncation waits for us: the mapping cannot lose its pages), and where it starts in the
         mapping; None where no lease is granted or the file is shorter than the stream. The lease goes with close()."""
-        from ..hashing import lease  # here: hashing is no import of this module's otherwise
+        from ..integrity.hashing import lease  # here: hashing is no import of this module's otherwise
 
         if self.size <= 0 or not lease(self._fd):
             return None
@@ -220,7 +220,7 @@ class FileSource:
 
     def close(self) -> None:
         if getattr(self, "_leased", False):  # explicitly: a mapping still held would keep the lease with the file
-            from ..hashing import unlease
+            from ..integrity.hashing import unlease
 
             unlease(self._fd)
         os.close(self._fd)
@@ -250,7 +250,7 @@ class SplicedSource:
     member) from the volume file. So a bundle with parity can drop its volumes' pages once written, as a plain
     bundle does, where keeping them cached for the parity pass is dear (pack._write_all): on a VM that hands free
     memory back to its host, growing the page cache by the data volumes cost the run 3-4 s of sys time for 2.3 GB
-    (README, "How the parity pass reads"). Use it only where unchanged() holds before the pass (else read the
+    (docs/bundle.md, "How the parity pass reads"). Use it only where unchanged() holds before the pass (else read the
     volume: FileSource); the caller checks it again after the pass."""
 
     def __init__(self, volume: Path, spans: list[Span]):
@@ -331,7 +331,7 @@ class SplicedSource:
         self._volume.close()
 
 
-def _chunk(src: Source, offset: int, stripe: int, length: int) -> bytes:
+def _chunk(src: ByteSource, offset: int, stripe: int, length: int) -> bytes:
     """STRIPE bytes of a stream at OFFSET, zeros past its LENGTH (a short read of a cut file reads as zeros too:
     the whole-stream blake3 catches it)."""
     want = max(0, min(stripe, length - offset))
@@ -355,7 +355,7 @@ class EncodeResult:
     parity_blake3: list[str]  # whole parity stream, NSTRIPES*S bytes
 
 
-def encode(layout: Layout, sources: list[Source], sinks: list[Callable[[memoryview], None]],
+def encode(layout: Layout, sources: list[ByteSource], sinks: list[Callable[[memoryview], None]],
            on_bytes: Callable[[int], None] | None = None, known_blake3: list[str | None] | None = None
            ) -> EncodeResult:
     """Read the K data streams stripe by stripe (once), write the M parity streams to SINKS in order. KNOWN_BLAKE3:
@@ -465,7 +465,7 @@ class DirectEncoder:
         """Encode SIZE bytes of each data chunk into parity buffer INTO."""
         self._lib.ec_encode_data(size, self.k, self.m, self._tables, self._data_ptrs, self._parity_ptrs[into])
 
-    def encode(self, layout: Layout, sources: list[Source], sinks: list[Callable[[memoryview], None]],
+    def encode(self, layout: Layout, sources: list[ByteSource], sinks: list[Callable[[memoryview], None]],
                on_bytes: Callable[[int], None] | None, known: list[str | None]) -> EncodeResult:
         S = layout.stripe
         # blake3 on its own threads: hashing the data volumes is most of the pass (measured, 1 GB of ten volumes
@@ -615,7 +615,7 @@ class _Mappings:
     the encoder by address: the read's copy into a buffer goes (measured, 1 GiB of ten volumes: 0.25 s of 0.95 s in
     preadv). A chunk's pages leave our page tables once encoded (the page cache keeps them), so memory stays flat."""
 
-    def __init__(self, sources: list[Source], lengths: tuple[int, ...]):
+    def __init__(self, sources: list[ByteSource], lengths: tuple[int, ...]):
         self._maps: dict[int, _Mapped] = {}
         self._spliced = {i: src for i, src in enumerate(sources) if isinstance(src, SplicedSource)}
         for i, src in enumerate(sources):
@@ -641,7 +641,7 @@ class _Mappings:
         self._maps.clear()
 
 
-def _read_into(src: Source, offset: int, view: memoryview) -> int:
+def _read_into(src: ByteSource, offset: int, view: memoryview) -> int:
     if hasattr(src, "readinto"):
         return src.readinto(offset, view)
     got = src.pread(offset, len(view))
@@ -675,7 +675,7 @@ class RebuildResult:
     output_blake3: dict[int, str]  # whole rebuilt stream (its real length)
 
 
-def rebuild(layout: Layout, inputs: dict[int, Source], want: list[int], sinks: dict[int, Callable[[memoryview], None]],
+def rebuild(layout: Layout, inputs: dict[int, ByteSource], want: list[int], sinks: dict[int, Callable[[memoryview], None]],
             on_bytes: Callable[[int], None] | None = None, hash_inputs: bool = False) -> RebuildResult:
     """Rebuild the streams WANT (indexes as in Layout.length) from K of INPUTS; each sink gets exactly the
     stream's real length. Callers compare the returned output digests with the ones recorded at encoding; when

@@ -17,8 +17,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from ..errors import BadInput
-from ..fsutil import check_relpath, open_local_file
+from ..errors import BadInput, MMError
+from ..paths import payload_dir
+from ..edges.fsutil import check_relpath, open_local_file
 from .fields import MAX_TEXT, integer, plain_name, record, string
 
 MODEL_KIND = "model"  # the model's own files: not a payload, but members of the same index
@@ -133,7 +134,7 @@ def prove_image(archive: Path, opts: CollectOptions) -> tuple[ImagePayload, list
     """The archive's record, proven against the pinned reference (image.prove_archive): the config digest inside
     must be the one the chain gives (from the registry when it answers, else from the `mm image save` record
     beside it). Another image is refused (exit 7) unless opts.allow_other_image. The record travels with it."""
-    from .. import image as mm_image  # here: the CLI imports this table at start-up
+    from ..serving import image as mm_image  # here: the CLI imports this table at start-up
     from ..errors import Refused
     from ..pins import default_pin
 
@@ -180,7 +181,7 @@ def image_info(image: Path) -> ImagePayload:
     Both documents are hostile (an archive from anywhere): read through the untrusted loader, every field typed."""
     import tarfile  # here: the CLI imports this table at start-up
 
-    from ..untrusted import At
+    from ..edges.untrusted import At
 
     refs: list[str] = []
     image_id = None
@@ -217,7 +218,7 @@ def image_info(image: Path) -> ImagePayload:
 
 
 def _member_json(tf, info, where: str) -> object:
-    from ..untrusted import load_json
+    from ..edges.untrusted import load_json
 
     if info.size > MAX_IMAGE_JSON:
         raise BadInput(f"{where}: {info.size} bytes, more than the {MAX_IMAGE_JSON} allowed")
@@ -268,7 +269,7 @@ class KernelCachePayload(NamedTuple):
                 raise ValueError(f"kernel cache {label!r}: file record {item!r} is not [path, size]")
             rel = check_relpath(string({"path": item[0]}, "path"), where)
             entries.append((rel, integer({"size": item[1]}, "size")))
-        from ..cachekey import check_cache_key  # here: the CLI imports this table at start-up
+        from ..serving.cachekey import check_cache_key  # here: the CLI imports this table at start-up
 
         return cls(label, check_cache_key(raw.get("key"), label), tuple(entries))
 
@@ -292,7 +293,7 @@ class KernelCachePayload(NamedTuple):
 def _kernel_cache(cache_dir: Path, label: str, cli_key: dict | None) -> tuple[KernelCachePayload, list[PayloadFile]]:
     if not cache_dir.is_dir():
         raise BadInput(f"{cache_dir}: kernel cache is not a directory")
-    from ..cachekey import read_cache_key  # here: the CLI imports this table at start-up
+    from ..serving.cachekey import read_cache_key  # here: the CLI imports this table at start-up
 
     key = read_cache_key(cache_dir) or (dict(cli_key) if cli_key else None)
     found = []
@@ -329,6 +330,14 @@ class MmPayload(NamedTuple):
         return {**self.summary(), "path": str(root), "install": f"sh {root / 'install-mm.sh'} [DIR]"}
 
     def next_command(self, root: Path) -> str:
+        from .wheelhouse import mm_version  # here: the CLI imports this table at start-up
+        try:
+            running = mm_version()
+        except MMError:
+            running = None
+        if running == self.mm_version:  # it would install the mm that just ran
+            return (f"sh {root / 'install-mm.sh'} [DIR]   # only on another host (copy {root}): mm "
+                    f"{self.mm_version} is the mm running here")
         return (f"sh {root / 'install-mm.sh'} [DIR]   # mm {self.mm_version} offline, sets {', '.join(self.sets)} "
                 f"(on another host: copy {root})")
 
@@ -357,7 +366,7 @@ class MmPayload(NamedTuple):
     def collect(cls, paths: list[Path], opts: CollectOptions) -> Collected:
         if not paths:
             return Collected((), ())
-        from ..wheelhouse import INSTALL_SCRIPT, payload_files  # here: the CLI imports this table at start-up
+        from .wheelhouse import INSTALL_SCRIPT, payload_files  # here: the CLI imports this table at start-up
 
         doc, found = payload_files(Path(paths[0]))
         files = tuple(PayloadFile(rel, src, size) for rel, src, size in found)
@@ -489,5 +498,5 @@ def files_expected(payloads: Payloads) -> dict[tuple[str, str], int]:
 def payload_roots(dest: Path, chosen: dict[str, Path | None] | None) -> dict[str, Path]:
     """Where each kind goes: the option given, else DEST.payload/<dest_default>."""
     chosen = chosen or {}
-    beside = dest.parent / f"{dest.name}.payload"
+    beside = payload_dir(dest)
     return {k.kind: Path(chosen.get(k.kind) or beside / k.dest_default) for k in PAYLOAD_KINDS}

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput, IntegrityError
-from ..fsutil import unlink_file
-from ..interrupt import keeps
-from ..progress import NULL_PROGRESS, ProgressSink
+from ..edges.fsutil import unlink_file
+from ..edges.interrupt import keeps
+from ..edges.progress import NULL_PROGRESS, ProgressSink
 from .check import check_volumes, conflicting_numbers, data_bytes, parity_set, ranges, reference_bundle
 from .copyio import ChunkPipe
 from .format import RESTORE_MEMBER, SIG_MEMBER
@@ -26,7 +26,7 @@ from .volume import Volume, find_volumes, meta_bytes, open_volume, split_volumes
 
 
 @dataclass
-class RepairReport:
+class VolumeRepairReport:
     ok: bool
     bundle_id: str
     name: str
@@ -38,7 +38,7 @@ class RepairReport:
 
 
 def repair_volumes(sources: list[Path], out_dir: Path | None = None, sync: bool = True,
-                   progress: ProgressSink = NULL_PROGRESS) -> RepairReport:
+                   progress: ProgressSink = NULL_PROGRESS) -> VolumeRepairReport:
     """Check every volume in SOURCES; rebuild what is lost or damaged into OUT_DIR (default: beside the first
     volume given). NotRecoverable (exit 1) when more are lost than the parity can rebuild."""
     vols = [open_volume(p) for p in find_volumes(sources)]
@@ -80,7 +80,7 @@ def repair_volumes(sources: list[Path], out_dir: Path | None = None, sync: bool 
     data_paths = [rebuilt.get(n) or good[n].path for n in range(1, index.volumes + 1)]
     bad_parity = sorted(set(range(1, index.parities + 1)) - {pv.number for pv in pset.usable})
     rewritten = _rewrite_parity(pset.usable[0], data_paths, bad_parity, out, sync, progress) if bad_parity else []
-    return RepairReport(True, ref, index.name, str(out), [str(rebuilt[n]) for n in sorted(rebuilt)], rewritten,
+    return VolumeRepairReport(True, ref, index.name, str(out), [str(rebuilt[n]) for n in sorted(rebuilt)], rewritten,
                         [good[n].path.name for n in sorted(good)], notes)
 
 
@@ -126,7 +126,7 @@ def _check_written(paths: list[Path], agrees) -> None:
 
 
 def _parity_from_data_alone(data: list[Volume], ref: str | None, out_dir: Path | None, notes: list[str], sync: bool,
-                            progress: ProgressSink) -> RepairReport:
+                            progress: ProgressSink) -> VolumeRepairReport:
     """Every parity volume is lost: with every data volume intact, write them all again (their shape is in the
     data volumes' index); otherwise nothing can be rebuilt."""
     mine = [v for v in data if v.bundle_id == ref and not v.refused and v.index is not None]
@@ -151,5 +151,5 @@ def _parity_from_data_alone(data: list[Volume], ref: str | None, out_dir: Path |
                                    progress=progress)
     progress.end()
     _check_written([path for _, path in written], lambda pv: pv.bundle_id == ref)
-    return RepairReport(True, ref, first.index.name, str(out), [], [str(path) for _, path in written],
+    return VolumeRepairReport(True, ref, first.index.name, str(out), [], [str(path) for _, path in written],
                         [good[n].path.name for n in sorted(good)], notes)

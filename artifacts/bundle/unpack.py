@@ -8,10 +8,13 @@ code (tarfile never extracts). A hostile or damaged volume is named with the mem
 State between sittings lives in DEST/.mm/unbundle/state.json (which pieces of split files are in place).
 Files are written under partial names (DEST/.mm/unbundle/partial/..., or <payload root>/.mm-partial/...)
 and given their final name only when their whole-file blake3 matches the manifest (payloads: the index of
-the volume holding their last byte). A file already at its final name with the right size is not rewritten.
+the volume holding their last byte). A file already at its final name with the right size is not rewritten, unless an import named it and it changed since.
 
-The report says how the import went (Outcome: imported, refused, verify-failed); the CLI maps that to the
-exit status. Not enough free space raises Refused before anything is written.
+The report says how the import went (Outcome: imported, waiting, refused, verify-failed); the CLI maps that to
+the exit status. A complete import leaves its record in DEST/.mm/imported.json (the bundle, where its volumes were
+read, and each file's stamp as named): running unbundle again from the same volumes imports again exactly the files
+changed since (a hand-edited file), and integrity.provenance tells verify, launch and repair to advise the volumes.
+Not enough free space raises Refused before anything is written.
 
 Signatures: with --allowed-signers the manifest's signature (MMBUNDLE/manifest.json.sig) is checked with
 ssh-keygen before anything is written (signing.py); with --require-signature an unsigned bundle is refused too.
@@ -33,36 +36,43 @@ from __future__ import annotations
 import bisect
 import enum
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, Mapping, NamedTuple
 
-from ..errors import BadInput, BadValue, IntegrityError, Refused
-from ..fsutil import (MM_DIR, atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets,
-                      dir_lock, fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, remove_tree,
-                      require_free_space, unlink_file)
-from ..hashing import StreamHasher
-from ..interrupt import keeps
-from ..manifest import MAX_MANIFEST_BYTES, from_json, manifest_path, read_manifest
-from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
-from ..sharing import COPY, how_to_share
-from ..untrusted import MAX_DOCUMENT, At, load_json, read_json_file
+from ..errors import BadInput, BadValue, IntegrityError, MMError, Refused
+from ..paths import IMPORT_RECORD, MM_DIR, POINTER, UNBUNDLE_DIR, store_root_of
+from ..edges.fsutil import (atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets, dir_lock,
+                            fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, read_lock,
+                            remove_tree, require_free_space, still_to_write, unlink_file)
+from ..integrity.hashing import StreamHasher
+from ..edges.interrupt import keeps
+from ..integrity.manifest import MAX_MANIFEST_BYTES, from_json, read_manifest
+from ..paths import manifest_path
+from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..units import human_bytes
+from ..edges.sharing import COPY, how_to_share
+from ..edges.untrusted import MAX_DOCUMENT, At, load_json, read_json_file
 from . import delta as deltas
-from .check import ParitySet, conflicting_numbers, parity_set, reference_bundle
+from .check import ParitySet, conflicting_numbers, incomplete, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back, write_all
-from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member
-from .index import Entry, Index, disagreements, parse_index
+from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member, volume_filename
+from .index import Entry, Index, disagreements, parse_index, take_disagreements, unaccounted
 from .parity import FileSource, NotRecoverable, describe_shortfall, rebuild
 from .payloads import MODEL_KIND, PAYLOAD_PARTIAL, files_expected, next_commands, payload_roots, payloads_placed
 from .volume import Volume, find_volumes, meta_bytes, open_volume, split_volumes
 
-STATE_DIR = f"{MM_DIR}/unbundle"
+STATE_DIR = UNBUNDLE_DIR
+REBUILT = "rebuilt"  # under STATE_DIR: data volumes rebuilt from parity, deleted once imported
+MAX_NAMED_VOLUMES = 10_000  # mm's own bound on the names kept for advice (a bundle of more volumes is named by number)
 
 
 class Outcome(str, enum.Enum):
     """How an unbundle run ended (the CLI maps it to the exit status)."""
 
-    IMPORTED = "imported"  # everything given was imported (volumes may still be missing)
+    IMPORTED = "imported"  # everything was imported and the final verify passed
+    WAITING = "waiting"  # everything given was imported; the bundle's other volumes are still to come
     REFUSED = "refused"  # a volume or member was refused or did not match its hash; the rest was imported
     VERIFY_FAILED = "verify-failed"  # the last volume is in, and the final full verify found problems
 
@@ -165,11 +175,46 @@ class _State:
         return sum(int(p[1]) for p in self.doc["pieces"].get(key, {}).values())
 
     def save(self) -> None:
-        atomic_write_json(self.path, self.doc, root=self.root)
+        atomic_write_json(self.path, self.doc, root=self.root, indent=None)  # a stamp a file: one line, C encoder
 
 
 def _is_done(target: Path, size: int) -> bool:
     return target.is_file() and not target.is_symlink() and target.stat().st_size == size
+
+
+def _in_place(targets: dict, stale: set, key: tuple[str, str], size: int) -> bool:
+    """A file at its final name with its size, and not changed since an import named it (STALE)."""
+    return key not in stale and _is_done(targets[key], size)
+
+
+def _changed_since_named(targets: dict, state: _State) -> set[tuple[str, str]]:
+    """Files an import (this bundle's, in an earlier sitting or a finished import) named whose stamp changed since:
+    written to by hand or by a tool. They are imported again; their old stamps no longer prove them."""
+    proven = state.doc.get("proven", {})
+    stale = set()
+    for key, target in targets.items():
+        skey = f"{key[0]}:{key[1]}"
+        stamp = proven.get(skey)
+        if stamp is not None and _stamp(target) not in (None, stamp):
+            stale.add(key)
+            del proven[skey]
+    return stale
+
+
+def _read_record(dest: Path) -> _State | None:
+    """The record a finished import left (the same shape as the state of one in progress), or None. Damaged or
+    planted, it is ignored: it only saves work (stamps), and every file it would spare is still checked by size,
+    structure and, where its stamp differs, by hash."""
+    try:
+        return _State(check_inside(dest, dest / IMPORT_RECORD), dest)
+    except (BadInput, OSError, ValueError):
+        return None
+
+
+def _write_record(dest: Path, state: _State) -> None:
+    keep = ("bundle_id", "name", "volumes", "manifest_blake3", "done_volumes", "read_from", "volume_files", "proven")
+    doc = {"schema": "mm-import/1", **{k: state.doc[k] for k in keep if k in state.doc}}
+    atomic_write_json(check_inside(dest, dest / IMPORT_RECORD), doc, root=dest)
 
 
 def check_free_space(places: Places, remaining: dict[str, int]) -> None:
@@ -201,11 +246,34 @@ def _judge_volumes(vols: list[Volume], ref: str | None, manifest_b3: str | None,
     return accepted, refused
 
 
-def _still_needed(expected: dict, targets: dict, state: _State) -> dict[str, int]:
-    """Bytes still to write, by kind of destination (files not yet final, less pieces already in place)."""
+class _Targets(Mapping):
+    """(kind, path) -> the final name of each file the bundle imports: every one checked up front (Places.final: a
+    safe path, no link on the way), each Path made when asked (a Path is ~0.5 KB, and a bundle may hold a million
+    files)."""
+
+    def __init__(self, places: Places, keys: Mapping[tuple[str, str], int]):
+        self._roots, self._keys = places.roots, keys
+        for key in keys:
+            places.final(*key)
+
+    def __getitem__(self, key: tuple[str, str]) -> Path:
+        if key not in self._keys:
+            raise KeyError(key)
+        return self._roots[key[0]] / key[1]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def _still_needed(expected: dict, targets: Mapping, state: _State, stale: set, places: Places) -> dict[str, int]:
+    """Bytes still to write, by kind of destination (files not yet final, less what their partial files hold)."""
     needed: dict[str, int] = {}
     for key, size in expected.items():
-        left = 0 if _is_done(targets[key], size) else size - state.bytes_in_place(f"{key[0]}:{key[1]}")
+        left = 0 if _in_place(targets, stale, key, size) else still_to_write(
+            places.partial(*key), size, state.bytes_in_place(f"{key[0]}:{key[1]}"))
         needed[key[0]] = needed.get(key[0], 0) + left
     return needed
 
@@ -214,13 +282,15 @@ def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | N
     """The bundle's manifest signature, checked with ssh-keygen before anything is written: (report or None when
     unsigned and not required, the manifest bytes whose signature was checked). VOLS: data volumes first, then
     parity volumes (they carry the manifest and its signature too)."""
-    from ..signing import verify_manifest_signature
+    from ..integrity.signing import verify_manifest_signature
 
     ref = reference_bundle(vols)
     first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
                   and MANIFEST_MEMBER not in v.damaged), None)
     if first is None:
-        raise BadInput("no usable volume to check the manifest signature in")
+        why = [r for v in vols for r in v.refused][:3] or [f"{v.path.name}: its manifest is damaged or missing"
+                                                          for v in vols][:3] or ["no volume given"]
+        raise BadInput(f"no usable volume to check the manifest signature in: {'; '.join(why)}")
     sig = meta_bytes(first, SIG_MEMBER)
     if sig is None and SIG_MEMBER in first.described.meta:
         raise IntegrityError(f"{first.path.name}: member {SIG_MEMBER!r} is damaged; refused")
@@ -236,13 +306,51 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
              progress: ProgressSink = NULL_PROGRESS, sync: bool = True, allowed_signers: Path | None = None,
              identity: str | None = None, require_signature: bool = False, readback: bool = False,
              base_dir: Path | None = None, link: bool = False) -> UnbundleReport:
+    """_unbundle; a DEST this call made is removed again when the import is refused before keeping any work
+    (only mm's lock and state in it): a refused `mm unbundle` leaves no empty --dest behind."""
+    made = not os.path.lexists(dest)
+    try:
+        return _unbundle(sources, dest, payload_dests, progress, sync, allowed_signers, identity,
+                         require_signature, readback, base_dir, link)
+    except MMError:
+        if made:
+            _remove_if_no_work(Path(dest))
+        raise
+
+
+def _next_commands(payloads, roots: dict[str, Path], dest: Path, manifest) -> list[str]:
+    """The payloads' next commands, then, when DEST is a revision in a store's layout, the `mm use` that makes it
+    the one a start script made from ROOT/REPO/current serves."""
+    use = []
+    if (root := store_root_of(dest, manifest.repo_id)) is not None:
+        use = [f"mm use {manifest.repo_id} {manifest.revision[:12]} --root {root}   # serve it from {root}/"
+               f"{manifest.repo_id}/{POINTER} at the next start"]
+    return next_commands(payloads, roots) + use
+
+
+_NO_WORK = {f"{MM_DIR}/lock", f"{STATE_DIR}/state.json"}  # what a refused import leaves: no byte of the model
+
+
+def _remove_if_no_work(dest: Path) -> None:
+    try:
+        held = {str(p.relative_to(dest)) for p in dest.rglob("*") if not p.is_dir() or p.is_symlink()}
+        if held <= _NO_WORK:
+            remove_tree(dest.parent, dest)
+    except (OSError, MMError):  # left as it is: the refusal's own line is what the user needs
+        pass
+
+
+def _unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | None] | None = None,
+              progress: ProgressSink = NULL_PROGRESS, sync: bool = True, allowed_signers: Path | None = None,
+              identity: str | None = None, require_signature: bool = False, readback: bool = False,
+              base_dir: Path | None = None, link: bool = False) -> UnbundleReport:
     """Import the volumes in SOURCES into DEST; PAYLOAD_DESTS: payload kind -> its destination (default
     DEST.payload/<kind dir>). sync=False skips the fsyncs of imported data (the final names still come only
     after the hashes match). ALLOWED_SIGNERS: check the manifest's signature first (IntegrityError, nothing
     written, when it is not good; with REQUIRE_SIGNATURE when there is none either). READBACK: each file, once
     fsynced, is read back from the disk (its pages dropped from the page cache) before it is named. BASE_DIR: a
     delta's base revision (--from), whose files are taken by reflink, by hard link when LINK, else by a copy."""
-    from ..hfcache import refuse_snapshot
+    from ..paths import refuse_snapshot
 
     dest = Path(dest)
     refuse_snapshot(dest, "mm unbundle")
@@ -253,28 +361,51 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
     if allowed_signers is not None:
         signature, signed_manifest = check_signature(vols + pvols, allowed_signers, identity, require_signature)
     dest.mkdir(parents=True, exist_ok=True)
-    with dir_lock(dest, "mm unbundle"):
+    with dir_lock(dest, "mm unbundle"), (read_lock(Path(base_dir), "mm unbundle --from") if base_dir is not None
+                                         else nullcontext()):  # gc keeps a delta's base while it is read
         keeps(dest)  # an interrupt names the imported volumes and partial files kept here
         state = _State(check_inside(dest, dest / STATE_DIR / "state.json"), dest)
+        record = _read_record(dest) if not state.doc.get("bundle_id") else None
         ref = reference_bundle(vols, state.doc.get("bundle_id"))
+        if record is not None and record.doc.get("bundle_id") == ref:  # the same bundle again: trust its stamps
+            state.doc["proven"] = record.doc.get("proven", {})
+        early = _Rebuilt()
+        if pvols and not _readable(vols, ref) and _earlier_index(dest, ref or reference_bundle(pvols)) is None:
+            rebuilt_vols = _rebuild_before_import(dest, vols, pvols, ref or reference_bundle(pvols), sync, progress,
+                                                  early)
+            vols = vols + rebuilt_vols
+            ref = reference_bundle(vols, state.doc.get("bundle_id"))
         first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
                       and MANIFEST_MEMBER not in v.damaged), None)
         manifest_b3 = state.doc.get("manifest_blake3") or (first.index.manifest_blake3 if first else None)
         accepted, refused = _judge_volumes(vols, ref, manifest_b3, first)
         if first is not None and accepted:
             idx, manifest_bytes, where = first.index, first.manifest_bytes, f"{first.path.name}: {MANIFEST_MEMBER}"
+            idx_where = first.path.name
         else:  # parity volumes only: the bundle's index from an earlier sitting, when it left one
             earlier = _earlier_index(dest, ref) if pvols else None
             if earlier is None:
-                raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} given: "
-                               + "; ".join(refused[:3]))
+                why = refused[:3] + ([early.recovery] if early.recovery else []) or [
+                    "no data volume given, and no parity volume of an mm bundle" if not pvols else "none readable"]
+                raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} data and "
+                               f"{len(pvols)} parity volume(s) given: " + "; ".join(why))
             idx, manifest_bytes, where = earlier
+            idx_where = str(dest / STATE_DIR / "index.json")
             first = next((pv for pv in pvols if pv.bundle_id == ref and not pv.refused), None)
         manifest = from_json(manifest_bytes, where)
+        if idx.delta is not None and (wrong := take_disagreements(idx.delta, manifest)):
+            raise BadInput(f"{first.path.name if first else where}: {wrong[0]}; refused, nothing written")
         for v in list(accepted):
             if disagree := disagreements(v.index, manifest):
                 accepted.remove(v)
                 refused.append(f"{v.path.name}: {disagree[0]}; refused")
+                if not accepted:  # every volume given says otherwise than the manifest: nothing to import
+                    raise IntegrityError(f"{'; '.join(refused[:3])}; nothing written")
+        if disagree := disagreements(idx, manifest):  # every path below is looked up among the manifest's files
+            raise BadInput(f"{idx_where}: {disagree[0]}; refused")
+        if {v.number for v in accepted} == set(range(1, idx.volumes + 1)) and (
+                lost := unaccounted(manifest, [v.index for v in accepted])):
+            raise BadInput(f"{incomplete(ref, lost)}; nothing written")
         pset = parity_set(pvols, ref)
         refused += pset.refused
         if signed_manifest is not None and manifest_bytes != signed_manifest:
@@ -285,21 +416,26 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
         _check_dest_manifest(dest, manifest_bytes)
         places = Places(dest, payload_dests)
         expected = {**{(MODEL_KIND, f.path): f.size for f in manifest.files}, **files_expected(idx.payloads)}
-        targets = {key: places.final(*key) for key in expected}
-        needed = _still_needed(expected, targets, state)
+        targets = _Targets(places, expected)
+        stale = _changed_since_named(targets, state)
+        needed = _still_needed(expected, targets, state, stale, places)
         mode = how_to_share(base.path, places.partial_dir(MODEL_KIND), link, root=dest) if base else None
         if base and mode != COPY:  # a reflink or a hard link writes no data
-            needed[MODEL_KIND] -= sum(t.size for t in idx.delta.take if not _is_done(targets[(MODEL_KIND, t.path)], t.size))
+            needed[MODEL_KIND] -= sum(t.size for t in idx.delta.take
+                                      if not _in_place(targets, stale, (MODEL_KIND, t.path), t.size))
         check_free_space(places, needed)
         state.doc.update({"bundle_id": ref, "name": idx.name, "volumes": idx.volumes,
                           "manifest_blake3": idx.manifest_blake3})
+        state.doc.setdefault("read_from", {}).update({str(v.number): str(v.path.absolute()) for v in accepted})
+        if idx.volumes <= MAX_NAMED_VOLUMES:  # what advice names a volume still to come by (integrity.provenance)
+            state.doc["volume_files"] = [volume_filename(idx.name, n, idx.volumes) for n in range(1, idx.volumes + 1)]
         if not manifest_path(dest).is_file():
             atomic_write_bytes(manifest_path(dest), manifest_bytes, root=dest)
         _restore_signature(dest, first)
         if first is not None and not first.is_parity and (pvols or idx.parity):  # for a sitting of parity volumes only
             atomic_write_bytes(dest / STATE_DIR / "index.json", first.index_bytes, root=dest)
         state.save()
-        run = _Import(places, state, targets, progress, sync, readback)
+        run = _Import(places, state, targets, progress, sync, readback, stale)
         total = sum(e.length for v in accepted for e in v.entries())
         progress.begin(total, f"unbundle {idx.name}")
         try:
@@ -313,33 +449,45 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
                 state.doc["done_volumes"] = sorted(done_vols)
                 state.save()
             progress.end()
+            for v in vols:  # rebuilt from parity before the import: imported now, deleted as _rebuild_from_parity does
+                if v.path.parent == dest / STATE_DIR / REBUILT and v.number in state.doc["done_volumes"]:
+                    unlink_file(dest, v.path)
             rebuild_report = _Rebuilt(notes=list(pset.unused))
             from_base = {(MODEL_KIND, t.path) for t in idx.delta.take} if base else set()
             carried = {key: size for key, size in expected.items() if key not in from_base}
-            if pset.usable and any(not _is_done(targets[key], size) for key, size in carried.items()):
+            if pset.usable and any(not run.in_place(key, size) for key, size in carried.items()):
                 rebuild_report = _rebuild_from_parity(dest, accepted, pset, run, state, idx.volumes, sync, progress,
                                                       lambda v: _judge_rebuilt(v, ref, manifest_b3, manifest, idx),
                                                       volume_size=idx.volume_size)
                 refused += rebuild_report.refused
+            rebuild_report.volumes = early.volumes + rebuild_report.volumes
+            rebuild_report.notes = early.notes + rebuild_report.notes
+            rebuild_report.parity_used = sorted(set(early.parity_used) | set(rebuild_report.parity_used))
             taken = _take_from_base(base, idx, mode, run, progress) if base else None
             run.corrupt += taken.refused if taken else []
         finally:
             run.pipe.close()
-        waiting = sorted(file_member(*key) for key, size in expected.items() if not _is_done(targets[key], size))
+        waiting = sorted(file_member(*key) for key, size in expected.items() if not run.in_place(key, size))
         missing = sorted(set(range(1, idx.volumes + 1)) - set(state.doc["done_volumes"]))
+        taken_paths = {t.path for t in idx.delta.take} if idx.delta else set()
+        if not missing and (lost := sorted(key[1] for key, size in expected.items() if key[0] == MODEL_KIND
+                                           and key[1] not in taken_paths and not _is_done(targets[key], size))):
+            refused.append(incomplete(ref, lost))  # every volume imported, and still files no volume carries
         complete = not waiting
         verify_doc = None
-        outcome = Outcome.REFUSED if (refused or run.corrupt) else Outcome.IMPORTED
+        outcome = (Outcome.REFUSED if (refused or run.corrupt) else Outcome.IMPORTED if complete
+                   else Outcome.WAITING)
         if complete:
             verify_doc = _final_check(dest, run, state, manifest, progress)
             if outcome is Outcome.IMPORTED and not verify_doc["ok"]:
                 outcome = Outcome.VERIFY_FAILED
+            _write_record(dest, state)
             places.clean_partials()
         roots = places.payload_roots
         return UnbundleReport(outcome is Outcome.IMPORTED, outcome, complete, ref, idx.name, str(dest), idx.volumes,
                               [v.path.name for v in accepted], refused, missing, run.imported, run.skipped,
                               run.corrupt, waiting, payloads_placed(idx.payloads, roots),
-                              next_commands(idx.payloads, roots) if complete else [], verify_doc,
+                              _next_commands(idx.payloads, roots, dest, manifest) if complete else [], verify_doc,
                               notes=rebuild_report.notes, synced=sync, rebuilt=rebuild_report.volumes,
                               parity_used=rebuild_report.parity_used, recovery=rebuild_report.recovery,
                               signature=_signature_doc(signature), delta=_delta_doc(idx, manifest, base, taken))
@@ -348,7 +496,7 @@ def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | No
 def _take_from_base(base: deltas.BaseDir, idx: Index, mode: str, run: _Import, progress: ProgressSink) -> deltas.Taken:
     """The delta's files not yet in place, taken from the base directory (each hashed before it gets its name, and
     with --readback a copy read back from the disk too); each taken file counts as named by this run."""
-    todo = [t for t in idx.delta.take if not _is_done(run.targets[(MODEL_KIND, t.path)], t.size)]
+    todo = [t for t in idx.delta.take if not run.in_place((MODEL_KIND, t.path), t.size)]
     progress.begin(sum(t.size for t in todo), f"take from {base.path} ({mode})", files=len(todo))
 
     def readback(path: Path, size: int, pipe: ChunkPipe, hashers) -> None:
@@ -362,6 +510,7 @@ def _take_from_base(base: deltas.BaseDir, idx: Index, mode: str, run: _Import, p
         progress.end()
     for path in taken.files:
         run.named.append((MODEL_KIND, path))
+        run.stale.discard((MODEL_KIND, path))
         if run.sync:  # a later sitting trusts it by its stamp, as a file imported from a volume
             run.state.doc.setdefault("proven", {})[f"{MODEL_KIND}:{path}"] = _stamp(run.targets[(MODEL_KIND, path)])
     run.state.save()
@@ -402,7 +551,7 @@ def _earlier_index(dest: Path, ref: str | None) -> tuple[Index, bytes, str] | No
 
 def _restore_signature(dest: Path, first: Volume | None) -> None:
     """Put the manifest's signature back beside the manifest (DEST/.mm/manifest.json.sig)."""
-    from ..signing import signature_path
+    from ..integrity.signing import signature_path
 
     if first is None:
         return
@@ -465,7 +614,7 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
     try:
         progress.begin(sum(pindex.data[n - 1].size for n in lost), f"rebuild volume(s) {', '.join(map(str, lost))}",
                        files=len(lost))
-        rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / "rebuilt", sync, progress, root=dest)
+        rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / REBUILT, sync, progress, root=dest)
         out.notes += [f"{what}: damaged (its bytes do not match the parity index); left out of the rebuild"
                       for what in rebuilt.left_out]
     except NotRecoverable as e:
@@ -501,6 +650,46 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
     return out
 
 
+def _readable(vols: list[Volume], ref: str | None) -> bool:
+    """Some data volume of bundle REF gives its index and manifest."""
+    return any(v.bundle_id == ref and not v.refused and v.index is not None and v.manifest_bytes
+               and MANIFEST_MEMBER not in v.damaged for v in vols)
+
+
+def _rebuild_before_import(dest: Path, vols: list[Volume], pvols: list[Volume], ref: str | None, sync: bool,
+                           progress: ProgressSink, out: _Rebuilt) -> list[Volume]:
+    """No data volume tells the bundle's index, and no earlier sitting left it: the data volumes not given whole
+    are rebuilt from the parity volumes first (as `mm bundle repair-volume` does, and as `mm bundle verify`
+    promises), into DEST's state directory, then imported as if given. What could not be done goes to OUT."""
+    pset = parity_set(pvols, ref)
+    if not pset.usable:
+        out.recovery = "; ".join(pset.refused + pset.unused) or None
+        return []
+    pindex = pset.usable[0].parity
+    intact = {v.number: v for v in vols if v.bundle_id == ref and v.usable and v.number <= pindex.volumes
+              and v.path.name == pindex.data[v.number - 1].file}
+    lost = [n for n in range(1, pindex.volumes + 1) if n not in intact]
+    require_free_space([(dest / STATE_DIR, sum(pindex.data[n - 1].size for n in lost))],
+                       f"rebuilding data volume(s) {', '.join(map(str, lost))} from parity")
+    sources: dict[int, object] = {n: FileSource(v.path, read_once=True) for n, v in intact.items()}
+    try:
+        progress.begin(sum(pindex.data[n - 1].size for n in lost), f"rebuild volume(s) {', '.join(map(str, lost))}",
+                       files=len(lost))
+        rebuilt = rebuild_data_volumes(pset.usable, sources, lost, dest / STATE_DIR / REBUILT, sync, progress,
+                                       root=dest)
+    except NotRecoverable as e:
+        out.recovery = f"cannot rebuild from parity: {e.message}"
+        return []
+    finally:
+        progress.end()
+        for src in sources.values():
+            src.close()
+    out.volumes, out.parity_used = sorted(rebuilt.files), rebuilt.parity_used
+    out.notes += [f"{what}: damaged (its bytes do not match the parity index); left out of the rebuild"
+                  for what in rebuilt.left_out]
+    return [open_volume(path) for _, path in sorted(rebuilt.files.items())]
+
+
 class RebuiltVolumes(NamedTuple):
     files: dict[int, Path]  # data volume number -> the rebuilt file
     parity_used: list[int]  # parity volumes the rebuild read
@@ -510,7 +699,7 @@ class RebuiltVolumes(NamedTuple):
 def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: list[int], out_dir: Path,
                          sync: bool = True, progress: ProgressSink = NULL_PROGRESS, *,
                          root: Path | None = None) -> RebuiltVolumes:
-    """Rebuild data volumes WANT (numbers) from the good DATA sources (number -> parity.Source) and the parity
+    """Rebuild data volumes WANT (numbers) from the good DATA sources (number -> parity.ByteSource) and the parity
     volumes PVOLS (parity_set's usable), each into OUT_DIR under its own file name: written under a temporary
     name, named only when its whole-file blake3 is the one the parity index records. Raises NotRecoverable naming
     what would be enough. An input whose bytes are not those the parity index records (a damaged parity stream,
@@ -693,8 +882,8 @@ def _final_check(dest: Path, run: _Import, state: _State, manifest, progress: Pr
     very inode, size, mtime and ctime that sitting recorded; anything else (found in place, changed since) is hashed
     now. With --readback every file this run named was also read back from the disk (_Import.read_back). Files a
     delta took from its base count as named: each was hashed against the manifest before it got its name."""
-    from ..store import record_verified
-    from ..verify import verify_dir  # the verify capability (issue 3)
+    from ..integrity.stamps import record_verified
+    from ..integrity.verify import verify_dir  # the verify capability
 
     sizes = {f.path: f.size for f in manifest.files}
     now = {path for kind, path in run.named if kind == MODEL_KIND}
@@ -753,9 +942,10 @@ class _Import:
     disk with its pages dropped from the page cache, and named only if it still matches."""
 
     def __init__(self, places: Places, state: _State, targets: dict, progress: ProgressSink, sync: bool,
-                 readback: bool = False):
+                 readback: bool = False, stale: set | None = None):
         self.places, self.state, self.targets, self.progress, self.sync = places, state, targets, progress, sync
         self.readback = readback
+        self.stale = stale if stale is not None else set()  # files changed since an import named them: import again
         self.imported: list[str] = []
         self.named: list[tuple[str, str]] = []  # file keys this run named
         self.corrupt: list[str] = []
@@ -765,6 +955,9 @@ class _Import:
         self.running: dict[str, tuple[int, StreamHasher]] = {}  # split file -> (bytes hashed in order, its hasher)
         self.reread = 0  # bytes of split files read back from DEST to check them whole (pieces of other sittings)
         self.read_back = _ReadBack()
+
+    def in_place(self, key: tuple[str, str], size: int) -> bool:
+        return _in_place(self.targets, self.stale, key, size)
 
     @property
     def skipped(self) -> int:
@@ -805,7 +998,7 @@ class _Import:
             return
         skey = f"{e.kind}:{e.path}"
         pieces = self.state.pieces(skey)
-        if _is_done(final, e.size):
+        if self.in_place(e.key, e.size):
             self.present.add(e.key)
             return
         if str(e.segment) in pieces:  # this piece is in place from an earlier sitting
@@ -846,6 +1039,7 @@ class _Import:
         publish(partial, final, sync=self.sync, root=root)
         self.imported.append(file_member(*e.key))
         self.named.append(e.key)
+        self.stale.discard(e.key)
         if self.sync:  # a later sitting trusts it by its stamp (not a file a crash may have cut: --no-sync)
             self.state.doc.setdefault("proven", {})[skey] = _stamp(final)  # saved with the volume's state
         if not e.whole:
@@ -900,7 +1094,7 @@ class _Import:
             pos = offset
             try:
                 # the volume's pages leave the page cache once copied: it is read once, and the memory they
-                # held takes the model's pages next (README, "Durable writes")
+                # held takes the model's pages next (docs/bundle.md, "Copying and durability")
                 for view in self.pipe.stream(v.path, info.offset_data, info.size, hashers,
                                              drop=True):
                     try:

@@ -14,12 +14,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BadInput
-from ..fsutil import file_kind
-from ..untrusted import Malformed, load_json
+from ..edges.fsutil import file_kind
+from ..edges.untrusted import Malformed, load_json
 from .format import MANIFEST_MEMBER, META, PARITY_RE, VOLUME_RE, b3, index_member, parity_index_member
 from .index import Entry, Index, ParityIndex, parse_index, parse_parity_index
 
 MAX_INDEX_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """Where a member's bytes lie in its volume: what mm keeps of a tar header (a TarInfo is ~1 KB, and a volume may
+    hold a million members)."""
+
+    name: str
+    offset_data: int
+    size: int
+    mtime: int
+
+    @classmethod
+    def of(cls, info: tarfile.TarInfo) -> "Member":
+        return cls(info.name, info.offset_data, info.size, int(info.mtime))
 
 
 @dataclass
@@ -31,8 +46,8 @@ class Volume:
     parity: ParityIndex | None = None  # a parity volume's
     index_bytes: bytes = b""
     manifest_bytes: bytes = b""
-    data: dict[str, tarfile.TarInfo] = field(default_factory=dict)  # data member name -> header
-    meta: dict[str, tarfile.TarInfo] = field(default_factory=dict)  # MMBUNDLE/ member name -> header
+    data: dict[str, Member] = field(default_factory=dict)  # data member name -> where it lies
+    meta: dict[str, Member] = field(default_factory=dict)  # MMBUNDLE/ member name -> where it lies
     refused: list[str] = field(default_factory=list)  # hostile or malformed: nothing is taken from it
     damaged: dict[str, str] = field(default_factory=dict)  # member -> why (missing, truncated, hash)
 
@@ -143,9 +158,8 @@ def open_volume(path: Path) -> Volume:
             expected = {member: length for member, (length, _) in vol.described.data_members().items()}
             meta = vol.described.expected_meta()
             seen = {first.name}
-            for info in tf:
-                if info is first:  # iterating a TarFile yields the members already read, too
-                    continue
+            while (info := tf.next()) is not None:
+                tf.members.clear()  # tarfile keeps every header it reads; mm keeps a Member of those it takes
                 why = _kind_of(info)
                 if why:
                     vol.refused.append(f"{name}: member {info.name!r} is {why}; refused")
@@ -163,13 +177,13 @@ def open_volume(path: Path) -> Volume:
                 if info.name == MANIFEST_MEMBER:
                     vol.manifest_bytes = _read_member(tf, info, MAX_INDEX_BYTES)
                 elif info.name in meta:
-                    vol.meta[info.name] = info
+                    vol.meta[info.name] = Member.of(info)
                 elif info.name in expected:
                     if info.size != expected[info.name]:
                         vol.refused.append(f"{name}: member {info.name!r} is {info.size} bytes in the tar but "
                                            f"{expected[info.name]} in the index; refused")
                         continue
-                    vol.data[info.name] = info
+                    vol.data[info.name] = Member.of(info)
             for missing in sorted((set(expected) | meta) - seen):
                 vol.damaged[missing] = "missing (volume truncated?)"
     except BadInput as e:

@@ -1,7 +1,7 @@
 """A small OCI distribution-spec client: httpx2 (the HTTP stack huggingface_hub already brings) for the API, the
 standard library's http.client for blob bodies (uploads with sendfile, downloads read into mm's own buffer).
 
-What mm needs and oras-py lacks (README, "Why not oras-py"): blobs stream from and to disk (never whole in
+What mm needs and oras-py lacks (docs/registry.md, "Why not oras-py"): blobs stream from and to disk (never whole in
 memory), chunked uploads (PATCH + Content-Range) that resume from the offset the registry reports, cross-
 repository mounts, ranged blob GETs, and auth that follows the registry's `WWW-Authenticate` challenge
 (anonymous, Basic, Bearer token). Credentials live only in memory: never in a message, a log line, a URL or a
@@ -25,9 +25,9 @@ from urllib.parse import urlencode, urlsplit
 
 import httpx2
 
-from .. import interrupt, wire
+from ..edges import interrupt, wire
 from ..errors import BadInput, IntegrityError, RemoteError
-from ..untrusted import load_json, read_json_file
+from ..edges.untrusted import load_json, read_json_file
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -104,6 +104,28 @@ def parse_reference(text: str) -> Reference:
     return Reference(host, rest, tag, digest)
 
 
+def parse_host(text: str, what: str, transport: "Transport") -> tuple[str, "Transport"]:
+    """A mirror or tier as the user names it: HOST[:PORT], or http(s)://HOST[:PORT] (http: plain HTTP to that host
+    whatever TRANSPORT says; https: TLS even on loopback). Returns the host and the transport for it."""
+    raw = text.strip().rstrip("/")
+    scheme = None
+    if "://" in raw:
+        scheme, _, raw = raw.partition("://")
+        scheme = scheme.lower()
+        if scheme not in ("http", "https"):
+            raise BadInput(f"{what} {wire.shown(text, 80)!r}: not HOST[:PORT] or an http(s):// URL")
+    if "@" in raw:
+        raise BadInput(f"{what} ***@{wire.shown(raw.rsplit('@', 1)[1], 80)}: holds credentials; give them in "
+                       f"~/.docker/config.json / REGISTRY_AUTH_FILE instead")
+    if not HOST.match(raw):
+        raise BadInput(f"{what} {wire.shown(text, 80)!r}: not HOST[:PORT] or an http(s):// URL without a path")
+    if scheme == "http":
+        return raw, Transport(plain_http=True, timeout=transport.timeout)
+    if scheme == "https" and not transport.ca_file and is_loopback(raw):
+        raise BadInput(f"{what} {wire.shown(text, 80)!r}: HTTPS on loopback needs --ca-file")
+    return raw, transport
+
+
 def is_loopback(registry: str) -> bool:
     host = urlsplit(f"//{registry}").hostname or ""
     if host == "localhost":
@@ -175,7 +197,7 @@ def _auth_key_host(key: str) -> str:
 class Transport:
     plain_http: bool = False
     ca_file: Path | None = None
-    timeout: float | None = None  # a connect or one read; None: MM_NET_TIMEOUT (artifacts/wire.py)
+    timeout: float | None = None  # a connect or one read; None: MM_NET_TIMEOUT (artifacts/edges/wire.py)
 
 
 def _challenge(header: str) -> tuple[str, dict[str, str]]:
@@ -412,7 +434,7 @@ class Client:
         httpx hands out 64 KiB pieces and copies each. Follows a redirect to blob storage (S3 and the like), checked
         to be an http(s) URL, without the registry's Authorization. Yields a 200 or 206 answer; the caller proves
         its offsets (ranges.prove). 429, 408 and 5xx raise RetryLater; other refusals RemoteError."""
-        from ..ranges import RetryLater
+        from ..fetching.ranges import RetryLater
 
         self.ping()
         url = self.url(f"/v2/{self.ref.repository}/blobs/{digest}")
@@ -474,7 +496,7 @@ class Client:
     def read_blob(self, digest: str, limit: int) -> bytes:
         """A small blob (config, mm manifest) in memory, refused above LIMIT bytes or past the deadline, checked
         against DIGEST."""
-        from ..ranges import RetryLater
+        from ..fetching.ranges import RetryLater
 
         try:
             with self.open_blob(digest) as raw:
@@ -543,7 +565,8 @@ class Client:
                 with open(path, "rb") as f:
                     pos, left = start, length
                     while left:
-                        interrupt.check()  # stopped mid-chunk: the rerun starts this blob again (README, "Resume")
+                        # stopped mid-chunk: the rerun starts this blob again (docs/registry.md, "Resume of a push")
+                        interrupt.check()
                         n = conn.sock.sendfile(f, pos, min(left, SENDFILE_SLICE))
                         if not n:
                             raise BadInput(f"{path}: file shrank while it was being pushed")

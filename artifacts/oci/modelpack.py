@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ..errors import BadInput, IntegrityError
-from ..fsutil import MM_DIR, check_model_path
-from ..manifest import MANIFEST_NAME, Manifest, from_json
-from ..untrusted import load_json, read_json_file
+from ..paths import MANIFEST_NAME, MM_DIR
+from ..edges.fsutil import check_model_path
+from ..integrity.manifest import Manifest, from_json
+from ..edges.untrusted import load_json, read_json_file
 from .client import DIGEST, OCI_MANIFEST
 
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
@@ -110,7 +111,7 @@ def _sha256(data: bytes) -> str:
 def model_config_fields(model_dir: Path, manifest: Manifest) -> dict[str, str]:
     """The spec's config fields mm can state: format (safetensors when every weight is), architecture (config.json's
     first `architectures` entry) and precision (the dtypes in the shards' headers, headers only)."""
-    from ..safetensors_check import StructureError
+    from ..integrity.safetensors_check import StructureError
     fields: dict[str, str] = {}
     weights = [f.path for f in manifest.files if media_type(f.path)[0] == WEIGHT]
     if weights and all(p.endswith(".safetensors") for p in weights):

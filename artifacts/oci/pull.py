@@ -4,31 +4,42 @@ The tag is resolved to a digest once; everything after uses that digest (a tag m
 revisions). mm's manifest comes first (its own layer, cross-checked with the layers); then each file's blob is
 streamed into DIR/.mm/partial/<sha256>.part (continued with Range after a kill), hashed in the pass that writes
 it (sha256 against the layer digest, blake3 against the manifest), and named only when both match. The same
-lock, free-space check, journal and atomic names as `mm fetch`, and the same ranged engine (artifacts/ranges.py:
+lock, free-space check, journal and atomic names as `mm fetch`, and the same ranged engine (artifacts/fetching/ranges.py:
 a blob's missing ranges over several connections, every answer's offsets proven, a budget per file, a range map
 beside the partial); it ends with the quick verify.
 With --allowed-signers, the signature layer (a signed model's, modelpack.MM_SIGNATURE) is checked over the mm
 manifest layer's exact bytes with ssh-keygen before anything is written (signing.py); --require-signature refuses
 an unsigned artifact too. The pulled manifest records the registry as each file's source, so it is no longer the
 signed bytes: the signature is checked at pull and reported, not stored beside it (sign again with `mm sign`).
+
+With mirrors (`--mirror`, containerd's hosts semantics), every request (the manifest, each small blob, each
+file's blob) goes to the mirrors in order with the reference's repository path, then to the reference's own
+registry unless `no_fallback`. A mirror that is down, refuses, or serves bytes whose digest fails is named in the
+report (Skipped) and the next source asked; a file's partial kept from a source that went down is continued
+from the next one (every byte is still hashed, and the file named only when both digests match). Credentials
+given for the reference (--username) go to its registry only; a mirror gets its own entry in the auth file, or
+nothing.
 """
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
-from ..download import (JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, fetch_into, known_entries, partial_path,
-                        prepare_dir)
-from ..errors import BadInput, IntegrityError, MMError
-from ..fsutil import check_targets, dir_lock, publish, require_free_space, state_root, unlink_file
-from .. import interrupt
-from ..manifest import FileEntry, Manifest, manifest_path, write_manifest
-from ..progress import NULL_PROGRESS, ProgressSink
-from ..ranges import DEFAULT_CONNECTIONS, Answer, Connections, TransferStats, clear_state, http_answer, state_path
-from ..untrusted import load_json
+from ..fetching.download import (JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, fetch_into, known_entries,
+                                 partial_path, prepare_dir)
+from ..errors import BadInput, IntegrityError, MMError, RemoteError
+from ..edges.fsutil import check_targets, dir_lock, publish, require_free_space, still_to_write, unlink_file
+from ..paths import manifest_path, state_root
+from ..edges import interrupt
+from ..integrity.manifest import FileEntry, Manifest, write_manifest
+from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..fetching.ranges import (DEFAULT_CONNECTIONS, Answer, Connections, RetryLater, TransferStats, clear_state,
+                               http_answer, state_path)
+from ..edges.untrusted import load_json
 from . import modelpack
 from .client import Client, Credentials, Reference, Transport, parse_reference
 
@@ -43,6 +54,7 @@ class PulledFile:
     resumed_from: int = 0
     error: str | None = None
     error_kind: type[MMError] | None = None  # the failure's class; the CLI maps it to an exit code
+    served_by: str | None = None  # the host whose bytes completed the file (a mirror or the registry)
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,7 @@ class PullReport:
     draft_present: bool
     draft_subfolder: str | None = None  # the pin's draft subfolder; None: the model's pin names no draft (or no pin)
     signature: dict | None = None  # the checked signature (identity, key type, fingerprint), with --allowed-signers
+    skipped: tuple["Skipped", ...] = ()  # sources passed over (down, refusing, or serving bytes whose digest failed)
 
     @property
     def failed(self) -> list[PulledFile]:
@@ -84,6 +97,74 @@ class InspectReport:
 
 
 @dataclass(frozen=True)
+class Skipped:
+    source: str  # "mirror HOST" or "registry HOST"
+    what: str  # a file's path, "the manifest", or a blob's digest
+    reason: str
+
+
+class Places:
+    """Where an artifact is asked for, in order: each of MIRRORS with the reference's repository path, then the
+    reference's own registry unless NO_FALLBACK. Offers the two calls `resolve` makes (get_manifest, read_blob),
+    each trying the places in order; every place passed over is recorded in SKIPPED."""
+
+    def __init__(self, ref: Reference, credentials: Credentials | None, transport: Transport,
+                 mirrors: tuple[tuple[str, Transport], ...] = (), no_fallback: bool = False):
+        from .client import load_credentials
+
+        self.ref = ref
+        self.places: list[tuple[str, Client]] = []
+        try:
+            for host, mirror_transport in mirrors:
+                # a mirror never gets the reference registry's credentials: only its own auth-file entry
+                self.places.append((f"mirror {host}", Client(Reference(host, ref.repository), load_credentials(host),
+                                                             mirror_transport)))
+            if not no_fallback:
+                self.places.append((f"registry {ref.registry}", Client(ref, credentials, transport)))
+        except BaseException:
+            self.close()
+            raise
+        if not self.places:
+            raise BadInput("--no-fallback needs at least one --mirror")
+        self.skipped: list[Skipped] = []
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        for _, client in self.places:
+            client.close()
+
+    def __enter__(self) -> "Places":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def skip(self, label: str, what: str, reason: str) -> None:
+        with self._lock:
+            self.skipped.append(Skipped(label, what, reason))
+
+    def _each(self, what: str, call):
+        reasons, kind = [], RemoteError
+        for label, client in self.places:
+            try:
+                return call(client)
+            except (RemoteError, IntegrityError) as e:
+                if len(self.places) == 1 and not label.startswith("mirror"):
+                    raise  # no mirror: as without any
+                reasons.append(f"{label}: {e.message}")
+                kind = type(e)
+                self.skip(label, what, e.message)
+        raise kind(f"{self.ref}: no source served {what} ({'; '.join(reasons)})")
+
+    def get_manifest(self, ref: Reference) -> tuple[bytes, str, str]:
+        return self._each("the manifest", lambda c: c.get_manifest(Reference(c.ref.registry, ref.repository,
+                                                                             ref.tag, ref.digest)))
+
+    def read_blob(self, digest: str, limit: int) -> bytes:
+        return self._each(digest, lambda c: c.read_blob(digest, limit))
+
+
+@dataclass(frozen=True)
 class Resolved:
     ref: Reference
     digest: str
@@ -94,7 +175,7 @@ class Resolved:
     signature: bytes | None = None  # the signature layer's bytes, when there is one
 
 
-def resolve(client: Client, ref: Reference) -> Resolved:
+def resolve(client: "Client | Places", ref: Reference) -> Resolved:
     """The manifest (tag -> digest, once), the config and mm's manifest; all checked."""
     data, _, digest = client.get_manifest(ref)
     where = str(ref.at(digest))
@@ -106,7 +187,7 @@ def resolve(client: Client, ref: Reference) -> Resolved:
         mm_bytes = client.read_blob(parsed.mm_layer.digest, modelpack.MAX_MM_MANIFEST)
         manifest = modelpack.restored_manifest(parsed, mm_bytes, where)
     if parsed.sig_layer is not None:
-        from ..signing import MAX_SIG_BYTES
+        from ..integrity.signing import MAX_SIG_BYTES
         signature = client.read_blob(parsed.sig_layer.digest, MAX_SIG_BYTES)
     return Resolved(ref, digest, parsed, config if isinstance(config, dict) else {}, manifest, mm_bytes, signature)
 
@@ -137,18 +218,20 @@ def inspect(reference: str, credentials: Credentials | None = None, transport: T
 def pull(reference: str, local_dir: Path, credentials: Credentials | None = None, transport: Transport = Transport(),
          workers: int = 4, progress: ProgressSink = NULL_PROGRESS, draft_subfolder: str | None = None,
          allowed_signers: Path | None = None, identity: str | None = None,
-         require_signature: bool = False) -> PullReport:
+         require_signature: bool = False, mirrors: tuple[tuple[str, Transport], ...] = (),
+         no_fallback: bool = False) -> PullReport:
     """DRAFT_SUBFOLDER: where the draft model lives; default the pin's (none for a model that never had one).
     ALLOWED_SIGNERS: check the artifact's manifest signature before anything is written (IntegrityError when
-    it is not good; with REQUIRE_SIGNATURE when there is none either)."""
-    from ..verify import verify_dir
+    it is not good; with REQUIRE_SIGNATURE when there is none either). MIRRORS: (host, transport) asked first,
+    in order; NO_FALLBACK: never the reference's own registry (Places)."""
+    from ..integrity.verify import verify_dir
 
     started = time.monotonic()
     local_dir = Path(local_dir)
     ref = parse_reference(reference)
     _require_tag_or_digest(ref, reference)
-    with Client(ref, credentials, transport) as client:
-        r = resolve(client, ref)
+    with Places(ref, credentials, transport, mirrors, no_fallback) as places:
+        r = resolve(places, ref)
         if r.manifest is None:
             raise BadInput(f"{ref.at(r.digest)}: no mm manifest layer ({modelpack.MM_MANIFEST}); mm pulls what mm "
                            f"pushed, so that every file has its blake3 and the Hub's identity")
@@ -171,14 +254,16 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
             for entry in wanted:
                 groups.setdefault(layers[entry.path].digest, []).append(entry)
 
-            blobs = BlobSource(client, {path: layer.digest for path, layer in layers.items()})
+            digests = {path: layer.digest for path, layer in layers.items()}
+            blobs = [BlobSource(client, digests, label, failover=i < len(places.places) - 1)
+                     for i, (label, client) in enumerate(places.places)]
             budget = Connections(DEFAULT_CONNECTIONS)
             stats = TransferStats(retry_budget=max(64, 16 * workers))
 
             def one(group: list[FileEntry]) -> list[tuple[PulledFile, FileEntry | None]]:
                 progress.item(group[0].path)
-                return [_pull_file(blobs, local_dir, entry, known, source, progress, journal, budget, stats)
-                        for entry in group]
+                return [_pull_file(blobs, places, local_dir, entry, known, source, progress, journal, budget,
+                                   stats) for entry in group]
 
             try:
                 with interrupt.worker_pool(workers) as pool:  # an interrupt starts no queued blob
@@ -208,14 +293,14 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
         verify_problems=problems,
         draft_present=bool(draft_subfolder) and any(f.path.startswith(draft) and f.path.endswith(".safetensors")
                                                      for f in r.manifest.files),
-        draft_subfolder=draft if draft_subfolder else None, signature=checked)
+        draft_subfolder=draft if draft_subfolder else None, signature=checked, skipped=tuple(places.skipped))
 
 
 
 def _check_signature(r: Resolved, allowed_signers: Path | None, identity: str | None, require: bool) -> dict | None:
     if allowed_signers is None or (r.signature is None and not require):
         return None
-    from ..signing import verify_manifest_signature
+    from ..integrity.signing import verify_manifest_signature
 
     where = f"{r.ref.at(r.digest)}: {modelpack.MM_MANIFEST_PATH}"
     report = verify_manifest_signature(r.mm_bytes, r.signature, allowed_signers, identity, where=where,
@@ -252,7 +337,8 @@ def _check_free_space(local_dir: Path, wanted, known) -> None:
     for f in wanted:
         if _present(local_dir, f, known):
             continue
-        needed += f.size - Partial.of(local_dir, _blob_file(f)).have
+        partial = Partial.of(local_dir, _blob_file(f))
+        needed += still_to_write(partial.path, f.size, partial.have)
     require_free_space([(local_dir, needed)], "the pull")
 
 
@@ -274,33 +360,58 @@ def _remove_other_revision(local_dir: Path, known: dict[str, FileEntry], manifes
 
 class BlobSource:
     """The artifact's blobs as a source for the ranged engine (ranges.RangeSource): a file's path names its layer,
-    whose digest names the blob; each request is a ranged GET on its own connection (Client.open_blob)."""
+    whose digest names the blob; each request is a ranged GET on its own connection (Client.open_blob).
+    FAILOVER: another source follows, so a host that cannot be reached fails the file here at once (RemoteError),
+    without the engine's backoff: the next source continues it (containerd's hosts do the same)."""
 
-    def __init__(self, client: Client, digests: dict[str, str]):
-        self.client, self.digests = client, digests
-        self.label = f"registry {client.ref.registry}"
+    def __init__(self, client: Client, digests: dict[str, str], label: str | None = None, failover: bool = False):
+        self.client, self.digests, self.failover = client, digests, failover
+        self.label = label or f"registry {client.ref.registry}"
 
     @contextmanager
     def stream(self, path: str, start: int, end: int | None = None) -> Iterator[Answer]:
         digest = self.digests[path]
-        with self.client.open_blob(digest, start, end) as raw:
-            yield http_answer(raw, f"{self.client.ref.name}@{digest}")
+        try:
+            with self.client.open_blob(digest, start, end) as raw:
+                yield http_answer(raw, f"{self.client.ref.name}@{digest}")
+        except RetryLater as e:  # ("connect": no connection at all; a body cut mid-way is a TransferCut, "cut")
+            if self.failover and e.reason == "connect":
+                raise RemoteError(e.message) from None
+            raise
 
 
-def _pull_file(blobs: BlobSource, local_dir: Path, entry: FileEntry, known: dict[str, FileEntry], source: str,
-               progress: ProgressSink, journal: "Journal", budget: Connections,
-               stats: TransferStats) -> tuple[PulledFile, FileEntry | None]:
-    digest = blobs.digests[entry.path]
+def _pull_file(sources: list[BlobSource], places: Places, local_dir: Path, entry: FileEntry,
+               known: dict[str, FileEntry], source: str, progress: ProgressSink, journal: "Journal",
+               budget: Connections, stats: TransferStats) -> tuple[PulledFile, FileEntry | None]:
+    """ENTRY from the first of SOURCES that serves it whole and right; the ones before it are named in PLACES."""
+    digest = sources[0].digests[entry.path]
     if _present(local_dir, entry, known):
         progress.advance(entry.size)
         return PulledFile(entry.path, entry.size, digest, "present"), known[entry.path]
-    try:
-        transferred, resumed = _download(blobs, local_dir, entry, digest, progress, budget, stats)
-    except MMError as e:
-        return PulledFile(entry.path, entry.size, digest, "failed", error=e.message, error_kind=type(e)), None
-    got = replace(entry, source=source)
-    journal.append(got)
-    return PulledFile(entry.path, entry.size, digest, "downloaded", transferred, resumed), got
+    transferred = resumed = 0
+    for i, blobs in enumerate(sources):
+        try:
+            moved, was = _download(blobs, local_dir, entry, digest, progress, budget, stats)
+        except (RemoteError, IntegrityError) as e:
+            if interrupt.requested() or i == len(sources) - 1 or isinstance(e, ManifestDisagrees):
+                return PulledFile(entry.path, entry.size, digest, "failed", transferred, resumed, error=e.message,
+                                  error_kind=type(e), served_by=blobs.label), None
+            places.skip(blobs.label, entry.path, e.message)
+            continue
+        except MMError as e:
+            return PulledFile(entry.path, entry.size, digest, "failed", transferred, resumed, error=e.message,
+                              error_kind=type(e), served_by=blobs.label), None
+        transferred, resumed = transferred + moved, resumed or was
+        got = replace(entry, source=source)
+        journal.append(got)
+        return PulledFile(entry.path, entry.size, digest, "downloaded", transferred, resumed,
+                          served_by=blobs.label), got
+    raise AssertionError("not reached")
+
+
+class ManifestDisagrees(IntegrityError):
+    """The blob is the layer (its sha256 matched) but not the file the mm manifest describes: the artifact itself
+    is wrong, whichever source serves it."""
 
 
 def _download(blobs: BlobSource, local_dir: Path, entry: FileEntry, digest: str, progress: ProgressSink,
@@ -310,14 +421,14 @@ def _download(blobs: BlobSource, local_dir: Path, entry: FileEntry, digest: str,
     written through a link (fsutil's rule)."""
     blob = _blob_file(entry)
     partial = Partial.of(local_dir, blob)
-    registry = blobs.client.ref.registry
     try:
         done = fetch_into(partial, blob, blobs, progress, connections=budget, stats=stats, root=local_dir)
     except IntegrityError:  # fetch_into dropped the partial
-        raise IntegrityError(f"{entry.path}: blob {digest} from {registry} does not match its digest; not kept") from None
+        raise IntegrityError(f"{entry.path}: blob {digest} from {blobs.label} does not match its digest; not "
+                             f"kept") from None
     if done.digests.blake3 != entry.blake3:
         clear_state(partial.path, local_dir)
-        raise IntegrityError(f"{entry.path}: blake3 {done.digests.blake3[:16]} disagrees with the pulled mm manifest "
+        raise ManifestDisagrees(f"{entry.path}: blake3 {done.digests.blake3[:16]} disagrees with the pulled mm manifest "
                              f"({entry.blake3[:16]}); not kept")
     publish(partial.path, local_dir / entry.path, root=local_dir)  # fsync, rename, fsync the directory
     unlink_file(local_dir, state_path(partial.path))

@@ -15,18 +15,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import interrupt
+from ..edges import interrupt
 from ..errors import BadInput, Refused, RemoteError
-from ..fsutil import MM_DIR, atomic_write_text, check_inside, read_local_file, remove_tree, state_root, unlink_file
-from ..manifest import manifest_path, read_manifest, to_json
-from ..progress import NULL_PROGRESS, ProgressSink, human_bytes
-from ..untrusted import read_json_file
+from ..paths import MM_DIR, manifest_path, state_root
+from ..edges.fsutil import atomic_write_text, check_inside, read_local_file, read_lock, remove_tree, unlink_file
+from ..integrity.manifest import read_manifest, to_json
+from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..units import human_bytes
+from ..edges.untrusted import read_json_file
 from . import modelpack
 from .client import OCI_MANIFEST, Client, Credentials, Transport, parse_reference
 
 DEFAULT_CHUNK = 64 * 1024 * 1024
 STATE_DIR = f"{MM_DIR}/oci-push"
-# Single-blob limits of common registries (README, "Blobs above a registry's limits")
+# Single-blob limits of common registries (docs/registry.md, "Blobs above a registry's limits")
 KRAKEN_ADVISED_MAX = 20 * 1000**3
 
 
@@ -66,7 +68,14 @@ class PushOptions:
 
 def push(model_dir: Path, reference: str, options: PushOptions = PushOptions(),
          progress: ProgressSink = NULL_PROGRESS) -> PushReport:
-    from ..verify import require_quick_verify
+    """_push, with MODEL_DIR's reader's lock held throughout (fsutil.read_lock: `mm gc` keeps a revision being
+    pushed)."""
+    with read_lock(Path(model_dir), "mm push"):
+        return _push(model_dir, reference, options, progress)
+
+
+def _push(model_dir: Path, reference: str, options: PushOptions, progress: ProgressSink) -> PushReport:
+    from ..integrity.verify import require_quick_verify
 
     started = time.monotonic()
     model_dir = Path(model_dir)
@@ -132,14 +141,13 @@ def push(model_dir: Path, reference: str, options: PushOptions = PushOptions(),
 def _signed_manifest(model_dir: Path, rendered: bytes) -> tuple[bytes, bytes | None]:
     """(the mm manifest layer's bytes, the signature layer's bytes or None). A signed model's layer is the manifest
     file's exact bytes (what the signature covers); a signature that no longer matches them is refused."""
-    from ..manifest import MAX_MANIFEST_BYTES
-    from ..signing import MAX_SIG_BYTES, check_signature_matches, signature_path
+    from ..integrity.manifest import MAX_MANIFEST_BYTES
+    from ..integrity.signing import check_signature_matches, read_signature_file, signature_path
 
     sig_path = signature_path(model_dir)
-    if not os.path.lexists(sig_path):
+    if (signature := read_signature_file(sig_path)) is None:
         return rendered, None
     data = read_local_file(manifest_path(model_dir), what="manifest", max_bytes=MAX_MANIFEST_BYTES)
-    signature = read_local_file(sig_path, what="signature", max_bytes=MAX_SIG_BYTES)
     check_signature_matches(data, signature, str(sig_path))
     return data, signature
 
@@ -192,7 +200,7 @@ def _push_blob(client: Client, state: "_StateDir", options: PushOptions, progres
 
 def _test_pause() -> None:
     """Tests only: MM_TEST_OCI_CHUNK_PAUSE=seconds holds still after each saved chunk, so a kill -9 can land
-    between chunks (distribution cancels an upload killed mid-chunk; README, "Resume")."""
+    between chunks (distribution cancels an upload killed mid-chunk; docs/registry.md, "Resume of a push")."""
     pause = os.environ.get("MM_TEST_OCI_CHUNK_PAUSE")
     if pause:
         interrupt.STOP.wait(float(pause))
@@ -205,7 +213,7 @@ class _StateDir:
     just pushes without resume state."""
 
     def __init__(self, model_dir: Path, registry: str, repository: str):
-        from ..hfcache import state_dir  # a Hugging Face cache snapshot keeps its state outside the cache
+        from ..paths import state_dir  # a Hugging Face cache snapshot keeps its state outside the cache
 
         key = hashlib.sha256(f"{registry}/{repository}".encode()).hexdigest()[:16]
         self.root = state_dir(model_dir, MM_DIR) / STATE_DIR.removeprefix(f"{MM_DIR}/")

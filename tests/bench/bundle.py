@@ -9,8 +9,8 @@ hashes every byte, tar does not), and the same for unbundle and `tar -xf` + `syn
 no dirty pages (`sync` before it), as the tar run did.
 Each round takes the eight runs in another order (common.round_order), so no run always follows the same one: on
 this VM a run right after one that freed gigabytes of page cache pays for memory the guest had handed back to the
-host (README, "Durable writes"). Each round's ratios are printed with its load average.
-Goals (issue 23): durable mm bundle and mm unbundle at most 1.05 x the time of tar + sync; peak RSS < 150 MB.
+host (docs/bundle.md, "Copying and durability"). Each round's ratios are printed with its load average.
+Goals: durable mm bundle and mm unbundle at most 1.05 x the time of tar + sync; peak RSS < 150 MB.
 Environment: MM_BENCH_BUNDLE_SHARDS (4), MM_BENCH_BUNDLE_SHARD_BYTES (1 GiB), MM_BENCH_ROUNDS (2), MM_BENCH_KEEP=1.
 """
 from __future__ import annotations

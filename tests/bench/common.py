@@ -76,8 +76,9 @@ def start_hub_server(root: Path, shards: int, shard_bytes: int, server_args: tup
 
 def make_bench_model(root: Path, shards: int, shard_bytes: int) -> int:
     """A MiniMax-shaped model of SHARDS x SHARD_BYTES with its manifest (kept if already there); its payload bytes."""
-    from mm.artifacts.hashing import hash_file
-    from mm.artifacts.manifest import FileEntry, Manifest, manifest_path, write_manifest
+    from mm.artifacts.integrity.hashing import hash_file
+    from mm.artifacts.integrity.manifest import FileEntry, Manifest, write_manifest
+    from mm.artifacts.paths import manifest_path
     from tests.support.modelgen import write_model
 
     if manifest_path(root).is_file():

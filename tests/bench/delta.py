@@ -1,4 +1,4 @@
-"""Delta bundles against full ones (issue 22): revision A is a 4 GiB model (4 x 1 GiB shards); revision B renames
+"""Delta bundles against full ones: revision A is a 4 GiB model (4 x 1 GiB shards); revision B renames
 one shard, changes the chat template and adds a 10 MB file. Interleaved in each round, on the same disks:
 
   mm bundle B (full)              against  mm bundle B --base A (delta): bytes carried, seconds
@@ -38,7 +38,7 @@ def make_revision_b(a: Path, b: Path) -> int:
     import numpy as np
     from safetensors.numpy import save_file
 
-    from mm.artifacts.adopt import manifest_for_local_dir
+    from mm.artifacts.fetching.adopt import manifest_for_local_dir
 
     if (b / ".mm" / "manifest.json").is_file():
         return CHANGED_BYTES
@@ -65,7 +65,7 @@ def tar_bytes(d: Path) -> int:
 
 def new_space(base: Path, result: Path) -> int:
     """Bytes on disk RESULT's model files take beyond BASE's (shared extents and inodes counted once)."""
-    from mm.artifacts.sharing import DiskUse, layout
+    from mm.artifacts.edges.sharing import DiskUse, layout
 
     def layouts(d: Path):
         return [layout(p) for p in d.rglob("*") if p.is_file() and not p.is_symlink() and ".mm" not in p.parts]

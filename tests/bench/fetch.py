@@ -1,4 +1,4 @@
-"""Benchmark: `mm fetch` against aria2c and `hf download`, from a real CDN behind the test Hub's redirect (issue 23).
+"""Benchmark: `mm fetch` against aria2c and `hf download`, from a real CDN behind the test Hub's redirect.
 
 The Hub API and the small files come from the local Hub server (tests/support/hubserver.py); every LFS file is
 redirected (302) to nginx (the Debian package), which serves the repo's .git/lfs/objects with sendfile and caps each

@@ -1,4 +1,4 @@
-"""The measurements behind the bundle copy path's choices (issue 23), each interleaved in rounds, printing medians
+"""The measurements behind the bundle copy path's choices, each interleaved in rounds, printing medians
 and the load average. Not part of `make bench`: run one with `python -m tests.bench.micro_io write|copy|parity|writesize`.
 
   write   2 GiB written then fsynced: left to the kernel (what tar + sync does), fdatasync every 128 MiB in a

@@ -10,7 +10,7 @@ figures that count are the ratios of the medians. Peak RSS is each child's own (
 Fan-out: K = 1, 2, 4, 8 concurrent `mm pull` of one artifact into K directories; prints aggregate throughput
 and the bytes the registry served (its access log) per puller, as a multiple of the artifact's size.
 
-Goals (issue 14): mm pull wall <= 1.1 x curl, peak RSS < 150 MB, fan-out bytes served per puller 1.0x.
+Goals: mm pull wall <= 1.1 x curl, peak RSS < 150 MB, fan-out bytes served per puller 1.0x.
 Environment: MM_BENCH_ROUNDS (default 3), MM_BENCH_GIB (default 2.1), MM_BENCH_FANOUT_GIB (default 0.5),
 MM_BENCH_KEEP=1 keeps the data.
 """
@@ -27,8 +27,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from mm.artifacts.adopt import manifest_for_local_dir
-from mm.artifacts.manifest import manifest_path, read_manifest
+from mm.artifacts.fetching.adopt import manifest_for_local_dir
+from mm.artifacts.paths import manifest_path
+from mm.artifacts.integrity.manifest import read_manifest
 from tests.bench.common import bench_dir, peer_bin, run_measured
 from tests.support.modelgen import write_model
 from tests.support.registry import Registry

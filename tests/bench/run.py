@@ -7,7 +7,8 @@ import importlib
 import sys
 from pathlib import Path
 
-BENCHMARKS = ["startup", "fetch", "verify", "bundle", "parity", "oci", "delta"]
+BENCHMARKS = ["startup", "fetch", "verify", "bundle", "parity", "oci", "delta", "fleet"]
+ON_REQUEST = ["manyfiles"]  # `python -m tests.bench.run manyfiles`: a million tiny files take tens of minutes
 
 
 def byte_compile_mm() -> None:

@@ -10,7 +10,7 @@ once per round, in a rotating order (the machines are shared and noisy); each fi
 wall time with the CPU time beside it (which moves less with the load), and the ratio to the floor (for mm's
 commands also to `import click`: the goals below were set where that took 38.7 ms, and it moves with the machine).
 
-Goals (issue 23): `mm --version` and `mm verify --help` under 60 ms, `mm verify DIR --quick` under 150 ms (median of
+Goals: `mm --version` and `mm verify --help` under 60 ms, `mm verify DIR --quick` under 150 ms (median of
 20 runs). MM_BENCH_STARTUP_BEFORE=DIR: another checkout (e.g. `git worktree add /tmp/before main`), built and
 installed the same way and timed in the same rounds, for before/after pairs. MM_BENCH_ROUNDS (default 20).
 The wheel venv reads mm's dependencies from this venv (a .pth line), so no package index is needed.

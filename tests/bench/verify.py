@@ -5,7 +5,7 @@ figures that count are the ratios of runs made side by side). Prints throughputs
 mm/b3sum and mm/sha256sum, and mm's peak RSS (the child's ru_maxrss). Then times `mm verify --quick`
 on a repo of 10,000 small files, against `find -printf '%s'` (a bare size listing) and `b3sum --check`.
 
-Goals: mm >= 0.9 x b3sum (issue 3; issue 23 asks 1.0 x at 8 GiB warm), >= 4 x sha256sum, peak RSS < 150 MB
+Goals: mm >= 0.9 x b3sum (1.0 x asked at 8 GiB warm), >= 4 x sha256sum, peak RSS < 150 MB
 (RssAnon and RssFile printed apart: mapped file pages are page cache, not memory of mm's own).
 On many cores tests/bench/verify_cores.py measures the same on a device machine, before and after a change.
 Environment: MM_BENCH_GIB (default 8), MM_BENCH_ROUNDS (default 3), MM_BENCH_KEEP=1 keeps the data.
@@ -22,8 +22,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mm.artifacts.hashing import hash_file
-from mm.artifacts.manifest import FileEntry, Manifest, export_sums, manifest_path, read_manifest, write_manifest
+from mm.artifacts.integrity.hashing import hash_file
+from mm.artifacts.integrity.manifest import FileEntry, Manifest, export_sums, read_manifest, write_manifest
+from mm.artifacts.paths import manifest_path
 from tests.support.modelgen import write_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,7 +159,7 @@ def main() -> None:
         print(f"  {name:<14} {rate[name] / 1e9:6.2f} GB/s (median; runs {times} s), peak RSS {max(m for _, m, _ in runs) / 1e6:.0f} MB")
     mm_rss = max(m for _, m, _ in res["mm verify"])
     inner = statistics.median(json.loads(o)["bytes_per_second"] for _, _, o in res["mm verify"])
-    print(f"  ratio mm/b3sum     = {rate['mm verify'] / rate['b3sum --check']:.2f}  (goal >= 0.9, issue 3; >= 1.0 at 8 GiB warm, issue 23)")
+    print(f"  ratio mm/b3sum     = {rate['mm verify'] / rate['b3sum --check']:.2f}  (goal >= 0.9; >= 1.0 at 8 GiB warm)")
     print(f"  ratio mm/sha256sum = {rate['mm verify'] / rate['sha256sum -c']:.2f}  (goal >= 4)")
     print(f"  mm peak RSS        = {mm_rss / 1e6:.0f} MB  (goal < 150 MB); sampled peaks: "
           + "; ".join(f"{k}: RssAnon {v['RssAnon'] / 1024:.0f} MB, RssFile {v['RssFile'] / 1024:.0f} MB"

@@ -23,8 +23,9 @@ def gen():
     import numpy as np
     from safetensors.numpy import save_file
     sys.path[:0] = [str(HERE / "after"), SITE]
-    from mm.artifacts.hashing import hash_file
-    from mm.artifacts.manifest import FileEntry, Manifest, export_sums, manifest_path, write_manifest
+    from mm.artifacts.integrity.hashing import hash_file
+    from mm.artifacts.integrity.manifest import FileEntry, Manifest, export_sums, write_manifest
+    from mm.artifacts.paths import manifest_path
     n = max(1, round(GIB * 1024**3 / SHARD))
     rng = np.random.default_rng(1)
     (MODEL / "dspark").mkdir(parents=True, exist_ok=True)

@@ -16,12 +16,16 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from tests.support.fake_docker import install as install_fake_docker
-from tests.support.registry import Registry
+from tests.support.registry import REGISTRY_BIN, MissingTool, Registry
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "demo-work"
 REPO = "MiniMaxAI/MiniMax-M3.1-Flash"
 MM = str(Path(sys.executable).parent / "mm")
+# What the demo runs besides Python, mm and the coreutils, with the Debian package of each: `make demo` installs
+# them (the Makefile's DEMO_TOOLS and DEMO_TOOL_PACKAGES); tests/test_demo.py keeps these equal to what this code
+# and the servers it starts run.
+NEEDS = {"git": "git", "docker-registry": "docker-registry", "ip": "iproute2"}
 
 
 def say(text: str) -> None:
@@ -72,7 +76,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def missing_tools() -> list[str]:
+    """NEEDS that are not installed here, each with its package (sbin directories included: `ip` lives there)."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    found = {"docker-registry": lambda: os.access(REGISTRY_BIN, os.X_OK)}
+    return [f"{tool} (Debian package {package})" for tool, package in NEEDS.items()
+            if not found.get(tool, lambda: shutil.which(tool, path=path))()]
+
+
 def main() -> int:
+    missing = missing_tools()
+    if missing:
+        raise SystemExit(f"demo: not installed: {', '.join(missing)}; `make demo` installs them (apt-get, as root)")
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     model = WORK / "models" / "MiniMax-M3.1-Flash"
@@ -205,4 +220,9 @@ def airgap_host(model: Path, env: dict) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except MissingTool as e:  # a tool gone since the check: one line, never a traceback
+        raise SystemExit(f"demo: {e}") from None
+    except FileNotFoundError as e:
+        raise SystemExit(f"demo: {e.filename}: {e.strerror}") from None

@@ -1,4 +1,4 @@
-"""The real container engine for tests: Debian's docker.io daemon on a private socket (issue 20).
+"""The real container engine for tests: Debian's docker.io daemon on a private socket.
 
     with Dockerd(tmp) as engine:
         engine.env          # the environment for mm and the tests: PATH starts with engine.bin (the docker wrapper)
@@ -64,6 +64,25 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
+def stop_daemon(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM, then SIGKILL after TIMEOUT seconds: a daemon's own shutdown first."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def unmount_under(*roots: Path) -> None:
+    """What a daemon left mounted under ROOTS, deepest first."""
+    prefixes = tuple(str(root) + "/" for root in roots)
+    with open("/proc/mounts") as f:
+        points = [line.split()[1] for line in f if line.split()[1].startswith(prefixes)]
+    for point in sorted(points, key=len, reverse=True):
+        _run(["umount", "-l", point])
+
+
 def _free_subnet() -> str:
     used = _run(["ip", "-4", "route"]).stdout
     for _ in range(200):
@@ -74,8 +93,9 @@ def _free_subnet() -> str:
 
 
 class Dockerd:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, config_file: Path | None = None):
         self.root = Path(root)
+        self.config_file = config_file  # a daemon.json (dockerd --config-file); None: dockerd's default
         self.root.mkdir(parents=True, exist_ok=True)
         self.exec_root = Path(tempfile.mkdtemp(prefix="mmd", dir="/tmp"))  # short: containerd's socket lives there
         self.sock = self.exec_root / "docker.sock"
@@ -106,7 +126,8 @@ class Dockerd:
         wrapper.chmod(0o755)
         argv = [DOCKERD, "--storage-driver", "vfs", "--iptables=false", "--ip-masq=false", "--bridge", self.bridge,
                 "-H", self.host, "--data-root", str(self.root / "data"), "--exec-root", str(self.exec_root),
-                "--pidfile", str(self.exec_root / "docker.pid"), "--shutdown-timeout", "3"]
+                "--pidfile", str(self.exec_root / "docker.pid"), "--shutdown-timeout", "3",
+                *(["--config-file", str(self.config_file)] if self.config_file else [])]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True, preexec_fn=_die_with_parent)
@@ -127,25 +148,12 @@ class Dockerd:
             ids = self.docker("ps", "-aq").stdout.split()
             if ids:
                 self.docker("rm", "-f", *ids)
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_daemon(self.proc)
         self.proc = None
         _run(["ip", "link", "delete", self.bridge])
-        self._unmount()
+        unmount_under(self.exec_root, self.root / "data")  # its default network namespace (nsfs)
         shutil.rmtree(self.exec_root, ignore_errors=True)
         shutil.rmtree(self.root / "data", ignore_errors=True)
-
-    def _unmount(self) -> None:
-        """What dockerd leaves mounted under its roots (its default network namespace, nsfs), deepest first."""
-        roots = (str(self.exec_root) + "/", str(self.root / "data") + "/")
-        with open("/proc/mounts") as f:
-            points = [line.split()[1] for line in f if line.split()[1].startswith(roots)]
-        for point in sorted(points, key=len, reverse=True):
-            _run(["umount", "-l", point])
 
     def __enter__(self) -> "Dockerd":
         return self.start()

@@ -17,7 +17,7 @@ A container whose command is `python3 -m sglang_router.launch_router` is a fake 
 bind elsewhere), answers /health, and forwards /v1/chat/completions to --worker-urls in turn, requiring
 `Authorization: Bearer <--api-key>` when a key is given.
 
-Image store (issue 12): `install(..., store="classic"|"containerd")` gives the stand-in a real image store in
+Image store: `install(..., store="classic"|"containerd")` gives the stand-in a real image store in
 STATE/.store/images.json; without it every image is present (the warm-up tests' default). `docker load -i` reads the
 archive: the classic store keeps the config digest as the image ID and the tags, and drops repo digests (moby#22011);
 the containerd store keeps the repo digests an OCI archive's index.json names (`io.containerd.image.name`) and
@@ -153,6 +153,13 @@ def cmd_run(args: list[str]) -> int:
                   f"Get \"https://registry-1.docker.io/v2/\": dial tcp: lookup registry-1.docker.io: no such host",
                   file=sys.stderr)
         return 125
+    if opts.get("gpus") and (refusal := os.environ.get("FAKE_TOOLKIT_REFUSES")):
+        # what the NVIDIA Container Toolkit's prestart hook makes docker print when the image's requirement fails
+        print("docker: Error response from daemon: failed to create task for container: failed to create shim task: "
+              "OCI runtime create failed: runc create failed: unable to start container process: error during container "
+              "init: error running hook #0: error running hook: exit status 1, stdout: , stderr: Auto-detected mode as "
+              f"'legacy'\n{refusal}: unknown.", file=sys.stderr)
+        return 125
     if opts.get("entrypoint") == "nvidia-smi":
         gpus = opts.get("gpus", '"device=0"').strip('"').split("=", 1)[1].split(",")
         line = os.environ.get("FAKE_GPU_INFO", "NVIDIA B300 SXM6 AC, 10.3, 590.48.01")
@@ -196,7 +203,10 @@ def _mounts(state: dict) -> list[dict]:
     mounts = []
     for spec in state["opts"]["volumes"]:
         host, container, *mode = spec.split(":")
-        mounts.append({"Type": "bind", "Source": host, "Destination": container, "RW": mode != ["ro"]})
+        # dockerd records a bind's source cleaned as text (Go's path.Clean: `..`, `.`, `//`, a trailing slash),
+        # never resolved: a symlink in it stays a symlink, followed by the kernel when the container starts
+        source = "/" + os.path.normpath(host).lstrip("/") if host.startswith("/") else host
+        mounts.append({"Type": "bind", "Source": source, "Destination": container, "RW": mode != ["ro"]})
     return mounts
 
 
@@ -283,7 +293,7 @@ def cmd_rm(args: list[str]) -> int:
     return _each_container(args, remove)
 
 
-# --- the image store (issue 12) ---------------------------------------------------------------
+# --- the image store ---------------------------------------------------------------
 
 def _store() -> str | None:
     path = _state() / ".store" / "kind"

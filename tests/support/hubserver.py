@@ -27,7 +27,7 @@ is up to date when the client has the bytes; a dropped connection may over-count
 ``tree_page_size`` / ``tree_page_size_expand`` / ``commits_page_size`` (the Hub's 1000/50/50;
 longer listings are paged with a ``Link: <...>; rel="next"`` header, as the Hub does).
 
-WAN hooks (issue 13), on both listeners:
+WAN hooks, on both listeners:
 ``conn_rate`` (bytes/second per TCP connection, a token bucket kept across the requests of one
 keep-alive connection; None = off), ``served`` [(listener, path, range header, status, body bytes)]
 one row per answered file request, ``too_many[path] = n`` (the next n GETs of PATH get 429 with
@@ -728,7 +728,7 @@ class HubServer:
             self.api_body: bytes | None = None
             self.auth_headers_seen = 0
             self.connections = 0
-            # WAN hooks (issue 13)
+            # WAN hooks
             self.conn_rate: int | None = None
             self.served: list[list] = []  # [listener, path, range, status, bytes]; see served_for()
             self.too_many: dict[str, int] = {}

@@ -112,7 +112,7 @@ def write_model(root: Path, *, shards: int = 4, shard_bytes: int = 256 * 1024, d
 
 def write_fetched_model(root: Path, revision: str, repo_id: str = "MiniMaxAI/MiniMax-M3.1-Flash", **kwargs) -> Path:
     """write_model (KWARGS) plus the manifest `mm fetch` would have left (adopted offline at REVISION); ROOT."""
-    from mm.artifacts.adopt import manifest_for_local_dir
+    from mm.artifacts.fetching.adopt import manifest_for_local_dir
 
     write_model(root, **kwargs)
     manifest_for_local_dir(root, repo_id, revision, offline=True)

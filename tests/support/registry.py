@@ -13,6 +13,9 @@
     with TokenServer(tmp, users) as ts, Registry(token=ts) as reg:   # Bearer tokens (tests/support/tokenserver.py)
     with Registry(tls=True) as reg:   # HTTPS with a self-signed certificate for 127.0.0.1: reg.url is https://,
         reg.ca_path                   # and reg.ca_path the PEM to trust
+    with Registry(proxy="http://127.0.0.1:P") as t1:   # a pull-through cache of that registry (`proxy: remoteurl:`)
+
+A chain of them (origin -> T1 -> T2, each behind a byte-counting proxy) is tests/support/registry_chain.py.
 
 Each instance gets a fresh temporary directory (config.yml, htpasswd, storage, registry.log) under `root`
 (default: a new `tempfile.mkdtemp`, removed on exit; a given root is left in place) and a free port. The
@@ -38,6 +41,10 @@ REGISTRY_BIN = os.environ.get("MM_TEST_REGISTRY_BIN", "/usr/bin/docker-registry"
 HOST = "127.0.0.1"
 
 
+class MissingTool(RuntimeError):
+    """docker-registry is not installed (one line: what to install)."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -54,7 +61,7 @@ class Registry:
     """A docker-registry process on 127.0.0.1:<free port>; see the module docstring."""
 
     def __init__(self, root: Path | None = None, *, users: dict[str, str] | None = None,
-                 start_timeout: float = 20.0, token=None, tls: bool = False):
+                 start_timeout: float = 20.0, token=None, tls: bool = False, proxy: str | None = None):
         self._own_root = root is None
         self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="mm-registry-"))
         self.users = dict(users or {})
@@ -62,6 +69,7 @@ class Registry:
         self.host = f"{HOST}:{self.port}"
         self.token = token
         self.tls = tls
+        self.proxy = proxy  # the upstream URL when this registry is a pull-through cache
         self.ca_path: Path | None = None
         self.url = f"{'https' if tls else 'http'}://{self.host}"
         self.storage = self.root / "storage"
@@ -69,6 +77,7 @@ class Registry:
         self.log_path = self.root / "registry.log"
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
+        self.env: dict[str, str] | None = None  # the process's environment (None: this one's)
 
     # -- files -----------------------------------------------------------------------------------------------
     def _write_config(self) -> None:
@@ -83,6 +92,8 @@ class Registry:
             "http": {"addr": self.host, "secret": "mm-test-upload-state-secret",
                      "headers": {"X-Content-Type-Options": ["nosniff"]}},
         }
+        if self.proxy:
+            config["proxy"] = {"remoteurl": self.proxy}
         if self.users:
             htpasswd = self.root / "htpasswd"
             htpasswd.write_text("".join(htpasswd_line(u, p) + "\n" for u, p in self.users.items()))
@@ -126,12 +137,12 @@ class Registry:
 
     def _start_once(self) -> "Registry":
         if not os.access(REGISTRY_BIN, os.X_OK):
-            raise RuntimeError(f"{REGISTRY_BIN} not found: install Debian docker-registry (make tools)")
+            raise MissingTool(f"{REGISTRY_BIN} not found: install Debian docker-registry (make tools)")
         self._write_config()
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen([REGISTRY_BIN, "serve", str(self.config_path)], stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                         stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         finally:
             log.close()
         deadline = time.monotonic() + self.start_timeout

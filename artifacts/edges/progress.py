@@ -1,0 +1,340 @@
+"""How long-running library calls report progress (sizes, rates and durations written as units.py writes them).
+
+Library calls report through a ProgressSink: commands pass terminal_progress(console) on a TTY; when stderr is not a
+terminal, periodic_progress() writes one plain line every MM_PROGRESS_INTERVAL seconds (a log under nohup, systemd
+or CI), and with --json a status event per interval, one JSON object a line on stderr (restic's --json status
+lines are the model); the one JSON document stays on stdout. A *phase* is begin() .. end(): while it runs, one live bar (percent, bytes,
+rate, elapsed, ETA and the current file, as restic shows them); at end() the bar goes and one summary line
+stays ("bundle X: 14 files, 628.9 MB in 1.5 s (419.3 MB/s)"). A begin() while a phase runs relabels it, so a
+command never shows two bars, and no finished bar stays on screen.
+Sinks must be thread-safe: workers call advance() and item() concurrently.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import time
+from typing import TYPE_CHECKING, Protocol
+
+from ..units import human_bytes, human_duration, human_rate
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+def clock(seconds: float | None) -> str:
+    """A bar's elapsed time or ETA: 'H:MM:SS', '-:--:--' when not known yet."""
+    if seconds is None:
+        return "-:--:--"
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+
+
+def phase_summary(label: str, nbytes: int, seconds: float, files: int | None = None) -> str:
+    """The line a finished phase leaves: 'verify: 14 files, 628.9 MB in 1.5 s (419.3 MB/s)'."""
+    counted = f"{files} file{'' if files == 1 else 's'}, " if files else ""
+    rate = f" ({human_rate(nbytes / seconds)})" if seconds >= 0.05 and nbytes else ""
+    return f"{label}: {counted}{human_bytes(nbytes)} in {human_duration(seconds)}{rate}"
+
+
+class ProgressSink(Protocol):
+    def begin(self, total_bytes: int, label: str, files: int | None = None) -> None:
+        """Start a phase of TOTAL_BYTES (FILES files, when known); while one runs: relabel it."""
+
+    def advance(self, nbytes: int) -> None: ...
+
+    def item(self, name: str) -> None:
+        """The file (or volume) being worked on now, shown at the end of the bar."""
+
+    def note(self, message: str) -> None: ...
+
+    def end(self) -> None:
+        """End the phase: the bar goes, its summary line stays."""
+
+
+class _NullProgress:
+    def begin(self, total_bytes: int, label: str, files: int | None = None) -> None:
+        pass
+
+    def advance(self, nbytes: int) -> None:
+        pass
+
+    def item(self, name: str) -> None:
+        pass
+
+    def note(self, message: str) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+NULL_PROGRESS: ProgressSink = _NullProgress()
+
+ITEM_WIDTH = 100  # characters of the current file's name kept (its end: the file name itself); the line crops more
+
+
+def _crop(name: str, width: int = ITEM_WIDTH) -> str:
+    return name if len(name) <= width else "…" + name[-(width - 1):]
+
+
+class TerminalProgress:
+    """A ProgressSink drawing one live bar on CONSOLE (a terminal) with rich, one phase at a time."""
+
+    def __init__(self, console: Console):
+        self._console = console
+        self._lock = threading.Lock()
+        self._live = None  # (rich Progress, task id) while a phase runs
+        self._label = ""
+        self._files: int | None = None
+        self._items: set[str] = set()
+        self._started = 0.0
+
+    def begin(self, total_bytes: int, label: str, files: int | None = None) -> None:
+        with self._lock:
+            self._label, self._files = label, files if files is not None else self._files
+            if self._live is not None:
+                progress, task = self._live
+                progress.update(task, total=max(total_bytes, 0), description=label)
+                return
+            self._items, self._started = set(), time.monotonic()
+            progress = _rich_progress(self._console)
+            task = progress.add_task(label, total=max(total_bytes, 0), item="")
+            progress.start()
+            self._live = (progress, task)
+            _LIVE.add(self)
+
+    def advance(self, nbytes: int) -> None:
+        live = self._live
+        if live is not None:
+            live[0].advance(live[1], nbytes)
+
+    def item(self, name: str) -> None:
+        live = self._live
+        if live is not None:
+            with self._lock:
+                self._items.add(name)
+            live[0].update(live[1], item=_crop(name))
+
+    def note(self, message: str) -> None:
+        self._console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+    def end(self) -> None:
+        self._stop(summary=True)
+
+    def _stop(self, summary: bool) -> None:
+        with self._lock:
+            if self._live is None:
+                return
+            progress, _ = self._live
+            self._live = None
+            _LIVE.discard(self)
+            done = int(progress.tasks[0].completed)
+            progress.stop()  # transient: the bar leaves the screen
+            files = self._files if self._files is not None else (len(self._items) or None)
+            self._files = None
+            if summary:
+                # a label counting files ("fetch X 3/14 files") drops the count: the summary says it
+                label = _FILES_IN_LABEL.sub("", self._label) if files else self._label
+                self._console.print(phase_summary(label, done, time.monotonic() - self._started, files),
+                                    markup=False, highlight=False, soft_wrap=True)
+
+
+_LIVE: set = set()  # sinks with a phase running (each has _stop(summary))
+
+
+def abandon_live() -> None:
+    """Take every running bar off the screen without a summary (the command failed: its error line follows)."""
+    for sink in list(_LIVE):
+        sink._stop(summary=False)
+
+
+def terminal_progress(console: Console) -> ProgressSink:
+    return TerminalProgress(console)
+
+
+BAR_WIDTH = 20
+BAR_MIN = 8  # a narrower bar says nothing: it goes, and the label takes its room
+LABEL_MIN = 12  # a label is cut to this before the bar narrows
+
+
+def figures(completed: float, total: float, speed: float | None, elapsed: float | None, eta: float | None) -> str:
+    """'30%  40.0 MB / 133.9 MB  68.6 MB/s  0:00:01 ETA 0:00:02': never more than 100% of the total."""
+    done = min(completed, total) if total else completed
+    percent = 100 * done / total if total else 100.0
+    rate = human_rate(speed) if speed else "? B/s"
+    return (f"{percent:3.0f}%  {human_bytes(done):>8} / {human_bytes(total)}  {rate:>10}  {clock(elapsed)} "
+            f"ETA {clock(eta if speed else None)}")
+
+
+def _rich_progress(console: Console):
+    # Imported here: only a terminal needs rich's progress, and it costs start-up time for every command.
+    from rich.progress import Progress
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    class OneBar(Progress):
+        """Label, bar and figures on one line, fitted to the terminal (the label is cut first, then the bar; the
+        figures stay whole), then the current file on a line of its own (as restic shows it)."""
+
+        def get_renderables(self):
+            for task in self.tasks:
+                text = figures(task.completed, task.total or 0, task.finished_speed or task.speed, task.elapsed,
+                               task.time_remaining)
+                room = self.console.width - len(text) - 1
+                whole = len(task.description)
+                label = min(whole, max(room - BAR_WIDTH - 1, min(whole, LABEL_MIN)))
+                bar = min(BAR_WIDTH, room - label - 1)
+                if bar < BAR_MIN:
+                    bar, label = 0, max(0, min(whole, room))
+                line = Table.grid(padding=(0, 1))
+                if label:
+                    line.add_column(width=label, no_wrap=True, overflow="ellipsis")
+                if bar:
+                    line.add_column(width=bar)
+                line.add_column(no_wrap=True)
+                cells = ([task.description] if label else []) + \
+                    ([ProgressBar(total=max(task.total or 0, 1), completed=min(task.completed, task.total or 0),
+                                  width=bar)] if bar else []) + [text]
+                line.add_row(*cells)
+                yield line
+                if task.fields.get("item"):
+                    yield Text(f"  {task.fields['item']}", style="dim", no_wrap=True, overflow="ellipsis")
+
+    return OneBar(console=console, transient=True)
+
+
+# mm's own margin: often enough that a log shows a long fetch moving, rare enough that an hour is ~360 lines.
+PROGRESS_INTERVAL = 10.0
+INTERVAL_ENV = "MM_PROGRESS_INTERVAL"
+
+
+def progress_interval(environ: dict[str, str]) -> float:
+    """Seconds between two progress lines: MM_PROGRESS_INTERVAL (a positive number), else PROGRESS_INTERVAL."""
+    from ..errors import BadValue
+
+    text = environ.get(INTERVAL_ENV, "").strip()
+    if not text:
+        return PROGRESS_INTERVAL
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 86400:
+        raise BadValue(f"{INTERVAL_ENV}={text!r} is not a number of seconds between 0 and 86400 "
+                         f"(unset it for the default, {PROGRESS_INTERVAL:g})")
+    return seconds
+
+
+class PeriodicProgress:
+    """A ProgressSink for a stderr that is not a terminal: every INTERVAL seconds of a phase, one complete line
+    (plain text, or with as_json one status event) through WRITE; never a line that grows or redraws.
+    A phase shorter than the interval writes nothing; one that wrote lines ends with its summary line
+    (plain) or a last status event with "done": true (JSON)."""
+
+    def __init__(self, write, interval: float, as_json: bool = False):
+        self._write, self._interval, self._json = write, interval, as_json
+        self._lock = threading.Lock()
+        self._label, self._total, self._done = "", 0, 0
+        self._files: int | None = None
+        self._items: list[str] = []
+        self._seen: set[str] = set()
+        self._started = 0.0
+        self._wrote = False
+        self._stopped: threading.Event | None = None
+
+    def begin(self, total_bytes: int, label: str, files: int | None = None) -> None:
+        with self._lock:
+            self._label, self._total = label, max(total_bytes, 0)
+            self._files = files if files is not None else self._files
+            if self._stopped is not None:
+                return
+            self._done, self._items, self._seen, self._wrote = 0, [], set(), False
+            self._started = time.monotonic()
+            self._stopped = threading.Event()
+            _LIVE.add(self)
+        threading.Thread(target=self._tick, args=(self._stopped,), daemon=True, name="mm-progress").start()
+
+    def advance(self, nbytes: int) -> None:
+        with self._lock:
+            self._done += nbytes
+
+    def item(self, name: str) -> None:
+        with self._lock:
+            if name not in self._seen:
+                self._seen.add(name)
+                self._items.append(name)
+
+    def note(self, message: str) -> None:
+        pass  # notes are for a watcher at a terminal; the command's report says what matters
+
+    def end(self) -> None:
+        self._stop(summary=True)
+
+    def _tick(self, stopped: threading.Event) -> None:
+        while not stopped.wait(self._interval):
+            with self._lock:
+                if stopped.is_set():
+                    return
+                line = self._line(final=False)
+                self._wrote = True
+            self._emit(line)
+
+    def _emit(self, line: str) -> None:
+        try:
+            self._write(line)
+        except Exception:  # a log that cannot be written must not stop the work it reports on
+            pass
+
+    def _stop(self, summary: bool) -> None:
+        with self._lock:
+            stopped, self._stopped = self._stopped, None
+            if stopped is None:
+                return
+            stopped.set()
+            _LIVE.discard(self)
+            line = self._line(final=True) if summary and self._wrote else None
+            self._files = None
+        if line is not None:
+            self._emit(line)
+
+    def _line(self, final: bool) -> str:
+        elapsed = time.monotonic() - self._started
+        done = min(self._done, self._total) if self._total else self._done
+        rate = done / elapsed if elapsed > 0 else 0.0
+        # the ETA waits for a rate worth the name: a first guess from a second's bytes says "27 hours"
+        eta = (self._total - done) / rate if rate and self._total and elapsed >= 2 * min(self._interval, 5) else None
+        total_files = self._files if self._files is not None else (len(self._seen) or None)
+        counted = _FILES_IN_LABEL.search(self._label)  # a phase counting files itself ("fetch X 3/14 files")
+        label = _FILES_IN_LABEL.sub("", self._label)
+        if counted:
+            files_done, total_files = int(counted[1]), int(counted[2])
+        else:  # the file being worked on is the last one begun; those before it are done
+            files_done = max(len(self._items) - 1, 0)
+        if final:
+            files_done = total_files
+        current = self._items[-1] if self._items and not final else ""
+        if self._json:
+            import json
+
+            event = {"message_type": "status", "phase": label, "seconds_elapsed": round(elapsed, 1),
+                     "seconds_remaining": None if eta is None else round(eta), "percent_done":
+                     round(done / self._total, 4) if self._total else (1.0 if final else 0.0),
+                     "total_bytes": self._total, "bytes_done": done, "bytes_per_second": round(rate),
+                     "total_files": total_files, "files_done": files_done,
+                     "current_files": [current] if current else []}
+            if final:
+                event["done"] = True
+            return json.dumps(event)
+        if final:
+            return phase_summary(label, done, elapsed, total_files)
+        counted = f"  {files_done}/{total_files} files" if total_files else ""
+        now = f"  {_crop(current)}" if current else ""
+        return f"{label}: {figures(done, self._total, rate, elapsed, eta)}{counted}{now}"
+
+
+_FILES_IN_LABEL = re.compile(r" (\d+)/(\d+) files$")
+
+
+def periodic_progress(write, environ: dict[str, str], as_json: bool = False) -> ProgressSink:
+    return PeriodicProgress(write, progress_interval(environ), as_json=as_json)

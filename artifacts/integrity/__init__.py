@@ -1,0 +1,1 @@
+"""What a model directory is and proving it: the manifest, hashing, safetensors, verify, signatures."""

@@ -1,0 +1,972 @@
+"""The guide's troubleshooting table as a diagnosis: rows in manifests/<pin>.troubleshooting.json, matched here.
+
+Each row is the guide's (symptom, most likely cause, shortest fix) plus how to see it: detectors on a server
+log or an HTTP exchange (regular expressions), on the container (`docker inspect` mounts) or on the host
+(named checks, which `mm doctor` can run through `host_findings`). A row matches at most once, on its
+first detector that fires, and reports the line that matched. When the launch plan is known, the fix is
+adapted to it (the cache paths, flags and ports mm uses); otherwise it is the guide's text.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterable, Iterator
+
+from ..errors import BadInput
+from ..edges.fsutil import open_local_file
+from .cachekey import FILE_NAME as CACHE_KEY_FILE
+from .launch import LaunchPlan, _pairs
+from ..pins import Pin, default_pin, manifests_dir
+from ..edges.tools import ToolMissing, check_name, stream_tool
+from ..edges.untrusted import At, Malformed, load_json, printable, read_json_file, small_int
+
+SCHEMA = "mm-troubleshooting/1"
+SOURCES = ("log", "http", "container", "host")
+MAX_LINE = 400  # a matched line is quoted up to this many characters
+
+
+@dataclass(frozen=True)
+class Detector:
+    source: str
+    pattern: re.Pattern | None = None
+    unless: re.Pattern | None = None  # a line matching this voids the pattern's later lines (not earlier ones)
+    also: re.Pattern | None = None  # ... and matches only when this is somewhere too
+    after: re.Pattern | None = None  # the pattern counts only on lines after one that matches this (a ready line)
+    requires: str | None = None  # a property of the recipe: expects_qmul4, blackwell
+    engine: str | None = None  # sglang | vllm: the detector applies to that engine only
+    field: str | None = None  # error | content: the pattern judges that field of a JSON answer, not text
+    body: str | None = None  # a named check on a JSON request or answer body (BODY_CHECKS)
+    fallback: bool = False  # a symptom whose cause another row may name: reported only when no other row matches
+    missing_mount: str | None = None
+    fix: str | None = None  # this message's own fix, where it says more than the row's (a full disk, the GPU)
+    fix_here: str | None = None  # ... adapted to the plan
+    check: str | None = None
+    pattern_source: str = ""
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    guide_row: int
+    guide: str
+    symptom: str
+    cause: str
+    fix: str
+    fix_here: str | None
+    change: dict
+    detect: tuple[Detector, ...]
+    fix_vllm: str | None = None  # the guide's vLLM row, where it differs
+    fix_here_vllm: str | None = None
+    fix_here_hardware: dict = field(default_factory=dict)  # hardware name -> fix_here (the guide's B200 advice)
+    fix_here_pinned_image: str | None = None  # when the start already runs the pinned image (its other fix)
+    fix_log: str | None = None  # when the log shows the server's own values of the flags the fix names (LOG_FIELDS)
+
+
+@dataclass(frozen=True)
+class Table:
+    path: Path
+    rows: tuple[Row, ...]
+
+    def row(self, row_id: str) -> Row:
+        return next(r for r in self.rows if r.id == row_id)
+
+
+@dataclass(frozen=True)
+class Finding:
+    row: str
+    guide_row: int
+    symptom: str
+    cause: str
+    fix: str
+    change: dict
+    source: str  # log | http | container | host
+    where: str  # the file, container or check it was seen in
+    line: str  # the line (or fact) that matched
+    line_number: int | None
+    guide: str
+    pattern_source: str = ""  # where the matched message comes from
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    inputs: tuple[str, ...]
+    recipe: str | None
+    findings: tuple[Finding, ...] = field(default=())
+    lines_read: int = 0
+    table: str = ""
+    engine: str = "sglang"
+    engine_from: str = "default"  # --engine | plan | log | default
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+
+# --- the table -------------------------------------------------------------------------------
+
+def table_path(pin: Pin | None = None) -> Path:
+    pin = pin or default_pin()
+    return manifests_dir() / (pin.troubleshooting or f"{pin.name}.troubleshooting.json")
+
+
+def _regex(value: str | None, where: str) -> re.Pattern | None:
+    if value is None:
+        return None
+    try:
+        return re.compile(value)
+    except re.error as e:
+        raise BadInput(f"{where}: bad pattern {value!r}: {e}") from None
+
+
+MAX_TABLE_BYTES = 4 * 1024 * 1024
+MAX_PATTERN = 2000
+# the placeholders a row's fix_here may name (plan_context's keys): any other would fail when the fix is shown
+FIX_FIELDS = frozenset({"recipe", "hardware", "model_dir", "revision", "pinned_revision", "image", "pinned_image",
+                        "cache_root", "minfer_mount", "minfer_host", "mem_fraction_static", "chunked_prefill_size",
+                        "gpu_count", "gpus", "port", "container"})
+FIELDS = ("error", "content")
+# the placeholders a row's fix_log may name: the values the log shows and the lower ones mm proposes
+LOG_FIELDS = frozenset({"mem_fraction_static", "mem_fraction_lower", "chunked_prefill_size", "apply"})
+
+
+def _fix_template(value: str | None, at: At, known: frozenset = FIX_FIELDS) -> str | None:
+    import string
+
+    if value is None:
+        return None
+    try:
+        fields = [f for _, f, spec, conv in string.Formatter().parse(value) if f is not None]
+    except ValueError as e:
+        raise at.fail(f"not a fix template ({e})") from None
+    for f in fields:
+        if f not in known:
+            raise at.fail(f"unknown placeholder {{{f[:40]}}} (known: {', '.join(sorted(known))})")
+    return value
+
+
+def _detector(d: dict, d_at: At, where: str) -> Detector:
+    d_at.obj(d)
+    source = d_at.get_str(d, "source", max_len=32)
+    pattern_source = d_at.get_str(d, "pattern_source", "", max_len=MAX_PATTERN)
+    if source not in SOURCES or not pattern_source:
+        raise BadInput(f"{where}: every detector needs a source ({', '.join(SOURCES)}) and a pattern_source")
+    check = d_at.get_str(d, "check", None, max_len=64)
+    if source == "host" and check not in HOST_CHECKS:
+        raise BadInput(f"{where}: unknown host check {check!r}")
+    body = d_at.get_str(d, "body", None, max_len=64)
+    if body is not None and body not in BODY_CHECKS:
+        raise BadInput(f"{where}: unknown body check {body!r} (known: {', '.join(sorted(BODY_CHECKS))})")
+    engine = d_at.get_str(d, "engine", None, max_len=32)
+    if engine is not None and engine not in ENGINES:
+        raise BadInput(f"{where}: unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    judged = d_at.get_str(d, "field", None, max_len=32)
+    if judged is not None and judged not in FIELDS:
+        raise BadInput(f"{where}: unknown field {judged!r} (known: {', '.join(FIELDS)})")
+    patterns = {k: _regex(d_at.get_str(d, k, None, max_len=MAX_PATTERN), where)
+                for k in ("pattern", "unless", "also", "after")}
+    return Detector(source=source, **patterns, requires=d_at.get_str(d, "requires", None, max_len=64), engine=engine,
+                    field=judged, body=body, fallback=d_at.get_bool(d, "fallback", False),
+                    missing_mount=d_at.get_str(d, "missing_mount", None, max_len=4096), check=check,
+                    fix=d_at.get_str(d, "fix", None), fix_here=_fix_template(d_at.get_str(d, "fix_here", None),
+                                                                             d_at.key("fix_here")),
+                    pattern_source=pattern_source)
+
+
+def load_table(path: Path | None = None) -> Table:
+    """The troubleshooting table (hostile until parsed, like every file mm reads): typed rows, compiled patterns."""
+    path = Path(path or table_path())
+    doc = read_json_file(path, what="troubleshooting table", max_bytes=MAX_TABLE_BYTES)
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise BadInput(f"{path}: not a troubleshooting table (expected schema {SCHEMA!r})")
+    at = At(str(path))
+    rows = []
+    for n, r in enumerate(at.get_list(doc, "rows")):
+        r_at = at.key("rows").index(n)
+        r_at.obj(r)
+        row_id = r_at.get_str(r, "id", max_len=128, empty=False)
+        where = f"{path}: row {row_id!r}"
+        detectors = [_detector(d, r_at.key("detect").index(j), where) for j, d in enumerate(r_at.get_list(r, "detect"))]
+        guide = r_at.get_obj(r, "guide")
+        g_at = r_at.key("guide")
+        by_hw = r_at.get_obj(r, "fix_here_hardware", {})
+        rows.append(Row(id=row_id, guide_row=g_at.key("value").get_int(g_at.get_obj(guide, "value"), "row", hi=10_000),
+                        guide=g_at.get_str(guide, "source", max_len=4096), symptom=r_at.get_str(r, "symptom"),
+                        cause=r_at.get_str(r, "cause"), fix=r_at.get_str(r, "fix"),
+                        fix_here=_fix_template(r_at.get_str(r, "fix_here", None), r_at.key("fix_here")),
+                        change=dict(r_at.get_obj(r, "change")), detect=tuple(detectors),
+                        fix_vllm=r_at.get_str(r, "fix_vllm", None),
+                        fix_here_vllm=_fix_template(r_at.get_str(r, "fix_here_vllm", None), r_at.key("fix_here_vllm")),
+                        fix_here_hardware={hw: _fix_template(r_at.key("fix_here_hardware").get_str(by_hw, hw), r_at.key(hw))
+                                           for hw in by_hw},
+                        fix_here_pinned_image=_fix_template(r_at.get_str(r, "fix_here_pinned_image", None),
+                                                            r_at.key("fix_here_pinned_image")),
+                        fix_log=_fix_template(r_at.get_str(r, "fix_log", None), r_at.key("fix_log"), LOG_FIELDS)))
+    return Table(path=path, rows=tuple(rows))
+
+
+# --- adapting a fix to the plan and the engine --------------------------------------------------
+
+def plan_context(plan: LaunchPlan) -> dict[str, str]:
+    args = dict(_pairs(plan.engine_argv))
+    minfer = next((m for m in plan.mounts if m.container == "/root/.cache/minfer"), None)
+    pin = default_pin()
+    return {
+        "recipe": plan.recipe.id, "hardware": plan.hardware.name, "model_dir": str(plan.model_dir),
+        "revision": plan.revision, "pinned_revision": pin.revision or "", "image": plan.image,
+        "pinned_image": pin.image or "", "cache_root": str(plan.cache_root or "(no kernel caches for this recipe)"),
+        "minfer_mount": minfer.spec() if minfer else "~/.cache/minfer:/root/.cache/minfer",
+        "minfer_host": str(minfer.host) if minfer else "~/.cache/minfer",
+        "mem_fraction_static": args.get("--mem-fraction-static") or "SGLang's default",
+        "chunked_prefill_size": args.get("--chunked-prefill-size") or "SGLang's default",
+        "gpu_count": str(len(plan.gpus)), "gpus": ",".join(map(str, plan.gpus)), "port": str(plan.port),
+        "container": plan.name,
+    }
+
+
+def _lower_fraction(shown: str) -> str | None:
+    """The --mem-fraction-static mm proposes below SHOWN: under the guide's 0.8 (row 4: 'lower it below 0.8') and
+    0.05 below the lower of the two (mm's own step), so the proposal always moves down from what ran."""
+    try:
+        value = float(shown)
+    except ValueError:
+        return None
+    lower = round(min(value, 0.8) - 0.05, 2)
+    return f"{lower:.2f}" if 0 < lower < value else None
+
+
+def launch_takes(option: str) -> bool:
+    """Whether `mm launch` takes this engine flag as an override (a LaunchOptions field of that name)."""
+    from dataclasses import fields
+    from .launch import LaunchOptions
+
+    return option.lstrip("-").replace("-", "_") in {f.name for f in fields(LaunchOptions)}
+
+
+def log_context(shown: dict[str, str], plan: LaunchPlan | None) -> dict[str, str] | None:
+    """The placeholders of a row's fix_log from the server's own values in the log, or None when it shows none."""
+    fraction = shown.get("mem_fraction_static")
+    lower = _lower_fraction(fraction) if fraction else None
+    if lower is None:
+        return None
+    if launch_takes("--mem-fraction-static"):
+        where = (f"mm launch {plan.model_dir} --hardware {plan.hardware.name}" if plan is not None
+                 else "mm launch MODEL_DIR --hardware HW")
+        apply = f"{where} --mem-fraction-static {lower}"
+    else:
+        apply = f"set the engine flag --mem-fraction-static {lower} in the start script `mm launch` wrote"
+    return {"mem_fraction_static": fraction, "mem_fraction_lower": lower, "apply": apply,
+            "chunked_prefill_size": shown.get("chunked_prefill_size") or "its current value"}
+
+
+def fix_for(row: Row, plan: LaunchPlan | None, engine: str, d: Detector | None = None,
+            shown: dict[str, str] | None = None) -> str:
+    """The fix for ENGINE: on vLLM the row's vLLM fix (the guide's vLLM row) where it has one, never an
+    SGLang-specific one; the matched message's own fix first (D); on SGLang, the server's own flag values the log
+    SHOWS; with a plan, adapted to it (on SGLang, the hardware's own advice first: B200; the pinned image's
+    other fix when it already runs)."""
+    context = plan_context(plan) if plan is not None else None
+    from_log = log_context(shown or {}, plan) if row.fix_log else None
+    if from_log is not None and engine != "vllm" and not (plan and plan.hardware.name in row.fix_here_hardware):
+        return row.fix_log.format_map(from_log)
+    pinned = plan is not None and context["pinned_image"] and plan.image == context["pinned_image"]
+    own = [(d.fix_here, True), (d.fix, False)] if d is not None else []
+    if engine == "vllm":
+        options = own + [(row.fix_here_vllm, True), (row.fix_vllm, False), (row.fix_here, True), (row.fix, False)]
+    else:
+        options = own + [(row.fix_here_hardware.get(plan.hardware.name) if plan else None, True),
+                         (row.fix_here_pinned_image if pinned else None, True), (row.fix_here, True), (row.fix, False)]
+    for text, templated in options:
+        if text and not (templated and context is None):
+            return text.format_map(context) if templated else text
+    return row.fix
+
+
+def _applies(d: Detector, plan: LaunchPlan | None, engine: str) -> bool:
+    """Engine-bound detectors run for that engine only; recipe-specific ones only when the plan says they apply
+    (or, for families, when it is unknown)."""
+    if d.engine is not None and d.engine != engine:
+        return False
+    if d.requires == "expects_qmul4":
+        return plan is not None and plan.recipe.expects_qmul4
+    if d.requires == "blackwell":
+        return plan is None or plan.hardware.family == "blackwell"
+    return True
+
+
+def _finding(row: Row, plan: LaunchPlan | None, engine: str, d: Detector, where: str, line: str,
+             number: int | None, shown: dict[str, str] | None = None) -> Finding:
+    line = printable(line.strip())
+    return Finding(row=row.id, guide_row=row.guide_row, symptom=row.symptom, cause=row.cause, fix=fix_for(row, plan, engine, d, shown),
+                   change=row.change, source=d.source, where=where,
+                   line=line if len(line) <= MAX_LINE else line[:MAX_LINE] + "...", line_number=number, guide=row.guide,
+                   pattern_source=d.pattern_source)
+
+
+# --- which engine wrote the text -------------------------------------------------------------
+
+ENGINES = ("sglang", "vllm")
+# A line only that engine prints (from each engine's source), so a log tells which engine served it.
+ENGINE_MARKERS = {
+    "sglang": re.compile(r"server_args=(?:\{|ServerArgs\()|The server is fired up and ready to roll!"),  # srt/entrypoints/engine.py, http_server.py
+    "vllm": re.compile(r"vLLM server version \S+, serving model|Initializing a V1 LLM engine \(v|Starting vLLM server on"
+                       r"|non-default args: \{"),  # vLLM 0.33.0 entrypoints/common/startup.py, v1/engine/core.py, launchers
+}
+
+
+def engine_of(scans: Iterable[ScannedText], explicit: str | None = None,
+              plan: LaunchPlan | None = None) -> tuple[str, str]:
+    """(engine, how it is known): --engine, else the one engine the texts show, else the plan's recipe, else SGLang
+    (the engine of the guide's troubleshooting table and of `mm launch` by default)."""
+    if explicit:
+        return explicit, "--engine"
+    seen = set().union(*(s.engines for s in scans)) if scans else set()
+    if len(seen) == 1:
+        return next(iter(seen)), "log"
+    if plan is not None:
+        return plan.recipe.engine, "plan"
+    return "sglang", "default"
+
+
+# --- text: server logs and HTTP exchanges ----------------------------------------------------
+
+MAX_LOG_LINE = 64 * 1024  # bytes of one log line that are matched; the rest of a longer line is skipped
+READ_CHUNK = 1024 * 1024
+
+
+_LINE_END = re.compile(rb"\r\n?|\n")
+
+
+def iter_lines(stream: BinaryIO, max_line: int = MAX_LOG_LINE) -> Iterator[str]:
+    """The lines of a byte stream (ended by \\n, \\r\\n or a lone \\r, as a progress bar writes), read in chunks,
+    each cut to MAX_LINE bytes and decoded (bad UTF-8 replaced): memory stays within a chunk and a line whatever
+    the stream holds (a multi-GB log, a line with no end)."""
+    line = bytearray()
+    full = False  # this line already holds max_line bytes: skip to its end
+    after_cr = False  # the last chunk ended a line with \r: a \n first in this one belongs to it
+    while chunk := stream.read(READ_CHUNK):
+        start = 1 if after_cr and chunk[:1] == b"\n" else 0
+        after_cr = False
+        while True:
+            m = _LINE_END.search(chunk, start)
+            end = len(chunk) if m is None else m.start()
+            if not full:
+                room = max_line - len(line)
+                line += chunk[start:min(end, start + room)]
+                full = end - start > room
+            if m is None:
+                break
+            yield line.decode("utf-8", "replace")
+            line, full, start = bytearray(), False, m.end()
+            after_cr = m.group() == b"\r" and start == len(chunk)
+    if line or full:
+        yield line.decode("utf-8", "replace")
+
+
+# --- what the line says, whatever wrapped it --------------------------------------------------
+
+# ECMA-48 CSI sequences (colours, cursor moves) and OSC sequences (titles, hyperlinks) as terminals and rich write them
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+_RFC3339 = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)"
+# the CRI logging format kubelet writes under /var/log/pods (k8s.io/cri-api: TIMESTAMP STREAM TAG LINE, TAG P for a
+# partial line that the next piece continues, F for its last piece)
+_CRI = re.compile(rf"^{_RFC3339} (?:stdout|stderr) ([PF])(?:[:|][^ ]*)? ?(.*)$", re.S)
+_DOCKER_TIMESTAMP = re.compile(rf"^{_RFC3339} ")  # `docker logs --timestamps`
+# the JSON keys that hold the message of a log record: docker's json-file driver ({"log", "stream", "time"}),
+# Python/structlog/zap/Loki shippers ("message", "msg"); a record also names a level, time or stream
+_RECORD_TEXT = ("log", "message", "msg")
+_RECORD_MARK = frozenset({"stream", "time", "timestamp", "ts", "level", "levelname", "severity", "logger", "@timestamp"})
+
+
+def _record_text(line: str) -> str | None:
+    """The message of a JSON log record on one line, else None (a request or an answer is read by the body reader)."""
+    text = line.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        return None
+    try:
+        doc = load_json(text, "log record", max_bytes=MAX_LOG_LINE)
+    except Malformed:
+        return None
+    if not isinstance(doc, dict) or not _RECORD_MARK.intersection(doc):
+        return None
+    return next((doc[k] for k in _RECORD_TEXT if isinstance(doc.get(k), str)), None)
+
+
+def normalised(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
+    """(line number, text) of what each line says: ANSI escapes removed, a Kubernetes CRI prefix or a
+    `docker logs --timestamps` prefix removed (CRI partial pieces joined, bounded by MAX_LOG_LINE), a JSON log
+    record replaced by its message (one line per line of it). The number is the first physical line's."""
+    partial: list[str] = []
+    partial_at = 0
+    size = 0
+    for number, raw in enumerate(lines, 1):
+        line = _ANSI.sub("", raw) if "\x1b" in raw else raw
+        if m := _CRI.match(line):
+            tag, line = m.groups()
+            if tag == "P":
+                if not partial:
+                    partial_at = number
+                if size < MAX_LOG_LINE:
+                    partial.append(line)
+                    size += len(line)
+                continue
+            if partial:
+                line, number = "".join(partial) + line, partial_at
+                partial, size = [], 0
+        else:
+            line = _DOCKER_TIMESTAMP.sub("", line, count=1)
+        record = _record_text(line) if "{" in line else None
+        if record is None:
+            yield number, line
+            continue
+        for piece in record.splitlines() or [""]:
+            yield number, _ANSI.sub("", piece) if "\x1b" in piece else piece
+    if partial:
+        yield partial_at, "".join(partial)
+
+
+# --- JSON bodies inside a text ---------------------------------------------------------------
+
+MAX_BODY = 1024 * 1024  # bytes of one JSON request or answer judged; a longer one is read as text
+MAX_BODIES = 256  # bodies kept per text (their facts, not the documents)
+MAX_FACT = 4096  # characters of one field kept
+_BODY_START = re.compile(r'\{\s*(?:"|\}|$)')  # a JSON object begins here (not a Python dict repr: those quote with ')
+_JSON_TOKEN = re.compile(r'[{}"\\]')
+
+
+@dataclass
+class Body:
+    """What the table judges of one JSON document (a request or an answer), not the document itself."""
+    line: int
+    request: bool = False
+    thinking: object = None  # the request's `thinking` value (absent: _ABSENT)
+    effort: object = None  # top-level reasoning_effort
+    kwargs_effort: object = None  # chat_template_kwargs.reasoning_effort
+    thinking_mode: object = None  # chat_template_kwargs.thinking_mode
+    error: str | None = None  # an error answer's message
+    contents: list = field(default_factory=list)  # assistant content strings
+
+
+_ABSENT = object()
+
+
+def _short(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)[:MAX_FACT]
+
+
+def body_facts(doc: object, line: int) -> Body | None:
+    """A request (it has messages), an answer (choices) or an error answer (SGLang's {"object": "error",
+    "message"}, vLLM's {"error": {"message"}}, FastAPI's {"detail"})."""
+    if not isinstance(doc, dict):
+        return None
+    body = Body(line=line)
+    if isinstance(doc.get("messages"), list):
+        kwargs = doc.get("chat_template_kwargs")
+        kwargs = kwargs if isinstance(kwargs, dict) else {}
+        body.request = True
+        body.thinking = doc.get("thinking", _ABSENT)
+        body.effort = doc.get("reasoning_effort", _ABSENT)
+        body.kwargs_effort = kwargs.get("reasoning_effort", _ABSENT)
+        body.thinking_mode = kwargs.get("thinking_mode", _ABSENT)
+        return body
+    error = doc.get("error")
+    if doc.get("object") == "error" and isinstance(doc.get("message"), str):
+        body.error = doc["message"][:MAX_FACT]
+    elif isinstance(error, dict) and isinstance(error.get("message"), str):
+        body.error = error["message"][:MAX_FACT]
+    elif isinstance(error, str):
+        body.error = error[:MAX_FACT]
+    elif isinstance(doc.get("detail"), str):
+        body.error = doc["detail"][:MAX_FACT]
+    choices = doc.get("choices")
+    for choice in choices if isinstance(choices, list) else []:
+        if not isinstance(choice, dict):
+            continue
+        for key in ("message", "delta"):
+            part = choice.get(key)
+            if isinstance(part, dict) and isinstance(part.get("content"), str):
+                body.contents.append(part["content"][:MAX_FACT])
+    return body if body.error is not None or body.contents else None
+
+
+class _JsonObject:
+    """Collects the lines of one JSON object that starts in a text (`curl -d '{`, `json.dumps(indent=2)`, an SSE
+    `data: {...}` line) until its braces balance outside strings; bounded by MAX_BODY."""
+
+    def __init__(self, first: str, offset: int, number: int):
+        self.number = number
+        self.lines: list[tuple[str, int]] = [(first, number)]  # the raw lines, to read as text if it is no JSON
+        self.parts: list[str] = []
+        self.size = 0
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+        self.done = self._feed(first[offset:])
+
+    def add(self, line: str, number: int) -> bool:
+        self.lines.append((line, number))
+        self.done = self._feed(line)
+        return self.done
+
+    @property
+    def too_big(self) -> bool:
+        return self.size > MAX_BODY
+
+    def _feed(self, segment: str) -> bool:
+        end = None
+        skip = -1
+        if self.escaped:  # a backslash ended the last line
+            skip, self.escaped = 0, False
+        for m in _JSON_TOKEN.finditer(segment):
+            pos, c = m.start(), m.group()
+            if pos == skip:
+                continue
+            if self.in_string:
+                if c == "\\":
+                    skip = pos + 1
+                    self.escaped = skip == len(segment)
+                elif c == '"':
+                    self.in_string = False
+            elif c == '"':
+                self.in_string = True
+            elif c == "{":
+                self.depth += 1
+            elif c == "}":
+                self.depth -= 1
+                if self.depth == 0:
+                    end = pos + 1
+                    break
+        piece = segment if end is None else segment[:end]
+        self.parts.append(piece)
+        self.size += len(piece) + 1
+        return end is not None
+
+    def document(self) -> object | None:
+        try:
+            return load_json("\n".join(self.parts), "body", max_bytes=MAX_BODY)
+        except Malformed:
+            return None
+
+
+@dataclass
+class ScannedText:
+    """One text (a log, an HTTP answer) read once, line by line: for every text detector of the table its first
+    matching line and whether its `unless` / `also` / `after` patterns were seen; the JSON requests and answers in
+    it (their facts); which engine's lines it holds; the line count, the last TAIL lines and the lines that match
+    KEEP (the first MAX_KEPT). Nothing else of the text is held."""
+    where: str
+    lines: int = 0
+    hits: dict = field(default_factory=dict)  # (row id, detector index) -> (line, number)
+    unless_seen: set = field(default_factory=set)
+    also_seen: set = field(default_factory=set)
+    after_seen: set = field(default_factory=set)
+    bodies: list = field(default_factory=list)
+    stream_content: str = ""  # the delta.content of SSE chunks, joined (a marker may span chunks)
+    stream_line: int | None = None
+    engines: set = field(default_factory=set)
+    shown: dict = field(default_factory=dict)  # the server's own flag values the text shows (SHOWN_FLAGS)
+    tail: deque = field(default_factory=deque)
+    kept: list = field(default_factory=list)
+
+
+MAX_KEPT = 256
+# the flag values a server prints at start: SGLang's server_args line (ServerArgs(mem_fraction_static=0.92, ...) or
+# {'mem_fraction_static': 0.92, ...}: srt/entrypoints/engine.py) and a command line echoed in the log
+SHOWN_FLAGS = re.compile(r"\b(mem_fraction_static|chunked_prefill_size)'?\s*[=:]\s*'?(\d+(?:\.\d+)?)\b"
+                         r"|--(mem-fraction-static|chunked-prefill-size)[= ](\d+(?:\.\d+)?)\b")
+
+
+class _Scanner:
+    def __init__(self, where: str, table: Table, tail: int, keep: re.Pattern | None):
+        self.detectors = [((row.id, j), d) for row in table.rows for j, d in enumerate(row.detect)
+                          if d.source in ("log", "http") and d.pattern is not None and d.field is None]
+        self.scan = ScannedText(where=where, tail=deque(maxlen=tail))
+        self.keep = keep
+        self.tail = tail
+        self.pending: _JsonObject | None = None
+
+    def line(self, number: int, line: str) -> None:
+        scan = self.scan
+        scan.lines = number
+        if self.tail:
+            scan.tail.append(line)
+        if self.keep is not None and len(scan.kept) < MAX_KEPT and self.keep.search(line):
+            scan.kept.append(line)
+        if self.pending is not None:
+            if self.pending.add(line, number) or self.pending.too_big:
+                self._close()
+            return
+        start = _BODY_START.search(line) if "{" in line else None
+        if start is None:
+            self._match(line, number)
+            return
+        self._match(line[:start.start()], number)  # what precedes the body is text ("data: ", a log prefix)
+        self.pending = _JsonObject(line, start.start(), number)
+        if self.pending.done:
+            self._close()
+
+    def _close(self) -> None:
+        pending, self.pending = self.pending, None
+        doc = None if pending.too_big or not pending.done else pending.document()
+        if doc is None:  # not JSON after all: read as text
+            for text, number in pending.lines:
+                self._match(text, number)
+            return
+        facts = body_facts(doc, pending.number)
+        if facts is None:  # JSON, but no request or answer (a structured log line): read as text
+            for text, number in pending.lines:
+                self._match(text, number)
+            return
+        if facts.error is not None:  # a server's error message is evidence like a log line (an OOM in a 500)
+            self._match(facts.error, pending.number)
+        if isinstance(doc, dict) and doc.get("object") == "chat.completion.chunk":
+            scan = self.scan
+            scan.stream_line = scan.stream_line or pending.number
+            scan.stream_content = (scan.stream_content + "".join(facts.contents))[-MAX_FACT:]
+            facts.contents = []
+        if (facts.request or facts.error is not None or facts.contents) and len(self.scan.bodies) < MAX_BODIES:
+            self.scan.bodies.append(facts)
+
+    def _match(self, line: str, number: int) -> None:
+        if not line:
+            return
+        scan = self.scan
+        for engine, marker in ENGINE_MARKERS.items():
+            if engine not in scan.engines and marker.search(line):
+                scan.engines.add(engine)
+        if ("mem" in line or "chunked" in line) and len(scan.shown) < 2:
+            for m in SHOWN_FLAGS.finditer(line):
+                scan.shown.setdefault((m.group(1) or m.group(3)).replace("-", "_"), m.group(2) or m.group(4))
+        for key, d in self.detectors:
+            if (key not in scan.hits and key not in scan.unless_seen and (d.after is None or key in scan.after_seen)
+                    and d.pattern.search(line)):
+                scan.hits[key] = (line, number)
+            if d.after is not None and key not in scan.after_seen and d.after.search(line):
+                scan.after_seen.add(key)
+            if d.unless is not None and key not in scan.unless_seen and d.unless.search(line):
+                scan.unless_seen.add(key)
+            if d.also is not None and key not in scan.also_seen and d.also.search(line):
+                scan.also_seen.add(key)
+
+    def finish(self) -> ScannedText:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            for text, number in pending.lines:
+                self._match(text, number)
+        return self.scan
+
+
+def scan_text(where: str, lines: Iterable[str], table: Table, *, tail: int = 0,
+              keep: re.Pattern | None = None) -> ScannedText:
+    scanner = _Scanner(where, table, tail, keep)
+    for number, line in normalised(lines):
+        scanner.line(number, line)
+    return scanner.finish()
+
+
+# --- judging a body's fields -------------------------------------------------------------------
+
+M3_THINKING_TYPES = ("adaptive", "enabled", "disabled")  # SGLang 0.5.23 serving_chat.py _M3_THINKING_TYPES
+M3_EFFORTS = ("low", "medium", "high", "xhigh", "max")  # the guide's capability table; serving_chat.py _M3_REASONING_EFFORTS
+EFFORT_OFF = ("none", "minimal")  # the guide: these turn thinking off
+
+
+def _set(value: object) -> bool:
+    return value is not _ABSENT and value is not None
+
+
+def _thinking_type_invalid(b: Body) -> str | None:
+    if not b.request or b.thinking is _ABSENT or b.thinking is None:
+        return None
+    kind = b.thinking.get("type") if isinstance(b.thinking, dict) else None
+    if kind in M3_THINKING_TYPES:
+        return None
+    return f'"thinking": {_short(b.thinking)} (type must be adaptive, enabled or disabled)'
+
+
+def _effort_in_template_kwargs(b: Body) -> str | None:
+    if b.request and _set(b.kwargs_effort):
+        return f'"chat_template_kwargs": {{"reasoning_effort": {_short(b.kwargs_effort)}}}'
+    return None
+
+
+def _effort_top_level_only(b: Body) -> str | None:
+    if b.request and _set(b.effort) and not _set(b.kwargs_effort):
+        return f'"reasoning_effort": {_short(b.effort)} at the top level, none in chat_template_kwargs'
+    return None
+
+
+def _effort(b: Body) -> object:
+    return b.effort if _set(b.effort) else b.kwargs_effort
+
+
+def _effort_with_thinking_off(b: Body) -> str | None:
+    effort = _effort(b)
+    if not b.request or not _set(effort) or effort in EFFORT_OFF:
+        return None
+    off = (isinstance(b.thinking, dict) and b.thinking.get("type") == "disabled") or b.thinking_mode == "disabled"
+    return f'reasoning_effort {_short(effort)} with thinking disabled' if off else None
+
+
+def _effort_unknown_value(b: Body) -> str | None:
+    effort = _effort(b)
+    if b.request and _set(effort) and effort not in M3_EFFORTS + EFFORT_OFF:
+        return f'"reasoning_effort": {_short(effort)} (known: {", ".join(M3_EFFORTS + EFFORT_OFF)})'
+    return None
+
+
+BODY_CHECKS: dict[str, Callable[[Body], str | None]] = {
+    "thinking_type_invalid": _thinking_type_invalid,
+    "effort_in_template_kwargs": _effort_in_template_kwargs,
+    "effort_top_level_only": _effort_top_level_only,
+    "effort_with_thinking_off": _effort_with_thinking_off,
+    "effort_unknown_value": _effort_unknown_value,
+}
+
+
+def _match_text(key: tuple[str, int], d: Detector, scan: ScannedText) -> tuple[str, int] | None:
+    if d.pattern is None or (d.also is not None and key not in scan.also_seen):
+        return None
+    return scan.hits.get(key)
+
+
+def _match_bodies(d: Detector, scan: ScannedText) -> tuple[str, int | None] | None:
+    if d.body is not None:
+        for b in scan.bodies:
+            fact = BODY_CHECKS[d.body](b)
+            if fact:
+                return fact, b.line
+        return None
+    if d.field == "error":
+        for b in scan.bodies:
+            if b.error is not None and d.pattern.search(b.error):
+                return f"error: {b.error}", b.line
+    elif d.field == "content":
+        contents = [(c, b.line) for b in scan.bodies for c in b.contents]
+        if scan.stream_content:
+            contents.append((scan.stream_content, scan.stream_line))
+        for text, line in contents:
+            if d.pattern.search(text):
+                return f"content: {text}", line
+    return None
+
+
+def diagnose(texts: Iterable[tuple[str, str] | ScannedText] = (), *, plan: LaunchPlan | None = None,
+             table: Table | None = None, mounts: tuple[str, list[dict]] | None = None, host: bool = False,
+             gpu_info: str | None = None, engine: str | None = None) -> Diagnosis:
+    """Match the table against TEXTS ((where, text): logs, HTTP answers; or texts already read by `scan_text`
+    with the same table), a container's MOUNTS ((name, docker inspect .Mounts)) and, with HOST, the host checks.
+    Every text detector reads every text: a log may hold a request dump, a saved exchange may hold a log line.
+    ENGINE (--engine) wins over the plan's and over what the texts show."""
+    table = table or load_table()
+    scans = [t if isinstance(t, ScannedText) else scan_text(t[0], t[1].splitlines(), table) for t in texts]
+    engine, engine_from = engine_of(scans, engine, plan)
+    shown = {k: v for scan in reversed(scans) for k, v in scan.shown.items()}  # the first text's value wins
+    found_by: list[tuple[Finding, Detector]] = []
+    for row in table.rows:
+        found = None
+        for j, d in enumerate(row.detect):
+            if not _applies(d, plan, engine):
+                continue
+            if d.source in ("log", "http"):
+                for scan in scans:
+                    if key_hit := (_match_bodies(d, scan) if d.body or d.field else _match_text((row.id, j), d, scan)):
+                        found = _finding(row, plan, engine, d, scan.where, key_hit[0], key_hit[1], shown)
+                        break
+            elif d.source == "container" and mounts is not None:
+                name, items = mounts
+                at = [m for m in items if m.get("Destination") == d.missing_mount]
+                if d.missing_mount and not at:
+                    found = _finding(row, plan, engine, d, name, f"no mount at {d.missing_mount} (mounts: "
+                                     f"{', '.join(sorted(str(m.get('Destination')) for m in items)) or 'none'})", None)
+                elif d.missing_mount and all(m.get("Type") == "tmpfs" for m in at):
+                    # docker inspect's Mounts Type "tmpfs" (--mount type=tmpfs): memory, gone when the container stops
+                    found = _finding(row, plan, engine, d, name, f"{d.missing_mount} is a tmpfs mount: what is "
+                                     f"compiled there is lost when the container stops", None)
+            elif d.source == "host" and host and plan is not None:
+                fact = HOST_CHECKS[d.check](plan, gpu_info)
+                if fact:
+                    found = _finding(row, plan, engine, d, d.check, fact, None)
+            if found:
+                found_by.append((found, d))
+                break
+    causes = [f for f, d in found_by if not d.fallback]
+    findings = causes or [f for f, _ in found_by]  # a symptom row (the server exited) stands alone, else the causes
+    return Diagnosis(inputs=tuple(s.where for s in scans) + ((mounts[0],) if mounts else ()) + (("host",) if host else ()),
+                     recipe=plan.recipe.id if plan else None, findings=tuple(findings),
+                     lines_read=sum(s.lines for s in scans), table=str(table.path), engine=engine, engine_from=engine_from)
+
+
+def scan_log(path: Path, table: Table) -> ScannedText:
+    """A log file (or saved answer), read streaming: see `iter_lines`."""
+    try:
+        with open_local_file(path, what="log") as f:  # a regular file: a FIFO or /dev/zero would never end
+            return scan_text(str(path), iter_lines(f), table)
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read: {e.strerror}") from None
+
+
+MAX_PIPE_BYTES = 4 * 1024 ** 3  # mm's own margin: days of a busy server's log; a pipe that never ends (docker logs -f) stops
+
+
+class _Capped:
+    """A stream read up to MAX bytes: then BadInput, so that `docker logs -f X | mm diagnose -` ends."""
+
+    def __init__(self, stream: BinaryIO, where: str, cap: int):
+        self.stream, self.where, self.left, self.cap = stream, where, cap, cap
+
+    def read(self, n: int) -> bytes:
+        chunk = self.stream.read(min(n, self.left + 1))
+        self.left -= len(chunk)
+        if self.left < 0:
+            raise BadInput(f"{self.where}: more than {self.cap // 1024 ** 3} GiB; give the part around the failure "
+                           f"(docker logs --tail N, or a saved file)")
+        return chunk
+
+
+def scan_stream(where: str, stream: BinaryIO, table: Table, cap: int = MAX_PIPE_BYTES) -> ScannedText:
+    """A log piped in (`docker logs X 2>&1 | mm diagnose -`), read streaming like a file, up to CAP bytes."""
+    try:
+        return scan_text(where, iter_lines(_Capped(stream, where, cap)), table)
+    except OSError as e:
+        raise BadInput(f"{where}: cannot read: {e.strerror or e}") from None
+
+
+def scan_docker_logs(name: str, table: Table, *, docker: str = "docker", tail: int = 0, keep: re.Pattern | None = None,
+                     timeout: float = 120, check: bool = True) -> ScannedText:
+    """`docker logs NAME` (stdout and stderr, as docker interleaves them) read streaming, like a log file, within
+    TIMEOUT (tools.stream_tool: the process group is killed then, or when docker exits and a child of it still
+    holds the pipe). With CHECK, docker failing (no such container) is an error; without, what it wrote is the log."""
+    check_name(name, "--container")
+    try:
+        with stream_tool([docker, "logs", "--", name], timeout=timeout) as proc:
+            scan = scan_text(f"docker logs {name}", iter_lines(proc.stdout), table, tail=max(tail, 1), keep=keep)
+    except ToolMissing:
+        raise BadInput("docker: not found on PATH (mm reads `docker logs`)") from None
+    if proc.stopped:
+        raise BadInput(f"docker logs {name}: {proc.stopped}")
+    if check and proc.returncode != 0:
+        last = next((line for line in reversed(scan.tail) if line.strip()), "(no output)")
+        raise BadInput(f"--container {name}: docker logs failed: {last.strip()}")
+    if not tail:
+        scan.tail.clear()
+    return scan
+
+
+# --- host checks (for `mm doctor`) -----------------------------------------------------------
+
+def _kernel_cache_warm(plan: LaunchPlan, gpu_info: str | None) -> str | None:
+    if plan.cache_root is None:
+        return None
+    key = plan.cache_root / CACHE_KEY_FILE
+    if key.is_file():
+        return None
+    return f"{key}: missing, so the next start compiles every kernel (run `mm warmup` with the same recipe)"
+
+
+def _gpu_family(plan: LaunchPlan, gpu_info: str | None) -> str | None:
+    if not gpu_info or plan.hardware.vendor != "nvidia" or not plan.uses_dspark:
+        return None
+    for line in gpu_info.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2 and (major := small_int(parts[1].split(".")[0], hi=999)) is not None and major < 10:
+            return f"GPU {parts[0]} (compute {parts[1]}) with DSpark recipe {plan.recipe.id}"
+    return None
+
+
+def _model_dir_complete(plan: LaunchPlan, gpu_info: str | None) -> str | None:
+    """The very check `mm launch` makes before it writes a script (launch.check_model_dir): the manifest is there,
+    holds the recipe's repository, the draft subfolder is there where the recipe uses it, quick verify passes."""
+    from ..errors import MMError
+    from .launch import check_model_dir
+
+    try:
+        check_model_dir(plan.model_dir, plan.recipe, default_pin())
+    except MMError as e:
+        return e.message
+    return None
+
+
+HOST_CHECKS: dict[str, Callable[[LaunchPlan, str | None], str | None]] = {
+    "kernel_cache_warm": _kernel_cache_warm,
+    "gpu_family": _gpu_family,
+    "model_dir_complete": _model_dir_complete,
+}
+
+
+def host_findings(plan: LaunchPlan, gpu_info: str | None = None, table: Table | None = None) -> tuple[Finding, ...]:
+    """The host-check rows for PLAN on this host (what `mm doctor` runs). GPU_INFO: nvidia-smi
+    `--query-gpu=name,compute_cap,driver_version --format=csv,noheader` output, when known."""
+    return diagnose(plan=plan, table=table, host=True, gpu_info=gpu_info).findings
+
+
+def hicache_fits(plan: LaunchPlan, replicas: int, mem_total_gb: float | None = None) -> str | None:
+    """None when the HiCache pools of REPLICAS servers fit host memory (MemTotal), else why not."""
+    from .launch import hicache_host_gb
+
+    need = hicache_host_gb(plan, replicas)
+    if need is None:
+        return None
+    if mem_total_gb is None:
+        mem_total_gb = _mem_total_gb()
+    if mem_total_gb is None or need < mem_total_gb:
+        return None
+    return (f"HiCache needs {need:,.0f} GB of host memory ({replicas} replica(s) of {plan.recipe.id}; --hicache-size is "
+            f"per rank) but this host has {mem_total_gb:,.0f} GB")
+
+
+def _mem_total_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024 / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+# --- one request, as the CLI gives it --------------------------------------------------------
+
+@dataclass(frozen=True)
+class DiagnoseRequest:
+    logfile: Path | None = None
+    stdin: BinaryIO | None = None  # LOGFILE `-`: the log piped in
+    container: str | None = None
+    answers: tuple[Path, ...] = ()
+    model_dir: Path | None = None
+    launch: object | None = None  # LaunchOptions: the recipe the fixes are adapted to (with model_dir)
+    host_checks: bool = False
+    gpu_info: str | None = None
+    engine: str | None = None  # --engine; None: the plan's, else what the logs show, else sglang
+
+
+def run_diagnosis(req: DiagnoseRequest) -> Diagnosis:
+    if not (req.logfile or req.stdin or req.container or req.answers or req.host_checks):
+        raise BadInput("diagnose: give a LOGFILE (- for the standard input), --container NAME, --answer FILE or "
+                       "--host-checks")
+    if (req.logfile or req.stdin) and req.container:
+        raise BadInput("diagnose: give a LOGFILE or --container NAME, not both")
+    plan = None
+    if req.model_dir is not None:
+        if req.launch is None:
+            raise BadInput("--model-dir: give --hardware too, so that mm knows the recipe")
+        from .router import plan_node
+        plan = plan_node(req.model_dir, req.launch, check_dir=False).first
+    elif req.host_checks:
+        raise BadInput("--host-checks: give --model-dir and --hardware (the checks are about that recipe on this host)")
+    table = load_table()
+    texts = []
+    if req.stdin is not None:
+        texts.append(scan_stream("<stdin>", req.stdin, table))
+    elif req.logfile:
+        texts.append(scan_log(req.logfile, table))
+    mounts = None
+    if req.container:
+        texts.append(scan_docker_logs(req.container, table))
+        from .docker import container_mounts
+
+        mounts = (req.container, container_mounts(req.container))
+    texts += [scan_log(a, table) for a in req.answers]
+    return diagnose(texts, plan=plan, table=table, mounts=mounts, host=req.host_checks, gpu_info=req.gpu_info,
+                    engine=req.engine)
