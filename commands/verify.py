@@ -148,7 +148,7 @@ def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revisi
 
 
 def _proof_label(directory: Path) -> tuple[str, str]:
-    from ..artifacts.kube import proof_label_for
+    from ..artifacts.serving.kube import proof_label_for
     return proof_label_for(directory)
 
 

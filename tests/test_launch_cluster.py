@@ -17,8 +17,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mm.artifacts.kube import KUBERNETES_VERSION
-from mm.artifacts.router import DEFAULT_HEALTH_TIMEOUT
+from mm.artifacts.serving.kube import KUBERNETES_VERSION
+from mm.artifacts.serving.router import DEFAULT_HEALTH_TIMEOUT
 from tests.test_launch import (PIN, REPO_ROOT, ROCM_IMAGE, SECRET, VLLM_IMAGE, assert_no_secrets, docker_options, engine_part,  # noqa: F401
                                make_model_dir, mm, script_tokens, sglang_parse)
 from tests.test_launch_node import router_parse
@@ -353,7 +353,7 @@ def test_label_is_never_printed_for_a_copy_that_failed_its_full_verify(store, tm
 
 
 def test_label_value_changes_with_the_manifest(store, tmp_path):
-    from mm.artifacts.kube import proof_label
+    from mm.artifacts.serving.kube import proof_label
     a = proof_label(PIN.repo_id, b'{"a": 1}')
     b = proof_label(PIN.repo_id, b'{"a": 2}')
     assert a[0] == b[0] == "mm/proven-minimaxai.minimax-m3.1-flash" and a[1] != b[1]

@@ -26,9 +26,9 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .errors import BadInput, BadValue, Refused
-from .launch import (EnvRef, LaunchOptions, LaunchPlan, SHM_GIB, Token, check_model_dir, choose_recipe,
-                     load_catalog, plan_document, plan_launch)
+from ..errors import BadInput, BadValue, Refused
+from .launch import (EnvRef, LaunchOptions, LaunchPlan, SHM_GIB, Token, check_model_dir, choose_recipe, load_catalog,
+                     plan_document, plan_launch)
 from .router import DEFAULT_HEALTH_TIMEOUT
 
 # The Kubernetes minor the documents are written for (and checked against by the tests, strict).
@@ -121,7 +121,8 @@ def _check_name(value: str, what: str, limit: int, rule: re.Pattern) -> None:
 
 def plan_cluster(model_dir: Path, opts: LaunchOptions, copts: ClusterOptions) -> ClusterPlan:
     """The cluster plan: one server's LaunchPlan (what `mm launch` renders as a script), replicated."""
-    from .store import as_mounted, is_pointer
+    from .docker import as_mounted
+    from ..paths import is_pointer
 
     _check_name(copts.namespace, "--namespace", 63, DNS_1123)
     if opts.gpus or opts.replica_ports:
@@ -211,8 +212,9 @@ def proof_label(repo_id: str, manifest_bytes: bytes) -> tuple[str, str]:
 
 def proof_label_for(model_dir: Path) -> tuple[str, str]:
     """The proof label for MODEL_DIR's manifest as it is on disk now."""
-    from .fsutil import read_local_file
-    from .manifest import MAX_MANIFEST_BYTES, from_json, manifest_path
+    from ..edges.fsutil import read_local_file
+    from ..integrity.manifest import MAX_MANIFEST_BYTES, from_json
+    from ..paths import manifest_path
 
     path = manifest_path(Path(model_dir))
     data = read_local_file(path, what="manifest", max_bytes=MAX_MANIFEST_BYTES)
