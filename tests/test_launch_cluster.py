@@ -38,7 +38,7 @@ def store(tmp_path_factory) -> Path:
     os.symlink(REVISION_DIR, repo / "current")
     installer = repo / f"{REVISION_DIR}.payload" / "mm"
     (installer / "wheelhouse").mkdir(parents=True)
-    shutil.copy(REPO_ROOT / "artifacts" / "install-mm.sh", installer / "install-mm.sh")
+    shutil.copy(REPO_ROOT / "artifacts" / "bundle" / "install-mm.sh", installer / "install-mm.sh")
     return root
 
 
