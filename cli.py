@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("oci", "Show a registry artifact's files, sizes, revision and signature status (same as "
                        "`mm pull --list`)."),
     "launch": ("launch", "Print (or write) the offline start for MODEL_DIR on the given hardware (replicas behind the "
-                         "router on a node)."),
+                         "router on a node), or, with --format k8s/ome, the cluster's manifests from the same plan."),
     "ls": ("store", "The revisions under ROOT (ROOT/<repo id>/<dir>/): sizes, bytes shared on disk, which is current, "
                     "when each was verified, signatures, containers mounting them."),
     "manifest": ("fetch", "Write (`mm manifest DIR --repo R --revision REV`) or export (`mm manifest export DIR`) a "
@@ -190,7 +190,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
                   "mm verify --quick /data/models/MiniMax-M3.1-Flash          # no hashing: the pre-flight check",
                   "mm verify --strict /data/models/MiniMax-M3.1-Flash         # files not in the manifest fail too",
                   "mm verify --upstream /data/models/MiniMax-M3.1-Flash       # against the Hub's own hashes",
-                  "mm verify DIR --allowed-signers allowed_signers --identity release@example.com"),
+                  "mm verify DIR --allowed-signers allowed_signers --identity release@example.com",
+                  "mm verify /models/MiniMaxAI/MiniMax-M3.1-Flash/current --label-node gpu-node-7   # OME's proof label"),
     "mm sign": ("mm sign /data/models/MiniMax-M3.1-Flash --key ~/.ssh/id_ed25519",
                 "mm sign /data/models/MiniMax-M3.1-Flash --key ~/.ssh/id_ed25519.pub   # the key in ssh-agent"),
     "mm repair": ("mm repair /data/models/MiniMax-M3.1-Flash",
@@ -248,7 +249,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "mm launch": ("mm launch /data/models/MiniMax-M3.1-Flash --hardware b300 --out start.sh",
                   "mm launch DIR --hardware B300 --recipe low-latency --format json",
                   "mm launch DIR --hardware h200 --engine vllm --gpus 0,1,2,3,4,5,6,7",
-                  "mm launch DIR --hardware b300 --gpus 0,1,2,3,4,5,6,7 --replicas 2   # two servers behind the router"),
+                  "mm launch DIR --hardware b300 --gpus 0,1,2,3,4,5,6,7 --replicas 2   # two servers behind the router",
+                  "mm launch /models/MiniMaxAI/MiniMax-M3.1-Flash/current --hardware b300 --replicas 4 --format k8s "
+                  "--namespace llm --out flash.yaml"),
     "mm warmup": ("mm warmup /data/models/MiniMax-M3.1-Flash --hardware b300",
                   "mm warmup DIR --hardware b300 --timeout 7200 --report warmup.json"),
     "mm doctor": ("mm doctor /data/models/MiniMax-M3.1-Flash --hardware b300",

@@ -91,7 +91,8 @@ def recipe_options(fn: Callable) -> Callable:
         click.option("--gpus", callback=_gpu_list, default=None,
                      help="GPU indices, e.g. 0,1,2,3 (default: 0..N-1); more than one replica needs: one replica per group."),
         click.option("--replicas", type=click.IntRange(1, 1024), default=None,
-                     help="Servers behind the SGLang router (default: as many as --gpus holds; 1 keeps one server, no router)."),
+                     help="Servers behind the SGLang router (default: as many as --gpus holds; 1 keeps one server, no router; "
+                          "--format k8s: server replicas, default 1)."),
         click.option("--port", type=click.IntRange(1, 65535), default=30000, show_default=True,
                      help="The server's port; with replicas, the router's."),
         click.option("--replica-ports", callback=_port_list, default=None,
@@ -137,16 +138,52 @@ def _param(flag: str) -> str:
 @click.command()
 @recipe_options
 @click.option("--expose", is_flag=True, help="Publish on all interfaces; then the API key is read from --api-key-env at run time.")
-@click.option("--api-key-env", default="MM_API_KEY", show_default=True, help="Environment variable holding the API key (with --expose).")
-@click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
-@click.option("--out", type=PATH, default=None, help="Write it here atomically (a script gets mode 0755, a JSON plan 0644).")
+@click.option("--api-key-env", default="MM_API_KEY", show_default=True, help="Environment variable holding the API key (with --expose; in a cluster, in every pod).")
+@click.option("--format", "fmt", type=click.Choice(["sh", "json", "k8s", "ome"]), default="sh", show_default=True,
+              help="sh: the node's start script; json: the plan; k8s: Kubernetes manifests (servers, router, RBAC, "
+                   "Service); ome: OME's ClusterBaseModel over the nodes' copies.")
+@click.option("--namespace", default="default", show_default=True, help="k8s/ome: the namespace of the servers and router.")
+@click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
+              help="k8s: GPUs of one node (default: the hardware's, from the recipes); a replica needing more becomes a LeaderWorkerSet.")
+@click.option("--nodes", type=click.IntRange(1, 100000), default=None,
+              help="k8s: the cluster's nodes of this hardware; --replicas must fit on them.")
+@click.option("--api-key-secret", default=None, help="k8s: the Secret holding the API key under key 'api-key' (default: NAME-api-key).")
+@click.option("--mm-installer", type=PATH, default=None,
+              help="k8s: the node directory with install-mm.sh and wheelhouse/ for the proof gate (default: DEST.payload/mm beside the current revision).")
+@click.option("--out", type=PATH, default=None, help="Write it here atomically (a script gets mode 0755, a plan 0644).")
 @signature_options
 @json_option
 @handles_errors
-def launch(model_dir, expose, api_key_env, fmt, out, require_signature, allowed_signers, identity, json_out, **kw):
-    """Print (or write) the offline start for MODEL_DIR on the given hardware (replicas behind the router on a node)."""
+def launch(model_dir, expose, api_key_env, fmt, namespace, gpus_per_node, nodes, api_key_secret, mm_installer, out,
+           require_signature, allowed_signers, identity, json_out, **kw):
+    """Print (or write) the offline start for MODEL_DIR on the given hardware (replicas behind the router on a node),
+    or, with --format k8s/ome, the cluster's manifests from the same plan."""
     from ..artifacts.serving import launch as mm_launch, router as mm_router
     signature = _launch_signature(model_dir, require_signature, allowed_signers, identity, json_out)
+    if fmt in ("k8s", "ome"):
+        from ..artifacts.serving import kube
+        cluster = kube.ClusterOptions(namespace=namespace, replicas=kw["replicas"] or 1, gpus_per_node=gpus_per_node,
+                                      nodes=nodes, api_key_secret=api_key_secret, mm_installer=mm_installer,
+                                      gate=fmt == "k8s")
+        plan = kube.plan_cluster(model_dir, _launch_options(kw, api_key_env=api_key_env), cluster)
+        docs = kube.documents(plan) if fmt == "k8s" else kube.ome_documents(plan)
+        text = kube.render_yaml(plan, docs, fmt)
+        if out is not None:
+            mm_launch.write_output(text, out, executable=False)
+        summary = kube.plan_summary(plan, fmt, docs)
+        if json_out:
+            emit_json({"ok": True, "out": str(out) if out else None, "format": fmt, "plan": summary,
+                       "signature": to_jsonable(signature), **({"yaml": text} if out is None else {})})
+            return
+        if out is None:
+            from . import shared
+            shared.out.write(text)
+        else:
+            err.line(f"wrote {out} ({plan.server.recipe.id}, {plan.replicas} replica(s) as a {plan.kind}, "
+                     f"namespace {plan.namespace})")
+        for warning in plan.warnings:
+            err.line(f"warning: {warning}")
+        return
     node = mm_router.plan_node(model_dir, _launch_options(kw, expose=expose, api_key_env=api_key_env))
     doc = mm_router.node_document(node)
     text = mm_router.render_node_script(node) if fmt == "sh" else json.dumps(doc, indent=2) + "\n"

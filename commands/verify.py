@@ -69,6 +69,14 @@ def _next_step(report: VerifyReport) -> str | None:
     return "next: nothing a download fixes; fix or remove the files named above by hand"
 
 
+def _node_name(ctx, param, value):
+    """A Kubernetes node name (a DNS subdomain): it goes into a printed command line."""
+    import re
+    if value is not None and (len(value) > 253 or not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", value)):
+        raise click.BadParameter(f"{value[:60]!r}: not a Kubernetes node name (lower-case letters, digits, '-', '.')")
+    return value
+
+
 @click.command()
 @click.argument("directory", type=PATH)  # verify says why it cannot read
 @click.option("--manifest", "manifest_file", type=PATH,
@@ -82,17 +90,24 @@ def _next_step(report: VerifyReport) -> str | None:
 @click.option("--repo", callback=check_repo_id, help="With --upstream: the Hub repo. Default: the manifest's.")
 @click.option("--revision", callback=check_revision, help="With --upstream: the revision. Default: the manifest's commit.")
 @signature_options
+@click.option("--label-node", metavar="NODE", callback=_node_name, default=None,
+              help="After a full verify that passes, print the `kubectl label node NODE ...` line that marks this "
+                   "node's copy proven for this manifest (OME's node selector, `mm launch --format ome`).")
 @json_option
 @handles_errors
 def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revision, require_signature, allowed_signers,
-           identity, json_out):
+           identity, label_node, json_out):
     """Check every byte of DIR against its manifest, every file present, every safetensors shard and index
     sound; files not in the manifest are reported (and fail with --strict). A partial fetch is judged on what
     was asked for. Exit 0 all good, 1 problems found, 3 could not run, 5 bad signature."""
     from ..artifacts.integrity.verify import upstream_target, verify_dir, verify_upstream
     progress = progress_for(json_out)
     signature = None
+    if label_node and (quick or upstream or manifest_file):
+        raise click.UsageError("--label-node needs a full verify of DIR against its own manifest "
+                               "(no --quick, --upstream or --manifest)")
     signature_policy(require_signature, allowed_signers, identity)  # checked before every byte
+    label = _proof_label(directory) if label_node else None  # the manifest as it is before the bytes are read
     if upstream:
         if allowed_signers:
             raise click.UsageError("--allowed-signers checks the manifest; --upstream does not use it")
@@ -112,15 +127,29 @@ def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revisi
             from ..artifacts.integrity.stamps import record_verified
             record_verified(directory, report.ok, report.files_checked, report.bytes_checked, len(report.problems),
                             "mm verify")
+    command = None
+    if label and report.ok:
+        if _proof_label(directory) != label:
+            raise MMError(f"{directory}: its manifest changed while it was verified; verify again before labelling")
+        command = f"kubectl label node {label_node} {label[0]}={label[1]} --overwrite"
     if json_out:
         emit_json({**_verify_doc(report), "next": _next_step(report),
-                   **({"signature": to_jsonable(signature)} if signature else {})})
+                   **({"signature": to_jsonable(signature)} if signature else {}),
+                   **({"label": {"node": label_node, "key": label[0], "value": label[1], "command": command}}
+                      if command else {})})
         sys.exit(0 if report.ok else ProblemsFound.exit_code)
     _render_verify(report)
     if (step := _next_step(report)) is not None:
         out.line(step)
     if not report.ok:
         _problems_found(report, "found")
+    if command:
+        out.line(command)
+
+
+def _proof_label(directory: Path) -> tuple[str, str]:
+    from ..artifacts.serving.kube import proof_label_for
+    return proof_label_for(directory)
 
 
 def _checked_signature(directory: Path, allowed_signers: Path, identity: str | None, manifest_file: Path | None = None):

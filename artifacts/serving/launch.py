@@ -33,6 +33,7 @@ ROCM_MAX_TP_KEY = "rocm_max_tp"
 IMAGE_RECORD_SUFFIX = ".mm-image.json"  # artifacts/serving/image.py RECORD_SUFFIX (kept here: launch stays light)
 IMAGE_BY_DIGEST = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SHM_GIB = 32  # the guide's `--shm-size 32g` (docker's g: GiB); the cluster plan sizes its in-memory /dev/shm the same
 
 
 # --- the recipes, as read from manifests/ -----------------------------------------------------
@@ -75,6 +76,7 @@ class Hardware:
     vendor: str  # nvidia | amd
     family: str  # blackwell | hopper | cdna
     default_recipe: str
+    gpus_per_node: int | None = None  # one node's GPUs: a replica needing more spans nodes (the cluster plan)
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,8 @@ def load_catalog(path: Path | None = None, pin: Pin | None = None) -> Catalog:
         hardware = {}
         for name, h in doc["hardware"].items():
             h = sourced_value(h, f"{path}: hardware.{name}")
-            hardware[name] = Hardware(name, h["vendor"], h["family"], h["default_recipe"])
+            hardware[name] = Hardware(name, h["vendor"], h["family"], h["default_recipe"],
+                                      int(h["gpus_per_node"]) if "gpus_per_node" in h else None)
         recipes = tuple(_recipe(r, pin, path) for r in doc["recipes"])
         return Catalog(
             path=path, pin=pin,
@@ -560,7 +563,7 @@ def docker_run_argv(plan: LaunchPlan, *, detach: bool = False, name: str | None 
         argv += ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video",
                  "-e", "HIP_VISIBLE_DEVICES=" + ",".join(map(str, plan.gpus))]
     published = f"{plan.port}:{plan.port}" if plan.expose else f"127.0.0.1:{plan.port}:{plan.port}"
-    argv += ["--shm-size", "32g", "--ipc=host", "-p", published]
+    argv += ["--shm-size", f"{SHM_GIB}g", "--ipc=host", "-p", published]
     for key, value in plan.env + tuple(extra_env):
         argv += ["-e", f"{key}={value}"]
     for m in plan.mounts:
