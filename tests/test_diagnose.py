@@ -349,7 +349,7 @@ def test_a_saved_answer_is_read_beside_the_log(tmp_path):
 # --- what a line says, whatever wrapped it; messages from the same sources; fixes from what the log shows -------
 
 from mm.artifacts.errors import BadInput  # noqa: E402
-from mm.artifacts.serving.diagnose import diagnose as diagnose_texts, launch_takes, scan_stream  # noqa: E402
+from mm.artifacts.serving.diagnose import diagnose as diagnose_texts, scan_stream  # noqa: E402
 
 READY = "[2026-12-03 09:12:00] The server is fired up and ready to roll!"
 HEALTH_503 = 'INFO:     127.0.0.1:50421 - "GET /health HTTP/1.1" 503 Service Unavailable'
@@ -448,20 +448,19 @@ def test_a_tmpfs_kernel_cache_mount_is_not_persisted():
 def test_the_oom_fix_lowers_the_value_the_log_shows(args, shown, proposed):
     [finding] = diagnose_texts([("log", f"[2026-12-03 09:10:00] {args}\n{ROW_INPUTS['cuda-oom']}\n")]).findings
     assert f"the log shows --mem-fraction-static {shown} " in finding.fix
-    flag = f"--mem-fraction-static {proposed}"
-    expected = (f"mm launch MODEL_DIR --hardware HW {flag}" if launch_takes("--mem-fraction-static")
-                else f"set the engine flag {flag}")
-    assert expected in finding.fix and "below 0.8" not in finding.fix
+    assert f"mm launch MODEL_DIR --hardware HW --mem-fraction-static {proposed}" in finding.fix
+    assert "below 0.8" not in finding.fix
 
 
 def test_the_oom_fix_with_a_plan_names_the_launch_that_applies_it(model_dir):
     log = "server_args=ServerArgs(mem_fraction_static=0.92)\n" + ROW_INPUTS["cuda-oom"] + "\n"
     plan = plan_node(model_dir, LaunchOptions(hardware="b300"), check_dir=False).first
     [finding] = diagnose_texts([("log", log)], plan=plan).findings
-    if launch_takes("--mem-fraction-static"):
-        assert f"mm launch {model_dir} --hardware b300 --mem-fraction-static 0.75" in finding.fix
-    else:
-        assert "--mem-fraction-static 0.75" in finding.fix
+    command = f"mm launch {model_dir} --hardware b300 --mem-fraction-static 0.75"
+    assert command in finding.fix
+    script = run_mm(*command.split()[1:])  # the fix is a command that works: its script carries the override
+    assert script.returncode == 0, script.stderr
+    assert "--mem-fraction-static 0.75 \\" in script.stdout and "# Override: --mem-fraction-static 0.75" in script.stdout
 
 
 def test_row_2_with_the_pinned_image_already_running_points_to_cuda_home(model_dir):

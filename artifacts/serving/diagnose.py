@@ -238,11 +238,10 @@ def _lower_fraction(shown: str) -> str | None:
 
 
 def launch_takes(option: str) -> bool:
-    """Whether `mm launch` takes this engine flag as an override (a LaunchOptions field of that name)."""
-    from dataclasses import fields
-    from .launch import LaunchOptions
+    """Whether `mm launch` takes this engine flag as the user's override (launch.OVERRIDE_FLAGS)."""
+    from .launch import OVERRIDE_FLAGS
 
-    return option.lstrip("-").replace("-", "_") in {f.name for f in fields(LaunchOptions)}
+    return option in OVERRIDE_FLAGS
 
 
 def log_context(shown: dict[str, str], plan: LaunchPlan | None) -> dict[str, str] | None:
