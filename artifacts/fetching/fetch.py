@@ -188,8 +188,8 @@ def base_candidates(base_dir: Path, files: list[RemoteFile], local_dir: Path) ->
     identity, else downloaded). With a manifest in BASE_DIR, a candidate has the file's identity and size there (the
     LFS sha256, or the git blob sha1 of a small file), the same path preferred; without one, or for a file it gives no
     identity for (a Hugging Face cache snapshot, a manifest written offline), the file at the same path with the
-    same size. Only regular files inside
-    BASE_DIR (no symlink on the way) are named; in a cache snapshot, the blob a link resolves to in its own repo."""
+    same size. Only regular files inside BASE_DIR (no symlink on the way) are named; in a cache snapshot, the blob
+    a link resolves to in its own repo."""
     base_dir = Path(base_dir)
     if not base_dir.is_dir():
         raise BadInput(f"--from {base_dir}: not a directory")
