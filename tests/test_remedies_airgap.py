@@ -134,3 +134,17 @@ def test_repair_offline_of_an_imported_dir_names_its_volumes(disks, imported):
     r = run_mm("repair", imported, extra_env=OFFLINE)
     assert r.returncode == 4
     assert f"came from a bundle, whose volumes restore it: mm unbundle {disk1} {disk2} --dest {imported}" in r.stderr
+
+
+@pytest.mark.parametrize("record", [b"{", b"[]", b'{"volumes": -1, "name": 5}', b'{"read_from": {"1": 7}}',
+                                    b'{"volumes": 99999999999999999999}'])
+def test_a_damaged_import_record_gives_no_advice_and_never_stops_an_import(disks, imported, model, record):
+    disk1, disk2, _ = disks
+    (imported / ".mm" / "imported.json").write_bytes(record)
+    hand_edit(imported / "config.json")
+    v = run_mm("verify", imported, extra_env=OFFLINE)
+    assert v.returncode == 1 and "Traceback" not in v.stdout + v.stderr
+    assert "mm unbundle" not in v.stdout  # nothing it says is believed
+    r = run_mm("unbundle", disk1, disk2, "--dest", imported)
+    # without the record's stamps the changed file is found by the final check's hash, and named
+    assert r.returncode == 1 and "config.json: hash" in r.stdout and "Traceback" not in r.stdout + r.stderr
