@@ -158,3 +158,31 @@ def returned_to_host() -> int | None:
         return int(Path("/sys/module/page_reporting/parameters/reported_kib").read_text()) * 1024
     except (OSError, ValueError):
         return None
+
+
+@dataclass(frozen=True)
+class RatioGoal:
+    """One speed goal as a ratio to a peer run in the same rounds: `mm / peer` at most (or at least) BOUND."""
+
+    name: str
+    bound: float
+    at_most: bool = True  # False: the ratio must reach BOUND (a rate), True: stay under it (a time)
+
+    def verdict(self, ratios: list[float]) -> str:
+        """The line `make bench` prints: the median of the per-round ratios, their spread and round count, and
+        whether the goal is met. Within 10% of the bound, the median of at least 5 rounds decides; a bound inside
+        the spread is said so (the figure is noise here: judge it on a quieter machine)."""
+        ordered = sorted(ratios)
+        n = len(ordered)
+        median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+        low, high = ordered[0], ordered[-1]
+        met = median <= self.bound if self.at_most else median >= self.bound
+        sign = "<=" if self.at_most else ">="
+        if abs(median - self.bound) <= 0.1 * self.bound and n < 5:
+            state = f"undecided: within 10% of the bound, needs 5 rounds (has {n})"
+        elif low <= self.bound <= high:
+            state = f"{'met' if met else 'NOT met'} on the median, but the bound is inside the spread"
+        else:
+            state = "met" if met else "NOT met"
+        return (f"  goal {self.name}: {median:.2f}x (median of {n}, spread {low:.2f}-{high:.2f}), "
+                f"goal {sign} {self.bound:.2f}x: {state}")
