@@ -72,7 +72,7 @@ SAVE_SECONDS = 0.2  # the range map is saved at most this often per file (and wh
 HASH_READ = 4 * MiB  # each of the frontier hasher's two read-back buffers (one hashed while the next is read): few GIL
 # acquisitions per byte, so the hasher keeps up beside 16-32 receiving threads
 HASHING_AT_ONCE = 2  # files read back for hashing at once (each with two buffers): one per core
-BLOCKS = 40  # receive buffers and window blocks (BUFFER each) held at once, all files together, beyond which the window
+BLOCKS = 36  # receive buffers and window blocks (BUFFER each) held at once, all files together, beyond which the window
 # holds nothing: mm's own margin for the 150 MB bound. 32 connections' buffers (DEFAULT_CONNECTIONS) took a fetch to
 # 120 MB peak RSS, 43 MB of it the interpreter and the Hub client; 8 more blocks are 17 MB, the hashers' read-back
 # buffers (2 x HASHING_AT_ONCE x HASH_READ, lent only while reading back) 17 MB: under 150 MB with 32 connections,
