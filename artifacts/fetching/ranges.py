@@ -77,7 +77,11 @@ BLOCKS = 36  # receive buffers and window blocks (BUFFER each) held at once, all
 # 120 MB peak RSS, 43 MB of it the interpreter and the Hub client; 8 more blocks are 17 MB, the hashers' read-back
 # buffers (2 x HASHING_AT_ONCE x HASH_READ, lent only while reading back) 17 MB: under 150 MB with 32 connections,
 # and the 16 connections a fetch opens with leave the window 24 blocks (48 MiB)
-WINDOW_SPAN = 64 * MiB  # a file's window holds only bytes this close to its hashing frontier (the next to be hashed)
+WINDOW_WAIT = 1.0  # the longest a connection waits for the hasher to free a block of the window (mm's margin: far
+# inside the minimum-rate window, so a wait never gets a connection cut as slow)
+WINDOW_POLL = 0.01  # how often a waiting connection looks for a block another file freed
+WINDOW_SPAN = (BLOCKS - 16) * BUFFER  # a file's window holds only bytes this close to its hashing frontier (the next
+# to be hashed): what the blocks left beside the receive buffers of the 16 connections a fetch opens with can hold
 WRITEBACK = 32 * MiB  # behind the hashing frontier, pages are handed to writeback in windows of this size
 BUDGET_FACTOR = 1.5  # a file may receive 1.5x its size (a range re-sent, a 200 to a Range request)...
 BUDGET_MARGIN = RANGE_MAX  # ...plus one more full range: mm's margin, so a small file survives one whole re-send
@@ -484,6 +488,12 @@ class Buffers:
                 return self._free.pop()
         return memoryview(mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
 
+    def await_spare(self, most: int, seconds: float) -> None:
+        """Return once fewer than MOST are lent, or after SECONDS."""
+        with self._cv:
+            if self._lent >= most:
+                self._cv.wait(seconds)
+
     def give_back(self, view: memoryview) -> None:
         """A buffer from `spare`, for the next borrower."""
         with self._cv:
@@ -630,9 +640,8 @@ class OrderedHasher:
         end = offset + length
         block = None
         # (unlocked reads: a hint only; what is decided is decided again under the lock)
-        if not (offset == self.hashed and not self._busy) and end - self.hashed <= WINDOW_SPAN \
-                and length <= _RECEIVE.size:
-            block = self._block(offset)
+        if not (offset == self.hashed and not self._busy) and length <= _RECEIVE.size:
+            block = self._block(offset, end)
             if block is not None:
                 at = 0
                 for piece in pieces:
@@ -659,16 +668,33 @@ class OrderedHasher:
         finally:
             self._advance(end)
 
-    def _block(self, offset: int) -> memoryview | None:
-        """A block of the window for bytes at OFFSET: a spare buffer of the pool, else this file's block furthest
-        from the frontier when it lies beyond OFFSET (its bytes will be read back instead), else None."""
-        block = _RECEIVE.spare(BLOCKS)
-        if block is None:
+    def _block(self, offset: int, end: int) -> memoryview | None:
+        """A block of the window for bytes [OFFSET, END), or None: they will be read back from the disk.
+
+        Bytes within WINDOW_SPAN of the frontier get a spare buffer of the pool, else this file's block furthest
+        from the frontier when it lies beyond them (its bytes will be read back instead). While the hashing thread
+        is behind (busy on bytes already here: hashing, not the network, is what the file waits for), a connection
+        whose bytes find no block, or lie beyond the span, waits for the frontier to come closer and a block to be
+        freed, at most WINDOW_WAIT: it stops reading its socket meanwhile, which costs the file nothing, and its
+        bytes are not read back. Past the wait, or while the hasher waits for the network, it does not wait."""
+        deadline = None
+        while True:
+            if end - self.hashed <= WINDOW_SPAN:
+                block = _RECEIVE.spare(BLOCKS)
+                if block is not None:
+                    return block
             with self._cv:
-                far = max(self._held, default=-1)
-                if far > offset:
-                    block = self._held.pop(far)[2]
-        return block
+                if end - self.hashed <= WINDOW_SPAN:
+                    far = max(self._held, default=-1)
+                    if far > offset:
+                        return self._held.pop(far)[2]
+                behind = self._busy and not self._closed and self._rmap.prefix() - self.hashed >= BUFFER
+                now = time.monotonic()
+                deadline = deadline or now + WINDOW_WAIT
+                if not behind or now >= deadline or interrupt.requested():
+                    return None
+                self._cv.wait(min(deadline - now, WINDOW_POLL))  # (woken as the frontier moves; blocks freed by
+                # another file's hasher are seen within WINDOW_POLL)
 
     def _advance(self, end: int, keep: bool = False) -> None:
         """Bytes up to END are hashed; KEEP: the caller goes on hashing (it holds the next bytes already)."""
