@@ -1028,8 +1028,8 @@ def download(job: RangedJob, source: RangeSource, connections: Connections, stat
         if f.error is not None:
             f.hasher.close()
             raise f.error
-        digests = f.hasher.finish(job.size)
-        os.fsync(disk.fd)
+        digests = f.hasher.finish(job.size)  # (no fsync here: the caller names the file through fsutil.publish,
+        # which fsyncs it once, at the end)
     finally:
         if f is not None:
             f.save(force=True)
