@@ -72,11 +72,12 @@ SAVE_SECONDS = 0.2  # the range map is saved at most this often per file (and wh
 HASH_READ = 4 * MiB  # each of the frontier hasher's two read-back buffers (one hashed while the next is read): few GIL
 # acquisitions per byte, so the hasher keeps up beside 16-32 receiving threads
 HASHING_AT_ONCE = 2  # files read back for hashing at once (each with two buffers): one per core
-BLOCKS = 36  # receive buffers and window blocks (BUFFER each) held at once, all files together, beyond which the window
-# holds nothing: mm's own margin for the 150 MB bound. 32 connections' buffers (DEFAULT_CONNECTIONS) took a fetch to
-# 120 MB peak RSS, 43 MB of it the interpreter and the Hub client; 8 more blocks are 17 MB, the hashers' read-back
-# buffers (2 x HASHING_AT_ONCE x HASH_READ, lent only while reading back) 17 MB: under 150 MB with 32 connections,
-# and the 16 connections a fetch opens with leave the window 24 blocks (48 MiB)
+BLOCKS = 32  # the window takes a block only while fewer than this many buffers (BUFFER each: receive buffers and
+# window blocks, all files together) are lent: mm's own margin for the 150 MB bound. Connections never wait for a
+# receive buffer, so the worst case is a full window (BLOCKS - 16 blocks, taken beside the 16 connections a fetch opens
+# with) and then 32 connections (DEFAULT_CONNECTIONS): 48 buffers, 100 MB, beside the interpreter and the Hub client
+# (43 MB) and the hashers' read-back buffers (lent only while reading back). Measured on the uncapped 1 GiB fetch
+# (2-core VM, loaded): peak RSS 115 MB without a window, 126-129 MB with 28, 133-136 MB with 32, 144-147 MB with 36
 WINDOW_WAIT = 1.0  # the longest a connection waits for the hasher to free a block of the window (mm's margin: far
 # inside the minimum-rate window, so a wait never gets a connection cut as slow)
 WINDOW_POLL = 0.01  # how often a waiting connection looks for a block another file freed
