@@ -12,9 +12,10 @@ the gaps. Every byte is received into a pooled receive buffer (``BUFFER``, one s
 ``Answer.read``) and written from it at the offset its answer proved, with O_DIRECT where the file system allows
 it (``Disk``: no copy into the page cache; the unaligned edges of a write are buffered). Hashing stays one pass
 over each byte, in file order (``OrderedHasher``): bytes that land exactly at the hashed frontier are hashed from
-that buffer; bytes that land ahead of it are read back (direct) once the contiguous prefix reaches them, sha256
-on a side thread beside blake3. Memory is bounded by the buffers: one per connection in use, two per file being
-read back, at most ``HASHING_AT_ONCE`` files at once, whatever the file sizes.
+that buffer; bytes that land ahead of it are kept in memory near the frontier (the window, at most ``BLOCKS``
+buffers lent in all) and hashed from there once the contiguous prefix reaches them; what the window cannot hold is
+read back (direct), and counted. Memory is bounded by the buffers: one per connection in use, the window's, two per
+file being read back, at most ``HASHING_AT_ONCE`` files at once, whatever the file sizes.
 
 Answers are hostile until proven, for every source (the Hub, its CDN, a mirror, an OCI registry): a body is used
 only at the offsets its answer proves (``prove``: a 200 is the whole file from byte 0; a 206 needs a
