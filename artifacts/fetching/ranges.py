@@ -12,8 +12,8 @@ the gaps. Every byte is received into a pooled receive buffer (``BUFFER``, one s
 ``Answer.read``) and written from it at the offset its answer proved, with O_DIRECT where the file system allows
 it (``Disk``: no copy into the page cache; the unaligned edges of a write are buffered). Hashing stays one pass
 over each byte, in file order (``OrderedHasher``): bytes that land exactly at the hashed frontier are hashed from
-that buffer; bytes that land ahead of it are kept in memory near the frontier (the window, at most ``BLOCKS``
-buffers lent in all) and hashed from there once the contiguous prefix reaches them; what the window cannot hold is
+that buffer; bytes that land ahead of it are kept in memory near the frontier (the window, at most ``WINDOW``
+buffers in all) and hashed from there once the contiguous prefix reaches them; what the window cannot hold is
 read back (direct), and counted. Memory is bounded by the buffers: one per connection in use, the window's, two per
 file being read back, at most ``HASHING_AT_ONCE`` files at once, whatever the file sizes.
 
@@ -73,17 +73,15 @@ SAVE_SECONDS = 0.2  # the range map is saved at most this often per file (and wh
 HASH_READ = 4 * MiB  # each of the frontier hasher's two read-back buffers (one hashed while the next is read): few GIL
 # acquisitions per byte, so the hasher keeps up beside 16-32 receiving threads
 HASHING_AT_ONCE = 2  # files read back for hashing at once (each with two buffers): one per core
-BLOCKS = 32  # the window takes a block only while fewer than this many buffers (BUFFER each: receive buffers and
-# window blocks, all files together) are lent: mm's own margin for the 150 MB bound. Connections never wait for a
-# receive buffer, so the worst case is a full window (BLOCKS - 16 blocks, taken beside the 16 connections a fetch opens
-# with) and then 32 connections (DEFAULT_CONNECTIONS): 48 buffers, 100 MB, beside the interpreter and the Hub client
-# (43 MB) and the hashers' read-back buffers (lent only while reading back). Measured on the uncapped 1 GiB fetch
-# (2-core VM, loaded): peak RSS 115 MB without a window, 126-129 MB with 28, 133-136 MB with 32, 144-147 MB with 36
+WINDOW = 12  # blocks (BUFFER each) the window holds at most, all files together: 24 MiB, mm's own margin for the
+# 150 MB bound. Beside it, one receive buffer per connection (at most DEFAULT_CONNECTIONS: 64 MiB) and the hashers'
+# read-back buffers (lent only while reading back); on the uncapped 1 GiB fetch of the 2-core VM, 32 connections and
+# no window peaked at 115 MB RSS (43 MB of it the interpreter and the Hub client), so a full window leaves ~10 MB
 WINDOW_WAIT = 1.0  # the longest a connection waits for the hasher to free a block of the window (mm's margin: far
 # inside the minimum-rate window, so a wait never gets a connection cut as slow)
 WINDOW_POLL = 0.01  # how often a waiting connection looks for a block another file freed
-WINDOW_SPAN = (BLOCKS - 16) * BUFFER  # a file's window holds only bytes this close to its hashing frontier (the next
-# to be hashed): what the blocks left beside the receive buffers of the 16 connections a fetch opens with can hold
+WINDOW_SPAN = WINDOW * BUFFER  # a file's window holds only bytes this close to its hashing frontier (the next to be
+# hashed): what the whole window can hold
 WRITEBACK = 32 * MiB  # behind the hashing frontier, pages are handed to writeback in windows of this size
 BUDGET_FACTOR = 1.5  # a file may receive 1.5x its size (a range re-sent, a 200 to a Range request)...
 BUDGET_MARGIN = RANGE_MAX  # ...plus one more full range: mm's margin, so a small file survives one whole re-send
@@ -478,29 +476,27 @@ class Buffers:
         self.size, self.limit = size, limit
         self._free: list[memoryview] = []
         self._lent = 0
+        self._spared = 0  # of them, lent through spare()
         self._cv = threading.Condition(threading.Lock())
 
     def spare(self, most: int) -> memoryview | None:
-        """One buffer, unless MOST or more are lent already (then None, at once: the caller does without)."""
+        """One buffer, unless MOST or more are out through `spare` already (then None, at once: the caller does
+        without). Given back with `give_back`."""
         with self._cv:
-            if self._lent >= most:
+            if self._spared >= most:
                 return None
             self._lent += 1
+            self._spared += 1
             if self._free:
                 return self._free.pop()
         return memoryview(mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
-
-    def await_spare(self, most: int, seconds: float) -> None:
-        """Return once fewer than MOST are lent, or after SECONDS."""
-        with self._cv:
-            if self._lent >= most:
-                self._cv.wait(seconds)
 
     def give_back(self, view: memoryview) -> None:
         """A buffer from `spare`, for the next borrower."""
         with self._cv:
             self._free.append(view)
             self._lent -= 1
+            self._spared -= 1
             self._cv.notify_all()
 
     @contextmanager
@@ -522,7 +518,7 @@ class Buffers:
 
 
 _RECEIVE = Buffers(BUFFER + ALIGN)  # a connection's receive buffer (one per connection in use: Connections bounds them),
-# and the window's blocks (bytes landed ahead of a hashing frontier, kept for it: OrderedHasher), at most BLOCKS in all
+# and the window's blocks (bytes landed ahead of a hashing frontier, kept for it: OrderedHasher), at most WINDOW
 _HASHING = Buffers(HASH_READ + ALIGN, limit=2 * HASHING_AT_ONCE)  # the read-back buffers of the frontier hashers
 
 
@@ -612,7 +608,7 @@ class OrderedHasher:
     them in its buffer; it records them in the range map. Bytes that land exactly at the frontier while nobody is
     hashing are hashed from that buffer. Bytes that land ahead of it (or while the hashing thread is busy) are copied
     into a block of the window, the bytes landed and not hashed yet that are kept in memory (at most WINDOW_SPAN from
-    the frontier; blocks from the receive buffers' pool, at most BLOCKS lent in all), and the hashing thread hashes
+    the frontier; blocks from the receive buffers' pool, at most WINDOW in all), and the hashing thread hashes
     them from there once the contiguous prefix reaches them: on a disk slower than the link, nothing is read back.
     Where no block is to be had, a block of this file further from the frontier is given up for the nearer bytes
     (its bytes are on disk already); what the window does not hold is read back (direct) when the prefix reaches
@@ -682,7 +678,7 @@ class OrderedHasher:
         deadline = None
         while True:
             if end - self.hashed <= WINDOW_SPAN:
-                block = _RECEIVE.spare(BLOCKS)
+                block = _RECEIVE.spare(WINDOW)
                 if block is not None:
                     return block
             with self._cv:
