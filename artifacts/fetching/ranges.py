@@ -79,7 +79,7 @@ WINDOW = 12  # blocks (BUFFER each) the window holds at most, all files together
 # no window peaked at 115 MB RSS (43 MB of it the interpreter and the Hub client), so a full window leaves ~10 MB
 WINDOW_WAIT = 1.0  # the longest a connection waits for the hasher to free a block of the window (mm's margin: far
 # inside the minimum-rate window, so a wait never gets a connection cut as slow)
-WINDOW_POLL = 0.01  # how often a waiting connection looks for a block another file freed
+WINDOW_POLL = 0.01  # how often a waiting connection looks again at the frontier
 WINDOW_SPAN = WINDOW * BUFFER  # a file's window holds only bytes this close to its hashing frontier (the next to be
 # hashed): what the whole window can hold
 WRITEBACK = 32 * MiB  # behind the hashing frontier, pages are handed to writeback in windows of this size
@@ -491,13 +491,23 @@ class Buffers:
                 return self._free.pop()
         return memoryview(mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
 
+    def await_spare(self, most: int, seconds: float) -> None:
+        """Return once fewer than MOST are out through `spare`, or after SECONDS."""
+        with self._cv:
+            if self._spared >= most:
+                self._cv.wait(seconds)
+
     def give_back(self, view: memoryview) -> None:
-        """A buffer from `spare`, for the next borrower."""
+        """A buffer from `spare`, for the next borrower: one waiting thread is woken (not every one: a herd of
+        connections waking for each block freed cost more CPU than the window saved)."""
         with self._cv:
             self._free.append(view)
             self._lent -= 1
             self._spared -= 1
-            self._cv.notify_all()
+            if self.limit is None:
+                self._cv.notify()
+            else:
+                self._cv.notify_all()
 
     @contextmanager
     def lend(self, count: int = 1) -> Iterator[list[memoryview]]:
@@ -677,22 +687,25 @@ class OrderedHasher:
         bytes are not read back. Past the wait, or while the hasher waits for the network, it does not wait."""
         deadline = None
         while True:
-            if end - self.hashed <= WINDOW_SPAN:
+            near = end - self.hashed <= WINDOW_SPAN
+            if near:
                 block = _RECEIVE.spare(WINDOW)
                 if block is not None:
                     return block
             with self._cv:
-                if end - self.hashed <= WINDOW_SPAN:
+                if near:
                     far = max(self._held, default=-1)
                     if far > offset:
                         return self._held.pop(far)[2]
                 behind = self._busy and not self._closed and self._rmap.prefix() - self.hashed >= BUFFER
-                now = time.monotonic()
-                deadline = deadline or now + WINDOW_WAIT
-                if not behind or now >= deadline or interrupt.requested():
-                    return None
-                self._cv.wait(min(deadline - now, WINDOW_POLL))  # (woken as the frontier moves; blocks freed by
-                # another file's hasher are seen within WINDOW_POLL)
+            now = time.monotonic()
+            deadline = deadline or now + WINDOW_WAIT
+            if not behind or now >= deadline or interrupt.requested():
+                return None
+            if near:  # woken by a block freed (one thread per block), or to look again at the frontier
+                _RECEIVE.await_spare(WINDOW, min(deadline - now, WINDOW_POLL))
+            else:
+                interrupt.STOP.wait(min(deadline - now, WINDOW_POLL))
 
     def _advance(self, end: int, keep: bool = False) -> None:
         """Bytes up to END are hashed; KEEP: the caller goes on hashing (it holds the next bytes already)."""
