@@ -73,10 +73,10 @@ SAVE_SECONDS = 0.2  # the range map is saved at most this often per file (and wh
 HASH_READ = 4 * MiB  # each of the frontier hasher's two read-back buffers (one hashed while the next is read): few GIL
 # acquisitions per byte, so the hasher keeps up beside 16-32 receiving threads
 HASHING_AT_ONCE = 2  # files read back for hashing at once (each with two buffers): one per core
-WINDOW = 12  # blocks (BUFFER each) the window holds at most, all files together: 24 MiB, mm's own margin for the
-# 150 MB bound. Beside it, one receive buffer per connection (at most DEFAULT_CONNECTIONS: 64 MiB) and the hashers'
-# read-back buffers (lent only while reading back); on the uncapped 1 GiB fetch of the 2-core VM, 32 connections and
-# no window peaked at 115 MB RSS (43 MB of it the interpreter and the Hub client), so a full window leaves ~10 MB
+WINDOW = 8  # blocks (BUFFER each) the window holds at most, all files together: 16 MiB, mm's own margin for the 150 MB
+# bound. Beside it, one receive buffer per connection (at most DEFAULT_CONNECTIONS: 64 MiB) and the hashers' read-back
+# buffers (lent only while reading back). On the uncapped 1 GiB fetch of the 2-core VM (32 connections), peak RSS
+# was 114-115 MB without a window and 135-145 MB with 12 blocks: 8 keeps ~10 MB more below the bound
 WINDOW_WAIT = 1.0  # the longest a connection waits for the hasher to free a block of the window (mm's margin: far
 # inside the minimum-rate window, so a wait never gets a connection cut as slow)
 WINDOW_POLL = 0.01  # how often a waiting connection looks again at the frontier
