@@ -377,7 +377,15 @@ def test_a_pipe_that_does_not_end_within_the_cap_stops_with_one_line():
     lambda line: f"{TS} {line}",  # docker logs --timestamps
     lambda line: json.dumps({"log": line + "\n", "stream": "stderr", "time": TS}),  # docker's json-file driver
     lambda line: json.dumps({"level": "info", "message": line}),  # a log shipper's JSON record
-], ids=["ansi", "cri", "docker-timestamps", "json-file", "json-record"])
+    lambda line: f"Dec 03 09:12:01 gpu-node-3 3f2a9c1d7e44[812]: {line}",  # journalctl of docker's journald driver
+    lambda line: f"2026-12-03T09:12:01.123456+0000 gpu-node-3 sglang[812]: {line}",  # journalctl -o short-iso-precise
+    lambda line: f"[pod/minimax-0/sglang] {line}",  # kubectl logs --prefix
+    lambda line: f"sglang-1  | {line}",  # docker compose logs
+    lambda line: 'time=2026-12-03T09:12:01Z level=info msg="{}"'.format(line.replace('"', '\\"')),  # logfmt
+    lambda line: f"2026-12-03T09:12:01.123456789+00:00 {line}",  # podman logs --timestamps
+    lambda line: f"2026-12-03T09:12:01.123456789Z [pod/minimax-0/sglang] {line}",  # a prefix inside a prefix
+], ids=["ansi", "cri", "docker-timestamps", "json-file", "json-record", "journald", "journald-iso", "kubectl-prefix",
+        "compose", "logfmt", "podman-timestamps", "nested"])
 def test_a_wrapped_line_is_read_as_what_it_says(wrap):
     assert rows_of("\n".join(wrap(line) for line in (READY, HEALTH_503))) == ["health-failing"]
 
@@ -409,12 +417,47 @@ def test_a_later_shutdown_line_does_not_hide_an_earlier_failure():
     ('Liveness probe failed: Get "http://10.1.4.7:30000/health": context deadline exceeded', "health-failing"),
     ("3f2a9c1d7e44   lmsysorg/sglang   20 minutes ago   Up 20 minutes (unhealthy)   mm-minimax", "health-failing"),
     ("2026-12-03T09:31:00Z container health_status: unhealthy 3f2a9c1d7e44 (name=mm-minimax)", "health-failing"),
+    ("RuntimeError: /models/M/model.safetensors.index.json references 2 shard file(s) missing from /models/M "
+     "(incomplete download?): ['model-00012-of-00059.safetensors']", "weights-incomplete"),
+    ("safetensors_rust.SafetensorError: Error while deserializing header: header too large", "weights-incomplete"),
+    ("OSError: We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the cached "
+     "files.", "weights-incomplete"),
+    ("OSError: 0f3c2a1 is not a valid git identifier (branch name, tag name or commit id) that exists for this model "
+     "name.", "weights-incomplete"),
+    ("RuntimeError: Data processing error: I/O error: No space left on device (os error 28)", "weights-incomplete"),
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "cuda-oom"),
+    ("Exception: Capture cuda graph failed: CUDA error: out of memory", "cuda-oom"),
+    ("[2026-12-03 09:30:01 TP0] Decode out of memory. Try to lower your batch size.", "cuda-oom"),
+    ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`", "cuda-oom"),
+    ("[rank0]:[E1203 ProcessGroupNCCL.cpp:1581] [PG ID 0 PG GUID 0(default_pg) Rank 0] Heartbeat monitor timed out! "
+     "Process will be terminated after dumping debug info.", "nccl-hang"),
+    ("RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)", "nccl-hang"),
+    ("[rank2]: torch.distributed.DistBackendError: [2] is setting up NCCL communicator and retrieving ncclUniqueId "
+     "from [0] via c10d key-value store by key '0', but store->get('0') got error: failed to recv, got 0 bytes",
+     "nccl-hang"),
+    ("torch.AcceleratorError: CUDA error: invalid device ordinal", "nccl-hang"),
+    ('I1203 09:40:01.1 1201 prober.go:107] "Probe failed" probeType="Liveness" pod="ml/minimax-0" '
+     'probeResult="failure"', "health-failing"),
+    ("  Normal   Killing    30s   kubelet   Container sglang failed startup probe, will be restarted", "health-failing"),
+    ("dependency failed to start: container mm-minimax-sglang-1 is unhealthy", "health-failing"),
+    ("RuntimeError: Rank 2 scheduler died during initialization (exit code: -9).", "health-failing"),
+    ("[2026-12-03 09:10:09] Rank 0 scheduler is dead. Please check if there are relevant logs.", "health-failing"),
     # look alike, are not failures: the IPv6 fallback warning of c10d; a startup probe waiting for the model to load
     ("[W1203 socket.cpp:755] [c10d] The client socket cannot be initialized to connect to [localhost]:29500 "
      "(errno: 97 - Address family not supported by protocol).", None),
     ("  Warning  Unhealthy  9m (x20 over 12m)  kubelet  Startup probe failed: HTTP probe failed with statuscode: 503",
      None),
     ("3f2a9c1d7e44   lmsysorg/sglang   20 minutes ago   Up 20 minutes (healthy)   mm-minimax", None),
+    # NCCL's configuration notices at WARN; an OOM SGLang recovers from; a handled hub listing; the KV-size warning
+    ("gpu-node-3:312:312 [0] NCCL WARN Cannot initialize CollNet, using point-to-point network instead", None),
+    ("[2026-12-03 09:40:01 TP0] retract_decode: aborted last request 5f1c2a due to OOM", None),
+    ("Listing MiniMaxAI/MiniMax-M3.1-Flash on the Hub failed, using the local snapshot: Cannot reach "
+     "https://huggingface.co/api/models/x: offline mode is enabled.", None),
+    ("KV pool holds 524288 tokens, fewer than --context-length 1048576. Lower --context-length, raise "
+     "--mem-fraction-static, or free memory taken before the pool is sized.", None),
+    ("Exception: Capture cuda graph failed: CUDA error: an illegal memory access was encountered", None),
+    ("[W1203 09:10:05 socket.cpp:462] [c10d] The client socket has failed to connect to [gpu-node-2]:29500 "
+     "(errno: 111 - Connection refused).", None),
 ])
 def test_sibling_messages_of_the_cited_sources_name_their_row(line, row):
     assert rows_of(line) == ([row] if row else [])
@@ -484,3 +527,43 @@ def test_a_full_disk_is_named_in_the_fix(model_dir):
     plan = plan_node(model_dir, LaunchOptions(hardware="b300"), check_dir=False).first
     [here] = diagnose_texts([("log", line)], plan=plan).findings
     assert here.fix.startswith("the disk is full") and f"mm verify {model_dir}" in here.fix
+
+
+def test_a_logfmt_message_with_an_unclosed_quote_is_read_as_printed():
+    line = 'time=2026-12-03T09:30:01Z level=error msg="[TP0] Prefill out of memory. Try to lower your batch size.'
+    assert rows_of(line) == ["cuda-oom"]
+
+
+def test_a_docker_events_line_is_not_taken_for_journald():
+    line = "2026-12-03T09:31:00.000000000Z container health_status: unhealthy 3f2a9c1d7e44 (name=mm-minimax)"
+    assert rows_of(line) == ["health-failing"]
+
+
+@pytest.mark.parametrize("failure, row", [
+    (ROW_INPUTS["cuda-oom"], "cuda-oom"),
+    ("huggingface_hub.errors.LocalEntryNotFoundError: Cannot find the requested files in the disk cache and outgoing "
+     "traffic has been disabled.", "weights-incomplete"),
+    ("gpu-node-3:312:901 [2] NCCL WARN socketProgressOpt: Call to recv from 10.0.0.6<53210> failed : Connection reset "
+     "by peer", "nccl-hang"),
+])
+def test_a_failure_the_server_recovers_from_is_voided_by_its_later_ready_line(failure, row):
+    assert rows_of(failure) == [row]
+    assert rows_of(f"{failure}\n{READY}") == []  # handled: the server came up after it
+    assert rows_of(f"{READY}\n{failure}") == [row]  # after the start, it is the failure
+
+
+def test_a_start_that_stops_in_torch_distributed_init_is_the_nccl_hang_unless_another_row_names_the_cause():
+    begin = "\n".join(f"[2026-12-03 09:10:02 TP{r}] Init torch distributed begin." for r in range(4))
+    assert rows_of(begin + "\ngpu-node-3:312:312 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.5<0>") == ["nccl-hang"]
+    assert rows_of(begin + "\n[2026-12-03 09:10:09 TP0] Init torch distributed ends. mem usage=1.12 GB") == []
+    assert rows_of(f"{begin}\n{ROW_INPUTS['cuda-oom']}") == ["cuda-oom"]
+    assert rows_of(begin + "\nRuntimeError: CUDA error: an illegal memory access was encountered") == []
+
+
+def test_a_message_with_its_own_fix_is_not_given_the_fraction_the_log_shows():
+    log = ("server_args=ServerArgs(mem_fraction_static=0.8)\n"
+           "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: "
+           "mem_fraction_static=0.8\n")
+    [finding] = diagnose_texts([("log", log)]).findings
+    assert finding.row == "cuda-oom" and "asks for a larger --mem-fraction-static" in finding.fix
+    assert "--mem-fraction-static 0.75" not in finding.fix

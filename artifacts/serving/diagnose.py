@@ -388,7 +388,7 @@ _PREFIXES = (
     re.compile(r"^[\w.-]+\s*\| ?"),
 )
 # logfmt (Go's slog/logrus, Grafana Loki, Vector): key=value pairs, the message in msg= or message=, quoted with \" escapes
-_LOGFMT = re.compile(r'^(?:[\w.@-]+=(?:"(?:[^"\\]|\\.)*"|\S*) )*?(?:msg|message)=(?:"((?:[^"\\]|\\.)*)"|(\S+))')
+_LOGFMT = re.compile(r'^(?:[\w.@-]+=(?:"(?:[^"\\]|\\.)*"|\S*) )*?(?:msg|message)=(?:"((?:[^"\\]|\\.)*)"|([^"\s]\S*))')
 _LOGFMT_ESCAPE = re.compile(r"\\(.)")
 _LOGFMT_CHARS = {"n": "\n", "t": "\t", "r": "\r"}
 
