@@ -384,8 +384,9 @@ def test_a_pipe_that_does_not_end_within_the_cap_stops_with_one_line():
     lambda line: 'time=2026-12-03T09:12:01Z level=info msg="{}"'.format(line.replace('"', '\\"')),  # logfmt
     lambda line: f"2026-12-03T09:12:01.123456789+00:00 {line}",  # podman logs --timestamps
     lambda line: f"2026-12-03T09:12:01.123456789Z [pod/minimax-0/sglang] {line}",  # a prefix inside a prefix
+    lambda line: f"<30>Dec  3 09:12:01 gpu-node-3 sglang[812]: {line}",  # syslog (RFC 3164)
 ], ids=["ansi", "cri", "docker-timestamps", "json-file", "json-record", "journald", "journald-iso", "kubectl-prefix",
-        "compose", "logfmt", "podman-timestamps", "nested"])
+        "compose", "logfmt", "podman-timestamps", "nested", "syslog"])
 def test_a_wrapped_line_is_read_as_what_it_says(wrap):
     assert rows_of("\n".join(wrap(line) for line in (READY, HEALTH_503))) == ["health-failing"]
 
@@ -442,6 +443,11 @@ def test_a_later_shutdown_line_does_not_hide_an_earlier_failure():
     ("dependency failed to start: container mm-minimax-sglang-1 is unhealthy", "health-failing"),
     ("RuntimeError: Rank 2 scheduler died during initialization (exit code: -9).", "health-failing"),
     ("[2026-12-03 09:10:09] Rank 0 scheduler is dead. Please check if there are relevant logs.", "health-failing"),
+    ("[rank1]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+     "[10.0.0.6]:24417", "nccl-hang"),
+    ("RuntimeError: Socket Timeout", "nccl-hang"),
+    ("3f2a9c1d7e44   lmsysorg/sglang   30 minutes ago   Exited (137) 2 minutes ago   mm-minimax", "health-failing"),
+    ("minimax-0   0/1     CrashLoopBackOff   5 (40s ago)   12m", "health-failing"),
     # look alike, are not failures: the IPv6 fallback warning of c10d; a startup probe waiting for the model to load
     ("[W1203 socket.cpp:755] [c10d] The client socket cannot be initialized to connect to [localhost]:29500 "
      "(errno: 97 - Address family not supported by protocol).", None),
@@ -451,6 +457,11 @@ def test_a_later_shutdown_line_does_not_hide_an_earlier_failure():
     # NCCL's configuration notices at WARN; an OOM SGLang recovers from; a handled hub listing; the KV-size warning
     ("gpu-node-3:312:312 [0] NCCL WARN Cannot initialize CollNet, using point-to-point network instead", None),
     ("[2026-12-03 09:40:01 TP0] retract_decode: aborted last request 5f1c2a due to OOM", None),
+    ("[2026-12-03 09:40:01] KV cache pool is full. Retract requests. #retracted_reqs: 1, #new_token_ratio: 0.0980 -> "
+     "0.3487", None),
+    ("9c1d7e443f2a   busybox   2 hours ago   Exited (0) 2 hours ago   mm-prefetch", None),
+    ("I0527 15:16:51.665462 58626 ProcessGroupNCCL.cpp:878] [PG 0 Rank 2] ProcessGroupNCCL environments: NCCL version: "
+     "2.18.3, TORCH_NCCL_DUMP_ON_TIMEOUT: 0, TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC: 600, TORCH_NCCL_BLOCKING_WAIT: 0", None),
     ("Listing MiniMaxAI/MiniMax-M3.1-Flash on the Hub failed, using the local snapshot: Cannot reach "
      "https://huggingface.co/api/models/x: offline mode is enabled.", None),
     ("KV pool holds 524288 tokens, fewer than --context-length 1048576. Lower --context-length, raise "

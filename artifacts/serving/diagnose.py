@@ -377,9 +377,10 @@ _CRI = re.compile(rf"^{_RFC3339} (?:stdout|stderr) ([PF])(?:[:|][^ ]*)? ?(.*)$",
 _DOCKER_TIMESTAMP = re.compile(rf"^{_RFC3339} ")  # `docker logs --timestamps`, `podman logs --timestamps`
 # the prefixes collectors put before what the process printed (journald's first: it starts with a timestamp too)
 _PREFIXES = (
-    # journalctl's short, short-precise, short-iso(-precise) and short-full outputs: WHEN HOST IDENT[PID]: (the PID
+    # journalctl's short, short-precise, short-iso(-precise) and short-full outputs, and syslog (RFC 3164, after a <PRI>):
+    # WHEN HOST IDENT[PID]: (the PID
     # too, so that `docker events` 'TIME container health_status: ...' is not taken for one)
-    re.compile(r"^(?:[A-Z][a-z]{2} \d{4}-\d\d-\d\d |[A-Z][a-z]{2} [ \d]?\d |\d{4}-\d\d-\d\dT)\d\d:\d\d:\d\d(?:\.\d+)?"
+    re.compile(r"^(?:<\d{1,3}>)?(?:[A-Z][a-z]{2} \d{4}-\d\d-\d\d |[A-Z][a-z]{2} [ \d]?\d |\d{4}-\d\d-\d\dT)\d\d:\d\d:\d\d(?:\.\d+)?"
                r"(?: ?[A-Z]{3,5}|Z|[+-]\d\d:?\d\d)? \S+ [^\s\[\]:]+\[\d+\]: "),
     _DOCKER_TIMESTAMP,
     # `kubectl logs --prefix`: [pod/NAME/CONTAINER]
