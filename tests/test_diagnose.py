@@ -448,6 +448,8 @@ def test_a_later_shutdown_line_does_not_hide_an_earlier_failure():
     ("RuntimeError: Socket Timeout", "nccl-hang"),
     ("3f2a9c1d7e44   lmsysorg/sglang   30 minutes ago   Exited (137) 2 minutes ago   mm-minimax", "health-failing"),
     ("minimax-0   0/1     CrashLoopBackOff   5 (40s ago)   12m", "health-failing"),
+    ("$ curl -i http://127.0.0.1:30000/health\nHTTP/1.1 503 Service Unavailable\ncontent-length: 0", "health-failing"),
+    ("wget: server returned error: HTTP/1.1 503 Service Unavailable (http://127.0.0.1:30000/health)", "health-failing"),
     # look alike, are not failures: the IPv6 fallback warning of c10d; a startup probe waiting for the model to load
     ("[W1203 socket.cpp:755] [c10d] The client socket cannot be initialized to connect to [localhost]:29500 "
      "(errno: 97 - Address family not supported by protocol).", None),
@@ -460,6 +462,7 @@ def test_a_later_shutdown_line_does_not_hide_an_earlier_failure():
     ("[2026-12-03 09:40:01] KV cache pool is full. Retract requests. #retracted_reqs: 1, #new_token_ratio: 0.0980 -> "
      "0.3487", None),
     ("9c1d7e443f2a   busybox   2 hours ago   Exited (0) 2 hours ago   mm-prefetch", None),
+    ("$ curl -i http://127.0.0.1:30000/v1/models\nHTTP/1.1 503 Service Unavailable", None),
     ("I0527 15:16:51.665462 58626 ProcessGroupNCCL.cpp:878] [PG 0 Rank 2] ProcessGroupNCCL environments: NCCL version: "
      "2.18.3, TORCH_NCCL_DUMP_ON_TIMEOUT: 0, TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC: 600, TORCH_NCCL_BLOCKING_WAIT: 0", None),
     ("Listing MiniMaxAI/MiniMax-M3.1-Flash on the Hub failed, using the local snapshot: Cannot reach "
@@ -561,6 +564,13 @@ def test_a_failure_the_server_recovers_from_is_voided_by_its_later_ready_line(fa
     assert rows_of(failure) == [row]
     assert rows_of(f"{failure}\n{READY}") == []  # handled: the server came up after it
     assert rows_of(f"{READY}\n{failure}") == [row]  # after the start, it is the failure
+
+
+def test_a_weight_that_failed_to_load_is_a_finding_even_when_the_server_starts():
+    line = ("[2026-12-03 09:11:02 TP0] Error loading weight model.layers.3.self_attn.o_proj.weight: Attempted to load "
+            "weight (torch.Size([6144, 4096])) into parameter (torch.Size([6144, 6144]))")
+    assert rows_of(f"{line}\n{READY}") == ["weights-incomplete"]
+    assert rows_of(f"Parameter model.mtp.0.eh_proj.weight not found in params_dict\n{READY}") == []
 
 
 def test_a_start_that_stops_in_torch_distributed_init_is_the_nccl_hang_unless_another_row_names_the_cause():
