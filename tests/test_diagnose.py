@@ -446,6 +446,11 @@ def test_a_later_shutdown_line_does_not_hide_an_earlier_failure():
     ("[rank1]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
      "[10.0.0.6]:24417", "nccl-hang"),
     ("RuntimeError: Socket Timeout", "nccl-hang"),
+    ("gpu-node-3:312:312 [0] NCCL WARN Cuda failure 'peer access is not supported between these two devices'",
+     "nccl-hang"),
+    ("OSError: Error no file named pytorch_model.bin, model.safetensors, tf_model.h5 or flax_model.msgpack found in "
+     "directory /models/MiniMax-M3.1-Flash.", "weights-incomplete"),
+    ("$ docker inspect --format '{{json .State.Health.Status}}' mm-minimax\n\"unhealthy\"", "health-failing"),
     ("3f2a9c1d7e44   lmsysorg/sglang   30 minutes ago   Exited (137) 2 minutes ago   mm-minimax", "health-failing"),
     ("minimax-0   0/1     CrashLoopBackOff   5 (40s ago)   12m", "health-failing"),
     ("$ curl -i http://127.0.0.1:30000/health\nHTTP/1.1 503 Service Unavailable\ncontent-length: 0", "health-failing"),
