@@ -402,6 +402,10 @@ def test_a_later_shutdown_line_does_not_hide_an_earlier_failure():
     shutdown = "[2026-12-03 09:30:00] Health check request received during shutdown. Returning 503."
     assert rows_of("\n".join([READY, HEALTH_503, shutdown, HEALTH_503])) == ["health-failing"]
     assert rows_of("\n".join([READY, shutdown, HEALTH_503])) == []  # 503s after the shutdown line are the shutdown
+    sigterm = "[2026-12-03 09:30:00] SIGTERM received. signum=15 frame=None. Draining requests and shutting down..."
+    reset = ("[W1203 09:30:01 TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(fd=77, addr=[::ffff:127.0.0.1]:39732,"
+             " remote=[::ffff:127.0.0.1]:29500): Connection reset by peer")
+    assert rows_of("\n".join([READY, sigterm, HEALTH_503, reset])) == []
 
 
 @pytest.mark.parametrize("line, row", [
