@@ -377,6 +377,7 @@ def test_a_pipe_that_does_not_end_within_the_cap_stops_with_one_line():
     lambda line: f"{TS} {line}",  # docker logs --timestamps
     lambda line: json.dumps({"log": line + "\n", "stream": "stderr", "time": TS}),  # docker's json-file driver
     lambda line: json.dumps({"level": "info", "message": line}),  # a log shipper's JSON record
+    lambda line: json.dumps({"textPayload": line, "severity": "INFO", "timestamp": TS}),  # Google Cloud Logging
     lambda line: f"Dec 03 09:12:01 gpu-node-3 3f2a9c1d7e44[812]: {line}",  # journalctl of docker's journald driver
     lambda line: f"2026-12-03T09:12:01.123456+0000 gpu-node-3 sglang[812]: {line}",  # journalctl -o short-iso-precise
     lambda line: f"[pod/minimax-0/sglang] {line}",  # kubectl logs --prefix
@@ -385,7 +386,7 @@ def test_a_pipe_that_does_not_end_within_the_cap_stops_with_one_line():
     lambda line: f"2026-12-03T09:12:01.123456789+00:00 {line}",  # podman logs --timestamps
     lambda line: f"2026-12-03T09:12:01.123456789Z [pod/minimax-0/sglang] {line}",  # a prefix inside a prefix
     lambda line: f"<30>Dec  3 09:12:01 gpu-node-3 sglang[812]: {line}",  # syslog (RFC 3164)
-], ids=["ansi", "cri", "docker-timestamps", "json-file", "json-record", "journald", "journald-iso", "kubectl-prefix",
+], ids=["ansi", "cri", "docker-timestamps", "json-file", "json-record", "cloud-logging", "journald", "journald-iso", "kubectl-prefix",
         "compose", "logfmt", "podman-timestamps", "nested", "syslog"])
 def test_a_wrapped_line_is_read_as_what_it_says(wrap):
     assert rows_of("\n".join(wrap(line) for line in (READY, HEALTH_503))) == ["health-failing"]

@@ -410,8 +410,9 @@ def _unwrapped(line: str) -> str:
         return _LOGFMT_ESCAPE.sub(lambda e: _LOGFMT_CHARS.get(e.group(1), e.group(1)), m.group(1))
     return line
 # the JSON keys that hold the message of a log record: docker's json-file driver ({"log", "stream", "time"}),
-# Python/structlog/zap/Loki shippers ("message", "msg"); a record also names a level, time or stream
-_RECORD_TEXT = ("log", "message", "msg")
+# Python/structlog/zap/Loki shippers ("message", "msg"), Google Cloud Logging ("textPayload"), Loki's export ("line");
+# a record also names a level, time or stream
+_RECORD_TEXT = ("log", "message", "msg", "textPayload", "line")
 _RECORD_MARK = frozenset({"stream", "time", "timestamp", "ts", "level", "levelname", "severity", "logger", "@timestamp"})
 
 
