@@ -487,9 +487,19 @@ def test_sibling_messages_of_the_cited_sources_name_their_row(line, row):
     assert rows_of(line) == ([row] if row else [])
 
 
+def test_a_vllm_log_is_known_by_its_process_prefix():
+    log = ('(APIServer pid=1) INFO:     Application startup complete.\n'
+           '(APIServer pid=1) INFO:     127.0.0.1:50421 - "GET /health HTTP/1.1" 503 Service Unavailable\n')
+    result = diagnose_texts([("log", log)])
+    assert result.engine == "vllm" and [f.row for f in result.findings] == ["health-failing"]
+
+
 def test_vllms_uninitialized_weights_are_missing_weights():
     line = "ValueError: Following weights were not initialized from checkpoint: {'model.layers.47.mlp.experts.w13_weight'}"
     assert rows_of(line, engine="vllm") == ["weights-incomplete"]
+    assert rows_of(line) == ["weights-incomplete"]  # a bare line: the engine is not known, the message is the same
+    assert rows_of("ValueError: Some weights are not initialized from checkpoints: {'lm_head.weight'}") == [
+        "weights-incomplete"]
 
 
 def test_an_answer_that_quotes_the_reasoning_tags_is_no_leak():

@@ -313,7 +313,9 @@ ENGINES = ("sglang", "vllm")
 ENGINE_MARKERS = {
     "sglang": re.compile(r"server_args=(?:\{|ServerArgs\()|The server is fired up and ready to roll!"),  # srt/entrypoints/engine.py, http_server.py
     "vllm": re.compile(r"vLLM server version \S+, serving model|Initializing a V1 LLM engine \(v|Starting vLLM server on"
-                       r"|non-default args: \{"),  # vLLM 0.33.0 entrypoints/common/startup.py, v1/engine/core.py, launchers
+                       r"|non-default args: \{|^\((?:APIServer|EngineCore(?:_DP\d+)?) pid=\d+\) "),
+    # vLLM 0.33.0 entrypoints/common/startup.py, v1/engine/core.py, launchers; utils/system_utils.py decorate_logs
+    # prefixes its processes' lines with "(APIServer pid=N)", "(EngineCore_DP0 pid=N)"
 }
 
 
