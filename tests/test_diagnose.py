@@ -608,3 +608,18 @@ def test_a_message_with_its_own_fix_is_not_given_the_fraction_the_log_shows():
     [finding] = diagnose_texts([("log", log)]).findings
     assert finding.row == "cuda-oom" and "asks for a larger --mem-fraction-static" in finding.fix
     assert "--mem-fraction-static 0.75" not in finding.fix
+
+
+def test_the_literal_shortcut_gives_every_pattern_the_regexs_own_answer():
+    """Each pattern is searched only on lines holding a literal every match holds: on every line of the corpora (and
+    the table's own rows' inputs), the answer is the regex's."""
+    from mm.artifacts.serving.diagnose import _searcher, normalised
+
+    here = Path(__file__).parent
+    lines = {text for d in ("diagnose_corpus", "diagnose_heldout", "diagnose_heldout2") for f in (here / d).iterdir()
+             for _, text in normalised(f.read_text(errors="replace").splitlines())}
+    lines |= set(ROW_INPUTS.values())
+    patterns = {getattr(d, k) for row in load_table().rows for d in row.detect
+                for k in ("pattern", "unless", "also", "after", "cleared_by") if getattr(d, k) is not None}
+    wrong = [(p.pattern, line) for p in patterns for line in lines if bool(_searcher(p)(line)) != bool(p.search(line))]
+    assert not wrong, wrong[:3]

@@ -12,6 +12,7 @@ import json
 import re
 from collections import deque
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
@@ -616,9 +617,60 @@ SHOWN_FLAGS = re.compile(r"\b(mem_fraction_static|chunked_prefill_size)'?\s*[=:]
                          r"|--(mem-fraction-static|chunked-prefill-size)[= ](\d+(?:\.\d+)?)\b")
 
 
+MIN_NEEDLE = 3  # characters: a shorter literal is found on most lines and skips nothing
+
+
+def _needles_of(items: list) -> frozenset[str] | None:
+    """Literals one of which every match of the parsed sequence ITEMS holds: its longest run of plain characters, or
+    the needles of a group or a positive lookahead it requires (a branch: one per alternative), whichever is the
+    least common kind (the longest shortest needle); None when there is none of MIN_NEEDLE characters."""
+    from re import _constants as c
+
+    options: list[frozenset[str]] = []
+    run: list[str] = []
+    for op, arg in [*items, (None, None)]:
+        if op is c.LITERAL:
+            run.append(chr(arg))
+            continue
+        if len(run) >= MIN_NEEDLE:
+            options.append(frozenset(["".join(run)]))
+        run = []
+        inner = None
+        if op is c.SUBPATTERN and not arg[1] and not arg[2]:  # a group without flags of its own
+            inner = _needles_of(list(arg[3]))
+        elif op is c.ASSERT and arg[0] == 1:  # (?=...): the line holds it too
+            inner = _needles_of(list(arg[1]))
+        elif op is c.BRANCH:
+            alternatives = [_needles_of(list(seq)) for seq in arg[1]]
+            inner = None if None in alternatives else frozenset().union(*alternatives)
+        if inner:
+            options.append(inner)
+    return max(options, key=lambda o: min(map(len, o)), default=None)
+
+
+@lru_cache(maxsize=1024)
+def _searcher(pattern: re.Pattern) -> Callable[[str], object]:
+    """PATTERN.search, behind a test that the line holds one of the literals every match holds (str `in` is far
+    cheaper than a regex search that fails at every position, which is what most lines of a log cost)."""
+    if pattern.flags & re.IGNORECASE:
+        return pattern.search
+    try:
+        from re import _parser
+
+        needles = _needles_of(list(_parser.parse(pattern.pattern, pattern.flags)))
+    except Exception:  # another Python's parser: no shortcut, the same answers
+        return pattern.search
+    if not needles:
+        return pattern.search
+    search = pattern.search
+    return lambda line: any(n in line for n in needles) and search(line)
+
+
 class _Scanner:
     def __init__(self, where: str, table: Table, tail: int, keep: re.Pattern | None):
-        self.detectors = [((row.id, j), d) for row in table.rows for j, d in enumerate(row.detect)
+        self.detectors = [((row.id, j), d, {k: _searcher(getattr(d, k)) for k in ("pattern", "unless", "also", "after",
+                                                                                   "cleared_by") if getattr(d, k)})
+                          for row in table.rows for j, d in enumerate(row.detect)
                           if d.source in ("log", "http") and d.pattern is not None and d.field is None]
         self.scan = ScannedText(where=where, tail=deque(maxlen=tail))
         self.keep = keep
@@ -677,17 +729,17 @@ class _Scanner:
         if ("mem" in line or "chunked" in line) and len(scan.shown) < 2:
             for m in SHOWN_FLAGS.finditer(line):
                 scan.shown.setdefault((m.group(1) or m.group(3)).replace("-", "_"), m.group(2) or m.group(4))
-        for key, d in self.detectors:
-            if d.cleared_by is not None and key in scan.hits and d.cleared_by.search(line):
+        for key, d, search in self.detectors:
+            if d.cleared_by is not None and key in scan.hits and search["cleared_by"](line):
                 del scan.hits[key]
             if (key not in scan.hits and key not in scan.unless_seen and (d.after is None or key in scan.after_seen)
-                    and d.pattern.search(line)):
+                    and search["pattern"](line)):
                 scan.hits[key] = (line, number)
-            if d.after is not None and key not in scan.after_seen and d.after.search(line):
+            if d.after is not None and key not in scan.after_seen and search["after"](line):
                 scan.after_seen.add(key)
-            if d.unless is not None and key not in scan.unless_seen and d.unless.search(line):
+            if d.unless is not None and key not in scan.unless_seen and search["unless"](line):
                 scan.unless_seen.add(key)
-            if d.also is not None and key not in scan.also_seen and d.also.search(line):
+            if d.also is not None and key not in scan.also_seen and search["also"](line):
                 scan.also_seen.add(key)
 
     def finish(self) -> ScannedText:
