@@ -121,9 +121,9 @@ def test_long_commands_end_with_files_bytes_and_time_off_a_terminal_too(model, t
     ends = {"manifest": (("manifest", copy, "--repo", "MiniMaxAI/MiniMax-M3.1-Flash", "--revision", REVISION,
                           "--offline"), r"13 files \(2\.2 MB\) hashed in \d+\.\d s "),
             "bundle": (("bundle", model, "--out", tmp_path / "out", "--volume-size", VOLUME_SIZE),
-                       r"5 volume\(s\), 13 files, 2\.2 MB of data in \d+\.\d s\."),
+                       r"5 volume\(s\), 2\.\d MB on disk, in \d+\.\d s; model: 13 file\(s\), 2\.2 MB carried\."),
             "bundle verify": (("bundle", "verify", tmp_path / "out"),
-                              r"checked 5 volume file\(s\), 2\.2 MB in \d+\.\d s"),
+                              r"checked 5 volume file\(s\), 2\.\d MB on disk: 2\.\d MB of members hashed .* in \d+\.\d s"),
             "unbundle": (("unbundle", tmp_path / "out", "--dest", tmp_path / "dest"),
                          r"13 file\(s\) imported, .* in \d+\.\d s\.\n.*OK \(13 files, 2\.2 MB: ")}
     for what, (args, pattern) in ends.items():
@@ -185,7 +185,8 @@ def test_bundle_with_parity_on_a_terminal(model, tmp_path):
     run = run_on_tty("bundle", model, "--out", tmp_path / "out", "--volume-size", VOLUME_SIZE, "--parity", "2")
     assert run.returncode == 0, run.text
     assert_no_bar_left_and_never_past_100(run)
-    assert run.screen[0].startswith("plan: 13 files, 2.2 MB, in 5 volume(s) of up to 500.0 kB")
+    assert run.screen[0] == "plan: model: 13 file(s), 2.2 MB carried"
+    assert run.screen[1].startswith("  in 5 volume(s) of up to 500.0 kB")
     (bundle,), (parity,) = summaries(run.screen, f"bundle {NAME}"), summaries(run.screen, f"parity {NAME}")
     assert re.fullmatch(rf"bundle {NAME}: 13 files, 2\.2 MB in \d+\.\d s( \(.+/s\))?", bundle)
     assert re.fullmatch(rf"parity {NAME}: 5 files, 2\.3 MB in \d+\.\d s( \(.+/s\))?", parity)
@@ -193,7 +194,7 @@ def test_bundle_with_parity_on_a_terminal(model, tmp_path):
     assert bars and re.search(r"  0%\s+0 B / 2\.2 MB", bars[0])  # shown from the first byte
     assert all(re.search(r"\d+%\s+\S+ \S+ / \S+ \S+\s+\S+ \S+/s\s+\d:\d\d:\d\d ETA", f) for f in bars)
     assert any(re.fullmatch(r"  [\w./-]+\.(safetensors|json)", f) for f in run.frames)  # the current file
-    assert run.frames[-1].startswith(f"bundle {NAME} (id ") and " 13 files, 2.2 MB of data in " in run.frames[-1]
+    assert run.frames[-1].startswith(f"bundle {NAME} (id ") and "; model: 13 file(s), 2.2 MB carried." in run.frames[-1]
 
 
 def test_unbundle_with_a_parity_rebuild_on_a_terminal(vols, tmp_path):
@@ -222,7 +223,7 @@ def test_bundle_verify_on_a_terminal_ends_with_files_bytes_and_time(bundled):
     assert run.returncode == 0, run.text
     assert_no_bar_left_and_never_past_100(run)
     assert len(summaries(run.screen, "bundle verify")) == 1
-    assert any(re.fullmatch(r"checked 7 volume file\(s\), 3\.\d MB in \d+\.\d s", line) for line in run.screen)
+    assert any(re.fullmatch(r"checked 7 volume file\(s\), 3\.\d MB on disk: 3\.\d MB of members hashed \(.*\) in \d+\.\d s", line) for line in run.screen)
 
 
 def test_repair_on_a_terminal_leaves_one_line_per_phase(hub_env, hub_server, model_repo, tmp_path):
