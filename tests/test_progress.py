@@ -6,6 +6,8 @@ back); what each phase counts is read with a recording sink, since the bar itsel
 """
 from __future__ import annotations
 
+import io
+import json
 import re
 import shutil
 import threading
@@ -18,7 +20,8 @@ from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.bundle.repair import repair_volumes
 from mm.artifacts.bundle.unpack import unbundle
 from mm.artifacts.units import human_bytes, human_duration, human_rate
-from mm.artifacts.edges.progress import phase_summary
+from mm.artifacts.edges.progress import (ETA_MIN_BYTES, ETA_MIN_SECONDS, PeriodicProgress, TerminalProgress, eta,
+                                         phase_summary)
 from tests.support.modelgen import write_model
 from tests.support.run import run_mm
 from tests.support.tty import run_on_tty
@@ -57,6 +60,9 @@ class Recorder:
     def item(self, name):
         self.items.add(name)
 
+    def item_done(self, name):
+        pass
+
     def note(self, message):
         pass
 
@@ -90,6 +96,106 @@ def vols(bundled, tmp_path) -> Path:
     d = tmp_path / "vols"
     shutil.copytree(bundled, d)
     return d
+
+
+class Clock:
+    """A clock the test moves: the sinks read elapsed time, rate and ETA from it (no test waits)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def status_sink(clock: Clock, as_json: bool = False) -> tuple[PeriodicProgress, list[str]]:
+    """A periodic sink whose interval never comes (the test asks for its status line itself)."""
+    lines: list[str] = []
+    return PeriodicProgress(lines.append, 86400, as_json=as_json, clock=clock), lines
+
+
+def eta_of(line: str) -> str:
+    return re.search(r"ETA (\S+)", line)[1]
+
+
+def test_the_eta_waits_until_the_rate_is_measured_over_enough_time_and_bytes():
+    clock = Clock()
+    sink, _ = status_sink(clock)
+    sink.begin(250 * 10**9, "fetch big")
+    clock.now += 1
+    sink.advance(2_500_000)  # a slow first second (connection set-up): 2.5 MB/s would say 27 hours
+    assert eta_of(sink.status()) == "-:--:--"
+    clock.now += ETA_MIN_SECONDS - 1
+    sink.advance(ETA_MIN_BYTES)
+    assert eta_of(sink.status()) != "-:--:--"  # measured over 5 s and 12.5 MB: now it may guess
+    sink.end()
+    assert [eta(5 * 10**6, 10**9, 10**6, 100.0), eta(10**9, 10**9, 10**6, 4.9)] == [None, None]
+    assert eta(10**7, 10**9, 10**6, ETA_MIN_SECONDS) == pytest.approx(990)
+    assert eta(2 * 10**6, 10**7, 10**5, 6.0) == pytest.approx(80)  # a small phase: a tenth of it is enough
+
+
+def test_the_current_file_line_names_what_is_in_flight_not_the_first_file_begun():
+    clock = Clock()
+    sink, _ = status_sink(clock)
+    sink.begin(4000, "fetch repo", files=4)
+    for name in ("a.safetensors", "b.safetensors", "c.safetensors"):
+        sink.item(name)
+    sink.item_done("c.safetensors")  # the newest is over; a and b are still coming
+    line = sink.status()
+    assert line.endswith("  b.safetensors (+1 more in flight)") and "  1/4 files" in line, line
+    sink.item_done("b.safetensors")
+    sink.item("d.safetensors")
+    assert sink.status().endswith("  d.safetensors (+1 more in flight)")
+    sink.item_done("a.safetensors")
+    sink.item_done("d.safetensors")
+    assert sink.status().endswith("  4/4 files")  # nothing in flight: no file named
+    sink.end()
+    one_at_a_time, _ = status_sink(clock, as_json=True)
+    one_at_a_time.begin(3000, "bundle x", files=3)
+    one_at_a_time.item("v1")
+    one_at_a_time.item("v2")  # a caller that never says item_done: its newest is its current file
+    event = json.loads(one_at_a_time.status())
+    assert (event["current_files"], event["files_done"]) == (["v2"], 1)
+    one_at_a_time.end()
+
+
+def test_the_terminal_line_names_what_is_in_flight():
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    sink = TerminalProgress(console, clock=Clock())
+    sink.begin(3000, "verify x", files=3)
+    for name in ("a.safetensors", "b.safetensors"):
+        sink.item(name)
+    sink.item_done("b.safetensors")
+    with console.capture() as shown:
+        console.print(*sink._live[0].get_renderables())
+    assert "  a.safetensors" in shown.get() and "b.safetensors" not in shown.get()
+    sink.end()
+
+
+def test_a_phase_cut_short_by_an_interrupt_leaves_no_summary_line():
+    from rich.console import Console
+
+    from mm.artifacts.edges import interrupt
+
+    clock = Clock()
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    terminal, periodic = TerminalProgress(console, clock=clock), status_sink(clock)
+    periodic[0]._wrote = True  # as if an interval had passed: its summary would follow
+    for sink in (terminal, periodic[0]):
+        sink.begin(1000, "fetch repo")
+        sink.advance(400)
+    interrupt.STOP.set()
+    try:
+        terminal.end()
+        periodic[0].end()
+    finally:
+        interrupt.STOP.clear()
+    assert "fetch repo:" not in console.file.getvalue() and periodic[1] == []
+    terminal.begin(1000, "fetch repo")
+    terminal.end()  # not interrupted: the summary stays
+    assert "fetch repo: 0 B in " in console.file.getvalue()
 
 
 # --- units --------------------------------------------------------------------------------------------------
