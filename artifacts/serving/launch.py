@@ -523,8 +523,8 @@ def judge_revision(model_dir: Path, revision: str, pin: Pin, recipe: Recipe,
         [c.how for c in opts.chosen if c.revision == revision]
     if how:
         return f"model revision {revision} (not the guide's pin {pin.revision}) was chosen: {'; '.join(how)}", None
-    why = opts.choice_doubt or (f"nobody chose it: `mm use` it, or launch with --revision {revision[:12]} (or "
-                                f"--allowed-signers, when it is signed)")
+    why = opts.choice_doubt or (f"nobody chose it: `mm use` it (in a model root), or launch with --revision "
+                                f"{revision[:12]} (or --allowed-signers, when it is signed)")
     return None, f"model revision {revision} is not the guide's pin {pin.revision}, and {why}"
 
 
