@@ -17,9 +17,9 @@ tool; RATIO mm speed / aria2c speed (goal >= 1.0), mm / (aria2c then `sync` of i
 where the disk is slower than the link) and mm / hf download; CPU-seconds per GiB (user + sys, the child's rusage)
 of mm (goal <= 2) and aria2c, and mm's against its work done by peers in the same rounds (aria2c's, plus b3sum in
 one thread and `openssl dgst -sha256` over aria2c's files); peak RSS (goal < 150 MB); the bytes each tool made the
-kernel read from and write to storage per byte fetched (ru_inblock/ru_oublock: mm writes with O_DIRECT and reads
-back, direct too, what landed ahead of its hashing frontier, so on a disk slower than the link that read-back shares
-the disk).
+kernel read from and write to storage per byte fetched (ru_inblock/ru_oublock: mm writes with O_DIRECT and hashes
+what landed ahead of its hashing frontier from an in-memory window, reading back, direct too, only what the window
+could not hold; on a disk slower than the link that read-back shares the disk).
 The goals are printed as RatioGoal lines (tests/bench/common.py: the median of the per-round ratios, their spread,
 the verdict): mm / (aria2c + sync) speed at least 1.0 in the uncapped case, mm's CPU per GiB at most 0.8x the peers'
 in every case; beside them the bytes mm read back to hash per byte fetched (its --json `transfer.read_back`: what
