@@ -121,12 +121,12 @@ def pull(reference, local_dir, list_only, username, password_stdin, plain_http, 
     blob; the next source serves it. --username credentials go to the reference's registry only.
     """
     from ..artifacts.oci import pull as oci_pull
-    from ..artifacts.oci.client import parse_host
+    from ..artifacts.oci.client import mirror_transport
     required = signature_policy(require_signature, allowed_signers, identity)
     creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
     if no_fallback and not mirrors:
         raise click.UsageError("--no-fallback needs at least one --mirror")
-    hosts = tuple(parse_host(m, "--mirror", transport) for m in mirrors)
+    hosts = tuple(mirror_transport(m, "--mirror", transport) for m in mirrors)
     if list_only:
         report = oci_pull.inspect(reference, creds, transport)
         emit_json({"ok": True, **to_jsonable(report)}) if json_out else _render_inspect(report)
@@ -214,9 +214,9 @@ def preheat(reference, tiers, username, password_stdin, plain_http, ca_file, wor
     not match their digest. --username credentials go to the origin only.
     """
     from ..artifacts.oci import preheat as oci_preheat
-    from ..artifacts.oci.client import parse_host, parse_reference
+    from ..artifacts.oci.client import mirror_transport, parse_reference
     creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
-    hosts = tuple(parse_host(t, "--tier", transport) for t in tiers)
+    hosts = tuple(mirror_transport(t, "--tier", transport) for t in tiers)
     report = oci_preheat.preheat(reference, hosts, creds, transport, workers=workers, progress=progress_for(json_out))
     code = max((b.error_kind.exit_code for b in report.failed), default=0)
     if json_out:

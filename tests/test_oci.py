@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,7 +18,8 @@ from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.paths import manifest_path
 from mm.artifacts.integrity.manifest import read_manifest
 from mm.artifacts.oci import modelpack
-from mm.artifacts.oci.client import Client, Transport, parse_reference
+from mm.artifacts.errors import BadValue
+from mm.artifacts.oci.client import Client, Endpoint, Transport, parse_endpoint, parse_reference
 from tests.support.countproxy import CountingProxy
 from tests.support.modelgen import write_model
 from tests.support.registry import Registry
@@ -274,6 +276,33 @@ def test_https_unless_loopback_or_plain_http():
         "http://registry.site.internal"
     assert Client(parse_reference("127.0.0.1:5000/m/x:t")).base == "http://127.0.0.1:5000"
     assert Client(parse_reference("localhost:5000/m/x:t")).base == "http://localhost:5000"
+
+
+
+@pytest.mark.parametrize("text, scheme, host, port", [
+    ("t2.site:5000", None, "t2.site:5000", 5000), ("T2.Site", None, "t2.site", None),
+    ("http://10.0.1.1:5000/", "http", "10.0.1.1:5000", 5000), ("HTTPS://reg.site", "https", "reg.site", 443),
+    ("http://[::1]:5000", "http", "[::1]:5000", 5000),
+])
+def test_a_registry_address_is_host_port_or_the_root_of_an_http_url(text, scheme, host, port):
+    assert parse_endpoint(text, "--mirror") == Endpoint(scheme, host, port)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("alice:s3cret@t2:5000", "--tier ***@t2:5000: holds credentials"),
+    ("http://alice:s3cret@t2:5000/", "--tier ***@t2:5000: holds credentials"),
+    ("http://t2:5000/v2", "the root of its host"), ("t2:5000?x=1", "the root of its host"),
+    ("ftp://t2", "expected HOST[:PORT]"), ("t2:99999", "bad port"), ("t_2", "expected HOST[:PORT]"),
+])
+def test_a_registry_address_that_is_not_one_is_a_usage_error_that_never_echoes_credentials(text, why):
+    with pytest.raises(BadValue, match=re.escape(why)) as e:
+        parse_endpoint(text, "--tier")
+    assert e.value.exit_code == 2 and "s3cret" not in e.value.message
+
+
+def test_fleet_config_wants_the_scheme_every_tier_is_served_with():
+    with pytest.raises(BadValue, match=re.escape("--origin 't2:5000': expected http://HOST[:PORT] or https://")):
+        parse_endpoint("t2:5000", "--origin", scheme_required=True)
 
 
 # --- integrity --------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from urllib.parse import urlencode, urlsplit
 import httpx2
 
 from ..edges import interrupt, wire
-from ..errors import BadInput, IntegrityError, RemoteError
+from ..errors import BadInput, BadValue, IntegrityError, RemoteError
 from ..edges.untrusted import load_json, read_json_file
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -104,26 +104,61 @@ def parse_reference(text: str) -> Reference:
     return Reference(host, rest, tag, digest)
 
 
-def parse_host(text: str, what: str, transport: "Transport") -> tuple[str, "Transport"]:
-    """A mirror or tier as the user names it: HOST[:PORT], or http(s)://HOST[:PORT] (http: plain HTTP to that host
-    whatever TRANSPORT says; https: TLS even on loopback). Returns the host and the transport for it."""
-    raw = text.strip().rstrip("/")
-    scheme = None
-    if "://" in raw:
-        scheme, _, raw = raw.partition("://")
-        scheme = scheme.lower()
-        if scheme not in ("http", "https"):
-            raise BadInput(f"{what} {wire.shown(text, 80)!r}: not HOST[:PORT] or an http(s):// URL")
-    if "@" in raw:
-        raise BadInput(f"{what} ***@{wire.shown(raw.rsplit('@', 1)[1], 80)}: holds credentials; give them in "
-                       f"~/.docker/config.json / REGISTRY_AUTH_FILE instead")
-    if not HOST.match(raw):
-        raise BadInput(f"{what} {wire.shown(text, 80)!r}: not HOST[:PORT] or an http(s):// URL without a path")
-    if scheme == "http":
-        return raw, Transport(plain_http=True, timeout=transport.timeout)
-    if scheme == "https" and not transport.ca_file and is_loopback(raw):
-        raise BadInput(f"{what} {wire.shown(text, 80)!r}: HTTPS on loopback needs --ca-file")
-    return raw, transport
+@dataclass(frozen=True)
+class Endpoint:
+    """A registry as the user names it (`--mirror`, `--tier`, `--origin`): its host, and the scheme if given."""
+
+    scheme: str | None  # http | https; None: named as HOST[:PORT] (the transport decides)
+    host: str  # host[:port], lower case, as a reference names it
+    port: int | None  # the URL's own default (80, 443) when a scheme is given without one
+
+    @property
+    def url(self) -> str:  # of an endpoint named with its scheme
+        return f"{self.scheme}://{self.host}"
+
+    @property
+    def hostname(self) -> str:
+        return urlsplit(f"//{self.host}").hostname or ""
+
+
+def parse_endpoint(text: str, what: str, *, scheme_required: bool = False) -> Endpoint:
+    """HOST[:PORT], or the root of an http(s):// URL (SCHEME_REQUIRED: only that): a registry is the root of a host
+    (distribution's mirror recipe: "no path components other than an optional trailing slash") and its address
+    never carries credentials (they live in ~/.docker/config.json or REGISTRY_AUTH_FILE). A malformed value is
+    BadValue, as any other malformed option value."""
+    shown = wire.shown(text, 80)
+    form = "http://HOST[:PORT] or https://HOST[:PORT]" if scheme_required else "HOST[:PORT] or an http(s):// URL"
+    raw = text.strip()
+    scheme, sep, rest = raw.partition("://")
+    scheme, rest = (scheme.lower(), rest) if sep else (None, raw)
+    if scheme not in (None, "http", "https") or scheme_required and scheme is None:
+        raise BadValue(f"{what} {shown!r}: expected {form}")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if "@" in authority:
+        raise BadValue(f"{what} ***@{wire.shown(authority.rsplit('@', 1)[1], 80)}: holds credentials; give them in "
+                       f"~/.docker/config.json or REGISTRY_AUTH_FILE, never in an address")
+    if rest[len(authority):].strip("/"):
+        raise BadValue(f"{what} {shown!r}: a registry is the root of its host: no path, query or fragment")
+    if not HOST.match(authority):
+        raise BadValue(f"{what} {shown!r}: expected {form}")
+    try:
+        port = urlsplit(f"//{authority}").port
+    except ValueError:
+        raise BadValue(f"{what} {shown!r}: bad port") from None
+    if port is None and scheme:
+        port = 443 if scheme == "https" else 80
+    return Endpoint(scheme, authority.lower(), port)
+
+
+def mirror_transport(text: str, what: str, transport: "Transport") -> tuple[str, "Transport"]:
+    """A mirror or tier (parse_endpoint) and the transport for it: http: plain HTTP to that host whatever
+    TRANSPORT says; https: TLS even on loopback, which needs --ca-file."""
+    endpoint = parse_endpoint(text, what)
+    if endpoint.scheme == "http":
+        return endpoint.host, Transport(plain_http=True, timeout=transport.timeout)
+    if endpoint.scheme == "https" and not transport.ca_file and is_loopback(endpoint.host):
+        raise BadValue(f"{what} {wire.shown(text, 80)!r}: HTTPS on loopback needs --ca-file")
+    return endpoint.host, transport
 
 
 def is_loopback(registry: str) -> bool:
