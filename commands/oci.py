@@ -31,7 +31,8 @@ def registry_options(fn: Callable) -> Callable:
 
 def _registry_access(ref_text: str, username: str | None, password_stdin: bool, plain_http: bool, ca_file: Path | None):
     from ..artifacts.oci import client as oci_client
-    ref = oci_client.parse_reference(ref_text)
+    from ..artifacts.oci.reference import parse_reference
+    ref = parse_reference(ref_text)
     creds = oci_client.load_credentials(ref.registry, username, password_from_stdin(username, password_stdin))
     return creds, oci_client.Transport(plain_http=plain_http, ca_file=ca_file)
 
@@ -214,7 +215,8 @@ def preheat(reference, tiers, username, password_stdin, plain_http, ca_file, wor
     not match their digest. --username credentials go to the origin only.
     """
     from ..artifacts.oci import preheat as oci_preheat
-    from ..artifacts.oci.client import mirror_transport, parse_reference
+    from ..artifacts.oci.client import mirror_transport
+    from ..artifacts.oci.reference import parse_reference
     creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
     hosts = tuple(mirror_transport(t, "--tier", transport) for t in tiers)
     report = oci_preheat.preheat(reference, hosts, creds, transport, workers=workers, progress=progress_for(json_out))

@@ -100,7 +100,8 @@ def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revisi
     """Check every byte of DIR against its manifest, every file present, every safetensors shard and index
     sound; files not in the manifest are reported (and fail with --strict). A partial fetch is judged on what
     was asked for. Exit 0 all good, 1 problems found, 3 could not run, 5 bad signature."""
-    from ..artifacts.integrity.verify import upstream_target, verify_dir, verify_upstream
+    from ..artifacts.fetching.hub import verify_upstream
+    from ..artifacts.integrity.verify import upstream_target, verify_dir
     progress = progress_for(json_out)
     signature = None
     if label_node and (quick or upstream or manifest_file):

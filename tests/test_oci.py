@@ -19,7 +19,8 @@ from mm.artifacts.paths import manifest_path
 from mm.artifacts.integrity.manifest import read_manifest
 from mm.artifacts.oci import modelpack
 from mm.artifacts.errors import BadValue
-from mm.artifacts.oci.client import Client, Endpoint, Transport, parse_endpoint, parse_reference
+from mm.artifacts.oci.client import Client, Transport
+from mm.artifacts.oci.reference import Endpoint, parse_endpoint, parse_reference
 from tests.support.countproxy import CountingProxy
 from tests.support.modelgen import write_model
 from tests.support.registry import Registry

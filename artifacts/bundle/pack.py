@@ -277,7 +277,7 @@ class BundleResult:
     synced: bool = True  # every volume fsynced before it got its name
     parity_volumes: list[VolumeResult] = field(default_factory=list)
     signed: bool = False  # the manifest's signature travels in every volume
-    delta: dict | None = None  # a delta bundle: its base and what comes from it (delta.summary)
+    delta: dict | None = None  # a delta bundle: its base and what comes from it (DeltaNote.summary)
     outs: list[str] = field(default_factory=list)
     files: int = 0  # files carried (model files and payload files)
     seconds: float = 0.0
@@ -743,7 +743,7 @@ def _create_bundle(model_dir: Path, options: BundleOptions, progress: ProgressSi
                         payloads_document(records, "summary"), notes, synced=sync, parity_volumes=parity_results,
                         signed=signature is not None, outs=[str(o) for o in outs], files=summary.files,
                         seconds=time.monotonic() - started, plan=summary,
-                        delta=deltas.summary(delta, manifest) if delta else None)
+                        delta=delta.summary(manifest) if delta else None)
 
 
 def refuse_too_many_volumes(count: int, volume_size: int, carried: int, yes: bool) -> None:

@@ -44,8 +44,8 @@ from typing import Iterator, Mapping, NamedTuple
 from ..errors import BadInput, BadValue, IntegrityError, MMError, Refused
 from ..paths import IMPORT_RECORD, MM_DIR, POINTER, UNBUNDLE_DIR, store_root_of
 from ..edges.fsutil import (atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets, dir_lock,
-                            fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, read_lock,
-                            remove_tree, require_free_space, still_to_write, unlink_file)
+                            fsync_dir, make_dirs, open_file, publish, publish_fd, read_json_file, read_local_file,
+                            read_lock, remove_tree, require_free_space, still_to_write, unlink_file)
 from ..integrity.hashing import StreamHasher
 from ..edges.interrupt import keeps
 from ..integrity.manifest import MAX_MANIFEST_BYTES, from_json, read_manifest
@@ -53,7 +53,7 @@ from ..paths import manifest_path
 from ..edges.progress import NULL_PROGRESS, ProgressSink
 from ..units import human_bytes
 from ..edges.sharing import COPY, how_to_share
-from ..edges.untrusted import MAX_DOCUMENT, At, load_json, read_json_file
+from ..edges.untrusted import MAX_DOCUMENT, At, load_json
 from . import delta as deltas
 from .check import ParitySet, conflicting_numbers, incomplete, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back, write_all
@@ -102,7 +102,7 @@ class UnbundleReport:
     parity_used: list[int] = field(default_factory=list)
     recovery: str | None = None  # why lost volumes could not be rebuilt yet, and what would be enough
     signature: dict | None = None  # the checked manifest signature (identity, key fingerprint)
-    delta: dict | None = None  # a delta: its base (delta.summary), the base dir, how files were taken (mode), taken
+    delta: dict | None = None  # a delta: its base (DeltaNote.summary), the base dir, how files were taken (mode), taken
 
 
 class Places:
@@ -522,7 +522,7 @@ def _take_from_base(base: deltas.BaseDir, idx: Index, mode: str, run: _Import, p
 def _delta_doc(idx: Index, manifest, base: deltas.BaseDir | None, taken: deltas.Taken | None) -> dict | None:
     if idx.delta is None:
         return None
-    doc = {**deltas.summary(idx.delta, manifest), "from": str(base.path) if base else None}
+    doc = {**idx.delta.summary(manifest), "from": str(base.path) if base else None}
     if taken is not None:
         doc.update(mode=taken.mode, taken=len(taken.files), taken_bytes=taken.bytes, copied_bytes=taken.copied_bytes,
                    refused=taken.refused)

@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Mapping
 from .download import RemoteFile
 from ..edges import wire
 from ..errors import BadInput, BadValue, RemoteError, first_line
+from ..edges.untrusted import shown
 from .fetch import FetchRequest, SourcePlan
 from ..integrity.hashing import git_blob_sha1
 from .hub import Resolved, Unreachable, list_remote_files, resolve_revision, select
@@ -182,12 +183,12 @@ def _sdk_call(what: str, api) -> Iterator[str]:
     except RemoteError as e:  # wire's bounds: the message names the host and what it sent
         raise RemoteError(f"{what}: {e.message}") from None
     except json.JSONDecodeError as e:  # (requests' too)
-        raise RemoteError(f"{what}: {host} sent an answer that is not JSON ({wire.shown(first_line(e), 80)})") from None
+        raise RemoteError(f"{what}: {host} sent an answer that is not JSON ({shown(first_line(e), 80)})") from None
     except _sdk_errors() as e:
-        raise RemoteError(f"{what} from {host}: {wire.shown(first_line(e), 200)}") from None
+        raise RemoteError(f"{what} from {host}: {shown(first_line(e), 200)}") from None
     except _SHAPE_ERRORS as e:
         raise RemoteError(f"{what}: {host} sent an answer that is not what the ModelScope API sends "
-                          f"({type(e).__name__}: {wire.shown(first_line(e), 80)})") from None
+                          f"({type(e).__name__}: {shown(first_line(e), 80)})") from None
 
 
 def list_mirror_files(model_id: str, revision: str = DEFAULT_MS_REVISION, *, api=None) -> list[MirrorFile]:
@@ -215,7 +216,7 @@ def _mirror_file(entry, host: str) -> MirrorFile:
     if not (isinstance(path, str) and 0 < len(path) <= 4096 and printable(path) == path) \
             or type(size) is not int or size < 0 or not isinstance(sha256, str):
         raise RemoteError(f"{host} sent a listing entry that is not a file's path, size and sha256 "
-                          f"({wire.shown(repr((path, size, sha256)), 80)}); refused")
+                          f"({shown(repr((path, size, sha256)), 80)}); refused")
     return MirrorFile(path, size, sha256.lower())
 
 

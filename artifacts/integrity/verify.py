@@ -125,7 +125,7 @@ def verify_dir(model_dir: Path, manifest: Manifest | None = None, *, quick: bool
     Raises BadInput when it cannot run (no manifest, unreadable directory); damage is returned as problems.
     """
     model_dir = Path(model_dir)
-    _check_readable_dir(model_dir)
+    check_readable_dir(model_dir)
     manifest_file = Path(manifest_file) if manifest_file else manifest_path(model_dir)
     with read_lock(model_dir, "verify", "verify when it has finished"):
         if manifest is None:
@@ -163,20 +163,14 @@ def require_quick_verify(model_dir: Path, manifest: Manifest | None = None, *, b
                                 f"here (e.g. {unproven[0].path}); run `mm repair {model_dir}` before {before}")
 
 
-def verify_upstream(model_dir: Path, repo_id: str, revision: str, *, quick: bool = False, jobs: int | None = None,
-                    endpoint: str | None = None, token: str | None = None,
-                    progress: ProgressSink = NULL_PROGRESS, strict: bool = False) -> VerifyReport:
-    """Check MODEL_DIR against the Hub's own identities (LFS sha256, git blob sha1) for REVISION; no manifest needed."""
-    from ..fetching.hub import list_remote_files, resolve_revision  # the Hub client loads only when asked for
-
+def verify_listing(model_dir: Path, expected: list[Expected], source: str, listing: str, *, quick: bool = False,
+                   jobs: int | None = None, progress: ProgressSink = NULL_PROGRESS, strict: bool = False) -> VerifyReport:
+    """Check MODEL_DIR against EXPECTED, a listing that is no manifest (the Hub's: fetching.hub.verify_upstream);
+    SOURCE names where it came from, LISTING what it is, in the report."""
     model_dir = Path(model_dir)
-    _check_readable_dir(model_dir)
-    resolved = resolve_revision(repo_id, revision, endpoint=endpoint, token=token)
-    remote = list_remote_files(repo_id, resolved.commit, endpoint=endpoint, token=token)
-    expected = [Expected(f.path, f.size, f.upstream.kind, f.upstream.value) for f in remote]
+    check_readable_dir(model_dir)
     with read_lock(model_dir, "verify", "verify when it has finished"):
-        report = _verify(model_dir, expected, f"hub:{repo_id}@{resolved.commit}", quick=quick, jobs=jobs,
-                         progress=progress, listing="the Hub's file list")
+        report = _verify(model_dir, expected, source, quick=quick, jobs=jobs, progress=progress, listing=listing)
     return replace(report, strict=strict)
 
 
@@ -234,7 +228,7 @@ def _verify(model_dir: Path, expected: list[Expected], source: str, *, quick: bo
     )
 
 
-def _check_readable_dir(model_dir: Path) -> None:
+def check_readable_dir(model_dir: Path) -> None:
     if not model_dir.is_dir():
         raise BadInput(f"{model_dir}: not a directory (nothing to verify)")
     try:

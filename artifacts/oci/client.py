@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.client
-import ipaddress
 import os
 import re
 import ssl
@@ -26,8 +25,10 @@ from urllib.parse import urlencode, urlsplit
 import httpx2
 
 from ..edges import interrupt, wire
-from ..errors import BadInput, BadValue, IntegrityError, RemoteError
-from ..edges.untrusted import load_json, read_json_file
+from ..errors import BadInput, BadValue, IntegrityError, RemoteError, RetryLater
+from .reference import DIGEST, Reference, is_loopback, parse_endpoint
+from ..edges.untrusted import load_json, shown
+from ..edges.fsutil import read_json_file
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -38,117 +39,9 @@ MAX_TOKEN_ANSWER = 1024 * 1024  # a token service's answer (JWTs run to a few Ki
 TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750 b64token
 MAX_MANIFEST = 4 * 1024 * 1024  # what distribution accepts for a manifest; a larger answer is not a manifest
 SENDFILE_SLICE = 8 * 1024 * 1024  # progress is reported after each slice
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-REPOSITORY = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
-TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-HOST = re.compile(r"^(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(?::[0-9]{1,5})?$")
 
 
-# --- references ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Reference:
-    """host[:port]/repository[:tag][@sha256:...]; the host is always explicit (no Docker Hub default)."""
-
-    registry: str
-    repository: str
-    tag: str | None = None
-    digest: str | None = None
-
-    def __str__(self) -> str:
-        text = f"{self.registry}/{self.repository}"
-        if self.tag:
-            text += f":{self.tag}"
-        if self.digest:
-            text += f"@{self.digest}"
-        return text
-
-    @property
-    def name(self) -> str:
-        return f"{self.registry}/{self.repository}"
-
-    def at(self, digest: str) -> "Reference":
-        return Reference(self.registry, self.repository, None, digest)
-
-    @property
-    def lookup(self) -> str:
-        """What the manifest endpoint takes: the digest when there is one, else the tag."""
-        return self.digest or self.tag or ""
-
-
-def parse_reference(text: str) -> Reference:
-    text = text.strip()
-    where = f"{text or repr(text)}"
-    if "/" not in text or "://" in text:
-        raise BadInput(f"{wire.shown(where)}: not a registry reference (expected host[:port]/repository[:tag|@sha256:...])")
-    host, rest = text.split("/", 1)
-    if "@" in host:  # user:password@host: the credentials are never echoed, and never taken from here
-        raise BadInput(f"***@{wire.shown(host.rsplit('@', 1)[1], 80)}/...: a registry reference holds no credentials; "
-                       f"give --username with --password-stdin, or an entry in ~/.docker/config.json / REGISTRY_AUTH_FILE")
-    if not HOST.match(host):
-        raise BadInput(f"{where}: {host!r} is not a registry host[:port]")
-    digest = None
-    if "@" in rest:
-        rest, digest = rest.split("@", 1)
-        if not DIGEST.match(digest):
-            raise BadInput(f"{where}: digest must be sha256:<64 hex>")
-    tag = None
-    last = rest.rsplit("/", 1)[-1]
-    if ":" in last:
-        rest, tag = rest.rsplit(":", 1)
-        if not TAG.match(tag):
-            raise BadInput(f"{where}: {tag!r} is not a valid tag")
-    if not REPOSITORY.match(rest):
-        raise BadInput(f"{where}: {rest!r} is not a valid repository name (lowercase, digits, '.', '_', '-', '/')")
-    return Reference(host, rest, tag, digest)
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A registry as the user names it (`--mirror`, `--tier`, `--origin`): its host, and the scheme if given."""
-
-    scheme: str | None  # http | https; None: named as HOST[:PORT] (the transport decides)
-    host: str  # host[:port], lower case, as a reference names it
-    port: int | None  # the URL's own default (80, 443) when a scheme is given without one
-
-    @property
-    def url(self) -> str:  # of an endpoint named with its scheme
-        return f"{self.scheme}://{self.host}"
-
-    @property
-    def hostname(self) -> str:
-        return urlsplit(f"//{self.host}").hostname or ""
-
-
-def parse_endpoint(text: str, what: str, *, scheme_required: bool = False) -> Endpoint:
-    """HOST[:PORT], or the root of an http(s):// URL (SCHEME_REQUIRED: only that): a registry is the root of a host
-    (distribution's mirror recipe: "no path components other than an optional trailing slash") and its address
-    never carries credentials (they live in ~/.docker/config.json or REGISTRY_AUTH_FILE). A malformed value is
-    BadValue, as any other malformed option value."""
-    shown = wire.shown(text, 80)
-    form = "http://HOST[:PORT] or https://HOST[:PORT]" if scheme_required else "HOST[:PORT] or an http(s):// URL"
-    raw = text.strip()
-    scheme, sep, rest = raw.partition("://")
-    scheme, rest = (scheme.lower(), rest) if sep else (None, raw)
-    if scheme not in (None, "http", "https") or scheme_required and scheme is None:
-        raise BadValue(f"{what} {shown!r}: expected {form}")
-    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-    if "@" in authority:
-        raise BadValue(f"{what} ***@{wire.shown(authority.rsplit('@', 1)[1], 80)}: holds credentials; give them in "
-                       f"~/.docker/config.json or REGISTRY_AUTH_FILE, never in an address")
-    if rest[len(authority):].strip("/"):
-        raise BadValue(f"{what} {shown!r}: a registry is the root of its host: no path, query or fragment")
-    if not HOST.match(authority):
-        raise BadValue(f"{what} {shown!r}: expected {form}")
-    try:
-        port = urlsplit(f"//{authority}").port
-    except ValueError:
-        raise BadValue(f"{what} {shown!r}: bad port") from None
-    if port is None and scheme:
-        port = 443 if scheme == "https" else 80
-    return Endpoint(scheme, authority.lower(), port)
-
+# --- mirrors and tiers ---------------------------------------------------------------------------
 
 def mirror_transport(text: str, what: str, transport: "Transport") -> tuple[str, "Transport"]:
     """A mirror or tier (parse_endpoint) and the transport for it: http: plain HTTP to that host whatever
@@ -157,18 +50,8 @@ def mirror_transport(text: str, what: str, transport: "Transport") -> tuple[str,
     if endpoint.scheme == "http":
         return endpoint.host, Transport(plain_http=True, timeout=transport.timeout)
     if endpoint.scheme == "https" and not transport.ca_file and is_loopback(endpoint.host):
-        raise BadValue(f"{what} {wire.shown(text, 80)!r}: HTTPS on loopback needs --ca-file")
+        raise BadValue(f"{what} {shown(text, 80)!r}: HTTPS on loopback needs --ca-file")
     return endpoint.host, transport
-
-
-def is_loopback(registry: str) -> bool:
-    host = urlsplit(f"//{registry}").hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 # --- credentials -----------------------------------------------------------------------------------
@@ -327,7 +210,7 @@ class Client:
             self._auth_header = self.credentials.basic()
             return
         if scheme != "bearer" or "realm" not in params:
-            raise RemoteError(f"{self._where()}: unsupported authentication scheme {wire.shown(scheme, 40)!r}")
+            raise RemoteError(f"{self._where()}: unsupported authentication scheme {shown(scheme, 40)!r}")
         realm = wire.check_url(params["realm"], f"{self._where()}: the WWW-Authenticate challenge",
                                "names as its token service")
         query = [("service", params["service"])] if params.get("service") else []
@@ -469,8 +352,6 @@ class Client:
         httpx hands out 64 KiB pieces and copies each. Follows a redirect to blob storage (S3 and the like), checked
         to be an http(s) URL, without the registry's Authorization. Yields a 200 or 206 answer; the caller proves
         its offsets (ranges.prove). 429, 408 and 5xx raise RetryLater; other refusals RemoteError."""
-        from ..fetching.ranges import RetryLater
-
         self.ping()
         url = self.url(f"/v2/{self.ref.repository}/blobs/{digest}")
         base = urlsplit(url).netloc
@@ -531,8 +412,6 @@ class Client:
     def read_blob(self, digest: str, limit: int) -> bytes:
         """A small blob (config, mm manifest) in memory, refused above LIMIT bytes or past the deadline, checked
         against DIGEST."""
-        from ..fetching.ranges import RetryLater
-
         try:
             with self.open_blob(digest) as raw:
                 if raw.status != 200:

@@ -41,7 +41,8 @@ from ..fetching.ranges import (DEFAULT_CONNECTIONS, Answer, Connections, RetryLa
                                http_answer, state_path)
 from ..edges.untrusted import load_json
 from . import modelpack
-from .client import Client, Credentials, Reference, Transport, parse_reference
+from .client import Client, Credentials, Transport
+from .reference import Reference, parse_reference
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BadInput, BadValue
-from .client import Endpoint, parse_endpoint
+from .reference import Endpoint, parse_endpoint
 from ..edges.fsutil import atomic_write_text, user_path
 
 # Debian docker-registry's /etc/docker/registry/config.yml: storage.filesystem.rootdirectory
