@@ -304,15 +304,13 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
     """
     import time
 
-    from ..artifacts.bundle.unpack import Outcome, unbundle as import_volumes
-    if link and base_dir is None:
-        raise click.UsageError("--link hard-links files of the base: it needs --from BASE_DIR")
-    required = signature_policy(require_signature, allowed_signers, identity)
+    from ..artifacts.bundle.unpack import Outcome, UnbundleOptions, unbundle as import_volumes
+    options = UnbundleOptions.from_cli(
+        payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS}, sync=not no_sync, readback=readback,
+        base_dir=base_dir, link=link, allowed_signers=allowed_signers, identity=identity,
+        require_signature=signature_policy(require_signature, allowed_signers, identity))
     started = time.monotonic()
-    report = import_volumes(list(volumes), dest, payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS},
-                            progress=progress_for(json_out), sync=not no_sync, allowed_signers=allowed_signers,
-                            identity=identity, require_signature=required, readback=readback, base_dir=base_dir,
-                            link=link)
+    report = import_volumes(list(volumes), dest, options, progress_for(json_out))
     exit_code, why = {Outcome.IMPORTED: (0, ""),
                       Outcome.WAITING: (Waiting.exit_code, "waiting for more volumes"),
                       Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),

@@ -122,21 +122,18 @@ def pull(reference, local_dir, list_only, username, password_stdin, plain_http, 
     blob; the next source serves it. --username credentials go to the reference's registry only.
     """
     from ..artifacts.oci import pull as oci_pull
-    from ..artifacts.oci.client import mirror_transport
     required = signature_policy(require_signature, allowed_signers, identity)
     creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
-    if no_fallback and not mirrors:
-        raise click.UsageError("--no-fallback needs at least one --mirror")
-    hosts = tuple(mirror_transport(m, "--mirror", transport) for m in mirrors)
+    options = oci_pull.PullOptions.from_cli(mirrors=mirrors, no_fallback=no_fallback, transport=transport,
+                                            workers=workers, allowed_signers=allowed_signers, identity=identity,
+                                            require_signature=required)
     if list_only:
         report = oci_pull.inspect(reference, creds, transport)
         emit_json({"ok": True, **to_jsonable(report)}) if json_out else _render_inspect(report)
         return
     if local_dir is None:
         raise click.UsageError("--local-dir is required (or --list)")
-    report = oci_pull.pull(reference, local_dir, creds, transport, workers=workers, progress=progress_for(json_out),
-                           allowed_signers=allowed_signers, identity=identity, require_signature=required,
-                           mirrors=hosts, no_fallback=no_fallback)
+    report = oci_pull.pull(reference, local_dir, creds, transport, options, progress_for(json_out))
     code = max((f.error_kind.exit_code for f in report.failed), default=0) or (ProblemsFound.exit_code if report.verify_problems else 0)
     if json_out:
         emit_json({"ok": code == 0, **to_jsonable(report)})

@@ -100,7 +100,6 @@ def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revisi
     """Check every byte of DIR against its manifest, every file present, every safetensors shard and index
     sound; files not in the manifest are reported (and fail with --strict). A partial fetch is judged on what
     was asked for. Exit 0 all good, 1 problems found, 3 could not run, 5 bad signature."""
-    from ..artifacts.fetching.hub import verify_upstream
     from ..artifacts.integrity.verify import upstream_target, verify_dir
     progress = progress_for(json_out)
     signature = None
@@ -112,6 +111,7 @@ def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revisi
     if upstream:
         if allowed_signers:
             raise click.UsageError("--allowed-signers checks the manifest; --upstream does not use it")
+        from ..artifacts.fetching.hub import verify_upstream  # the Hub client loads only when asked for
         repo_id, rev = upstream_target(directory, manifest_file, repo, revision)
         report = verify_upstream(directory, repo_id, rev, quick=quick, jobs=jobs, progress=progress, strict=strict)
     else:

@@ -5,6 +5,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,7 @@ from mm.artifacts.bundle.payloads import PAYLOAD_KINDS
 from mm.artifacts.bundle.format import b3
 from mm.artifacts.units import parse_size
 from mm.artifacts.bundle.pack import BundleOptions, create_bundle
-from mm.artifacts.bundle.unpack import Outcome, Places, check_free_space, unbundle
+from mm.artifacts.bundle.unpack import Outcome, Places, UnbundleOptions, check_free_space, unbundle
 from mm.artifacts.bundle.volume import find_volumes, open_volume
 from mm.artifacts.serving.cachekey import CacheKey, write_cache_key
 from mm.artifacts.errors import BadInput, BadValue, Refused
@@ -280,6 +281,22 @@ def test_bundle_options_build_mm_unless_it_is_left_out_or_given():
 def test_bundle_cli_reports_a_broken_rule_in_one_line_exit_3(model, tmp_path):
     r = run_mm("bundle", model, "--out", tmp_path / "v", "--volume-size", "1G", "--no-mm", "--wheelhouse", tmp_path)
     assert r.returncode == 3 and r.stderr.strip() == "mm: --no-mm and --wheelhouse: choose one"
+
+
+@pytest.mark.parametrize("given, error, message", [
+    (dict(link=True), BadValue, "--link hard-links files of the base: it needs --from BASE_DIR"),
+    (dict(readback=True, sync=False), BadInput, "--readback reads back what was fsynced to the disk: not with"),
+])
+def test_unbundle_options_refuse_options_that_do_not_go_together(given, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        UnbundleOptions.from_cli(**given)
+    assert UnbundleOptions.from_cli(link=True, base_dir=Path("base")).link
+
+
+def test_unbundle_link_without_from_is_a_usage_error_in_one_line(vols, tmp_path):
+    r = run_mm("unbundle", vols, "--dest", tmp_path / "dest", "--link")
+    assert r.returncode == 2 and r.stderr.strip() == "mm: --link hard-links files of the base: it needs --from BASE_DIR"
+    assert not (tmp_path / "dest").exists()
 
 
 def test_bundle_without_manifest_is_bad_input(tmp_path):

@@ -20,7 +20,7 @@ import pytest
 from mm.artifacts.bundle.check import verify_volumes
 from mm.artifacts.bundle.pack import BundleOptions, create_bundle
 from mm.artifacts.bundle.repair import repair_volumes
-from mm.artifacts.bundle.unpack import Outcome, unbundle
+from mm.artifacts.bundle.unpack import Outcome, UnbundleOptions, unbundle
 from mm.artifacts.bundle.volume import open_volume
 from mm.artifacts.errors import ProblemsFound
 from mm.artifacts.fetching.adopt import manifest_for_local_dir
@@ -136,7 +136,7 @@ def test_every_single_and_pair_lost_is_rebuilt_and_repaired_byte_identical(bundl
     for i, p in enumerate(everything):
         if i not in lost:
             shutil.copy2(p, disks / p.name)
-    report = unbundle([disks], tmp_path / "dest", sync=False)
+    report = unbundle([disks], tmp_path / "dest", UnbundleOptions(sync=False))
     assert report.outcome is Outcome.IMPORTED and report.complete, (report.refused, report.corrupt, report.recovery)
     assert tree(tmp_path / "dest") == tree(model)
     assert report.rebuilt == sorted(i + 1 for i in lost if i < 5)

@@ -20,6 +20,7 @@ from mm.artifacts.integrity.manifest import read_manifest
 from mm.artifacts.oci import modelpack
 from mm.artifacts.errors import BadValue
 from mm.artifacts.oci.client import Client, Transport
+from mm.artifacts.oci.pull import PullOptions
 from mm.artifacts.oci.reference import Endpoint, parse_endpoint, parse_reference
 from tests.support.countproxy import CountingProxy
 from tests.support.modelgen import write_model
@@ -299,6 +300,13 @@ def test_a_registry_address_that_is_not_one_is_a_usage_error_that_never_echoes_c
     with pytest.raises(BadValue, match=re.escape(why)) as e:
         parse_endpoint(text, "--tier")
     assert e.value.exit_code == 2 and "s3cret" not in e.value.message
+
+
+def test_pull_options_read_each_mirror_with_its_transport_and_refuse_no_fallback_without_one():
+    options = PullOptions.from_cli(mirrors=["http://t2.site:5000", "t1.site"], no_fallback=True, transport=Transport())
+    assert options.mirrors == (("t2.site:5000", Transport(plain_http=True)), ("t1.site", Transport()))
+    with pytest.raises(BadValue, match="--no-fallback needs at least one --mirror"):
+        PullOptions.from_cli(mirrors=[], no_fallback=True, transport=Transport())
 
 
 def test_fleet_config_wants_the_scheme_every_tier_is_served_with():

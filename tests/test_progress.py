@@ -16,7 +16,7 @@ import pytest
 from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.bundle.pack import BundleOptions, create_bundle
 from mm.artifacts.bundle.repair import repair_volumes
-from mm.artifacts.bundle.unpack import unbundle
+from mm.artifacts.bundle.unpack import UnbundleOptions, unbundle
 from mm.artifacts.units import human_bytes, human_duration, human_rate
 from mm.artifacts.edges.progress import phase_summary
 from tests.support.modelgen import write_model
@@ -152,7 +152,7 @@ def test_unbundle_rebuilding_past_a_damaged_parity_stream_counts_each_phase_once
     flip_byte_in_member(sorted(vols.glob("*.par001-*.tar"))[0], "parity/")
     sorted(vols.glob("*.vol003-*.tar"))[0].unlink()
     rec = Recorder()
-    report = unbundle([vols], tmp_path / "dest", progress=rec, sync=False)
+    report = unbundle([vols], tmp_path / "dest", UnbundleOptions(sync=False), progress=rec)
     assert report.ok and report.rebuilt == [3]
     # no "verify" phase: every file was hashed on its way to disk, the final check reads none again
     assert [p[0] for p in rec.phases] == [f"unbundle {NAME}", "rebuild volume(s) 3", "unbundle rebuilt volume(s) 3"]

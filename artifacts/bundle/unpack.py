@@ -302,16 +302,44 @@ def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | N
     return report, first.manifest_bytes
 
 
-def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | None] | None = None,
-             progress: ProgressSink = NULL_PROGRESS, sync: bool = True, allowed_signers: Path | None = None,
-             identity: str | None = None, require_signature: bool = False, readback: bool = False,
-             base_dir: Path | None = None, link: bool = False) -> UnbundleReport:
+@dataclass(frozen=True)
+class UnbundleOptions:
+    """How `mm unbundle` imports, its rules checked once, by from_cli (unbundle takes it as it is). PAYLOAD_DESTS:
+    payload kind -> its destination (default DEST.payload/<kind dir>). SYNC=False skips the fsyncs of imported data
+    (the final names still come only after the hashes match). READBACK: each file, once fsynced, is read back from
+    the disk (its pages dropped from the page cache) before it is named. BASE_DIR: a delta's base revision
+    (--from), whose files are taken by reflink, by hard link when LINK, else by a copy. ALLOWED_SIGNERS: check the
+    manifest's signature first (IntegrityError, nothing written, when it is not good; with REQUIRE_SIGNATURE when
+    there is none either), by IDENTITY when given."""
+
+    payload_dests: Mapping[str, Path | None] = field(default_factory=dict)
+    sync: bool = True
+    readback: bool = False
+    base_dir: Path | None = None
+    link: bool = False
+    allowed_signers: Path | None = None
+    identity: str | None = None
+    require_signature: bool = False
+
+    @classmethod
+    def from_cli(cls, **options) -> UnbundleOptions:
+        """The options as `mm unbundle` was given them, or the rule they break: --link needs --from (BadValue),
+        --readback needs the fsyncs --no-sync leaves out (BadInput)."""
+        given = cls(**options)
+        if given.link and given.base_dir is None:
+            raise BadValue("--link hard-links files of the base: it needs --from BASE_DIR")
+        if given.readback and not given.sync:
+            raise BadInput("--readback reads back what was fsynced to the disk: not with --no-sync")
+        return given
+
+
+def unbundle(sources: list[Path], dest: Path, options: UnbundleOptions = UnbundleOptions(),
+             progress: ProgressSink = NULL_PROGRESS) -> UnbundleReport:
     """_unbundle; a DEST this call made is removed again when the import is refused before keeping any work
     (only mm's lock and state in it): a refused `mm unbundle` leaves no empty --dest behind."""
     made = not os.path.lexists(dest)
     try:
-        return _unbundle(sources, dest, payload_dests, progress, sync, allowed_signers, identity,
-                         require_signature, readback, base_dir, link)
+        return _unbundle(sources, dest, options, progress)
     except MMError:
         if made:
             _remove_if_no_work(Path(dest))
@@ -340,22 +368,15 @@ def _remove_if_no_work(dest: Path) -> None:
         pass
 
 
-def _unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | None] | None = None,
-              progress: ProgressSink = NULL_PROGRESS, sync: bool = True, allowed_signers: Path | None = None,
-              identity: str | None = None, require_signature: bool = False, readback: bool = False,
-              base_dir: Path | None = None, link: bool = False) -> UnbundleReport:
-    """Import the volumes in SOURCES into DEST; PAYLOAD_DESTS: payload kind -> its destination (default
-    DEST.payload/<kind dir>). sync=False skips the fsyncs of imported data (the final names still come only
-    after the hashes match). ALLOWED_SIGNERS: check the manifest's signature first (IntegrityError, nothing
-    written, when it is not good; with REQUIRE_SIGNATURE when there is none either). READBACK: each file, once
-    fsynced, is read back from the disk (its pages dropped from the page cache) before it is named. BASE_DIR: a
-    delta's base revision (--from), whose files are taken by reflink, by hard link when LINK, else by a copy."""
+def _unbundle(sources: list[Path], dest: Path, options: UnbundleOptions, progress: ProgressSink) -> UnbundleReport:
+    """Import the volumes in SOURCES into DEST as OPTIONS say."""
     from ..paths import refuse_snapshot
 
     dest = Path(dest)
     refuse_snapshot(dest, "mm unbundle")
-    if readback and not sync:
-        raise BadInput("--readback reads back what was fsynced to the disk: not with --no-sync")
+    payload_dests, sync, readback = dict(options.payload_dests), options.sync, options.readback
+    allowed_signers, identity, base_dir, link = options.allowed_signers, options.identity, options.base_dir, options.link
+    require_signature = options.require_signature
     vols, pvols = split_volumes([open_volume(p) for p in find_volumes(sources)])
     signature, signed_manifest = None, None
     if allowed_signers is not None:
