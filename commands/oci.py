@@ -11,8 +11,8 @@ import click
 
 from ..artifacts.errors import ProblemsFound
 from ..artifacts.units import human_bytes, human_duration, human_rate
-from .shared import (PATH, emit_json, err, handles_errors, json_option, out, password_from_stdin, progress_for,
-                     render_carried_signature, signature_options, signature_policy, to_jsonable)
+from .shared import (PATH, emit_json, err, handles_errors, json_option, out, progress_for, render_carried_signature,
+                     signature_options, signature_policy, to_jsonable)
 
 
 def registry_options(fn: Callable) -> Callable:
@@ -30,11 +30,11 @@ def registry_options(fn: Callable) -> Callable:
 
 
 def _registry_access(ref_text: str, username: str | None, password_stdin: bool, plain_http: bool, ca_file: Path | None):
-    from ..artifacts.oci import client as oci_client
+    from ..artifacts.oci.client import Credentials, Transport, load_credentials
     from ..artifacts.oci.reference import parse_reference
     ref = parse_reference(ref_text)
-    creds = oci_client.load_credentials(ref.registry, username, password_from_stdin(username, password_stdin))
-    return creds, oci_client.Transport(plain_http=plain_http, ca_file=ca_file)
+    creds = load_credentials(ref.registry, Credentials.from_cli(username, password_stdin, sys.stdin))
+    return creds, Transport(plain_http=plain_http, ca_file=ca_file)
 
 
 def _transfer_summary(items, nbytes: int, seconds: float) -> tuple[Counter, str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import re
@@ -19,7 +20,7 @@ from mm.artifacts.paths import manifest_path
 from mm.artifacts.integrity.manifest import read_manifest
 from mm.artifacts.oci import modelpack
 from mm.artifacts.errors import BadValue
-from mm.artifacts.oci.client import Client, Transport
+from mm.artifacts.oci.client import Client, Credentials, Transport
 from mm.artifacts.oci.pull import PullOptions
 from mm.artifacts.oci.reference import Endpoint, parse_endpoint, parse_reference
 from tests.support.countproxy import CountingProxy
@@ -307,6 +308,23 @@ def test_pull_options_read_each_mirror_with_its_transport_and_refuse_no_fallback
     assert options.mirrors == (("t2.site:5000", Transport(plain_http=True)), ("t1.site", Transport()))
     with pytest.raises(BadValue, match="--no-fallback needs at least one --mirror"):
         PullOptions.from_cli(mirrors=[], no_fallback=True, transport=Transport())
+
+
+@pytest.mark.parametrize("username, password_stdin, stdin, message", [
+    ("alice", False, "", "--username and --password-stdin go together"),
+    (None, True, "s3cret\n", "--password-stdin needs --username"),
+    ("alice", True, "", "--password-stdin: nothing on standard input"),
+])
+def test_a_registry_login_is_username_with_password_stdin_or_a_usage_error(username, password_stdin, stdin, message):
+    with pytest.raises(BadValue, match=re.escape(message)) as e:
+        Credentials.from_cli(username, password_stdin, io.StringIO(stdin))
+    assert e.value.exit_code == 2 and "s3cret" not in e.value.message
+
+
+def test_a_registry_login_takes_the_first_line_of_stdin_and_nothing_when_not_asked():
+    login = Credentials.from_cli("alice", True, io.StringIO("s3cret\r\nmore\n"))
+    assert (login.username, login.password, login.origin) == ("alice", "s3cret", "--username/--password-stdin")
+    assert Credentials.from_cli(None, False, io.StringIO("unread")) is None
 
 
 def test_fleet_config_wants_the_scheme_every_tier_is_served_with():

@@ -471,12 +471,33 @@ def mirror_sources(rec: Reconciliation, *, mirror_only: bool = False, endpoint: 
     return {path: source for path in rec.paths(IDENTICAL)}
 
 
-def plan_fetch(req: FetchRequest, source_spec: str, default_modelscope_id: str | None, *,
-               mirror_only: bool = False, pin_manifest: Path | None = None) -> tuple[SourcePlan, Reconciliation]:
+@dataclass(frozen=True)
+class MirrorOptions:
+    """`mm fetch --source modelscope[:OWNER/NAME[@REV]]` with the options that go only with it, their rule checked
+    once, by from_cli (plan_fetch takes it as it is). MIRROR_ONLY: nothing from the Hub; PIN_MANIFEST: the pin's
+    identities from this mm manifest, for when the Hub is unreachable."""
+
+    source: str
+    mirror_only: bool = False
+    pin_manifest: Path | None = None
+
+    @classmethod
+    def from_cli(cls, source: str, mirror_only: bool, pin_manifest: Path | None) -> MirrorOptions | None:
+        """None for `--source hub`, the default: neither --mirror-only nor --pin-manifest goes with it."""
+        if source == "hub":
+            if mirror_only or pin_manifest:
+                raise BadValue("--mirror-only and --pin-manifest need --source modelscope")
+            return None
+        return cls(source, mirror_only, pin_manifest)
+
+
+def plan_fetch(req: FetchRequest, options: MirrorOptions,
+               default_modelscope_id: str | None) -> tuple[SourcePlan, Reconciliation]:
     """`mm fetch --source modelscope[...]`: reconcile the mirror with the pin's identities (the Hub's listing,
-    or PIN_MANIFEST when the Hub is unreachable) and return the source plan fetch takes: the pin's listing,
+    or the pin manifest when the Hub is unreachable) and return the source plan fetch takes: the pin's listing,
     and the mirror as byte source for every matching file of REQ's patterns.
     fetch still verifies every byte against those identities."""
+    source_spec, mirror_only, pin_manifest = options.source, options.mirror_only, options.pin_manifest
     if default_modelscope_id is None and ":" not in source_spec:
         raise BadInput(f"{req.repo_id}: the pin names no ModelScope mirror; use --source modelscope:OWNER/NAME")
     model_id, ms_revision = parse_source(source_spec, default_modelscope_id or "")

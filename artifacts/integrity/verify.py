@@ -28,7 +28,7 @@ from typing import Callable, Iterable, TypeVar
 
 import blake3
 
-from ..errors import BadInput, Busy, QuickVerifyFailed
+from ..errors import BadInput, BadValue, Busy, QuickVerifyFailed
 from ..paths import MM_DIR, Snapshot, manifest_path, snapshot_of, state_dir
 from ..edges.fsutil import check_relpath, is_model_file, lock_holder, read_local_file, read_lock
 from .hashing import SLICE, ChangedDuringRead, blake3_file, upstream_digest
@@ -107,6 +107,37 @@ class Expected:
     size: int
     algorithm: str  # "blake3" (manifest) | "lfs-sha256" | "git-blob-sha1" (the Hub's identities)
     digest: str
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """What `mm verify` is asked, its rules checked once, by from_cli: against MANIFEST_FILE (default: the model's
+    own) with verify_dir, or with UPSTREAM against the Hub's listing of REPO at REVISION (default: the manifest's;
+    fetching.hub.verify_upstream). QUICK: no hashing; STRICT: extra files fail; JOBS: threads; LABEL_NODE: the
+    node a passing full verify of the model's own manifest labels."""
+
+    quick: bool = False
+    strict: bool = False
+    jobs: int | None = None
+    manifest_file: Path | None = None
+    upstream: bool = False
+    repo: str | None = None
+    revision: str | None = None
+    label_node: str | None = None
+
+    @classmethod
+    def from_cli(cls, *, allowed_signers: Path | None = None, **options) -> VerifyOptions:
+        """The options as `mm verify` was given them, or BadValue naming the rule they break. ALLOWED_SIGNERS
+        (checked against the manifest) takes part in one rule."""
+        given = cls(**options)
+        if given.label_node and (given.quick or given.upstream or given.manifest_file):
+            raise BadValue("--label-node needs a full verify of DIR against its own manifest "
+                           "(no --quick, --upstream or --manifest)")
+        if given.upstream and allowed_signers:
+            raise BadValue("--allowed-signers checks the manifest; --upstream does not use it")
+        if not given.upstream and (given.repo or given.revision):
+            raise BadValue("--repo and --revision only apply with --upstream")
+        return given
 
 
 # --- entry points ------------------------------------------------------------------------------

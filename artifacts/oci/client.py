@@ -19,7 +19,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TextIO
 from urllib.parse import urlencode, urlsplit
 
 import httpx2
@@ -65,6 +65,21 @@ class Credentials:
     def basic(self) -> str:
         return "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
 
+    @classmethod
+    def from_cli(cls, username: str | None, password_stdin: bool, stdin: TextIO) -> Credentials | None:
+        """--username with --password-stdin, checked once: the password (or a token) is the first line of STDIN,
+        never an argument. None when neither is given (load_credentials: the auth file, else anonymous)."""
+        if not password_stdin:
+            if username:
+                raise BadValue("--username and --password-stdin go together")
+            return None
+        if not username:
+            raise BadValue("--password-stdin needs --username")
+        password = stdin.readline().rstrip("\r\n")
+        if not password:
+            raise BadValue("--password-stdin: nothing on standard input")
+        return cls(username, password, "--username/--password-stdin")
+
 
 def auth_files() -> list[Path]:
     """REGISTRY_AUTH_FILE when set (containers' auth.json), else $DOCKER_CONFIG/config.json or ~/.docker/config.json."""
@@ -74,12 +89,10 @@ def auth_files() -> list[Path]:
     return [docker_dir / "config.json"]
 
 
-def load_credentials(registry: str, username: str | None = None, password: str | None = None) -> Credentials | None:
-    """--username with --password-stdin, else the registry's entry in the auth file, else None (anonymous)."""
-    if username is not None or password is not None:
-        if not username or password is None:
-            raise BadInput("--username and --password-stdin go together")
-        return Credentials(username, password, "--username/--password-stdin")
+def load_credentials(registry: str, given: Credentials | None = None) -> Credentials | None:
+    """GIVEN (Credentials.from_cli), else the registry's entry in the auth file, else None (anonymous)."""
+    if given is not None:
+        return given
     for path in auth_files():
         if not path.exists():
             continue
