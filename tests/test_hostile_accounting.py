@@ -25,6 +25,7 @@ import pytest
 from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.bundle.pack import BundleOptions, create_bundle
 from mm.artifacts.paths import manifest_path
+from mm.artifacts.units import parse_size
 from tests.support.modelgen import write_model
 from tests.test_hostile import COMMIT, REPO, fails_cleanly, no_run_prints_a_traceback, run, set_index  # noqa: F401
 
@@ -210,7 +211,7 @@ def test_parity_rebuilds_when_every_data_volume_is_lost(revisions, tmp_path, cas
     delta, parities, size = PARITY_CASES[case]
     a, b = revisions
     vols = tmp_path / "vols"
-    create_bundle(b, BundleOptions((vols,), size, parity=parities, base=a if delta else None))
+    create_bundle(b, BundleOptions((vols,), parse_size(size), parity=parities, base=a if delta else None))
     data = sorted(vols.glob("*.vol*.tar"))
     assert len(data) == (2 if "two data" in case else 1) <= parities
     for vol in data:
