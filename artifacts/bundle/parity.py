@@ -349,25 +349,40 @@ def _stripes(produce: Callable[[int], object], count: int):
         yield j, produce(j)
 
 
+class Hasher(Protocol):
+    """What digests a stream: blake3, or a data volume's proof (proof.TarProof)."""
+
+    def update(self, data) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+def whole_blake3(_i: int) -> Hasher:
+    """The default digest of a stream: blake3 of its real bytes, on blake3's own threads."""
+    return blake3.blake3(max_threads=blake3.blake3.AUTO)
+
+
 @dataclass(frozen=True)
 class EncodeResult:
-    data_blake3: list[str]    # whole data volume, its real length
+    data_digest: list[str]    # each data volume's digest (as HASHER takes it, or as the caller knew it)
     parity_blake3: list[str]  # whole parity stream, NSTRIPES*S bytes
 
 
 def encode(layout: Layout, sources: list[ByteSource], sinks: list[Callable[[memoryview], None]],
-           on_bytes: Callable[[int], None] | None = None, known_blake3: list[str | None] | None = None
-           ) -> EncodeResult:
-    """Read the K data streams stripe by stripe (once), write the M parity streams to SINKS in order. KNOWN_BLAKE3:
-    a data stream's whole blake3 where the caller already has it (it is not hashed again), else None."""
+           on_bytes: Callable[[int], None] | None = None, known: list[str | None] | None = None,
+           hasher: Callable[[int], Hasher] = whole_blake3) -> EncodeResult:
+    """Read the K data streams stripe by stripe (once), write the M parity streams to SINKS in order. KNOWN: a data
+    stream's digest where the caller already has it (its bytes are not hashed), else None: HASHER(i) digests data
+    stream I's real bytes as they are read."""
     if len(sources) != layout.k or len(sinks) != layout.m:
         raise BadInput(f"parity: {len(sources)} sources and {len(sinks)} sinks for k={layout.k}, m={layout.m}")
+    known = known or [None] * layout.k
     direct = DirectEncoder.for_layout(layout)
     if direct is not None:
-        return direct.encode(layout, sources, sinks, on_bytes, known_blake3 or [None] * layout.k)
+        return direct.encode(layout, sources, sinks, on_bytes, known, hasher)
     codes = Codes(layout)
     S = layout.stripe
-    data_h = [blake3.blake3() for _ in range(layout.k)]
+    data_h = [hasher(i) if known[i] is None else None for i in range(layout.k)]
     par_h = [blake3.blake3() for _ in range(layout.m)]
 
     def read_stripe(j: int) -> tuple[bytes, int]:
@@ -376,7 +391,7 @@ def encode(layout: Layout, sources: list[ByteSource], sinks: list[Callable[[memo
         for i, src in enumerate(sources):
             c = _chunk(src, j * S, size, layout.lengths[i])
             real = max(0, min(size, layout.lengths[i] - j * S))
-            if real:
+            if real and data_h[i] is not None:
                 data_h[i].update(memoryview(c)[:real])
             parts.append(c)
             read += real
@@ -388,7 +403,8 @@ def encode(layout: Layout, sources: list[ByteSource], sinks: list[Callable[[memo
             par_h[p].update(chunk)
         if on_bytes:
             on_bytes(read)  # bytes of the data volumes read (padding is virtual): adds up to their sizes
-    return EncodeResult([h.hexdigest() for h in data_h], [h.hexdigest() for h in par_h])
+    return EncodeResult([known[i] if h is None else h.hexdigest() for i, h in enumerate(data_h)],
+                        [h.hexdigest() for h in par_h])
 
 
 class DirectEncoder:
@@ -466,13 +482,11 @@ class DirectEncoder:
         self._lib.ec_encode_data(size, self.k, self.m, self._tables, self._data_ptrs, self._parity_ptrs[into])
 
     def encode(self, layout: Layout, sources: list[ByteSource], sinks: list[Callable[[memoryview], None]],
-               on_bytes: Callable[[int], None] | None, known: list[str | None]) -> EncodeResult:
+               on_bytes: Callable[[int], None] | None, known: list[str | None],
+               hasher: Callable[[int], Hasher] = whole_blake3) -> EncodeResult:
         S = layout.stripe
-        # blake3 on its own threads: hashing the data volumes is most of the pass (measured, 1 GB of ten volumes
-        # on 2 busy cores: 1.2 s against 6.3 s on one thread, 0.54 CPU-s against 0.71); a volume whose digest
-        # is KNOWN is not hashed here
-        data_h = [blake3.blake3(max_threads=blake3.blake3.AUTO) if known[i] is None else None
-                  for i in range(layout.k)]
+        # a volume whose digest is KNOWN is not hashed here (a bundle's volumes are proven as they are written)
+        data_h = [hasher(i) if known[i] is None else None for i in range(layout.k)]
         par_h = [blake3.blake3(max_threads=blake3.blake3.AUTO) for _ in range(layout.m)]
         data = memoryview(self._data)
         out = _ParityOut(self._parity, S, sinks, par_h)
@@ -671,20 +685,26 @@ def describe_shortfall(layout: Layout, present: set[int], want: set[int]) -> str
 @dataclass(frozen=True)
 class RebuildResult:
     inputs: list[int]
-    input_blake3: dict[int, str]   # whole stream of each input used (its real length)
-    output_blake3: dict[int, str]  # whole rebuilt stream (its real length)
+    input_digest: dict[int, str]   # whole stream of each input used (its real length), as HASHER takes it
+    output_digest: dict[int, str]  # whole rebuilt stream (its real length), as HASHER takes it
+
+
+def _one_thread_blake3(_i: int) -> Hasher:
+    return blake3.blake3()
 
 
 def rebuild(layout: Layout, inputs: dict[int, ByteSource], want: list[int], sinks: dict[int, Callable[[memoryview], None]],
-            on_bytes: Callable[[int], None] | None = None, hash_inputs: bool = False) -> RebuildResult:
+            on_bytes: Callable[[int], None] | None = None, hash_inputs: bool = False,
+            hasher: Callable[[int], Hasher] = _one_thread_blake3) -> RebuildResult:
     """Rebuild the streams WANT (indexes as in Layout.length) from K of INPUTS; each sink gets exactly the
-    stream's real length. Callers compare the returned output digests with the ones recorded at encoding; when
-    one differs, an input was damaged: HASH_INPUTS=True (a second, slower run) names it by its digest."""
+    stream's real length. Callers compare the returned output digests (HASHER(i) over stream I: blake3, or a data
+    volume's proof) with the ones recorded at encoding; when one differs, an input was damaged: HASH_INPUTS=True
+    (a second, slower run) names it by its digest."""
     codes = Codes(layout)
     use = choose_inputs(layout, set(inputs), set(want))
     S = layout.stripe
-    in_h = {i: blake3.blake3() for i in use} if hash_inputs else {}
-    out_h = {i: blake3.blake3() for i in want}
+    in_h = {i: hasher(i) for i in use} if hash_inputs else {}
+    out_h = {i: hasher(i) for i in want}
 
     def read_stripe(j: int) -> dict[int, bytes]:
         chunks = {}
