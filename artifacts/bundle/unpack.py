@@ -58,7 +58,7 @@ from . import delta as deltas
 from .check import ParitySet, conflicting_numbers, incomplete, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back, write_all
 from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member, volume_filename
-from .index import Entry, Index, disagreements, parse_index, take_disagreements, unaccounted
+from .index import PARITY_SCHEMA, Entry, Index, disagreements, parse_index, take_disagreements, unaccounted
 from .parity import FileSource, NotRecoverable, describe_shortfall, rebuild
 from .payloads import MODEL_KIND, PAYLOAD_PARTIAL, files_expected, next_commands, payload_roots, payloads_placed
 from .volume import Volume, find_volumes, meta_bytes, open_volume, split_volumes
@@ -762,7 +762,8 @@ def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: lis
             found = {i for i, d in checked.input_digest.items() if d != index.stream(i).digest}
             if not found:
                 raise IntegrityError(f"rebuilt volume(s) {', '.join(str(i + 1) for i in bad)} do not match the "
-                                     f"bundle (blake3), and no input shows damage; nothing written")
+                                     f"parity index ({'proof' if index.schema == PARITY_SCHEMA else 'blake3'}), and no "
+                                     f"input shows damage; nothing written")
             damaged |= found
             if len(inputs) - len(damaged) < k:
                 raise NotRecoverable(f"damaged input(s) {', '.join(map(named, sorted(damaged)))} left out: "
