@@ -1,7 +1,7 @@
 """How bundle and unbundle use the page cache: on a VM that reports free pages to its host, writes into
 it in pieces of at most 64 KiB (small page-cache folios; copyio.write_size), whole chunks elsewhere; unbundle
 leaves the volumes it has read out of it (their memory takes the model); and a bundle with parity keeps its data
-volumes cached for the parity pass only where memory is cheap (no free page reporting), else drops them once hashed
+volumes cached for the parity pass only where memory is cheap (no free page reporting), else drops them as written
 and the pass reads the model files (either way the parity is the volumes' own); unbundle's rebuild reads its inputs
 once and leaves them out of it too."""
 from __future__ import annotations
