@@ -16,7 +16,7 @@ from ..errors import BadInput, IntegrityError
 from ..edges.fsutil import unlink_file
 from ..edges.interrupt import keeps
 from ..edges.progress import NULL_PROGRESS, ProgressSink
-from .check import check_volumes, conflicting_numbers, data_bytes, parity_set, ranges, reference_bundle
+from .check import check_proofs, check_volumes, conflicting_numbers, data_bytes, parity_set, ranges, reference_bundle
 from .copyio import ChunkPipe
 from .format import RESTORE_MEMBER, SIG_MEMBER
 from .parity import CODEC, FileSource
@@ -56,6 +56,7 @@ def repair_volumes(sources: list[Path], out_dir: Path | None = None, sync: bool 
     if not pset.usable:
         return _parity_from_data_alone(data, ref, out_dir, notes, sync, progress)
     index = pset.usable[0].parity
+    check_proofs(data, index)  # a volume whose bytes between members differ is written back too
     conflicts = conflicting_numbers(data, ref)
     good = {v.number: v for v in data if v.bundle_id == ref and v.usable and v.number not in conflicts
             and v.number <= index.volumes and v.path.name == index.data[v.number - 1].file}
