@@ -43,13 +43,17 @@ def test_unbundle_rebuilds_a_lost_volume_from_old_parity(old, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_repair_volume_writes_a_lost_volume_back_byte_identical_from_old_parity(old, tmp_path):
-    lost = data_volumes(old)[2]
+def lose_and_repair(disks: Path, lost: Path, out: Path) -> None:
+    """LOST goes; repair-volume writes it into OUT, byte for byte what it was."""
     want = lost.read_bytes()
     lost.unlink()
-    r = mm("bundle", "repair-volume", old, "--out", tmp_path / "out", "--no-sync")
+    r = mm("bundle", "repair-volume", disks, "--out", out, "--no-sync")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert (tmp_path / "out" / lost.name).read_bytes() == want
+    assert (out / lost.name).read_bytes() == want
+
+
+def test_repair_volume_writes_a_lost_volume_back_byte_identical_from_old_parity(old, tmp_path):
+    lose_and_repair(old, data_volumes(old)[2], tmp_path / "out")
 
 
 def test_a_lost_old_parity_volume_is_written_again_in_schema_2_and_rebuilds(old, tmp_path):
@@ -59,12 +63,7 @@ def test_a_lost_old_parity_volume_is_written_again_in_schema_2_and_rebuilds(old,
     r = mm("bundle", "repair-volume", old, "--no-sync")
     assert r.returncode == 0, r.stdout + r.stderr
     assert open_volume(parity_volumes(old)[0]).parity.schema == "mm-bundle-parity/2"
-    lost = data_volumes(old)[0]
-    want = lost.read_bytes()
-    lost.unlink()
-    r = mm("bundle", "repair-volume", old, "--out", tmp_path / "out", "--no-sync")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert (tmp_path / "out" / lost.name).read_bytes() == want
+    lose_and_repair(old, data_volumes(old)[0], tmp_path / "out")
 
 
 def test_a_lost_parity_volume_beside_an_old_one_is_written_back_in_the_old_schema_byte_identical(tmp_path):
