@@ -203,14 +203,6 @@ def _pax_size(records: bytes) -> int | None:
     return size if size is not None and size >= 0 else None
 
 
-def proven_stretches(head: list[tuple[bytes, int, bytes | str]], into: ProofPart) -> None:
-    """Feed INTO a run of members as written: (header bytes, data length, data's blake3) each, padding after."""
-    for header, length, digest in head:
-        into.raw(header)
-        into.member(length, digest)
-        into.raw(bytes(-length % BLOCK))
-
-
 def prove_file(path, head: int, known: dict[str, str]) -> str:
     """The proof of the volume file PATH, its members' blake3 taken from KNOWN (member name -> blake3 hex, as a check
     just hashed them) where given, else hashed here; only the bytes between members are read for it. The cut is
