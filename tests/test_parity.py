@@ -8,7 +8,7 @@ import blake3
 import pytest
 
 from mm.artifacts.bundle.check import ranges, recoverability
-from mm.artifacts.bundle.parity import Code, Layout, NotRecoverable, choose_inputs, encode, rebuild
+from mm.artifacts.bundle.parity import Code, DirectDecoder, Layout, NotRecoverable, choose_inputs, encode, rebuild
 
 K, M, S = 5, 2, 4096
 
@@ -73,6 +73,24 @@ def test_every_single_and_pair_of_lost_streams_is_rebuilt_byte_identical(lost):
     for i in lost:
         assert bytes(outs[i]) == streams[i]
         assert result.output_digest[i] == blake3.blake3(streams[i]).hexdigest()
+
+
+def test_lost_data_streams_are_rebuilt_by_isal_directly_as_pyeclib_rebuilds_them(monkeypatch):
+    data = volumes()
+    layout, parity, _ = encoded(data)
+    streams = data + parity
+    lost = [1, 3]
+    use = choose_inputs(layout, set(range(K + M)) - set(lost), set(lost))
+    assert DirectDecoder.for_rebuild(layout, use, lost) is not None  # the fast path is taken here
+    got = {}
+    for path in ("direct", "pyeclib"):
+        if path == "pyeclib":
+            monkeypatch.setattr(DirectDecoder, "for_rebuild", classmethod(lambda cls, *args: None))
+        outs = {i: bytearray() for i in lost}
+        rebuild(layout, {i: BytesSource(s) for i, s in enumerate(streams) if i not in lost}, lost,
+                {i: o.extend for i, o in outs.items()})
+        got[path] = {i: bytes(o) for i, o in outs.items()}
+    assert got["direct"] == got["pyeclib"] == {i: streams[i] for i in lost}
 
 
 def test_a_damaged_input_shows_in_its_digest_and_the_output():

@@ -527,6 +527,78 @@ class DirectEncoder:
         return self._base + i * self.stripe
 
 
+class DirectDecoder:
+    """Code.rebuild for lost data streams with ISA-L called directly (DirectEncoder's library), on chunks read into
+    one buffer: pyeclib's reconstruct wants each input chunk as bytes behind its fragment header (a copy of every
+    input byte) and copies the fragments again inside. The lost data is the inverse of the code matrix's rows of the
+    inputs used (gf_gen_cauchy1_matrix, as liberasurecode's isa_l_rs_cauchy) times those inputs; checked once per
+    rebuild on a probe whose data is known (else, or without the library, or for a lost parity stream, pyeclib)."""
+
+    def __init__(self, lib, layout: Layout, use: list[int], want: list[int]):
+        import ctypes  # here: only a rebuild pays for it
+
+        k, n, S = layout.k, layout.k + layout.m, layout.stripe
+        self._lib, self._k, self._want, self.stripe = lib, k, want, S
+        code = (ctypes.c_ubyte * (n * k))()
+        lib.gf_gen_cauchy1_matrix(code, n, k)
+        rows = (ctypes.c_ubyte * (k * k))(*[code[i * k + c] for i in use for c in range(k)])
+        inverse = (ctypes.c_ubyte * (k * k))()
+        if lib.gf_invert_matrix(rows, inverse, k) != 0:
+            raise ValueError("the inputs' rows of the code are singular")
+        decode = (ctypes.c_ubyte * (len(want) * k))(*[inverse[w * k + c] for w in want for c in range(k)])
+        self._tables = (ctypes.c_ubyte * (k * len(want) * 32))()
+        lib.ec_init_tables(k, len(want), decode, self._tables)
+        self._in, self._out = bytearray(k * S), bytearray(len(want) * S)
+        base = ctypes.addressof((ctypes.c_char * len(self._in)).from_buffer(self._in))
+        self._in_ptrs = (ctypes.c_void_p * k)(*[base + r * S for r in range(k)])
+        base = ctypes.addressof((ctypes.c_char * len(self._out)).from_buffer(self._out))
+        self._out_ptrs = (ctypes.c_void_p * len(want))(*[base + r * S for r in range(len(want))])
+
+    @classmethod
+    def for_rebuild(cls, layout: Layout, use: list[int], want: list[int]) -> DirectDecoder | None:
+        lib = DirectEncoder.library()
+        if lib is None or any(w >= layout.k for w in want):
+            return None
+        try:
+            dec = cls(lib, layout, use, want)
+        except (ValueError, AttributeError, OSError):
+            return None
+        k, S = layout.k, layout.stripe
+        data = [os.urandom(64) for _ in range(k)]
+        streams = data + [bytes(p) for p in Code(k, layout.m, 64).encode(b"".join(data))]
+        for r, i in enumerate(use):
+            dec._in[r * S: r * S + 64] = streams[i]
+        dec._decode(64)
+        if any(bytes(dec._out[r * S: r * S + 64]) != data[w] for r, w in enumerate(want)):
+            return None
+        return dec
+
+    def _decode(self, size: int) -> None:
+        self._lib.ec_encode_data(size, self._k, len(self._want), self._tables, self._in_ptrs, self._out_ptrs)
+
+    def rebuild(self, layout: Layout, inputs: dict[int, ByteSource], use: list[int],
+                emit: Callable[[int, dict[int, memoryview]], None], in_h: dict) -> None:
+        """Every stripe of the wanted streams to EMIT(j, {stream: chunk}); IN_H: hashers of inputs' real bytes."""
+        S = self.stripe
+        view, out = memoryview(self._in), memoryview(self._out)
+        try:
+            for j in range(layout.nstripes):
+                size = layout.chunk(j)
+                for r, i in enumerate(use):
+                    slot = view[r * S: r * S + size]
+                    real = max(0, min(size, layout.length(i) - j * S))
+                    got = _read_into(inputs[i], j * S, slot[:real]) if real else 0
+                    if got < size:  # past the stream's end (or a cut file): zeros, as the layout says
+                        slot[got:] = bytes(size - got)
+                    if real and i in in_h:
+                        in_h[i].update(slot[:real])
+                self._decode(size)
+                emit(j, {w: out[r * S: r * S + size] for r, w in enumerate(self._want)})
+        finally:
+            view.release()
+            out.release()
+
+
 class _ParityOut:
     """Writes the parity of one stripe (to the sinks, and into the parity hashers) in a helper thread while the
     caller encodes the next into the other buffer. os.write, blake3 and ISA-L (ctypes) all release the GIL, so the
@@ -727,6 +799,10 @@ def rebuild(layout: Layout, inputs: dict[int, ByteSource], want: list[int], sink
                 if on_bytes:
                     on_bytes(real)
 
-    for j, chunks in _stripes(read_stripe, layout.nstripes):
-        emit(j, codes(j).rebuild(chunks, list(want)))
+    direct = DirectDecoder.for_rebuild(layout, use, list(want))
+    if direct is not None:
+        direct.rebuild(layout, inputs, use, emit, in_h)
+    else:
+        for j, chunks in _stripes(read_stripe, layout.nstripes):
+            emit(j, codes(j).rebuild(chunks, list(want)))
     return RebuildResult(use, {i: h.hexdigest() for i, h in in_h.items()}, {i: h.hexdigest() for i, h in out_h.items()})
