@@ -1,7 +1,7 @@
 """How bundle and unbundle use the page cache: on a VM that reports free pages to its host, writes into
 it in pieces of at most 64 KiB (small page-cache folios; copyio.write_size), whole chunks elsewhere; unbundle
 leaves the volumes it has read out of it (their memory takes the model); and a bundle with parity keeps its data
-volumes cached for the parity pass only where memory is cheap (no free page reporting), else drops them once hashed
+volumes cached for the parity pass only where memory is cheap (no free page reporting), else drops them as written
 and the pass reads the model files (either way the parity is the volumes' own); unbundle's rebuild reads its inputs
 once and leaves them out of it too."""
 from __future__ import annotations
@@ -90,13 +90,13 @@ def test_a_parity_bundle_keeps_its_volumes_cached_only_where_memory_is_cheap(tmp
     cached = sum(_cached_bytes(v) for v in data) / sum(v.stat().st_size for v in data)
     assert cached < 0.1 if reported else cached > 0.9
     first = open_volume(parity_volumes(vols)[0])
-    recorded = [st.blake3 for st in first.parity.streams]
+    recorded = [st.digest for st in first.parity.streams]
     again = tmp_path / "again"
     again.mkdir()
     written = pack.write_parity_volumes(again, name=first.parity.name, bundle_id=first.bundle_id,
                                         manifest_bytes=(model / ".mm" / "manifest.json").read_bytes(), meta=[],
                                         mtime=0, data_paths=data, parities=2, stripe=4096)
-    assert [[st.blake3 for st in open_volume(path).parity.streams] for _, path in written] == [recorded] * 2
+    assert [[st.digest for st in open_volume(path).parity.streams] for _, path in written] == [recorded] * 2
 
 
 def test_unbundle_rebuilds_from_parity_volumes_it_leaves_out_of_the_page_cache(tmp_path):

@@ -168,6 +168,28 @@ def test_a_corrupt_member_is_rebuilt_from_parity(vols, model, tmp_path):
     assert tree(tmp_path / "dest") == tree(model)
 
 
+def flip_padding_byte(volume: Path) -> None:
+    """Damage a byte of the zeros after a member's data: no member's blake3 sees it, the volume's proof does."""
+    v = open_volume(volume)
+    info = next(i for i in v.data.values() if i.size % 512)
+    with open(volume, "r+b") as f:
+        f.seek(info.offset_data + info.size)
+        f.write(b"\x01")
+
+
+def test_a_data_volume_damaged_between_members_is_found_by_verify_and_written_back_by_repair(vols, bundled):
+    vol = data_volumes(vols)[1]
+    flip_padding_byte(vol)
+    r = mm("bundle", "verify", vols)
+    assert r.returncode == 1 and "CORRUPT" in r.stdout and "Traceback" not in r.stderr
+    assert "its bytes are not those parity 1 was computed over" in r.stdout
+    assert "volume 2 damaged: recoverable with parity 1" in r.stdout
+    r = mm("bundle", "repair-volume", vols, "--no-sync")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert vol.read_bytes() == (bundled / vol.name).read_bytes()
+    assert mm("bundle", "verify", vols).returncode == 0
+
+
 def test_repair_volume_writes_a_lost_volume_back_byte_identical(vols, bundled):
     lost = data_volumes(vols)[2]
     lost.unlink()
@@ -392,6 +414,33 @@ def test_a_parity_index_with_a_huge_stripe_is_refused(vols):
     rewrite_parity_index(p, lambda doc: doc.update(stripe=1 << 30))
     r = mm("bundle", "verify", p)
     assert r.returncode == 1 and "malformed parity index (stripe 1073741824 is not a multiple of 64 up to" in r.stdout
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda d: d.update(head=10**9), "head 1000000000 is outside [1, 64]"),
+    (lambda d: d.update(head="4"), "head '4' is not an integer"),
+    (lambda d: d.update(proof="zz"), "proof 'zz' is not a 64-digit hex digest"),
+    (lambda d: d.pop("proof"), "'proof' is missing"),
+], ids=["huge-head", "head-not-a-number", "proof-not-hex", "no-proof"])
+def test_a_parity_index_with_a_bad_volume_proof_is_refused_in_one_line(vols, change, says):
+    p = parity_volumes(vols)[0]
+    rewrite_parity_index(p, lambda doc: change(doc["data"][0]))
+    r = mm("bundle", "verify", p)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert f"malformed parity index ({says})" in r.stdout
+
+
+def test_a_parity_index_whose_proof_cuts_a_volume_elsewhere_rebuilds_nothing(vols, tmp_path):
+    """A head count that is a number, but not the volume's: the rebuilt volume does not prove as recorded, no
+    input shows damage, and nothing is written under the volume's name."""
+    lost = data_volumes(vols)[0]
+    lost.unlink()
+    for p in parity_volumes(vols):
+        rewrite_parity_index(p, lambda doc: doc["data"][0].update(head=doc["data"][0]["head"] + 1))
+    r = mm("bundle", "repair-volume", vols, "--out", tmp_path / "out")
+    assert r.returncode == 5 and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1 and "rebuilt volume(s) 1 do not match the parity index" in r.stderr
+    assert not (tmp_path / "out" / lost.name).exists()
 
 
 def test_a_sitting_of_parity_volumes_alone_rebuilds_the_last_lost_volume(vols, model, tmp_path):

@@ -8,7 +8,7 @@ import blake3
 import pytest
 
 from mm.artifacts.bundle.check import ranges, recoverability
-from mm.artifacts.bundle.parity import Code, Layout, NotRecoverable, choose_inputs, encode, rebuild
+from mm.artifacts.bundle.parity import Code, DirectDecoder, Layout, NotRecoverable, choose_inputs, encode, rebuild
 
 K, M, S = 5, 2, 4096
 
@@ -39,7 +39,7 @@ def test_parity_streams_are_nstripes_long_and_hashes_are_of_the_real_bytes():
     data = volumes()
     layout, parity, result = encoded(data)
     assert layout.nstripes == 6 and layout.tail == 4096 and all(len(p) == 6 * S for p in parity)
-    assert result.data_blake3 == [blake3.blake3(d).hexdigest() for d in data]
+    assert result.data_digest == [blake3.blake3(d).hexdigest() for d in data]
     assert result.parity_blake3 == [blake3.blake3(p).hexdigest() for p in parity]
 
 
@@ -72,7 +72,25 @@ def test_every_single_and_pair_of_lost_streams_is_rebuilt_byte_identical(lost):
     result = rebuild(layout, inputs, list(lost), {i: o.extend for i, o in outs.items()})
     for i in lost:
         assert bytes(outs[i]) == streams[i]
-        assert result.output_blake3[i] == blake3.blake3(streams[i]).hexdigest()
+        assert result.output_digest[i] == blake3.blake3(streams[i]).hexdigest()
+
+
+def test_lost_data_streams_are_rebuilt_by_isal_directly_as_pyeclib_rebuilds_them(monkeypatch):
+    data = volumes()
+    layout, parity, _ = encoded(data)
+    streams = data + parity
+    lost = [1, 3]
+    use = choose_inputs(layout, set(range(K + M)) - set(lost), set(lost))
+    assert DirectDecoder.for_rebuild(layout, use, lost) is not None  # the fast path is taken here
+    got = {}
+    for path in ("direct", "pyeclib"):
+        if path == "pyeclib":
+            monkeypatch.setattr(DirectDecoder, "for_rebuild", classmethod(lambda cls, *args: None))
+        outs = {i: bytearray() for i in lost}
+        rebuild(layout, {i: BytesSource(s) for i, s in enumerate(streams) if i not in lost}, lost,
+                {i: o.extend for i, o in outs.items()})
+        got[path] = {i: bytes(o) for i, o in outs.items()}
+    assert got["direct"] == got["pyeclib"] == {i: streams[i] for i in lost}
 
 
 def test_a_damaged_input_shows_in_its_digest_and_the_output():
@@ -84,7 +102,7 @@ def test_a_damaged_input_shows_in_its_digest_and_the_output():
               5: BytesSource(parity[0])}
     out = bytearray()
     result = rebuild(layout, inputs, [2], {2: out.extend}, hash_inputs=True)
-    assert result.input_blake3[1] != enc.data_blake3[1] and result.input_blake3[0] == enc.data_blake3[0]
+    assert result.input_digest[1] != enc.data_digest[1] and result.input_digest[0] == enc.data_digest[0]
 
 
 def test_more_lost_than_parity_is_not_recoverable_and_says_what_is_needed():

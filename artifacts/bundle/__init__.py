@@ -5,6 +5,7 @@ Modules, each importing only those above it in this list (one way, never back):
   copyio      the hashing read-ahead pipe (ChunkPipe), writeback that follows a copy (WriteBehind), read-back
   wheelhouse  mm itself for the air-gapped host: locked wheel sets per platform and the sh installer (install-mm.sh)
   parity      the Reed-Solomon code over byte streams (pyeclib): stripes, encode, rebuild; knows no tar
+  proof       a data volume's proof for the parity index: from its members' blake3 and the bytes between them
   payloads    what rides beside the model: PAYLOAD_KINDS, one entry per kind (image, kernel caches, mm's wheels)
   format      volume names (data and parity), tar headers, member names and sizes
   index       the per-volume index as typed records (Index, Entry; ParityIndex, Stream), checked while parsed

@@ -10,6 +10,7 @@ volumes would be enough (recoverability). parity_set picks the parity volumes a 
 from __future__ import annotations
 
 import os
+import tarfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -20,8 +21,9 @@ from ..integrity.hashing import StreamHasher
 from ..integrity.manifest import from_json
 from ..edges.progress import NULL_PROGRESS, ProgressSink
 from .copyio import HASH_THREADS, ChunkPipe
-from .format import MANIFEST_MEMBER
-from .index import disagreements, unaccounted
+from .format import MANIFEST_MEMBER, b3, index_member
+from .index import PARITY_SCHEMA, ParityIndex, disagreements, unaccounted
+from .proof import prove_file
 from .volume import Member, Volume, find_volumes, open_volume, split_volumes
 
 
@@ -78,14 +80,35 @@ def conflicting_numbers(vols: list[Volume], bundle_id: str | None) -> dict[int, 
 def check_data(vol: Volume, pipe: ChunkPipe, progress: ProgressSink = NULL_PROGRESS) -> None:
     """Hash every member the index lists (data or parity volume); record mismatches in vol.damaged."""
     progress.item(vol.path.name)
-    for member, (_, want) in vol.described.data_members().items():
-        info = vol.data.get(member)
-        if info is not None and _span_b3(vol.path, info, pipe, progress) != want:
-            vol.damaged[member] = "blake3 mismatch"
-    for name, want in vol.described.meta.items():
-        info = vol.meta.get(name)
-        if info is not None and _span_b3(vol.path, info, pipe, progress) != want:
-            vol.damaged[name] = "blake3 mismatch"
+    for member, want in [*((m, b) for m, (_, b) in vol.described.data_members().items()), *vol.described.meta.items()]:
+        info = vol.data.get(member) or vol.meta.get(member)
+        if info is not None:
+            vol.hashed[member] = _span_b3(vol.path, info, pipe, progress)
+            if vol.hashed[member] != want:
+                vol.damaged[member] = "blake3 mismatch"
+
+
+def check_proofs(data: list[Volume], index: ParityIndex) -> None:
+    """Every data volume that check_data found whole, proven (proof.py) against parity INDEX (schema 2): its
+    members' blake3 as just read, and the bytes between them (tar headers, padding) read now. A volume whose bytes
+    are not those the parity was computed over is damaged (a rebuild from it would fail, repair-volume writes it
+    again). A schema 1 index records whole-file blake3 only: that would be a second pass, not taken."""
+    if index.schema != PARITY_SCHEMA:
+        return
+    for v in data:
+        if not (v.usable and v.index is not None and v.bundle_id == index.bundle_id and v.number <= index.volumes):
+            continue
+        want = index.data[v.number - 1]
+        if v.path.name != want.file:
+            continue
+        known = {**v.hashed, index_member(v.number): b3(v.index_bytes), MANIFEST_MEMBER: b3(v.manifest_bytes)}
+        try:
+            got = prove_file(v.path, want.head, known) if os.path.getsize(v.path) == want.size else None
+        except (OSError, tarfile.TarError, EOFError):
+            got = None
+        if got != want.digest:
+            v.damaged["(volume)"] = (f"its bytes are not those parity {index.parity} was computed over (the tar "
+                                     f"headers or padding between members differ)")
 
 
 def check_meaning(vol: Volume, reference: Volume | None = None) -> None:
@@ -161,6 +184,8 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
         check_complete(data, ref, reference)
         progress.begin(data_bytes(data + parity, ref), "bundle verify", files=len(vols))
         check_volumes(data + parity, ref, pipe, progress)
+        if usable := parity_set(parity, ref).usable:
+            check_proofs(data, usable[0].parity)
     finally:
         progress.end()
         pipe.close()

@@ -15,13 +15,15 @@ it rather than import part of a model) and adds "delta" (DeltaNote) to every dat
 the base manifest's identity (the sha256 of the document, and its revision) and, for each model file the volumes
 do not carry, the base file it is taken from (same content, maybe another path).
 
-A parity volume's index (schema mm-bundle-parity/1, ParityIndex):
+A parity volume's index (schema mm-bundle-parity/2, ParityIndex):
   {"schema", "bundle_id", "name", "parity", "parities", "volumes", "code", "stripe", "manifest_blake3",
    "meta": {member: blake3}, "member": "parity/parityPPP.bin",
-   "data": [{"number", "file", "size", "blake3"}] (every data volume FILE, whole),
+   "data": [{"number", "file", "size", "head", "proof"}] (every data volume FILE: its proof, proof.py, over
+            its HEAD metadata members and the rest),
    "streams": [{"number", "size", "blake3"}] (every parity stream)}
 so that any one parity volume knows every data volume's exact bytes (a rebuilt volume is byte-identical or
-refused) and every other parity stream.
+refused) and every other parity stream. Schema mm-bundle-parity/1 (read, no longer written) records each data
+volume's whole-file blake3 instead: "data": [{"number", "file", "size", "blake3"}].
 A volume's index is hostile until parse_index / parse_parity_index accepts it: every type, range, path and
 member name is checked.
 """
@@ -30,6 +32,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+import blake3
+
 from ..errors import BadInput
 from ..edges.fsutil import check_model_path, check_relpath
 from .fields import MAX_NAME, MAX_TEXT, digest, integer, plain_name, record, string
@@ -37,6 +41,7 @@ from .format import (
     MANIFEST_MEMBER, META, data_member, index_member, parity_data_member, parity_index_member, volume_filename,
 )
 from .parity import CODEC, MAX_STRIPE, MAX_TOTAL, Layout
+from .proof import MAX_HEAD, TarProof
 from .payloads import MODEL_KIND, PREFIXES, Payloads, files_expected, parse_payloads, payloads_document
 from ..units import is_commit
 
@@ -45,7 +50,8 @@ if TYPE_CHECKING:
 
 INDEX_SCHEMA = "mm-bundle-index/1"
 DELTA_SCHEMA = "mm-bundle-delta/1"
-PARITY_SCHEMA = "mm-bundle-parity/1"
+PARITY_SCHEMA = "mm-bundle-parity/2"  # data volumes by their proof (proof.py)
+PARITY_SCHEMA_V1 = "mm-bundle-parity/1"  # data volumes by their whole-file blake3
 MAX_VOLUMES = 99_999  # data volumes in one bundle (the name holds at least three digits, the count can grow)
 
 
@@ -176,12 +182,19 @@ class Index:
 
 @dataclass(frozen=True)
 class Stream:
-    """One stream a parity index describes: a whole data volume file (FILE set), or a parity stream."""
+    """One stream a parity index describes: a whole data volume file (FILE set), or a parity stream. DIGEST: a
+    parity stream's blake3; a data volume's proof with its HEAD (proof.py), or its whole-file blake3 (HEAD None:
+    schema mm-bundle-parity/1)."""
 
     number: int  # 1-based data volume or parity number
     size: int
-    blake3: str
+    digest: str
     file: str | None = None
+    head: int | None = None
+
+    def hasher(self):
+        """What digests this stream's bytes (update, hexdigest) as DIGEST does."""
+        return TarProof(self.head) if self.head is not None else blake3.blake3()
 
 
 @dataclass(frozen=True)
@@ -198,10 +211,15 @@ class ParityIndex:
     member: str
     data: tuple[Stream, ...]
     streams: tuple[Stream, ...]
+    schema: str = PARITY_SCHEMA
 
     @property
     def number(self) -> int:
         return self.parity
+
+    def stream(self, i: int) -> Stream:
+        """Stream I as Layout counts them: 0..k-1 the data volumes, k.. the parity streams."""
+        return self.data[i] if i < self.volumes else self.streams[i - self.volumes]
 
     @property
     def layout(self) -> Layout:
@@ -211,19 +229,21 @@ class ParityIndex:
         return set(self.meta) | {parity_index_member(self.parity), MANIFEST_MEMBER}
 
     def data_members(self) -> dict[str, tuple[int, str]]:
-        return {self.member: (self.layout.parity_length, self.streams[self.parity - 1].blake3)}
+        return {self.member: (self.layout.parity_length, self.streams[self.parity - 1].digest)}
 
     def same_set(self, other: ParityIndex) -> bool:
         """Both describe the same data volumes and parity streams (two parity volumes of one encoding)."""
-        fields = ("bundle_id", "volumes", "parities", "code", "stripe", "data", "streams")
+        fields = ("bundle_id", "volumes", "parities", "code", "stripe", "data", "streams", "schema")
         return all(getattr(self, f) == getattr(other, f) for f in fields)
 
     def to_doc(self) -> dict:
-        return {"schema": PARITY_SCHEMA, **{f: getattr(self, f) for f in
-                                           ("bundle_id", "name", "parity", "parities", "volumes", "code", "stripe",
-                                            "manifest_blake3", "meta", "member")},
-                "data": [{"number": d.number, "file": d.file, "size": d.size, "blake3": d.blake3} for d in self.data],
-                "streams": [{"number": s.number, "size": s.size, "blake3": s.blake3} for s in self.streams]}
+        v1 = self.schema == PARITY_SCHEMA_V1
+        return {"schema": self.schema, **{f: getattr(self, f) for f in
+                                         ("bundle_id", "name", "parity", "parities", "volumes", "code", "stripe",
+                                          "manifest_blake3", "meta", "member")},
+                "data": [{"number": d.number, "file": d.file, "size": d.size,
+                          **({"blake3": d.digest} if v1 else {"head": d.head, "proof": d.digest})} for d in self.data],
+                "streams": [{"number": s.number, "size": s.size, "blake3": s.digest} for s in self.streams]}
 
 
 def _entry(raw: object, where: str, volumes: int, volume_size: int) -> Entry:
@@ -342,7 +362,9 @@ def _missing(e: Exception) -> str:
     return f"{e.args[0]!r} is missing" if isinstance(e, KeyError) and e.args else str(e)
 
 
-def _streams(raw: object, count: int, what: str, where: str) -> tuple[Stream, ...]:
+def _streams(raw: object, count: int, what: str, where: str, proofs: bool = False) -> tuple[Stream, ...]:
+    """The records of DATA (data volumes: by their proof and head where PROOFS, else their whole-file blake3) or
+    of STREAMS (parity streams, by their blake3)."""
     if not isinstance(raw, list) or len(raw) != count:
         raise ValueError(f"{what} does not list every one of {count}")
     out = []
@@ -351,14 +373,18 @@ def _streams(raw: object, count: int, what: str, where: str) -> tuple[Stream, ..
         if integer(item, "number", 1) != n:
             raise ValueError(f"{what} record {n} is out of order")
         file = plain_name(item, "file", where, "data volume file") if what == "data" else None
-        out.append(Stream(n, integer(item, "size"), digest(item, "blake3"), file))
+        if proofs:
+            out.append(Stream(n, integer(item, "size"), digest(item, "proof"), file, integer(item, "head", 1, high=MAX_HEAD)))
+        else:
+            out.append(Stream(n, integer(item, "size"), digest(item, "blake3"), file))
     return tuple(out)
 
 
 def parse_parity_index(doc: object, where: str) -> ParityIndex:
     """Check a parity volume's index and return it typed; BadInput naming WHERE on anything off."""
-    if not isinstance(doc, dict) or doc.get("schema") != PARITY_SCHEMA:
-        raise BadInput(f"{where}: not an mm parity index (expected schema {PARITY_SCHEMA!r})")
+    if not isinstance(doc, dict) or doc.get("schema") not in (PARITY_SCHEMA, PARITY_SCHEMA_V1):
+        raise BadInput(f"{where}: not an mm parity index (expected schema {PARITY_SCHEMA!r} or {PARITY_SCHEMA_V1!r})")
+    schema = doc["schema"]
     try:
         parity, parities = integer(doc, "parity", 1, high=MAX_TOTAL), integer(doc, "parities", 1, high=MAX_TOTAL)
         volumes = integer(doc, "volumes", 1, high=MAX_VOLUMES)
@@ -367,8 +393,9 @@ def parse_parity_index(doc: object, where: str) -> ParityIndex:
         index = ParityIndex(string(doc, "bundle_id", max_len=MAX_TEXT, empty=False),
                             string(doc, "name", max_len=255, empty=False), parity, parities, volumes,
                             string(doc, "code", max_len=64), _stripe(doc), digest(doc, "manifest_blake3"),
-                            _meta(doc, where), string(doc, "member", max_len=MAX_NAME), _streams(doc["data"], volumes, "data", where),
-                            _streams(doc["streams"], parities, "streams", where))
+                            _meta(doc, where), string(doc, "member", max_len=MAX_NAME),
+                            _streams(doc["data"], volumes, "data", where, proofs=schema == PARITY_SCHEMA),
+                            _streams(doc["streams"], parities, "streams", where), schema)
         if index.member != parity_data_member(parity):
             raise ValueError(f"member {index.member!r} is not {parity_data_member(parity)!r}")
         for d in index.data:  # a rebuilt volume is written under this name: only ever the bundle's own

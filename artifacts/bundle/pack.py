@@ -44,20 +44,19 @@ import json
 import os
 import re
 import shlex
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import blake3
 
 from ..errors import BadInput, BadValue, IntegrityError, Refused
 from ..paths import MM_DIR
-from ..edges.fsutil import (atomic_write_bytes, check_inside, dir_lock, open_file, publish, publish_fd, read_lock,
+from ..edges.fsutil import (atomic_write_bytes, check_inside, dir_lock, open_file, publish_fd, read_lock,
                             read_local_file, require_free_space, unlink_file)
-from ..integrity.hashing import ChangedDuringRead, StreamHasher
+from ..integrity.hashing import StreamHasher
 from ..edges.interrupt import keeps
 from ..integrity.manifest import MAX_MANIFEST_BYTES, Manifest, export_sums, read_manifest
 from ..paths import manifest_path
@@ -65,14 +64,16 @@ from ..edges.progress import NULL_PROGRESS, ProgressSink
 from ..units import human_bytes
 from ..integrity.verify import require_quick_verify
 from .check import ranges
-from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, drop_cached, reports_free_pages, write_all
-from .format import (END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3,
+from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, reports_free_pages, write_all
+from .format import (BLOCK, END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3,
                      data_member, file_member, index_member, member_bytes, padded, parity_data_member, parity_filename,
                      parity_index_member, payload_sums_member, render_json, tar_header, volume_filename)
 from . import payloads as payload_table
 from . import delta as deltas
-from .index import DeltaNote, Entry, Index, ParityIndex, ParityNote, Stream
-from .parity import CODEC, MAX_TOTAL, STRIPE, FileSource, Layout, Span, SplicedSource, encode, file_identity
+from .index import PARITY_SCHEMA, PARITY_SCHEMA_V1, DeltaNote, Entry, Index, ParityIndex, ParityNote, Stream
+from .parity import (CODEC, MAX_TOTAL, STRIPE, FileSource, Layout, Span, SplicedSource, encode, file_identity,
+                     whole_blake3)
+from .proof import TarProof, VolumeProof
 from .payloads import (MODEL_KIND, MODEL_PREFIX, PAYLOAD_ROOT, CollectOptions, Payloads, collect_payloads,
                        payloads_document, restore_hints)
 from .volume import open_volume
@@ -218,7 +219,11 @@ class Plan:
         files = [volume_filename(self.name, n, self.count) for n in range(1, self.count + 1)]
         return parity_volume_bytes(self.name, self.bundle_id, self.manifest_bytes, self.parity_meta(self.restore),
                                    self.mtime, files, [volume_bytes(self, n) for n in range(1, self.count + 1)],
-                                   self.parity, self.stripe)
+                                   self.parity, self.stripe, [self.head_members(n) for n in range(1, self.count + 1)])
+
+    def head_members(self, n: int) -> int:
+        """How many metadata members volume N starts with (meta_members, counted without rendering the index)."""
+        return 4 + bool(self.signature) + bool(_payload_ends(self, n))
 
 
 @dataclass(frozen=True)
@@ -537,9 +542,12 @@ class _Writer:
         self.pos += n
         self.flush.wrote(n)
 
-    def pad(self) -> None:
-        if self.pos % 512:
-            self.write(bytes(512 - self.pos % 512))
+    def pad(self) -> int:
+        """Zeros up to the next tar block; returns how many."""
+        n = -self.pos % BLOCK
+        if n:
+            self.write(bytes(n))
+        return n
 
 
 class _Hashers:
@@ -578,26 +586,30 @@ class _SourceMismatch(IntegrityError):
 
 
 def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkPipe, progress: ProgressSink,
-                  restore: bytes, sync: bool, keep: bool = False) -> tuple[dict, int, list[Span]]:
+                  restore: bytes, sync: bool, keep: bool = False) -> tuple[dict, int, list[Span], str | None]:
     """Write volume N to TMP (left open for the caller to fsync and publish); returns (hashers, fd, where each
-    piece's bytes lie in the volume and which file they were copied from: the parity pass reads them there).
+    piece's bytes lie in the volume and which file they were copied from: the parity pass reads them there, and
+    with parity the volume's proof for the parity index, proof.py: from the digests taken as it was written).
     KEEP: the volume's pages stay cached (see _Writer)."""
     pieces = plan.volumes[n - 1]
     working = hashers.start(pieces)
     digests: dict = {}
     spans: list[Span] = []
+    proof = VolumeProof() if plan.parity else None
     fd = open_file(tmp.parent, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # never through a link
     try:
         w = _Writer(fd, keep=keep)
-        patch_at = {}
+        patch_at, headers = {}, []
         for name, data in meta_members(plan, n, {}, restore):
-            w.write(tar_header(name, len(data), plan.mtime))
+            headers.append(tar_header(name, len(data), plan.mtime))
+            w.write(headers[-1])
             patch_at[name] = w.pos
             w.write(data)
             w.pad()
         for p in pieces:
             progress.item(p.source.path)
-            w.write(tar_header(p.member, p.length, plan.mtime))
+            header = tar_header(p.member, p.length, plan.mtime)
+            w.write(header)
             if plan.parity:  # its identity before a byte is read: a change from now on is seen
                 spans.append(_span(w.pos, p))
             whole, piece_hash = _piece_hashers(p, working)
@@ -612,7 +624,11 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
                 w.write(view)  # a failed write is the output's (a full or read-only disk), named below
                 progress.advance(len(view))
             digests[p.member] = piece_hash.digests().blake3
-            w.pad()
+            pad = w.pad()
+            if proof is not None:
+                proof.body.raw(header)
+                proof.body.member(p.length, digests[p.member])
+                proof.body.raw(bytes(pad))
             if p.is_last:
                 got = whole.digests()
                 if p.source.kind == MODEL_KIND and got.blake3 != p.source.blake3:
@@ -621,15 +637,22 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
                 digests[p.source.key] = (got.blake3, got.sha256)
                 del working[p.source.key]
         w.write(bytes(END_OF_ARCHIVE))
-        for name, data in meta_members(plan, n, digests, restore):
+        final = meta_members(plan, n, digests, restore)
+        for name, data in final:
             os.pwrite(fd, data, patch_at[name])
+        if proof is not None:
+            proof.body.raw(bytes(END_OF_ARCHIVE))
+            for header, (_, data) in zip(headers, final, strict=True):
+                proof.head.raw(header)
+                proof.head.member(len(data), blake3.blake3(data).digest())
+                proof.head.raw(bytes(-len(data) % BLOCK))
     except BaseException as e:
         os.close(fd)
         unlink_file(tmp.parent, tmp)
         if isinstance(e, OSError) and e.filename is None:
             e.filename = str(tmp)  # a write to the volume failed: name the output, never the source
         raise
-    return working, fd, spans
+    return working, fd, spans, proof.hexdigest() if proof is not None else None
 
 
 def _span(at: int, p: Piece) -> Span:
@@ -731,7 +754,7 @@ def _create_bundle(model_dir: Path, options: BundleOptions, progress: ProgressSi
             locks.enter_context(dir_lock(out, "mm bundle", leave_nothing=True))
             keeps(out)  # an interrupt names the volumes complete here (a volume half written is written again)
         progress.begin(total, f"bundle {name}", files=summary.files)
-        results, hashed, spans = _write_all(plan, finals[:plan.count], progress, sync)
+        results, proven, spans = _write_all(plan, finals[:plan.count], progress, sync)
         progress.end()
         for f in beside:  # e.g. install-mm.sh: run where the volumes lie, it reads mm out of volume 1
             _copy_beside(f.src, finals[0].parent, finals[0].parent / f.path, sync)
@@ -743,8 +766,7 @@ def _create_bundle(model_dir: Path, options: BundleOptions, progress: ProgressSi
                                            meta=plan.parity_meta(plan.restore), mtime=plan.mtime,
                                            data_paths=data_paths, parities=parity, stripe=stripe, sync=sync,
                                            progress=progress, out_dirs=parity_dirs,
-                                           data_blake3=[_still(hashed.get(v.number), Path(v.path))
-                                                        for v in results],
+                                           proven=[_still(proven.get(v.number), Path(v.path)) for v in results],
                                            spans=[spans.get(v.number) for v in results])
             progress.end()
             parity_results = [VolumeResult(n, str(path), path.stat().st_size, False) for n, path in written]
@@ -936,44 +958,18 @@ def _copy_beside(src: Path, out_dir: Path, final: Path, sync: bool) -> None:
     atomic_write_bytes(final, data, mode=src.stat().st_mode & 0o777, root=out_dir, sync=sync)
 
 
-def _hash_then_publish(fd: int, tmp: Path, final: Path, sync: bool, stop: threading.Event, drop: bool = False
-                       ) -> tuple[str, tuple[int, int, int]] | None:
-    """Publish a finished data volume (publish_fd), having first hashed it whole (blake3) while its pages are still
-    in the page cache, for the parity index: (digest, the file's identity then: file_identity). None where it was
-    not hashed (stopped by an interrupt or an error, or the file changed meanwhile): the parity pass hashes it.
-    DROP: then its pages leave the page cache, as a plain bundle's do as it writes (the parity pass reads the member
-    bytes from the files they were copied from: SplicedSource)."""
-    os.close(fd)
-    h = blake3.blake3()  # one thread: it runs beside the writer, on the core the writer leaves (measured, 2.28 GB
-    # in ten volumes, 3 pairs: data phase 1.82-1.88 s against 1.92-2.01 s on blake3's own threads)
-    pipe = ChunkPipe()
-    done = None
-    try:
-        before = file_identity(tmp)
-        for _ in pipe.stream(tmp, 0, before[1], (h,)):
-            if stop.is_set():
-                break
-        else:
-            done = (h.hexdigest(), before) if file_identity(tmp) == before else None
-    except (OSError, EOFError, ChangedDuringRead):  # e.g. opened for writing meanwhile
-        done = None
-    finally:
-        pipe.close()
-    publish(tmp, final, sync, root=final.parent)  # complete: named even when interrupted, as publish_fd does
-    if not drop:
-        return done
-    try:
-        fd = os.open(final, os.O_RDONLY)
-    except OSError:
-        return done
-    drop_cached(fd, 0, 0)
-    os.close(fd)
-    return done
+class Proven(NamedTuple):
+    """A data volume's proof for the parity index (proof.py), taken as it was written, and the file's identity once
+    published (file_identity): the proof is used only while the file is still that one."""
+
+    proof: str
+    head: int
+    identity: tuple[int, int, int]
 
 
-def _still(hashed: tuple[str, tuple[int, int, int]] | None, path: Path) -> str | None:
-    """A digest taken when the volume was written, if the file is still the one hashed (else None: hash it again)."""
-    return hashed[0] if hashed is not None and file_identity(path) == hashed[1] else None
+def _still(proven: Proven | None, path: Path) -> Proven | None:
+    """PROVEN, if the file is still the one published (else None: the parity pass proves it from its bytes)."""
+    return proven if proven is not None and file_identity(path) == proven.identity else None
 
 
 def _fits_in_cache(size: int) -> bool:
@@ -985,25 +981,24 @@ def _fits_in_cache(size: int) -> bool:
 
 
 def _write_all(plan: Plan, finals: list[Path], progress: ProgressSink, sync: bool
-               ) -> tuple[list[VolumeResult], dict[int, tuple[str, tuple[int, int, int]]], dict[int, list[Span]]]:
-    """Write (or keep) data volume N at FINALS[N-1]. Returns the volumes and, with parity, the whole-file blake3 of
-    the volumes hashed as soon as they were written (_hash_then_publish: a volume that fits in the page cache, hashed
-    from there beside the writing of the next one, instead of in the parity pass) and the spans of each volume
-    whose pages are not kept (the parity pass reads their bytes from the files they were copied from)."""
+               ) -> tuple[list[VolumeResult], dict[int, Proven], dict[int, list[Span]]]:
+    """Write (or keep) data volume N at FINALS[N-1]. Returns the volumes and, with parity, the proof of each volume
+    written (Proven; a volume kept from an earlier run has none: the parity pass proves it) and the spans of each
+    volume whose pages are not kept (the parity pass reads their bytes from the files they were copied from)."""
     restore = plan.restore
     hashers = _Hashers()
     pipe = ChunkPipe()
     for final in finals:  # a link planted on an --out disk is refused, never kept nor followed
         check_inside(final.parent, final)
-    results, pending, hashed = [], [], {}  # hashed: volume number -> (blake3, identity)
+    results, pending, proofs = [], [], {}  # proofs: volume number -> its proof and head
+    proven: dict[int, Proven] = {}
     spans: dict[int, list[Span]] = {}
-    # A volume hashed once written stays cached for the parity pass, except where growing the page cache is dear: on a VM
-    # that reports free memory to its host, keeping 2.3 GB of volumes cost 3-4 s of sys time (docs/bundle.md, "How the
-    # parity pass reads"); there it is dropped once hashed and the pass reads the files it was copied from (on the 16-core
-    # H200 host, without that device, doing so everywhere made `--no-sync` 1.66-1.76x a plain bundle against 1.36-1.50x, 2
-    # runs of 3 rounds each).
-    keep_cached = not reports_free_pages()
-    stop = threading.Event()
+    # A volume that fits in the page cache stays cached for the parity pass, except where growing the page cache is
+    # dear: on a VM that reports free memory to its host, keeping 2.3 GB of volumes cost 3-4 s of sys time
+    # (docs/bundle.md, "How the parity pass reads"); there its pages go as written, as a plain bundle's do, and the
+    # pass reads the files it was copied from (on the 16-core H200 host, without that device, doing so everywhere
+    # made `--no-sync` 1.66-1.76x a plain bundle against 1.36-1.50x, 2 runs of 3 rounds each).
+    keep_cached = plan.parity > 0 and not reports_free_pages()
     try:
         with ThreadPoolExecutor(max_workers=1) as publisher:
             try:
@@ -1013,25 +1008,22 @@ def _write_all(plan: Plan, finals: list[Path], progress: ProgressSink, sync: boo
                     if not kept:
                         unlink_file(final.parent, final)  # not this plan's volume N: its room goes to the new one
                         tmp = final.with_name(f".{final.name}.partial")
-                        hash_now = plan.parity > 0 and _fits_in_cache(volume_bytes(plan, n))
-                        working, fd, copied = _write_volume(plan, n, tmp, hashers, pipe, progress, restore, sync,
-                                                            keep=hash_now)
-                        if not (hash_now and keep_cached):  # its pages go: the pass reads where they came from
+                        keep = keep_cached and _fits_in_cache(volume_bytes(plan, n))
+                        working, fd, copied, proof = _write_volume(plan, n, tmp, hashers, pipe, progress, restore,
+                                                                   sync, keep=keep)
+                        if plan.parity and not keep:  # its pages go: the pass reads where they came from
                             spans[n] = copied
-                        if hash_now:  # beside the next
-                            pending.append((n, publisher.submit(_hash_then_publish, fd, tmp, final, sync, stop,
-                                                                not keep_cached)))
-                        else:
-                            pending.append((n, publisher.submit(publish_fd, fd, tmp, final, sync, root=final.parent)))
+                        if proof is not None:
+                            proofs[n] = (proof, plan.head_members(n))
+                        pending.append((n, final, publisher.submit(publish_fd, fd, tmp, final, sync,
+                                                                   root=final.parent)))
                     hashers.files.update(working)
                     results.append(VolumeResult(n, str(final), volume_bytes(plan, n), kept))
-            except BaseException:
-                stop.set()  # an interrupt or an error: what is left to hash is not waited for
-                raise
             finally:
-                for n, job in pending:
-                    if (digest := job.result()) is not None:
-                        hashed[n] = digest
+                for n, final, job in pending:
+                    job.result()
+                    if n in proofs and final.exists():
+                        proven[n] = Proven(*proofs[n], file_identity(final))
     except _SourceMismatch as e:
         for n, final in enumerate(finals, 1):  # its earlier pieces must not be kept by a rerun
             if any(p.source.key == e.key for p in plan.volumes[n - 1]):
@@ -1039,18 +1031,21 @@ def _write_all(plan: Plan, finals: list[Path], progress: ProgressSink, sync: boo
         raise
     finally:
         pipe.close()
-    return results, hashed, spans
+    return results, proven, spans
 
 
 # --- parity volumes ---------------------------------------------------------------------------------
 
 def _parity_index(name: str, bundle_id: str, manifest_bytes: bytes, meta: list[tuple[str, bytes]], parity: int,
-                  parities: int, layout: Layout, files: list[str], data_b3: list[str], par_b3: list[str]) -> bytes:
+                  parities: int, layout: Layout, files: list[str], heads: list[int | None], proofs: list[str],
+                  par_b3: list[str], schema: str = PARITY_SCHEMA) -> bytes:
+    """HEADS and PROOFS: each data volume's (proof.py); in SCHEMA 1, HEADS are None and PROOFS whole-file blake3."""
     return render_json(ParityIndex(
         bundle_id, name, parity, parities, layout.k, CODEC, layout.stripe, b3(manifest_bytes),
         {member: b3(data) for member, data in meta}, parity_data_member(parity),
-        tuple(Stream(i, layout.lengths[i - 1], data_b3[i - 1], files[i - 1]) for i in range(1, layout.k + 1)),
-        tuple(Stream(q, layout.parity_length, par_b3[q - 1]) for q in range(1, parities + 1))).to_doc())
+        tuple(Stream(i, layout.lengths[i - 1], proofs[i - 1], files[i - 1], heads[i - 1])
+              for i in range(1, layout.k + 1)),
+        tuple(Stream(q, layout.parity_length, par_b3[q - 1]) for q in range(1, parities + 1)), schema).to_doc())
 
 
 def _parity_head(index: bytes, parity: int, manifest_bytes: bytes, meta: list[tuple[str, bytes]], layout: Layout,
@@ -1067,11 +1062,11 @@ def _parity_head(index: bytes, parity: int, manifest_bytes: bytes, meta: list[tu
 
 
 def parity_volume_bytes(name: str, bundle_id: str, manifest_bytes: bytes, meta: list[tuple[str, bytes]], mtime: int,
-                        files: list[str], sizes: list[int], parities: int, stripe: int = STRIPE) -> int:
+                        files: list[str], sizes: list[int], parities: int, stripe: int, heads: list[int]) -> int:
     """The size a parity volume will have, before anything is written (planning keeps it within the media)."""
     layout = Layout(len(sizes), parities, stripe, tuple(sizes))
     zeros = [PLACEHOLDER] * max(len(sizes), parities)
-    index = _parity_index(name, bundle_id, manifest_bytes, meta, parities, parities, layout, files, zeros, zeros)
+    index = _parity_index(name, bundle_id, manifest_bytes, meta, parities, parities, layout, files, heads, zeros, zeros)
     head, _ = _parity_head(index, parities, manifest_bytes, meta, layout, mtime)
     return len(head) + padded(layout.parity_length) + END_OF_ARCHIVE
 
@@ -1080,16 +1075,18 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
                          mtime: int, data_paths: list[Path], parities: int, stripe: int = STRIPE, sync: bool = True,
                          progress: ProgressSink = NULL_PROGRESS, only: set[int] | None = None,
                          out_dirs: dict[int, Path] | None = None,
-                         data_blake3: list[str | None] | None = None,
-                         spans: list[list[Span] | None] | None = None) -> list[tuple[int, Path]]:
+                         proven: list[Proven | None] | None = None,
+                         spans: list[list[Span] | None] | None = None,
+                         schema: str = PARITY_SCHEMA) -> list[tuple[int, Path]]:
     """Read the data volume files DATA_PATHS (in volume order) once, stripe by stripe, and write PARITIES parity
     volumes to OUT_DIR (temporary names, published once complete; OUT_DIRS: another directory for some parity
     numbers, e.g. another disk). META: metadata members after the index and the manifest (the signature,
     RESTORE.txt), the same in every parity volume. ONLY: write just these parity numbers (repair-volume); the
-    others are computed and dropped. DATA_BLAKE3: each data volume's whole-file blake3 where already known (hashed
-    once written), else None: the parity pass hashes it. SPANS: where a data volume's member bytes came from (a
+    others are computed and dropped. PROVEN: each data volume's proof (proof.py) where already known (taken as it
+    was written), else None: the parity pass proves it from the bytes it reads. SPANS: where a data volume's member bytes came from (a
     volume written by this run), read there rather than from the volume while those files are unchanged (else from
-    the volume). Returns (number, path) of each written."""
+    the volume). SCHEMA: the parity index's; PARITY_SCHEMA_V1 (repair-volume writing a lost parity volume of an
+    older bundle again) records each data volume's whole-file blake3. Returns (number, path) of each written."""
     out_dir = Path(out_dir)
     identities = [file_identity(Path(p)) for p in data_paths]
     sizes = tuple(size for _, size, _ in identities)
@@ -1097,6 +1094,10 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
     layout = Layout(len(data_paths), parities, stripe, sizes)
     wanted = sorted(only) if only else list(range(1, parities + 1))
     zeros = [PLACEHOLDER] * max(len(sizes), parities)
+    v1 = schema == PARITY_SCHEMA_V1
+    proven = [None] * layout.k if v1 or not proven else proven
+    heads = [None if v1 else p.head if p is not None else _head_of(Path(path))
+             for p, path in zip(proven, data_paths, strict=True)]
     opened: dict[int, tuple[_Writer, Path, Path, int]] = {}
     try:
         for p in wanted:
@@ -1105,14 +1106,17 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
             w = _Writer(open_file(final.parent, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
             opened[p] = (w, tmp, final, 0)
             head, patch_at = _parity_head(_parity_index(name, bundle_id, manifest_bytes, meta, p, parities, layout,
-                                                        files, zeros, zeros), p, manifest_bytes, meta, layout, mtime)
+                                                        files, heads, zeros, zeros, schema), p, manifest_bytes,
+                                          meta, layout, mtime)
             w.write(head)
             opened[p] = (w, tmp, final, patch_at)
         sinks = [opened[p][0].write if p in opened else _discard for p in range(1, parities + 1)]
         copied_from = spans or [None] * layout.k
         sources = [_data_source(Path(path), copied) for path, copied in zip(data_paths, copied_from, strict=True)]
         try:
-            result = encode(layout, sources, sinks, on_bytes=progress.advance, known_blake3=data_blake3)
+            result = encode(layout, sources, sinks, on_bytes=progress.advance,
+                            known=[p.proof if p is not None else None for p in proven],
+                            hasher=whole_blake3 if v1 else lambda i: TarProof(heads[i]))
             changed = [src for src in sources if isinstance(src, SplicedSource) and not src.unchanged()]
         finally:
             for src in sources:
@@ -1125,8 +1129,8 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
             w, tmp, final, patch_at = opened[p]
             w.pad()
             w.write(bytes(END_OF_ARCHIVE))
-            os.pwrite(w.fd, _parity_index(name, bundle_id, manifest_bytes, meta, p, parities, layout, files,
-                                          result.data_blake3, result.parity_blake3), patch_at)
+            os.pwrite(w.fd, _parity_index(name, bundle_id, manifest_bytes, meta, p, parities, layout, files, heads,
+                                          result.data_digest, result.parity_blake3, schema), patch_at)
             del opened[p]
             publish_fd(w.fd, tmp, final, sync, root=final.parent)
             written.append((p, final))
@@ -1135,6 +1139,15 @@ def write_parity_volumes(out_dir: Path, *, name: str, bundle_id: str, manifest_b
         for w, tmp, _, _ in opened.values():
             os.close(w.fd)
             unlink_file(tmp.parent, tmp)
+
+
+def _head_of(volume: Path) -> int:
+    """How many metadata members data volume VOLUME starts with, from its own index (the volume is checked)."""
+    vol = open_volume(volume)
+    if vol.index is None:
+        raise IntegrityError(f"{volume}: not a readable data volume ({'; '.join(vol.refused) or 'no index'}); "
+                             f"cannot compute parity over it")
+    return len(vol.index.expected_meta())
 
 
 def _data_source(volume: Path, spans: list[Span] | None) -> FileSource | SplicedSource:

@@ -1,7 +1,7 @@
 """mm bundle repair-volume: write lost or damaged volume files back, byte-identical, for sites that keep volumes.
 
 Every volume given is checked first (check.py). Data volumes missing or damaged are rebuilt from the rest and
-the parity volumes (unpack.rebuild_data_volumes: named only when the whole file's blake3 is the one the parity
+the parity volumes (unpack.rebuild_data_volumes: named only when the volume's proof is the one the parity
 index records); parity volumes missing or damaged are written again from the (now whole) data volumes
 (pack.write_parity_volumes) and must hash as every parity index records them. With every parity volume lost,
 they are written again from the data volumes alone when all of those are intact (the data index notes the
@@ -16,7 +16,7 @@ from ..errors import BadInput, IntegrityError
 from ..edges.fsutil import unlink_file
 from ..edges.interrupt import keeps
 from ..edges.progress import NULL_PROGRESS, ProgressSink
-from .check import check_volumes, conflicting_numbers, data_bytes, parity_set, ranges, reference_bundle
+from .check import check_proofs, check_volumes, conflicting_numbers, data_bytes, parity_set, ranges, reference_bundle
 from .copyio import ChunkPipe
 from .format import RESTORE_MEMBER, SIG_MEMBER
 from .parity import CODEC, FileSource
@@ -31,7 +31,7 @@ class VolumeRepairReport:
     bundle_id: str
     name: str
     out: str
-    rebuilt: list[str]  # data volume files written back (byte-identical: whole-file blake3 as the parity index says)
+    rebuilt: list[str]  # data volume files written back (byte-identical: as the parity index proves them)
     parity_rewritten: list[str]  # parity volume files written again from the data volumes
     intact: list[str]
     notes: list[str]
@@ -56,6 +56,7 @@ def repair_volumes(sources: list[Path], out_dir: Path | None = None, sync: bool 
     if not pset.usable:
         return _parity_from_data_alone(data, ref, out_dir, notes, sync, progress)
     index = pset.usable[0].parity
+    check_proofs(data, index)  # a volume whose bytes between members differ is written back too
     conflicts = conflicting_numbers(data, ref)
     good = {v.number: v for v in data if v.bundle_id == ref and v.usable and v.number not in conflicts
             and v.number <= index.volumes and v.path.name == index.data[v.number - 1].file}
@@ -105,7 +106,7 @@ def _rewrite_parity(model: Volume, data_paths: list[Path], numbers: list[int], o
     written = write_parity_volumes(out, name=index.name, bundle_id=index.bundle_id, manifest_bytes=model.manifest_bytes,
                                    meta=_carried_meta(model), mtime=int(model.data[index.member].mtime),
                                    data_paths=data_paths, parities=index.parities, stripe=index.stripe, sync=sync,
-                                   progress=progress, only=set(numbers))
+                                   progress=progress, only=set(numbers), schema=index.schema)
     progress.end()
     _check_written([path for _, path in written], lambda pv: pv.parity.same_set(index))
     return [str(path) for _, path in written]

@@ -22,8 +22,8 @@ The signature is put back beside the manifest (DEST/.mm/manifest.json.sig).
 
 Parity: parity volumes among the sources rebuild the data volumes not imported whole (missing, or with a damaged
 member) once enough volumes are at hand (parity.py decodes; rebuild_data_volumes writes each under a temporary
-name in DEST/.mm/unbundle/rebuilt/ and names it only when its whole-file blake3 is the one the parity index
-records); a rebuilt volume is then judged and imported like any other and deleted. Data volumes imported in an
+name in DEST/.mm/unbundle/rebuilt/ and names it only when its digest, taken as it is written, is the one the
+parity index records: its proof, proof.py, or its whole-file blake3 in a parity index of schema 1); a rebuilt volume is then judged and imported like any other and deleted. Data volumes imported in an
 earlier sitting still count: their skeleton (every byte that is not member data) is kept at import, and the
 member bytes are read back from the imported files (_Skeleton).
 
@@ -58,7 +58,7 @@ from . import delta as deltas
 from .check import ParitySet, conflicting_numbers, incomplete, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back, write_all
 from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member, volume_filename
-from .index import Entry, Index, disagreements, parse_index, take_disagreements, unaccounted
+from .index import PARITY_SCHEMA, Entry, Index, disagreements, parse_index, take_disagreements, unaccounted
 from .parity import FileSource, NotRecoverable, describe_shortfall, rebuild
 from .payloads import MODEL_KIND, PAYLOAD_PARTIAL, files_expected, next_commands, payload_roots, payloads_placed
 from .volume import Volume, find_volumes, meta_bytes, open_volume, split_volumes
@@ -724,7 +724,8 @@ def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: lis
                          root: Path | None = None) -> RebuiltVolumes:
     """Rebuild data volumes WANT (numbers) from the good DATA sources (number -> parity.ByteSource) and the parity
     volumes PVOLS (parity_set's usable), each into OUT_DIR under its own file name: written under a temporary
-    name, named only when its whole-file blake3 is the one the parity index records. Raises NotRecoverable naming
+    name, named only when its digest (proof.py's proof, or a schema 1 index's whole-file blake3), taken as it is
+    written, is the one the parity index records. Raises NotRecoverable naming
     what would be enough. An input whose bytes are not those the parity index records (a damaged parity stream,
     a bad byte between members of a data volume) shows as a result that does not match: it is found by hashing
     the inputs, left out, and the rebuild runs again from the others. ROOT: the directory OUT_DIR lies in (no
@@ -755,8 +756,8 @@ def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: lis
                 write_all(fd, view)
             return write
 
-        def expected(i: int) -> str:
-            return index.data[i].blake3 if i < k else index.streams[i - k].blake3
+        def hasher(i: int):
+            return index.stream(i).hasher()
 
         def named(i: int) -> str:
             return f"volume {i + 1}" if i < k else f"parity {i - k + 1}"
@@ -770,17 +771,20 @@ def rebuild_data_volumes(pvols: list[Volume], data: dict[int, object], want: lis
 
         while True:  # an input found damaged is left out and the rebuild run again while enough are left
             usable = {i: src for i, src in inputs.items() if i not in damaged}
-            result = rebuild(layout, usable, want_idx, {i: sink(outs[i][0]) for i in want_idx}, on_bytes=advance)
-            bad = [i for i in want_idx if result.output_blake3[i] != index.data[i].blake3]
+            result = rebuild(layout, usable, want_idx, {i: sink(outs[i][0]) for i in want_idx}, on_bytes=advance,
+                             hasher=hasher)
+            bad = [i for i in want_idx if result.output_digest[i] != index.data[i].digest]
             if not bad:
                 break
             progress.advance(-written[0])  # the bar starts this rebuild again: never past 100%
             written[0] = 0
-            checked = rebuild(layout, usable, want_idx, {i: _discard for i in want_idx}, hash_inputs=True)
-            found = {i for i, d in checked.input_blake3.items() if d != expected(i)}
+            checked = rebuild(layout, usable, want_idx, {i: _discard for i in want_idx}, hash_inputs=True,
+                              hasher=hasher)
+            found = {i for i, d in checked.input_digest.items() if d != index.stream(i).digest}
             if not found:
                 raise IntegrityError(f"rebuilt volume(s) {', '.join(str(i + 1) for i in bad)} do not match the "
-                                     f"bundle (blake3), and no input shows damage; nothing written")
+                                     f"parity index ({'proof' if index.schema == PARITY_SCHEMA else 'blake3'}), and no "
+                                     f"input shows damage; nothing written")
             damaged |= found
             if len(inputs) - len(damaged) < k:
                 raise NotRecoverable(f"damaged input(s) {', '.join(map(named, sorted(damaged)))} left out: "
@@ -810,7 +814,7 @@ class _Skeleton:
     """A data volume imported earlier, read back from what it left in DEST: the bytes that are not member data
     (tar headers, metadata, padding: a few KB) are kept at import in DEST/.mm/unbundle/skeleton/, member data is
     read from the imported file (or the partial file of a split one). A parity rebuild in a later sitting uses it
-    in place of a disk no longer at hand; what it gives is checked by the rebuilt volume's whole-file blake3."""
+    in place of a disk no longer at hand; what it gives is checked by the rebuilt volume's digest (its proof)."""
 
     def __init__(self, size: int, regions: list, literal: bytes, run: _Import):
         self.size, self.regions, self.literal, self.run = size, regions, literal, run

@@ -50,6 +50,7 @@ class Volume:
     meta: dict[str, Member] = field(default_factory=dict)  # MMBUNDLE/ member name -> where it lies
     refused: list[str] = field(default_factory=list)  # hostile or malformed: nothing is taken from it
     damaged: dict[str, str] = field(default_factory=dict)  # member -> why (missing, truncated, hash)
+    hashed: dict[str, str] = field(default_factory=dict)  # member -> its blake3 as check.check_data read it
 
     @property
     def described(self) -> Index | ParityIndex | None:

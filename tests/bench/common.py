@@ -133,6 +133,23 @@ def run_usage(cmd: list[str], stats: Path, env: dict | None = None, stdout: Path
                  (after.ru_inblock - before.ru_inblock) * 512, (after.ru_oublock - before.ru_oublock) * 512)
 
 
+def drop_caches_between_steps() -> bool:
+    """MM_BENCH_DROP_CACHES=1: every step starts with the page cache dropped (`sync`, then `echo 3 >
+    /proc/sys/vm/drop_caches`), its input read from the disk: the figure for a host whose model does not fit in
+    its memory. Root only: anyone else is told so before anything runs."""
+    if os.environ.get("MM_BENCH_DROP_CACHES", "") in ("", "0"):
+        return False
+    if os.geteuid() != 0:
+        raise SystemExit("MM_BENCH_DROP_CACHES=1 needs root (it writes /proc/sys/vm/drop_caches)")
+    return True
+
+
+def drop_caches() -> None:
+    """Write back every dirty page, then drop the page cache, dentries and inodes."""
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
 def load_average() -> str:
     """The 1/5/15-minute load averages, as printed beside every figure (the machines are shared)."""
     return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
@@ -167,6 +184,7 @@ class RatioGoal:
     name: str
     bound: float
     at_most: bool = True  # False: the ratio must reach BOUND (a rate), True: stay under it (a time)
+    unit: str = "x"  # what the figures are: "x" a ratio to a peer; " MB/s", " MB" where the issue sets a rate or a size
 
     def verdict(self, ratios: list[float]) -> str:
         """The line `make bench` prints: the median of the per-round ratios, their spread and round count, and
@@ -184,5 +202,6 @@ class RatioGoal:
             state = f"{'met' if met else 'NOT met'} on the median, but the bound is inside the spread"
         else:
             state = "met" if met else "NOT met"
-        return (f"  goal {self.name}: {median:.2f}x (median of {n}, spread {low:.2f}-{high:.2f}), "
-                f"goal {sign} {self.bound:.2f}x: {state}")
+        u = self.unit
+        return (f"  goal {self.name}: {median:.2f}{u} (median of {n}, spread {low:.2f}-{high:.2f}{u}), "
+                f"goal {sign} {self.bound:.2f}{u}: {state}")
