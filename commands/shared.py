@@ -349,6 +349,17 @@ def check_identity(ctx, param, value):
 json_option = click.option("--json", "json_out", is_flag=True, help="Print one JSON document instead of text.")
 
 
+def examples(*lines: str) -> Callable[[click.Command], click.Command]:
+    """The examples that end a command's --help (as `hf` does), written above the command they show: put it
+    over the command's decorator. Each line is kept as written (click's "\\b" marker: no rewrapping)."""
+
+    def attach(command: click.Command) -> click.Command:
+        command.epilog = "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+        return command
+
+    return attach
+
+
 class DefaultGroup(click.Group):
     """A group whose default subcommand runs when the first argument names no subcommand.
 

@@ -13,7 +13,7 @@ from ..artifacts.errors import MMError, ProblemsFound
 from ..artifacts.units import human_bytes, human_duration, human_rate
 from .shared import (check_repo_id, check_revision, emit_json, handles_errors, json_option, out, progress_for,
                      render_signed, signature_options, signature_policy, to_jsonable)
-from .shared import PATH
+from .shared import PATH, examples
 
 if TYPE_CHECKING:
     from ..artifacts.integrity.verify import VerifyReport
@@ -77,6 +77,13 @@ def _node_name(ctx, param, value):
     return value
 
 
+@examples(
+    "mm verify /data/models/MiniMax-M3.1-Flash",
+    "mm verify --quick /data/models/MiniMax-M3.1-Flash          # no hashing: the pre-flight check",
+    "mm verify --strict /data/models/MiniMax-M3.1-Flash         # files not in the manifest fail too",
+    "mm verify --upstream /data/models/MiniMax-M3.1-Flash       # against the Hub's own hashes",
+    "mm verify DIR --allowed-signers allowed_signers --identity release@example.com",
+    "mm verify /models/MiniMaxAI/MiniMax-M3.1-Flash/current --label-node gpu-node-7   # OME's proof label")
 @click.command()
 @click.argument("directory", type=PATH)  # verify says why it cannot read
 @click.option("--manifest", "manifest_file", type=PATH,
@@ -169,6 +176,9 @@ def _render_signature(report) -> None:
 
 
 
+@examples(
+    "mm sign /data/models/MiniMax-M3.1-Flash --key ~/.ssh/id_ed25519",
+    "mm sign /data/models/MiniMax-M3.1-Flash --key ~/.ssh/id_ed25519.pub   # the key in ssh-agent")
 @click.command()
 @click.argument("directory", type=PATH)
 @click.option("--key", required=True, type=PATH,
@@ -189,6 +199,9 @@ def sign(directory, key, json_out):
 
 
 
+@examples(
+    "mm repair /data/models/MiniMax-M3.1-Flash",
+    "mm repair /data/models/MiniMax-M3.1-Flash --json | jq .restored")
 @click.command()
 @click.argument("directory", type=PATH)
 @click.option("--jobs", type=click.IntRange(1, 256), help="Verify threads. Default: one per core.")
