@@ -11,6 +11,7 @@ call artifacts/, and render (rich on a terminal, or one JSON document); nothing 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 
@@ -47,11 +48,18 @@ class MMGroup(click.Group):
             self.add_command(getattr(module, cmd_name), cmd_name)
         return self.commands.get(cmd_name)
 
+    def make_context(self, info_name, args, parent=None, **extra) -> click.Context:
+        if parent is None and "terminal_width" not in extra and click.formatting.FORCED_WIDTH is None:
+            extra["terminal_width"] = _help_width()
+        return super().make_context(info_name, args, parent, **extra)
+
     def resolve_command(self, ctx: click.Context, args: list[str]):
         try:
-            return super().resolve_command(ctx, args)
+            resolved = super().resolve_command(ctx, args)
         except _NO_SUCH_COMMAND as e:  # click suggests a close name among the commands loaded: offer them all
             raise type(e)(e.command_name, possibilities=self.list_commands(ctx), ctx=ctx) from None
+        _start_up_over()
+        return resolved
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         args = _json_after_command(list(sys.argv[1:] if args is None else args))
@@ -78,6 +86,33 @@ class MMGroup(click.Group):
         except BaseException as e:
             fail(e, "mm " + " ".join(a for a in args[:2] if not a.startswith("-")), json_out)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _start_up_over() -> None:
+    """The command's module is loaded: the garbage collector, off since the console script started (__main__.py),
+    comes back on, with every object made so far set aside for good (gc.freeze: modules, classes and functions,
+    which live as long as the process) so that no collection walks them again."""
+    import gc
+
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
+
+
+def _help_width() -> int:
+    """The width click's help formatter gives itself (COLUMNS, else the terminal's, else 80; at most 78), found
+    without shutil.get_terminal_size: importing shutil, with the compression modules it loads, costs `mm verify
+    --help` as much as its own command module."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return max(min(columns or 80, 80) - 2, 50)
 
 
 def _json_after_command(args: list[str]) -> list[str]:

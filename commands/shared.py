@@ -11,7 +11,6 @@ import functools
 import os
 import sys
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import click
@@ -19,6 +18,8 @@ import click
 from ..artifacts.errors import MMError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from rich.console import Console
 
     from ..artifacts.edges.progress import ProgressSink
@@ -317,9 +318,19 @@ def quiet_stdout() -> None:
 
 # --- option values shared by several commands, checked where they are parsed (a bad value is a usage error: exit 2)
 
+class _UserPath(click.Path):
+    """click.Path whose value is a pathlib.Path, imported when a path is given: `mm verify --help` needs no
+    pathlib (with the urllib.parse it loads, a tenth of that help's start-up)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+        from pathlib import Path
+
+        return Path(super().convert(value, param, ctx))
+
+
 # A path the user names, as given: mm opens it itself and says in one line why it cannot (exit 3, README "Exit
 # codes"). click's own readable check would answer a permission refused as a usage error (exit 2).
-PATH = click.Path(path_type=Path, readable=False)
+PATH = _UserPath(readable=False)
 
 
 def check_repo_id(ctx, param, value):

@@ -2,9 +2,7 @@
 re-fetching what is damaged (artifacts/integrity/verify.py, signing.py, repair.py)."""
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -16,6 +14,8 @@ from .shared import (check_repo_id, check_revision, emit_json, handles_errors, j
 from .shared import PATH, examples
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ..artifacts.integrity.verify import VerifyReport
 
 
@@ -55,12 +55,14 @@ def _problems_found(report: VerifyReport, what: str) -> None:
 
 def _next_step(report: VerifyReport) -> str | None:
     """What a user runs after a verify that found damage: repair when a download fixes some of it."""
-    from ..artifacts.integrity.verify import REPAIRABLE
-    import shlex
-    fixable = [p for p in report.failures if p.kind in REPAIRABLE]
     if report.ok or report.manifest_path.startswith("hub:"):
         return None
+    import shlex
+    from pathlib import Path
+
     from ..artifacts.integrity.provenance import import_remedy
+    from ..artifacts.integrity.verify import REPAIRABLE
+    fixable = [p for p in report.failures if p.kind in REPAIRABLE]
     if remedy := import_remedy(Path(report.model_dir), damaged=len(fixable)):  # from volumes: no Hub needed
         return f"next: {remedy}"
     if fixable:
@@ -161,6 +163,8 @@ def _proof_label(directory: Path) -> tuple[str, str]:
 
 def _checked_signature(directory: Path, allowed_signers: Path, identity: str | None, manifest_file: Path | None = None):
     """(SignatureReport, the Manifest parsed from exactly the bytes whose signature was checked)."""
+    import json
+
     from ..artifacts.integrity import signing
     from ..artifacts.integrity.manifest import from_dict
     report, data = signing.verify_dir_signature(directory, allowed_signers, identity, manifest_file)
