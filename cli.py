@@ -101,8 +101,8 @@ def _start_up_over() -> None:
 
 def _help_width() -> int:
     """The width click's help formatter gives itself (COLUMNS, else the terminal's, else 80; at most 78), found
-    without shutil.get_terminal_size: importing shutil, with the compression modules it loads, costs `mm verify
-    --help` as much as its own command module."""
+    without shutil.get_terminal_size: importing shutil, with the compression modules it loads, cost `mm verify
+    --help` twice what its own command module does."""
     try:
         columns = int(os.environ["COLUMNS"])
     except (KeyError, ValueError):

@@ -41,6 +41,40 @@ def test_a_commands_help_loads_its_module_alone_and_no_library(run_mm):
     assert command_modules(loaded_modules(run_mm, "bundle", "verify", "--help")) == {"bundle"}
 
 
+def test_a_commands_help_loads_neither_pathlib_nor_shutil_nor_json(run_mm):
+    """What click needs to show a help, and no more: pathlib (with urllib.parse), shutil (with bz2 and lzma) and
+    json were nearly half of what `mm verify --help` added to `import click`."""
+    assert not {"pathlib", "shutil", "json"} & loaded_modules(run_mm, "verify", "--help")
+
+
+@pytest.mark.parametrize("columns", ["50", "79", "100", "", "abc"])
+def test_a_help_is_wrapped_at_the_width_click_would_choose(run_mm, monkeypatch, columns):
+    """mm finds the help's width without shutil: the same as click's own (COLUMNS, else the terminal, else 80)."""
+    monkeypatch.setenv("COLUMNS", columns)
+    root = click.Context(cli.main, info_name="mm", **cli.main.context_settings)  # click's own width (shutil)
+    command = cli.main.get_command(root, "verify")
+    expected = command.get_help(click.Context(command, info_name="verify", parent=root))
+    assert run_mm("verify", "--help", extra_env={"COLUMNS": columns}).stdout == expected + "\n"
+
+
+def test_the_garbage_collector_is_off_while_the_tree_loads_and_back_on_for_the_command():
+    """A command's work (hours of fetch or bundle) runs with the collector on; what the start-up made is set
+    aside for good (gc.freeze), so collections do not walk the modules again."""
+    code = """if True:
+        import gc, sys
+        from mm.__main__ import main
+        sys.argv = ["mm", "version"]
+        try:
+            main()
+        except SystemExit:
+            pass
+        print(gc.isenabled(), gc.get_freeze_count() > 0)
+    """
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "True True"
+
+
 def test_the_top_level_help_lists_every_command_with_the_first_paragraph_of_its_own_help(run_mm):
     r = run_mm("--help")
     assert r.returncode == 0, r.stderr
@@ -66,13 +100,14 @@ def test_every_command_a_module_defines_is_named_in_the_root_with_that_module():
 
 
 def test_a_quick_verify_loads_neither_numpy_nor_openssl_nor_another_command(run_mm, tmp_path):
-    """It hashes nothing, so hashlib (OpenSSL, ~8 ms) stays unloaded too."""
+    """It hashes nothing, so hashlib (OpenSSL, ~8 ms), blake3 and mm's hashing stay unloaded too."""
     model = tmp_path / "model"
     write_model(model, shards=2, shard_bytes=4096)
     assert run_mm("manifest", model, "--repo", "o/r", "--revision", "a" * 40, "--offline").returncode == 0
     modules = loaded_modules(run_mm, "verify", model, "--quick")
     assert command_modules(modules) == {"verify"}
-    assert not {"numpy", "hashlib"} & modules and "mm.artifacts.integrity.safetensors_check" in modules
+    assert not {"numpy", "hashlib", "blake3", "mm.artifacts.integrity.hashing"} & modules
+    assert "mm.artifacts.integrity.safetensors_check" in modules
 
 
 def test_a_verify_whose_output_goes_to_a_pipe_loads_no_rich(run_mm, tmp_path):
