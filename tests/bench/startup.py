@@ -147,11 +147,15 @@ def main() -> None:
         print(f"{label}:")
         for case, goal in GOALS.items():
             print(goal.verdict(_per_round(times, f"{label}: {case}")))
+            cpu_goal = RatioGoal(f"{goal.name} in CPU time (moves less with the load)", goal.bound)
+            print(cpu_goal.verdict(_per_round(times, f"{label}: {case}", cpu=True)))
 
 
-def _per_round(times: dict[str, list[tuple[float, float]]], name: str) -> list[float]:
-    """NAME's wall time over `import click`'s, round by round (both ran in the same round, near each other)."""
-    return [wall / peer for (wall, _), (peer, _) in zip(times[name], times[CLICK])]
+def _per_round(times: dict[str, list[tuple[float, float]]], name: str, cpu: bool = False) -> list[float]:
+    """NAME's wall (or CPU) time over `import click`'s, round by round (both ran in the same round, near each
+    other)."""
+    at = 1 if cpu else 0
+    return [mine[at] / peer[at] for mine, peer in zip(times[name], times[CLICK])]
 
 
 if __name__ == "__main__":
