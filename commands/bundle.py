@@ -11,7 +11,7 @@ import click
 from ..artifacts.bundle.payloads import PAYLOAD_KINDS
 from ..artifacts.errors import IntegrityError, MMError, ProblemsFound, Waiting
 from ..artifacts.units import human_bytes, human_duration
-from .shared import PATH
+from .shared import PATH, examples
 from .shared import (DefaultGroup, emit_json, err, handles_errors, json_option, out, progress_for,
                      render_carried_signature, signature_options, signature_policy, to_jsonable)
 
@@ -59,11 +59,20 @@ def _payload_sources(kw: dict) -> dict[str, list[Path]]:
     return {kind: list(v) if isinstance(v, tuple) else ([v] if v else []) for kind, v in values.items()}
 
 
+@examples(
+    "mm bundle /data/models/MiniMax-M3.1-Flash --out /media/disk1 --volume-size 500G",
+    "mm bundle verify /media/disk1 /media/disk2",
+    "mm bundle repair-volume /media/disk1 /media/disk2")
 @click.group(cls=DefaultGroup, default="create")
 def bundle():
     """Pack a model into volumes (`mm bundle DIR --out OUT --volume-size 500G`) or check them (`mm bundle verify VOL...`)."""
 
 
+@examples(
+    "mm bundle /data/models/MiniMax-M3.1-Flash --out /media/disk1 --volume-size 500G",
+    "mm bundle DIR --out /media/disk1 --volume-size 1.8T --parity 2 --image sglang.tar",
+    "mm bundle --only-mm --out ./mm-upgrade       # mm itself, for a host that has the model",
+    "mm bundle ROOT/REPO/NEW --base ROOT/REPO/OLD --out /media/disk1 --volume-size 500G   # a delta")
 @bundle.command("create")
 @click.argument("directory", required=False, type=PATH)
 @click.option("--out", "out_dirs", required=True, multiple=True, type=PATH,
@@ -203,6 +212,9 @@ def _render_bundle_plan(plan) -> None:
         err.line(f"note: {note}")
 
 
+@examples(
+    "mm bundle verify /media/disk1 /media/disk2",
+    "mm bundle verify /media/disk1/MiniMax-M3.1-Flash-ce7f4df87d2e.vol001-of-003.tar --json")
 @bundle.command("verify")
 @click.argument("volumes", nargs=-1, required=True, type=PATH)
 @json_option
@@ -252,6 +264,9 @@ def bundle_verify(volumes, json_out):
         sys.exit(ProblemsFound.exit_code)
 
 
+@examples(
+    "mm bundle repair-volume /media/disk1 /media/disk2 /media/parity",
+    "mm bundle repair-volume /media/disk1 --out /media/spare")
 @bundle.command("repair-volume")
 @click.argument("volumes", nargs=-1, required=True, type=PATH)
 @click.option("--out", "out_dir", type=PATH,
@@ -288,6 +303,11 @@ def bundle_repair_volume(volumes, out_dir, no_sync, json_out):
                  f"in {human_duration(time.monotonic() - started)}")
 
 
+@examples(
+    "mm unbundle /media/disk1 /media/disk2 --dest /data/models/MiniMax-M3.1-Flash",
+    "mm unbundle /media/disk1 --dest DIR        # some volumes now, the rest later",
+    "mm unbundle /media/disk1 --dest DIR --allowed-signers allowed_signers",
+    "mm unbundle /media/disk1 --dest ROOT/REPO/NEW --from ROOT/REPO/OLD   # a delta: the rest from OLD")
 @click.command()
 @click.argument("volumes", nargs=-1, required=True, type=PATH)
 @click.option("--dest", required=True, type=PATH, help="The model directory to fill.")

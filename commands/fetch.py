@@ -12,7 +12,7 @@ import click
 
 from ..artifacts.errors import MMError
 from ..artifacts.units import human_bytes, human_duration, human_rate
-from .shared import PATH
+from .shared import PATH, examples
 from .shared import (DefaultGroup, check_repo_id, check_revision, emit_json, err, escape, handles_errors, json_option,
                      out, progress_for, render_signed, to_jsonable)
 
@@ -87,6 +87,13 @@ def _fetch_exit_code(result: mm_fetch.FetchResult) -> int:
     return max((f.error_kind.exit_code for f in result.failed), default=0)
 
 
+@examples(
+    "mm fetch --local-dir /data/models/MiniMax-M3.1-Flash             # the pin's repo and revision",
+    "mm fetch Qwen/Qwen3-8B --revision main --local-dir /data/models/Qwen3-8B",
+    "mm fetch --local-dir ./m --include '*.json'                        # a partial fetch, recorded",
+    "mm fetch --local-dir ./m --source modelscope                       # the mirror, then the Hub",
+    "mm fetch --local-dir ./m --json | jq .counts",
+    "mm fetch REPO -r NEW --local-dir ROOT/REPO/NEW --from ROOT/REPO/current   # download what changed")
 @click.command()
 @click.argument("repo", required=False, callback=check_repo_id)
 @click.option("--revision", "-r", callback=check_revision,
@@ -165,11 +172,19 @@ def _next_after_fetch(result: mm_fetch.FetchResult) -> list[str]:
     return hints
 
 
+@examples(
+    "mm manifest ./model --repo Qwen/Qwen3-8B --revision main",
+    "mm manifest ~/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/COMMIT",
+    "mm manifest export ./model")
 @click.group(cls=DefaultGroup, default="create")
 def manifest():
     """Write (`mm manifest DIR --repo R --revision REV`) or export (`mm manifest export DIR`) a manifest."""
 
 
+@examples(
+    "mm manifest ./model --repo Qwen/Qwen3-8B --revision main      # filled by hf download",
+    "mm manifest ./model --repo Qwen/Qwen3-8B --revision FULL_SHA --offline",
+    "mm manifest ~/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/COMMIT")
 @manifest.command("create")
 @click.argument("directory", type=PATH)
 @click.option("--repo", callback=check_repo_id,
@@ -210,6 +225,9 @@ def manifest_create(directory, repo, revision, offline, jobs, json_out):
                   f"and mm verify, bundle, launch and push find it there", highlight=False, soft_wrap=True)
 
 
+@examples(
+    "mm manifest export ./model && cd ./model && sha256sum -c .mm/SHA256SUMS",
+    "mm manifest export ./model --format blake3")
 @manifest.command("export")
 @click.argument("directory", type=PATH)
 @click.option("--format", "fmt", type=click.Choice(["sha256", "blake3", "both"]), default="both", show_default=True)
@@ -280,11 +298,19 @@ def _reconciliation_json(rec: ms_mirror.Reconciliation | None) -> dict | None:
     return None if rec is None else {**to_jsonable(rec), "complete": rec.complete, "label": rec.label}
 
 
+@examples(
+    "mm mirror reconcile",
+    "mm mirror reconcile --all-revisions")
 @click.group()
 def mirror():
     """ModelScope mirrors: compare a mirror with the pinned revision by content."""
 
 
+@examples(
+    "mm mirror reconcile                                  # the pin's repo, revision and mirror",
+    "mm mirror reconcile --ms-revision v1.0",
+    "mm mirror reconcile --all-revisions",
+    "mm mirror reconcile --pin-manifest DIR/.mm/manifest.json     # no Hub needed")
 @mirror.command("reconcile")
 @click.argument("repo", required=False, callback=check_repo_id)
 @click.option("--revision", "-r", callback=check_revision, help="The pinned Hub revision. Default: the pin's (manifests/).")

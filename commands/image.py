@@ -6,14 +6,21 @@ import sys
 import click
 
 from ..artifacts.units import human_bytes
-from .shared import PATH, emit_json, err, handles_errors, json_option, out, to_jsonable
+from .shared import PATH, emit_json, err, examples, handles_errors, json_option, out, to_jsonable
 
 
+@examples(
+    "mm image save --out sglang.tar",
+    "mm image push DEST.payload/image/sglang.tar registry.site:5000")
 @click.group()
 def image():
     """The pinned engine image by identity (`mm image save --out FILE`, `mm image push FILE SITE`)."""
 
 
+@examples(
+    "mm image save --out sglang.tar                      # the pinned engine image, this platform",
+    "mm image save --platform linux/arm64 --out sglang-arm64.tar      # for GB200/GB300 nodes",
+    "mm image save 127.0.0.1:5000/lmsysorg/sglang@sha256:DIGEST --out sglang.tar")
 @image.command("save")
 @click.argument("reference", required=False)
 @click.option("--platform", "platform_", default=None, help="linux/amd64 or linux/arm64 (default: this host's).")
@@ -47,6 +54,10 @@ def image_save(reference, platform_, out_file, fmt, insecure_registry, json_out)
         out.line(line)
 
 
+@examples(
+    "mm image push DEST.payload/image/sglang.tar registry.site:5000      # -> registry.site:5000/lmsysorg/sglang",
+    "mm image push sglang.tar 10.0.0.5:5000 --plain-http               # a site registry without TLS",
+    "echo \"$TOKEN\" | mm image push sglang.tar registry.site --username ci --password-stdin")
 @image.command("push")
 @click.argument("archive", type=PATH)
 @click.argument("site")

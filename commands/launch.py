@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable
 import click
 
 from ..artifacts.errors import MMError, ProblemsFound
-from .shared import PATH
+from .shared import PATH, examples
 from .shared import (emit_json, err, escape, handles_errors, json_option, out, progress_for, signature_options,
                      signature_policy, to_jsonable)
 
@@ -143,6 +143,13 @@ def _param(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
+@examples(
+    "mm launch /data/models/MiniMax-M3.1-Flash --hardware b300 --out start.sh",
+    "mm launch DIR --hardware B300 --recipe low-latency --format json",
+    "mm launch DIR --hardware h200 --engine vllm --gpus 0,1,2,3,4,5,6,7",
+    "mm launch DIR --hardware b300 --gpus 0,1,2,3,4,5,6,7 --replicas 2   # two servers behind the router",
+    "mm launch /models/MiniMaxAI/MiniMax-M3.1-Flash/current --hardware b300 --replicas 4 --format k8s "
+    "--namespace llm --out flash.yaml")
 @click.command()
 @recipe_options
 @click.option("--expose", is_flag=True, help="Publish on all interfaces; then the API key is read from --api-key-env at run time.")
@@ -254,6 +261,9 @@ def _revision_choices(model_dir: Path, revision: str | None, signed) -> dict:
     return {"revision": revision, "chosen": tuple(c for c in (signed, used) if c is not None), "choice_doubt": doubt}
 
 
+@examples(
+    "mm warmup /data/models/MiniMax-M3.1-Flash --hardware b300",
+    "mm warmup DIR --hardware b300 --timeout 7200 --report warmup.json")
 @click.command()
 @recipe_options
 @click.option("--timeout", type=float, default=3600, show_default=True, callback=_seconds,
@@ -294,6 +304,9 @@ def warmup(model_dir, timeout, report, image_file, gpu_info, json_out, **kw):
         raise ProblemsFound(result.error or f"warm-up checks failed: {failed}")
 
 
+@examples(
+    "mm doctor /data/models/MiniMax-M3.1-Flash --hardware b300",
+    "mm doctor DIR --hardware gb300 --json")
 @click.command()
 @recipe_options
 @json_option
@@ -319,6 +332,10 @@ def doctor(model_dir, json_out, **kw):
         sys.exit(ProblemsFound.exit_code)
 
 
+@examples(
+    "mm diagnose server.log",
+    "mm diagnose --container minimax-m3-1-flash",
+    "mm diagnose server.log --model-dir DIR --hardware b300 --host-checks")
 @click.command()
 @click.argument("logfile", required=False, type=PATH)
 @click.option("--container", default=None, callback=_container_name,

@@ -11,8 +11,8 @@ import click
 
 from ..artifacts.errors import ProblemsFound
 from ..artifacts.units import human_bytes, human_duration, human_rate
-from .shared import (PATH, emit_json, err, handles_errors, json_option, out, progress_for, render_carried_signature,
-                     signature_options, signature_policy, to_jsonable)
+from .shared import (PATH, emit_json, err, examples, handles_errors, json_option, out, progress_for,
+                     render_carried_signature, signature_options, signature_policy, to_jsonable)
 
 
 def registry_options(fn: Callable) -> Callable:
@@ -45,6 +45,10 @@ def _transfer_summary(items, nbytes: int, seconds: float) -> tuple[Counter, str]
                                                     f"{human_rate(rate)}{f', {resumed} resumed' if resumed else ''})")
 
 
+@examples(
+    "mm push /data/models/MiniMax-M3.1-Flash registry.example.com/models/minimax-m3.1-flash",
+    "mm push DIR 127.0.0.1:5000/models/flash:v1                # loopback: plain HTTP",
+    "echo \"$TOKEN\" | mm push DIR registry.example.com/models/flash --username ci --password-stdin")
 @click.command()
 @click.argument("directory", type=PATH)
 @click.argument("reference")
@@ -98,6 +102,13 @@ def _render_inspect(report) -> None:
              f"{'yes' if report.mm_manifest else 'no'}; signed: {signed}")
 
 
+@examples(
+    "mm pull registry.example.com/models/minimax-m3.1-flash:ce7f4df87d2e --local-dir DIR",
+    "mm pull registry.example.com/models/flash@sha256:DIGEST --local-dir DIR --allowed-signers allowed_signers",
+    "mm pull registry.example.com/models/flash:ce7f4df87d2e --list",
+    "mm pull registry.example.com/models/flash:ce7f4df87d2e --local-dir DIR --mirror t2.site:5000",
+    "mm pull registry.example.com/models/flash:ce7f4df87d2e --local-dir DIR --mirror t2.site:5000 "
+    "--mirror t1.site:5000 --no-fallback")
 @click.command()
 @click.argument("reference")
 @click.option("--local-dir", type=PATH, help="Target directory (required unless --list).")
@@ -180,6 +191,9 @@ def _render_skipped(skipped) -> None:
         err.line(f"skipped sources {len(lines) - SKIPPED_SHOWN} more time(s) (--json lists them all)")
 
 
+@examples(
+    "mm inspect registry.example.com/models/minimax-m3.1-flash:ce7f4df87d2e",
+    "mm inspect 127.0.0.1:5000/models/flash:v1 --json | jq .files")
 @click.command()
 @click.argument("reference")
 @registry_options
@@ -193,6 +207,9 @@ def inspect(reference, username, password_stdin, plain_http, ca_file, json_out):
     emit_json({"ok": True, **to_jsonable(report)}) if json_out else _render_inspect(report)
 
 
+@examples(
+    "mm preheat registry.example.com/models/flash:ce7f4df87d2e --tier t1.site:5000 --tier t2.site:5000",
+    "mm preheat 127.0.0.1:5000/models/flash:v1 --tier http://127.0.0.1:5001 --tier http://127.0.0.1:5002 --json")
 @click.command()
 @click.argument("reference")
 @click.option("--tier", "tiers", multiple=True, required=True, metavar="HOST[:PORT]",

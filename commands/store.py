@@ -6,13 +6,16 @@ from __future__ import annotations
 import click
 
 from ..artifacts.units import human_bytes
-from .shared import PATH
+from .shared import PATH, examples
 from .shared import check_repo_id, emit_json, err, handles_errors, json_option, out, to_jsonable
 
 root_option = click.option("--root", type=PATH, envvar="MM_ROOT", default=".", show_default=True,
                            help="The model root (ROOT/<repo id>/<revision dir>/). Environment: MM_ROOT.")
 
 
+@examples(
+    "mm ls /data/models",
+    "mm ls /data/models --json | jq '.revisions[] | {dir, current, shared}'")
 @click.command("ls")
 @click.argument("root", required=False, type=PATH, envvar="MM_ROOT", default=".")
 @json_option
@@ -51,6 +54,9 @@ def _revision_line(r) -> str:
             f"{signature}{mounted}")
 
 
+@examples(
+    "mm use MiniMaxAI/MiniMax-M3.1-Flash 2f3a91c0 --root /data/models",
+    "mm use MiniMaxAI/MiniMax-M3.1-Flash ce7f4df8 --root /data/models    # the rollback")
 @click.command("use")
 @click.argument("repo", callback=check_repo_id)
 @click.argument("revision")
@@ -83,6 +89,9 @@ def use(repo, revision, root, json_out):
              + (f"; roll back with: mm use {repo} {result.previous} --root {root}" if result.previous else ""))
 
 
+@examples(
+    "mm gc /data/models --dry-run",
+    "mm gc /data/models --keep 2")
 @click.command("gc")
 @click.argument("root", required=False, type=PATH, envvar="MM_ROOT", default=".")
 @click.option("--keep", type=click.IntRange(0, 10_000), default=1, show_default=True,

@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import click
 
-from .shared import PATH, emit_json, handles_errors, json_option, out, to_jsonable
+from .shared import PATH, emit_json, examples, handles_errors, json_option, out, to_jsonable
 
 
+@examples(
+    "mm fleet config --origin http://10.0.0.1:5000 --tier http://10.0.1.1:5000 --tier http://10.0.2.1:5000 "
+    "--out fleet")
 @click.group()
 def fleet():
     """The registry tiers between the site registry and the nodes (`mm fleet config --origin URL --tier URL --out
     DIR`)."""
 
 
+@examples(
+    "mm fleet config --origin http://10.0.0.1:5000 --tier http://10.0.1.1:5000 --tier http://10.0.2.1:5000 "
+    "--out fleet",
+    "mm fleet config --origin https://registry.site --tier https://cache.rack7.site --out fleet --ttl 720h")
 @fleet.command("config")
 @click.option("--origin", required=True, help="The site registry's URL (http://HOST:PORT or https://...): where "
                                               "`mm image push` and `mm push` write.")

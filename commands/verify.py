@@ -2,9 +2,7 @@
 re-fetching what is damaged (artifacts/integrity/verify.py, signing.py, repair.py)."""
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -13,9 +11,11 @@ from ..artifacts.errors import MMError, ProblemsFound
 from ..artifacts.units import human_bytes, human_duration, human_rate
 from .shared import (check_repo_id, check_revision, emit_json, handles_errors, json_option, out, progress_for,
                      render_signed, signature_options, signature_policy, to_jsonable)
-from .shared import PATH
+from .shared import PATH, examples
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ..artifacts.integrity.verify import VerifyReport
 
 
@@ -55,12 +55,14 @@ def _problems_found(report: VerifyReport, what: str) -> None:
 
 def _next_step(report: VerifyReport) -> str | None:
     """What a user runs after a verify that found damage: repair when a download fixes some of it."""
-    from ..artifacts.integrity.verify import REPAIRABLE
-    import shlex
-    fixable = [p for p in report.failures if p.kind in REPAIRABLE]
     if report.ok or report.manifest_path.startswith("hub:"):
         return None
+    import shlex
+    from pathlib import Path
+
     from ..artifacts.integrity.provenance import import_remedy
+    from ..artifacts.integrity.verify import REPAIRABLE
+    fixable = [p for p in report.failures if p.kind in REPAIRABLE]
     if remedy := import_remedy(Path(report.model_dir), damaged=len(fixable)):  # from volumes: no Hub needed
         return f"next: {remedy}"
     if fixable:
@@ -77,6 +79,13 @@ def _node_name(ctx, param, value):
     return value
 
 
+@examples(
+    "mm verify /data/models/MiniMax-M3.1-Flash",
+    "mm verify --quick /data/models/MiniMax-M3.1-Flash          # no hashing: the pre-flight check",
+    "mm verify --strict /data/models/MiniMax-M3.1-Flash         # files not in the manifest fail too",
+    "mm verify --upstream /data/models/MiniMax-M3.1-Flash       # against the Hub's own hashes",
+    "mm verify DIR --allowed-signers allowed_signers --identity release@example.com",
+    "mm verify /models/MiniMaxAI/MiniMax-M3.1-Flash/current --label-node gpu-node-7   # OME's proof label")
 @click.command()
 @click.argument("directory", type=PATH)  # verify says why it cannot read
 @click.option("--manifest", "manifest_file", type=PATH,
@@ -153,6 +162,8 @@ def _proof_label(directory: Path) -> tuple[str, str]:
 
 def _checked_signature(directory: Path, allowed_signers: Path, identity: str | None, manifest_file: Path | None = None):
     """(SignatureReport, the Manifest parsed from exactly the bytes whose signature was checked)."""
+    import json
+
     from ..artifacts.integrity import signing
     from ..artifacts.integrity.manifest import from_dict
     report, data = signing.verify_dir_signature(directory, allowed_signers, identity, manifest_file)
@@ -168,6 +179,9 @@ def _render_signature(report) -> None:
 
 
 
+@examples(
+    "mm sign /data/models/MiniMax-M3.1-Flash --key ~/.ssh/id_ed25519",
+    "mm sign /data/models/MiniMax-M3.1-Flash --key ~/.ssh/id_ed25519.pub   # the key in ssh-agent")
 @click.command()
 @click.argument("directory", type=PATH)
 @click.option("--key", required=True, type=PATH,
@@ -188,6 +202,9 @@ def sign(directory, key, json_out):
 
 
 
+@examples(
+    "mm repair /data/models/MiniMax-M3.1-Flash",
+    "mm repair /data/models/MiniMax-M3.1-Flash --json | jq .restored")
 @click.command()
 @click.argument("directory", type=PATH)
 @click.option("--jobs", type=click.IntRange(1, 256), help="Verify threads. Default: one per core.")

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import click
 
 from mm import cli
+from mm.commands.shared import DefaultGroup
 
 
 def leaf_commands(group: click.Group, prefix: str = "mm") -> dict[str, click.Command]:
@@ -18,6 +20,49 @@ def leaf_commands(group: click.Group, prefix: str = "mm") -> dict[str, click.Com
         else:
             found[f"{prefix} {name}"] = command
     return found
+
+
+def every_command(command: click.Command, path: str = "mm"):
+    """(path, command) for the root, every group and every command under it (the root loads each module here)."""
+    yield path, command
+    if isinstance(command, click.Group):
+        ctx = click.Context(command, info_name=path)
+        for name in command.list_commands(ctx):
+            yield from every_command(command.get_command(ctx, name), f"{path} {name}")
+
+
+def command_run_by(example: str) -> str:
+    """The path of the command an example line runs (`mm bundle DIR ...` runs `mm bundle create`, `mm -V` runs
+    `mm version`)."""
+    argv = next(part for part in example.replace("&&", "|").split("|") if part.strip().startswith("mm"))
+    words = shlex.split(argv, comments=True)[1:]
+    if words[:1] in (["-V"], ["--version"]):
+        return "mm version"
+    path, command = "mm", cli.main
+    for word in words:
+        if not isinstance(command, click.Group):
+            break
+        sub = command.get_command(click.Context(command, info_name=path), word)
+        if sub is None and isinstance(command, DefaultGroup):
+            word, sub = command.default_command, command.commands[command.default_command]
+        if sub is None:
+            break
+        path, command = f"{path} {word}", sub
+    return path
+
+
+def test_a_commands_help_ends_with_its_own_examples_and_no_other_commands():
+    """Examples are written over the command they show (commands/*.py): each --help ends with them, and every line
+    runs that command (a group's lines, it or its subcommands), never another's."""
+    for path, command in every_command(cli.main):
+        with click.Context(command, info_name=path) as ctx:
+            help_text = command.get_help(ctx)
+        assert "\n  Examples:\n" in help_text, path
+        shown = [line.strip() for line in help_text.split("\n  Examples:\n", 1)[1].splitlines() if line.strip()]
+        assert shown and help_text.rstrip().endswith(shown[-1]), path
+        for line in shown:
+            runs = command_run_by(line)
+            assert path == "mm" or runs == path or runs.startswith(f"{path} "), (path, line)
 
 
 def test_every_command_has_a_json_option():

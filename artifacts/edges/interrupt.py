@@ -22,11 +22,11 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
 
 STOP = threading.Event()
 GRACE = 0.7  # seconds the workers get to land their last batch before the process ends regardless
@@ -132,6 +132,8 @@ def _run(callback: Callable[[], None]) -> None:
 def keeps(directory: Path) -> None:
     """The running command keeps resumable work under DIRECTORY (an engine says so when it starts writing there):
     an interrupt describes what lies there (`kept_work`) and prints the command that resumes."""
+    from pathlib import Path  # here: the CLI installs this module before `--help`, which needs no pathlib
+
     directory = Path(directory)
     if directory not in _working:
         _working.append(directory)
@@ -258,6 +260,8 @@ def end(exc: Interrupted, flush: bool = False) -> None:
 def kept_work(directories: list[Path]) -> list[str]:
     """What resumable work lies in DIRECTORIES, one line per kind: partial downloads and their range maps, files
     already proven, unbundle state, push upload state, complete volumes. Read from disk, bounded (scandir only)."""
+    from pathlib import Path
+
     from ..paths import MM_DIR
     from ..units import human_bytes
 
@@ -293,6 +297,8 @@ def _names(d: Path) -> list[str]:
 
 
 def _dirs(d: Path) -> list[Path]:
+    from pathlib import Path
+
     try:
         with os.scandir(d) as it:
             return [Path(e.path) for e in it if e.is_dir(follow_symlinks=False)]

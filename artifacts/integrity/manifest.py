@@ -34,7 +34,6 @@ from urllib.parse import urlsplit, urlunsplit
 from ..errors import BadInput
 from ..paths import MM_DIR, manifest_path
 from ..edges.fsutil import atomic_write_text, check_model_path, read_local_file
-from .hashing import hash_file
 from ..edges.untrusted import At, load_json
 from ..units import is_commit
 
@@ -270,6 +269,8 @@ def export_sums(manifest: Manifest, algorithm: str) -> str:
 def entry_for_file(root: Path, relpath: str, upstream: Upstream | None = None, source: str = "local",
                    want_git_sha1: bool = False) -> tuple[FileEntry, str | None]:
     """Hash one local file in one pass; returns the entry and its git blob sha1 when asked."""
+    from .hashing import hash_file  # here: reading a manifest (a quick verify) hashes nothing
+
     d = hash_file(Path(root) / relpath, sha256=True, git_sha1=want_git_sha1)
     return FileEntry(path=relpath, size=d.size, blake3=d.blake3, sha256=d.sha256 or "", upstream=upstream,
                      source=source), d.git_sha1

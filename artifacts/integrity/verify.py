@@ -26,12 +26,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, TypeVar
 
-import blake3
-
 from ..errors import BadInput, BadValue, Busy, QuickVerifyFailed
 from ..paths import MM_DIR, Snapshot, manifest_path, snapshot_of, state_dir
 from ..edges.fsutil import check_relpath, is_model_file, lock_holder, read_local_file, read_lock
-from .hashing import SLICE, ChangedDuringRead, blake3_file, upstream_digest
 from .manifest import Manifest, read_manifest
 from ..edges.progress import NULL_PROGRESS, ProgressSink, working_on
 from ..edges.untrusted import MAX_DOCUMENT, Malformed, load_json
@@ -360,8 +357,12 @@ def _extra_problems(model_dir: Path, extras: list[str], missing: list[Expected],
 
 
 def _digest_matches(path: Path, exp: Expected) -> bool:
+    from blake3 import blake3
+
+    from .hashing import ChangedDuringRead
+
     try:
-        return _digest(path, exp, blake3.blake3.AUTO, None) == exp.digest
+        return _digest(path, exp, blake3.AUTO, None) == exp.digest
     except (OSError, ChangedDuringRead):
         return False
 
@@ -373,6 +374,9 @@ def window_size(jobs: int) -> int:
 
 def _digest(path: str | Path, exp: Expected, threads: int, on_bytes: Callable[[int], None] | None,
             window: int = MAX_WINDOW) -> str:
+    # hashing (and blake3's native module) loads with the first file hashed: a quick verify hashes none
+    from .hashing import SLICE, blake3_file, upstream_digest
+
     if exp.algorithm == "blake3":
         return blake3_file(path, threads, on_bytes, window=window)
     # sha256/sha1 have no inner threads: one file a thread, each in its part of the budget
@@ -381,10 +385,12 @@ def _digest(path: str | Path, exp: Expected, threads: int, on_bytes: Callable[[i
 
 def _hash_all(model_dir: Path, files: list[Expected], jobs: int, progress: ProgressSink) -> tuple[list[Problem], int]:
     """Hash every file whose size already matched (see the module docstring for the schedule)."""
+    from blake3 import blake3
+
     progress.begin(sum(e.size for e in files), "verify", files=len(files))
     try:
         per_core, one_at_a_time = hash_schedule(files, jobs)
-        threads = blake3.blake3.AUTO if jobs == (os.cpu_count() or 1) else jobs
+        threads = blake3.AUTO if jobs == (os.cpu_count() or 1) else jobs
         window = window_size(jobs)
         results = _in_parallel(per_core, lambda e: _check_one(model_dir, e, 1, progress, window), jobs)
         results += [_check_one(model_dir, e, threads if e.size >= BIG_FILE else 1, progress)
@@ -420,6 +426,8 @@ def _check_one(model_dir: Path, exp: Expected, threads: int, progress: ProgressS
 
 def _check_file(model_dir: Path, exp: Expected, threads: int, progress: ProgressSink,
                 window: int) -> tuple[Problem | None, int]:
+    from .hashing import ChangedDuringRead
+
     try:
         got = _digest(os.path.join(model_dir, exp.path), exp, threads, progress.advance, window)
     except OSError as e:
