@@ -620,7 +620,7 @@ def test_the_literal_shortcut_gives_every_pattern_the_regexs_own_answer():
              for _, text in normalised(f.read_text(errors="replace").splitlines())}
     lines |= set(ROW_INPUTS.values())
     patterns = {getattr(d, k) for row in load_table().rows for d in row.detect
-                for k in ("pattern", "unless", "also", "after", "cleared_by") if getattr(d, k) is not None}
+                for k in ("pattern", "unless", "also", "after", "cleared_by", "again_after") if getattr(d, k) is not None}
     wrong = [(p.pattern, line) for p in patterns for line in lines if bool(_searcher(p)(line)) != bool(p.search(line))]
     assert not wrong, wrong[:3]
 
@@ -712,3 +712,13 @@ def test_msa_aot_cache_disabled_in_the_environment_is_a_cache_not_persisted():
     assert rows_of("[pod/m-0/sglang] + export MSA_V1_AOT_DISABLE=1") == ["kernel-cache-not-persisted"]
     assert rows_of("MSA_V1_AOT_DISABLE=true") == ["kernel-cache-not-persisted"]
     assert rows_of("[pod/m-0/sglang] + export MSA_V1_AOT_DISABLE=0") == []
+
+
+def test_a_kernel_compiled_again_after_a_restart_is_a_cache_not_persisted_but_a_first_start_is_not():
+    start = ("[2026-12-03 09:36:02] server_args=ServerArgs(model_path='/models/M', tp_size=4)\n"
+             "[2026-12-03 09:38:01 TP0] [msa_v1] AOT cache miss: msa_v1_decode_q8kv4; starting cute.compile\n"
+             "[2026-12-03 09:39:22 TP0] [msa_v1] cute.compile done: msa_v1_decode_q8kv4 in 80.3s\n"
+             "[2026-12-03 09:39:22 TP0] Saved AOT kernel msa_v1_decode_q8kv4 to /root/.cache/minfer/msa_v1/a41c/k.o in 0.4s\n"
+             f"{READY}\n")
+    assert rows_of(start) == []  # one start that compiles and saves: a first start
+    assert rows_of(start + start) == ["kernel-cache-not-persisted"]  # the next start compiled it again

@@ -36,6 +36,8 @@ class Detector:
     unless: re.Pattern | None = None  # a line matching this voids the pattern's later lines (not earlier ones)
     also: re.Pattern | None = None  # ... and matches only when this is somewhere too
     after: re.Pattern | None = None  # the pattern counts only on lines after one that matches this (a ready line)
+    again_after: re.Pattern | None = None  # the pattern counts only for a value (its group 1) it already matched
+    # before a line matching this (a later start of the server: what it compiled then was not kept)
     cleared_by: re.Pattern | None = None  # a later line matching this voids an earlier hit (the server recovered)
     requires: str | None = None  # a property of the recipe: expects_qmul4, blackwell
     engine: str | None = None  # sglang | vllm: the detector applies to that engine only
@@ -169,7 +171,7 @@ def _detector(d: dict, d_at: At, where: str) -> Detector:
     if judged is not None and judged not in FIELDS:
         raise BadInput(f"{where}: unknown field {judged!r} (known: {', '.join(FIELDS)})")
     patterns = {k: _regex(d_at.get_str(d, k, None, max_len=MAX_PATTERN), where)
-                for k in ("pattern", "unless", "also", "after", "cleared_by")}
+                for k in ("pattern", "unless", "also", "after", "cleared_by", "again_after")}
     return Detector(source=source, **patterns, requires=d_at.get_str(d, "requires", None, max_len=64), engine=engine,
                     field=judged, body=body, fallback=d_at.get_bool(d, "fallback", False),
                     payload=d_at.get_bool(d, "payload", False),
@@ -609,6 +611,7 @@ class ScannedText:
     stream_line: int | None = None
     outputs: list = field(default_factory=list)  # (the model's output text, line) from request log lines (PAYLOAD)
     engines: set = field(default_factory=set)
+    values: dict = field(default_factory=dict)  # (row id, detector index) -> (values before the last restart, since)
     shown: dict = field(default_factory=dict)  # the server's own flag values the text shows (SHOWN_FLAGS)
     tail: deque = field(default_factory=deque)
     kept: list = field(default_factory=list)
@@ -718,7 +721,8 @@ def _logged_output(line: str) -> str | None:
 class _Scanner:
     def __init__(self, where: str, table: Table, tail: int, keep: re.Pattern | None):
         self.detectors = [((row.id, j), d, {k: _searcher(getattr(d, k)) for k in ("pattern", "unless", "also", "after",
-                                                                                   "cleared_by") if getattr(d, k)})
+                                                                                   "cleared_by", "again_after")
+                                                 if getattr(d, k)})
                           for row in table.rows for j, d in enumerate(row.detect)
                           if d.source in ("log", "http") and d.pattern is not None and d.field in (None, "output")]
         self.scan = ScannedText(where=where, tail=deque(maxlen=tail))
@@ -802,7 +806,9 @@ class _Scanner:
                 continue
             if d.cleared_by is not None and key in scan.hits and search["cleared_by"](line):
                 del scan.hits[key]
-            if (d.field is None and d.payload == payload and key not in scan.hits and key not in scan.unless_seen
+            if d.again_after is not None and not payload:
+                self._again(key, d, search, line, number)
+            elif (d.field is None and d.payload == payload and key not in scan.hits and key not in scan.unless_seen
                     and (d.after is None or key in scan.after_seen) and search["pattern"](line)):
                 scan.hits[key] = (line, number)
             if d.after is not None and key not in scan.after_seen and search["after"](line):
@@ -811,6 +817,19 @@ class _Scanner:
                 scan.unless_seen.add(key)
             if d.also is not None and key not in scan.also_seen and search["also"](line):
                 scan.also_seen.add(key)
+
+    def _again(self, key: tuple[str, int], d: Detector, search: dict, line: str, number: int) -> None:
+        """A value of the pattern's group 1 matched again after a restart (d.again_after) is a hit."""
+        scan = self.scan
+        earlier, current = scan.values.setdefault(key, (set(), set()))
+        if search["again_after"](line):
+            earlier |= current
+            current.clear()
+        elif key not in scan.hits and (m := search["pattern"](line)):
+            if m.group(1) in earlier:
+                scan.hits[key] = (line, number)
+            elif len(current) < MAX_KEPT:
+                current.add(m.group(1))
 
     def finish(self) -> ScannedText:
         if self.pending is not None:
