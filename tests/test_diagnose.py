@@ -645,6 +645,8 @@ SGLANG_PARSERS = ("[2026-12-03 09:07:02] server_args=ServerArgs(model_path='/mod
     "CUDA out of memory.', prompt_token_ids: None, prompt_embeds shape: None.",
     "(APIServer pid=1) INFO 12-03 09:15:45 [logger.py:80] Generated response chatcmpl-1: output: 'Watchdog caught "
     "collective operation timeout means a rank stalled', finish_reason: stop",
+    "(APIServer pid=1) INFO 12-03 09:15:42 [logger.py:66] Received request chatcmpl-1: params: SamplingParams(n=1, "
+    "stop=['CUDA out of memory'], max_tokens=64), lora_request: None.",
 ])
 def test_a_request_log_line_is_user_data_not_a_server_failure(line):
     assert rows_of(f"{READY}\n{line}") == []
@@ -706,6 +708,8 @@ def test_a_media_loaders_network_error_after_the_start_is_a_remote_image_failure
            "resolution)\"))")
     assert rows_of(f"{READY}\n{dns}") == ["remote-image-failed"]
     assert rows_of(dns) == []  # before the server started it is no request's failure
+    vllm = ("(APIServer pid=1) ERROR 12-03 09:31:02 [serving.py:310] Failed to fetch media from URL: HTTP 404 error")
+    assert rows_of(f"(APIServer pid=1) INFO:     Application startup complete.\n{vllm}") == ["remote-image-failed"]
 
 
 def test_msa_aot_cache_disabled_in_the_environment_is_a_cache_not_persisted():

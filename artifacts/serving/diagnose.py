@@ -678,9 +678,10 @@ def _searcher(pattern: re.Pattern) -> Callable[[str], object]:
 # The lines an engine writes about one request, holding its prompt and output (user data, never a server failure):
 # SGLang's --log-requests (srt/utils/request_logger.py: "Receive: obj=...", "Receive OpenAI: obj={...}",
 # "Finish: obj=..., out={...}"), vLLM's --enable-log-requests (entrypoints/serve/utils/request_logger.py: "Request ID
-# details: prompt: ...", "Generated response ID: output: ...", "Request ID JSON body: ...")
+# details: prompt: ...", "Generated response ID: output: ...", "Request ID JSON body: ...", "Received request ID: params:
+# SamplingParams(...)" with the user's stop strings)
 PAYLOAD = re.compile(r"\b(?:Receive(?: OpenAI)?|Finish): obj=|\bRequest \S+ (?:details: prompt: |JSON body: )"
-                     r"|\bGenerated response \S+: output: ")
+                     r"|\bGenerated response \S+: output: |\bReceived request \S+: params: ")
 _PY_STRING = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
 # the model's output in such a line: SGLang's out={..., 'text': '...'}, vLLM's output: '...' (a Python repr)
 _OUTPUT = re.compile(r"\bout=\{(?:[^{}'\"]|'[\w.]*'|\{[^{}]*\})*?'text': |\bGenerated response \S+: output: ")
@@ -694,7 +695,8 @@ _PYDANTIC_MSG = re.compile(r"^\s+\S.*[\[(]type=[\w.]+")
 
 
 def _is_payload(line: str) -> bool:
-    return ("obj=" in line or "Request " in line or "Generated response " in line) and PAYLOAD.search(line) is not None
+    return (("obj=" in line or "Request " in line or "Generated response " in line or "Received request " in line)
+            and PAYLOAD.search(line) is not None)
 
 
 def _masked(line: str) -> str:
