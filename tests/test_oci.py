@@ -202,6 +202,13 @@ def test_second_pull_downloads_nothing(pushed_a, tmp_path):
     assert {p: (dest / p).stat().st_ino for p in tree(dest)} == before
 
 
+def test_a_pull_reports_what_it_hashed_from_memory_and_read_back_from_the_disk(pushed_a, tmp_path):
+    proc = mm(tmp_path, "pull", pushed_a, "--local-dir", tmp_path / "pulled", "--json")
+    transfer = json.loads(proc.stdout)["transfer"]
+    assert proc.returncode == 0 and transfer["read_back"] == 0  # small files land in order: nothing read back
+    assert transfer["hashed_from_window"] >= 0 and transfer["requests"] > 0
+
+
 def test_pull_by_digest_and_list(pushed_a, model_a, tmp_path):
     listing = json.loads(mm(tmp_path, "pull", "--list", pushed_a, "--json").stdout)
     manifest = read_manifest(manifest_path(model_a))

@@ -75,6 +75,7 @@ class PullReport:
     draft_subfolder: str | None = None  # the pin's draft subfolder; None: the model's pin names no draft (or no pin)
     signature: dict | None = None  # the checked signature (identity, key type, fingerprint), with --allowed-signers
     skipped: tuple["Skipped", ...] = ()  # sources passed over (down, refusing, or serving bytes whose digest failed)
+    transfer: dict | None = None  # requests, retries, bytes hashed from memory and read back (ranges.TransferStats)
 
     @property
     def failed(self) -> list[PulledFile]:
@@ -293,7 +294,8 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
         verify_problems=problems,
         draft_present=bool(draft_subfolder) and any(f.path.startswith(draft) and f.path.endswith(".safetensors")
                                                      for f in r.manifest.files),
-        draft_subfolder=draft if draft_subfolder else None, signature=checked, skipped=tuple(places.skipped))
+        draft_subfolder=draft if draft_subfolder else None, signature=checked, skipped=tuple(places.skipped),
+        transfer=stats.report())
 
 
 
