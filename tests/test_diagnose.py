@@ -713,7 +713,8 @@ def test_a_media_loaders_network_error_after_the_start_is_a_remote_image_failure
 
 
 def test_msa_aot_cache_disabled_in_the_environment_is_a_cache_not_persisted():
-    assert rows_of("[pod/m-0/sglang] + export MSA_V1_AOT_DISABLE=1") == ["kernel-cache-not-persisted"]
+    [finding] = diagnose_texts([("log", "[pod/m-0/sglang] + export MSA_V1_AOT_DISABLE=1")]).findings
+    assert finding.row == "kernel-cache-not-persisted" and finding.fix.startswith("unset MSA_V1_AOT_DISABLE")
     assert rows_of("MSA_V1_AOT_DISABLE=true") == ["kernel-cache-not-persisted"]
     assert rows_of("[pod/m-0/sglang] + export MSA_V1_AOT_DISABLE=0") == []
 
