@@ -664,6 +664,8 @@ def test_thinking_type_errors_in_a_server_log_name_row_9():
     body = ('gateway: status=400 body={"object": "error", "message": "thinking.type must be one of \'enabled\', '
             '\'disabled\', \'adaptive\'; got \'budget\'", "type": "BadRequestError", "code": 400}')
     assert rows_of(body) == ["thinking-type-400"]
+    answer = json.dumps({"error": {"message": "thinking.type must be one of enabled, disabled, adaptive", "code": 400}})
+    assert rows_of(answer) == ["thinking-type-400"]
     request = "[2026-12-01 09:06:58] Receive: obj=ChatCompletionRequest(messages=[], thinking={'type': 'on'}, rid='1')"
     assert rows_of(request) == ["thinking-type-400"]
     assert rows_of(request.replace("'on'", "'adaptive'")) == []
@@ -681,6 +683,9 @@ def test_an_effort_in_chat_template_kwargs_shows_in_a_request_log_line_even_spli
     quoted = ("[2026-12-03 09:40:42] Receive: obj=ChatCompletionRequest(messages=[{'role': 'user', 'content': \"Should I "
               "send chat_template_kwargs={'reasoning_effort': 'high'}?\"}], reasoning_effort='high', rid='b1e1')")
     assert rows_of(quoted) == []  # what the user wrote is not the request's field
+    off = "[2026-12-03 09:40:42] Receive: obj=ChatCompletionRequest(messages=[], reasoning_effort='high', thinking={'type': 'disabled'})"
+    assert rows_of(off) == ["reasoning-effort-ignored"]
+    assert rows_of(off.replace("'disabled'", "'adaptive'")) == []
 
 
 def test_raw_tags_in_a_logged_output_are_a_leak_only_when_the_server_runs_no_parser():
