@@ -54,12 +54,12 @@ from pathlib import Path
 from typing import Callable, ContextManager, Iterator, Protocol
 
 from ..edges import wire
-from ..errors import BadInput, MMError, RemoteError
+from ..errors import BadInput, MMError, RemoteError, RetryLater
 from ..edges.fsutil import atomic_write_bytes, check_inside, open_file, read_local_file, unlink_file
 from ..integrity.hashing import Digests, SideThread, StreamHasher
 from ..edges import interrupt  # the stop flag: workers return within a chunk, the map is saved (interrupt.py)
 from ..edges.progress import NULL_PROGRESS, ProgressSink
-from ..edges.untrusted import load_json
+from ..edges.untrusted import load_json, shown
 
 MiB = 1 << 20
 DEFAULT_CONNECTIONS = 32  # the most at once; Connections opens 16 and adds more while they pay
@@ -94,15 +94,6 @@ BACKOFF_MAX = 30.0
 RETRY_AFTER_MAX = 120.0
 MAP_SCHEMA = "mm-ranges/1"
 WRONG_ANSWERS = ("bad-range", "wrong-length", "wrong-range", "short-body", "slow")  # retry reasons that are the server's
-
-
-class RetryLater(RemoteError):
-    """A range attempt failed in a way worth retrying (cut, 429, 5xx, expired signed URL, wrong answer)."""
-
-    def __init__(self, message: str, reason: str = "error", after: float | None = None):
-        super().__init__(message)
-        self.reason = reason
-        self.after = after
 
 
 class TransferCut(RetryLater):
@@ -154,7 +145,7 @@ def prove(answer: Answer, size: int, where: str) -> tuple[int, int]:
         start, end = int(m[1]), int(m[2]) + 1
         if start < end <= size and m[3] in ("*", str(size)) and answer.length in (None, end - start):
             return start, end
-    said = "no Content-Range" if answer.content_range is None else f"Content-Range {wire.shown(answer.content_range, 60)!r}"
+    said = "no Content-Range" if answer.content_range is None else f"Content-Range {shown(answer.content_range, 60)!r}"
     length = f" and Content-Length {answer.length}" if answer.length is not None else ""
     raise RetryLater(f"{where} answered {answer.status} with {said}{length}, which does not say where its bytes "
                      f"belong in a file of {size} bytes; none of its bytes kept", "bad-range", after=0)
@@ -171,7 +162,7 @@ def http_answer(raw: "wire.RawAnswer", where: str) -> Answer:
 
     encoding = (raw.header("Content-Encoding") or "identity").strip().lower()
     if encoding != "identity":  # offsets into compressed bytes are not offsets into the file
-        raise RemoteError(f"{where} answered with Content-Encoding {wire.shown(encoding, 40)!r} although mm asked for "
+        raise RemoteError(f"{where} answered with Content-Encoding {shown(encoding, 40)!r} although mm asked for "
                           f"identity; refused")
     return Answer(raw.status, raw.header("Content-Range"), read, raw.length, raw.where)
 
