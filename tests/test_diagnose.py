@@ -616,10 +616,119 @@ def test_the_literal_shortcut_gives_every_pattern_the_regexs_own_answer():
     from mm.artifacts.serving.diagnose import _searcher, normalised
 
     here = Path(__file__).parent
-    lines = {text for d in ("diagnose_corpus", "diagnose_heldout", "diagnose_heldout2") for f in (here / d).iterdir()
+    lines = {text for d in ("diagnose_corpus", "diagnose_heldout", "diagnose_heldout2", "diagnose_heldout3") for f in (here / d).iterdir()
              for _, text in normalised(f.read_text(errors="replace").splitlines())}
     lines |= set(ROW_INPUTS.values())
     patterns = {getattr(d, k) for row in load_table().rows for d in row.detect
-                for k in ("pattern", "unless", "also", "after", "cleared_by") if getattr(d, k) is not None}
+                for k in ("pattern", "unless", "also", "after", "cleared_by", "again_after") if getattr(d, k) is not None}
     wrong = [(p.pattern, line) for p in patterns for line in lines if bool(_searcher(p)(line)) != bool(p.search(line))]
     assert not wrong, wrong[:3]
+
+
+SGLANG_NO_PARSER = "[2026-12-03 09:07:02] server_args=ServerArgs(model_path='/models/M', reasoning_parser=None, tool_call_parser=None)"
+SGLANG_PARSERS = ("[2026-12-03 09:07:02] server_args=ServerArgs(model_path='/models/M', reasoning_parser='minimax-m3', "
+                  "tool_call_parser='minimax-m3')")
+
+
+@pytest.mark.parametrize("line", [
+    "[2026-12-03 09:15:42] Receive: obj=ChatCompletionRequest(messages=[{'role': 'user', 'content': 'It died with "
+    "torch.OutOfMemoryError: CUDA out of memory. and a Watchdog caught collective operation timeout'}], rid='9a7c')",
+    "[2026-12-03 09:15:42] Receive: obj=GenerateReqInput(text='Why does safetensors say incomplete metadata, file not "
+    "fully covered?', rid='9a7c')",
+    "[2026-12-03 09:15:45] Finish: obj=ChatCompletionRequest(rid='9a7c'), out={'text': 'The CUDA out of memory message "
+    "means the batch did not fit.', 'meta_info': {'completion_tokens': 412}}",
+    "[2026-12-03 09:15:42] Receive OpenAI: obj={'messages': [{'role': 'user', 'content': 'NCCL error: unhandled system "
+    "error'}], 'model': 'M'}",
+    '[2026-12-03 09:15:42] {"timestamp": "2026-12-03T09:15:42", "event": "request.received.openai", "obj": {"messages": '
+    '[{"role": "user", "content": "CUDA out of memory. Tried to allocate 2.00 GiB"}]}}',
+    "(APIServer pid=1) INFO 12-03 09:15:42 [logger.py:52] Request chatcmpl-1 details: prompt: 'torch.OutOfMemoryError: "
+    "CUDA out of memory.', prompt_token_ids: None, prompt_embeds shape: None.",
+    "(APIServer pid=1) INFO 12-03 09:15:45 [logger.py:80] Generated response chatcmpl-1: output: 'Watchdog caught "
+    "collective operation timeout means a rank stalled', finish_reason: stop",
+    "(APIServer pid=1) INFO 12-03 09:15:42 [logger.py:66] Received request chatcmpl-1: params: SamplingParams(n=1, "
+    "stop=['CUDA out of memory'], max_tokens=64), lora_request: None.",
+])
+def test_a_request_log_line_is_user_data_not_a_server_failure(line):
+    assert rows_of(f"{READY}\n{line}") == []
+
+
+def test_thinking_type_errors_in_a_server_log_name_row_9():
+    pydantic = ("[2026-12-01 09:06:58] Error in request: 1 validation error for ChatCompletionRequest\nthinking.type\n"
+                "  Input should be 'enabled', 'disabled' or 'adaptive' [type=literal_error, input_value='on', "
+                "input_type=str]\n    For further information visit https://errors.pydantic.dev/2.12/v/literal_error\n")
+    assert rows_of(pydantic) == ["thinking-type-400"]
+    assert rows_of(pydantic.replace("thinking.type", "messages.0.content")) == []
+    handler = ("[2026-12-01 09:06:58] 1 validation error: [{'type': 'literal_error', 'loc': ('body', 'thinking', 'type'), "
+               "'msg': \"Input should be 'enabled', 'disabled' or 'adaptive'\", 'input': 'on'}]")
+    assert rows_of(handler) == ["thinking-type-400"]
+    body = ('gateway: status=400 body={"object": "error", "message": "thinking.type must be one of \'enabled\', '
+            '\'disabled\', \'adaptive\'; got \'budget\'", "type": "BadRequestError", "code": 400}')
+    assert rows_of(body) == ["thinking-type-400"]
+    answer = json.dumps({"error": {"message": "thinking.type must be one of enabled, disabled, adaptive", "code": 400}})
+    assert rows_of(answer) == ["thinking-type-400"]
+    request = "[2026-12-01 09:06:58] Receive: obj=ChatCompletionRequest(messages=[], thinking={'type': 'on'}, rid='1')"
+    assert rows_of(request) == ["thinking-type-400"]
+    assert rows_of(request.replace("'on'", "'adaptive'")) == []
+
+
+def test_an_effort_in_chat_template_kwargs_shows_in_a_request_log_line_even_split_by_cri():
+    request = ("[2026-12-03 09:40:42] Receive: obj=ChatCompletionRequest(messages=[{'role': 'user', 'content': 'Summarise "
+               "this.'}], reasoning_effort=None, chat_template_kwargs={'reasoning_effort': 'high'}, rid='b1e0')")
+    assert rows_of(request) == ["reasoning-effort-ignored"]
+    cut = len(request) // 2
+    cri = f"{TS} stderr P {request[:cut]}\n{TS} stderr F {request[cut:]}\n"
+    assert rows_of(cri) == ["reasoning-effort-ignored"]
+    assert rows_of("[2026-12-03 09:40:42] Receive OpenAI: obj={'messages': [], 'chat_template_kwargs': "
+                   "{'reasoning_effort': 'max'}}") == ["reasoning-effort-ignored"]
+    quoted = ("[2026-12-03 09:40:42] Receive: obj=ChatCompletionRequest(messages=[{'role': 'user', 'content': \"Should I "
+              "send chat_template_kwargs={'reasoning_effort': 'high'}?\"}], reasoning_effort='high', rid='b1e1')")
+    assert rows_of(quoted) == []  # what the user wrote is not the request's field
+    off = "[2026-12-03 09:40:42] Receive: obj=ChatCompletionRequest(messages=[], reasoning_effort='high', thinking={'type': 'disabled'})"
+    assert rows_of(off) == ["reasoning-effort-ignored"]
+    assert rows_of(off.replace("'disabled'", "'adaptive'")) == []
+
+
+def test_raw_tags_in_a_logged_output_are_a_leak_only_when_the_server_runs_no_parser():
+    finish = ("[2026-12-02 09:10:45] Finish: obj=ChatCompletionRequest(rid='4c1e'), out={'text': '<mm:think>Call "
+              "get_weather.</mm:think>\\n<minimax:tool_call>\\n<invoke name=\"get_weather\">', 'meta_info': {}}")
+    assert rows_of(f"{SGLANG_NO_PARSER}\n{READY}\n{finish}") == ["raw-think-tokens"]
+    assert rows_of(f"{SGLANG_PARSERS}\n{READY}\n{finish}") == []  # the raw output always holds them; the parser strips
+    as_json = ('{"timestamp": "2026-12-02T09:10:45", "event": "request.finished", "rid": "4c1e", "obj": {}, '
+               '"out": {"text": "The user asks.</mm:think>It is 18 C."}}')
+    assert rows_of(f"{SGLANG_NO_PARSER}\n{as_json}") == ["raw-think-tokens"]
+
+
+def test_a_media_loaders_network_error_after_the_start_is_a_remote_image_failure():
+    trace = (
+        "[2026-12-01 09:47:51] Error in request: Traceback (most recent call last):\n"
+        '  File "/sgl-workspace/sglang/python/sglang/srt/utils/common.py", line 812, in load_image\n'
+        "    response = requests.get(image_file, stream=True, timeout=timeout)\n"
+        "requests.exceptions.ReadTimeout: HTTPSConnectionPool(host='raw.githubusercontent.com', port=443): Read timed "
+        "out. (read timeout=3)\n")
+    assert rows_of(f"{READY}\n{trace}") == ["remote-image-failed"]
+    assert rows_of(f"{READY}\n{trace.replace('in load_image', 'in hf_hub_download')}") == []
+    dns = ("[2026-12-02 09:30:45] Error in request: Failed to load image from https://raw.githubusercontent.com/x.png: "
+           "HTTPSConnectionPool(host='raw.githubusercontent.com', port=443): Max retries exceeded with url: /x.png (Caused "
+           "by NameResolutionError(\"Failed to resolve 'raw.githubusercontent.com' ([Errno -3] Temporary failure in name "
+           "resolution)\"))")
+    assert rows_of(f"{READY}\n{dns}") == ["remote-image-failed"]
+    assert rows_of(dns) == []  # before the server started it is no request's failure
+    vllm = ("(APIServer pid=1) ERROR 12-03 09:31:02 [serving.py:310] Failed to fetch media from URL: HTTP 404 error")
+    assert rows_of(f"(APIServer pid=1) INFO:     Application startup complete.\n{vllm}") == ["remote-image-failed"]
+
+
+def test_msa_aot_cache_disabled_in_the_environment_is_a_cache_not_persisted():
+    [finding] = diagnose_texts([("log", "[pod/m-0/sglang] + export MSA_V1_AOT_DISABLE=1")]).findings
+    assert finding.row == "kernel-cache-not-persisted" and finding.fix.startswith("unset MSA_V1_AOT_DISABLE")
+    assert rows_of("MSA_V1_AOT_DISABLE=true") == ["kernel-cache-not-persisted"]
+    assert rows_of("[pod/m-0/sglang] + export MSA_V1_AOT_DISABLE=0") == []
+
+
+def test_a_kernel_compiled_again_after_a_restart_is_a_cache_not_persisted_but_a_first_start_is_not():
+    start = ("[2026-12-03 09:36:02] server_args=ServerArgs(model_path='/models/M', tp_size=4)\n"
+             "[2026-12-03 09:38:01 TP0] [msa_v1] AOT cache miss: msa_v1_decode_q8kv4; starting cute.compile\n"
+             "[2026-12-03 09:39:22 TP0] [msa_v1] cute.compile done: msa_v1_decode_q8kv4 in 80.3s\n"
+             "[2026-12-03 09:39:22 TP0] Saved AOT kernel msa_v1_decode_q8kv4 to /root/.cache/minfer/msa_v1/a41c/k.o in 0.4s\n"
+             f"{READY}\n")
+    assert rows_of(start) == []  # one start that compiles and saves: a first start
+    assert rows_of(start + start) == ["kernel-cache-not-persisted"]  # the next start compiled it again

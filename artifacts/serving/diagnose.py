@@ -36,11 +36,14 @@ class Detector:
     unless: re.Pattern | None = None  # a line matching this voids the pattern's later lines (not earlier ones)
     also: re.Pattern | None = None  # ... and matches only when this is somewhere too
     after: re.Pattern | None = None  # the pattern counts only on lines after one that matches this (a ready line)
+    again_after: re.Pattern | None = None  # the pattern counts only for a value (its group 1) it already matched
+    # before a line matching this (a later start of the server: what it compiled then was not kept)
     cleared_by: re.Pattern | None = None  # a later line matching this voids an earlier hit (the server recovered)
     requires: str | None = None  # a property of the recipe: expects_qmul4, blackwell
     engine: str | None = None  # sglang | vllm: the detector applies to that engine only
     field: str | None = None  # error | content: the pattern judges that field of a JSON answer, not text
     body: str | None = None  # a named check on a JSON request or answer body (BODY_CHECKS)
+    payload: bool = False  # the pattern is tried on request/response log lines only (PAYLOAD), their strings masked
     fallback: bool = False  # a symptom whose cause another row may name: reported only when no other row matches
     missing_mount: str | None = None
     fix: str | None = None  # this message's own fix, where it says more than the row's (a full disk, the GPU)
@@ -129,7 +132,7 @@ MAX_PATTERN = 2000
 FIX_FIELDS = frozenset({"recipe", "hardware", "model_dir", "revision", "pinned_revision", "image", "pinned_image",
                         "cache_root", "minfer_mount", "minfer_host", "mem_fraction_static", "chunked_prefill_size",
                         "gpu_count", "gpus", "port", "container"})
-FIELDS = ("error", "content")
+FIELDS = ("error", "content", "output")  # output: the model's text in a request log line (PAYLOAD), with `also` seen
 # the placeholders a row's fix_log may name: the values the log shows and the lower ones mm proposes
 LOG_FIELDS = frozenset({"mem_fraction_static", "mem_fraction_lower", "chunked_prefill_size", "apply"})
 
@@ -168,9 +171,10 @@ def _detector(d: dict, d_at: At, where: str) -> Detector:
     if judged is not None and judged not in FIELDS:
         raise BadInput(f"{where}: unknown field {judged!r} (known: {', '.join(FIELDS)})")
     patterns = {k: _regex(d_at.get_str(d, k, None, max_len=MAX_PATTERN), where)
-                for k in ("pattern", "unless", "also", "after", "cleared_by")}
+                for k in ("pattern", "unless", "also", "after", "cleared_by", "again_after")}
     return Detector(source=source, **patterns, requires=d_at.get_str(d, "requires", None, max_len=64), engine=engine,
                     field=judged, body=body, fallback=d_at.get_bool(d, "fallback", False),
+                    payload=d_at.get_bool(d, "payload", False),
                     missing_mount=d_at.get_str(d, "missing_mount", None, max_len=4096), check=check,
                     fix=d_at.get_str(d, "fix", None), fix_here=_fix_template(d_at.get_str(d, "fix_here", None),
                                                                              d_at.key("fix_here")),
@@ -542,6 +546,7 @@ class _JsonObject:
         self.depth = 0
         self.in_string = False
         self.escaped = False
+        self.payload = False  # it began on a request log line (PAYLOAD)
         self.done = self._feed(first[offset:])
 
     def add(self, line: str, number: int) -> bool:
@@ -604,7 +609,9 @@ class ScannedText:
     bodies: list = field(default_factory=list)
     stream_content: str = ""  # the delta.content of SSE chunks, joined (a marker may span chunks)
     stream_line: int | None = None
+    outputs: list = field(default_factory=list)  # (the model's output text, line) from request log lines (PAYLOAD)
     engines: set = field(default_factory=set)
+    values: dict = field(default_factory=dict)  # (row id, detector index) -> (values before the last restart, since)
     shown: dict = field(default_factory=dict)  # the server's own flag values the text shows (SHOWN_FLAGS)
     tail: deque = field(default_factory=deque)
     kept: list = field(default_factory=list)
@@ -666,16 +673,65 @@ def _searcher(pattern: re.Pattern) -> Callable[[str], object]:
     return lambda line: any(n in line for n in needles) and search(line)
 
 
+# --- request and response log lines: user data -------------------------------------------------
+
+# The lines an engine writes about one request, holding its prompt and output (user data, never a server failure):
+# SGLang's --log-requests (srt/utils/request_logger.py: "Receive: obj=...", "Receive OpenAI: obj={...}",
+# "Finish: obj=..., out={...}"), vLLM's --enable-log-requests (entrypoints/serve/utils/request_logger.py: "Request ID
+# details: prompt: ...", "Generated response ID: output: ...", "Request ID JSON body: ...", "Received request ID: params:
+# SamplingParams(...)" with the user's stop strings)
+PAYLOAD = re.compile(r"\b(?:Receive(?: OpenAI)?|Finish): obj=|\bRequest \S+ (?:details: prompt: |JSON body: )"
+                     r"|\bGenerated response \S+: output: |\bReceived request \S+: params: ")
+_PY_STRING = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
+# the model's output in such a line: SGLang's out={..., 'text': '...'}, vLLM's output: '...' (a Python repr)
+_OUTPUT = re.compile(r"\bout=\{(?:[^{}'\"]|'[\w.]*'|\{[^{}]*\})*?'text': |\bGenerated response \S+: output: ")
+MAX_OUTPUTS = 64
+
+
+# pydantic's ValidationError prints each error as a location line ('thinking.type'; v1: 'thinking -> type') and an
+# indented message ('  Input should be ... [type=literal_error, ...]'): the message is read as 'LOCATION: message'
+_PYDANTIC_LOC = re.compile(r"^[A-Za-z_][\w.]*(?: -> \w+)*$")
+_PYDANTIC_MSG = re.compile(r"^\s+\S.*[\[(]type=[\w.]+")
+
+
+def _is_payload(line: str) -> bool:
+    return (("obj=" in line or "Request " in line or "Generated response " in line or "Received request " in line)
+            and PAYLOAD.search(line) is not None)
+
+
+def _masked(line: str) -> str:
+    """A request log line with the text of every string that holds a space emptied: what the user wrote (a prompt
+    quoting an error, or a field name) is never read as the request's own fields; names and short values stay."""
+    return _PY_STRING.sub(lambda m: m.group()[0] * 2 if any(c.isspace() for c in m.group()[1:-1]) else m.group(), line)
+
+
+def _logged_output(line: str) -> str | None:
+    """The model's output text a request log line carries (see _OUTPUT), else None."""
+    import ast
+
+    m = _OUTPUT.search(line)
+    literal = _PY_STRING.match(line, m.end()) if m else None
+    if literal is None:
+        return None
+    try:
+        text = ast.literal_eval(literal.group())
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return text[:MAX_FACT] if isinstance(text, str) else None
+
+
 class _Scanner:
     def __init__(self, where: str, table: Table, tail: int, keep: re.Pattern | None):
         self.detectors = [((row.id, j), d, {k: _searcher(getattr(d, k)) for k in ("pattern", "unless", "also", "after",
-                                                                                   "cleared_by") if getattr(d, k)})
+                                                                                   "cleared_by", "again_after")
+                                                 if getattr(d, k)})
                           for row in table.rows for j, d in enumerate(row.detect)
-                          if d.source in ("log", "http") and d.pattern is not None and d.field is None]
+                          if d.source in ("log", "http") and d.pattern is not None and d.field in (None, "output")]
         self.scan = ScannedText(where=where, tail=deque(maxlen=tail))
         self.keep = keep
         self.tail = tail
         self.pending: _JsonObject | None = None
+        self.location: str | None = None  # the last line, when it was a pydantic error's location (_PYDANTIC_LOC)
 
     def line(self, number: int, line: str) -> None:
         scan = self.scan
@@ -688,12 +744,20 @@ class _Scanner:
             if self.pending.add(line, number) or self.pending.too_big:
                 self._close()
             return
+        location, self.location = self.location, line if len(line) < 256 and _PYDANTIC_LOC.match(line) else None
+        if location is not None and "type=" in line and _PYDANTIC_MSG.match(line):
+            line = f"{location}: {line.strip()}"
+        payload = _is_payload(line)
+        if payload and len(scan.outputs) < MAX_OUTPUTS and (text := _logged_output(line)) is not None:
+            scan.outputs.append((text, number))
         start = _BODY_START.search(line) if "{" in line else None
         if start is None:
-            self._match(line, number)
+            self._match(_masked(line) if payload else line, number, payload)
             return
-        self._match(line[:start.start()], number)  # what precedes the body is text ("data: ", a log prefix)
+        # what precedes the body is text ("data: ", a log prefix)
+        self._match(_masked(line[:start.start()]) if payload else line[:start.start()], number, payload)
         self.pending = _JsonObject(line, start.start(), number)
+        self.pending.payload = payload
         if self.pending.done:
             self._close()
 
@@ -702,12 +766,20 @@ class _Scanner:
         doc = None if pending.too_big or not pending.done else pending.document()
         if doc is None:  # not JSON after all: read as text
             for text, number in pending.lines:
-                self._match(text, number)
+                self._match(_masked(text) if pending.payload else text, number, pending.payload)
             return
+        if isinstance(doc, dict) and str(doc.get("event", "")).startswith("request."):
+            # SGLang's --log-requests-format json (utils/log_utils.py log_json): a request or its output, user data
+            out = doc.get("out")
+            if isinstance(out, dict) and isinstance(out.get("text"), str) and len(self.scan.outputs) < MAX_OUTPUTS:
+                self.scan.outputs.append((out["text"][:MAX_FACT], pending.number))
+            doc = doc.get("obj")
+            if not (isinstance(doc, dict) and isinstance(doc.get("messages"), list)):
+                return
         facts = body_facts(doc, pending.number)
         if facts is None:  # JSON, but no request or answer (a structured log line): read as text
             for text, number in pending.lines:
-                self._match(text, number)
+                self._match(_masked(text) if pending.payload else text, number, pending.payload)
             return
         if facts.error is not None:  # a server's error message is evidence like a log line (an OOM in a 500)
             self._match(facts.error, pending.number)
@@ -719,21 +791,27 @@ class _Scanner:
         if (facts.request or facts.error is not None or facts.contents) and len(self.scan.bodies) < MAX_BODIES:
             self.scan.bodies.append(facts)
 
-    def _match(self, line: str, number: int) -> None:
+    def _match(self, line: str, number: int, payload: bool = False) -> None:
+        """Every detector on LINE; a request log line (PAYLOAD) is user data: only the detectors made for it see it."""
         if not line:
             return
         scan = self.scan
-        for engine, marker in ENGINE_MARKERS.items():
-            if engine not in scan.engines and marker.search(line):
-                scan.engines.add(engine)
-        if ("mem" in line or "chunked" in line) and len(scan.shown) < 2:
-            for m in SHOWN_FLAGS.finditer(line):
-                scan.shown.setdefault((m.group(1) or m.group(3)).replace("-", "_"), m.group(2) or m.group(4))
+        if not payload:
+            for engine, marker in ENGINE_MARKERS.items():
+                if engine not in scan.engines and marker.search(line):
+                    scan.engines.add(engine)
+            if ("mem" in line or "chunked" in line) and len(scan.shown) < 2:
+                for m in SHOWN_FLAGS.finditer(line):
+                    scan.shown.setdefault((m.group(1) or m.group(3)).replace("-", "_"), m.group(2) or m.group(4))
         for key, d, search in self.detectors:
+            if payload and not d.payload:
+                continue
             if d.cleared_by is not None and key in scan.hits and search["cleared_by"](line):
                 del scan.hits[key]
-            if (key not in scan.hits and key not in scan.unless_seen and (d.after is None or key in scan.after_seen)
-                    and search["pattern"](line)):
+            if d.again_after is not None and not payload:
+                self._again(key, d, search, line, number)
+            elif (d.field is None and d.payload == payload and key not in scan.hits and key not in scan.unless_seen
+                    and (d.after is None or key in scan.after_seen) and search["pattern"](line)):
                 scan.hits[key] = (line, number)
             if d.after is not None and key not in scan.after_seen and search["after"](line):
                 scan.after_seen.add(key)
@@ -742,11 +820,24 @@ class _Scanner:
             if d.also is not None and key not in scan.also_seen and search["also"](line):
                 scan.also_seen.add(key)
 
+    def _again(self, key: tuple[str, int], d: Detector, search: dict, line: str, number: int) -> None:
+        """A value of the pattern's group 1 matched again after a restart (d.again_after) is a hit."""
+        scan = self.scan
+        earlier, current = scan.values.setdefault(key, (set(), set()))
+        if search["again_after"](line):
+            earlier |= current
+            current.clear()
+        elif key not in scan.hits and (m := search["pattern"](line)):
+            if m.group(1) in earlier:
+                scan.hits[key] = (line, number)
+            elif len(current) < MAX_KEPT:
+                current.add(m.group(1))
+
     def finish(self) -> ScannedText:
         if self.pending is not None:
             pending, self.pending = self.pending, None
             for text, number in pending.lines:
-                self._match(text, number)
+                self._match(_masked(text) if pending.payload else text, number, pending.payload)
         return self.scan
 
 
@@ -824,7 +915,7 @@ def _match_text(key: tuple[str, int], d: Detector, scan: ScannedText) -> tuple[s
     return scan.hits.get(key)
 
 
-def _match_bodies(d: Detector, scan: ScannedText) -> tuple[str, int | None] | None:
+def _match_bodies(d: Detector, scan: ScannedText, key: tuple[str, int]) -> tuple[str, int | None] | None:
     if d.body is not None:
         for b in scan.bodies:
             fact = BODY_CHECKS[d.body](b)
@@ -835,6 +926,11 @@ def _match_bodies(d: Detector, scan: ScannedText) -> tuple[str, int | None] | No
         for b in scan.bodies:
             if b.error is not None and d.pattern.search(b.error):
                 return f"error: {b.error}", b.line
+    elif d.field == "output":
+        if d.also is None or key in scan.also_seen:
+            for text, line in scan.outputs:
+                if d.pattern.search(text):
+                    return f"output: {text}", line
     elif d.field == "content":
         contents = [(c, b.line) for b in scan.bodies for c in b.contents]
         if scan.stream_content:
@@ -864,7 +960,7 @@ def diagnose(texts: Iterable[tuple[str, str] | ScannedText] = (), *, plan: Launc
                 continue
             if d.source in ("log", "http"):
                 for scan in scans:
-                    if key_hit := (_match_bodies(d, scan) if d.body or d.field else _match_text((row.id, j), d, scan)):
+                    if key_hit := (_match_bodies(d, scan, (row.id, j)) if d.body or d.field else _match_text((row.id, j), d, scan)):
                         found = _finding(row, plan, engine, d, scan.where, key_hit[0], key_hit[1], shown)
                         break
             elif d.source == "container" and mounts is not None:
