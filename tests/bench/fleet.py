@@ -50,21 +50,29 @@ def run(cmd: list, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True)
 
 
+# Each node runs under this small launcher, which forks it and reads its peak RSS from wait4. Not wait4 in this
+# process: a child forked from it starts with this process's pages, and Linux keeps that high-water mark across
+# exec, so every node would report at least this bench's own RSS (the model it made: over 300 MB).
+LAUNCHER = ("import os, sys\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+            "_, status, usage = os.wait4(pid, 0)\n"
+            "open(sys.argv[1], 'w').write(str(usage.ru_maxrss))\n"
+            "sys.exit(os.waitstatus_to_exitcode(status))\n")
+
+
 def wave(cmds: list[list], env: dict, rss_dir: Path) -> tuple[float, list[int], list[str]]:
     """Start every command at once; (wall seconds, exit codes, what each said went wrong), peak RSS of each in
-    RSS_DIR (in KiB, from wait4: no GNU time needed on the host). Outputs go to files in RSS_DIR, so no pipe fills."""
+    RSS_DIR (in KiB, from wait4 in LAUNCHER: no GNU time needed on the host). Outputs go to files in RSS_DIR, so no pipe fills."""
     rss_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     procs = []
     for i, cmd in enumerate(cmds):
         with open(rss_dir / f"{i}.out", "w") as out, open(rss_dir / f"{i}.err", "w") as err:
-            procs.append(subprocess.Popen([str(c) for c in cmd], env=env, stdout=out, stderr=err))
-    codes = []
-    for i, proc in enumerate(procs):
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        codes.append(proc.returncode)
-        (rss_dir / f"{i}.rss").write_text(str(usage.ru_maxrss))  # KiB on Linux
+            procs.append(subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, str(rss_dir / f"{i}.rss"),
+                                           *map(str, cmd)], env=env, stdout=out, stderr=err))
+    codes = [proc.wait() for proc in procs]  # the launcher wrote each node's peak RSS (KiB on Linux)
     wall = time.perf_counter() - start
     said = [trouble((rss_dir / f"{i}.out").read_text(), (rss_dir / f"{i}.err").read_text()) for i in range(len(cmds))]
     return wall, codes, said
