@@ -30,9 +30,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644, *, root: Path, allowed: Allowed = (),
-                       sync: bool = True) -> None:
-    """Write PATH (under ROOT) to a temporary name in its directory, then publish it: never half a file.
+def atomic_write_bytes(path: Path, data: bytes | Iterable[bytes], mode: int = 0o644, *, root: Path,
+                       allowed: Allowed = (), sync: bool = True) -> None:
+    """Write PATH (under ROOT) to a temporary name in its directory, then publish it: never half a file. DATA: the
+    bytes, or chunks of them (a large document written as it is rendered, never held whole).
 
     Every directory from ROOT down is reached without following a symlink (see `parent_dir`). sync=False: no
     fsync (state a kill -9 keeps in the page cache, and a power cut may lose)."""
@@ -44,7 +45,8 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644, *, root: Path
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                for chunk in (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data:
+                    f.write(chunk)
                 f.flush()
                 if sync:
                     os.fsync(f.fileno())
