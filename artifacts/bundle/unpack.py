@@ -169,7 +169,14 @@ class _State:
                 s_at.index(i).int(value)
 
     def pieces(self, key: str) -> dict:
-        return self.doc["pieces"].setdefault(key, {})
+        """The pieces of KEY in place (a fresh dict, not kept, when none: a whole file has none, and a bundle may
+        hold a million files)."""
+        return self.doc["pieces"].get(key) or {}
+
+    def add_piece(self, key: str, segment: int, piece: list) -> dict:
+        pieces = self.doc["pieces"].setdefault(key, {})
+        pieces[str(segment)] = piece
+        return pieces
 
     def bytes_in_place(self, key: str) -> int:
         return sum(int(p[1]) for p in self.doc["pieces"].get(key, {}).values())
@@ -897,7 +904,8 @@ def _final_check(dest: Path, run: _Import, state: _State, manifest, progress: Pr
             earlier.add(path)
     proven = frozenset(now | earlier)
     rehash = frozenset(f.path for f in manifest.files) - proven
-    report = verify_dir(dest, progress=progress if rehash else NULL_PROGRESS, rehash=rehash)  # no empty bar
+    # the manifest just imported is the one at DEST (_check_dest_manifest): not read and held a second time
+    report = verify_dir(dest, manifest, progress=progress if rehash else NULL_PROGRESS, rehash=rehash)  # no empty bar
     record_verified(dest, report.ok, report.files_checked, report.bytes_checked, len(report.problems), "mm unbundle")
     count = lambda paths: {"files": len(paths), "bytes": sum(sizes.get(p, 0) for p in paths)}  # noqa: E731
     return {"ok": report.ok, "files_checked": report.files_checked, "bytes_checked": report.bytes_checked,
@@ -1021,7 +1029,7 @@ class _Import:
         if not e.whole:
             if e.file_blake3:
                 self.state.doc["whole"][skey] = [e.file_blake3, e.file_sha256]
-            pieces[str(e.segment)] = [e.offset, e.length, got]
+            pieces = self.state.add_piece(skey, e.segment, [e.offset, e.length, got])
             if whole is not None:
                 self.running[skey] = (e.offset + e.length, whole)
             self.state.save()

@@ -27,6 +27,7 @@ import io
 import json
 import os
 import re
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -265,7 +266,7 @@ def entry_from_dict(d: object, at: At | None = None) -> FileEntry:
         blake3=at.get_str(d, "blake3", None, max_len=64),
         sha256=at.get_str(d, "sha256", None, max_len=64),
         upstream=upstream,
-        source=at.get_str(d, "source", "hub", max_len=512),
+        source=sys.intern(at.get_str(d, "source", "hub", max_len=512)),  # a few values, a million entries
         xet_hash=at.get_str(d, "xet_hash", None, max_len=64),
     )
 
