@@ -430,6 +430,20 @@ def disagreements(index: Index, manifest: Manifest | None) -> list[str]:
     return problems
 
 
+def share_manifest_strings(index: Index, files: dict) -> None:
+    """Make INDEX's model entries hold the manifest's own path and digest strings (FILES: its entries by path),
+    where they are equal (disagreements has checked they are): one copy of each per file, not two, for the
+    import's length (a volume may hold a million files)."""
+    for e in index.members:
+        f = files.get(e.path) if e.kind == MODEL_KIND else None
+        if f is None:
+            continue
+        object.__setattr__(e, "path", f.path)
+        for mine, theirs in (("blake3", "blake3"), ("file_blake3", "blake3"), ("file_sha256", "sha256")):
+            if getattr(e, mine) == getattr(f, theirs):
+                object.__setattr__(e, mine, getattr(f, theirs))
+
+
 def take_disagreements(note: DeltaNote, manifest: Manifest) -> list[str]:
     """Takes that are not a file of MANIFEST with the same size and hashes (bundle-wide: the same in every volume)."""
     files = manifest.by_path()

@@ -58,7 +58,8 @@ from . import delta as deltas
 from .check import ParitySet, conflicting_numbers, incomplete, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back, write_all
 from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member, volume_filename
-from .index import Entry, Index, disagreements, parse_index, take_disagreements, unaccounted
+from .index import (Entry, Index, disagreements, parse_index, share_manifest_strings, take_disagreements,
+                    unaccounted)
 from .parity import FileSource, NotRecoverable, describe_shortfall, rebuild
 from .payloads import MODEL_KIND, PAYLOAD_PARTIAL, files_expected, next_commands, payload_roots, payloads_placed
 from .volume import Volume, find_volumes, meta_bytes, open_volume, split_volumes
@@ -410,6 +411,10 @@ def _unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | N
                     raise IntegrityError(f"{'; '.join(refused[:3])}; nothing written")
         if disagree := disagreements(idx, manifest):  # every path below is looked up among the manifest's files
             raise BadInput(f"{idx_where}: {disagree[0]}; refused")
+        files = manifest.by_path()
+        for index in {id(i): i for i in [idx, *(v.index for v in accepted)]}.values():
+            share_manifest_strings(index, files)
+        del files
         if {v.number for v in accepted} == set(range(1, idx.volumes + 1)) and (
                 lost := unaccounted(manifest, [v.index for v in accepted])):
             raise BadInput(f"{incomplete(ref, lost)}; nothing written")
