@@ -220,8 +220,8 @@ class ParityIndex:
                 "streams": [{"number": s.number, "size": s.size, "blake3": s.blake3} for s in self.streams]}
 
 
-def _entry(raw: object, where: str) -> Entry:
-    """A member record typed and checked on its own; what depends on the volumes is _fits."""
+def _entry(raw: object, where: str, volumes: int | None = None, volume_size: int | None = None) -> Entry:
+    """A member record typed and checked on its own; what depends on the volumes (_fits) when they are given."""
     raw = record(raw, "a member record")
     kind, path = string(raw, "kind", max_len=64), string(raw, "path", max_len=MAX_NAME)
     if kind not in PREFIXES:
@@ -239,7 +239,7 @@ def _entry(raw: object, where: str) -> Entry:
         raise ValueError(f"{path}: a whole file of {e.size} bytes stored as {e.length} bytes at offset {e.offset}")
     if e.member != data_member(kind, path, e.segment, e.segments):
         raise ValueError(f"member name {e.member[:200]!r} does not match {kind} {path!r}")
-    return e
+    return e if volumes is None or volume_size is None else _fits(e, volumes, volume_size)
 
 
 def _fits(e: Entry, volumes: int, volume_size: int) -> Entry:
