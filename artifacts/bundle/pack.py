@@ -269,7 +269,7 @@ def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volu
 def _require_first_volume(plan: Plan, first: list[CarriedFile], reserve: int) -> None:
     """Every first-volume source whole in volume 1, else refuse naming the smallest volume size that holds them."""
     keys = {s.key for s in first}
-    whole = {p.source.key for p in plan.volumes[0] if p.segments == 1}
+    whole = {p.source.key for p in plan.volumes[0] if p.segments == 1 and p.source.kind != MODEL_KIND}
     if keys <= whole:
         return
     need = reserve + END_OF_ARCHIVE + sum(member_bytes(data_member(s.kind, s.path, 1, 1) + "99", s.size) for s in first)

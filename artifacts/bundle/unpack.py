@@ -899,7 +899,6 @@ def _final_check(dest: Path, run: _Import, state: _State, manifest, progress: Pr
     from ..integrity.stamps import record_verified
     from ..integrity.verify import verify_dir  # the verify capability
 
-    sizes = {f.path: f.size for f in manifest.files}
     now = {path for kind, path in run.named if kind == MODEL_KIND}
     earlier = set()
     for skey, stamp in state.doc.get("proven", {}).items():
@@ -907,12 +906,11 @@ def _final_check(dest: Path, run: _Import, state: _State, manifest, progress: Pr
         target = run.targets.get((kind, path))
         if kind == MODEL_KIND and path not in now and target is not None and _stamp(target) == stamp:
             earlier.add(path)
-    proven = frozenset(now | earlier)
-    rehash = frozenset(f.path for f in manifest.files) - proven
+    rehash = frozenset(f.path for f in manifest.files if f.path not in now and f.path not in earlier)
     # the manifest just imported is the one at DEST (_check_dest_manifest): not read and held a second time
     report = verify_dir(dest, manifest, progress=progress if rehash else NULL_PROGRESS, rehash=rehash)  # no empty bar
     record_verified(dest, report.ok, report.files_checked, report.bytes_checked, len(report.problems), "mm unbundle")
-    count = lambda paths: {"files": len(paths), "bytes": sum(sizes.get(p, 0) for p in paths)}  # noqa: E731
+    count = lambda paths: {"files": len(paths), "bytes": sum(f.size for f in manifest.files if f.path in paths)}  # noqa: E731
     return {"ok": report.ok, "files_checked": report.files_checked, "bytes_checked": report.bytes_checked,
             "problems": [f"{p.path}: {p.kind}: {p.detail}" for p in report.problems],
             "hashed_as_written": count(now), "named_earlier_unchanged": count(earlier),
