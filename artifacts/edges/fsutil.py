@@ -65,9 +65,26 @@ def atomic_write_text(path: Path, text: str, mode: int = 0o644, *, root: Path, a
 
 
 def atomic_write_json(path: Path, obj: object, *, root: Path, allowed: Allowed = (), indent: int | None = 2) -> None:
-    """INDENT None: one line, by json's C encoder (an indented document is built by its Python encoder as a list
-    of every token first: for mm's own state of a million files, hundreds of MB)."""
-    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False) + "\n", root=root, allowed=allowed)
+    """INDENT None: one line, by json's C encoder. An indented document is written as its Python encoder yields it,
+    a megabyte at a time (json.dumps makes a list of every token first: for mm's own record of a million files,
+    hundreds of MB)."""
+    if indent is None:
+        atomic_write_text(path, json.dumps(obj) + "\n", root=root, allowed=allowed)
+        return
+
+    def chunks() -> Iterator[bytes]:
+        batch: list[str] = []
+        held = 0
+        for token in json.JSONEncoder(indent=indent).iterencode(obj):
+            batch.append(token)
+            held += len(token)
+            if held >= 1 << 20:
+                yield "".join(batch).encode("utf-8")
+                batch, held = [], 0
+        batch.append("\n")
+        yield "".join(batch).encode("utf-8")
+
+    atomic_write_bytes(path, chunks(), root=root, allowed=allowed)
 
 
 def publish(partial: Path, final: Path, sync: bool = True, mode: int | None = None, *, root: Path,
