@@ -36,6 +36,7 @@ from __future__ import annotations
 import bisect
 import enum
 import os
+import struct
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,12 +163,18 @@ class _State:
             at.key("whole").key(file_key).list(whole)
         for n, volume in enumerate(at.get_list(self.doc, "done_volumes", [])):
             at.key("done_volumes").index(n).int(volume)
-        for file_key, stamp in at.get_obj(self.doc, "proven", {}).items():  # _stamp of each file named
+        proven = at.get_obj(self.doc, "proven", {})
+        for file_key, stamp in proven.items():  # _stamp of each file named
             s_at = at.key("proven").key(file_key)
             if stamp is not None and len(s_at.list(stamp)) != 4:
                 raise s_at.fail("expected [inode, size, mtime_ns, ctime_ns]")
             for i, value in enumerate(stamp or []):
                 s_at.index(i).int(value)
+            if stamp is not None:
+                try:
+                    proven[file_key] = Stamp.of(*stamp)
+                except struct.error:
+                    raise s_at.fail("a value is out of range for an inode, a size or a time") from None
 
     def pieces(self, key: str) -> dict:
         """The pieces of KEY in place (a fresh dict, not kept, when none: a whole file has none, and a bundle may
@@ -183,7 +190,8 @@ class _State:
         return sum(int(p[1]) for p in self.doc["pieces"].get(key, {}).values())
 
     def save(self) -> None:
-        atomic_write_json(self.path, self.doc, root=self.root, indent=None)  # a stamp a file: one line, C encoder
+        atomic_write_json(self.path, self.doc, root=self.root, indent=None,  # a stamp a file: one line, C encoder
+                          default=Stamp.as_list)
 
 
 def _is_done(target: Path, size: int) -> bool:
@@ -222,7 +230,7 @@ def _read_record(dest: Path) -> _State | None:
 def _write_record(dest: Path, state: _State) -> None:
     keep = ("bundle_id", "name", "volumes", "manifest_blake3", "done_volumes", "read_from", "volume_files", "proven")
     doc = {"schema": "mm-import/1", **{k: state.doc[k] for k in keep if k in state.doc}}
-    atomic_write_json(check_inside(dest, dest / IMPORT_RECORD), doc, root=dest)
+    atomic_write_json(check_inside(dest, dest / IMPORT_RECORD), doc, root=dest, default=Stamp.as_list)
 
 
 def check_free_space(places: Places, remaining: dict[str, int]) -> None:
@@ -919,14 +927,32 @@ def _final_check(dest: Path, run: _Import, state: _State, manifest, progress: Pr
             "proven": run.proven_sentence()}
 
 
-def _stamp(path: Path) -> list[int] | None:
+class Stamp(bytes):
+    """A file's [inode, size, mtime_ns, ctime_ns] packed in 32 bytes: a list of four ints is ~200 bytes, and an
+    import names a million files. Written to the state and the import record as that list (as_list)."""
+
+    _FORMAT = struct.Struct("<Qqqq")
+
+    @classmethod
+    def of(cls, ino: int, size: int, mtime_ns: int, ctime_ns: int) -> "Stamp":
+        return cls(cls._FORMAT.pack(ino, size, mtime_ns, ctime_ns))
+
+    @staticmethod
+    def as_list(value: object) -> list[int]:
+        """json's `default` for a Stamp; anything else is not JSON."""
+        if isinstance(value, Stamp):
+            return list(Stamp._FORMAT.unpack(value))
+        raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _stamp(path: Path) -> Stamp | None:
     """What says a file is still the one an import named: its inode, size, mtime and ctime (ctime cannot be set
     back by a writer: any write or utime after the import changes it)."""
     try:
         st = os.stat(path, follow_symlinks=False)
-    except OSError:
+        return Stamp.of(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    except (OSError, struct.error):
         return None
-    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 @dataclass

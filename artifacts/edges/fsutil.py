@@ -11,7 +11,7 @@ import sys
 import unicodedata
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator
+from typing import BinaryIO, Callable, Iterable, Iterator
 
 from ..errors import BadInput, Busy, Refused
 from ..paths import MM_DIR, state_dir, state_root
@@ -64,18 +64,19 @@ def atomic_write_text(path: Path, text: str, mode: int = 0o644, *, root: Path, a
     atomic_write_bytes(path, text.encode("utf-8"), mode, root=root, allowed=allowed)
 
 
-def atomic_write_json(path: Path, obj: object, *, root: Path, allowed: Allowed = (), indent: int | None = 2) -> None:
+def atomic_write_json(path: Path, obj: object, *, root: Path, allowed: Allowed = (), indent: int | None = 2,
+                      default: Callable[[object], object] | None = None) -> None:
     """INDENT None: one line, by json's C encoder. An indented document is written as its Python encoder yields it,
     a megabyte at a time (json.dumps makes a list of every token first: for mm's own record of a million files,
-    hundreds of MB)."""
+    hundreds of MB). DEFAULT: json's, for values of mm's own compact types."""
     if indent is None:
-        atomic_write_text(path, json.dumps(obj) + "\n", root=root, allowed=allowed)
+        atomic_write_text(path, json.dumps(obj, default=default) + "\n", root=root, allowed=allowed)
         return
 
     def chunks() -> Iterator[bytes]:
         batch: list[str] = []
         held = 0
-        for token in json.JSONEncoder(indent=indent).iterencode(obj):
+        for token in json.JSONEncoder(indent=indent, default=default).iterencode(obj):
             batch.append(token)
             held += len(token)
             if held >= 1 << 20:
