@@ -25,15 +25,16 @@ removal is a rename out of the way, then a delete that the next `mm gc` finishes
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
 import time
 from collections import Counter
 from contextlib import ExitStack, contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from .errors import BadInput, BadValue, NotInRoot, Refused
 from .paths import MM_DIR, POINTER, manifest_path, payload_dir
@@ -44,6 +45,9 @@ from .edges.sharing import DiskUse, Layout, layout, shared_bytes
 from .edges.untrusted import At, load_json
 from .serving.docker import Container, running_containers
 from .units import iso_time
+
+if TYPE_CHECKING:
+    from .serving.launch import RevisionChoice
 
 REMOVING = ".mm-removing-"
 POINTER_TMP = ".current.tmp-"
@@ -183,6 +187,8 @@ class Use:
     repo_id: str
     dir: str
     previous: str | None
+    revision: str | None = None  # the revision chosen, and the sha256 of its manifest's bytes: the choice is of
+    manifest_sha256: str | None = None  # this very manifest (None: a line of an mm that did not record them)
 
 
 def _uses_path(root: Path) -> Path:
@@ -208,7 +214,8 @@ def read_uses(root: Path) -> list[Use] | None:
             if isinstance(t, bool) or not isinstance(t, (int, float)):
                 continue
             out.append(Use(float(t), at.get_str(doc, "repo_id", max_len=256), at.get_str(doc, "dir", max_len=255),
-                           at.get_str(doc, "previous", None, max_len=255)))
+                           at.get_str(doc, "previous", None, max_len=255), at.get_str(doc, "revision", None, max_len=256),
+                           at.get_str(doc, "manifest_sha256", None, max_len=64)))
         except BadInput:
             continue
     return sorted(out, key=lambda u: u.time)
@@ -217,7 +224,8 @@ def read_uses(root: Path) -> list[Use] | None:
 def _append_use(root: Path, use: Use) -> None:
     path = _uses_path(root)
     line = json.dumps({"time": use.time, "at": iso_time(use.time), "repo_id": use.repo_id, "dir": use.dir,
-                       "previous": use.previous}) + "\n"
+                       "previous": use.previous, "revision": use.revision,
+                       "manifest_sha256": use.manifest_sha256}) + "\n"
     fd = open_file(root, path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # never through a link (fsutil's rule)
     try:
         os.write(fd, b"\n" + line.encode())  # a line torn by an earlier kill ends here
@@ -237,6 +245,7 @@ class UseResult:
     pointer: str
     previous: str | None
     changed: bool
+    recorded: bool = False  # the choice (revision and manifest) was written to the switch log by this call
 
 
 def find_revision(repo: Repo, wanted: str) -> Revision:
@@ -265,11 +274,19 @@ def use(root: Path, repo_id: str, wanted: str) -> UseResult:
         pointer = repo.path / POINTER
         result = UseResult(str(root), repo_id, rev.revision, rev.name, str(pointer), repo.current, rev.name != repo.current)
         _clean_pointer_leftovers(root, repo.path)
+        choice = Use(time.time(), repo_id, rev.name, repo.current, rev.revision, manifest_sha256(rev.manifest_bytes))
         if not result.changed:
+            # already current: the choice is recorded again only when its record does not name this manifest (an
+            # older mm's line, or a manifest changed since), so that `mm use` is how a user confirms the change
+            if (last := _last_use(read_uses(root) or [], repo_id, rev.name)) is None or \
+                    (last.revision, last.manifest_sha256) != (choice.revision, choice.manifest_sha256):
+                _append_use(root, replace(choice, previous=rev.name))
+                result.recorded = True
             return result
         if pointer.exists() and not pointer.is_symlink():
             raise BadInput(f"{pointer}: exists and is not a symlink; move it away (mm keeps the pointer there)")
-        _append_use(root, Use(time.time(), repo_id, rev.name, repo.current))
+        _append_use(root, choice)
+        result.recorded = True
         with parent_dir(root, pointer) as (dfd, name):  # the repo's directory, reached through real directories
             tmp = f"{POINTER_TMP}{os.getpid()}"
             with suppress(FileNotFoundError):
@@ -278,6 +295,44 @@ def use(root: Path, repo_id: str, wanted: str) -> UseResult:
             os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
             os.fsync(dfd)
         return result
+
+
+def manifest_sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _last_use(uses: list[Use], repo_id: str, dir_name: str) -> Use | None:
+    return next((u for u in reversed(uses) if u.repo_id == repo_id and u.dir == dir_name), None)
+
+
+def recorded_choice(model_dir: Path) -> tuple[RevisionChoice | None, str | None]:
+    """Whether `mm use` chose MODEL_DIR's revision with the manifest it holds now: (the choice, None), or (None,
+    why the record does not hold), or (None, None) where MODEL_DIR is no revision of a root or nobody chose it.
+    The record is the latest line of ROOT/.mm/uses.jsonl naming the directory; a directory swapped by hand or a
+    manifest changed since has another sha256."""
+    from .serving.launch import RevisionChoice  # here: the store sits above serving; launch stays light
+
+    real = Path(os.path.realpath(model_dir))
+    try:
+        data = read_local_file(manifest_path(real), what="manifest", max_bytes=MAX_MANIFEST_BYTES)
+        manifest = from_json(data, str(manifest_path(real)))
+    except BadInput:
+        return None, None  # launch's own checks name what is wrong with it
+    depth = len(manifest.repo_id.split("/"))
+    if len(real.parents) <= depth or os.path.realpath(real.parents[depth] / manifest.repo_id) != str(real.parent):
+        return None, None
+    root = real.parents[depth]
+    last = _last_use(read_uses(root) or [], manifest.repo_id, real.name)
+    if last is None:
+        return None, None
+    again = f"if that is yours, record it: mm use {manifest.repo_id} {real.name} --root {root}"
+    if last.manifest_sha256 is None:
+        return None, (f"`mm use` chose {real.name} at {iso_time(last.time)} without recording its manifest (an older "
+                      f"mm); {again}")
+    if last.manifest_sha256 != manifest_sha256(data) or last.revision != manifest.revision:
+        return None, (f"{manifest_path(real)} changed after `mm use` chose {real.name} at {iso_time(last.time)} "
+                      f"(revision {(last.revision or '?')[:12]} then); {again}")
+    return RevisionChoice(manifest.revision, f"`mm use` at {iso_time(last.time)}"), None
 
 
 def _clean_pointer_leftovers(root: Path, repo_dir: Path) -> None:

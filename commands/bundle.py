@@ -169,14 +169,15 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
     for note in result.notes:
         err.print(f"note: {note}", markup=False)
     for v in result.volumes:
-        out.line(f"{'kept ' if v.kept else 'wrote'} {v.path} ({human_bytes(v.size)})")
+        out.line(f"{'kept ' if v.kept else 'wrote'} {v.path} ({human_bytes(v.size)} on disk)")
     for v in result.parity_volumes:
-        out.line(f"wrote {v.path} ({human_bytes(v.size)}, parity {v.number} of {len(result.parity_volumes)})")
+        out.line(f"wrote {v.path} ({human_bytes(v.size)} on disk, parity {v.number} of {len(result.parity_volumes)})")
     if result.signed:
         out.line("the manifest's signature travels in every volume (MMBUNDLE/manifest.json.sig)")
     parity_part = f" + {len(result.parity_volumes)} parity" if result.parity_volumes else ""
+    on_disk = sum(v.size for v in result.volumes + result.parity_volumes)
     out.line(f"bundle {result.name} (id {result.bundle_id}): {len(result.volumes)} volume(s){parity_part}, "
-             f"{result.files} files, {human_bytes(result.total_bytes)} of data in {human_duration(result.seconds)}. "
+             f"{human_bytes(on_disk)} on disk, in {human_duration(result.seconds)}; {_carried(result.plan)}. "
              f"Check the disks with: mm bundle verify {' '.join(result.outs)}")
     if result.delta:
         from ..artifacts.bundle.delta import describe
@@ -190,13 +191,24 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
                  f"{' and '.join(result.outs)}")
 
 
+def _carried(plan) -> str:
+    """What the volumes carry, the model apart from what rides along: 'model: 1 file(s), 576 B carried (11 file(s),
+    752.2 kB taken from the base); mm itself (installer and wheels): 36 file(s), 41.3 MB'. "Carried" is the one
+    name of the model's bytes in the volumes; the volume files' size on disk is said as such where it is."""
+    base = (f" ({plan.taken_files} file(s), {human_bytes(plan.taken_bytes)} taken from the base at the destination)"
+            if plan.taken_files else "")
+    return "; ".join([f"model: {plan.model_files} file(s), {human_bytes(plan.model_bytes)} carried{base}"]
+                     + [f"{p.label}: {p.files} file(s), {human_bytes(p.bytes)}" for p in plan.payloads])
+
+
 def _render_bundle_plan(plan) -> None:
-    """The plan, before a byte is written: how many volumes, how large, which disk holds which (on stderr, with
-    the progress: stdout keeps the results)."""
+    """The plan, before a byte is written: what the volumes carry, how many, how large, which disk holds which (on
+    stderr, with the progress: stdout keeps the results)."""
     parity = f" + {plan.parity} parity volume(s)" if plan.parity else ""
     last = f" (the last {human_bytes(plan.last)})" if plan.volumes > 1 else ""
-    err.line(f"plan: {plan.files} files, {human_bytes(plan.data_bytes)}, in {plan.volumes} volume(s) of up to "
-             f"{human_bytes(plan.volume_size)}{last}{parity}; {human_bytes(plan.total_bytes)} to the disks")
+    err.line(f"plan: {_carried(plan)}")
+    err.line(f"  in {plan.volumes} volume(s) of up to {human_bytes(plan.volume_size)}{last}{parity}: "
+             f"{human_bytes(plan.total_bytes)} on disk (tar headers and mm's index included)")
     for d in plan.disks:
         err.line(f"  {d.out}: {d.holds} ({human_bytes(d.to_write)} to write, {human_bytes(d.free)} free)")
     for note in plan.notes:
@@ -223,8 +235,9 @@ def bundle_verify(volumes, json_out):
             for problem in v.problems:
                 out.line(f"         {problem}")
         missing = ", ".join(str(n) for n in report.missing) or "none"
-        out.line(f"checked {report.files_checked} volume file(s), {human_bytes(report.bytes_checked)} in "
-                 f"{human_duration(report.seconds)}")
+        out.line(f"checked {report.files_checked} volume file(s), {human_bytes(report.bytes_on_disk)} on disk: "
+                 f"{human_bytes(report.bytes_checked)} of members hashed (the files carried and mm's index, manifest "
+                 f"and notes) in {human_duration(report.seconds)}")
         if report.bundle_id is None:
             out.line("no readable bundle volume among those given")
         else:

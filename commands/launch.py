@@ -56,6 +56,13 @@ def _seconds(ctx, param, value):
     return value
 
 
+def _commit(ctx, param, value):
+    """A commit as the user names it: 4 to 40 hex digits (a prefix is matched against the manifest's revision)."""
+    import re
+    if value is not None and not re.fullmatch(r"[0-9a-fA-F]{4,40}", value):
+        raise click.BadParameter(f"{value!r}: expected a commit (4 to 40 hex digits)")
+    return value
+
 
 def _int_list(lo: int, hi: int, what: str, example: str, distinct: str = "") -> Callable:
     """A click callback for a comma-separated list of integers in [LO, HI] (GPU indices, ports); with
@@ -125,10 +132,11 @@ def recipe_options(fn: Callable) -> Callable:
 def _launch_options(kw: dict, **extra) -> mm_launch.LaunchOptions:
     from ..artifacts.serving import launch as mm_launch
     keys = ("hardware", "recipe", "engine", "gpus", "port", "tp", "context_length", "dspark", "image",
-            "image_archive", "cache_root", "name", "replicas", "replica_ports", "metrics_port")
+            "image_archive", "cache_root", "name", "replicas", "replica_ports", "metrics_port", "revision", "chosen",
+            "choice_doubt")
     overrides = tuple((flag, kw[_param(flag)]) for flag in mm_launch.OVERRIDE_FLAGS
                       if kw.get(_param(flag)) is not None)
-    return mm_launch.LaunchOptions(**{k: kw[k] for k in keys}, overrides=overrides, **extra)
+    return mm_launch.LaunchOptions(**{k: kw[k] for k in keys if k in kw}, overrides=overrides, **extra)
 
 
 def _param(flag: str) -> str:
@@ -151,15 +159,21 @@ def _param(flag: str) -> str:
 @click.option("--mm-installer", type=PATH, default=None,
               help="k8s: the node directory with install-mm.sh and wheelhouse/ for the proof gate (default: DEST.payload/mm beside the current revision).")
 @click.option("--out", type=PATH, default=None, help="Write it here atomically (a script gets mode 0755, a plan 0644).")
+@click.option("--revision", default=None, callback=_commit,
+              help="The model revision you mean to serve (a commit or a prefix of 4+ hex digits): the directory must "
+                   "hold it; one other than the guide's pin is then your choice, not a warning at every start.")
 @signature_options
 @json_option
 @handles_errors
 def launch(model_dir, expose, api_key_env, fmt, namespace, gpus_per_node, nodes, api_key_secret, mm_installer, out,
-           require_signature, allowed_signers, identity, json_out, **kw):
+           revision, require_signature, allowed_signers, identity, json_out, **kw):
     """Print (or write) the offline start for MODEL_DIR on the given hardware (replicas behind the router on a node),
-    or, with --format k8s/ome, the cluster's manifests from the same plan."""
+    or, with --format k8s/ome, the cluster's manifests from the same plan. A revision other than the guide's pin
+    warns at every start unless it was chosen: `mm use` recorded it, --revision names it, or --allowed-signers
+    trusts its signature."""
     from ..artifacts.serving import launch as mm_launch, router as mm_router
-    signature = _launch_signature(model_dir, require_signature, allowed_signers, identity, json_out)
+    signature, signed = _launch_signature(model_dir, require_signature, allowed_signers, identity, json_out)
+    kw.update(_revision_choices(model_dir, revision, signed))
     if fmt in ("k8s", "ome"):
         from ..artifacts.serving import kube
         cluster = kube.ClusterOptions(namespace=namespace, replicas=kw["replicas"] or 1, gpus_per_node=gpus_per_node,
@@ -181,8 +195,7 @@ def launch(model_dir, expose, api_key_env, fmt, namespace, gpus_per_node, nodes,
         else:
             err.line(f"wrote {out} ({plan.server.recipe.id}, {plan.replicas} replica(s) as a {plan.kind}, "
                      f"namespace {plan.namespace})")
-        for warning in plan.warnings:
-            err.line(f"warning: {warning}")
+        _render_revision(plan.server, plan.warnings)
         return
     node = mm_router.plan_node(model_dir, _launch_options(kw, expose=expose, api_key_env=api_key_env))
     doc = mm_router.node_document(node)
@@ -202,23 +215,43 @@ def launch(model_dir, expose, api_key_env, fmt, namespace, gpus_per_node, nodes,
         verdict = (f"{plan.recipe.status}; REVALIDATE before serving traffic, as the script says"
                    if plan.revalidate else plan.recipe.status)
         err.line(f"wrote {out} ({plan.recipe.id}, {verdict}, {len(node.replicas)} replica(s))")
-    for warning in plan.warnings:
-        err.line(f"warning: {warning}")
+    _render_revision(plan)
     for flag, value, was in plan.overrides:
         err.line(f"override: {flag} {value} (yours, not the guide's; the recipe has "
                  f"{was if was is not None else 'none: SGLang default'})")
 
 
+def _render_revision(plan: mm_launch.LaunchPlan, warnings: tuple[str, ...] | None = None) -> None:
+    """The summary says of the revision what the script says: who chose it, or the warning it gives at every start."""
+    if plan.revision_choice:
+        err.line(f"revision: {plan.revision_choice}")
+    for warning in plan.warnings if warnings is None else warnings:
+        start = "; the start script warns so at every start" if warning == plan.revision_warning else ""
+        err.line(f"warning: {warning}{start}")
+
+
 def _launch_signature(model_dir: Path, require_signature: bool, allowed_signers: Path | None, identity: str | None,
                       json_out: bool):
-    """Check the model's manifest signature before anything is planned or written (exit 5 when refused)."""
+    """Check the model's manifest signature before anything is planned or written (exit 5 when refused).
+    Returns (the report, the choice it makes: the signed revision) or (None, None)."""
     from ..artifacts.integrity import signing
+    from ..artifacts.integrity.manifest import from_json
+    from ..artifacts.paths import manifest_path
+    from ..artifacts.serving.launch import RevisionChoice
     if not signature_policy(require_signature, allowed_signers, identity):
-        return None
-    report, _ = signing.verify_dir_signature(model_dir, allowed_signers, identity)
+        return None, None
+    report, data = signing.verify_dir_signature(model_dir, allowed_signers, identity)
     if not json_out:
         err.line(f"signature: good, {report.describe()}")
-    return report
+    revision = from_json(data, str(manifest_path(model_dir))).revision  # the bytes the signature covers
+    return report, RevisionChoice(revision, f"its manifest is {report.describe()}, allowed by {allowed_signers}")
+
+
+def _revision_choices(model_dir: Path, revision: str | None, signed) -> dict:
+    """LaunchOptions' say on who chose the model's revision: --revision, the signature, `mm use`'s record."""
+    from ..artifacts.store import recorded_choice
+    used, doubt = recorded_choice(model_dir)
+    return {"revision": revision, "chosen": tuple(c for c in (signed, used) if c is not None), "choice_doubt": doubt}
 
 
 @click.command()

@@ -74,7 +74,9 @@ def use(repo, revision, root, json_out):
         emit_json({"ok": True, **to_jsonable(result)})
         return
     if not result.changed:
-        out.line(f"{result.pointer} -> {result.dir} already ({result.revision[:12]})")
+        out.line(f"{result.pointer} -> {result.dir} already ({result.revision[:12]})"
+                 + ("; the choice is recorded again, of the manifest it holds now"
+                    if result.recorded else ""))
         return
     out.line(f"{result.pointer} -> {result.dir} ({result.revision[:12]}); was {result.previous or 'unset'}. "
              f"Containers started through the pointer serve it from their next start"

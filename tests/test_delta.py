@@ -20,6 +20,7 @@ import pytest
 
 from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.edges.sharing import layout, shared_bytes
+from mm.artifacts.units import human_bytes
 from tests.support.fsimages import fill, require_mounts, tmpfs_mount, xfs_mount
 from tests.support.gitrepo import commit_dir
 from tests.support.modelgen import write_model
@@ -113,6 +114,47 @@ def test_bundle_verify_says_delta_of_which_base_and_how_much_comes_from_it(updat
     assert d["bytes_from_base"] == sum(len(v) for p, v in payload(update.conn_b).items() if p not in CHANGED)
     text = ok(mm(update, "bundle", "verify", update.delta)).stdout
     assert f"delta of base {REPO}@{update.a[:12]}" in text and "--from BASE_DIR" in text
+
+
+def small_wheelhouse(out: Path, wheel_bytes: int = 300_000) -> Path:
+    """What `mm bundle --only-mm --out OUT` writes, in small: install-mm.sh and one set of one wheel (its bytes
+    stand in for mm's ~40 MB of wheels), whose index and lock agree with it."""
+    import hashlib
+    from mm.artifacts.bundle import wheelhouse as wh
+    wheels = out / wh.WHEELHOUSE_DIR / wh.WHEELS_DIR
+    wheels.mkdir(parents=True)
+    data = os.urandom(wheel_bytes)
+    (wheels / "mm-0.1.0-py3-none-any.whl").write_bytes(data)
+    wheel = {"file": "mm-0.1.0-py3-none-any.whl", "name": "mm", "version": "0.1.0", "size": len(data),
+             "sha256": hashlib.sha256(data).hexdigest()}
+    name = "linux-x86_64-cp311"
+    (out / wh.WHEELHOUSE_DIR / name).mkdir()
+    (out / wh.WHEELHOUSE_DIR / name / wh.LOCK_NAME).write_text(f"mm==0.1.0 --hash=sha256:{wheel['sha256']}\n")
+    (out / wh.WHEELHOUSE_DIR / wh.INDEX_NAME).write_text(json.dumps(
+        {"schema": wh.SCHEMA, "mm_version": "0.1.0",
+         "sets": [{"name": name, "lock": f"{name}/{wh.LOCK_NAME}", "wheels": [wheel]}]}))
+    (out / wh.INSTALL_SCRIPT).write_text("#!/bin/sh\n")
+    return out
+
+
+def test_the_plan_and_the_summaries_say_the_models_carried_bytes_apart_from_mm_and_the_disk(update, tmp_path):
+    """One delta, one figure for it everywhere ("carried"); mm's wheels and the volume files' size named apart."""
+    carried = sum(len(v) for p, v in payload(update.conn_b).items() if p in CHANGED)
+    wheels = small_wheelhouse(tmp_path / "mm-wheels")
+    r = ok(run_mm("bundle", update.conn_b, "--base", update.conn_a, "--out", tmp_path / "out", "--volume-size", "8M",
+                  "--wheelhouse", wheels, env={**update.env, "MM_BUNDLE_NO_MM": "0"}))
+    on_disk = tar_bytes(tmp_path / "out")
+    plan = r.stderr.splitlines()
+    assert plan[0].startswith(f"plan: model: {len(CHANGED)} file(s), {human_bytes(carried)} carried (")
+    assert "; mm itself (installer and wheels): 4 file(s), 300." in plan[0]  # its script, index, lock and wheel
+    assert plan[1].startswith("  in 1 volume(s) of up to 8.0 MB: ") and f"{human_bytes(on_disk)} on disk" in plan[1]
+    summary = next(line for line in r.stdout.splitlines() if line.startswith("bundle "))
+    assert f"{human_bytes(on_disk)} on disk" in summary
+    assert f"model: {len(CHANGED)} file(s), {human_bytes(carried)} carried" in summary
+    assert f"{len(CHANGED)} file(s), {human_bytes(carried)} carried" in r.stdout.split("delta of base")[1]
+    checked = ok(mm(update, "bundle", "verify", tmp_path / "out")).stdout
+    assert f"checked 1 volume file(s), {human_bytes(on_disk)} on disk: " in checked and " of members hashed (" in checked
+    assert f"{len(CHANGED)} file(s), {human_bytes(carried)} carried" in checked.split("delta of base")[1]
 
 
 # --- unbundle --from: reflink, copy, link --------------------------------------------------------------------

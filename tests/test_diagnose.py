@@ -377,7 +377,17 @@ def test_a_pipe_that_does_not_end_within_the_cap_stops_with_one_line():
     lambda line: f"{TS} {line}",  # docker logs --timestamps
     lambda line: json.dumps({"log": line + "\n", "stream": "stderr", "time": TS}),  # docker's json-file driver
     lambda line: json.dumps({"level": "info", "message": line}),  # a log shipper's JSON record
-], ids=["ansi", "cri", "docker-timestamps", "json-file", "json-record"])
+    lambda line: json.dumps({"textPayload": line, "severity": "INFO", "timestamp": TS}),  # Google Cloud Logging
+    lambda line: f"Dec 03 09:12:01 gpu-node-3 3f2a9c1d7e44[812]: {line}",  # journalctl of docker's journald driver
+    lambda line: f"2026-12-03T09:12:01.123456+0000 gpu-node-3 sglang[812]: {line}",  # journalctl -o short-iso-precise
+    lambda line: f"[pod/minimax-0/sglang] {line}",  # kubectl logs --prefix
+    lambda line: f"sglang-1  | {line}",  # docker compose logs
+    lambda line: 'time=2026-12-03T09:12:01Z level=info msg="{}"'.format(line.replace('"', '\\"')),  # logfmt
+    lambda line: f"2026-12-03T09:12:01.123456789+00:00 {line}",  # podman logs --timestamps
+    lambda line: f"2026-12-03T09:12:01.123456789Z [pod/minimax-0/sglang] {line}",  # a prefix inside a prefix
+    lambda line: f"<30>Dec  3 09:12:01 gpu-node-3 sglang[812]: {line}",  # syslog (RFC 3164)
+], ids=["ansi", "cri", "docker-timestamps", "json-file", "json-record", "cloud-logging", "journald", "journald-iso", "kubectl-prefix",
+        "compose", "logfmt", "podman-timestamps", "nested", "syslog"])
 def test_a_wrapped_line_is_read_as_what_it_says(wrap):
     assert rows_of("\n".join(wrap(line) for line in (READY, HEALTH_503))) == ["health-failing"]
 
@@ -393,6 +403,10 @@ def test_a_later_shutdown_line_does_not_hide_an_earlier_failure():
     shutdown = "[2026-12-03 09:30:00] Health check request received during shutdown. Returning 503."
     assert rows_of("\n".join([READY, HEALTH_503, shutdown, HEALTH_503])) == ["health-failing"]
     assert rows_of("\n".join([READY, shutdown, HEALTH_503])) == []  # 503s after the shutdown line are the shutdown
+    sigterm = "[2026-12-03 09:30:00] SIGTERM received. signum=15 frame=None. Draining requests and shutting down..."
+    reset = ("[W1203 09:30:01 TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(fd=77, addr=[::ffff:127.0.0.1]:39732,"
+             " remote=[::ffff:127.0.0.1]:29500): Connection reset by peer")
+    assert rows_of("\n".join([READY, sigterm, HEALTH_503, reset])) == []
 
 
 @pytest.mark.parametrize("line, row", [
@@ -409,20 +423,83 @@ def test_a_later_shutdown_line_does_not_hide_an_earlier_failure():
     ('Liveness probe failed: Get "http://10.1.4.7:30000/health": context deadline exceeded', "health-failing"),
     ("3f2a9c1d7e44   lmsysorg/sglang   20 minutes ago   Up 20 minutes (unhealthy)   mm-minimax", "health-failing"),
     ("2026-12-03T09:31:00Z container health_status: unhealthy 3f2a9c1d7e44 (name=mm-minimax)", "health-failing"),
+    ("RuntimeError: /models/M/model.safetensors.index.json references 2 shard file(s) missing from /models/M "
+     "(incomplete download?): ['model-00012-of-00059.safetensors']", "weights-incomplete"),
+    ("safetensors_rust.SafetensorError: Error while deserializing header: header too large", "weights-incomplete"),
+    ("OSError: We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the cached "
+     "files.", "weights-incomplete"),
+    ("OSError: 0f3c2a1 is not a valid git identifier (branch name, tag name or commit id) that exists for this model "
+     "name.", "weights-incomplete"),
+    ("RuntimeError: Data processing error: I/O error: No space left on device (os error 28)", "weights-incomplete"),
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "cuda-oom"),
+    ("Exception: Capture cuda graph failed: CUDA error: out of memory", "cuda-oom"),
+    ("[2026-12-03 09:30:01 TP0] Decode out of memory. Try to lower your batch size.", "cuda-oom"),
+    ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`", "cuda-oom"),
+    ("[rank0]:[E1203 ProcessGroupNCCL.cpp:1581] [PG ID 0 PG GUID 0(default_pg) Rank 0] Heartbeat monitor timed out! "
+     "Process will be terminated after dumping debug info.", "nccl-hang"),
+    ("RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)", "nccl-hang"),
+    ("[rank2]: torch.distributed.DistBackendError: [2] is setting up NCCL communicator and retrieving ncclUniqueId "
+     "from [0] via c10d key-value store by key '0', but store->get('0') got error: failed to recv, got 0 bytes",
+     "nccl-hang"),
+    ("torch.AcceleratorError: CUDA error: invalid device ordinal", "nccl-hang"),
+    ('I1203 09:40:01.1 1201 prober.go:107] "Probe failed" probeType="Liveness" pod="ml/minimax-0" '
+     'probeResult="failure"', "health-failing"),
+    ("  Normal   Killing    30s   kubelet   Container sglang failed startup probe, will be restarted", "health-failing"),
+    ("dependency failed to start: container mm-minimax-sglang-1 is unhealthy", "health-failing"),
+    ("RuntimeError: Rank 2 scheduler died during initialization (exit code: -9).", "health-failing"),
+    ("[2026-12-03 09:10:09] Rank 0 scheduler is dead. Please check if there are relevant logs.", "health-failing"),
+    ("[rank1]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+     "[10.0.0.6]:24417", "nccl-hang"),
+    ("RuntimeError: Socket Timeout", "nccl-hang"),
+    ("gpu-node-3:312:312 [0] NCCL WARN Cuda failure 'peer access is not supported between these two devices'",
+     "nccl-hang"),
+    ("OSError: Error no file named pytorch_model.bin, model.safetensors, tf_model.h5 or flax_model.msgpack found in "
+     "directory /models/MiniMax-M3.1-Flash.", "weights-incomplete"),
+    ("$ docker inspect --format '{{json .State.Health.Status}}' mm-minimax\n\"unhealthy\"", "health-failing"),
+    ("3f2a9c1d7e44   lmsysorg/sglang   30 minutes ago   Exited (137) 2 minutes ago   mm-minimax", "health-failing"),
+    ("minimax-0   0/1     CrashLoopBackOff   5 (40s ago)   12m", "health-failing"),
+    ("$ curl -i http://127.0.0.1:30000/health\nHTTP/1.1 503 Service Unavailable\ncontent-length: 0", "health-failing"),
+    ("wget: server returned error: HTTP/1.1 503 Service Unavailable (http://127.0.0.1:30000/health)", "health-failing"),
     # look alike, are not failures: the IPv6 fallback warning of c10d; a startup probe waiting for the model to load
     ("[W1203 socket.cpp:755] [c10d] The client socket cannot be initialized to connect to [localhost]:29500 "
      "(errno: 97 - Address family not supported by protocol).", None),
     ("  Warning  Unhealthy  9m (x20 over 12m)  kubelet  Startup probe failed: HTTP probe failed with statuscode: 503",
      None),
     ("3f2a9c1d7e44   lmsysorg/sglang   20 minutes ago   Up 20 minutes (healthy)   mm-minimax", None),
+    # NCCL's configuration notices at WARN; an OOM SGLang recovers from; a handled hub listing; the KV-size warning
+    ("gpu-node-3:312:312 [0] NCCL WARN Cannot initialize CollNet, using point-to-point network instead", None),
+    ("[2026-12-03 09:40:01 TP0] retract_decode: aborted last request 5f1c2a due to OOM", None),
+    ("[2026-12-03 09:40:01] KV cache pool is full. Retract requests. #retracted_reqs: 1, #new_token_ratio: 0.0980 -> "
+     "0.3487", None),
+    ("9c1d7e443f2a   busybox   2 hours ago   Exited (0) 2 hours ago   mm-prefetch", None),
+    ("$ curl -i http://127.0.0.1:30000/v1/models\nHTTP/1.1 503 Service Unavailable", None),
+    ("I0527 15:16:51.665462 58626 ProcessGroupNCCL.cpp:878] [PG 0 Rank 2] ProcessGroupNCCL environments: NCCL version: "
+     "2.18.3, TORCH_NCCL_DUMP_ON_TIMEOUT: 0, TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC: 600, TORCH_NCCL_BLOCKING_WAIT: 0", None),
+    ("Listing MiniMaxAI/MiniMax-M3.1-Flash on the Hub failed, using the local snapshot: Cannot reach "
+     "https://huggingface.co/api/models/x: offline mode is enabled.", None),
+    ("KV pool holds 524288 tokens, fewer than --context-length 1048576. Lower --context-length, raise "
+     "--mem-fraction-static, or free memory taken before the pool is sized.", None),
+    ("Exception: Capture cuda graph failed: CUDA error: an illegal memory access was encountered", None),
+    ("[W1203 09:10:05 socket.cpp:462] [c10d] The client socket has failed to connect to [gpu-node-2]:29500 "
+     "(errno: 111 - Connection refused).", None),
 ])
 def test_sibling_messages_of_the_cited_sources_name_their_row(line, row):
     assert rows_of(line) == ([row] if row else [])
 
 
+def test_a_vllm_log_is_known_by_its_process_prefix():
+    log = ('(APIServer pid=1) INFO:     Application startup complete.\n'
+           '(APIServer pid=1) INFO:     127.0.0.1:50421 - "GET /health HTTP/1.1" 503 Service Unavailable\n')
+    result = diagnose_texts([("log", log)])
+    assert result.engine == "vllm" and [f.row for f in result.findings] == ["health-failing"]
+
+
 def test_vllms_uninitialized_weights_are_missing_weights():
     line = "ValueError: Following weights were not initialized from checkpoint: {'model.layers.47.mlp.experts.w13_weight'}"
     assert rows_of(line, engine="vllm") == ["weights-incomplete"]
+    assert rows_of(line) == ["weights-incomplete"]  # a bare line: the engine is not known, the message is the same
+    assert rows_of("ValueError: Some weights are not initialized from checkpoints: {'lm_head.weight'}") == [
+        "weights-incomplete"]
 
 
 def test_an_answer_that_quotes_the_reasoning_tags_is_no_leak():
@@ -484,3 +561,65 @@ def test_a_full_disk_is_named_in_the_fix(model_dir):
     plan = plan_node(model_dir, LaunchOptions(hardware="b300"), check_dir=False).first
     [here] = diagnose_texts([("log", line)], plan=plan).findings
     assert here.fix.startswith("the disk is full") and f"mm verify {model_dir}" in here.fix
+
+
+def test_a_logfmt_message_with_an_unclosed_quote_is_read_as_printed():
+    line = 'time=2026-12-03T09:30:01Z level=error msg="[TP0] Prefill out of memory. Try to lower your batch size.'
+    assert rows_of(line) == ["cuda-oom"]
+
+
+def test_a_docker_events_line_is_not_taken_for_journald():
+    line = "2026-12-03T09:31:00.000000000Z container health_status: unhealthy 3f2a9c1d7e44 (name=mm-minimax)"
+    assert rows_of(line) == ["health-failing"]
+
+
+@pytest.mark.parametrize("failure, row", [
+    (ROW_INPUTS["cuda-oom"], "cuda-oom"),
+    ("huggingface_hub.errors.LocalEntryNotFoundError: Cannot find the requested files in the disk cache and outgoing "
+     "traffic has been disabled.", "weights-incomplete"),
+    ("gpu-node-3:312:901 [2] NCCL WARN socketProgressOpt: Call to recv from 10.0.0.6<53210> failed : Connection reset "
+     "by peer", "nccl-hang"),
+])
+def test_a_failure_the_server_recovers_from_is_voided_by_its_later_ready_line(failure, row):
+    assert rows_of(failure) == [row]
+    assert rows_of(f"{failure}\n{READY}") == []  # handled: the server came up after it
+    assert rows_of(f"{READY}\n{failure}") == [row]  # after the start, it is the failure
+
+
+def test_a_weight_that_failed_to_load_is_a_finding_even_when_the_server_starts():
+    line = ("[2026-12-03 09:11:02 TP0] Error loading weight model.layers.3.self_attn.o_proj.weight: Attempted to load "
+            "weight (torch.Size([6144, 4096])) into parameter (torch.Size([6144, 6144]))")
+    assert rows_of(f"{line}\n{READY}") == ["weights-incomplete"]
+    assert rows_of(f"Parameter model.mtp.0.eh_proj.weight not found in params_dict\n{READY}") == []
+
+
+def test_a_start_that_stops_in_torch_distributed_init_is_the_nccl_hang_unless_another_row_names_the_cause():
+    begin = "\n".join(f"[2026-12-03 09:10:02 TP{r}] Init torch distributed begin." for r in range(4))
+    assert rows_of(begin + "\ngpu-node-3:312:312 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.5<0>") == ["nccl-hang"]
+    assert rows_of(begin + "\n[2026-12-03 09:10:09 TP0] Init torch distributed ends. mem usage=1.12 GB") == []
+    assert rows_of(f"{begin}\n{ROW_INPUTS['cuda-oom']}") == ["cuda-oom"]
+    assert rows_of(begin + "\nRuntimeError: CUDA error: an illegal memory access was encountered") == []
+
+
+def test_a_message_with_its_own_fix_is_not_given_the_fraction_the_log_shows():
+    log = ("server_args=ServerArgs(mem_fraction_static=0.8)\n"
+           "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: "
+           "mem_fraction_static=0.8\n")
+    [finding] = diagnose_texts([("log", log)]).findings
+    assert finding.row == "cuda-oom" and "asks for a larger --mem-fraction-static" in finding.fix
+    assert "--mem-fraction-static 0.75" not in finding.fix
+
+
+def test_the_literal_shortcut_gives_every_pattern_the_regexs_own_answer():
+    """Each pattern is searched only on lines holding a literal every match holds: on every line of the corpora (and
+    the table's own rows' inputs), the answer is the regex's."""
+    from mm.artifacts.serving.diagnose import _searcher, normalised
+
+    here = Path(__file__).parent
+    lines = {text for d in ("diagnose_corpus", "diagnose_heldout", "diagnose_heldout2") for f in (here / d).iterdir()
+             for _, text in normalised(f.read_text(errors="replace").splitlines())}
+    lines |= set(ROW_INPUTS.values())
+    patterns = {getattr(d, k) for row in load_table().rows for d in row.detect
+                for k in ("pattern", "unless", "also", "after", "cleared_by") if getattr(d, k) is not None}
+    wrong = [(p.pattern, line) for p in patterns for line in lines if bool(_searcher(p)(line)) != bool(p.search(line))]
+    assert not wrong, wrong[:3]

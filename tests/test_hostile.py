@@ -988,6 +988,8 @@ TABLE_SHAPES = {
                                                                                  "value": {"row": "1"}}}]},
     "a pattern that does not compile": lambda t: {**t, "rows": [{**t["rows"][0], "detect": [
         {"source": "log", "pattern": "(", "pattern_source": "x"}]}]},
+    "a cleared_by pattern that does not compile": lambda t: {**t, "rows": [{**t["rows"][0], "detect": [
+        {"source": "log", "pattern": "x", "cleared_by": "[", "pattern_source": "x"}]}]},
     "a pattern of a megabyte": lambda t: {**t, "rows": [{**t["rows"][0], "detect": [
         {"source": "log", "pattern": "a" * 2**20, "pattern_source": "x"}]}]},
     "a fix naming an unknown placeholder": lambda t: {**t, "rows": [{**t["rows"][0], "fix_here": "run {nope}"}]},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -101,12 +102,16 @@ def test_fetch_interrupted_keeps_the_partial_and_the_rerun_fetches_only_the_rest
     hub_server.rate_limit = 512 * 1024  # bytes/s per response (4 of them): the signal lands mid-file
     args = ("fetch", repo_id, "--revision", commit, "--local-dir", dest, "--connections", "4")
     as_json = ("--json",) if signum == signal.SIGTERM else ()
-    proc = start(*args, *as_json, env=hub_env)
+    proc = start(*args, *as_json, env={**hub_env, "MM_PROGRESS_INTERVAL": "0.1"})  # progress lines in the log
     wait_until(proc, lambda: (dest / ".mm" / "partial").is_dir() and range_map_bytes(dest) >= size // 4,
                "a quarter of the file on disk")
     out, err, _ = interrupt(proc, signum, f"fetch {signum.name}")
     line = one_line(err, signum.name)
     print(line)
+    # the interruption is the last word: no summary of the cut phase ("fetch X: 1 file, 3.1 MB in 2.0 s"), which
+    # reads as a success, nor the JSON stream's last event ("done": true)
+    assert err.splitlines()[-1] == line and '"done": true' not in err, err
+    assert not [ln for ln in err.splitlines() if re.search(r": \d+ files?, \S+ \S+ in \S+ s", ln)], err
     assert "partial download(s)" in line and str(dest / ".mm" / "partial") in line
     assert f"mm fetch {repo_id} --revision {commit} --local-dir {dest}" in line
     if as_json:

@@ -6,6 +6,8 @@ back); what each phase counts is read with a recording sink, since the bar itsel
 """
 from __future__ import annotations
 
+import io
+import json
 import re
 import shutil
 import threading
@@ -18,7 +20,8 @@ from mm.artifacts.bundle.pack import create_bundle
 from mm.artifacts.bundle.repair import repair_volumes
 from mm.artifacts.bundle.unpack import unbundle
 from mm.artifacts.units import human_bytes, human_duration, human_rate
-from mm.artifacts.edges.progress import phase_summary
+from mm.artifacts.edges.progress import (ETA_MIN_BYTES, ETA_MIN_SECONDS, PeriodicProgress, TerminalProgress, eta,
+                                         phase_summary)
 from tests.support.modelgen import write_model
 from tests.support.run import run_mm
 from tests.support.tty import run_on_tty
@@ -57,6 +60,9 @@ class Recorder:
     def item(self, name):
         self.items.add(name)
 
+    def item_done(self, name):
+        pass
+
     def note(self, message):
         pass
 
@@ -92,6 +98,106 @@ def vols(bundled, tmp_path) -> Path:
     return d
 
 
+class Clock:
+    """A clock the test moves: the sinks read elapsed time, rate and ETA from it (no test waits)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def status_sink(clock: Clock, as_json: bool = False) -> tuple[PeriodicProgress, list[str]]:
+    """A periodic sink whose interval never comes (the test asks for its status line itself)."""
+    lines: list[str] = []
+    return PeriodicProgress(lines.append, 86400, as_json=as_json, clock=clock), lines
+
+
+def eta_of(line: str) -> str:
+    return re.search(r"ETA (\S+)", line)[1]
+
+
+def test_the_eta_waits_until_the_rate_is_measured_over_enough_time_and_bytes():
+    clock = Clock()
+    sink, _ = status_sink(clock)
+    sink.begin(250 * 10**9, "fetch big")
+    clock.now += 1
+    sink.advance(2_500_000)  # a slow first second (connection set-up): 2.5 MB/s would say 27 hours
+    assert eta_of(sink.status()) == "-:--:--"
+    clock.now += ETA_MIN_SECONDS - 1
+    sink.advance(ETA_MIN_BYTES)
+    assert eta_of(sink.status()) != "-:--:--"  # measured over 5 s and 12.5 MB: now it may guess
+    sink.end()
+    assert [eta(5 * 10**6, 10**9, 10**6, 100.0), eta(10**9, 10**9, 10**6, 4.9)] == [None, None]
+    assert eta(10**7, 10**9, 10**6, ETA_MIN_SECONDS) == pytest.approx(990)
+    assert eta(2 * 10**6, 10**7, 10**5, 6.0) == pytest.approx(80)  # a small phase: a tenth of it is enough
+
+
+def test_the_current_file_line_names_what_is_in_flight_not_the_first_file_begun():
+    clock = Clock()
+    sink, _ = status_sink(clock)
+    sink.begin(4000, "fetch repo", files=4)
+    for name in ("a.safetensors", "b.safetensors", "c.safetensors"):
+        sink.item(name)
+    sink.item_done("c.safetensors")  # the newest is over; a and b are still coming
+    line = sink.status()
+    assert line.endswith("  b.safetensors (+1 more in flight)") and "  1/4 files" in line, line
+    sink.item_done("b.safetensors")
+    sink.item("d.safetensors")
+    assert sink.status().endswith("  d.safetensors (+1 more in flight)")
+    sink.item_done("a.safetensors")
+    sink.item_done("d.safetensors")
+    assert sink.status().endswith("  4/4 files")  # nothing in flight: no file named
+    sink.end()
+    one_at_a_time, _ = status_sink(clock, as_json=True)
+    one_at_a_time.begin(3000, "bundle x", files=3)
+    one_at_a_time.item("v1")
+    one_at_a_time.item("v2")  # a caller that never says item_done: its newest is its current file
+    event = json.loads(one_at_a_time.status())
+    assert (event["current_files"], event["files_done"]) == (["v2"], 1)
+    one_at_a_time.end()
+
+
+def test_the_terminal_line_names_what_is_in_flight():
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    sink = TerminalProgress(console, clock=Clock())
+    sink.begin(3000, "verify x", files=3)
+    for name in ("a.safetensors", "b.safetensors"):
+        sink.item(name)
+    sink.item_done("b.safetensors")
+    with console.capture() as shown:
+        console.print(*sink._live[0].get_renderables())
+    assert "  a.safetensors" in shown.get() and "b.safetensors" not in shown.get()
+    sink.end()
+
+
+def test_a_phase_cut_short_by_an_interrupt_leaves_no_summary_line():
+    from rich.console import Console
+
+    from mm.artifacts.edges import interrupt
+
+    clock = Clock()
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    terminal, periodic = TerminalProgress(console, clock=clock), status_sink(clock)
+    periodic[0]._wrote = True  # as if an interval had passed: its summary would follow
+    for sink in (terminal, periodic[0]):
+        sink.begin(1000, "fetch repo")
+        sink.advance(400)
+    interrupt.STOP.set()
+    try:
+        terminal.end()
+        periodic[0].end()
+    finally:
+        interrupt.STOP.clear()
+    assert "fetch repo:" not in console.file.getvalue() and periodic[1] == []
+    terminal.begin(1000, "fetch repo")
+    terminal.end()  # not interrupted: the summary stays
+    assert "fetch repo: 0 B in " in console.file.getvalue()
+
+
 # --- units --------------------------------------------------------------------------------------------------
 
 def test_one_decimal_unit_system():
@@ -121,9 +227,9 @@ def test_long_commands_end_with_files_bytes_and_time_off_a_terminal_too(model, t
     ends = {"manifest": (("manifest", copy, "--repo", "MiniMaxAI/MiniMax-M3.1-Flash", "--revision", REVISION,
                           "--offline"), r"13 files \(2\.2 MB\) hashed in \d+\.\d s "),
             "bundle": (("bundle", model, "--out", tmp_path / "out", "--volume-size", VOLUME_SIZE),
-                       r"5 volume\(s\), 13 files, 2\.2 MB of data in \d+\.\d s\."),
+                       r"5 volume\(s\), 2\.\d MB on disk, in \d+\.\d s; model: 13 file\(s\), 2\.2 MB carried\."),
             "bundle verify": (("bundle", "verify", tmp_path / "out"),
-                              r"checked 5 volume file\(s\), 2\.2 MB in \d+\.\d s"),
+                              r"checked 5 volume file\(s\), 2\.\d MB on disk: 2\.\d MB of members hashed .* in \d+\.\d s"),
             "unbundle": (("unbundle", tmp_path / "out", "--dest", tmp_path / "dest"),
                          r"13 file\(s\) imported, .* in \d+\.\d s\.\n.*OK \(13 files, 2\.2 MB: ")}
     for what, (args, pattern) in ends.items():
@@ -185,7 +291,8 @@ def test_bundle_with_parity_on_a_terminal(model, tmp_path):
     run = run_on_tty("bundle", model, "--out", tmp_path / "out", "--volume-size", VOLUME_SIZE, "--parity", "2")
     assert run.returncode == 0, run.text
     assert_no_bar_left_and_never_past_100(run)
-    assert run.screen[0].startswith("plan: 13 files, 2.2 MB, in 5 volume(s) of up to 500.0 kB")
+    assert run.screen[0] == "plan: model: 13 file(s), 2.2 MB carried"
+    assert run.screen[1].startswith("  in 5 volume(s) of up to 500.0 kB")
     (bundle,), (parity,) = summaries(run.screen, f"bundle {NAME}"), summaries(run.screen, f"parity {NAME}")
     assert re.fullmatch(rf"bundle {NAME}: 13 files, 2\.2 MB in \d+\.\d s( \(.+/s\))?", bundle)
     assert re.fullmatch(rf"parity {NAME}: 5 files, 2\.3 MB in \d+\.\d s( \(.+/s\))?", parity)
@@ -193,7 +300,7 @@ def test_bundle_with_parity_on_a_terminal(model, tmp_path):
     assert bars and re.search(r"  0%\s+0 B / 2\.2 MB", bars[0])  # shown from the first byte
     assert all(re.search(r"\d+%\s+\S+ \S+ / \S+ \S+\s+\S+ \S+/s\s+\d:\d\d:\d\d ETA", f) for f in bars)
     assert any(re.fullmatch(r"  [\w./-]+\.(safetensors|json)", f) for f in run.frames)  # the current file
-    assert run.frames[-1].startswith(f"bundle {NAME} (id ") and " 13 files, 2.2 MB of data in " in run.frames[-1]
+    assert run.frames[-1].startswith(f"bundle {NAME} (id ") and "; model: 13 file(s), 2.2 MB carried." in run.frames[-1]
 
 
 def test_unbundle_with_a_parity_rebuild_on_a_terminal(vols, tmp_path):
@@ -222,7 +329,7 @@ def test_bundle_verify_on_a_terminal_ends_with_files_bytes_and_time(bundled):
     assert run.returncode == 0, run.text
     assert_no_bar_left_and_never_past_100(run)
     assert len(summaries(run.screen, "bundle verify")) == 1
-    assert any(re.fullmatch(r"checked 7 volume file\(s\), 3\.\d MB in \d+\.\d s", line) for line in run.screen)
+    assert any(re.fullmatch(r"checked 7 volume file\(s\), 3\.\d MB on disk: 3\.\d MB of members hashed \(.*\) in \d+\.\d s", line) for line in run.screen)
 
 
 def test_repair_on_a_terminal_leaves_one_line_per_phase(hub_env, hub_server, model_repo, tmp_path):

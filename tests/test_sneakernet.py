@@ -100,8 +100,9 @@ def test_the_plan_is_printed_before_the_volumes_are_written(model, tmp_path):
     r = run_mm("bundle", model, "--out", tmp_path / "disk", "--volume-size", "0.5M")
     assert r.returncode == 0, r.stderr
     plan = r.stderr.splitlines()
-    assert plan[0].startswith("plan: 13 files, 2.2 MB, in 5 volume(s) of up to 500.0 kB (the last ")
-    assert plan[1].startswith(f"  {tmp_path / 'disk'}: volumes 1-5 (") and " to write, " in plan[1]
+    assert plan[0] == "plan: model: 13 file(s), 2.2 MB carried"
+    assert plan[1].startswith("  in 5 volume(s) of up to 500.0 kB (the last ") and " on disk (" in plan[1]
+    assert plan[2].startswith(f"  {tmp_path / 'disk'}: volumes 1-5 (") and " to write, " in plan[2]
     assert r.stdout.splitlines()[0].startswith("wrote ")  # stdout keeps the results
 
 
@@ -163,8 +164,8 @@ def test_two_disks_are_filled_in_order_and_read_back_from_both_mount_points(mode
     assert (tmp_path / "disk2.txt").read_text().split() == [f"{name}.par001-of-001.tar"] + [
         f"{name}.vol00{n}-of-005.tar" for n in (3, 4, 5)]
     plan = (tmp_path / "err.txt").read_text().splitlines()
-    assert plan[1].startswith("  disk1: volumes 1-2 (") and plan[2].startswith("  disk2: volumes 3-5, parity 1 (")
-    assert plan[4] == ("note: disk2 holds 4 volumes of the bundle and parity rebuilds any 1: losing that whole disk "
+    assert plan[2].startswith("  disk1: volumes 1-2 (") and plan[3].startswith("  disk2: volumes 3-5, parity 1 (")
+    assert plan[5] == ("note: disk2 holds 4 volumes of the bundle and parity rebuilds any 1: losing that whole disk "
                        "is not recoverable (a disk per 1 volume(s) is)")  # parity over disks: what it protects
     assert (tmp_path / "out.txt").read_text().splitlines()[-1].endswith("mm bundle verify disk1 disk2")
     verify = (tmp_path / "verify.txt").read_text()

@@ -133,6 +133,68 @@ def test_launch_of_the_pointer_mounts_the_pointer_so_the_next_start_serves_the_c
     assert r.returncode == 0 and f"-v {revs['C']}:/models/MiniMax-M3.1-Flash:ro" in r.stdout, r.stderr
 
 
+def start(script: Path) -> subprocess.CompletedProcess:
+    """Run a start script on a host without docker (an empty PATH): what it says at every start, before docker."""
+    empty = script.parent / "empty-path"
+    empty.mkdir(exist_ok=True)
+    return subprocess.run(["/bin/bash", str(script)], capture_output=True, text=True, env={"PATH": str(empty)},
+                          timeout=30)
+
+
+def launch_script(env, model: Path, out: Path, *args) -> tuple[subprocess.CompletedProcess, str]:
+    """`mm launch MODEL --out OUT` (b300) and what the script says when started."""
+    r = mm(env, "launch", model, "--hardware", "b300", "--out", out, *args)
+    assert r.returncode == 0, r.stderr
+    return r, start(out).stderr
+
+
+def test_a_revision_mm_use_chose_starts_without_a_warning_and_one_nobody_chose_warns_at_every_start(root, revs, docker):
+    env, _ = docker
+    assert mm(env, "use", REPO, "bbbb", "--root", root).returncode == 0
+    r, said = launch_script(env, root / REPO / "current", root / "start.sh")
+    assert "WARNING" not in said and "docker: not found" in said  # it got as far as docker, silently
+    assert "warning" not in r.stderr and f"revision: model revision {'b' * 40} (not the guide's pin" in r.stderr
+    assert "was chosen: `mm use` at" in r.stderr and "# Revision: model revision " + "b" * 40 in (root / "start.sh").read_text()
+    r, said = launch_script(env, revs["C"], root / "start.sh")  # never `mm use`d
+    assert f"WARNING: model revision {'c' * 40} is not the guide's pin" in said and "nobody chose it" in said
+    assert f"warning: model revision {'c' * 40} is not the guide's pin" in r.stderr
+    assert "the start script warns so at every start" in r.stderr and "revision:" not in r.stderr
+
+
+def test_a_manifest_changed_after_mm_use_warns_until_mm_use_records_it_again(root, revs, docker):
+    env, _ = docker
+    assert mm(env, "use", REPO, "bbbb", "--root", root).returncode == 0
+    mpath = revs["B"] / ".mm" / "manifest.json"  # the directory swapped (here: its manifest) behind mm's back
+    mpath.write_text(mpath.read_text().replace("b" * 40, "e" * 40))
+    r, said = launch_script(env, root / REPO / "current", root / "start.sh")
+    assert f"WARNING: model revision {'e' * 40} is not the guide's pin" in said
+    assert f"{mpath} changed after `mm use` chose {revs['B'].name}" in r.stderr
+    assert f"record it: mm use {REPO} {revs['B'].name} --root {root}" in r.stderr
+    r = mm(env, "use", REPO, revs["B"].name, "--root", root)
+    assert r.returncode == 0 and "the choice is recorded again" in r.stdout
+    r, said = launch_script(env, root / REPO / "current", root / "start.sh")
+    assert "WARNING" not in said and "warning" not in r.stderr and "was chosen: `mm use`" in r.stderr
+
+
+def test_launch_revision_states_the_choice_and_refuses_a_directory_that_holds_another(root, revs, docker):
+    env, _ = docker
+    r, said = launch_script(env, revs["C"], root / "start.sh", "--revision", "cccccccc")
+    assert "WARNING" not in said and "warning" not in r.stderr
+    assert "was chosen: --revision cccccccc on the command line" in r.stderr
+    (root / "start.sh").unlink()
+    r = mm(env, "launch", revs["C"], "--hardware", "b300", "--out", root / "start.sh", "--revision", "bbbb")
+    assert r.returncode == 7 and f"holds revision {'c' * 40}, not --revision bbbb" in r.stderr
+    assert not (root / "start.sh").exists()
+
+
+def test_a_revision_signed_by_a_trusted_signer_starts_without_a_warning(root, revs, docker, keys):
+    env, _ = docker
+    assert mm(env, "sign", revs["C"], "--key", keys["alice"]).returncode == 0
+    r, said = launch_script(env, revs["C"], root / "start.sh", "--allowed-signers", keys["allowed"])
+    assert "WARNING" not in said and "warning" not in r.stderr
+    assert "was chosen: its manifest is signed by alice@example.com" in r.stderr
+
+
 def test_doctor_checks_the_revision_the_pointer_names(root, revs, docker, tmp_path):
     env, _ = docker
     fake_gpu.install(tmp_path / "bin", 4 * [fake_gpu.B300])

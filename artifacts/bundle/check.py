@@ -9,6 +9,7 @@ volumes would be enough (recoverability). parity_set picks the parity volumes a 
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -52,7 +53,8 @@ class BundleVerifyReport:
     mm_host: str | None = None  # whether the bundle's wheel sets cover this host's python3 (wheelhouse.coverage)
     delta: dict | None = None  # a delta bundle: its base and how much comes from it (delta.summary)
     files_checked: int = 0  # volume files read
-    bytes_checked: int = 0
+    bytes_checked: int = 0  # the members hashed: data (the model's carried files, payloads) and mm's metadata
+    bytes_on_disk: int = 0  # the volume files' sizes (tar headers and padding included)
     seconds: float = 0.0
 
 
@@ -188,8 +190,16 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
     if ref_vol is not None and ref_vol.index.delta is not None:
         report.delta = summary(ref_vol.index.delta, _manifest_of(reference))
     report.files_checked, report.bytes_checked = len(vols), data_bytes(data + parity, ref)
+    report.bytes_on_disk = sum(_size(v.path) for v in vols)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:  # gone since it was opened: its verdict says so
+        return 0
 
 
 def _manifest_of(vol: Volume | None):

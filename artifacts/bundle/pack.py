@@ -202,11 +202,26 @@ class PlanSummary:
     volume_size: int
     largest: int  # the largest volume file (data or parity)
     last: int  # the last data volume's size
-    total_bytes: int  # every volume file, parity included
-    data_bytes: int  # the files carried
-    files: int
+    total_bytes: int  # every volume file, parity included: what the disks get
+    data_bytes: int  # the files carried: the model's (model_bytes) and the payloads'
+    files: int  # model_files plus the payloads' files
     disks: list[DiskShare]
     notes: list[str] = field(default_factory=list)
+    model_files: int = 0  # the model's files the volumes carry (a delta: those the base lacks)
+    model_bytes: int = 0
+    taken_files: int = 0  # a delta: the model's files the destination takes from its copy of the base
+    taken_bytes: int = 0
+    payloads: list[PayloadShare] = field(default_factory=list)  # what rides along besides the model, by kind
+
+
+@dataclass(frozen=True)
+class PayloadShare:
+    """One payload kind the volumes carry besides the model (mm itself, an engine image, kernel caches)."""
+
+    kind: str
+    label: str
+    files: int
+    bytes: int
 
 
 @dataclass
@@ -681,8 +696,7 @@ def _create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size:
         sizes += [plan.parity_volume_bytes()] * parity
         names += [parity_filename(name, p, parity) for p in range(1, parity + 1)]
     where = place_volumes(outs, list(zip(names, sizes)))
-    summary = plan_summary(plan, outs, where, names, sizes, carried,
-                           len(payload_sources) + len(manifest.files) - (len(delta.take) if delta else 0))
+    summary = plan_summary(plan, outs, where, names, sizes, manifest, payload_sources)
     if on_plan:
         on_plan(summary)
     _require_room(outs, summary, names, sizes, where,
@@ -785,17 +799,29 @@ def _free_bytes(out: Path) -> int:
     return st.f_bavail * st.f_frsize  # what an unprivileged writer may use (shutil.disk_usage's "free")
 
 
-def plan_summary(plan: Plan, outs: list[Path], where: list[int], names: list[str], sizes: list[int], carried: int,
-                 files: int) -> PlanSummary:
-    """What the plan puts where (WHERE: place_volumes's answer for the volume files NAMES of SIZES)."""
+def plan_summary(plan: Plan, outs: list[Path], where: list[int], names: list[str], sizes: list[int],
+                 manifest: Manifest, payload_sources: list[CarriedFile]) -> PlanSummary:
+    """What the plan puts where (WHERE: place_volumes's answer for the volume files NAMES of SIZES), and what the
+    volumes carry: the model's files (a delta: those its base lacks) apart from the payloads riding along."""
     disks = []
     for i, out in enumerate(outs):
         mine = [j for j, w in enumerate(where) if w == i]
         to_write = sum(_to_write(out / names[j], sizes[j]) for j in mine)
         disks.append(DiskShare(str(out), [j + 1 for j in mine if j < plan.count],
                                [j - plan.count + 1 for j in mine if j >= plan.count], to_write, _free_bytes(out)))
+    taken_files, taken_bytes = (len(plan.delta.take), plan.delta.taken_bytes) if plan.delta else (0, 0)
+    shares = payload_shares(payload_sources)
+    model_files, model_bytes = len(manifest.files) - taken_files, manifest.total_bytes - taken_bytes
     return PlanSummary(plan.name, plan.count, plan.parity, plan.volume_size, max(sizes), sizes[plan.count - 1],
-                       sum(sizes), carried, files, disks, _disk_loss_notes(plan.parity, disks))
+                       sum(sizes), model_bytes + sum(p.bytes for p in shares), model_files + sum(p.files for p in shares),
+                       disks, _disk_loss_notes(plan.parity, disks), model_files, model_bytes, taken_files, taken_bytes,
+                       shares)
+
+
+def payload_shares(sources: list[CarriedFile]) -> list[PayloadShare]:
+    """Files and bytes of each payload kind carried, in the table's order."""
+    return [PayloadShare(k.kind, k.label, len(mine), sum(s.size for s in mine))
+            for k in payload_table.PAYLOAD_KINDS if (mine := [s for s in sources if s.kind == k.kind])]
 
 
 def _disk_loss_notes(parity: int, disks: list[DiskShare]) -> list[str]:

@@ -388,6 +388,7 @@ class PayloadKind(NamedTuple):
     dest_default: str  # directory under DEST.payload/ when dest_option is not given
     dest_help: str
     first_volume: bool = False  # travels whole in volume 1 (placed first, never split; bundle refuses a smaller volume)
+    label: str = ""  # what the plan calls it, beside the model's own files
 
     @property
     def prefix(self) -> str:
@@ -408,15 +409,17 @@ PAYLOAD_KINDS: tuple[PayloadKind, ...] = (
                 "--wheelhouse", "A directory from `mm bundle --only-mm --out DIR` (install-mm.sh + wheelhouse/) to carry "
                                 "instead of building one (mm bundle builds one by default; --no-mm leaves mm out).",
                 "--mm-dest", "mm", "Where mm's installer and wheelhouse go. Default: DEST.payload/mm.",
-                first_volume=True),
+                first_volume=True, label="mm itself (installer and wheels)"),
     PayloadKind("image", "image", False, ImagePayload,
                 "--image", "A `docker save` archive to carry along.",
-                "--image-dest", "image", "Where the image archive goes. Default: DEST.payload/image."),
+                "--image-dest", "image", "Where the image archive goes. Default: DEST.payload/image.",
+                label="engine image"),
     PayloadKind("kernel-cache", "kernel_caches", True, KernelCachePayload,
                 "--kernel-cache", "A kernel-cache directory to carry (repeatable). Its key comes from "
                                   "mm-cache-key.json inside it.",
                 "--cache-dest", "kernel-cache",
-                "Where kernel caches go (one directory per cache). Default: DEST.payload/kernel-cache."),
+                "Where kernel caches go (one directory per cache). Default: DEST.payload/kernel-cache.",
+                label="kernel caches"),
 )
 BY_KIND = {k.kind: k for k in PAYLOAD_KINDS}
 PREFIXES = {MODEL_KIND: MODEL_PREFIX, **{k.kind: k.prefix for k in PAYLOAD_KINDS}}  # tar prefix by member kind

@@ -14,9 +14,11 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Protocol
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 from ..units import human_bytes, human_duration, human_rate
+from .interrupt import requested as interrupt_requested
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -43,12 +45,17 @@ class ProgressSink(Protocol):
     def advance(self, nbytes: int) -> None: ...
 
     def item(self, name: str) -> None:
-        """The file (or volume) being worked on now, shown at the end of the bar."""
+        """Work on the file (or volume) NAME begins: shown under the bar while it is in flight."""
+
+    def item_done(self, name: str) -> None:
+        """Work on NAME is over. Callers working on several files at once say so, so that the line shows what is
+        in flight (a sequential caller need not: its next item() supersedes the last)."""
 
     def note(self, message: str) -> None: ...
 
     def end(self) -> None:
-        """End the phase: the bar goes, its summary line stays."""
+        """End the phase: the bar goes, its summary line stays (not when Ctrl-C or SIGTERM cut it short: the
+        phase did not finish, and the interruption's own line says what is kept)."""
 
 
 class _NullProgress:
@@ -61,6 +68,9 @@ class _NullProgress:
     def item(self, name: str) -> None:
         pass
 
+    def item_done(self, name: str) -> None:
+        pass
+
     def note(self, message: str) -> None:
         pass
 
@@ -70,6 +80,16 @@ class _NullProgress:
 
 NULL_PROGRESS: ProgressSink = _NullProgress()
 
+
+@contextmanager
+def working_on(progress: ProgressSink, name: str) -> Iterator[None]:
+    """item(NAME) .. item_done(NAME) around the work on one of several files in flight at once."""
+    progress.item(name)
+    try:
+        yield
+    finally:
+        progress.item_done(name)
+
 ITEM_WIDTH = 100  # characters of the current file's name kept (its end: the file name itself); the line crops more
 
 
@@ -77,16 +97,56 @@ def _crop(name: str, width: int = ITEM_WIDTH) -> str:
     return name if len(name) <= width else "…" + name[-(width - 1):]
 
 
+class InFlight:
+    """The files a phase works on now: begun (item) and not yet over (item_done), in the order they began. The line
+    names the newest still in flight, and how many others are, once the caller says when files are over; a caller
+    that never does works on one at a time, and its newest is its current file. Not thread-safe: the sinks lock."""
+
+    def __init__(self):
+        self.open: dict[str, None] = {}  # in the order they began
+        self.seen: set[str] = set()
+        self.closing = False  # the caller reports item_done: the open files are truly in flight
+
+    def begin(self, name: str) -> None:
+        self.seen.add(name)
+        self.open.pop(name, None)
+        self.open[name] = None
+
+    def done(self, name: str) -> None:
+        self.closing = True
+        self.open.pop(name, None)
+
+    @property
+    def current(self) -> list[str]:
+        """The files in flight, the newest last (a caller that never says item_done: its newest alone)."""
+        names = list(self.open)
+        return names if self.closing else names[-1:]
+
+    def line(self) -> str:
+        """'model-00002.safetensors', or 'model-00004.safetensors (+3 more in flight)', or '' when none."""
+        names = self.current
+        if not names:
+            return ""
+        more = f" (+{len(names) - 1} more in flight)" if len(names) > 1 else ""
+        return _crop(names[-1], ITEM_WIDTH - len(more)) + more
+
+    @property
+    def finished(self) -> int:
+        """Files begun and over (one at a time: those begun before the current one)."""
+        return len(self.seen) - len(self.open) if self.closing else max(len(self.seen) - 1, 0)
+
+
 class TerminalProgress:
     """A ProgressSink drawing one live bar on CONSOLE (a terminal) with rich, one phase at a time."""
 
-    def __init__(self, console: Console):
+    def __init__(self, console: Console, clock: Callable[[], float] = time.monotonic):
         self._console = console
+        self._clock = clock  # rich's too: elapsed, rate and ETA (tests inject one)
         self._lock = threading.Lock()
         self._live = None  # (rich Progress, task id) while a phase runs
         self._label = ""
         self._files: int | None = None
-        self._items: set[str] = set()
+        self._items = InFlight()
         self._started = 0.0
 
     def begin(self, total_bytes: int, label: str, files: int | None = None) -> None:
@@ -96,8 +156,8 @@ class TerminalProgress:
                 progress, task = self._live
                 progress.update(task, total=max(total_bytes, 0), description=label)
                 return
-            self._items, self._started = set(), time.monotonic()
-            progress = _rich_progress(self._console)
+            self._items, self._started = InFlight(), self._clock()
+            progress = _rich_progress(self._console, self._clock)
             task = progress.add_task(label, total=max(total_bytes, 0), item="")
             progress.start()
             self._live = (progress, task)
@@ -109,17 +169,24 @@ class TerminalProgress:
             live[0].advance(live[1], nbytes)
 
     def item(self, name: str) -> None:
+        self._item(lambda items: items.begin(name))
+
+    def item_done(self, name: str) -> None:
+        self._item(lambda items: items.done(name))
+
+    def _item(self, change: Callable[[InFlight], None]) -> None:
         live = self._live
         if live is not None:
             with self._lock:
-                self._items.add(name)
-            live[0].update(live[1], item=_crop(name))
+                change(self._items)
+                line = self._items.line()
+            live[0].update(live[1], item=line)
 
     def note(self, message: str) -> None:
         self._console.print(message, markup=False, highlight=False, soft_wrap=True)
 
     def end(self) -> None:
-        self._stop(summary=True)
+        self._stop(summary=not interrupt_requested())
 
     def _stop(self, summary: bool) -> None:
         with self._lock:
@@ -130,12 +197,12 @@ class TerminalProgress:
             _LIVE.discard(self)
             done = int(progress.tasks[0].completed)
             progress.stop()  # transient: the bar leaves the screen
-            files = self._files if self._files is not None else (len(self._items) or None)
+            files = self._files if self._files is not None else (len(self._items.seen) or None)
             self._files = None
             if summary:
                 # a label counting files ("fetch X 3/14 files") drops the count: the summary says it
                 label = _FILES_IN_LABEL.sub("", self._label) if files else self._label
-                self._console.print(phase_summary(label, done, time.monotonic() - self._started, files),
+                self._console.print(phase_summary(label, done, self._clock() - self._started, files),
                                     markup=False, highlight=False, soft_wrap=True)
 
 
@@ -157,6 +224,20 @@ BAR_MIN = 8  # a narrower bar says nothing: it goes, and the label takes its roo
 LABEL_MIN = 12  # a label is cut to this before the bar narrows
 
 
+# mm's own margin: a rate measured over the first second (connection and TLS set-up, TCP slow start, a first file
+# hashed before any byte moves) says "27 hours" for a fetch that takes twenty minutes. The ETA waits until the
+# phase has run ETA_MIN_SECONDS and moved ETA_MIN_BYTES (or a tenth of a smaller total); "-:--:--" until then.
+ETA_MIN_SECONDS = 5.0
+ETA_MIN_BYTES = 10_000_000
+
+
+def eta(done: float, total: float, rate: float | None, elapsed: float | None) -> float | None:
+    """Seconds left at RATE, or None while the rate is not measured over enough time and bytes (above)."""
+    if not total or not rate or elapsed is None or elapsed < ETA_MIN_SECONDS or done < min(ETA_MIN_BYTES, total / 10):
+        return None
+    return max(total - done, 0) / rate
+
+
 def figures(completed: float, total: float, speed: float | None, elapsed: float | None, eta: float | None) -> str:
     """'30%  40.0 MB / 133.9 MB  68.6 MB/s  0:00:01 ETA 0:00:02': never more than 100% of the total."""
     done = min(completed, total) if total else completed
@@ -166,7 +247,7 @@ def figures(completed: float, total: float, speed: float | None, elapsed: float 
             f"ETA {clock(eta if speed else None)}")
 
 
-def _rich_progress(console: Console):
+def _rich_progress(console: Console, clock: Callable[[], float] = time.monotonic):
     # Imported here: only a terminal needs rich's progress, and it costs start-up time for every command.
     from rich.progress import Progress
     from rich.progress_bar import ProgressBar
@@ -179,8 +260,9 @@ def _rich_progress(console: Console):
 
         def get_renderables(self):
             for task in self.tasks:
-                text = figures(task.completed, task.total or 0, task.finished_speed or task.speed, task.elapsed,
-                               task.time_remaining)
+                speed = task.finished_speed or task.speed
+                text = figures(task.completed, task.total or 0, speed, task.elapsed,
+                               eta(task.completed, task.total or 0, speed, task.elapsed))
                 room = self.console.width - len(text) - 1
                 whole = len(task.description)
                 label = min(whole, max(room - BAR_WIDTH - 1, min(whole, LABEL_MIN)))
@@ -201,7 +283,7 @@ def _rich_progress(console: Console):
                 if task.fields.get("item"):
                     yield Text(f"  {task.fields['item']}", style="dim", no_wrap=True, overflow="ellipsis")
 
-    return OneBar(console=console, transient=True)
+    return OneBar(console=console, transient=True, get_time=clock)
 
 
 # mm's own margin: often enough that a log shows a long fetch moving, rare enough that an hour is ~360 lines.
@@ -232,13 +314,12 @@ class PeriodicProgress:
     A phase shorter than the interval writes nothing; one that wrote lines ends with its summary line
     (plain) or a last status event with "done": true (JSON)."""
 
-    def __init__(self, write, interval: float, as_json: bool = False):
-        self._write, self._interval, self._json = write, interval, as_json
+    def __init__(self, write, interval: float, as_json: bool = False, clock: Callable[[], float] = time.monotonic):
+        self._write, self._interval, self._json, self._clock = write, interval, as_json, clock
         self._lock = threading.Lock()
         self._label, self._total, self._done = "", 0, 0
         self._files: int | None = None
-        self._items: list[str] = []
-        self._seen: set[str] = set()
+        self._items = InFlight()
         self._started = 0.0
         self._wrote = False
         self._stopped: threading.Event | None = None
@@ -249,8 +330,8 @@ class PeriodicProgress:
             self._files = files if files is not None else self._files
             if self._stopped is not None:
                 return
-            self._done, self._items, self._seen, self._wrote = 0, [], set(), False
-            self._started = time.monotonic()
+            self._done, self._items, self._wrote = 0, InFlight(), False
+            self._started = self._clock()
             self._stopped = threading.Event()
             _LIVE.add(self)
         threading.Thread(target=self._tick, args=(self._stopped,), daemon=True, name="mm-progress").start()
@@ -261,22 +342,24 @@ class PeriodicProgress:
 
     def item(self, name: str) -> None:
         with self._lock:
-            if name not in self._seen:
-                self._seen.add(name)
-                self._items.append(name)
+            self._items.begin(name)
+
+    def item_done(self, name: str) -> None:
+        with self._lock:
+            self._items.done(name)
 
     def note(self, message: str) -> None:
         pass  # notes are for a watcher at a terminal; the command's report says what matters
 
     def end(self) -> None:
-        self._stop(summary=True)
+        self._stop(summary=not interrupt_requested())
 
     def _tick(self, stopped: threading.Event) -> None:
         while not stopped.wait(self._interval):
             with self._lock:
                 if stopped.is_set():
                     return
-                line = self._line(final=False)
+                line = self.status(final=False)
                 self._wrote = True
             self._emit(line)
 
@@ -293,44 +376,44 @@ class PeriodicProgress:
                 return
             stopped.set()
             _LIVE.discard(self)
-            line = self._line(final=True) if summary and self._wrote else None
+            line = self.status(final=True) if summary and self._wrote else None
             self._files = None
         if line is not None:
             self._emit(line)
 
-    def _line(self, final: bool) -> str:
-        elapsed = time.monotonic() - self._started
+    def status(self, final: bool = False) -> str:
+        """The line (or JSON status event) an interval writes now; FINAL: the phase's summary (or last event)."""
+        elapsed = self._clock() - self._started
         done = min(self._done, self._total) if self._total else self._done
         rate = done / elapsed if elapsed > 0 else 0.0
-        # the ETA waits for a rate worth the name: a first guess from a second's bytes says "27 hours"
-        eta = (self._total - done) / rate if rate and self._total and elapsed >= 2 * min(self._interval, 5) else None
-        total_files = self._files if self._files is not None else (len(self._seen) or None)
+        left = eta(done, self._total, rate, elapsed)
+        total_files = self._files if self._files is not None else (len(self._items.seen) or None)
         counted = _FILES_IN_LABEL.search(self._label)  # a phase counting files itself ("fetch X 3/14 files")
         label = _FILES_IN_LABEL.sub("", self._label)
         if counted:
             files_done, total_files = int(counted[1]), int(counted[2])
-        else:  # the file being worked on is the last one begun; those before it are done
-            files_done = max(len(self._items) - 1, 0)
+        else:  # files begun and over (one at a time: those before the current one)
+            files_done = self._items.finished
         if final:
             files_done = total_files
-        current = self._items[-1] if self._items and not final else ""
+        current = [] if final else self._items.current
         if self._json:
             import json
 
             event = {"message_type": "status", "phase": label, "seconds_elapsed": round(elapsed, 1),
-                     "seconds_remaining": None if eta is None else round(eta), "percent_done":
+                     "seconds_remaining": None if left is None else round(left), "percent_done":
                      round(done / self._total, 4) if self._total else (1.0 if final else 0.0),
                      "total_bytes": self._total, "bytes_done": done, "bytes_per_second": round(rate),
                      "total_files": total_files, "files_done": files_done,
-                     "current_files": [current] if current else []}
+                     "current_files": current}
             if final:
                 event["done"] = True
             return json.dumps(event)
         if final:
             return phase_summary(label, done, elapsed, total_files)
         counted = f"  {files_done}/{total_files} files" if total_files else ""
-        now = f"  {_crop(current)}" if current else ""
-        return f"{label}: {figures(done, self._total, rate, elapsed, eta)}{counted}{now}"
+        now = f"  {self._items.line()}" if current else ""
+        return f"{label}: {figures(done, self._total, rate, elapsed, left)}{counted}{now}"
 
 
 _FILES_IN_LABEL = re.compile(r" (\d+)/(\d+) files$")

@@ -15,7 +15,7 @@ from ..errors import BadInput, BadValue, IntegrityError
 from ..edges.fsutil import dir_lock, model_files
 from ..paths import manifest_path, snapshot_of, state_root
 from ..integrity.manifest import FileEntry, Manifest, entry_for_file, public_endpoint, write_manifest
-from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..edges.progress import NULL_PROGRESS, ProgressSink, working_on
 from ..units import is_commit
 from ..integrity.hashing import bounded_map
 
@@ -56,9 +56,10 @@ def manifest_for_local_dir(local_dir: Path, repo_id: str, revision: str, *, endp
     progress.begin(sum((local_dir / p).stat().st_size for p in paths), f"hash {local_dir.name}")
 
     def one(path: str) -> tuple[FileEntry, str | None]:
-        progress.item(path)
         upstream = remote[path].upstream if remote and path in remote else None
-        result = entry_for_file(local_dir, path, upstream=upstream, want_git_sha1=bool(upstream and upstream.kind == "git-blob-sha1"))
+        with working_on(progress, path):
+            result = entry_for_file(local_dir, path, upstream=upstream,
+                                    want_git_sha1=bool(upstream and upstream.kind == "git-blob-sha1"))
         progress.advance(result[0].size)
         return result
 

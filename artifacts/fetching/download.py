@@ -38,7 +38,7 @@ from ..integrity.hashing import SLICE, Digests, StreamHasher, hash_file, mapped_
 from ..edges.interrupt import keeps, requested as interrupt_requested, worker_pool
 from ..integrity.manifest import FileEntry, Upstream, entry_from_dict, read_manifest
 from ..paths import manifest_path
-from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..edges.progress import NULL_PROGRESS, ProgressSink, working_on
 from ..edges.sharing import clone_file
 from ..edges.untrusted import load_json
 from . import ranges
@@ -248,6 +248,7 @@ class Session:
                                                     "downloaded over it")
                 return outcome, entry
             finally:
+                progress.item_done(f.path)
                 with lock:  # the bar's label counts files done; the bar itself, bytes and the aggregate rate
                     finished[0] += not interrupt_requested()  # a file stopped by Ctrl-C is not done
                     progress.begin(total, f"{label} {finished[0]}/{len(files)} files", files=len(rest))
@@ -276,9 +277,9 @@ class Session:
 
         def one(item: tuple[RemoteFile, Path]) -> tuple[FileOutcome, FileEntry] | None:
             f, candidate = item
-            progress.item(f.path)
             try:
-                digests = self._hash_candidate(f, candidate, progress)
+                with working_on(progress, f.path):
+                    digests = self._hash_candidate(f, candidate, progress)
             except (OSError, BadInput):
                 return None  # gone, unreadable or changed meanwhile: downloaded instead
             if digests is None:

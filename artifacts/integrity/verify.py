@@ -33,7 +33,7 @@ from ..paths import MM_DIR, Snapshot, manifest_path, snapshot_of, state_dir
 from ..edges.fsutil import check_relpath, is_model_file, lock_holder, read_local_file, read_lock
 from .hashing import SLICE, ChangedDuringRead, blake3_file, upstream_digest
 from .manifest import Manifest, read_manifest
-from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..edges.progress import NULL_PROGRESS, ProgressSink, working_on
 from ..edges.untrusted import MAX_DOCUMENT, Malformed, load_json
 from .safetensors_check import StructureError, index_faults, read_header, read_weight_map
 
@@ -392,7 +392,12 @@ def hash_schedule(files: list[Expected], jobs: int) -> tuple[list[Expected], lis
 
 def _check_one(model_dir: Path, exp: Expected, threads: int, progress: ProgressSink,
                window: int = MAX_WINDOW) -> tuple[Problem | None, int]:
-    progress.item(exp.path)
+    with working_on(progress, exp.path):  # several files are checked at once: the bar names those in flight
+        return _check_file(model_dir, exp, threads, progress, window)
+
+
+def _check_file(model_dir: Path, exp: Expected, threads: int, progress: ProgressSink,
+                window: int) -> tuple[Problem | None, int]:
     try:
         got = _digest(os.path.join(model_dir, exp.path), exp, threads, progress.advance, window)
     except OSError as e:

@@ -30,7 +30,7 @@ from typing import Callable
 
 from ..edges import interrupt, wire
 from ..errors import IntegrityError, MMError, RemoteError
-from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..edges.progress import NULL_PROGRESS, ProgressSink, working_on
 from ..fetching.ranges import RetryLater
 from .client import Client, Credentials, Reference, Transport, parse_reference
 from . import modelpack
@@ -112,8 +112,8 @@ def preheat(reference: str, tiers: tuple[tuple[str, Transport], ...], credential
                 tier.get_manifest(Reference(host, ref.repository, None, digest))  # checked against the digest
 
                 def one(d) -> BlobAtTier:
-                    progress.item(f"{host} {d.digest[7:19]}")
-                    return warm_blob(tier, d.digest, d.size, progress.advance)
+                    with working_on(progress, f"{host} {d.digest[7:19]}"):
+                        return warm_blob(tier, d.digest, d.size, progress.advance)
 
                 with interrupt.worker_pool(workers) as pool:
                     done = tuple(pool.map(one, blobs))

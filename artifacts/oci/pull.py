@@ -36,7 +36,7 @@ from ..edges.fsutil import check_targets, dir_lock, publish, require_free_space,
 from ..paths import manifest_path, state_root
 from ..edges import interrupt
 from ..integrity.manifest import FileEntry, Manifest, write_manifest
-from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..edges.progress import NULL_PROGRESS, ProgressSink, working_on
 from ..fetching.ranges import (DEFAULT_CONNECTIONS, Answer, Connections, RetryLater, TransferStats, clear_state,
                                http_answer, state_path)
 from ..edges.untrusted import load_json
@@ -261,9 +261,9 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
             stats = TransferStats(retry_budget=max(64, 16 * workers))
 
             def one(group: list[FileEntry]) -> list[tuple[PulledFile, FileEntry | None]]:
-                progress.item(group[0].path)
-                return [_pull_file(blobs, places, local_dir, entry, known, source, progress, journal, budget,
-                                   stats) for entry in group]
+                with working_on(progress, group[0].path):
+                    return [_pull_file(blobs, places, local_dir, entry, known, source, progress, journal, budget,
+                                       stats) for entry in group]
 
             try:
                 with interrupt.worker_pool(workers) as pool:  # an interrupt starts no queued blob

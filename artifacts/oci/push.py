@@ -20,7 +20,7 @@ from ..errors import BadInput, Refused, RemoteError
 from ..paths import MM_DIR, manifest_path, state_root
 from ..edges.fsutil import atomic_write_text, check_inside, read_local_file, read_lock, remove_tree, unlink_file
 from ..integrity.manifest import read_manifest, to_json
-from ..edges.progress import NULL_PROGRESS, ProgressSink
+from ..edges.progress import NULL_PROGRESS, ProgressSink, working_on
 from ..units import human_bytes
 from ..edges.untrusted import read_json_file
 from . import modelpack
@@ -120,8 +120,8 @@ def _push(model_dir: Path, reference: str, options: PushOptions, progress: Progr
         jobs.sort(key=lambda j: -j[2])
 
         def one(job: tuple[str, str, int, Path | bytes]) -> BlobOutcome:
-            progress.item(job[0])
-            return _push_blob(client, state, options, progress, *job)
+            with working_on(progress, job[0]):
+                return _push_blob(client, state, options, progress, *job)
 
         try:
             with interrupt.worker_pool(options.workers) as pool:  # an interrupt starts no queued blob

@@ -12,6 +12,7 @@ import json
 import re
 from collections import deque
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
@@ -35,6 +36,7 @@ class Detector:
     unless: re.Pattern | None = None  # a line matching this voids the pattern's later lines (not earlier ones)
     also: re.Pattern | None = None  # ... and matches only when this is somewhere too
     after: re.Pattern | None = None  # the pattern counts only on lines after one that matches this (a ready line)
+    cleared_by: re.Pattern | None = None  # a later line matching this voids an earlier hit (the server recovered)
     requires: str | None = None  # a property of the recipe: expects_qmul4, blackwell
     engine: str | None = None  # sglang | vllm: the detector applies to that engine only
     field: str | None = None  # error | content: the pattern judges that field of a JSON answer, not text
@@ -166,7 +168,7 @@ def _detector(d: dict, d_at: At, where: str) -> Detector:
     if judged is not None and judged not in FIELDS:
         raise BadInput(f"{where}: unknown field {judged!r} (known: {', '.join(FIELDS)})")
     patterns = {k: _regex(d_at.get_str(d, k, None, max_len=MAX_PATTERN), where)
-                for k in ("pattern", "unless", "also", "after")}
+                for k in ("pattern", "unless", "also", "after", "cleared_by")}
     return Detector(source=source, **patterns, requires=d_at.get_str(d, "requires", None, max_len=64), engine=engine,
                     field=judged, body=body, fallback=d_at.get_bool(d, "fallback", False),
                     missing_mount=d_at.get_str(d, "missing_mount", None, max_len=4096), check=check,
@@ -264,10 +266,11 @@ def fix_for(row: Row, plan: LaunchPlan | None, engine: str, d: Detector | None =
             shown: dict[str, str] | None = None) -> str:
     """The fix for ENGINE: on vLLM the row's vLLM fix (the guide's vLLM row) where it has one, never an
     SGLang-specific one; the matched message's own fix first (D); on SGLang, the server's own flag values the log
-    SHOWS; with a plan, adapted to it (on SGLang, the hardware's own advice first: B200; the pinned image's
+    SHOWS (unless the message has its own fix); with a plan, adapted to it (on SGLang, the hardware's own advice first: B200; the pinned image's
     other fix when it already runs)."""
     context = plan_context(plan) if plan is not None else None
-    from_log = log_context(shown or {}, plan) if row.fix_log else None
+    own_fix = d is not None and (d.fix or d.fix_here)
+    from_log = log_context(shown or {}, plan) if row.fix_log and not own_fix else None
     if from_log is not None and engine != "vllm" and not (plan and plan.hardware.name in row.fix_here_hardware):
         return row.fix_log.format_map(from_log)
     pinned = plan is not None and context["pinned_image"] and plan.image == context["pinned_image"]
@@ -311,7 +314,9 @@ ENGINES = ("sglang", "vllm")
 ENGINE_MARKERS = {
     "sglang": re.compile(r"server_args=(?:\{|ServerArgs\()|The server is fired up and ready to roll!"),  # srt/entrypoints/engine.py, http_server.py
     "vllm": re.compile(r"vLLM server version \S+, serving model|Initializing a V1 LLM engine \(v|Starting vLLM server on"
-                       r"|non-default args: \{"),  # vLLM 0.33.0 entrypoints/common/startup.py, v1/engine/core.py, launchers
+                       r"|non-default args: \{|^\((?:APIServer|EngineCore(?:_DP\d+)?) pid=\d+\) "),
+    # vLLM 0.33.0 entrypoints/common/startup.py, v1/engine/core.py, launchers; utils/system_utils.py decorate_logs
+    # prefixes its processes' lines with "(APIServer pid=N)", "(EngineCore_DP0 pid=N)"
 }
 
 
@@ -372,10 +377,45 @@ _RFC3339 = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)"
 # the CRI logging format kubelet writes under /var/log/pods (k8s.io/cri-api: TIMESTAMP STREAM TAG LINE, TAG P for a
 # partial line that the next piece continues, F for its last piece)
 _CRI = re.compile(rf"^{_RFC3339} (?:stdout|stderr) ([PF])(?:[:|][^ ]*)? ?(.*)$", re.S)
-_DOCKER_TIMESTAMP = re.compile(rf"^{_RFC3339} ")  # `docker logs --timestamps`
+_DOCKER_TIMESTAMP = re.compile(rf"^{_RFC3339} ")  # `docker logs --timestamps`, `podman logs --timestamps`
+# the prefixes collectors put before what the process printed (journald's first: it starts with a timestamp too)
+_PREFIXES = (
+    # journalctl's short, short-precise, short-iso(-precise) and short-full outputs, and syslog (RFC 3164, after a <PRI>):
+    # WHEN HOST IDENT[PID]: (the PID
+    # too, so that `docker events` 'TIME container health_status: ...' is not taken for one)
+    re.compile(r"^(?:<\d{1,3}>)?(?:[A-Z][a-z]{2} \d{4}-\d\d-\d\d |[A-Z][a-z]{2} [ \d]?\d |\d{4}-\d\d-\d\dT)\d\d:\d\d:\d\d(?:\.\d+)?"
+               r"(?: ?[A-Z]{3,5}|Z|[+-]\d\d:?\d\d)? \S+ [^\s\[\]:]+\[\d+\]: "),
+    _DOCKER_TIMESTAMP,
+    # `kubectl logs --prefix`: [pod/NAME/CONTAINER]
+    re.compile(r"^\[[a-z.]+/[^\]\s/]+/[^\]\s]+\] ?"),
+    # `docker compose logs`: SERVICE-1  | (compose v1: SERVICE_1  | )
+    re.compile(r"^[\w.-]+\s*\| ?"),
+)
+# logfmt (Go's slog/logrus, Grafana Loki, Vector): key=value pairs, the message in msg= or message=, quoted with \" escapes
+_LOGFMT = re.compile(r'^(?:[\w.@-]+=(?:"(?:[^"\\]|\\.)*"|\S*) )*?(?:msg|message)=(?:"((?:[^"\\]|\\.)*)"|([^"\s]\S*))')
+_LOGFMT_ESCAPE = re.compile(r"\\(.)")
+_LOGFMT_CHARS = {"n": "\n", "t": "\t", "r": "\r"}
+
+
+def _unwrapped(line: str) -> str:
+    """What the process printed, with the collectors' prefixes (timestamps, pod, service, journald) removed and a
+    logfmt record replaced by its message."""
+    for _ in range(4):  # a prefix inside a prefix: journald of compose, docker timestamps of kubectl
+        for prefix in _PREFIXES:
+            if m := prefix.match(line):
+                line = line[m.end():]
+                break
+        else:
+            break
+    if "=" in line and (m := _LOGFMT.match(line)):
+        if m.group(1) is None:
+            return m.group(2)
+        return _LOGFMT_ESCAPE.sub(lambda e: _LOGFMT_CHARS.get(e.group(1), e.group(1)), m.group(1))
+    return line
 # the JSON keys that hold the message of a log record: docker's json-file driver ({"log", "stream", "time"}),
-# Python/structlog/zap/Loki shippers ("message", "msg"); a record also names a level, time or stream
-_RECORD_TEXT = ("log", "message", "msg")
+# Python/structlog/zap/Loki shippers ("message", "msg"), Google Cloud Logging ("textPayload"), Loki's export ("line");
+# a record also names a level, time or stream
+_RECORD_TEXT = ("log", "message", "msg", "textPayload", "line")
 _RECORD_MARK = frozenset({"stream", "time", "timestamp", "ts", "level", "levelname", "severity", "logger", "@timestamp"})
 
 
@@ -394,9 +434,10 @@ def _record_text(line: str) -> str | None:
 
 
 def normalised(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
-    """(line number, text) of what each line says: ANSI escapes removed, a Kubernetes CRI prefix or a
-    `docker logs --timestamps` prefix removed (CRI partial pieces joined, bounded by MAX_LOG_LINE), a JSON log
-    record replaced by its message (one line per line of it). The number is the first physical line's."""
+    """(line number, text) of what each line says: ANSI escapes removed, a Kubernetes CRI prefix removed (CRI
+    partial pieces joined, bounded by MAX_LOG_LINE), the prefixes of `docker logs --timestamps`, `kubectl logs
+    --prefix`, `docker compose logs` and journalctl removed, a logfmt or JSON log record replaced by its message (one
+    line per line of it). The number is the first physical line's."""
     partial: list[str] = []
     partial_at = 0
     size = 0
@@ -414,8 +455,7 @@ def normalised(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
             if partial:
                 line, number = "".join(partial) + line, partial_at
                 partial, size = [], 0
-        else:
-            line = _DOCKER_TIMESTAMP.sub("", line, count=1)
+        line = _unwrapped(line)
         record = _record_text(line) if "{" in line else None
         if record is None:
             yield number, line
@@ -577,9 +617,60 @@ SHOWN_FLAGS = re.compile(r"\b(mem_fraction_static|chunked_prefill_size)'?\s*[=:]
                          r"|--(mem-fraction-static|chunked-prefill-size)[= ](\d+(?:\.\d+)?)\b")
 
 
+MIN_NEEDLE = 3  # characters: a shorter literal is found on most lines and skips nothing
+
+
+def _needles_of(items: list) -> frozenset[str] | None:
+    """Literals one of which every match of the parsed sequence ITEMS holds: its longest run of plain characters, or
+    the needles of a group or a positive lookahead it requires (a branch: one per alternative), whichever is the
+    least common kind (the longest shortest needle); None when there is none of MIN_NEEDLE characters."""
+    from re import _constants as c
+
+    options: list[frozenset[str]] = []
+    run: list[str] = []
+    for op, arg in [*items, (None, None)]:
+        if op is c.LITERAL:
+            run.append(chr(arg))
+            continue
+        if len(run) >= MIN_NEEDLE:
+            options.append(frozenset(["".join(run)]))
+        run = []
+        inner = None
+        if op is c.SUBPATTERN and not arg[1] and not arg[2]:  # a group without flags of its own
+            inner = _needles_of(list(arg[3]))
+        elif op is c.ASSERT and arg[0] == 1:  # (?=...): the line holds it too
+            inner = _needles_of(list(arg[1]))
+        elif op is c.BRANCH:
+            alternatives = [_needles_of(list(seq)) for seq in arg[1]]
+            inner = None if None in alternatives else frozenset().union(*alternatives)
+        if inner:
+            options.append(inner)
+    return max(options, key=lambda o: min(map(len, o)), default=None)
+
+
+@lru_cache(maxsize=1024)
+def _searcher(pattern: re.Pattern) -> Callable[[str], object]:
+    """PATTERN.search, behind a test that the line holds one of the literals every match holds (str `in` is far
+    cheaper than a regex search that fails at every position, which is what most lines of a log cost)."""
+    if pattern.flags & re.IGNORECASE:
+        return pattern.search
+    try:
+        from re import _parser
+
+        needles = _needles_of(list(_parser.parse(pattern.pattern, pattern.flags)))
+    except Exception:  # another Python's parser: no shortcut, the same answers
+        return pattern.search
+    if not needles:
+        return pattern.search
+    search = pattern.search
+    return lambda line: any(n in line for n in needles) and search(line)
+
+
 class _Scanner:
     def __init__(self, where: str, table: Table, tail: int, keep: re.Pattern | None):
-        self.detectors = [((row.id, j), d) for row in table.rows for j, d in enumerate(row.detect)
+        self.detectors = [((row.id, j), d, {k: _searcher(getattr(d, k)) for k in ("pattern", "unless", "also", "after",
+                                                                                   "cleared_by") if getattr(d, k)})
+                          for row in table.rows for j, d in enumerate(row.detect)
                           if d.source in ("log", "http") and d.pattern is not None and d.field is None]
         self.scan = ScannedText(where=where, tail=deque(maxlen=tail))
         self.keep = keep
@@ -638,15 +729,17 @@ class _Scanner:
         if ("mem" in line or "chunked" in line) and len(scan.shown) < 2:
             for m in SHOWN_FLAGS.finditer(line):
                 scan.shown.setdefault((m.group(1) or m.group(3)).replace("-", "_"), m.group(2) or m.group(4))
-        for key, d in self.detectors:
+        for key, d, search in self.detectors:
+            if d.cleared_by is not None and key in scan.hits and search["cleared_by"](line):
+                del scan.hits[key]
             if (key not in scan.hits and key not in scan.unless_seen and (d.after is None or key in scan.after_seen)
-                    and d.pattern.search(line)):
+                    and search["pattern"](line)):
                 scan.hits[key] = (line, number)
-            if d.after is not None and key not in scan.after_seen and d.after.search(line):
+            if d.after is not None and key not in scan.after_seen and search["after"](line):
                 scan.after_seen.add(key)
-            if d.unless is not None and key not in scan.unless_seen and d.unless.search(line):
+            if d.unless is not None and key not in scan.unless_seen and search["unless"](line):
                 scan.unless_seen.add(key)
-            if d.also is not None and key not in scan.also_seen and d.also.search(line):
+            if d.also is not None and key not in scan.also_seen and search["also"](line):
                 scan.also_seen.add(key)
 
     def finish(self) -> ScannedText:

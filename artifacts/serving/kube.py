@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..errors import BadInput, BadValue, Refused
 from .launch import (EnvRef, LaunchOptions, LaunchPlan, SHM_GIB, Token, check_model_dir, choose_recipe, load_catalog,
-                     plan_document, plan_launch)
+                     plan_document, plan_launch, revision_lines)
 from .router import DEFAULT_HEALTH_TIMEOUT
 
 # The Kubernetes minor the documents are written for (and checked against by the tests, strict).
@@ -431,6 +431,7 @@ def render_yaml(plan: ClusterPlan, docs: list[dict], fmt: str) -> str:
                  f"# Update or roll back: `mm use` on every node, then "
                  f"kubectl -n {plan.namespace} rollout restart {plan.kind.lower()}/{plan.server_name}"]
     head += [f"# Note: {f}" for f in r.facts]
+    head += revision_lines(s)
     head += [f"# Warning: {w}" for w in plan.warnings]
     if s.revalidate:
         head.append(f"# REVALIDATE: recipe {r.id}: check the command against the upstream recipe before serving traffic.")

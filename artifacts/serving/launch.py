@@ -223,6 +223,17 @@ class LaunchOptions:
     replica_ports: tuple[int, ...] | None = None
     metrics_port: int | None = None
     overrides: tuple[tuple[str, str], ...] = ()  # (server flag, value) the user set: OVERRIDE_FLAGS
+    revision: str | None = None  # --revision: the model revision the user means to serve (the manifest must name it)
+    chosen: tuple[RevisionChoice, ...] = ()  # who else chose a revision: `mm use`'s record, a trusted signature
+    choice_doubt: str | None = None  # why a record of a choice no longer holds (the manifest changed since)
+
+
+@dataclass(frozen=True)
+class RevisionChoice:
+    """A revision someone chose on purpose: the user (`mm use`, `mm launch --revision`) or a signer the user
+    trusts (--allowed-signers). Such a revision, though not the guide's pin, is no warning at every start."""
+    revision: str
+    how: str  # e.g. "`mm use` at 2026-12-03T10:00:00Z", "signed by alice@example.com (...)"
 
 
 # Server flags `mm launch` lets the user override, each named after the flag the guide's troubleshooting table names
@@ -299,6 +310,8 @@ class LaunchPlan:
     overrides: tuple[tuple[str, str, str | None], ...] = ()  # (flag, the user's value, the recipe's value or None)
     image_id: str | None = None  # config digest recorded by `mm image save`: what survives `docker load`
     image_record: Path | None = None  # that record (beside the archive)
+    revision_choice: str | None = None  # a revision other than the guide's pin, and who chose it (no warning)
+    revision_warning: str | None = None  # a revision other than the pin that nobody chose: the script warns at start
 
     @property
     def archive_hint(self) -> str:
@@ -449,8 +462,9 @@ def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = 
     if opts.tp and opts.tp != _recipe_tp(recipe):
         revalidate = True
         warnings.append(f"TP {opts.tp} differs from the recipe's TP {_recipe_tp(recipe)}: revalidate before serving traffic")
-    if revision != catalog.pin.revision and recipe.weights_repo == catalog.pin.repo_id:
-        warnings.append(f"model revision {revision} is not the pinned {catalog.pin.revision}")
+    revision_choice, revision_warning = judge_revision(model_dir, revision, catalog.pin, recipe, opts)
+    if revision_warning:
+        warnings.append(revision_warning)
     if recipe.status != "validated by the SGLang Cookbook":
         warnings.append(f"recipe {recipe.id} status: {recipe.status}")
 
@@ -491,8 +505,27 @@ def plan_launch(model_dir: Path, opts: LaunchOptions, catalog: Catalog | None = 
         env=tuple(env), mounts=tuple(mounts), entrypoint=engine.entrypoint, engine_argv=tuple(engine_argv),
         cache_root=cache_root, uses_dspark=bool(recipe.speculative), revalidate=revalidate,
         sampling=catalog.sampling, warnings=tuple(warnings), image_id=image_id, image_record=image_record,
-        overrides=overrides,
+        overrides=overrides, revision_choice=revision_choice, revision_warning=revision_warning,
     )
+
+
+def judge_revision(model_dir: Path, revision: str, pin: Pin, recipe: Recipe,
+                   opts: LaunchOptions) -> tuple[str | None, str | None]:
+    """(who chose the revision, None) or (None, the warning) for a revision of the pinned repo other than the
+    guide's pin; (None, None) for the pin itself or another repo. Chosen: --revision names it (a --revision the
+    directory does not hold is refused), `mm use` recorded it with this very manifest, or a trusted signer signed it."""
+    if opts.revision is not None and not revision.startswith(opts.revision.lower()):
+        raise Refused(f"{model_dir}: holds revision {revision}, not --revision {opts.revision}; launch the directory "
+                      f"that holds it, or leave --revision out")
+    if revision == pin.revision or recipe.weights_repo != pin.repo_id:
+        return None, None
+    how = ([f"--revision {opts.revision} on the command line"] if opts.revision is not None else []) + \
+        [c.how for c in opts.chosen if c.revision == revision]
+    if how:
+        return f"model revision {revision} (not the guide's pin {pin.revision}) was chosen: {'; '.join(how)}", None
+    why = opts.choice_doubt or (f"nobody chose it: `mm use` it (in a model root), or launch with --revision "
+                                f"{revision[:12]} (or --allowed-signers, when it is signed)")
+    return None, f"model revision {revision} is not the guide's pin {pin.revision}, and {why}"
 
 
 def find_image_record(image: str, model_dir: Path, archive: Path | None) -> tuple[Path | None, str | None, list[str]]:
@@ -586,6 +619,18 @@ def override_lines(plan: LaunchPlan) -> list[str]:
             for flag, value, was in plan.overrides]
 
 
+def revision_lines(plan: LaunchPlan) -> list[str]:
+    """The script's statement of a revision other than the guide's pin that someone chose (no warning then)."""
+    return [f"# Revision: {plan.revision_choice}."] if plan.revision_choice else []
+
+
+def start_warning_lines(plan: LaunchPlan) -> list[str]:
+    """What the script says on stderr at every start: a revision nobody chose (`mm launch` said the same)."""
+    if not plan.revision_warning:
+        return []
+    return [f"echo {shlex.quote('WARNING: ' + plan.revision_warning)} >&2", ""]
+
+
 def render_script(plan: LaunchPlan) -> str:
     r = plan.recipe
     lines = [
@@ -597,12 +642,14 @@ def render_script(plan: LaunchPlan) -> str:
     lines += [f"# Note: {f}" for f in r.facts]
     if plan.hardware.vendor == "amd":
         lines.append("# Note: GPU access (--device /dev/kfd /dev/dri, HIP_VISIBLE_DEVICES) follows the ROCm container convention, not the guide.")
+    lines += revision_lines(plan)
     lines += [f"# Warning: {w}" for w in plan.warnings]
     lines += override_lines(plan)
     hicache = hicache_statement(plan, 1)
     if hicache:
         lines.append(f"# {hicache}")
     lines += ["set -euo pipefail", ""]
+    lines += start_warning_lines(plan)
     if plan.revalidate:
         why = ("the guide does not publish the exact command for this recipe (it points to the SGLang configuration "
                "generator); only the flags it states are here" if not r.exact_command_published else "; ".join(plan.warnings))
@@ -747,6 +794,7 @@ def plan_document(plan: LaunchPlan) -> dict:
         "engine_argv": [str(t) for t in plan.engine_argv],
         "docker_argv": [str(t) for t in docker_run_argv(plan)],
         "facts": list(r.facts), "warnings": list(plan.warnings),
+        "revision_choice": plan.revision_choice, "revision_warning": plan.revision_warning,
         "overrides": [{"flag": f, "value": v, "recipe_value": was, "source": "the user's override (mm launch)"}
                       for f, v, was in plan.overrides],
         "sources": {"recipe": r.sources, "args": {a.flag: a.source for a in r.args}},

@@ -25,7 +25,8 @@ from ..errors import BadValue, Refused
 from .cachekey import FILE_NAME as CACHE_KEY_FILE
 from .launch import (IMAGE_VAR, Catalog, EnvRef, LaunchOptions, LaunchPlan, Token, _wrap, check_combination,
                      check_model_dir, choose_recipe, docker_run_argv, hicache_statement, load_catalog, plan_document,
-                     override_lines, plan_launch, read_identity, render_script, script_setup)
+                     override_lines, plan_launch, read_identity, render_script, revision_lines, script_setup,
+                     start_warning_lines)
 
 DEFAULT_HEALTH_TIMEOUT = 3600  # seconds the script waits for each replica's /health (a cold start compiles kernels)
 
@@ -186,12 +187,14 @@ def render_node_script(node: NodePlan) -> str:
     lines += [f"# Note: {f}" for f in r.facts]
     if first.hardware.vendor == "amd":
         lines.append("# Note: GPU access (--device /dev/kfd /dev/dri, HIP_VISIBLE_DEVICES) follows the ROCm container convention, not the guide.")
+    lines += revision_lines(first)
     lines += [f"# Warning: {w}" for w in first.warnings]
     lines += override_lines(first)
     hicache = hicache_statement(first, n)
     if hicache:
         lines.append(f"# {hicache}")
     lines += ["set -euo pipefail", ""]
+    lines += start_warning_lines(first)
     if first.revalidate:
         lines += [f"# REVALIDATE: the guide does not publish the exact command for recipe {r.id}; only the flags it states are here.",
                   f"echo {shlex.quote(f'WARNING: {r.id}: command must be revalidated against the upstream recipe before serving traffic')} >&2",

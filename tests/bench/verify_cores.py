@@ -5,12 +5,15 @@ rounds, for two copies of mm side by side ("before" and "after": the mm package 
 Self-contained (no venv, no pytest): the folder holding it also holds before/mm, after/mm, b3sum (Debian's binary)
 and whl/ with the blake3 wheel for the device's Python (see /work/.library/device/README.md: carry the folder,
 `pip install --target /tmp/site whl/*.whl`, then SITE=/tmp/site). Environment: GIB (8), SHARD_MIB (768: 11
-shards, hashed one at a time on all cores; 256: 32 shards, one per core in rounds), ROUNDS (3), WORK (/tmp/vb).
+shards, hashed one at a time on all cores; 256: 32 shards, one per core in rounds), ROUNDS (3), WORK (/tmp/vb),
+KIT (the folder with before/, after/, b3sum; default: this file's folder), COLD=1 (as root: sync and drop the page
+cache before every measured run, so each reads the model from the disk: the model-scale goal's condition).
 """
 import fcntl, os, signal, statistics, subprocess, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-HERE = Path(__file__).resolve().parent
+HERE = Path(os.environ.get("KIT") or Path(__file__).resolve().parent)
+COLD = os.environ.get("COLD") == "1"
 GIB = float(os.environ.get("GIB", "8")); ROUNDS = int(os.environ.get("ROUNDS", "3"))
 WORK = Path(os.environ.get("WORK", "/tmp/vb")); MODEL = WORK / "model"
 SHARD = int(os.environ.get("SHARD_MIB", "768")) * 1024 * 1024
@@ -56,8 +59,14 @@ def peak_status(pid, peak, stop) -> None:
             pass
         time.sleep(0.002)
 
+def drop_caches():
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
 def measure(cmd, env):
     """wall s, VmHWM kB (from the last sample), max RssAnon kB, max RssFile kB, ru_maxrss kB (wait4)."""
+    if COLD:
+        drop_caches()
     proc = subprocess.Popen(cmd, env=env, cwd=MODEL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     t = time.perf_counter()
     peak = {"VmHWM": 0, "RssAnon": 0, "RssFile": 0, "VmRSS": 0}
@@ -91,7 +100,8 @@ def main():
         sys.exit("gen failed: " + gen_out.stderr[-2000:])
     total = int(gen_out.stdout.split()[-1])  # in a child: a parent that held the data would lend its RSS to each child's rusage
     print(f"data {total / 2**30:.2f} GiB in {time.perf_counter() - t:.1f} s", flush=True)
-    subprocess.run(f"cat $(find {MODEL} -type f) > /dev/null", shell=True)
+    if not COLD:
+        subprocess.run(f"cat $(find {MODEL} -type f) > /dev/null", shell=True)
     mm = [sys.executable, "-c", "import sys; from mm.cli import main; sys.argv[0] = 'mm'; main()"]
     tools = {"mm before": (mm + ["verify", "--json", str(MODEL)], env_for("before")),
              "mm after": (mm + ["verify", "--json", str(MODEL)], env_for("after")),
@@ -105,7 +115,7 @@ def main():
     start = {k: statistics.median(measure(mm + ["verify", "--help"], env_for(k.split()[1]))[0] for _ in range(3)) for k in ("mm before", "mm after")}
     bare = statistics.median(measure([sys.executable, "-c", "pass"], os.environ)[0] for _ in range(3))
     print(f"python3 -c pass: {bare:.3f} s")
-    print(f"\n{total / 2**30:.2f} GiB warm, {os.cpu_count()} cpus, {ROUNDS} rounds, load {os.getloadavg()[0]:.1f}")
+    print(f"\n{total / 2**30:.2f} GiB {'cold (caches dropped before each run)' if COLD else 'warm'}, {os.cpu_count()} cpus, {ROUNDS} rounds, load {os.getloadavg()[0]:.1f}")
     b3 = statistics.median(x[0] for x in res["b3sum"])
     for k, v in res.items():
         w = statistics.median(x[0] for x in v)
@@ -116,6 +126,12 @@ def main():
                 f"VmRSS {pk['VmRSS']:.0f}, RssAnon {pk['RssAnon']:.0f}, RssFile {pk['RssFile']:.0f}"
               + (f"; start-up (verify --help) {start[k]:.2f} s; its own hashing (JSON seconds) "
                  f"{statistics.median(x[3] for x in v):.2f} s" if k in start else ""))
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.bench.common import RatioGoal
+    for k in ("mm before", "mm after"):
+        ratios = [b[0] / m[0] for m, b in zip(res[k], res["b3sum"])]  # per round: b3sum's time over mm's, a speed ratio
+        print(RatioGoal(f"{k} speed / b3sum --check ({'cold' if COLD else 'warm'})", 1.0, at_most=False).verdict(ratios))
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["gen"]:
