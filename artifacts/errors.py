@@ -53,6 +53,16 @@ class RemoteError(MMError):
     exit_code = 4
 
 
+class RetryLater(RemoteError):
+    """A request failed in a way worth retrying (cut, 429, 5xx, expired signed URL, wrong answer): the range engine
+    (fetching/ranges.py) and the registry client ask again, after AFTER seconds when the server said so."""
+
+    def __init__(self, message: str, reason: str = "error", after: float | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.after = after
+
+
 class IntegrityError(MMError):
     exit_code = 5
 

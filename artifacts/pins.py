@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BadInput
-from .edges.untrusted import At, read_json_file
+from .edges.untrusted import At
+from .edges.fsutil import read_json_file
 
 PIN_SCHEMA = "mm-pin/1"
 

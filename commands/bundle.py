@@ -16,13 +16,13 @@ from .shared import (DefaultGroup, emit_json, err, handles_errors, json_option, 
                      render_carried_signature, signature_options, signature_policy, to_jsonable)
 
 
-def _cache_key_pairs(ctx, param, value):
+def _cache_key(ctx, param, value) -> dict | None:
+    """--cache-key KEY=VALUE pairs -> the key document (cachekey.parse_cache_key)."""
     from ..artifacts.serving.cachekey import parse_cache_key
     try:
-        parse_cache_key(value)
+        return parse_cache_key(value)
     except MMError as e:
         raise click.BadParameter(e.message) from None
-    return value
 
 
 class VolumeSize(click.ParamType):
@@ -74,7 +74,7 @@ def bundle():
                    "binary with 'i': 4GiB. Volume 1 must hold mm's wheelhouse whole.")
 @click.option("--name", help="Bundle name used in volume file names. Default: <repo name>-<revision[:12]>.")
 @payload_options("source")
-@click.option("--cache-key", "cache_key", multiple=True, metavar="KEY=VALUE", callback=_cache_key_pairs,
+@click.option("--cache-key", "cache_key", multiple=True, metavar="KEY=VALUE", callback=_cache_key,
               help="Key for kernel caches without mm-cache-key.json (gpu=, compute_capability=, driver=, image=, "
                    "recipe=); repeatable. Without either the cache is bundled as unkeyed.")
 @click.option("--no-mm", "no_mm", is_flag=True, envvar="MM_BUNDLE_NO_MM",
@@ -115,21 +115,20 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
     import contextlib
 
     from ..artifacts.bundle import wheelhouse
-    from ..artifacts.bundle.pack import create_bundle, precheck_volume_count
+    from ..artifacts.bundle.pack import BundleOptions, create_bundle, precheck_volume_count
     from ..artifacts.bundle.payloads import CollectOptions
-    from ..artifacts.errors import BadInput
-    sources = _payload_sources(kw)
-    if only_mm:
-        if directory or volume_size or any(sources.values()) or parity or base:
-            raise BadInput("--only-mm writes only install-mm.sh and wheelhouse/ into --out: give no model directory, "
-                           "--volume-size or payload")
-        if len(out_dirs) > 1:
-            raise BadInput("--only-mm writes into one --out directory")
-        targets = wheelhouse.targets_for(target_platforms, target_pythons)
+    options = BundleOptions.from_cli(
+        directory, outs=out_dirs, volume_size=volume_size, payloads=_payload_sources(kw), no_mm=no_mm,
+        only_mm=only_mm, target_platforms=target_platforms, target_pythons=target_pythons, name=name,
+        collect=CollectOptions(cache_key=cache_key, image_ref=image_ref, allow_other_image=allow_other_image,
+                               tls_verify=not insecure_registry),
+        parity=parity, sync=not no_sync, yes=yes, base=base)
+    if options.only_mm:
+        targets = wheelhouse.targets_for(options.target_platforms, options.target_pythons)
         if not json_out:
             err.line(f"mm will install on: {wheelhouse.describe_targets(targets)} (--target-platform and "
                      f"--target-python choose others)")
-        report = wheelhouse.build_wheelhouse(out_dirs[0], targets, progress_for(json_out),
+        report = wheelhouse.build_wheelhouse(options.outs[0], targets, progress_for(json_out),
                                              cache=wheelhouse.sets_cache())
         if json_out:
             emit_json({"ok": True, **to_jsonable(report), "size": report.size})
@@ -139,29 +138,18 @@ def bundle_create(directory, out_dirs, volume_size, name, cache_key, no_mm, only
         out.line(f"wrote {report.out}/install-mm.sh and {report.out}/wheelhouse/ (mm {report.mm_version}, "
                  f"{human_bytes(report.size)}); on the air-gapped host: sh install-mm.sh [DIR]")
         return
-    if directory is None or volume_size is None:
-        raise BadInput("give the model DIRECTORY and --volume-size (or --only-mm for mm alone)")
-    if no_mm and sources.get("mm"):
-        raise BadInput("--no-mm and --wheelhouse: choose one")
-    if (no_mm or sources.get("mm")) and (target_platforms or target_pythons):
-        raise BadInput("--target-platform/--target-python choose the wheelhouse mm bundle builds; "
-                       "not with --no-mm or --wheelhouse")
-    precheck_volume_count(directory, volume_size, yes)  # a typo in --volume-size ends here, before any work
+    precheck_volume_count(directory, options)  # a typo in --volume-size ends here, before any work
     progress = progress_for(json_out)
     with contextlib.ExitStack() as stack:
-        if not no_mm and not sources.get("mm"):  # built in mm's cache directory, removed after the run
+        if options.build_mm:  # built in mm's cache directory, removed after the run
             from ..artifacts.serving.image import archive_platform
-            also = tuple(p for p in map(archive_platform, sources.get("image") or ()) if p)
-            targets = wheelhouse.targets_for(target_platforms, target_pythons, also)
+            also = tuple(p for p in map(archive_platform, options.payloads.get("image", ())) if p)
+            targets = wheelhouse.targets_for(options.target_platforms, options.target_pythons, also)
             if not json_out:
                 err.line(f"mm will install on: {wheelhouse.describe_targets(targets)} (--target-platform and "
                          f"--target-python choose others)")
-            sources["mm"] = [stack.enter_context(wheelhouse.bundle_wheelhouse(targets, progress))]
-        result = create_bundle(directory, list(out_dirs), volume_size, name=name, payloads=sources,
-                               cache_key=cache_key, progress=progress, sync=not no_sync, parity=parity,
-                               collect=CollectOptions(image_ref=image_ref, allow_other_image=allow_other_image,
-                                                      tls_verify=not insecure_registry),
-                               yes=yes, on_plan=None if json_out else _render_bundle_plan, base=base)
+            options = options.carrying("mm", stack.enter_context(wheelhouse.bundle_wheelhouse(targets, progress)))
+        result = create_bundle(directory, options, progress, on_plan=None if json_out else _render_bundle_plan)
     if json_out:  # each payload kind under its own key, beside the rest
         emit_json({key: value for field_name, v in to_jsonable(result).items()
                    for key, value in (v.items() if field_name == "payloads" else [(field_name, v)])})
@@ -329,15 +317,13 @@ def unbundle(volumes, dest, no_sync, readback, base_dir, link, require_signature
     """
     import time
 
-    from ..artifacts.bundle.unpack import Outcome, unbundle as import_volumes
-    if link and base_dir is None:
-        raise click.UsageError("--link hard-links files of the base: it needs --from BASE_DIR")
-    required = signature_policy(require_signature, allowed_signers, identity)
+    from ..artifacts.bundle.unpack import Outcome, UnbundleOptions, unbundle as import_volumes
+    options = UnbundleOptions.from_cli(
+        payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS}, sync=not no_sync, readback=readback,
+        base_dir=base_dir, link=link, allowed_signers=allowed_signers, identity=identity,
+        require_signature=signature_policy(require_signature, allowed_signers, identity))
     started = time.monotonic()
-    report = import_volumes(list(volumes), dest, payload_dests={k.kind: kw[k.dest_param] for k in PAYLOAD_KINDS},
-                            progress=progress_for(json_out), sync=not no_sync, allowed_signers=allowed_signers,
-                            identity=identity, require_signature=required, readback=readback, base_dir=base_dir,
-                            link=link)
+    report = import_volumes(list(volumes), dest, options, progress_for(json_out))
     exit_code, why = {Outcome.IMPORTED: (0, ""),
                       Outcome.WAITING: (Waiting.exit_code, "waiting for more volumes"),
                       Outcome.REFUSED: (IntegrityError.exit_code, "volumes or members refused"),

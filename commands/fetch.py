@@ -267,15 +267,13 @@ def _render_ranking(ranking: ms_mirror.RevisionRanking) -> None:
 def _mirror_plan(req: mm_fetch.FetchRequest, source: str, mirror_only: bool,
                  pin_manifest: Path | None) -> mm_fetch.SourcePlan | None:
     """`mm fetch --source modelscope[...]`: byte sources from the mirror for the files that match the pin."""
-    if source == "hub":
-        if mirror_only or pin_manifest:
-            raise click.UsageError("--mirror-only and --pin-manifest need --source modelscope")
-        return None
     from ..artifacts.fetching import mirror as ms_mirror
     from ..artifacts.pins import pinned_target
+    options = ms_mirror.MirrorOptions.from_cli(source, mirror_only, pin_manifest)
+    if options is None:
+        return None
     pin = pinned_target(req.repo_id, req.revision).pin
-    return ms_mirror.plan_fetch(req, source, pin.modelscope_id if pin else None, mirror_only=mirror_only,
-                                pin_manifest=pin_manifest)[0]
+    return ms_mirror.plan_fetch(req, options, pin.modelscope_id if pin else None)[0]
 
 
 def _reconciliation_json(rec: ms_mirror.Reconciliation | None) -> dict | None:

@@ -1,11 +1,12 @@
 """`mm image save`: the pinned engine image by identity, as an archive for the air-gapped host (artifacts/serving/image.py)."""
 from __future__ import annotations
 
+import sys
 
 import click
 
 from ..artifacts.units import human_bytes
-from .shared import PATH, emit_json, err, handles_errors, json_option, out, password_from_stdin, to_jsonable
+from .shared import PATH, emit_json, err, handles_errors, json_option, out, to_jsonable
 
 
 @click.group()
@@ -62,11 +63,10 @@ def image_push(archive, site, reference, username, password_stdin, plain_http, j
     (host[:port][/repository]) by digest, with skopeo: proven to be the pinned image before the push, and what the
     registry then serves proven to be the pinned chain."""
     from ..artifacts.serving import image as mm_image
-    from ..artifacts.oci.client import load_credentials
+    from ..artifacts.oci.client import Credentials, load_credentials
     from ..artifacts.pins import default_pin
     ref = reference or default_pin().image
-    password = password_from_stdin(username, password_stdin)
-    credentials = load_credentials(site.split("/", 1)[0], username, password)
+    credentials = load_credentials(site.split("/", 1)[0], Credentials.from_cli(username, password_stdin, sys.stdin))
     report = mm_image.push_image(archive, site, ref, credentials, plain_http,
                                  show_progress=not json_out and err.is_terminal)
     if json_out:

@@ -11,8 +11,8 @@ import click
 
 from ..artifacts.errors import ProblemsFound
 from ..artifacts.units import human_bytes, human_duration, human_rate
-from .shared import (PATH, emit_json, err, handles_errors, json_option, out, password_from_stdin, progress_for,
-                     render_carried_signature, signature_options, signature_policy, to_jsonable)
+from .shared import (PATH, emit_json, err, handles_errors, json_option, out, progress_for, render_carried_signature,
+                     signature_options, signature_policy, to_jsonable)
 
 
 def registry_options(fn: Callable) -> Callable:
@@ -30,10 +30,11 @@ def registry_options(fn: Callable) -> Callable:
 
 
 def _registry_access(ref_text: str, username: str | None, password_stdin: bool, plain_http: bool, ca_file: Path | None):
-    from ..artifacts.oci import client as oci_client
-    ref = oci_client.parse_reference(ref_text)
-    creds = oci_client.load_credentials(ref.registry, username, password_from_stdin(username, password_stdin))
-    return creds, oci_client.Transport(plain_http=plain_http, ca_file=ca_file)
+    from ..artifacts.oci.client import Credentials, Transport, load_credentials
+    from ..artifacts.oci.reference import parse_reference
+    ref = parse_reference(ref_text)
+    creds = load_credentials(ref.registry, Credentials.from_cli(username, password_stdin, sys.stdin))
+    return creds, Transport(plain_http=plain_http, ca_file=ca_file)
 
 
 def _transfer_summary(items, nbytes: int, seconds: float) -> tuple[Counter, str]:
@@ -121,21 +122,18 @@ def pull(reference, local_dir, list_only, username, password_stdin, plain_http, 
     blob; the next source serves it. --username credentials go to the reference's registry only.
     """
     from ..artifacts.oci import pull as oci_pull
-    from ..artifacts.oci.client import parse_host
     required = signature_policy(require_signature, allowed_signers, identity)
     creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
-    if no_fallback and not mirrors:
-        raise click.UsageError("--no-fallback needs at least one --mirror")
-    hosts = tuple(parse_host(m, "--mirror", transport) for m in mirrors)
+    options = oci_pull.PullOptions.from_cli(mirrors=mirrors, no_fallback=no_fallback, transport=transport,
+                                            workers=workers, allowed_signers=allowed_signers, identity=identity,
+                                            require_signature=required)
     if list_only:
         report = oci_pull.inspect(reference, creds, transport)
         emit_json({"ok": True, **to_jsonable(report)}) if json_out else _render_inspect(report)
         return
     if local_dir is None:
         raise click.UsageError("--local-dir is required (or --list)")
-    report = oci_pull.pull(reference, local_dir, creds, transport, workers=workers, progress=progress_for(json_out),
-                           allowed_signers=allowed_signers, identity=identity, require_signature=required,
-                           mirrors=hosts, no_fallback=no_fallback)
+    report = oci_pull.pull(reference, local_dir, creds, transport, options, progress_for(json_out))
     code = max((f.error_kind.exit_code for f in report.failed), default=0) or (ProblemsFound.exit_code if report.verify_problems else 0)
     if json_out:
         emit_json({"ok": code == 0, **to_jsonable(report)})
@@ -214,9 +212,10 @@ def preheat(reference, tiers, username, password_stdin, plain_http, ca_file, wor
     not match their digest. --username credentials go to the origin only.
     """
     from ..artifacts.oci import preheat as oci_preheat
-    from ..artifacts.oci.client import parse_host, parse_reference
+    from ..artifacts.oci.client import mirror_transport
+    from ..artifacts.oci.reference import parse_reference
     creds, transport = _registry_access(reference, username, password_stdin, plain_http, ca_file)
-    hosts = tuple(parse_host(t, "--tier", transport) for t in tiers)
+    hosts = tuple(mirror_transport(t, "--tier", transport) for t in tiers)
     report = oci_preheat.preheat(reference, hosts, creds, transport, workers=workers, progress=progress_for(json_out))
     code = max((b.error_kind.exit_code for b in report.failed), default=0)
     if json_out:

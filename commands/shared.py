@@ -436,16 +436,3 @@ def render_signed(result) -> None:
     out.line(f"signed {result.manifest_path} with {result.key_type} key {result.fingerprint}: "
              f"{result.signature_path}")
     out.line("check without mm: cd DIR/.mm && " + signing.verify_command())
-
-
-def password_from_stdin(username: str | None, password_stdin: bool) -> str | None:
-    """--password-stdin: the password (or token) is the first line of standard input, never an argument; it needs
-    --username. None without --password-stdin."""
-    if not password_stdin:
-        return None
-    password = sys.stdin.readline().rstrip("\r\n")
-    if not password:
-        raise click.UsageError("--password-stdin: nothing on standard input")
-    if not username:
-        raise click.UsageError("--password-stdin needs --username")
-    return password

@@ -33,11 +33,12 @@ def fleet_config(origin, tiers, out_dir, storage_root, ttl, registries, json_out
     """Write the tiers' distribution configs (origin -> T1 -> T2 ..., each proxying the one before it), each node's
     containerd hosts.toml (the nearest tier as mirror) and docker daemon.json, and START-ORDER.txt under DIR."""
     from ..artifacts.oci import tiers as mm_tiers
+    from ..artifacts.oci.reference import parse_endpoint
     from ..artifacts.serving.image import registry_of
     from ..artifacts.pins import default_pin
     if not registries:
         pinned = default_pin().image
-        registries = [mm_tiers.parse_url(origin, "--origin").host]
+        registries = [parse_endpoint(origin, "--origin", scheme_required=True).host]
         registries += [registry_of(pinned.split("@")[0])] if pinned else []
     report = mm_tiers.write_fleet_config(origin, list(tiers), out_dir, storage_root, ttl, list(registries))
     if json_out:

@@ -100,30 +100,29 @@ def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revisi
     """Check every byte of DIR against its manifest, every file present, every safetensors shard and index
     sound; files not in the manifest are reported (and fail with --strict). A partial fetch is judged on what
     was asked for. Exit 0 all good, 1 problems found, 3 could not run, 5 bad signature."""
-    from ..artifacts.integrity.verify import upstream_target, verify_dir, verify_upstream
+    from ..artifacts.integrity.verify import VerifyOptions, upstream_target, verify_dir
     progress = progress_for(json_out)
     signature = None
-    if label_node and (quick or upstream or manifest_file):
-        raise click.UsageError("--label-node needs a full verify of DIR against its own manifest "
-                               "(no --quick, --upstream or --manifest)")
     signature_policy(require_signature, allowed_signers, identity)  # checked before every byte
-    label = _proof_label(directory) if label_node else None  # the manifest as it is before the bytes are read
-    if upstream:
-        if allowed_signers:
-            raise click.UsageError("--allowed-signers checks the manifest; --upstream does not use it")
-        repo_id, rev = upstream_target(directory, manifest_file, repo, revision)
-        report = verify_upstream(directory, repo_id, rev, quick=quick, jobs=jobs, progress=progress, strict=strict)
+    options = VerifyOptions.from_cli(quick=quick, strict=strict, jobs=jobs, manifest_file=manifest_file,
+                                     upstream=upstream, repo=repo, revision=revision, label_node=label_node,
+                                     allowed_signers=allowed_signers)
+    label = _proof_label(directory) if options.label_node else None  # the manifest as it is before the bytes are read
+    if options.upstream:
+        from ..artifacts.fetching.hub import verify_upstream  # the Hub client loads only when asked for
+        repo_id, rev = upstream_target(directory, options.manifest_file, options.repo, options.revision)
+        report = verify_upstream(directory, repo_id, rev, quick=options.quick, jobs=options.jobs,
+                                 progress=progress, strict=options.strict)
     else:
-        if repo or revision:
-            raise click.UsageError("--repo and --revision only apply with --upstream")
         manifest_obj = None
         if allowed_signers:
-            signature, manifest_obj = _checked_signature(directory, allowed_signers, identity, manifest_file)
+            signature, manifest_obj = _checked_signature(directory, allowed_signers, identity,
+                                                         options.manifest_file)
             if not json_out:
                 _render_signature(signature)
-        report = verify_dir(directory, manifest_obj, quick=quick, jobs=jobs, progress=progress,
-                            manifest_file=manifest_file, strict=strict)
-        if not quick and manifest_file is None:  # for `mm ls`: when this directory was last verified in full
+        report = verify_dir(directory, manifest_obj, quick=options.quick, jobs=options.jobs, progress=progress,
+                            manifest_file=options.manifest_file, strict=options.strict)
+        if not options.quick and options.manifest_file is None:  # for `mm ls`: when this directory was last verified in full
             from ..artifacts.integrity.stamps import record_verified
             record_verified(directory, report.ok, report.files_checked, report.bytes_checked, len(report.problems),
                             "mm verify")
@@ -131,11 +130,11 @@ def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revisi
     if label and report.ok:
         if _proof_label(directory) != label:
             raise MMError(f"{directory}: its manifest changed while it was verified; verify again before labelling")
-        command = f"kubectl label node {label_node} {label[0]}={label[1]} --overwrite"
+        command = f"kubectl label node {options.label_node} {label[0]}={label[1]} --overwrite"
     if json_out:
         emit_json({**_verify_doc(report), "next": _next_step(report),
                    **({"signature": to_jsonable(signature)} if signature else {}),
-                   **({"label": {"node": label_node, "key": label[0], "value": label[1], "command": command}}
+                   **({"label": {"node": options.label_node, "key": label[0], "value": label[1], "command": command}}
                       if command else {})})
         sys.exit(0 if report.ok else ProblemsFound.exit_code)
     _render_verify(report)

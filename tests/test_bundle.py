@@ -5,6 +5,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -20,8 +21,8 @@ from mm.artifacts.bundle.check import verify_volumes
 from mm.artifacts.bundle.payloads import PAYLOAD_KINDS
 from mm.artifacts.bundle.format import b3
 from mm.artifacts.units import parse_size
-from mm.artifacts.bundle.pack import create_bundle
-from mm.artifacts.bundle.unpack import Outcome, Places, check_free_space, unbundle
+from mm.artifacts.bundle.pack import BundleOptions, create_bundle
+from mm.artifacts.bundle.unpack import Outcome, Places, UnbundleOptions, check_free_space, unbundle
 from mm.artifacts.bundle.volume import find_volumes, open_volume
 from mm.artifacts.serving.cachekey import CacheKey, write_cache_key
 from mm.artifacts.errors import BadInput, BadValue, Refused
@@ -139,7 +140,7 @@ def other_vols(tmp_path_factory) -> Path:
     """A different model's bundle (another seed), for foreign-volume cases."""
     src = make_model(tmp_path_factory.mktemp("other-src") / "model", seed=1)
     out = tmp_path_factory.mktemp("other-vols")
-    create_bundle(src, out, VOLUME_SIZE)
+    create_bundle(src, BundleOptions((out,), VOLUME_SIZE))
     return out
 
 
@@ -251,10 +252,57 @@ def test_bundle_refuses_a_model_failing_quick_verify_naming_the_file(tmp_path):
     assert not list((tmp_path / "out").glob("*.tar")) if (tmp_path / "out").exists() else True
 
 
+@pytest.mark.parametrize("given, message", [
+    (dict(directory=Path("m"), volume_size=None), "give the model DIRECTORY and --volume-size"),
+    (dict(directory=Path("m"), no_mm=True, payloads={"mm": [Path("w")]}), "--no-mm and --wheelhouse: choose one"),
+    (dict(directory=Path("m"), no_mm=True, target_platforms=["linux/arm64"]), "not with --no-mm or --wheelhouse"),
+    (dict(directory=Path("m"), payloads={"mm": [Path("w")]}, target_pythons=["3.12"]), "not with --no-mm or --wheel"),
+    (dict(directory=None, volume_size=None, only_mm=True, parity=1), "--only-mm writes only install-mm.sh"),
+    (dict(directory=None, volume_size=None, only_mm=True, outs=[Path("a"), Path("b")]), "into one --out directory"),
+    (dict(directory=Path("m"), name="../up"), "bundle name '../up': use letters, digits"),
+])
+def test_bundle_options_refuse_options_that_do_not_go_together_before_any_work(given, message):
+    given = {"outs": [Path("out")], "volume_size": 10**9, "payloads": {}, **given}
+    with pytest.raises(BadInput, match=message.replace(".", r"\.")) as e:
+        BundleOptions.from_cli(given.pop("directory"), **given)
+    assert e.value.exit_code == 3
+
+
+def test_bundle_options_build_mm_unless_it_is_left_out_or_given():
+    def options(**given) -> BundleOptions:
+        return BundleOptions.from_cli(Path("m"), outs=[Path("out")], volume_size=10**9, **{"payloads": {}, **given})
+
+    assert options().build_mm and not options(no_mm=True).build_mm
+    given = options(payloads={"mm": [Path("w")], "image": []})
+    assert not given.build_mm and given.payloads == {"mm": (Path("w"),)}
+    assert options().carrying("mm", Path("built")).payloads == {"mm": (Path("built"),)}
+
+
+def test_bundle_cli_reports_a_broken_rule_in_one_line_exit_3(model, tmp_path):
+    r = run_mm("bundle", model, "--out", tmp_path / "v", "--volume-size", "1G", "--no-mm", "--wheelhouse", tmp_path)
+    assert r.returncode == 3 and r.stderr.strip() == "mm: --no-mm and --wheelhouse: choose one"
+
+
+@pytest.mark.parametrize("given, error, message", [
+    (dict(link=True), BadValue, "--link hard-links files of the base: it needs --from BASE_DIR"),
+    (dict(readback=True, sync=False), BadInput, "--readback reads back what was fsynced to the disk: not with"),
+])
+def test_unbundle_options_refuse_options_that_do_not_go_together(given, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        UnbundleOptions.from_cli(**given)
+    assert UnbundleOptions.from_cli(link=True, base_dir=Path("base")).link
+
+
+def test_unbundle_link_without_from_is_a_usage_error_in_one_line(vols, tmp_path):
+    r = run_mm("unbundle", vols, "--dest", tmp_path / "dest", "--link")
+    assert r.returncode == 2 and r.stderr.strip() == "mm: --link hard-links files of the base: it needs --from BASE_DIR"
+    assert not (tmp_path / "dest").exists()
+
+
 def test_bundle_without_manifest_is_bad_input(tmp_path):
     write_model(tmp_path / "model", shards=1)
     with pytest.raises(BadInput, match="no manifest"):
-        create_bundle(tmp_path / "model", tmp_path / "out", 1_000_000)
+        create_bundle(tmp_path / "model", BundleOptions((tmp_path / "out",), 1_000_000))
 
 
 def test_rerun_keeps_finished_volumes_that_verify_and_rewrites_damaged_ones(model, vols, tmp_path):
@@ -274,7 +322,7 @@ def test_rerun_keeps_finished_volumes_that_verify_and_rewrites_damaged_ones(mode
 def test_rebundling_with_another_size_counts_the_stale_volumes_in_one_note(model, vols, tmp_path):
     out = tmp_path / "vols"
     old = copy_volumes(vols, out)
-    result = create_bundle(model, out, 2 * VOLUME_SIZE)
+    result = create_bundle(model, BundleOptions((out,), 2 * VOLUME_SIZE))
     assert len(result.volumes) < len(old)
     stale = [note for note in result.notes if "earlier, different run" in note]
     assert len(stale) == 1 and stale[0].startswith(f"{len(old)} volume file(s) ") and str(out) in stale[0]
@@ -636,7 +684,7 @@ def test_the_cache_key_warmup_writes_is_the_key_bundle_carries(model, tmp_path):
     key = CacheKey(gpu="NVIDIA B300", compute_capability="10.3", driver="590.44",
                    image="lmsysorg/sglang@sha256:" + "6" * 64, recipe="balanced", gpu_count=4)
     write_cache_key(cache, key)  # what `mm warmup` does once the caches are compiled
-    result = create_bundle(model, tmp_path / "vols", "2M", payloads={"kernel-cache": [cache]})
+    result = create_bundle(model, BundleOptions((tmp_path / "vols",), 2_000_000, payloads={"kernel-cache": (cache,)}))
     assert result.payloads["kernel_caches"] == [{"label": "minfer", "key": key.document(), "files": 3}]
     assert not result.notes
 
@@ -650,7 +698,7 @@ def test_a_new_payload_kind_is_one_table_entry(model, tmp_path, monkeypatch):
     house = tmp_path / "wheels"
     house.mkdir()
     (house / "mm-0.1.0-py3-none-any.whl").write_bytes(os.urandom(30_000))
-    result = create_bundle(model, tmp_path / "vols", "2M", payloads={"wheelhouse": [house]})
+    result = create_bundle(model, BundleOptions((tmp_path / "vols",), 2_000_000, payloads={"wheelhouse": (house,)}))
     assert result.payloads["wheelhouses"] == [{"label": "wheels", "key": None, "files": 1}]
     vol = volumes_in(tmp_path / "vols")[-1]
     assert "payload/wheelhouse/wheels/mm-0.1.0-py3-none-any.whl" in tarfile.open(vol).getnames()

@@ -85,7 +85,7 @@ def test_a_parity_bundle_keeps_its_volumes_cached_only_where_memory_is_cheap(tmp
     monkeypatch.setattr(pack, "reports_free_pages", lambda: reported)
     model = make_model(tmp_path / "model")
     vols = tmp_path / "vols"
-    pack.create_bundle(model, vols, VOLUME_SIZE, parity=2, stripe=4096)
+    pack.create_bundle(model, pack.BundleOptions((vols,), VOLUME_SIZE, parity=2, stripe=4096))
     data = data_volumes(vols)
     cached = sum(_cached_bytes(v) for v in data) / sum(v.stat().st_size for v in data)
     assert cached < 0.1 if reported else cached > 0.9
@@ -102,7 +102,7 @@ def test_a_parity_bundle_keeps_its_volumes_cached_only_where_memory_is_cheap(tmp
 def test_unbundle_rebuilds_from_parity_volumes_it_leaves_out_of_the_page_cache(tmp_path):
     model = make_model(tmp_path / "model")
     vols = tmp_path / "vols"
-    pack.create_bundle(model, vols, VOLUME_SIZE, parity=1, stripe=4096)  # one: the rebuild reads it
+    pack.create_bundle(model, pack.BundleOptions((vols,), VOLUME_SIZE, parity=1, stripe=4096))  # one: the rebuild reads it
     data_volumes(vols)[2].unlink()
     parity = parity_volumes(vols)
     subprocess.run(["cat", *map(str, parity)], stdout=subprocess.DEVNULL, check=True)  # cached

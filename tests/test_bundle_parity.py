@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from mm.artifacts.bundle.check import verify_volumes
-from mm.artifacts.bundle.pack import create_bundle
+from mm.artifacts.bundle.pack import BundleOptions, create_bundle
 from mm.artifacts.bundle.repair import repair_volumes
-from mm.artifacts.bundle.unpack import Outcome, unbundle
+from mm.artifacts.bundle.unpack import Outcome, UnbundleOptions, unbundle
 from mm.artifacts.bundle.volume import open_volume
 from mm.artifacts.errors import ProblemsFound
 from mm.artifacts.fetching.adopt import manifest_for_local_dir
@@ -136,7 +136,7 @@ def test_every_single_and_pair_lost_is_rebuilt_and_repaired_byte_identical(bundl
     for i, p in enumerate(everything):
         if i not in lost:
             shutil.copy2(p, disks / p.name)
-    report = unbundle([disks], tmp_path / "dest", sync=False)
+    report = unbundle([disks], tmp_path / "dest", UnbundleOptions(sync=False))
     assert report.outcome is Outcome.IMPORTED and report.complete, (report.refused, report.corrupt, report.recovery)
     assert tree(tmp_path / "dest") == tree(model)
     assert report.rebuilt == sorted(i + 1 for i in lost if i < 5)
@@ -223,7 +223,7 @@ def test_a_rebuild_killed_mid_way_is_finished_by_a_rerun(model, tmp_path):
     """kill -9 while a lost volume is being rebuilt (4 KiB stripes, a pause after each: ~120 stripes to go);
     the partial rebuilt volume never gets a name, and the rerun rebuilds it and completes."""
     vols = tmp_path / "vols"
-    create_bundle(model, vols, VOLUME_SIZE, parity=2, stripe=4096, sync=False)
+    create_bundle(model, BundleOptions((vols,), VOLUME_SIZE, parity=2, stripe=4096, sync=False))
     lost = data_volumes(vols)[1]
     lost.unlink()
     dest = tmp_path / "dest"
@@ -265,7 +265,7 @@ def test_sittings_rebuild_once_enough_volumes_have_arrived(vols, model, tmp_path
 
 def test_small_stripes_many_per_volume_rebuild_exactly(model, tmp_path):
     out = tmp_path / "vols"
-    create_bundle(model, out, VOLUME_SIZE, parity=2, stripe=4096, sync=False)
+    create_bundle(model, BundleOptions((out,), VOLUME_SIZE, parity=2, stripe=4096, sync=False))
     originals = {p.name: p.read_bytes() for p in data_volumes(out)}
     vs = data_volumes(out)
     vs[0].unlink()

@@ -12,7 +12,7 @@ from pathlib import Path
 import blake3
 import pytest
 
-from mm.artifacts.bundle.pack import create_bundle, write_parity_volumes
+from mm.artifacts.bundle.pack import BundleOptions, create_bundle, write_parity_volumes
 from mm.artifacts.bundle.parity import FileSource, Layout, encode
 from mm.artifacts.bundle.volume import open_volume
 from tests.test_bundle_parity import VOLUME_SIZE, data_volumes, make_model, mm, parity_volumes
@@ -40,7 +40,7 @@ def _recorded(vols: Path) -> dict[str, str]:
 
 def test_the_parity_index_records_each_data_volumes_blake3_as_on_the_disk(tmp_path):
     model = make_model(tmp_path / "model")
-    create_bundle(model, tmp_path / "vols", VOLUME_SIZE, parity=2, stripe=4096)
+    create_bundle(model, BundleOptions((tmp_path / "vols",), VOLUME_SIZE, parity=2, stripe=4096))
     recorded = _recorded(tmp_path / "vols")
     assert recorded == {p.name: _file_b3(p) for p in data_volumes(tmp_path / "vols")}
 
@@ -48,7 +48,7 @@ def test_the_parity_index_records_each_data_volumes_blake3_as_on_the_disk(tmp_pa
 def test_the_parity_pass_hashes_a_volume_whose_digest_it_was_not_given(tmp_path):
     model = make_model(tmp_path / "model")
     vols = tmp_path / "vols"
-    create_bundle(model, vols, VOLUME_SIZE, parity=2, stripe=4096)
+    create_bundle(model, BundleOptions((vols,), VOLUME_SIZE, parity=2, stripe=4096))
     data = data_volumes(vols)
     first = open_volume(parity_volumes(vols)[0])
     for p in parity_volumes(vols):

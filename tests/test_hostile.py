@@ -31,7 +31,7 @@ import pytest
 
 from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.bundle.format import b3
-from mm.artifacts.bundle.pack import create_bundle
+from mm.artifacts.bundle.pack import BundleOptions, create_bundle
 from mm.artifacts.bundle.payloads import CollectOptions
 from mm.artifacts.paths import manifest_path
 from mm.artifacts.edges.untrusted import At
@@ -95,7 +95,7 @@ def model(pristine, tmp_path) -> Path:
 @pytest.fixture(scope="module")
 def pristine_vols(pristine, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("vols")
-    create_bundle(pristine, out, VOLUME_SIZE)
+    create_bundle(pristine, BundleOptions((out,), VOLUME_SIZE))
     return out
 
 
@@ -357,7 +357,7 @@ def test_shape_bundle_index(vols, tmp_path, shape):
 @pytest.fixture(scope="module")
 def pristine_parity_vols(pristine, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("parity")
-    create_bundle(pristine, out, VOLUME_SIZE, parity=1)
+    create_bundle(pristine, BundleOptions((out,), VOLUME_SIZE, parity=1))
     return out
 
 
@@ -409,8 +409,8 @@ def pristine_image_vols(pristine, tmp_path_factory) -> Path:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
-    create_bundle(pristine, work / "vols", VOLUME_SIZE, payloads={"image": [image]},
-                  collect=CollectOptions(allow_other_image=True))  # not the pinned image: carried as such
+    create_bundle(pristine, BundleOptions((work / "vols",), VOLUME_SIZE, payloads={"image": (image,)},
+                                          collect=CollectOptions(allow_other_image=True)))  # not the pinned image
     return work / "vols"
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from mm.artifacts.fetching.adopt import manifest_for_local_dir
-from mm.artifacts.bundle.pack import create_bundle
+from mm.artifacts.bundle.pack import BundleOptions, create_bundle
 from mm.artifacts.paths import manifest_path
 from tests.support.modelgen import write_model
 from tests.test_hostile import COMMIT, REPO, fails_cleanly, no_run_prints_a_traceback, run, set_index  # noqa: F401
@@ -110,7 +110,7 @@ def signed_delta(revisions, keys, tmp_path_factory) -> Path:
     r = run("sign", signed, "--key", keys["alice"])
     assert r.returncode == 0, r.stderr
     out = tmp_path_factory.mktemp("delta")
-    create_bundle(signed, out, "1G", base=a)
+    create_bundle(signed, BundleOptions((out,), 10 ** 9, base=a))
     return out
 
 
@@ -210,7 +210,7 @@ def test_parity_rebuilds_when_every_data_volume_is_lost(revisions, tmp_path, cas
     delta, parities, size = PARITY_CASES[case]
     a, b = revisions
     vols = tmp_path / "vols"
-    create_bundle(b, vols, size, parity=parities, base=a if delta else None)
+    create_bundle(b, BundleOptions((vols,), size, parity=parities, base=a if delta else None))
     data = sorted(vols.glob("*.vol*.tar"))
     assert len(data) == (2 if "two data" in case else 1) <= parities
     for vol in data:
@@ -229,7 +229,7 @@ def test_parity_rebuilds_when_every_data_volume_is_lost(revisions, tmp_path, cas
 def test_parity_too_little_for_every_data_volume_lost_says_what_would_be_enough(revisions, tmp_path):
     """Two data volumes lost, one parity volume: no import, and the reason is named (never an empty one)."""
     vols = tmp_path / "vols"
-    create_bundle(revisions[1], vols, "400K", parity=1)
+    create_bundle(revisions[1], BundleOptions((vols,), 400_000, parity=1))
     for vol in vols.glob("*.vol*.tar"):
         vol.unlink()
     r = run("unbundle", vols, "--dest", tmp_path / "new")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.bundle.pack import create_bundle
+from mm.artifacts.bundle.pack import BundleOptions, create_bundle
 from tests.support.fsimages import fill, tmpfs_mount
 from tests.support.modelgen import write_fetched_model
 from tests.support.run import run_mm
@@ -152,7 +152,7 @@ def test_a_run_stopped_by_a_full_disk_resumes_once_what_is_missing_fits(command,
         slow = slow_writes_env(tmp_path / "slow")
     else:
         vols = tmp_path / "vols"
-        create_bundle(source, vols, "1G")
+        create_bundle(source, BundleOptions((vols,), 10 ** 9))
         run = lambda dest, extra: run_mm("unbundle", vols, "--dest", dest, extra_env=extra)  # noqa: E731
         slow = slow_io_env(tmp_path)
     first, held, second, verify = _resume_after_enospc(tmp_path, total, run, slow)

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from mm.artifacts.edges import fsutil
-from mm.artifacts.bundle.pack import create_bundle
+from mm.artifacts.bundle.pack import BundleOptions, create_bundle
 from mm.artifacts.errors import BadInput
 from tests.support.modelgen import write_fetched_model
 from tests.support.run import run_mm
@@ -211,7 +211,7 @@ def model(small_model, tmp_path) -> Path:
 @pytest.fixture(scope="module")
 def volumes(small_model, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("volumes")
-    create_bundle(small_model, out, 10 ** 9, name="small")
+    create_bundle(small_model, BundleOptions((out,), 10 ** 9, name="small"))
     return out
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from mm.artifacts.bundle.pack import create_bundle
+from mm.artifacts.bundle.pack import BundleOptions, create_bundle
 from tests.support import fake_docker
 from tests.support.run import mm_argv, run_mm
 from tests.support.slowio import slow_io_env
@@ -185,7 +185,7 @@ def _holds_lock_on(pid: int, path: Path) -> bool:
 def _delta_volumes(site) -> Path:
     """A delta bundle of revision C against B (B is the base the import reads)."""
     out = site.tmp / "delta"
-    create_bundle(site.revs["C"], out, "1G", base=site.revs["B"])
+    create_bundle(site.revs["C"], BundleOptions((out,), 10 ** 9, base=site.revs["B"]))
     return out
 
 

@@ -259,7 +259,7 @@ def _readers(model: Path, tmp: Path) -> dict[str, tuple[object, Callable]]:
     from mm.artifacts.integrity import manifest
     from mm.artifacts.bundle import wheelhouse
     from mm.artifacts.bundle.index import parse_index
-    from mm.artifacts.bundle.pack import create_bundle
+    from mm.artifacts.bundle.pack import BundleOptions, create_bundle
     from mm.artifacts.bundle.unpack import _State
     from mm.artifacts.bundle.volume import open_volume
     from mm.artifacts.fetching.download import Journal
@@ -267,7 +267,7 @@ def _readers(model: Path, tmp: Path) -> dict[str, tuple[object, Callable]]:
     from mm.artifacts.fetching.ranges import RangeMap
 
     mdoc = json.loads((model / ".mm" / "manifest.json").read_text())
-    create_bundle(model, tmp / "vols", 10 ** 9, name="s")
+    create_bundle(model, BundleOptions((tmp / "vols",), 10 ** 9, name="s"))
     idoc = json.loads(open_volume(next((tmp / "vols").glob("*.vol001-*.tar"))).index_bytes)
     cfg = json.dumps({"os": "linux", "architecture": "amd64"}).encode()
     cfg_hex = hashlib.sha256(cfg).hexdigest()

@@ -303,11 +303,11 @@ def test_unbundle_interrupted_keeps_what_is_imported_and_the_rerun_writes_only_t
 
 def parity_bundle(tmp_path: Path, seed: int) -> tuple[Path, Path]:
     """(model, volumes) with 2 parity volumes in 4 KiB stripes (many stripes: a signal lands mid-rebuild)."""
-    from mm.artifacts.bundle.pack import create_bundle
+    from mm.artifacts.bundle.pack import BundleOptions, create_bundle
 
     model = bundle_model(tmp_path / "model", seed=seed)
     vols = tmp_path / "vols"
-    create_bundle(model, vols, VOLUME_SIZE, parity=2, stripe=4096, sync=False)
+    create_bundle(model, BundleOptions((vols,), VOLUME_SIZE, parity=2, stripe=4096, sync=False))
     return model, vols
 
 

@@ -17,8 +17,9 @@ import pytest
 from mm.artifacts.fetching.fetch import FetchRequest, fetch
 from mm.artifacts.paths import manifest_path
 from mm.artifacts.integrity.manifest import read_manifest
-from mm.artifacts.fetching.mirror import (DIFFERENT, EXTRA, IDENTICAL, MISSING, MirrorFile, PinFile, compare,
-                                          list_mirror_files, ms_api)
+from mm.artifacts.errors import BadValue
+from mm.artifacts.fetching.mirror import (DIFFERENT, EXTRA, IDENTICAL, MISSING, MirrorFile, MirrorOptions, PinFile,
+                                          compare, list_mirror_files, ms_api)
 from tests.support.msserver import net_guard_env
 
 MS_ID = "MiniMax/MiniMax-M3.1-Flash"
@@ -339,3 +340,11 @@ def test_the_network_guard_refuses_and_logs_a_public_address(tmp_path):
     r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "network guard" in r.stderr
     assert "192.0.2.1" in (tmp_path / "net.log").read_text()
+
+
+def test_mirror_only_and_pin_manifest_go_only_with_a_modelscope_source():
+    for given in (dict(mirror_only=True, pin_manifest=None), dict(mirror_only=False, pin_manifest=Path("m.json"))):
+        with pytest.raises(BadValue, match="--mirror-only and --pin-manifest need --source modelscope"):
+            MirrorOptions.from_cli("hub", **given)
+    assert MirrorOptions.from_cli("hub", False, None) is None
+    assert MirrorOptions.from_cli("modelscope", True, None) == MirrorOptions("modelscope", mirror_only=True)

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,7 +19,10 @@ from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.paths import manifest_path
 from mm.artifacts.integrity.manifest import read_manifest
 from mm.artifacts.oci import modelpack
-from mm.artifacts.oci.client import Client, Transport, parse_reference
+from mm.artifacts.errors import BadValue
+from mm.artifacts.oci.client import Client, Credentials, Transport
+from mm.artifacts.oci.pull import PullOptions
+from mm.artifacts.oci.reference import Endpoint, parse_endpoint, parse_reference
 from tests.support.countproxy import CountingProxy
 from tests.support.modelgen import write_model
 from tests.support.registry import Registry
@@ -202,6 +207,13 @@ def test_second_pull_downloads_nothing(pushed_a, tmp_path):
     assert {p: (dest / p).stat().st_ino for p in tree(dest)} == before
 
 
+def test_a_pull_reports_what_it_hashed_from_memory_and_read_back_from_the_disk(pushed_a, tmp_path):
+    proc = mm(tmp_path, "pull", pushed_a, "--local-dir", tmp_path / "pulled", "--json")
+    transfer = json.loads(proc.stdout)["transfer"]
+    assert proc.returncode == 0 and transfer["read_back"] == 0  # small files land in order: nothing read back
+    assert transfer["hashed_from_window"] >= 0 and transfer["requests"] > 0
+
+
 def test_pull_by_digest_and_list(pushed_a, model_a, tmp_path):
     listing = json.loads(mm(tmp_path, "pull", "--list", pushed_a, "--json").stdout)
     manifest = read_manifest(manifest_path(model_a))
@@ -274,6 +286,57 @@ def test_https_unless_loopback_or_plain_http():
         "http://registry.site.internal"
     assert Client(parse_reference("127.0.0.1:5000/m/x:t")).base == "http://127.0.0.1:5000"
     assert Client(parse_reference("localhost:5000/m/x:t")).base == "http://localhost:5000"
+
+
+
+@pytest.mark.parametrize("text, scheme, host, port", [
+    ("t2.site:5000", None, "t2.site:5000", 5000), ("T2.Site", None, "t2.site", None),
+    ("http://10.0.1.1:5000/", "http", "10.0.1.1:5000", 5000), ("HTTPS://reg.site", "https", "reg.site", 443),
+    ("http://[::1]:5000", "http", "[::1]:5000", 5000),
+])
+def test_a_registry_address_is_host_port_or_the_root_of_an_http_url(text, scheme, host, port):
+    assert parse_endpoint(text, "--mirror") == Endpoint(scheme, host, port)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("alice:s3cret@t2:5000", "--tier ***@t2:5000: holds credentials"),
+    ("http://alice:s3cret@t2:5000/", "--tier ***@t2:5000: holds credentials"),
+    ("http://t2:5000/v2", "the root of its host"), ("t2:5000?x=1", "the root of its host"),
+    ("ftp://t2", "expected HOST[:PORT]"), ("t2:99999", "bad port"), ("t_2", "expected HOST[:PORT]"),
+])
+def test_a_registry_address_that_is_not_one_is_a_usage_error_that_never_echoes_credentials(text, why):
+    with pytest.raises(BadValue, match=re.escape(why)) as e:
+        parse_endpoint(text, "--tier")
+    assert e.value.exit_code == 2 and "s3cret" not in e.value.message
+
+
+def test_pull_options_read_each_mirror_with_its_transport_and_refuse_no_fallback_without_one():
+    options = PullOptions.from_cli(mirrors=["http://t2.site:5000", "t1.site"], no_fallback=True, transport=Transport())
+    assert options.mirrors == (("t2.site:5000", Transport(plain_http=True)), ("t1.site", Transport()))
+    with pytest.raises(BadValue, match="--no-fallback needs at least one --mirror"):
+        PullOptions.from_cli(mirrors=[], no_fallback=True, transport=Transport())
+
+
+@pytest.mark.parametrize("username, password_stdin, stdin, message", [
+    ("alice", False, "", "--username and --password-stdin go together"),
+    (None, True, "s3cret\n", "--password-stdin needs --username"),
+    ("alice", True, "", "--password-stdin: nothing on standard input"),
+])
+def test_a_registry_login_is_username_with_password_stdin_or_a_usage_error(username, password_stdin, stdin, message):
+    with pytest.raises(BadValue, match=re.escape(message)) as e:
+        Credentials.from_cli(username, password_stdin, io.StringIO(stdin))
+    assert e.value.exit_code == 2 and "s3cret" not in e.value.message
+
+
+def test_a_registry_login_takes_the_first_line_of_stdin_and_nothing_when_not_asked():
+    login = Credentials.from_cli("alice", True, io.StringIO("s3cret\r\nmore\n"))
+    assert (login.username, login.password, login.origin) == ("alice", "s3cret", "--username/--password-stdin")
+    assert Credentials.from_cli(None, False, io.StringIO("unread")) is None
+
+
+def test_fleet_config_wants_the_scheme_every_tier_is_served_with():
+    with pytest.raises(BadValue, match=re.escape("--origin 't2:5000': expected http://HOST[:PORT] or https://")):
+        parse_endpoint("t2:5000", "--origin", scheme_required=True)
 
 
 # --- integrity --------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import blake3
 import pytest
 
 from mm.artifacts.bundle import pack
-from mm.artifacts.bundle.pack import create_bundle, write_parity_volumes
+from mm.artifacts.bundle.pack import BundleOptions, create_bundle, write_parity_volumes
 from mm.artifacts.errors import IntegrityError
 from mm.artifacts.bundle.parity import FileSource, Layout, Span, SplicedSource, encode, file_identity
 from mm.artifacts.bundle.volume import open_volume
@@ -123,7 +123,7 @@ def _parity_again(model: Path, vols: Path, out: Path, spans) -> list[bytes]:
 def test_a_bundle_parity_pass_reads_unchanged_model_files_or_else_the_volumes(tmp_path):
     model = make_model(tmp_path / "model")
     vols = tmp_path / "vols"
-    create_bundle(model, vols, VOLUME_SIZE, parity=2, stripe=4096, sync=False)
+    create_bundle(model, BundleOptions((vols,), VOLUME_SIZE, parity=2, stripe=4096, sync=False))
     recorded = [st.blake3 for st in open_volume(parity_volumes(vols)[0]).parity.streams]
     spans = [_member_spans(v, model) for v in data_volumes(vols)]
     assert sum(len(s) for s in spans) >= 3
@@ -136,7 +136,7 @@ def test_a_bundle_parity_pass_reads_unchanged_model_files_or_else_the_volumes(tm
 def test_a_model_file_written_during_the_parity_pass_fails_it(tmp_path, monkeypatch):
     model = make_model(tmp_path / "model")
     vols = tmp_path / "vols"
-    create_bundle(model, vols, VOLUME_SIZE, parity=2, stripe=4096, sync=False)
+    create_bundle(model, BundleOptions((vols,), VOLUME_SIZE, parity=2, stripe=4096, sync=False))
     spans = [_member_spans(v, model) for v in data_volumes(vols)]
     encode_then_write = pack.encode
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from mm.artifacts.fetching.adopt import manifest_for_local_dir
-from mm.artifacts.bundle.pack import create_bundle
+from mm.artifacts.bundle.pack import BundleOptions, create_bundle
 from mm.artifacts.bundle.repair import repair_volumes
-from mm.artifacts.bundle.unpack import unbundle
+from mm.artifacts.bundle.unpack import UnbundleOptions, unbundle
 from mm.artifacts.units import human_bytes, human_duration, human_rate
 from mm.artifacts.edges.progress import (ETA_MIN_BYTES, ETA_MIN_SECONDS, PeriodicProgress, TerminalProgress, eta,
                                          phase_summary)
@@ -87,7 +87,7 @@ def model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def bundled(model, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("progress-vols")
-    create_bundle(model, out, VOLUME_SIZE, parity=2, sync=False)
+    create_bundle(model, BundleOptions((out,), VOLUME_SIZE, parity=2, sync=False))
     return out
 
 
@@ -241,7 +241,7 @@ def test_long_commands_end_with_files_bytes_and_time_off_a_terminal_too(model, t
 
 def test_bundle_with_parity_counts_each_phase_to_its_total(model, tmp_path):
     rec = Recorder()
-    create_bundle(model, tmp_path / "out", VOLUME_SIZE, parity=2, sync=False, progress=rec)
+    create_bundle(model, BundleOptions((tmp_path / "out",), VOLUME_SIZE, parity=2, sync=False), progress=rec)
     assert [p[0] for p in rec.phases] == [f"bundle {NAME}", f"parity {NAME}"]
     assert_each_phase_counts_its_total(rec)  # the parity phase went to 750/629 MB: padding counted as read
     assert "model-00001-of-00003.safetensors" in rec.items
@@ -250,7 +250,7 @@ def test_bundle_with_parity_counts_each_phase_to_its_total(model, tmp_path):
 def test_a_rerun_over_a_damaged_volume_counts_its_bytes_once(model, vols):
     flip_byte_in_member(sorted(vols.glob("*.vol003-*.tar"))[0], "segments/")
     rec = Recorder()
-    create_bundle(model, vols, VOLUME_SIZE, parity=2, sync=False, progress=rec)
+    create_bundle(model, BundleOptions((vols,), VOLUME_SIZE, parity=2, sync=False), progress=rec)
     assert_each_phase_counts_its_total(rec)
 
 
@@ -258,7 +258,7 @@ def test_unbundle_rebuilding_past_a_damaged_parity_stream_counts_each_phase_once
     flip_byte_in_member(sorted(vols.glob("*.par001-*.tar"))[0], "parity/")
     sorted(vols.glob("*.vol003-*.tar"))[0].unlink()
     rec = Recorder()
-    report = unbundle([vols], tmp_path / "dest", progress=rec, sync=False)
+    report = unbundle([vols], tmp_path / "dest", UnbundleOptions(sync=False), progress=rec)
     assert report.ok and report.rebuilt == [3]
     # no "verify" phase: every file was hashed on its way to disk, the final check reads none again
     assert [p[0] for p in rec.phases] == [f"unbundle {NAME}", "rebuild volume(s) 3", "unbundle rebuilt volume(s) 3"]

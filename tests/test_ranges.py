@@ -16,6 +16,7 @@ import pytest
 
 from mm.artifacts.errors import RemoteError
 from mm.artifacts.integrity.hashing import StreamHasher, git_blob_header
+from mm.artifacts.fetching import ranges
 from mm.artifacts.fetching.ranges import (BUDGET_FACTOR, BUDGET_MARGIN, BUFFER, MiB, RANGE_MAX, SAVE_SECONDS, Answer,
                                           Connections, RangedJob, RangeMap, RetryLater, TransferStats, chunk_reader,
                                           download, file_share, load_state, plan_ranges, prove, range_size, save_state,
@@ -240,22 +241,62 @@ def test_one_connection_asks_once_for_the_whole_file_however_big(tmp_path):
     assert src.requests == [(0, None)]  # no Range header: what a mirror that ignores range ends gets too
 
 
-def test_ranges_landing_out_of_order_are_hashed_in_file_order(tmp_path):
-    data = payload(8 * MiB)
-
-    def slow_start(start, end, n, bs, be):  # the first range crawls, the others land first
-        return bs, be, None
-    src = MemorySource(data, chunk=256 * 1024, answer=slow_start)
-    src.delay = 0
+def first_range_crawls(data: bytes) -> MemorySource:
+    """A source whose first range (from byte 0) crawls while the others land at once: they land ahead of the
+    hashing frontier."""
+    src = MemorySource(data, chunk=256 * 1024)
     original = src._chunks
 
     def chunks(start, end, cut):
         for piece in original(start, end, cut):
             if start == 0:
-                time.sleep(0.02)
+                time.sleep(0.01)
             yield piece
     src._chunks = chunks
-    check_digests(download(job(tmp_path, data), src, Connections(8)), data)
+    return src
+
+
+def test_ranges_landing_out_of_order_are_hashed_in_file_order(tmp_path):
+    data = payload(8 * MiB)
+    check_digests(download(job(tmp_path, data), first_range_crawls(data), Connections(8)), data)
+
+
+def test_ranges_landing_ahead_of_the_frontier_are_hashed_from_memory_not_read_back(tmp_path, monkeypatch):
+    monkeypatch.setattr(ranges, "WINDOW", 64)  # room for every piece, however small a slow machine's batches get
+    data = payload(16 * MiB)
+    stats = TransferStats()
+    result = download(job(tmp_path, data), first_range_crawls(data), Connections(8), stats)
+    check_digests(result, data)
+    assert result.read_back == 0
+    report = stats.report()
+    assert report["read_back"] == 0 and report["hashed_from_window"] >= 8 * MiB  # most bytes landed ahead
+
+
+def test_bytes_the_full_window_cannot_hold_are_read_back_from_disk_and_hashed_right(tmp_path, monkeypatch):
+    monkeypatch.setattr(ranges, "WINDOW", 1)
+    data = payload(16 * MiB)
+    stats = TransferStats()
+    result = download(job(tmp_path, data), first_range_crawls(data), Connections(8), stats)
+    check_digests(result, data)
+    report = stats.report()
+    assert result.read_back == report["read_back"] > 0
+    assert report["read_back"] + report["hashed_from_window"] <= len(data)
+
+
+def test_the_window_never_holds_more_than_its_blocks_whatever_order_ranges_land_in(tmp_path, monkeypatch):
+    monkeypatch.setattr(ranges, "WINDOW", 4)
+    most = []
+    spare = ranges._RECEIVE.spare
+
+    def counted(limit):
+        view = spare(limit)
+        most.append(ranges._RECEIVE._spared)
+        return view
+    monkeypatch.setattr(ranges._RECEIVE, "spare", counted)
+    data = payload(24 * MiB)
+    check_digests(download(job(tmp_path, data), first_range_crawls(data), Connections(8)), data)
+    assert most and max(most) <= 4
+    assert ranges._RECEIVE._spared == ranges._RECEIVE._lent == 0  # every block back in the pool once the file is done
 
 
 def test_a_rerun_asks_only_for_the_gaps_of_the_range_map(tmp_path):

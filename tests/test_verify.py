@@ -17,7 +17,8 @@ from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.integrity.manifest import Manifest
 from mm.artifacts.paths import manifest_path
 from mm.artifacts.integrity.safetensors_check import StructureError, read_header
-from mm.artifacts.integrity.verify import verify_dir
+from mm.artifacts.errors import BadValue
+from mm.artifacts.integrity.verify import VerifyOptions, verify_dir
 from tests.support.modelgen import write_model
 from tests.support.run import mm_argv, run_mm
 
@@ -391,3 +392,16 @@ def test_hub_identities_are_always_hashed_one_per_core():
     files = [_expected("a", 5000, "lfs-sha256"), _expected("b", 100, "lfs-sha256")]
     per_core, all_cores = verify_mod.hash_schedule(files, jobs=2)
     assert [e.path for e in per_core] == ["a", "b"] and all_cores == []
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(label_node="node-1", quick=True), "--label-node needs a full verify of DIR against its own manifest"),
+    (dict(label_node="node-1", upstream=True), "--label-node needs a full verify of DIR against its own manifest"),
+    (dict(upstream=True, allowed_signers=Path("signers")), "--allowed-signers checks the manifest; --upstream does"),
+    (dict(repo="a/b"), "--repo and --revision only apply with --upstream"),
+])
+def test_verify_options_that_do_not_go_together_are_a_usage_error(given, message):
+    with pytest.raises(BadValue, match=message) as e:
+        VerifyOptions.from_cli(**given)
+    assert e.value.exit_code == 2
+    assert VerifyOptions.from_cli(upstream=True, repo="a/b", revision="main").upstream

@@ -20,7 +20,6 @@ from ..integrity.hashing import StreamHasher
 from ..integrity.manifest import from_json
 from ..edges.progress import NULL_PROGRESS, ProgressSink
 from .copyio import HASH_THREADS, ChunkPipe
-from .delta import summary
 from .format import MANIFEST_MEMBER
 from .index import disagreements, unaccounted
 from .volume import Member, Volume, find_volumes, open_volume, split_volumes
@@ -51,7 +50,7 @@ class BundleVerifyReport:
     recovery: str | None = None  # e.g. "volumes 3 and 7 missing: recoverable with parity 1-2"
     install_mm: str | None = None  # how to install mm from these volumes, when the bundle carries it
     mm_host: str | None = None  # whether the bundle's wheel sets cover this host's python3 (wheelhouse.coverage)
-    delta: dict | None = None  # a delta bundle: its base and how much comes from it (delta.summary)
+    delta: dict | None = None  # a delta bundle: its base and how much comes from it (DeltaNote.summary)
     files_checked: int = 0  # volume files read
     bytes_checked: int = 0  # the members hashed: data (the model's carried files, payloads) and mm's metadata
     bytes_on_disk: int = 0  # the volume files' sizes (tar headers and padding included)
@@ -188,7 +187,7 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
         from .wheelhouse import coverage
         report.mm_host = coverage(ref_vol.index.payloads["mm"][0].sets)
     if ref_vol is not None and ref_vol.index.delta is not None:
-        report.delta = summary(ref_vol.index.delta, _manifest_of(reference))
+        report.delta = ref_vol.index.delta.summary(_manifest_of(reference))
     report.files_checked, report.bytes_checked = len(vols), data_bytes(data + parity, ref)
     report.bytes_on_disk = sum(_size(v.path) for v in vols)
     report.seconds = time.monotonic() - started

@@ -97,18 +97,8 @@ def plan_delta(manifest: Manifest, base: Base) -> DeltaNote:
     return DeltaNote(m.repo_id, m.revision, base.sha256, tuple(take))
 
 
-def summary(note: DeltaNote, manifest: Manifest | None) -> dict:
-    """What a delta needs and carries, for bundle, bundle verify and unbundle reports."""
-    taken = {t.path for t in note.take}
-    carried = [f for f in manifest.files if f.path not in taken] if manifest is not None else None
-    return {"base_repo_id": note.base_repo_id, "base_revision": note.base_revision,
-            "base_manifest_sha256": note.base_manifest_sha256, "files_from_base": len(note.take),
-            "bytes_from_base": note.taken_bytes, "files_carried": len(carried) if carried is not None else None,
-            "bytes_carried": sum(f.size for f in carried) if carried is not None else None}
-
-
 def describe(doc: dict) -> str:
-    """One line for a summary(): 'delta of REPO@REV (manifest sha256 ...): N files, X from the base; ...'."""
+    """One line for a DeltaNote.summary(): 'delta of REPO@REV (manifest sha256 ...): N files, X from the base; ...'."""
     carried = (f"; {doc['files_carried']} file(s), {human_bytes(doc['bytes_carried'])} carried"
                if doc.get("files_carried") is not None else "")
     return (f"delta of base {doc['base_repo_id']}@{doc['base_revision'][:12]} (manifest sha256 "

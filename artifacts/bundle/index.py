@@ -115,6 +115,15 @@ class DeltaNote:
     def taken_bytes(self) -> int:
         return sum(t.size for t in self.take)
 
+    def summary(self, manifest: Manifest | None) -> dict:
+        """What the delta needs and carries, for bundle, bundle verify and unbundle reports (delta.describe)."""
+        taken = {t.path for t in self.take}
+        carried = [f for f in manifest.files if f.path not in taken] if manifest is not None else None
+        return {"base_repo_id": self.base_repo_id, "base_revision": self.base_revision,
+                "base_manifest_sha256": self.base_manifest_sha256, "files_from_base": len(self.take),
+                "bytes_from_base": self.taken_bytes, "files_carried": len(carried) if carried is not None else None,
+                "bytes_carried": sum(f.size for f in carried) if carried is not None else None}
+
     def to_doc(self) -> dict:
         return {"base": {"repo_id": self.base_repo_id, "revision": self.base_revision,
                          "manifest_sha256": self.base_manifest_sha256},

@@ -47,13 +47,12 @@ import shlex
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import blake3
 
-from ..serving.cachekey import parse_cache_key
 from ..errors import BadInput, BadValue, IntegrityError, Refused
 from ..paths import MM_DIR
 from ..edges.fsutil import (atomic_write_bytes, check_inside, dir_lock, open_file, publish, publish_fd, read_lock,
@@ -71,7 +70,6 @@ from .format import (END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBE
                      data_member, file_member, index_member, member_bytes, padded, parity_data_member, parity_filename,
                      parity_index_member, payload_sums_member, render_json, render_json_chunks, tar_header,
                      volume_filename)
-from ..units import parse_size
 from . import payloads as payload_table
 from . import delta as deltas
 from .index import DeltaNote, Entry, Index, ParityIndex, ParityNote, Stream
@@ -83,6 +81,69 @@ from .volume import open_volume
 MIN_PIECE = 64 * 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 MAX_VOLUMES = 10_000  # more is almost surely a --volume-size typo; `--yes` writes them anyway
+
+
+@dataclass(frozen=True)
+class BundleOptions:
+    """What `mm bundle` is asked to do, every rule between its options checked once, by from_cli (as twine's
+    Settings): create_bundle takes it as it is and checks none of them again. OUTS: one directory per disk, filled
+    in order. PAYLOADS: payload kind -> paths to carry (payloads.PAYLOAD_KINDS). COLLECT: what payload kinds read
+    (a kernel cache's key, the pinned image, registry TLS). PARITY: Reed-Solomon parity volumes; STRIPE the code's
+    stripe size (tests use small ones). YES: write more than MAX_VOLUMES volumes. BASE: make a delta against this
+    base (a manifest, a model directory or a volume of its bundle; delta.load_base). BUILD_MM: the command builds
+    mm's wheelhouse for TARGET_PLATFORMS x TARGET_PYTHONS and carries it; ONLY_MM: that wheelhouse alone, into
+    OUTS[0], and no model."""
+
+    outs: tuple[Path, ...]
+    volume_size: int  # bytes; 0 with only_mm (no volumes)
+    name: str | None = None  # default: <repo name>-<revision[:12]>
+    payloads: Mapping[str, tuple[Path, ...]] = field(default_factory=dict)
+    collect: CollectOptions = CollectOptions()
+    parity: int = 0
+    stripe: int = STRIPE
+    sync: bool = True
+    yes: bool = False
+    base: Path | None = None
+    build_mm: bool = False
+    only_mm: bool = False
+    target_platforms: tuple[str, ...] = ()
+    target_pythons: tuple[str, ...] = ()
+
+    @classmethod
+    def from_cli(cls, directory: Path | None, *, outs: Sequence[Path], volume_size: int | None,
+                 payloads: Mapping[str, Sequence[Path]], no_mm: bool = False, only_mm: bool = False,
+                 target_platforms: Sequence[str] = (), target_pythons: Sequence[str] = (), **options) -> BundleOptions:
+        """The options as `mm bundle` was given them (sizes and keys already parsed), or BadInput naming the rule
+        they break. OPTIONS: the fields that take part in no rule (name, collect, parity, sync, yes, base)."""
+        carried = {kind: tuple(paths) for kind, paths in payloads.items() if paths}
+        targets = {"target_platforms": tuple(target_platforms), "target_pythons": tuple(target_pythons)}
+        if only_mm:
+            if directory or volume_size or carried or options.get("parity") or options.get("base"):
+                raise BadInput("--only-mm writes only install-mm.sh and wheelhouse/ into --out: give no model "
+                               "directory, --volume-size or payload")
+            if len(outs) > 1:
+                raise BadInput("--only-mm writes into one --out directory")
+            return cls(tuple(outs), 0, only_mm=True, **targets)
+        if directory is None or volume_size is None:
+            raise BadInput("give the model DIRECTORY and --volume-size (or --only-mm for mm alone)")
+        if no_mm and carried.get("mm"):
+            raise BadInput("--no-mm and --wheelhouse: choose one")
+        if (no_mm or carried.get("mm")) and (target_platforms or target_pythons):
+            raise BadInput("--target-platform/--target-python choose the wheelhouse mm bundle builds; "
+                           "not with --no-mm or --wheelhouse")
+        if options.get("name") is not None:
+            _check_name(options["name"])
+        return cls(tuple(outs), volume_size, payloads=carried,
+                   build_mm=not no_mm and not carried.get("mm"), **targets, **options)
+
+    def carrying(self, kind: str, path: Path) -> BundleOptions:
+        """These options, carrying PATH as the payload KIND too (the wheelhouse the command built)."""
+        return replace(self, payloads={**self.payloads, kind: (*self.payloads.get(kind, ()), path)}, build_mm=False)
+
+
+def _check_name(name: str) -> None:
+    if not NAME_RE.match(name):
+        raise BadInput(f"bundle name {name!r}: use letters, digits, '.', '_' and '-' only")
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +299,7 @@ class BundleResult:
     synced: bool = True  # every volume fsynced before it got its name
     parity_volumes: list[VolumeResult] = field(default_factory=list)
     signed: bool = False  # the manifest's signature travels in every volume
-    delta: dict | None = None  # a delta bundle: its base and what comes from it (delta.summary)
+    delta: dict | None = None  # a delta bundle: its base and what comes from it (DeltaNote.summary)
     outs: list[str] = field(default_factory=list)
     files: int = 0  # files carried (model files and payload files)
     seconds: float = 0.0
@@ -642,52 +703,41 @@ def _keep_volume(plan: Plan, n: int, final: Path, hashers: _Hashers, pipe: Chunk
     return working
 
 
-def create_bundle(model_dir: Path, *args, **kwargs) -> BundleResult:
-    """_create_bundle, with MODEL_DIR's reader's lock held throughout (fsutil.read_lock: `mm gc` keeps a
-    revision being bundled, and no writer starts in it meanwhile)."""
+def create_bundle(model_dir: Path, options: BundleOptions, progress: ProgressSink = NULL_PROGRESS,
+                  on_plan: Callable[[PlanSummary], None] | None = None) -> BundleResult:
+    """Bundle MODEL_DIR as OPTIONS say (BundleOptions), with MODEL_DIR's reader's lock held throughout
+    (fsutil.read_lock: `mm gc` keeps a revision being bundled, and no writer starts in it meanwhile). ON_PLAN gets
+    the plan before anything is written."""
     with read_lock(Path(model_dir), "mm bundle"):
-        return _create_bundle(model_dir, *args, **kwargs)
+        return _create_bundle(Path(model_dir), options, progress, on_plan)
 
 
-def _create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size: int | str, name: str | None = None,
-                  payloads: dict[str, Sequence[Path]] | None = None, cache_key: Sequence[str] = (),
-                  progress: ProgressSink = NULL_PROGRESS, sync: bool = True, parity: int = 0,
-                  stripe: int = STRIPE, collect: CollectOptions | None = None, yes: bool = False,
-                  on_plan: Callable[[PlanSummary], None] | None = None, base: Path | None = None) -> BundleResult:
-    """Bundle MODEL_DIR into OUT_DIR (one directory, or several: one per disk, filled in order). PAYLOADS: payload
-    kind -> paths to carry (payloads.PAYLOAD_KINDS); CACHE_KEY: `KEY=VALUE` pairs for kernel caches without a key
-    of their own. PARITY > 0 adds that many Reed-Solomon parity volumes; STRIPE is the code's stripe size (tests
-    use small ones); COLLECT: the other options payload kinds read (the pinned image reference,
-    --allow-other-image, registry TLS). ON_PLAN gets the plan before anything is written; YES: more than
-    MAX_VOLUMES volumes are written too. BASE: make a delta against this base (a manifest, a model directory or a
-    volume of its bundle; delta.load_base)."""
+def _create_bundle(model_dir: Path, options: BundleOptions, progress: ProgressSink,
+                   on_plan: Callable[[PlanSummary], None] | None) -> BundleResult:
     started = time.monotonic()
-    model_dir = Path(model_dir)
-    outs = _distinct([Path(out_dir)] if isinstance(out_dir, (str, Path)) else [Path(o) for o in out_dir])
-    volume_size = parse_size(volume_size)
-    if parity < 0:
-        raise BadInput(f"--parity {parity}: must be 0 or more")
+    outs = _distinct(list(options.outs))
+    volume_size, parity, stripe, sync = options.volume_size, options.parity, options.stripe, options.sync
     mpath = manifest_path(model_dir)
     manifest = read_manifest(mpath)
     manifest_bytes = read_local_file(mpath, what="manifest", max_bytes=MAX_MANIFEST_BYTES)
     signature = _signature_to_carry(model_dir, manifest_bytes)
     require_quick_verify(model_dir, manifest, before="bundling")
-    delta = deltas.plan_delta(manifest, deltas.load_base(base)) if base is not None else None
-    name = name or f"{manifest.repo_id.rsplit('/', 1)[-1]}-{manifest.revision[:12]}" + (
-        f"-delta-{delta.base_revision[:8]}" if delta else "")
-    if not NAME_RE.match(name):
-        raise BadInput(f"bundle name {name!r}: use letters, digits, '.', '_' and '-' only")
-    opts = (collect or CollectOptions())._replace(cache_key=parse_cache_key(tuple(cache_key)))
-    records, files, notes, beside = collect_payloads(dict(payloads or {}), opts)
+    delta = deltas.plan_delta(manifest, deltas.load_base(options.base)) if options.base is not None else None
+    name = options.name
+    if name is None:  # from the manifest, which may hold anything
+        name = f"{manifest.repo_id.rsplit('/', 1)[-1]}-{manifest.revision[:12]}" + (
+            f"-delta-{delta.base_revision[:8]}" if delta else "")
+        _check_name(name)
+    records, files, notes, beside = collect_payloads(dict(options.payloads), options.collect)
     payload_sources = [CarriedFile(kind, f.path, f.src, f.size, whole=True) for kind, f in files]
     carried = manifest.total_bytes - (delta.taken_bytes if delta else 0) + sum(s.size for s in payload_sources)
-    refuse_too_many_volumes(-(-carried // volume_size), volume_size, carried, yes)  # before planning them all
+    refuse_too_many_volumes(-(-carried // volume_size), volume_size, carried, options.yes)  # before planning them all
     plan = plan_bundle(manifest, manifest_bytes, model_dir, volume_size, name, records, payload_sources,
                        signature=signature, parity=parity, stripe=stripe, delta=delta)
     if parity and plan.count + parity > MAX_TOTAL:
         raise BadInput(f"--parity {parity}: {plan.count} data volumes plus {parity} parity volumes is more than "
                        f"{MAX_TOTAL}; choose a larger --volume-size")
-    refuse_too_many_volumes(plan.count + parity, volume_size, carried, yes)
+    refuse_too_many_volumes(plan.count + parity, volume_size, carried, options.yes)
     for out in outs:
         out.mkdir(parents=True, exist_ok=True)
     sizes = [volume_bytes(plan, n) for n in range(1, plan.count + 1)]
@@ -735,7 +785,7 @@ def _create_bundle(model_dir: Path, out_dir: Path | Sequence[Path], volume_size:
                         payloads_document(records, "summary"), notes, synced=sync, parity_volumes=parity_results,
                         signed=signature is not None, outs=[str(o) for o in outs], files=summary.files,
                         seconds=time.monotonic() - started, plan=summary,
-                        delta=deltas.summary(delta, manifest) if delta else None)
+                        delta=delta.summary(manifest) if delta else None)
 
 
 def refuse_too_many_volumes(count: int, volume_size: int, carried: int, yes: bool) -> None:
@@ -751,11 +801,11 @@ def _whole_mb(nbytes: int) -> int:
     return max(1, -(-nbytes // 10**6))
 
 
-def precheck_volume_count(model_dir: Path, volume_size: int | str, yes: bool) -> None:
+def precheck_volume_count(model_dir: Path, options: BundleOptions) -> None:
     """refuse_too_many_volumes from the manifest alone: the CLI calls it before building mm's wheelhouse."""
     manifest = read_manifest(manifest_path(Path(model_dir)))
-    size = parse_size(volume_size)
-    refuse_too_many_volumes(-(-manifest.total_bytes // size), size, manifest.total_bytes, yes)
+    size = options.volume_size
+    refuse_too_many_volumes(-(-manifest.total_bytes // size), size, manifest.total_bytes, options.yes)
 
 
 def _distinct(outs: list[Path]) -> list[Path]:

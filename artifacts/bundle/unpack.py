@@ -45,8 +45,8 @@ from typing import Iterator, Mapping, NamedTuple
 from ..errors import BadInput, BadValue, IntegrityError, MMError, Refused
 from ..paths import IMPORT_RECORD, MM_DIR, POINTER, UNBUNDLE_DIR, store_root_of
 from ..edges.fsutil import (atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets, dir_lock,
-                            fsync_dir, make_dirs, open_file, publish, publish_fd, read_local_file, read_lock,
-                            remove_tree, require_free_space, still_to_write, unlink_file)
+                            fsync_dir, make_dirs, open_file, publish, publish_fd, read_json_file, read_local_file,
+                            read_lock, remove_tree, require_free_space, still_to_write, unlink_file)
 from ..integrity.hashing import StreamHasher
 from ..edges.interrupt import keeps
 from ..integrity.manifest import MAX_MANIFEST_BYTES, from_json, read_manifest
@@ -54,7 +54,7 @@ from ..paths import manifest_path
 from ..edges.progress import NULL_PROGRESS, ProgressSink
 from ..units import human_bytes
 from ..edges.sharing import COPY, how_to_share
-from ..edges.untrusted import MAX_DOCUMENT, At, load_json, read_json_file
+from ..edges.untrusted import MAX_DOCUMENT, At, load_json
 from . import delta as deltas
 from .check import ParitySet, conflicting_numbers, incomplete, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back, write_all
@@ -104,7 +104,7 @@ class UnbundleReport:
     parity_used: list[int] = field(default_factory=list)
     recovery: str | None = None  # why lost volumes could not be rebuilt yet, and what would be enough
     signature: dict | None = None  # the checked manifest signature (identity, key fingerprint)
-    delta: dict | None = None  # a delta: its base (delta.summary), the base dir, how files were taken (mode), taken
+    delta: dict | None = None  # a delta: its base (DeltaNote.summary), the base dir, how files were taken (mode), taken
 
 
 class Places:
@@ -318,16 +318,44 @@ def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | N
     return report, first.manifest_bytes
 
 
-def unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | None] | None = None,
-             progress: ProgressSink = NULL_PROGRESS, sync: bool = True, allowed_signers: Path | None = None,
-             identity: str | None = None, require_signature: bool = False, readback: bool = False,
-             base_dir: Path | None = None, link: bool = False) -> UnbundleReport:
+@dataclass(frozen=True)
+class UnbundleOptions:
+    """How `mm unbundle` imports, its rules checked once, by from_cli (unbundle takes it as it is). PAYLOAD_DESTS:
+    payload kind -> its destination (default DEST.payload/<kind dir>). SYNC=False skips the fsyncs of imported data
+    (the final names still come only after the hashes match). READBACK: each file, once fsynced, is read back from
+    the disk (its pages dropped from the page cache) before it is named. BASE_DIR: a delta's base revision
+    (--from), whose files are taken by reflink, by hard link when LINK, else by a copy. ALLOWED_SIGNERS: check the
+    manifest's signature first (IntegrityError, nothing written, when it is not good; with REQUIRE_SIGNATURE when
+    there is none either), by IDENTITY when given."""
+
+    payload_dests: Mapping[str, Path | None] = field(default_factory=dict)
+    sync: bool = True
+    readback: bool = False
+    base_dir: Path | None = None
+    link: bool = False
+    allowed_signers: Path | None = None
+    identity: str | None = None
+    require_signature: bool = False
+
+    @classmethod
+    def from_cli(cls, **options) -> UnbundleOptions:
+        """The options as `mm unbundle` was given them, or the rule they break: --link needs --from (BadValue),
+        --readback needs the fsyncs --no-sync leaves out (BadInput)."""
+        given = cls(**options)
+        if given.link and given.base_dir is None:
+            raise BadValue("--link hard-links files of the base: it needs --from BASE_DIR")
+        if given.readback and not given.sync:
+            raise BadInput("--readback reads back what was fsynced to the disk: not with --no-sync")
+        return given
+
+
+def unbundle(sources: list[Path], dest: Path, options: UnbundleOptions = UnbundleOptions(),
+             progress: ProgressSink = NULL_PROGRESS) -> UnbundleReport:
     """_unbundle; a DEST this call made is removed again when the import is refused before keeping any work
     (only mm's lock and state in it): a refused `mm unbundle` leaves no empty --dest behind."""
     made = not os.path.lexists(dest)
     try:
-        return _unbundle(sources, dest, payload_dests, progress, sync, allowed_signers, identity,
-                         require_signature, readback, base_dir, link)
+        return _unbundle(sources, dest, options, progress)
     except MMError:
         if made:
             _remove_if_no_work(Path(dest))
@@ -356,22 +384,15 @@ def _remove_if_no_work(dest: Path) -> None:
         pass
 
 
-def _unbundle(sources: list[Path], dest: Path, payload_dests: dict[str, Path | None] | None = None,
-              progress: ProgressSink = NULL_PROGRESS, sync: bool = True, allowed_signers: Path | None = None,
-              identity: str | None = None, require_signature: bool = False, readback: bool = False,
-              base_dir: Path | None = None, link: bool = False) -> UnbundleReport:
-    """Import the volumes in SOURCES into DEST; PAYLOAD_DESTS: payload kind -> its destination (default
-    DEST.payload/<kind dir>). sync=False skips the fsyncs of imported data (the final names still come only
-    after the hashes match). ALLOWED_SIGNERS: check the manifest's signature first (IntegrityError, nothing
-    written, when it is not good; with REQUIRE_SIGNATURE when there is none either). READBACK: each file, once
-    fsynced, is read back from the disk (its pages dropped from the page cache) before it is named. BASE_DIR: a
-    delta's base revision (--from), whose files are taken by reflink, by hard link when LINK, else by a copy."""
+def _unbundle(sources: list[Path], dest: Path, options: UnbundleOptions, progress: ProgressSink) -> UnbundleReport:
+    """Import the volumes in SOURCES into DEST as OPTIONS say."""
     from ..paths import refuse_snapshot
 
     dest = Path(dest)
     refuse_snapshot(dest, "mm unbundle")
-    if readback and not sync:
-        raise BadInput("--readback reads back what was fsynced to the disk: not with --no-sync")
+    payload_dests, sync, readback = dict(options.payload_dests), options.sync, options.readback
+    allowed_signers, identity, base_dir, link = options.allowed_signers, options.identity, options.base_dir, options.link
+    require_signature = options.require_signature
     vols, pvols = split_volumes([open_volume(p) for p in find_volumes(sources)])
     signature, signed_manifest = None, None
     if allowed_signers is not None:
@@ -542,7 +563,7 @@ def _take_from_base(base: deltas.BaseDir, idx: Index, mode: str, run: _Import, p
 def _delta_doc(idx: Index, manifest, base: deltas.BaseDir | None, taken: deltas.Taken | None) -> dict | None:
     if idx.delta is None:
         return None
-    doc = {**deltas.summary(idx.delta, manifest), "from": str(base.path) if base else None}
+    doc = {**idx.delta.summary(manifest), "from": str(base.path) if base else None}
     if taken is not None:
         doc.update(mode=taken.mode, taken=len(taken.files), taken_bytes=taken.bytes, copied_bytes=taken.copied_bytes,
                    refused=taken.refused)

@@ -36,11 +36,10 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import BadInput, IntegrityError, RemoteError
-from ..edges.fsutil import atomic_write_text, dir_lock, fsync_dir, read_local_file, remove_tree
+from ..edges.fsutil import atomic_write_text, dir_lock, fsync_dir, read_json_file, read_local_file, remove_tree
 from ..integrity.hashing import upstream_digest
 from ..edges.progress import NULL_PROGRESS, ProgressSink
 from ..edges.tools import ToolMissing, run_tool
-from ..edges.untrusted import read_json_file
 
 SCHEMA = "mm-wheelhouse/2"
 WHEELHOUSE_DIR = "wheelhouse"

@@ -11,10 +11,11 @@ import sys
 import unicodedata
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator
+from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 from ..errors import BadInput, Busy, Refused
 from ..paths import MM_DIR, state_dir, state_root
+from .untrusted import MAX_DOCUMENT, load_json
 from ..units import human_bytes  # the one size format (decimal units); here for require_free_space
 
 # Files that tools put beside the weights; never model files.
@@ -380,6 +381,12 @@ def read_local_file(path: Path | str, *, what: str = "file", max_bytes: int) -> 
     if len(data) > max_bytes:
         raise BadInput(f"{path}: {what} grew past the {human_bytes(max_bytes)} mm reads for it while it was read")
     return data
+
+
+def read_json_file(path: Path | str, *, what: str = "file", max_bytes: int = MAX_DOCUMENT) -> Any:
+    """Read and parse PATH (untrusted.load_json); a missing, unreadable, oversized or not regular file (FIFO,
+    device) is BadInput naming it."""
+    return load_json(read_local_file(path, what=what, max_bytes=max_bytes), str(path), max_bytes=max_bytes, what=what)
 
 
 def still_to_write(partial: Path, size: int, recorded: int = 0) -> int:

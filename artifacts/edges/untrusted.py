@@ -13,7 +13,6 @@ import json
 import math
 import os
 import re
-from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from ..errors import BadInput, BadValue
@@ -244,14 +243,6 @@ def load_json_stream(f: BinaryIO, where: str, *, key: str, item: Callable[[Any, 
     return doc
 
 
-def read_json_file(path: Path | str, *, what: str = "file", max_bytes: int = MAX_DOCUMENT) -> Any:
-    """Read and parse PATH; a missing, unreadable, oversized or not regular file (FIFO, device) is BadInput naming it."""
-    from .fsutil import read_local_file  # regular files only, size from fstat, the read bounded
-
-    data = read_local_file(path, what=what, max_bytes=max_bytes)
-    return load_json(data, str(path), max_bytes=max_bytes, what=what)
-
-
 _DECIMAL = re.compile(r"[0-9]{1,18}")
 _DIGIT_RUN = re.compile(r"[0-9]+")
 
@@ -298,6 +289,12 @@ _URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@?#]*@")
 _SECRETS = re.compile(r"(?i:\b(bearer\s+|token=|api[_-]?key=))[A-Za-z0-9._~+/=-]{8,}|\b(hf_)[A-Za-z0-9]{16,}\b")
 # user:password@host[:port]/ without a scheme, as in a registry reference (mm pull user:pw@host/repo:tag)
 _REFERENCE_CREDENTIALS = re.compile(r"(?<![\w.:/@-])[^\s/@:'\"]+:[^\s/@'\"]*@(?=[A-Za-z0-9.\-\[\]]+(?::\d+)?/)")
+
+
+def shown(text: str, limit: int = 120) -> str:
+    """A value a server sent, fit for a one-line message: credentials and query strings cut, length bounded."""
+    text = redact(re.sub(r"\?.*", "?...", str(text)[:64 * 1024], flags=re.S))  # redacted whole, then cut
+    return printable(text[:limit] + ("..." if len(text) > limit else ""))
 
 
 def redact(text: str) -> str:

@@ -33,7 +33,6 @@ import heapq
 import http.client
 import io
 import itertools
-import re
 import socket
 import ssl
 import struct
@@ -50,6 +49,7 @@ import httpx2
 
 from . import interrupt
 from ..errors import RemoteError
+from .untrusted import env_number, shown
 
 KiB, MiB = 1 << 10, 1 << 20
 MAX_REDIRECTS = 5  # a Hub resolve goes through one (CDN or Xet bridge); 5 is mm's margin
@@ -84,7 +84,6 @@ _ENV = {"MM_NET_TIMEOUT": "timeout", "MM_NET_DEADLINE": "deadline", "MM_NET_MIN_
 
 def limits() -> Limits:
     """The bounds in force: Limits' defaults, each replaced by its MM_NET_* variable when set."""
-    from .untrusted import env_number
 
     given = {name: env_number(var, "bytes/s" if var == "MM_NET_MIN_RATE" else "seconds") for var, name in _ENV.items()}
     return Limits(**{name: value for name, value in given.items() if value is not None})
@@ -98,14 +97,6 @@ def origin(url: str) -> str:
         return f"{parts.scheme}://{parts.hostname or ''}:{port}"
     except ValueError:
         return shown(url)
-
-
-def shown(text: str, limit: int = 120) -> str:
-    """A value a server sent, fit for a one-line message: credentials and query strings cut, length bounded."""
-    from .untrusted import printable, redact
-
-    text = redact(re.sub(r"\?.*", "?...", str(text)[:64 * KiB], flags=re.S))  # redacted whole, then cut
-    return printable(text[:limit] + ("..." if len(text) > limit else ""))
 
 
 def check_url(url: str, where: str, what: str) -> str:

@@ -16,7 +16,8 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Sequence
 from urllib.parse import urlsplit
 
 import httpx2
@@ -39,6 +40,10 @@ from .ranges import Answer, RetryLater, http_answer
 from ..edges.fsutil import check_relpath
 from ..integrity.manifest import public_endpoint
 from ..units import is_commit
+from ..edges.progress import NULL_PROGRESS, ProgressSink
+
+if TYPE_CHECKING:
+    from ..integrity.verify import VerifyReport
 
 HEX = re.compile(r"^[0-9a-f]+$")
 XET_HASH = re.compile(r"^[0-9a-f]{64}$")
@@ -311,3 +316,18 @@ def _retry_after(value: str | None) -> float | None:
         return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
     except (TypeError, ValueError, IndexError):
         return None
+
+
+def verify_upstream(model_dir: Path, repo_id: str, revision: str, *, quick: bool = False, jobs: int | None = None,
+                    endpoint: str | None = None, token: str | None = None,
+                    progress: ProgressSink = NULL_PROGRESS, strict: bool = False) -> VerifyReport:
+    """`mm verify --upstream`: check MODEL_DIR against the Hub's own identities (LFS sha256, git blob sha1) for
+    REVISION; no manifest needed."""
+    from ..integrity.verify import Expected, check_readable_dir, verify_listing
+
+    check_readable_dir(Path(model_dir))  # before the Hub is asked
+    resolved = resolve_revision(repo_id, revision, endpoint=endpoint, token=token)
+    remote = list_remote_files(repo_id, resolved.commit, endpoint=endpoint, token=token)
+    expected = [Expected(f.path, f.size, f.upstream.kind, f.upstream.value) for f in remote]
+    return verify_listing(model_dir, expected, f"hub:{repo_id}@{resolved.commit}", "the Hub's file list",
+                          quick=quick, jobs=jobs, progress=progress, strict=strict)

@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Mapping
 from .download import RemoteFile
 from ..edges import wire
 from ..errors import BadInput, BadValue, RemoteError, first_line
+from ..edges.untrusted import shown
 from .fetch import FetchRequest, SourcePlan
 from ..integrity.hashing import git_blob_sha1
 from .hub import Resolved, Unreachable, list_remote_files, resolve_revision, select
@@ -182,12 +183,12 @@ def _sdk_call(what: str, api) -> Iterator[str]:
     except RemoteError as e:  # wire's bounds: the message names the host and what it sent
         raise RemoteError(f"{what}: {e.message}") from None
     except json.JSONDecodeError as e:  # (requests' too)
-        raise RemoteError(f"{what}: {host} sent an answer that is not JSON ({wire.shown(first_line(e), 80)})") from None
+        raise RemoteError(f"{what}: {host} sent an answer that is not JSON ({shown(first_line(e), 80)})") from None
     except _sdk_errors() as e:
-        raise RemoteError(f"{what} from {host}: {wire.shown(first_line(e), 200)}") from None
+        raise RemoteError(f"{what} from {host}: {shown(first_line(e), 200)}") from None
     except _SHAPE_ERRORS as e:
         raise RemoteError(f"{what}: {host} sent an answer that is not what the ModelScope API sends "
-                          f"({type(e).__name__}: {wire.shown(first_line(e), 80)})") from None
+                          f"({type(e).__name__}: {shown(first_line(e), 80)})") from None
 
 
 def list_mirror_files(model_id: str, revision: str = DEFAULT_MS_REVISION, *, api=None) -> list[MirrorFile]:
@@ -215,7 +216,7 @@ def _mirror_file(entry, host: str) -> MirrorFile:
     if not (isinstance(path, str) and 0 < len(path) <= 4096 and printable(path) == path) \
             or type(size) is not int or size < 0 or not isinstance(sha256, str):
         raise RemoteError(f"{host} sent a listing entry that is not a file's path, size and sha256 "
-                          f"({wire.shown(repr((path, size, sha256)), 80)}); refused")
+                          f"({shown(repr((path, size, sha256)), 80)}); refused")
     return MirrorFile(path, size, sha256.lower())
 
 
@@ -470,12 +471,33 @@ def mirror_sources(rec: Reconciliation, *, mirror_only: bool = False, endpoint: 
     return {path: source for path in rec.paths(IDENTICAL)}
 
 
-def plan_fetch(req: FetchRequest, source_spec: str, default_modelscope_id: str | None, *,
-               mirror_only: bool = False, pin_manifest: Path | None = None) -> tuple[SourcePlan, Reconciliation]:
+@dataclass(frozen=True)
+class MirrorOptions:
+    """`mm fetch --source modelscope[:OWNER/NAME[@REV]]` with the options that go only with it, their rule checked
+    once, by from_cli (plan_fetch takes it as it is). MIRROR_ONLY: nothing from the Hub; PIN_MANIFEST: the pin's
+    identities from this mm manifest, for when the Hub is unreachable."""
+
+    source: str
+    mirror_only: bool = False
+    pin_manifest: Path | None = None
+
+    @classmethod
+    def from_cli(cls, source: str, mirror_only: bool, pin_manifest: Path | None) -> MirrorOptions | None:
+        """None for `--source hub`, the default: neither --mirror-only nor --pin-manifest goes with it."""
+        if source == "hub":
+            if mirror_only or pin_manifest:
+                raise BadValue("--mirror-only and --pin-manifest need --source modelscope")
+            return None
+        return cls(source, mirror_only, pin_manifest)
+
+
+def plan_fetch(req: FetchRequest, options: MirrorOptions,
+               default_modelscope_id: str | None) -> tuple[SourcePlan, Reconciliation]:
     """`mm fetch --source modelscope[...]`: reconcile the mirror with the pin's identities (the Hub's listing,
-    or PIN_MANIFEST when the Hub is unreachable) and return the source plan fetch takes: the pin's listing,
+    or the pin manifest when the Hub is unreachable) and return the source plan fetch takes: the pin's listing,
     and the mirror as byte source for every matching file of REQ's patterns.
     fetch still verifies every byte against those identities."""
+    source_spec, mirror_only, pin_manifest = options.source, options.mirror_only, options.pin_manifest
     if default_modelscope_id is None and ":" not in source_spec:
         raise BadInput(f"{req.repo_id}: the pin names no ModelScope mirror; use --source modelscope:OWNER/NAME")
     model_id, ms_revision = parse_source(source_spec, default_modelscope_id or "")

@@ -12,9 +12,10 @@ the gaps. Every byte is received into a pooled receive buffer (``BUFFER``, one s
 ``Answer.read``) and written from it at the offset its answer proved, with O_DIRECT where the file system allows
 it (``Disk``: no copy into the page cache; the unaligned edges of a write are buffered). Hashing stays one pass
 over each byte, in file order (``OrderedHasher``): bytes that land exactly at the hashed frontier are hashed from
-that buffer; bytes that land ahead of it are read back (direct) once the contiguous prefix reaches them, sha256
-on a side thread beside blake3. Memory is bounded by the buffers: one per connection in use, two per file being
-read back, at most ``HASHING_AT_ONCE`` files at once, whatever the file sizes.
+that buffer; bytes that land ahead of it are kept in memory near the frontier (the window, at most ``WINDOW``
+buffers in all) and hashed from there once the contiguous prefix reaches them; what the window cannot hold is
+read back (direct), and counted. Memory is bounded by the buffers: one per connection in use, the window's, two per
+file being read back, at most ``HASHING_AT_ONCE`` files at once, whatever the file sizes.
 
 Answers are hostile until proven, for every source (the Hub, its CDN, a mirror, an OCI registry): a body is used
 only at the offsets its answer proves (``prove``: a 200 is the whole file from byte 0; a 206 needs a
@@ -47,18 +48,18 @@ import re
 import threading
 import time
 from collections import Counter, deque
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager, Iterator, Protocol
 
 from ..edges import wire
-from ..errors import BadInput, MMError, RemoteError
+from ..errors import BadInput, MMError, RemoteError, RetryLater
 from ..edges.fsutil import atomic_write_bytes, check_inside, open_file, read_local_file, unlink_file
 from ..integrity.hashing import Digests, SideThread, StreamHasher
 from ..edges import interrupt  # the stop flag: workers return within a chunk, the map is saved (interrupt.py)
 from ..edges.progress import NULL_PROGRESS, ProgressSink
-from ..edges.untrusted import load_json
+from ..edges.untrusted import load_json, shown
 
 MiB = 1 << 20
 DEFAULT_CONNECTIONS = 32  # the most at once; Connections opens 16 and adds more while they pay
@@ -72,6 +73,15 @@ SAVE_SECONDS = 0.2  # the range map is saved at most this often per file (and wh
 HASH_READ = 4 * MiB  # each of the frontier hasher's two read-back buffers (one hashed while the next is read): few GIL
 # acquisitions per byte, so the hasher keeps up beside 16-32 receiving threads
 HASHING_AT_ONCE = 2  # files read back for hashing at once (each with two buffers): one per core
+WINDOW = 8  # blocks (BUFFER each) the window holds at most, all files together: 16 MiB, mm's own margin for the 150 MB
+# bound. Beside it, one receive buffer per connection (at most DEFAULT_CONNECTIONS: 64 MiB) and the hashers' read-back
+# buffers (lent only while reading back). On the uncapped 1 GiB fetch of the 2-core VM (32 connections), peak RSS
+# was 114-115 MB without a window and 135-145 MB with 12 blocks: 8 keeps ~10 MB more below the bound
+WINDOW_WAIT = 1.0  # the longest a connection waits for the hasher to free a block of the window (mm's margin: far
+# inside the minimum-rate window, so a wait never gets a connection cut as slow)
+WINDOW_POLL = 0.01  # how often a waiting connection looks again at the frontier
+WINDOW_SPAN = WINDOW * BUFFER  # a file's window holds only bytes this close to its hashing frontier (the next to be
+# hashed): what the whole window can hold
 WRITEBACK = 32 * MiB  # behind the hashing frontier, pages are handed to writeback in windows of this size
 BUDGET_FACTOR = 1.5  # a file may receive 1.5x its size (a range re-sent, a 200 to a Range request)...
 BUDGET_MARGIN = RANGE_MAX  # ...plus one more full range: mm's margin, so a small file survives one whole re-send
@@ -84,15 +94,6 @@ BACKOFF_MAX = 30.0
 RETRY_AFTER_MAX = 120.0
 MAP_SCHEMA = "mm-ranges/1"
 WRONG_ANSWERS = ("bad-range", "wrong-length", "wrong-range", "short-body", "slow")  # retry reasons that are the server's
-
-
-class RetryLater(RemoteError):
-    """A range attempt failed in a way worth retrying (cut, 429, 5xx, expired signed URL, wrong answer)."""
-
-    def __init__(self, message: str, reason: str = "error", after: float | None = None):
-        super().__init__(message)
-        self.reason = reason
-        self.after = after
 
 
 class TransferCut(RetryLater):
@@ -144,7 +145,7 @@ def prove(answer: Answer, size: int, where: str) -> tuple[int, int]:
         start, end = int(m[1]), int(m[2]) + 1
         if start < end <= size and m[3] in ("*", str(size)) and answer.length in (None, end - start):
             return start, end
-    said = "no Content-Range" if answer.content_range is None else f"Content-Range {wire.shown(answer.content_range, 60)!r}"
+    said = "no Content-Range" if answer.content_range is None else f"Content-Range {shown(answer.content_range, 60)!r}"
     length = f" and Content-Length {answer.length}" if answer.length is not None else ""
     raise RetryLater(f"{where} answered {answer.status} with {said}{length}, which does not say where its bytes "
                      f"belong in a file of {size} bytes; none of its bytes kept", "bad-range", after=0)
@@ -161,7 +162,7 @@ def http_answer(raw: "wire.RawAnswer", where: str) -> Answer:
 
     encoding = (raw.header("Content-Encoding") or "identity").strip().lower()
     if encoding != "identity":  # offsets into compressed bytes are not offsets into the file
-        raise RemoteError(f"{where} answered with Content-Encoding {wire.shown(encoding, 40)!r} although mm asked for "
+        raise RemoteError(f"{where} answered with Content-Encoding {shown(encoding, 40)!r} although mm asked for "
                           f"identity; refused")
     return Answer(raw.status, raw.header("Content-Range"), read, raw.length, raw.where)
 
@@ -422,6 +423,8 @@ class TransferStats:
     requests: int = 0
     retries: Counter = field(default_factory=Counter)
     retried: list = field(default_factory=list)  # [{"path", "offset", "reason"}], the first RETRIED_KEPT
+    from_window: int = 0  # bytes landed ahead of a hashing frontier and hashed from memory (OrderedHasher's window)
+    read_back: int = 0  # ... and read back from the disk to be hashed, the window being full
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     RETRIED_KEPT = 100
@@ -440,10 +443,17 @@ class TransferStats:
                 self.retried.append({"path": path, "offset": offset, "reason": reason})
             return True
 
+    def hashed(self, from_window: int, read_back: int) -> None:
+        """A file's bytes that landed ahead of its hashing frontier: hashed from the window, or read back."""
+        with self._lock:
+            self.from_window += from_window
+            self.read_back += read_back
+
     def report(self) -> dict:
         with self._lock:
             return {"requests": self.requests, "retries": sum(self.retries.values()), "retry_budget": self.retry_budget,
-                    "retries_by_reason": dict(self.retries), "retried": list(self.retried)}
+                    "retries_by_reason": dict(self.retries), "retried": list(self.retried),
+                    "hashed_from_window": self.from_window, "read_back": self.read_back}
 
 
 # --- the partial file on disk ---------------------------------------------------------------------
@@ -457,7 +467,38 @@ class Buffers:
         self.size, self.limit = size, limit
         self._free: list[memoryview] = []
         self._lent = 0
+        self._spared = 0  # of them, lent through spare()
         self._cv = threading.Condition(threading.Lock())
+
+    def spare(self, most: int) -> memoryview | None:
+        """One buffer, unless MOST or more are out through `spare` already (then None, at once: the caller does
+        without). Given back with `give_back`."""
+        with self._cv:
+            if self._spared >= most:
+                return None
+            self._lent += 1
+            self._spared += 1
+            if self._free:
+                return self._free.pop()
+        return memoryview(mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
+
+    def await_spare(self, most: int, seconds: float) -> None:
+        """Return once fewer than MOST are out through `spare`, or after SECONDS."""
+        with self._cv:
+            if self._spared >= most:
+                self._cv.wait(seconds)
+
+    def give_back(self, view: memoryview) -> None:
+        """A buffer from `spare`, for the next borrower: one waiting thread is woken (not every one: a herd of
+        connections waking for each block freed cost more CPU than the window saved)."""
+        with self._cv:
+            self._free.append(view)
+            self._lent -= 1
+            self._spared -= 1
+            if self.limit is None:
+                self._cv.notify()
+            else:
+                self._cv.notify_all()
 
     @contextmanager
     def lend(self, count: int = 1) -> Iterator[list[memoryview]]:
@@ -477,7 +518,8 @@ class Buffers:
                 self._cv.notify_all()
 
 
-_RECEIVE = Buffers(BUFFER + ALIGN)  # a connection's receive buffer (one per connection in use: Connections bounds them)
+_RECEIVE = Buffers(BUFFER + ALIGN)  # a connection's receive buffer (one per connection in use: Connections bounds them),
+# and the window's blocks (bytes landed ahead of a hashing frontier, kept for it: OrderedHasher), at most WINDOW
 _HASHING = Buffers(HASH_READ + ALIGN, limit=2 * HASHING_AT_ONCE)  # the read-back buffers of the frontier hashers
 
 
@@ -563,11 +605,17 @@ class Disk:
 class OrderedHasher:
     """Feeds a StreamHasher every byte of a file in order while ranges land in any order.
 
-    ``written(offset, pieces, length)`` is called after PIECES are on disk at OFFSET, while the caller still holds
-    them in its buffer. If they land exactly at the frontier and nobody is hashing, they are hashed from that
-    buffer; otherwise a helper thread reads them back (page cache) once the contiguous prefix reaches them.
-    Behind the frontier, pages are handed to writeback and dropped from the page cache (``WRITEBACK``), so the
-    fsync before a file is named waits for little and a 252 GB fetch does not push the host's cache out."""
+    ``written(offset, pieces, length)`` is called once PIECES are on disk at OFFSET, while the caller still holds
+    them in its buffer; it records them in the range map. Bytes that land exactly at the frontier while nobody is
+    hashing are hashed from that buffer. Bytes that land ahead of it (or while the hashing thread is busy) are copied
+    into a block of the window, the bytes landed and not hashed yet that are kept in memory (at most WINDOW_SPAN from
+    the frontier; blocks from the receive buffers' pool, at most WINDOW in all), and the hashing thread hashes
+    them from there once the contiguous prefix reaches them: on a disk slower than the link, nothing is read back.
+    Where no block is to be had, a block of this file further from the frontier is given up for the nearer bytes
+    (its bytes are on disk already); what the window does not hold is read back (direct) when the prefix reaches
+    it, and counted (``read_back``). Behind the frontier, pages are handed to writeback and dropped from the page
+    cache (``WRITEBACK``), once hashed and written: the fsync before a file is named waits for little and a 252 GB
+    fetch does not push the host's cache out."""
 
     def __init__(self, disk: Disk, rmap: RangeMap, hasher: StreamHasher, lock: threading.Condition, start: int = 0):
         self._disk, self._fd, self._rmap, self._hasher = disk, disk.fd, rmap, hasher
@@ -577,6 +625,9 @@ class OrderedHasher:
         self._busy = False
         self._closed = False
         self._error: BaseException | None = None
+        self._held: dict[int, tuple[int, memoryview, memoryview]] = {}  # the window: start -> (end, bytes, block)
+        self.read_back = 0  # bytes hashed from a read of the disk (the window had no room for them)
+        self.from_window = 0  # bytes hashed from the window
         self._side = SideThread()  # every hash of a piece there, while this file's hashing thread reads the next
         # piece back; one thread for both hashes, so sha256 reads each slice from the cache blake3 just brought it
         # into (hashing.CACHE_SLICE: 0.15 CPU-s of a 1 GiB fetch against blake3 and sha256 on two threads)
@@ -584,20 +635,68 @@ class OrderedHasher:
         self._thread.start()
 
     def written(self, offset: int, pieces: list[memoryview], length: int) -> None:
-        """PIECES (LENGTH bytes in all) are on disk at OFFSET."""
+        """PIECES (LENGTH bytes in all) are on disk at OFFSET: to the range map, then hashed or held."""
+        end = offset + length
+        block = None
+        # (unlocked reads: a hint only; what is decided is decided again under the lock)
+        if not (offset == self.hashed and not self._busy) and length <= _RECEIVE.size:
+            block = self._block(offset, end)
+            if block is not None:
+                at = 0
+                for piece in pieces:
+                    block[at:at + len(piece)] = piece
+                    at += len(piece)
         with self._cv:
-            fast = offset == self.hashed and not self._busy
+            self._rmap.add(offset, end)
+            fast = offset == self.hashed and not self._busy and not self._closed
             if fast:
                 self._busy = True
             else:
+                if block is not None and not self._closed:
+                    self._held[offset] = (end, block[:length], block)
+                    block = None
                 if self._rmap.prefix() > self.hashed:  # else the hashing thread has nothing new to do: not woken
                     self._cv.notify_all()
-                return
+        if block is not None:
+            _RECEIVE.give_back(block)
+        if not fast:
+            return
         try:  # (in a receiving thread: the other connections keep the cores busy, no hand-off to the side thread)
             for piece in pieces:
                 self._hasher.update(piece)
         finally:
-            self._advance(offset + length)
+            self._advance(end)
+
+    def _block(self, offset: int, end: int) -> memoryview | None:
+        """A block of the window for bytes [OFFSET, END), or None: they will be read back from the disk.
+
+        Bytes within WINDOW_SPAN of the frontier get a spare buffer of the pool, else this file's block furthest
+        from the frontier when it lies beyond them (its bytes will be read back instead). While the hashing thread
+        is behind (busy on bytes already here: hashing, not the network, is what the file waits for), a connection
+        whose bytes find no block, or lie beyond the span, waits for the frontier to come closer and a block to be
+        freed, at most WINDOW_WAIT: it stops reading its socket meanwhile, which costs the file nothing, and its
+        bytes are not read back. Past the wait, or while the hasher waits for the network, it does not wait."""
+        deadline = None
+        while True:
+            near = end - self.hashed <= WINDOW_SPAN
+            if near:
+                block = _RECEIVE.spare(WINDOW)
+                if block is not None:
+                    return block
+            with self._cv:
+                if near:
+                    far = max(self._held, default=-1)
+                    if far > offset:
+                        return self._held.pop(far)[2]
+                behind = self._busy and not self._closed and self._rmap.prefix() - self.hashed >= BUFFER
+            now = time.monotonic()
+            deadline = deadline or now + WINDOW_WAIT
+            if not behind or now >= deadline or interrupt.requested():
+                return None
+            if near:  # woken by a block freed (one thread per block), or to look again at the frontier
+                _RECEIVE.await_spare(WINDOW, min(deadline - now, WINDOW_POLL))
+            else:
+                interrupt.STOP.wait(min(deadline - now, WINDOW_POLL))
 
     def _advance(self, end: int, keep: bool = False) -> None:
         """Bytes up to END are hashed; KEEP: the caller goes on hashing (it holds the next bytes already)."""
@@ -620,13 +719,14 @@ class OrderedHasher:
         self._dropped, self._kicked = self._kicked, end
 
     def _catch_up(self) -> None:
-        """Hash what landed ahead of the frontier once the contiguous prefix reaches it: read back (direct where
-        it can, Disk.read) in HASH_READ pieces, each next piece read while the last one is hashed. The two
-        buffers are borrowed only while there is something to read (HASHING_AT_ONCE files at most)."""
+        """Hash what landed ahead of the frontier once the contiguous prefix reaches it: from the window where it
+        holds the bytes, else read back (direct where it can, Disk.read) in HASH_READ pieces, each next piece read
+        while the last one is hashed. The two read-back buffers are borrowed only while there is something to read
+        back (HASHING_AT_ONCE files at most)."""
         try:
             while self._await_work():
-                with _HASHING.lend(2) as bufs:
-                    self._hash_behind(bufs)
+                with ExitStack() as lent:
+                    self._hash_behind(lent)
         except BaseException as e:  # reported by finish()
             with self._cv:
                 self._error, self._busy, self._closed = e, False, True
@@ -640,25 +740,57 @@ class OrderedHasher:
             self._busy = not self._closed
             return self._busy
 
-    def _hash_behind(self, bufs: list[memoryview]) -> None:
+    def _hash_behind(self, lent: ExitStack) -> None:
         """Hash from the frontier while the prefix is ahead of it; returns having given the frontier back."""
+        bufs: list[memoryview] = []
+
+        def buffer(which: int) -> memoryview:
+            if not bufs:
+                bufs.extend(lent.enter_context(_HASHING.lend(2)))
+            return bufs[which]
+
         with self._cv:
-            start, end = self.hashed, min(self._rmap.prefix(), self.hashed + HASH_READ)
-        chunk, which = self._read(bufs[0], start, end), 0
-        while True:
-            ahead = None
-            self._side.begin(self._hasher.update, chunk)
-            try:
-                with self._cv:
-                    stop = min(self._rmap.prefix(), end + HASH_READ) if not self._closed else end
-                if stop > end:
-                    ahead = (end, stop, self._read(bufs[1 - which], end, stop))
-            finally:
-                self._side.end()
-            self._advance(end, keep=ahead is not None)
-            if ahead is None:
-                return
-            (start, end, chunk), which = ahead, 1 - which
+            start, stop = self.hashed, self._rmap.prefix()
+        which, ahead = 0, None
+        end, chunk, block = self._next(start, stop, buffer, which)
+        try:
+            while True:
+                ahead = None
+                self._side.begin(self._hasher.update, chunk)
+                try:
+                    with self._cv:
+                        stop = self._rmap.prefix() if not self._closed else end
+                    if stop > end:
+                        which = 1 - which  # (the chunk being hashed is in the other buffer, or in the window)
+                        ahead = self._next(end, stop, buffer, which)
+                finally:
+                    self._side.end()
+                if block is not None:
+                    block, done = None, block
+                    _RECEIVE.give_back(done)
+                self._advance(end, keep=ahead is not None)
+                if ahead is None:
+                    return
+                end, chunk, block = ahead
+        finally:  # (a failure: the window's blocks in hand go back to the pool all the same)
+            for spare in (block, ahead[2] if ahead is not None and ahead[2] is not block else None):
+                if spare is not None:
+                    _RECEIVE.give_back(spare)
+
+    def _next(self, start: int, stop: int, buffer: Callable[[int], memoryview], which: int
+              ) -> tuple[int, memoryview, memoryview | None]:
+        """The bytes from START (at most to STOP, the prefix): (their end, the bytes, the window's block holding
+        them or None)."""
+        with self._cv:
+            held = self._held.pop(start, None)
+            if held is None:
+                stop = min([stop, *(s for s in self._held if s > start)])  # read back only up to the window's next
+        if held is not None:
+            self.from_window += held[0] - start
+            return held
+        end = min(stop, start + HASH_READ)
+        self.read_back += end - start
+        return end, self._read(buffer(which), start, end), None
 
     def _read(self, buf: memoryview, start: int, end: int) -> memoryview:
         """Bytes [START, END) of the file, read into BUF from the ALIGN boundary below START."""
@@ -676,8 +808,7 @@ class OrderedHasher:
                 self._cv.wait()
             self._closed = True
             self._cv.notify_all()
-        self._thread.join()
-        self._side.close()
+        self._stop()
         if self._error is not None:
             raise RemoteError(f"cannot read back the partial file for hashing: {self._error}")
         if self.hashed < size:
@@ -688,8 +819,16 @@ class OrderedHasher:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+        self._stop()
+
+    def _stop(self) -> None:
+        """The hashing threads ended; the window's blocks back to the pool."""
         self._thread.join()
         self._side.close()
+        with self._cv:
+            held, self._held = list(self._held.values()), {}
+        for _, _, block in held:
+            _RECEIVE.give_back(block)
 
 
 # --- one file --------------------------------------------------------------------------------------
@@ -711,6 +850,7 @@ class RangedResult:
     resumed_from: int  # bytes already on disk from an earlier run
     ranges: int  # range requests that delivered bytes
     connections: int  # most connections this file used at once
+    read_back: int = 0  # bytes hashed from a read of the disk: landed ahead of the frontier, the window full
 
 
 class _Range:
@@ -827,9 +967,7 @@ class _File:
         for s, e in gaps:
             part = pieces if (s, e) == (offset, end) else _slice(pieces, s - offset, e - offset)
             self.disk.write(part, s, e - s)
-            with self.lock:
-                self.rmap.add(s, e)
-            self.hasher.written(s, part, e - s)
+            self.hasher.written(s, part, e - s)  # (which records it in the range map)
             self.progress.advance(e - s)
             self.connections.landed(e - s)
         with self.lock:
@@ -892,13 +1030,14 @@ def download(job: RangedJob, source: RangeSource, connections: Connections, stat
         if f.error is not None:
             f.hasher.close()
             raise f.error
-        digests = f.hasher.finish(job.size)
-        os.fsync(disk.fd)
+        digests = f.hasher.finish(job.size)  # (no fsync here: the caller names the file through fsutil.publish,
+        # which fsyncs it once, at the end)
     finally:
         if f is not None:
             f.save(force=True)
         disk.close()
-    return RangedResult(digests, f.transferred, resumed, len(f.ranges_landed), f.peak)
+    stats.hashed(f.hasher.from_window, f.hasher.read_back)
+    return RangedResult(digests, f.transferred, resumed, len(f.ranges_landed), f.peak, f.hasher.read_back)
 
 
 def _work(f: _File) -> None:

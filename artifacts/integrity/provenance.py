@@ -11,7 +11,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..edges.untrusted import At, read_json_file
+from ..edges.untrusted import At
+from ..edges.fsutil import read_json_file
 from ..errors import BadInput
 from ..paths import IMPORT_RECORD, UNBUNDLE_STATE
 

@@ -28,7 +28,7 @@ from typing import Callable, Iterable, TypeVar
 
 import blake3
 
-from ..errors import BadInput, Busy, QuickVerifyFailed
+from ..errors import BadInput, BadValue, Busy, QuickVerifyFailed
 from ..paths import MM_DIR, Snapshot, manifest_path, snapshot_of, state_dir
 from ..edges.fsutil import check_relpath, is_model_file, lock_holder, read_local_file, read_lock
 from .hashing import SLICE, ChangedDuringRead, blake3_file, upstream_digest
@@ -109,6 +109,37 @@ class Expected:
     digest: str
 
 
+@dataclass(frozen=True)
+class VerifyOptions:
+    """What `mm verify` is asked, its rules checked once, by from_cli: against MANIFEST_FILE (default: the model's
+    own) with verify_dir, or with UPSTREAM against the Hub's listing of REPO at REVISION (default: the manifest's;
+    fetching.hub.verify_upstream). QUICK: no hashing; STRICT: extra files fail; JOBS: threads; LABEL_NODE: the
+    node a passing full verify of the model's own manifest labels."""
+
+    quick: bool = False
+    strict: bool = False
+    jobs: int | None = None
+    manifest_file: Path | None = None
+    upstream: bool = False
+    repo: str | None = None
+    revision: str | None = None
+    label_node: str | None = None
+
+    @classmethod
+    def from_cli(cls, *, allowed_signers: Path | None = None, **options) -> VerifyOptions:
+        """The options as `mm verify` was given them, or BadValue naming the rule they break. ALLOWED_SIGNERS
+        (checked against the manifest) takes part in one rule."""
+        given = cls(**options)
+        if given.label_node and (given.quick or given.upstream or given.manifest_file):
+            raise BadValue("--label-node needs a full verify of DIR against its own manifest "
+                           "(no --quick, --upstream or --manifest)")
+        if given.upstream and allowed_signers:
+            raise BadValue("--allowed-signers checks the manifest; --upstream does not use it")
+        if not given.upstream and (given.repo or given.revision):
+            raise BadValue("--repo and --revision only apply with --upstream")
+        return given
+
+
 # --- entry points ------------------------------------------------------------------------------
 
 def verify_dir(model_dir: Path, manifest: Manifest | None = None, *, quick: bool = False, jobs: int | None = None,
@@ -125,7 +156,7 @@ def verify_dir(model_dir: Path, manifest: Manifest | None = None, *, quick: bool
     Raises BadInput when it cannot run (no manifest, unreadable directory); damage is returned as problems.
     """
     model_dir = Path(model_dir)
-    _check_readable_dir(model_dir)
+    check_readable_dir(model_dir)
     manifest_file = Path(manifest_file) if manifest_file else manifest_path(model_dir)
     with read_lock(model_dir, "verify", "verify when it has finished"):
         if manifest is None:
@@ -163,20 +194,14 @@ def require_quick_verify(model_dir: Path, manifest: Manifest | None = None, *, b
                                 f"here (e.g. {unproven[0].path}); run `mm repair {model_dir}` before {before}")
 
 
-def verify_upstream(model_dir: Path, repo_id: str, revision: str, *, quick: bool = False, jobs: int | None = None,
-                    endpoint: str | None = None, token: str | None = None,
-                    progress: ProgressSink = NULL_PROGRESS, strict: bool = False) -> VerifyReport:
-    """Check MODEL_DIR against the Hub's own identities (LFS sha256, git blob sha1) for REVISION; no manifest needed."""
-    from ..fetching.hub import list_remote_files, resolve_revision  # the Hub client loads only when asked for
-
+def verify_listing(model_dir: Path, expected: list[Expected], source: str, listing: str, *, quick: bool = False,
+                   jobs: int | None = None, progress: ProgressSink = NULL_PROGRESS, strict: bool = False) -> VerifyReport:
+    """Check MODEL_DIR against EXPECTED, a listing that is no manifest (the Hub's: fetching.hub.verify_upstream);
+    SOURCE names where it came from, LISTING what it is, in the report."""
     model_dir = Path(model_dir)
-    _check_readable_dir(model_dir)
-    resolved = resolve_revision(repo_id, revision, endpoint=endpoint, token=token)
-    remote = list_remote_files(repo_id, resolved.commit, endpoint=endpoint, token=token)
-    expected = [Expected(f.path, f.size, f.upstream.kind, f.upstream.value) for f in remote]
+    check_readable_dir(model_dir)
     with read_lock(model_dir, "verify", "verify when it has finished"):
-        report = _verify(model_dir, expected, f"hub:{repo_id}@{resolved.commit}", quick=quick, jobs=jobs,
-                         progress=progress, listing="the Hub's file list")
+        report = _verify(model_dir, expected, source, quick=quick, jobs=jobs, progress=progress, listing=listing)
     return replace(report, strict=strict)
 
 
@@ -236,7 +261,7 @@ def _verify(model_dir: Path, expected: list[Expected], source: str, *, quick: bo
     )
 
 
-def _check_readable_dir(model_dir: Path) -> None:
+def check_readable_dir(model_dir: Path) -> None:
     if not model_dir.is_dir():
         raise BadInput(f"{model_dir}: not a directory (nothing to verify)")
     try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.client
-import ipaddress
 import os
 import re
 import ssl
@@ -20,14 +19,16 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TextIO
 from urllib.parse import urlencode, urlsplit
 
 import httpx2
 
 from ..edges import interrupt, wire
-from ..errors import BadInput, IntegrityError, RemoteError
-from ..edges.untrusted import load_json, read_json_file
+from ..errors import BadInput, BadValue, IntegrityError, RemoteError, RetryLater
+from .reference import DIGEST, Reference, is_loopback, parse_endpoint
+from ..edges.untrusted import load_json, shown
+from ..edges.fsutil import read_json_file
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -38,102 +39,19 @@ MAX_TOKEN_ANSWER = 1024 * 1024  # a token service's answer (JWTs run to a few Ki
 TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750 b64token
 MAX_MANIFEST = 4 * 1024 * 1024  # what distribution accepts for a manifest; a larger answer is not a manifest
 SENDFILE_SLICE = 8 * 1024 * 1024  # progress is reported after each slice
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-REPOSITORY = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
-TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-HOST = re.compile(r"^(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(?::[0-9]{1,5})?$")
 
 
-# --- references ----------------------------------------------------------------------------------
+# --- mirrors and tiers ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Reference:
-    """host[:port]/repository[:tag][@sha256:...]; the host is always explicit (no Docker Hub default)."""
-
-    registry: str
-    repository: str
-    tag: str | None = None
-    digest: str | None = None
-
-    def __str__(self) -> str:
-        text = f"{self.registry}/{self.repository}"
-        if self.tag:
-            text += f":{self.tag}"
-        if self.digest:
-            text += f"@{self.digest}"
-        return text
-
-    @property
-    def name(self) -> str:
-        return f"{self.registry}/{self.repository}"
-
-    def at(self, digest: str) -> "Reference":
-        return Reference(self.registry, self.repository, None, digest)
-
-    @property
-    def lookup(self) -> str:
-        """What the manifest endpoint takes: the digest when there is one, else the tag."""
-        return self.digest or self.tag or ""
-
-
-def parse_reference(text: str) -> Reference:
-    text = text.strip()
-    where = f"{text or repr(text)}"
-    if "/" not in text or "://" in text:
-        raise BadInput(f"{wire.shown(where)}: not a registry reference (expected host[:port]/repository[:tag|@sha256:...])")
-    host, rest = text.split("/", 1)
-    if "@" in host:  # user:password@host: the credentials are never echoed, and never taken from here
-        raise BadInput(f"***@{wire.shown(host.rsplit('@', 1)[1], 80)}/...: a registry reference holds no credentials; "
-                       f"give --username with --password-stdin, or an entry in ~/.docker/config.json / REGISTRY_AUTH_FILE")
-    if not HOST.match(host):
-        raise BadInput(f"{where}: {host!r} is not a registry host[:port]")
-    digest = None
-    if "@" in rest:
-        rest, digest = rest.split("@", 1)
-        if not DIGEST.match(digest):
-            raise BadInput(f"{where}: digest must be sha256:<64 hex>")
-    tag = None
-    last = rest.rsplit("/", 1)[-1]
-    if ":" in last:
-        rest, tag = rest.rsplit(":", 1)
-        if not TAG.match(tag):
-            raise BadInput(f"{where}: {tag!r} is not a valid tag")
-    if not REPOSITORY.match(rest):
-        raise BadInput(f"{where}: {rest!r} is not a valid repository name (lowercase, digits, '.', '_', '-', '/')")
-    return Reference(host, rest, tag, digest)
-
-
-def parse_host(text: str, what: str, transport: "Transport") -> tuple[str, "Transport"]:
-    """A mirror or tier as the user names it: HOST[:PORT], or http(s)://HOST[:PORT] (http: plain HTTP to that host
-    whatever TRANSPORT says; https: TLS even on loopback). Returns the host and the transport for it."""
-    raw = text.strip().rstrip("/")
-    scheme = None
-    if "://" in raw:
-        scheme, _, raw = raw.partition("://")
-        scheme = scheme.lower()
-        if scheme not in ("http", "https"):
-            raise BadInput(f"{what} {wire.shown(text, 80)!r}: not HOST[:PORT] or an http(s):// URL")
-    if "@" in raw:
-        raise BadInput(f"{what} ***@{wire.shown(raw.rsplit('@', 1)[1], 80)}: holds credentials; give them in "
-                       f"~/.docker/config.json / REGISTRY_AUTH_FILE instead")
-    if not HOST.match(raw):
-        raise BadInput(f"{what} {wire.shown(text, 80)!r}: not HOST[:PORT] or an http(s):// URL without a path")
-    if scheme == "http":
-        return raw, Transport(plain_http=True, timeout=transport.timeout)
-    if scheme == "https" and not transport.ca_file and is_loopback(raw):
-        raise BadInput(f"{what} {wire.shown(text, 80)!r}: HTTPS on loopback needs --ca-file")
-    return raw, transport
-
-
-def is_loopback(registry: str) -> bool:
-    host = urlsplit(f"//{registry}").hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+def mirror_transport(text: str, what: str, transport: "Transport") -> tuple[str, "Transport"]:
+    """A mirror or tier (parse_endpoint) and the transport for it: http: plain HTTP to that host whatever
+    TRANSPORT says; https: TLS even on loopback, which needs --ca-file."""
+    endpoint = parse_endpoint(text, what)
+    if endpoint.scheme == "http":
+        return endpoint.host, Transport(plain_http=True, timeout=transport.timeout)
+    if endpoint.scheme == "https" and not transport.ca_file and is_loopback(endpoint.host):
+        raise BadValue(f"{what} {shown(text, 80)!r}: HTTPS on loopback needs --ca-file")
+    return endpoint.host, transport
 
 
 # --- credentials -----------------------------------------------------------------------------------
@@ -147,6 +65,21 @@ class Credentials:
     def basic(self) -> str:
         return "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
 
+    @classmethod
+    def from_cli(cls, username: str | None, password_stdin: bool, stdin: TextIO) -> Credentials | None:
+        """--username with --password-stdin, checked once: the password (or a token) is the first line of STDIN,
+        never an argument. None when neither is given (load_credentials: the auth file, else anonymous)."""
+        if not password_stdin:
+            if username:
+                raise BadValue("--username and --password-stdin go together")
+            return None
+        if not username:
+            raise BadValue("--password-stdin needs --username")
+        password = stdin.readline().rstrip("\r\n")
+        if not password:
+            raise BadValue("--password-stdin: nothing on standard input")
+        return cls(username, password, "--username/--password-stdin")
+
 
 def auth_files() -> list[Path]:
     """REGISTRY_AUTH_FILE when set (containers' auth.json), else $DOCKER_CONFIG/config.json or ~/.docker/config.json."""
@@ -156,12 +89,10 @@ def auth_files() -> list[Path]:
     return [docker_dir / "config.json"]
 
 
-def load_credentials(registry: str, username: str | None = None, password: str | None = None) -> Credentials | None:
-    """--username with --password-stdin, else the registry's entry in the auth file, else None (anonymous)."""
-    if username is not None or password is not None:
-        if not username or password is None:
-            raise BadInput("--username and --password-stdin go together")
-        return Credentials(username, password, "--username/--password-stdin")
+def load_credentials(registry: str, given: Credentials | None = None) -> Credentials | None:
+    """GIVEN (Credentials.from_cli), else the registry's entry in the auth file, else None (anonymous)."""
+    if given is not None:
+        return given
     for path in auth_files():
         if not path.exists():
             continue
@@ -292,7 +223,7 @@ class Client:
             self._auth_header = self.credentials.basic()
             return
         if scheme != "bearer" or "realm" not in params:
-            raise RemoteError(f"{self._where()}: unsupported authentication scheme {wire.shown(scheme, 40)!r}")
+            raise RemoteError(f"{self._where()}: unsupported authentication scheme {shown(scheme, 40)!r}")
         realm = wire.check_url(params["realm"], f"{self._where()}: the WWW-Authenticate challenge",
                                "names as its token service")
         query = [("service", params["service"])] if params.get("service") else []
@@ -434,8 +365,6 @@ class Client:
         httpx hands out 64 KiB pieces and copies each. Follows a redirect to blob storage (S3 and the like), checked
         to be an http(s) URL, without the registry's Authorization. Yields a 200 or 206 answer; the caller proves
         its offsets (ranges.prove). 429, 408 and 5xx raise RetryLater; other refusals RemoteError."""
-        from ..fetching.ranges import RetryLater
-
         self.ping()
         url = self.url(f"/v2/{self.ref.repository}/blobs/{digest}")
         base = urlsplit(url).netloc
@@ -496,8 +425,6 @@ class Client:
     def read_blob(self, digest: str, limit: int) -> bytes:
         """A small blob (config, mm manifest) in memory, refused above LIMIT bytes or past the deadline, checked
         against DIGEST."""
-        from ..fetching.ranges import RetryLater
-
         try:
             with self.open_blob(digest) as raw:
                 if raw.status != 200:

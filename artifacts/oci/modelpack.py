@@ -20,10 +20,11 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import BadInput, IntegrityError
 from ..paths import MANIFEST_NAME, MM_DIR
-from ..edges.fsutil import check_model_path
+from ..edges.fsutil import check_model_path, read_json_file
 from ..integrity.manifest import Manifest, from_json
-from ..edges.untrusted import load_json, read_json_file
-from .client import DIGEST, OCI_MANIFEST
+from ..edges.untrusted import load_json
+from .client import OCI_MANIFEST
+from .reference import DIGEST
 
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
 CONFIG = "application/vnd.cncf.model.config.v1+json"

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..edges import interrupt, wire
-from ..errors import IntegrityError, MMError, RemoteError
+from ..errors import IntegrityError, MMError, RemoteError, RetryLater
+from ..edges.untrusted import shown
 from ..edges.progress import NULL_PROGRESS, ProgressSink, working_on
-from ..fetching.ranges import RetryLater
-from .client import Client, Credentials, Reference, Transport, parse_reference
+from .client import Client, Credentials, Transport
+from .reference import Reference, parse_reference
 from . import modelpack
 from .pull import _require_tag_or_digest
 
@@ -133,7 +134,7 @@ def warm_blob(tier: Client, digest: str, size: int, advance: Callable[[int], Non
                 expected = f"bytes 0-0/{size}"
                 said = (raw.header("Content-Range") or "").strip()
                 if said != expected:
-                    raise RemoteError(f"{where}: answered 206 with Content-Range {wire.shown(said, 60)!r}, not "
+                    raise RemoteError(f"{where}: answered 206 with Content-Range {shown(said, 60)!r}, not "
                                       f"{expected!r}")
                 raw.read_capped(1, "a one-byte range")
                 advance(size)

@@ -27,11 +27,11 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from ..fetching.download import (JOURNAL, PARTIAL_DIR, Journal, Partial, RemoteFile, fetch_into, known_entries,
                                  partial_path, prepare_dir)
-from ..errors import BadInput, IntegrityError, MMError, RemoteError
+from ..errors import BadInput, BadValue, IntegrityError, MMError, RemoteError
 from ..edges.fsutil import check_targets, dir_lock, publish, require_free_space, still_to_write, unlink_file
 from ..paths import manifest_path, state_root
 from ..edges import interrupt
@@ -41,7 +41,8 @@ from ..fetching.ranges import (DEFAULT_CONNECTIONS, Answer, Connections, RetryLa
                                http_answer, state_path)
 from ..edges.untrusted import load_json
 from . import modelpack
-from .client import Client, Credentials, Reference, Transport, parse_reference
+from .client import Client, Credentials, Transport, mirror_transport
+from .reference import Reference, parse_reference
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class PullReport:
     draft_subfolder: str | None = None  # the pin's draft subfolder; None: the model's pin names no draft (or no pin)
     signature: dict | None = None  # the checked signature (identity, key type, fingerprint), with --allowed-signers
     skipped: tuple["Skipped", ...] = ()  # sources passed over (down, refusing, or serving bytes whose digest failed)
+    transfer: dict | None = None  # requests, retries, bytes hashed from memory and read back (ranges.TransferStats)
 
     @property
     def failed(self) -> list[PulledFile]:
@@ -103,6 +105,29 @@ class Skipped:
     reason: str
 
 
+@dataclass(frozen=True)
+class PullOptions:
+    """How `mm pull` pulls, its rules checked once, by from_cli (pull takes it as it is): MIRRORS (host, transport)
+    asked first, in order; NO_FALLBACK: never the reference's own registry; WORKERS: blobs at once;
+    ALLOWED_SIGNERS: the manifest's signature is checked before anything is written (IntegrityError when it is not
+    good; with REQUIRE_SIGNATURE when there is none either), by IDENTITY when given."""
+
+    mirrors: tuple[tuple[str, Transport], ...] = ()
+    no_fallback: bool = False
+    workers: int = 4
+    allowed_signers: Path | None = None
+    identity: str | None = None
+    require_signature: bool = False
+
+    @classmethod
+    def from_cli(cls, *, mirrors: Sequence[str], no_fallback: bool, transport: Transport, **options) -> PullOptions:
+        """The options as `mm pull` was given them: each --mirror read (reference.parse_endpoint) with the
+        transport it gets; BadValue when --no-fallback leaves no place to ask."""
+        if no_fallback and not mirrors:
+            raise BadValue("--no-fallback needs at least one --mirror")
+        return cls(tuple(mirror_transport(m, "--mirror", transport) for m in mirrors), no_fallback, **options)
+
+
 class Places:
     """Where an artifact is asked for, in order: each of MIRRORS with the reference's repository path, then the
     reference's own registry unless NO_FALLBACK. Offers the two calls `resolve` makes (get_manifest, read_blob),
@@ -115,17 +140,15 @@ class Places:
         self.ref = ref
         self.places: list[tuple[str, Client]] = []
         try:
-            for host, mirror_transport in mirrors:
+            for host, via in mirrors:
                 # a mirror never gets the reference registry's credentials: only its own auth-file entry
                 self.places.append((f"mirror {host}", Client(Reference(host, ref.repository), load_credentials(host),
-                                                             mirror_transport)))
+                                                             via)))
             if not no_fallback:
                 self.places.append((f"registry {ref.registry}", Client(ref, credentials, transport)))
         except BaseException:
             self.close()
             raise
-        if not self.places:
-            raise BadInput("--no-fallback needs at least one --mirror")
         self.skipped: list[Skipped] = []
         self._lock = threading.Lock()
 
@@ -216,27 +239,23 @@ def inspect(reference: str, credentials: Credentials | None = None, transport: T
 
 
 def pull(reference: str, local_dir: Path, credentials: Credentials | None = None, transport: Transport = Transport(),
-         workers: int = 4, progress: ProgressSink = NULL_PROGRESS, draft_subfolder: str | None = None,
-         allowed_signers: Path | None = None, identity: str | None = None,
-         require_signature: bool = False, mirrors: tuple[tuple[str, Transport], ...] = (),
-         no_fallback: bool = False) -> PullReport:
-    """DRAFT_SUBFOLDER: where the draft model lives; default the pin's (none for a model that never had one).
-    ALLOWED_SIGNERS: check the artifact's manifest signature before anything is written (IntegrityError when
-    it is not good; with REQUIRE_SIGNATURE when there is none either). MIRRORS: (host, transport) asked first,
-    in order; NO_FALLBACK: never the reference's own registry (Places)."""
+         options: PullOptions = PullOptions(), progress: ProgressSink = NULL_PROGRESS,
+         draft_subfolder: str | None = None) -> PullReport:
+    """Pull REFERENCE into LOCAL_DIR as OPTIONS say (PullOptions). DRAFT_SUBFOLDER: where the draft model lives;
+    default the pin's (none for a model that never had one)."""
     from ..integrity.verify import verify_dir
 
     started = time.monotonic()
     local_dir = Path(local_dir)
     ref = parse_reference(reference)
     _require_tag_or_digest(ref, reference)
-    with Places(ref, credentials, transport, mirrors, no_fallback) as places:
+    with Places(ref, credentials, transport, options.mirrors, options.no_fallback) as places:
         r = resolve(places, ref)
         if r.manifest is None:
             raise BadInput(f"{ref.at(r.digest)}: no mm manifest layer ({modelpack.MM_MANIFEST}); mm pulls what mm "
                            f"pushed, so that every file has its blake3 and the Hub's identity")
         source = f"oci:{ref.at(r.digest)}"
-        checked = _check_signature(r, allowed_signers, identity, require_signature)
+        checked = _check_signature(r, options.allowed_signers, options.identity, options.require_signature)
         prepare_dir(local_dir, "mm pull")
         with dir_lock(local_dir, "mm pull"):
             interrupt.keeps(local_dir)  # an interrupt names the partial files kept here
@@ -258,7 +277,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
             blobs = [BlobSource(client, digests, label, failover=i < len(places.places) - 1)
                      for i, (label, client) in enumerate(places.places)]
             budget = Connections(DEFAULT_CONNECTIONS)
-            stats = TransferStats(retry_budget=max(64, 16 * workers))
+            stats = TransferStats(retry_budget=max(64, 16 * options.workers))
 
             def one(group: list[FileEntry]) -> list[tuple[PulledFile, FileEntry | None]]:
                 with working_on(progress, group[0].path):
@@ -266,7 +285,7 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
                                        stats) for entry in group]
 
             try:
-                with interrupt.worker_pool(workers) as pool:  # an interrupt starts no queued blob
+                with interrupt.worker_pool(options.workers) as pool:  # an interrupt starts no queued blob
                     results = [r for rs in pool.map(one, sorted(groups.values(), key=lambda g: -g[0].size)) for r in rs]
             finally:
                 progress.end()
@@ -293,7 +312,8 @@ def pull(reference: str, local_dir: Path, credentials: Credentials | None = None
         verify_problems=problems,
         draft_present=bool(draft_subfolder) and any(f.path.startswith(draft) and f.path.endswith(".safetensors")
                                                      for f in r.manifest.files),
-        draft_subfolder=draft if draft_subfolder else None, signature=checked, skipped=tuple(places.skipped))
+        draft_subfolder=draft if draft_subfolder else None, signature=checked, skipped=tuple(places.skipped),
+        transfer=stats.report())
 
 
 

@@ -18,13 +18,14 @@ from pathlib import Path
 from ..edges import interrupt
 from ..errors import BadInput, Refused, RemoteError
 from ..paths import MM_DIR, manifest_path, state_root
-from ..edges.fsutil import atomic_write_text, check_inside, read_local_file, read_lock, remove_tree, unlink_file
+from ..edges.fsutil import (atomic_write_text, check_inside, read_json_file, read_local_file, read_lock, remove_tree,
+                            unlink_file)
 from ..integrity.manifest import read_manifest, to_json
 from ..edges.progress import NULL_PROGRESS, ProgressSink, working_on
 from ..units import human_bytes
-from ..edges.untrusted import read_json_file
 from . import modelpack
-from .client import OCI_MANIFEST, Client, Credentials, Transport, parse_reference
+from .client import OCI_MANIFEST, Client, Credentials, Transport
+from .reference import parse_reference
 
 DEFAULT_CHUNK = 64 * 1024 * 1024
 STATE_DIR = f"{MM_DIR}/oci-push"

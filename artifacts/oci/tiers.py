@@ -20,9 +20,9 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from ..errors import BadInput, BadValue
+from .reference import Endpoint, parse_endpoint
 from ..edges.fsutil import atomic_write_text, user_path
 
 # Debian docker-registry's /etc/docker/registry/config.yml: storage.filesystem.rootdirectory
@@ -33,42 +33,6 @@ DEFAULT_TTL = "168h"
 CERTS_D = "/etc/containerd/certs.d"
 DOCKER_HUB_SERVER = "https://registry-1.docker.io"  # containerd docs/hosts.md, the docker.io example's server
 GO_DURATION = re.compile(r"^(?:0|(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h))+)$")  # time.ParseDuration's form
-HOSTNAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$")
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    scheme: str  # http | https
-    host: str  # host[:port], as a reference names it
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"{self.scheme}://{self.host}"
-
-    @property
-    def hostname(self) -> str:
-        return urlsplit(self.url).hostname or ""
-
-
-def parse_url(text: str, what: str) -> Endpoint:
-    """http(s)://host[:port] and nothing else: a mirror is the root of a host (distribution's mirror recipe: "no path
-    components other than an optional trailing slash"), and a URL never carries credentials."""
-    parts = urlsplit(text.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise BadValue(f"{what} {text!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
-    if "@" in parts.netloc:
-        raise BadValue(f"{what}: a URL holds no credentials (the tiers' own auth goes in their configs by hand)")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise BadValue(f"{what} {text!r}: a registry is the root of its host: no path, query or fragment")
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)  # the URL's own default
-    except ValueError:
-        raise BadValue(f"{what} {text!r}: bad port") from None
-    host = parts.netloc.lower().rstrip("/")
-    if not (_is_ip(parts.hostname) or HOSTNAME.match(parts.hostname)):
-        raise BadValue(f"{what} {text!r}: {parts.hostname!r} is not a host name or address")
-    return Endpoint(parts.scheme, host, port)
 
 
 def _is_ip(host: str) -> bool:
@@ -161,7 +125,8 @@ def write_fleet_config(origin: str, tiers: list[str], out: Path, storage_root: s
     (default: the origin's host)."""
     if not tiers:
         raise BadValue("--tier: give at least one pull-through cache (nearest the origin first)")
-    endpoints = [parse_url(origin, "--origin")] + [parse_url(t, "--tier") for t in tiers]
+    endpoints = [parse_endpoint(u, what, scheme_required=True)
+                 for u, what in [(origin, "--origin"), *((t, "--tier") for t in tiers)]]
     seen = [ep.url for ep in endpoints]
     if len(set(seen)) != len(seen):
         raise BadValue(f"--origin/--tier: a registry is named twice ({', '.join(seen)})")

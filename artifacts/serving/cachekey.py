@@ -11,8 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import BadInput, BadValue
-from ..edges.fsutil import atomic_write_json
-from ..edges.untrusted import read_json_file
+from ..edges.fsutil import atomic_write_json, read_json_file
 
 SCHEMA = "mm-cache-key/1"
 FILE_NAME = "mm-cache-key.json"

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
 
 from ..errors import BadInput
-from ..edges.fsutil import open_local_file
+from ..edges.fsutil import open_local_file, read_json_file
 from .cachekey import FILE_NAME as CACHE_KEY_FILE
 from .launch import LaunchPlan, _pairs
 from ..pins import Pin, default_pin, manifests_dir
 from ..edges.tools import ToolMissing, check_name, stream_tool
-from ..edges.untrusted import At, Malformed, load_json, printable, read_json_file, small_int
+from ..edges.untrusted import At, Malformed, load_json, printable, small_int
 
 SCHEMA = "mm-troubleshooting/1"
 SOURCES = ("log", "http", "container", "host")

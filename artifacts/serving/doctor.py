@@ -42,7 +42,8 @@ from . import cudareq
 from ..pins import Pin
 from ..units import human_bytes
 from ..edges.tools import IMAGE_REF, ToolMissing, ToolResult, check_name, last_line, run_tool
-from ..edges.untrusted import load_json, read_json_file, small_int, version_numbers
+from ..edges.untrusted import load_json, small_int, version_numbers
+from ..edges.fsutil import read_json_file
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 SHM_GUIDE = 32 * 2**30  # the guide's --shm-size 32g (docker reads g as GiB); with --ipc=host the host's /dev/shm is what the server gets

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import BadInput, IntegrityError, Refused, RemoteError
-from ..edges.fsutil import atomic_write_json, open_local_file, publish, unlink_file, user_path
+from ..edges.fsutil import atomic_write_json, open_local_file, publish, read_json_file, unlink_file, user_path
 from ..integrity.hashing import upstream_digest
 from ..edges.tools import ToolMissing, last_line, run_tool
-from ..edges.untrusted import load_json, read_json_file
+from ..edges.untrusted import load_json
 
 RECORD_SCHEMA = "mm-image/1"
 RECORD_SUFFIX = ".mm-image.json"
@@ -148,7 +148,7 @@ def _tls(tls_verify: bool) -> str:
 def _verify_tls(repo: str, tls_verify: bool) -> bool:
     """The one rule of mm's registry clients (push, pull, inspect: oci/client.py): a registry on loopback
     speaks plain HTTP by itself; elsewhere TLS is verified unless --insecure-registry."""
-    from ..oci.client import is_loopback
+    from ..oci.reference import is_loopback
 
     return tls_verify and not is_loopback(repo.split("/", 1)[0])
 
@@ -632,7 +632,7 @@ def _archive_manifests(archive: Path) -> set[str]:
 def parse_site(site: str, chain: Chain) -> str:
     """SITE (host[:port], or host[:port]/repository) -> host[:port]/repository; the repository defaults to the
     pinned one's path, which is what a mirror is asked for. A reference never carries credentials."""
-    from ..oci.client import HOST, REPOSITORY
+    from ..oci.reference import HOST, REPOSITORY
 
     host, _, repo = site.strip().partition("/")
     if "@" in host or "://" in host:
@@ -677,7 +677,7 @@ def push_image(archive: Path, site: str, ref: str, credentials=None, plain_http:
     """Put ARCHIVE (the engine image carried in the bundle, with its record beside it) into the SITE registry by
     digest with skopeo, proving before the push that the archive is REF's pinned image (its sha256 is the one its
     record holds, its config the chain's image ID) and after it that the registry serves the pinned chain."""
-    from ..oci.client import is_loopback
+    from ..oci.reference import is_loopback
 
     started = time.monotonic()
     archive = user_path(archive)

@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import BadInput, BadValue, Refused
-from ..edges.fsutil import atomic_write_text, check_inside, user_path
+from ..edges.fsutil import atomic_write_text, check_inside, read_json_file, user_path
 from ..paths import manifest_path, snapshot_of, state_dir
 from ..integrity.manifest import read_manifest
 from ..pins import Pin, default_pin, manifests_dir, sourced_value
-from ..edges.untrusted import read_json_file
 
 RECIPES_SCHEMA = "mm-recipes/1"
 # A snapshot at CONTAINER_MODELS/<name> sits two levels down, as snapshots/<commit> does in hf's repo folder, so

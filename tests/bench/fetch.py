@@ -17,10 +17,17 @@ tool; RATIO mm speed / aria2c speed (goal >= 1.0), mm / (aria2c then `sync` of i
 where the disk is slower than the link) and mm / hf download; CPU-seconds per GiB (user + sys, the child's rusage)
 of mm (goal <= 2) and aria2c, and mm's against its work done by peers in the same rounds (aria2c's, plus b3sum in
 one thread and `openssl dgst -sha256` over aria2c's files); peak RSS (goal < 150 MB); the bytes each tool made the
-kernel read from and write to storage per byte fetched (ru_inblock/ru_oublock: mm writes with O_DIRECT and reads
-back, direct too, what landed ahead of its hashing frontier, so on a disk slower than the link that read-back shares
-the disk).
-MM_BENCH_ROUNDS (default 3) rounds; MM_BENCH_CASES picks cases by number (e.g. "1,3"); MM_BENCH_HF=0 leaves
+kernel read from and write to storage per byte fetched (ru_inblock/ru_oublock: mm writes with O_DIRECT and hashes
+what landed ahead of its hashing frontier from an in-memory window, reading back, direct too, only what the window
+could not hold; on a disk slower than the link that read-back shares the disk).
+The goals are printed as RatioGoal lines (tests/bench/common.py: the median of the per-round ratios, their spread,
+the verdict): mm / (aria2c + sync) speed at least 1.0 in the uncapped case, mm's CPU per GiB at most 0.8x the peers'
+in every case; beside them the bytes mm read back to hash per byte fetched (its --json `transfer.read_back`: what
+landed ahead of the hashing frontier while the in-memory window was full). In the uncapped case a fourth tool, "mm
+all at once", is mm fetch with a file's other connections started with its first request instead of once a 206
+proved that Range works (what a cold pull-through cache needs): its ratio to mm fetch says what that wait costs a
+big file (MM_BENCH_GATE=0 leaves it out).
+MM_BENCH_ROUNDS (default 5) rounds; MM_BENCH_CASES picks cases by number (e.g. "1,3"); MM_BENCH_HF=0 leaves
 hf download out (its single stream takes about 54 s a round on the capped 1 GiB case). mm is byte-compiled first,
 as a wheel install is (these machines set PYTHONDONTWRITEBYTECODE=1), so a run on its own times what `make bench`
 times.
@@ -39,15 +46,28 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from tests.bench.common import bench_dir, peer_bin, run_usage, start_hub_server
+from tests.bench.common import RatioGoal, bench_dir, peer_bin, run_usage, start_hub_server
 
-ROUNDS = int(os.environ.get("MM_BENCH_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("MM_BENCH_ROUNDS", "5"))
+WITH_GATE = os.environ.get("MM_BENCH_GATE", "1") != "0"
 CAP = int(float(os.environ.get("MM_BENCH_CAP_MB", "20")) * 1e6)  # bytes/s per connection
 WITH_HF = os.environ.get("MM_BENCH_HF", "1") != "0"
 GIB = 1 << 30
 MIB = 1 << 20
 RSS_GOAL = 150e6
 CPU_GOAL = 2.0
+SPEED_GOAL = RatioGoal("mm fetch / (aria2c + sync) speed, uncapped", 1.0, at_most=False)  # issue: time to a proven model
+CPU_PEERS_GOAL = 0.8  # mm's CPU per GiB at most this times the peers doing the same work
+GATE_GOAL = 1.05  # the first range alone costs a big file at most this (mm's margin: inside a round's noise)
+# mm fetch with a file's connections all started at once (not after a 206): what the wait for the proof costs
+ALL_AT_ONCE = ("import mm.artifacts.fetching.ranges as r\n"
+               "init = r._File.__init__\n"
+               "def at_once(self, *a, **k):\n"
+               "    init(self, *a, **k)\n"
+               "    self.honoured = True\n"
+               "r._File.__init__ = at_once\n"
+               "from mm.__main__ import main\n"
+               "main()")
 ARIA2 = ["-x16", "-s16", "-k16M"]
 # The two hashes mm computes over every byte, each by a peer tool in one thread over aria2c's files (read from the
 # page cache): what mm's work costs this CPU when done the peers' way. OpenSSL is what hashlib's sha256 runs (coreutils'
@@ -155,6 +175,9 @@ def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
         }
         if WITH_HF:
             tools["hf download"] = lambda dest: [peer_bin("hf"), "download", repo_id, "--revision", commit, "--quiet"]
+        if WITH_GATE and not cap:
+            tools["mm all at once"] = lambda dest: [sys.executable, "-c", ALL_AT_ONCE, "fetch", repo_id, "--revision",
+                                                    commit, "--local-dir", str(dest), "--json"]
         wall: dict[str, list[float]] = {t: [] for t in tools}
         synced: list[float] = []  # aria2c, then `sync` of the files it wrote: the durability mm fetch has
         cpu: dict[str, list[float]] = {t: [] for t in tools}
@@ -162,6 +185,7 @@ def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
         rss: dict[str, int] = {}
         hashing: dict[str, list[float]] = {peer: [] for peer in HASH_PEERS}  # their CPU-seconds over the repo
         loads = []
+        read_back: list[float] = []  # bytes mm read back from the disk to hash, per byte fetched (its --json)
         for i in range(ROUNDS):
             for tool, cmd in tools.items():
                 dest = work / "out"
@@ -169,7 +193,7 @@ def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
                 shutil.rmtree(work / "hf-home", ignore_errors=True)
                 load = os.getloadavg()[0]
                 loads.append(load)
-                report = work / "mm.json" if tool == "mm fetch" else None
+                report = work / "mm.json" if tool.startswith("mm") else None
                 subprocess.run(["sync"], check=True)  # no dirty pages left from the run before
                 usage = run_usage(cmd(dest), work / "time.txt", env, stdout=report)
                 seconds, cpu_s, peak = usage.seconds, usage.user + usage.sys, usage.peak_rss
@@ -180,8 +204,12 @@ def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
                         done = run_usage([*hash_cmd, *(str(dest / p) for p in files)], work / "time.txt", env,
                                          stdout=work / "sums.txt")
                         hashing[peer].append(done.user + done.sys)
-                if report is not None and not json.loads(report.read_text())["ok"]:
-                    raise RuntimeError(f"mm fetch failed: {report.read_text()[-800:]}")
+                if report is not None:
+                    doc = json.loads(report.read_text())
+                    if not doc["ok"]:
+                        raise RuntimeError(f"mm fetch failed: {report.read_text()[-800:]}")
+                    if tool == "mm fetch":
+                        read_back.append(doc["transfer"]["read_back"] / total)
                 got = sum((dest / p).stat().st_size for p in files if (dest / p).is_file())
                 if tool != "hf download" and got != total:
                     raise RuntimeError(f"{tool} left {got} of {total} bytes")
@@ -212,6 +240,13 @@ def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
           f"before naming it, aria2c never does)")
     if WITH_HF:
         print(f"RATIO mm fetch / hf download speed = {med['hf download'] / med['mm fetch']:.2f}x")
+    if not cap:
+        print(SPEED_GOAL.verdict([a / m for a, m in zip(synced, wall["mm fetch"])]))
+    print(f"  read back from the disk to hash: {statistics.median(read_back):.2f} bytes per byte fetched (median, "
+          f"spread {min(read_back):.2f}-{max(read_back):.2f}; what landed ahead of the frontier, the window full)")
+    if "mm all at once" in wall:
+        print(RatioGoal("mm fetch / mm all at once, time (the first range alone until a 206)", GATE_GOAL).verdict(
+            [m / a for m, a in zip(wall["mm fetch"], wall["mm all at once"])]))
     per_gib = {t: statistics.median(v) / gib for t, v in {**cpu, **hashing}.items()}
     floor = per_gib["aria2c"] + sum(per_gib[peer] for peer in HASH_PEERS)
     print(f"CPU mm fetch {per_gib['mm fetch']:.2f} CPU-s/GiB (goal <= {CPU_GOAL}), "
@@ -220,6 +255,9 @@ def case(name: str, shards: int, shard_bytes: int, cap: int) -> None:
     print(f"CPU of mm's work done by peers, same rounds: aria2c {per_gib['aria2c']:.2f} (receive, write) + "
           + " + ".join(f"{peer} {per_gib[peer]:.2f}" for peer in HASH_PEERS)
           + f" = {floor:.2f} CPU-s/GiB; mm fetch = {per_gib['mm fetch'] / floor:.2f}x that", flush=True)
+    peers = [a + sum(hashing[p][i] for p in HASH_PEERS) for i, a in enumerate(cpu["aria2c"])]
+    print(RatioGoal("mm fetch CPU / its work done by peers", CPU_PEERS_GOAL).verdict(
+        [m / p for m, p in zip(cpu["mm fetch"], peers)]), flush=True)
 
 
 if __name__ == "__main__":

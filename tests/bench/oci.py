@@ -30,7 +30,7 @@ from pathlib import Path
 from mm.artifacts.fetching.adopt import manifest_for_local_dir
 from mm.artifacts.paths import manifest_path
 from mm.artifacts.integrity.manifest import read_manifest
-from tests.bench.common import bench_dir, peer_bin, run_measured
+from tests.bench.common import RatioGoal, bench_dir, peer_bin, run_measured
 from tests.support.modelgen import write_model
 from tests.support.registry import Registry
 
@@ -121,6 +121,8 @@ def push_pull(work: Path, reg: Registry, env: dict) -> None:
         print(f"{name:10s} median {med[name]:6.2f} s ({total / med[name] / 1e9:.2f} GB/s){peak}")
     print(f"RATIO mm push / curl push wall time = {med['mm push'] / med['curl push']:.3f}")
     print(f"RATIO mm pull / curl pull wall time = {med['mm pull'] / med['curl pull']:.3f}  (goal <= 1.1)")
+    print(RatioGoal("mm pull / curl pull, wall time", 1.1).verdict(
+        [m / c for m, c in zip(t["mm pull"], t["curl pull"])]))
     print(f"RATIO mm pull / (curl pull + sync) wall time = {med['mm pull'] / med['curl pull + sync']:.3f}  "
           f"(the same durability: mm fsyncs each file; curl's files may still be in the page cache when it ends)")
     print(f"PEAK RSS mm push {rss['mm push'] / 1e6:.0f} MB, mm pull {rss['mm pull'] / 1e6:.0f} MB  (goal < 150 MB)")

@@ -37,7 +37,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-REGISTRY_BIN = os.environ.get("MM_TEST_REGISTRY_BIN", "/usr/bin/docker-registry")
+# the binary: MM_BENCH_REGISTRY_BIN or MM_TEST_REGISTRY_BIN (a docker-registry carried to a host without Debian's
+# package), else the Debian package's, else one on PATH
+REGISTRY_BIN = (os.environ.get("MM_BENCH_REGISTRY_BIN") or os.environ.get("MM_TEST_REGISTRY_BIN")
+                or ("/usr/bin/docker-registry" if os.path.exists("/usr/bin/docker-registry")
+                    else shutil.which("docker-registry") or "/usr/bin/docker-registry"))
 HOST = "127.0.0.1"
 
 
