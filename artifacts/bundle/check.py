@@ -74,7 +74,7 @@ def conflicting_numbers(vols: list[Volume], bundle_id: str | None) -> dict[int, 
     for v in vols:
         if v.bundle_id == bundle_id and v.index is not None:  # data volumes (parity volumes: parity_set)
             by_number.setdefault(v.number, []).append(v)
-    return {n: vs for n, vs in by_number.items() if len({v.index_bytes for v in vs}) > 1}
+    return {n: vs for n, vs in by_number.items() if len({v.index_b3 for v in vs}) > 1}
 
 
 def check_data(vol: Volume, pipe: ChunkPipe, progress: ProgressSink = NULL_PROGRESS) -> None:

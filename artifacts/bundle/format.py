@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 import tarfile
-from typing import Iterable
+from typing import Callable, Iterable, Iterator
 
 import blake3
 
@@ -99,23 +99,51 @@ def member_bytes(name: str, size: int, mtime: int = 0) -> int:
 
 def render_json(doc: dict, **lists: Iterable) -> bytes:
     """json.dumps(DOC, indent=1) + "\n", byte for byte, where DOC's keys named in LISTS (top-level keys, in DOC's
-    order) get their list from LISTS, an element at a time: json's indenting encoder makes a list of every token of
-    the whole document first, kilobytes a file, and an index may list a million files."""
+    order) get their list from LISTS, an element at a time (render_json_chunks)."""
+    return b"".join(render_json_chunks(doc, **lists))
+
+
+def render_json_chunks(doc: dict, **lists: Iterable) -> Iterator[bytes]:
+    """render_json's bytes, about a megabyte at a time: json's indenting encoder makes a list of every token of the
+    whole document first, kilobytes a file, and an index may list a million files."""
     if not lists:
-        return (json.dumps(doc, indent=1) + "\n").encode()
+        yield (json.dumps(doc, indent=1) + "\n").encode()
+        return
     marks = {k: f"\x00mm-list-{k}\x00" for k in lists}
     rest = json.dumps({k: [marks[k]] if k in marks else v for k, v in doc.items()}, indent=1)
     out: list[bytes] = []
+    held = 0
     for k in (k for k in doc if k in marks):
         before, rest = rest.split(f"[\n  {json.dumps(marks[k])}\n ]", 1)
         out.append(before.encode())
         sep = b"[\n  "
         for element in lists[k]:
             out += [sep, json.dumps(element, indent=1).replace("\n", "\n  ").encode()]
+            held += len(out[-1])
             sep = b",\n  "
+            if held >= 1 << 20:
+                yield b"".join(out)
+                out, held = [], 0
         out.append(b"[]" if sep == b"[\n  " else b"\n ]")
     out.append(rest.encode() + b"\n")
-    return b"".join(out)
+    yield b"".join(out)
+
+
+class Rendered:
+    """A document written a chunk at a time (MAKE renders it afresh each time): its length is known, and its bytes
+    are written, without holding them whole."""
+
+    def __init__(self, make: Callable[[], Iterator[bytes]]):
+        self.make = make
+        self._len: int | None = None
+
+    def __len__(self) -> int:
+        if self._len is None:
+            self._len = sum(len(c) for c in self.make())
+        return self._len
+
+    def chunks(self) -> Iterator[bytes]:
+        return self.make()
 
 
 def b3(data: bytes) -> str:

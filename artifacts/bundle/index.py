@@ -29,6 +29,8 @@ member name is checked.
 """
 from __future__ import annotations
 
+import io
+import sys
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -36,6 +38,7 @@ import blake3
 
 from ..errors import BadInput
 from ..edges.fsutil import check_model_path, check_relpath
+from ..edges.untrusted import load_json_stream
 from .fields import MAX_NAME, MAX_TEXT, digest, integer, plain_name, record, string
 from .format import (
     MANIFEST_MEMBER, META, data_member, index_member, parity_data_member, parity_index_member, volume_filename,
@@ -246,7 +249,8 @@ class ParityIndex:
                 "streams": [{"number": s.number, "size": s.size, "blake3": s.digest} for s in self.streams]}
 
 
-def _entry(raw: object, where: str, volumes: int, volume_size: int) -> Entry:
+def _entry(raw: object, where: str, volumes: int | None = None, volume_size: int | None = None) -> Entry:
+    """A member record typed and checked on its own; what depends on the volumes (_fits) when they are given."""
     raw = record(raw, "a member record")
     kind, path = string(raw, "kind", max_len=64), string(raw, "path", max_len=MAX_NAME)
     if kind not in PREFIXES:
@@ -254,19 +258,43 @@ def _entry(raw: object, where: str, volumes: int, volume_size: int) -> Entry:
     check_model_path(path, where)
     size = integer(raw, "size")
     offset = integer(raw, "offset", high=size)
-    segments = integer(raw, "segments", 1, high=volumes)  # a piece per volume at most
-    e = Entry(string(raw, "member", max_len=2 * MAX_NAME), kind, path, offset, integer(raw, "length", high=size - offset),
-              size, integer(raw, "segment", 1, high=segments), segments, digest(raw, "blake3"),
-              digest(raw, "file_blake3", optional=True), digest(raw, "file_sha256", optional=True))
+    segments = integer(raw, "segments", 1)
+    piece, whole = digest(raw, "blake3"), digest(raw, "file_blake3", optional=True)
+    e = Entry(string(raw, "member", max_len=2 * MAX_NAME), sys.intern(kind), path, offset,
+              integer(raw, "length", high=size - offset), size, integer(raw, "segment", 1, high=segments), segments,
+              piece, piece if whole == piece else whole,  # one string for a whole file's two equal digests
+              digest(raw, "file_sha256", optional=True))
     if e.whole and (e.offset, e.length) != (0, e.size):
         raise ValueError(f"{path}: a whole file of {e.size} bytes stored as {e.length} bytes at offset {e.offset}")
-    if e.length > volume_size or e.size > e.segments * volume_size:
-        # no piece is larger than a volume, and a file of N pieces is at most N volumes
-        raise ValueError(f"{path}: size {e.size} (this piece {e.length}) cannot fit {e.segments} piece(s) in "
-                         f"volumes of {volume_size} bytes")
     if e.member != data_member(kind, path, e.segment, e.segments):
         raise ValueError(f"member name {e.member[:200]!r} does not match {kind} {path!r}")
+    return e if volumes is None or volume_size is None else _fits(e, volumes, volume_size)
+
+
+def _fits(e: Entry, volumes: int, volume_size: int) -> Entry:
+    if e.segments > volumes:  # a piece per volume at most
+        raise ValueError(f"segments {e.segments} is outside [1, {volumes}]")
+    if e.length > volume_size or e.size > e.segments * volume_size:
+        # no piece is larger than a volume, and a file of N pieces is at most N volumes
+        raise ValueError(f"{e.path}: size {e.size} (this piece {e.length}) cannot fit {e.segments} piece(s) in "
+                         f"volumes of {volume_size} bytes")
     return e
+
+
+def load_index(data: bytes, where: str, max_bytes: int) -> object:
+    """The index document in DATA as load_json reads it (Malformed when it is not JSON within mm's limits), with
+    each of its members typed as it is read (an Entry; what depends on the volumes is checked by parse_index):
+    the text and a dict per member would cost a kilobyte a file, and a volume may hold a million files."""
+    def member(raw: object, _: int) -> Entry:
+        try:
+            return _entry(raw, where)
+        except BadInput as e:
+            raise BadInput(f"{where}: index names an unsafe path ({e.message})") from None
+        except (KeyError, TypeError, ValueError) as e:
+            raise BadInput(f"{where}: malformed index ({_missing(e)})") from None
+
+    return load_json_stream(io.BytesIO(data), where, key="members", item=member, max_items=max_bytes,
+                            max_bytes=max_bytes)
 
 
 def _meta(doc: dict, where: str) -> dict[str, str]:
@@ -350,7 +378,8 @@ def parse_index(doc: object, where: str) -> Index:
                      string(doc, "name", max_len=255, empty=False), volume, volumes, volume_size,
                      string(doc, "repo_id", max_len=MAX_TEXT), string(doc, "revision", max_len=MAX_TEXT),
                      digest(doc, "manifest_blake3"), meta, payloads,
-                     tuple(_entry(e, where, volumes, volume_size) for e in members),
+                     tuple(_fits(e if isinstance(e, Entry) else _entry(e, where), volumes, volume_size)
+                           for e in members),
                      _parity_note(doc.get("parity"), volumes), _delta_note(doc["delta"], where) if is_delta else None)
     except BadInput as e:
         raise BadInput(f"{where}: index names an unsafe path ({e.message})") from None
@@ -435,6 +464,20 @@ def disagreements(index: Index, manifest: Manifest | None) -> list[str]:
         problems += [f"delta takes {t.path!r} from the base, and the volume carries it too"
                      for t in index.delta.take if t.path in carried_paths]
     return problems
+
+
+def share_manifest_strings(index: Index, files: dict) -> None:
+    """Make INDEX's model entries hold the manifest's own path and digest strings (FILES: its entries by path),
+    where they are equal (disagreements has checked they are): one copy of each per file, not two, for the
+    import's length (a volume may hold a million files)."""
+    for e in index.members:
+        f = files.get(e.path) if e.kind == MODEL_KIND else None
+        if f is None:
+            continue
+        object.__setattr__(e, "path", f.path)
+        for mine, theirs in (("blake3", "blake3"), ("file_blake3", "blake3"), ("file_sha256", "sha256")):
+            if getattr(e, mine) == getattr(f, theirs):
+                object.__setattr__(e, mine, getattr(f, theirs))
 
 
 def take_disagreements(note: DeltaNote, manifest: Manifest) -> list[str]:

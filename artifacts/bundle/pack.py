@@ -48,7 +48,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping, NamedTuple, Sequence
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import blake3
 
@@ -65,9 +65,11 @@ from ..units import human_bytes
 from ..integrity.verify import require_quick_verify
 from .check import ranges
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, reports_free_pages, write_all
-from .format import (BLOCK, END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, b3,
+from .format import (BLOCK, END_OF_ARCHIVE, MANIFEST_MEMBER, PLACEHOLDER, RESTORE_MEMBER, SIG_MEMBER, SUMS_MEMBER, Rendered,
+                     b3,
                      data_member, file_member, index_member, member_bytes, padded, parity_data_member, parity_filename,
-                     parity_index_member, payload_sums_member, render_json, tar_header, volume_filename)
+                     parity_index_member, payload_sums_member, render_json, render_json_chunks, tar_header,
+                     volume_filename)
 from . import payloads as payload_table
 from . import delta as deltas
 from .index import PARITY_SCHEMA, PARITY_SCHEMA_V1, DeltaNote, Entry, Index, ParityIndex, ParityNote, Stream
@@ -152,14 +154,20 @@ class CarriedFile:
 
     kind: str
     path: str
-    src: Path
+    root: Path  # the directory PATH lies under, or the file itself (WHOLE)
     size: int
     blake3: str | None = None
     sha256: str | None = None
+    whole: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.kind, self.path)
+
+    @property
+    def src(self) -> Path:
+        """The file to read: made when asked (a Path is ~0.5 KB, and a bundle may carry a million files)."""
+        return self.root if self.whole else self.root / self.path
 
 
 @dataclass(slots=True)
@@ -311,7 +319,7 @@ def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volu
                 stripe: int = STRIPE, delta: DeltaNote | None = None) -> Plan:
     first = [s for s in payload_sources if payload_table.BY_KIND[s.kind].first_volume]
     taken = {t.path for t in delta.take} if delta else set()
-    sources = first + [CarriedFile(MODEL_KIND, f.path, model_dir / f.path, f.size, f.blake3, f.sha256) for f in manifest.files
+    sources = first + [CarriedFile(MODEL_KIND, f.path, model_dir, f.size, f.blake3, f.sha256) for f in manifest.files
                        if f.path not in taken]
     sources += [s for s in payload_sources if s not in first]
     id_doc = {"name": name, "volume_size": volume_size, "manifest": b3(manifest_bytes),
@@ -343,7 +351,7 @@ def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volu
 def _require_first_volume(plan: Plan, first: list[CarriedFile], reserve: int) -> None:
     """Every first-volume source whole in volume 1, else refuse naming the smallest volume size that holds them."""
     keys = {s.key for s in first}
-    whole = {p.source.key for p in plan.volumes[0] if p.segments == 1}
+    whole = {p.source.key for p in plan.volumes[0] if p.segments == 1 and p.source.kind != MODEL_KIND}
     if keys <= whole:
         return
     need = reserve + END_OF_ARCHIVE + sum(member_bytes(data_member(s.kind, s.path, 1, 1) + "99", s.size) for s in first)
@@ -404,13 +412,23 @@ def _place(sources: list[CarriedFile], volume_size: int, room: int) -> list[list
 
 # --- rendering the metadata members -----------------------------------------------------------
 
+WRITTEN = "(every piece written)"  # a key of _write_volume's digests once the volume's data is written
+
+
+def _known(p: Piece) -> bool:
+    """A whole model file: its piece's blake3 is the manifest's (the file is checked against it as it is
+    written), so the writer keeps no digest for it (a volume may hold a million files)."""
+    return p.source.kind == MODEL_KIND and p.segments == 1
+
+
 def _entry(p: Piece, digests: dict) -> Entry:
     s = p.source
     whole = digests.get(s.key, (PLACEHOLDER, PLACEHOLDER)) if p.is_last else (None, None)
     if s.kind == MODEL_KIND:
         whole = (s.blake3, s.sha256)
-    return Entry(p.member, s.kind, s.path, p.offset, p.length, s.size, p.segment, p.segments,
-                 digests.get(p.member, PLACEHOLDER), whole[0], whole[1])
+    piece = (s.blake3 if WRITTEN in digests else PLACEHOLDER) if _known(p) else digests.get(p.member, PLACEHOLDER)
+    return Entry(p.member, s.kind, s.path, p.offset, p.length, s.size, p.segment, p.segments, piece, whole[0],
+                 whole[1])
 
 
 def restore_text(plan: Plan) -> bytes:
@@ -507,10 +525,11 @@ def meta_members(plan: Plan, n: int, digests: dict, restore: bytes) -> list[tupl
     meta.update({name: b3(data) for name, data in sig})
     meta.update({name: (b3(data) if digests else PLACEHOLDER) for name, data in extra})
     m = plan.manifest
-    index = Index(plan.bundle_id, plan.name, n, plan.count, plan.volume_size, m.repo_id, m.revision,
-                  b3(plan.manifest_bytes), meta, plan.payloads, tuple(_entry(p, digests) for p in plan.volumes[n - 1]),
-                  plan.parity_note, plan.delta)
-    return [(index_member(n), render_json(index.to_doc(members=False), members=(asdict(e) for e in index.members))), (MANIFEST_MEMBER, plan.manifest_bytes), *sig,
+    head = Index(plan.bundle_id, plan.name, n, plan.count, plan.volume_size, m.repo_id, m.revision,
+                 b3(plan.manifest_bytes), meta, plan.payloads, (), plan.parity_note, plan.delta).to_doc(members=False)
+    pieces = plan.volumes[n - 1]
+    index = Rendered(lambda: render_json_chunks(head, members=(asdict(_entry(p, digests)) for p in pieces)))
+    return [(index_member(n), index), (MANIFEST_MEMBER, plan.manifest_bytes), *sig,
             (SUMS_MEMBER, sums), (RESTORE_MEMBER, restore), *extra]
 
 
@@ -604,7 +623,8 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
             headers.append(tar_header(name, len(data), plan.mtime))
             w.write(headers[-1])
             patch_at[name] = w.pos
-            w.write(data)
+            for chunk in _chunks(data):
+                w.write(chunk)
             w.pad()
         for p in pieces:
             progress.item(p.source.path)
@@ -623,28 +643,34 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
                     break
                 w.write(view)  # a failed write is the output's (a full or read-only disk), named below
                 progress.advance(len(view))
-            digests[p.member] = piece_hash.digests().blake3
+            piece_digest = piece_hash.digests().blake3
+            if not _known(p):
+                digests[p.member] = piece_digest
             pad = w.pad()
             if proof is not None:
                 proof.body.raw(header)
-                proof.body.member(p.length, digests[p.member])
+                proof.body.member(p.length, piece_digest)
                 proof.body.raw(bytes(pad))
             if p.is_last:
                 got = whole.digests()
                 if p.source.kind == MODEL_KIND and got.blake3 != p.source.blake3:
                     raise _SourceMismatch(f"{p.source.src}: content does not match the manifest (blake3); "
                                           f"run `mm verify` and repair before bundling", p.source.key)
-                digests[p.source.key] = (got.blake3, got.sha256)
+                if p.source.kind != MODEL_KIND:  # a model file's are the manifest's (checked just above)
+                    digests[p.source.key] = (got.blake3, got.sha256)
                 del working[p.source.key]
         w.write(bytes(END_OF_ARCHIVE))
-        final = meta_members(plan, n, digests, restore)
+        digests[WRITTEN] = True
+        final = list(meta_members(plan, n, digests, restore))
         for name, data in final:
-            os.pwrite(fd, data, patch_at[name])
+            at = patch_at[name]
+            for chunk in _chunks(data):
+                at += os.pwrite(fd, chunk, at)
         if proof is not None:
             proof.body.raw(bytes(END_OF_ARCHIVE))
             for header, (_, data) in zip(headers, final, strict=True):
                 proof.head.raw(header)
-                proof.head.member(len(data), blake3.blake3(data).digest())
+                proof.head.member(len(data), _blake3_of(data))
                 proof.head.raw(bytes(-len(data) % BLOCK))
     except BaseException as e:
         os.close(fd)
@@ -653,6 +679,17 @@ def _write_volume(plan: Plan, n: int, tmp: Path, hashers: _Hashers, pipe: ChunkP
             e.filename = str(tmp)  # a write to the volume failed: name the output, never the source
         raise
     return working, fd, spans, proof.hexdigest() if proof is not None else None
+
+
+def _chunks(data: bytes | Rendered) -> Iterable[bytes]:
+    return data.chunks() if isinstance(data, Rendered) else (data,)
+
+
+def _blake3_of(data: bytes | Rendered) -> bytes:
+    h = blake3.blake3()
+    for chunk in _chunks(data):
+        h.update(chunk)
+    return h.digest()
 
 
 def _span(at: int, p: Piece) -> Span:
@@ -724,7 +761,7 @@ def _create_bundle(model_dir: Path, options: BundleOptions, progress: ProgressSi
             f"-delta-{delta.base_revision[:8]}" if delta else "")
         _check_name(name)
     records, files, notes, beside = collect_payloads(dict(options.payloads), options.collect)
-    payload_sources = [CarriedFile(kind, f.path, f.src, f.size) for kind, f in files]
+    payload_sources = [CarriedFile(kind, f.path, f.src, f.size, whole=True) for kind, f in files]
     carried = manifest.total_bytes - (delta.taken_bytes if delta else 0) + sum(s.size for s in payload_sources)
     refuse_too_many_volumes(-(-carried // volume_size), volume_size, carried, options.yes)  # before planning them all
     plan = plan_bundle(manifest, manifest_bytes, model_dir, volume_size, name, records, payload_sources,

@@ -36,6 +36,7 @@ from __future__ import annotations
 import bisect
 import enum
 import os
+import struct
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +59,8 @@ from . import delta as deltas
 from .check import ParitySet, conflicting_numbers, incomplete, parity_set, reference_bundle
 from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back, write_all
 from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member, volume_filename
-from .index import PARITY_SCHEMA, Entry, Index, disagreements, parse_index, take_disagreements, unaccounted
+from .index import (PARITY_SCHEMA, Entry, Index, disagreements, parse_index, share_manifest_strings,
+                    take_disagreements, unaccounted)
 from .parity import FileSource, NotRecoverable, describe_shortfall, rebuild
 from .payloads import MODEL_KIND, PAYLOAD_PARTIAL, files_expected, next_commands, payload_roots, payloads_placed
 from .volume import Volume, find_volumes, meta_bytes, open_volume, split_volumes
@@ -161,21 +163,35 @@ class _State:
             at.key("whole").key(file_key).list(whole)
         for n, volume in enumerate(at.get_list(self.doc, "done_volumes", [])):
             at.key("done_volumes").index(n).int(volume)
-        for file_key, stamp in at.get_obj(self.doc, "proven", {}).items():  # _stamp of each file named
+        proven = at.get_obj(self.doc, "proven", {})
+        for file_key, stamp in proven.items():  # _stamp of each file named
             s_at = at.key("proven").key(file_key)
             if stamp is not None and len(s_at.list(stamp)) != 4:
                 raise s_at.fail("expected [inode, size, mtime_ns, ctime_ns]")
             for i, value in enumerate(stamp or []):
                 s_at.index(i).int(value)
+            if stamp is not None:
+                try:
+                    proven[file_key] = Stamp.of(*stamp)
+                except struct.error:
+                    raise s_at.fail("a value is out of range for an inode, a size or a time") from None
 
     def pieces(self, key: str) -> dict:
-        return self.doc["pieces"].setdefault(key, {})
+        """The pieces of KEY in place (a fresh dict, not kept, when none: a whole file has none, and a bundle may
+        hold a million files)."""
+        return self.doc["pieces"].get(key) or {}
+
+    def add_piece(self, key: str, segment: int, piece: list) -> dict:
+        pieces = self.doc["pieces"].setdefault(key, {})
+        pieces[str(segment)] = piece
+        return pieces
 
     def bytes_in_place(self, key: str) -> int:
         return sum(int(p[1]) for p in self.doc["pieces"].get(key, {}).values())
 
     def save(self) -> None:
-        atomic_write_json(self.path, self.doc, root=self.root, indent=None)  # a stamp a file: one line, C encoder
+        atomic_write_json(self.path, self.doc, root=self.root, indent=None,  # a stamp a file: one line, C encoder
+                          default=Stamp.as_list)
 
 
 def _is_done(target: Path, size: int) -> bool:
@@ -214,7 +230,7 @@ def _read_record(dest: Path) -> _State | None:
 def _write_record(dest: Path, state: _State) -> None:
     keep = ("bundle_id", "name", "volumes", "manifest_blake3", "done_volumes", "read_from", "volume_files", "proven")
     doc = {"schema": "mm-import/1", **{k: state.doc[k] for k in keep if k in state.doc}}
-    atomic_write_json(check_inside(dest, dest / IMPORT_RECORD), doc, root=dest)
+    atomic_write_json(check_inside(dest, dest / IMPORT_RECORD), doc, root=dest, default=Stamp.as_list)
 
 
 def check_free_space(places: Places, remaining: dict[str, int]) -> None:
@@ -424,6 +440,10 @@ def _unbundle(sources: list[Path], dest: Path, options: UnbundleOptions, progres
                     raise IntegrityError(f"{'; '.join(refused[:3])}; nothing written")
         if disagree := disagreements(idx, manifest):  # every path below is looked up among the manifest's files
             raise BadInput(f"{idx_where}: {disagree[0]}; refused")
+        files = manifest.by_path()
+        for index in {id(i): i for i in [idx, *(v.index for v in accepted)]}.values():
+            share_manifest_strings(index, files)
+        del files
         if {v.number for v in accepted} == set(range(1, idx.volumes + 1)) and (
                 lost := unaccounted(manifest, [v.index for v in accepted])):
             raise BadInput(f"{incomplete(ref, lost)}; nothing written")
@@ -912,7 +932,6 @@ def _final_check(dest: Path, run: _Import, state: _State, manifest, progress: Pr
     from ..integrity.stamps import record_verified
     from ..integrity.verify import verify_dir  # the verify capability
 
-    sizes = {f.path: f.size for f in manifest.files}
     now = {path for kind, path in run.named if kind == MODEL_KIND}
     earlier = set()
     for skey, stamp in state.doc.get("proven", {}).items():
@@ -920,11 +939,11 @@ def _final_check(dest: Path, run: _Import, state: _State, manifest, progress: Pr
         target = run.targets.get((kind, path))
         if kind == MODEL_KIND and path not in now and target is not None and _stamp(target) == stamp:
             earlier.add(path)
-    proven = frozenset(now | earlier)
-    rehash = frozenset(f.path for f in manifest.files) - proven
-    report = verify_dir(dest, progress=progress if rehash else NULL_PROGRESS, rehash=rehash)  # no empty bar
+    rehash = frozenset(f.path for f in manifest.files if f.path not in now and f.path not in earlier)
+    # the manifest just imported is the one at DEST (_check_dest_manifest): not read and held a second time
+    report = verify_dir(dest, manifest, progress=progress if rehash else NULL_PROGRESS, rehash=rehash)  # no empty bar
     record_verified(dest, report.ok, report.files_checked, report.bytes_checked, len(report.problems), "mm unbundle")
-    count = lambda paths: {"files": len(paths), "bytes": sum(sizes.get(p, 0) for p in paths)}  # noqa: E731
+    count = lambda paths: {"files": len(paths), "bytes": sum(f.size for f in manifest.files if f.path in paths)}  # noqa: E731
     return {"ok": report.ok, "files_checked": report.files_checked, "bytes_checked": report.bytes_checked,
             "problems": [f"{p.path}: {p.kind}: {p.detail}" for p in report.problems],
             "hashed_as_written": count(now), "named_earlier_unchanged": count(earlier),
@@ -933,14 +952,32 @@ def _final_check(dest: Path, run: _Import, state: _State, manifest, progress: Pr
             "proven": run.proven_sentence()}
 
 
-def _stamp(path: Path) -> list[int] | None:
+class Stamp(bytes):
+    """A file's [inode, size, mtime_ns, ctime_ns] packed in 32 bytes: a list of four ints is ~200 bytes, and an
+    import names a million files. Written to the state and the import record as that list (as_list)."""
+
+    _FORMAT = struct.Struct("<Qqqq")
+
+    @classmethod
+    def of(cls, ino: int, size: int, mtime_ns: int, ctime_ns: int) -> "Stamp":
+        return cls(cls._FORMAT.pack(ino, size, mtime_ns, ctime_ns))
+
+    @staticmethod
+    def as_list(value: object) -> list[int]:
+        """json's `default` for a Stamp; anything else is not JSON."""
+        if isinstance(value, Stamp):
+            return list(Stamp._FORMAT.unpack(value))
+        raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _stamp(path: Path) -> Stamp | None:
     """What says a file is still the one an import named: its inode, size, mtime and ctime (ctime cannot be set
     back by a writer: any write or utime after the import changes it)."""
     try:
         st = os.stat(path, follow_symlinks=False)
-    except OSError:
+        return Stamp.of(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    except (OSError, struct.error):
         return None
-    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 @dataclass
@@ -1046,7 +1083,7 @@ class _Import:
         if not e.whole:
             if e.file_blake3:
                 self.state.doc["whole"][skey] = [e.file_blake3, e.file_sha256]
-            pieces[str(e.segment)] = [e.offset, e.length, got]
+            pieces = self.state.add_piece(skey, e.segment, [e.offset, e.length, got])
             if whole is not None:
                 self.running[skey] = (e.offset + e.length, whole)
             self.state.save()

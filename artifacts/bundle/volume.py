@@ -15,9 +15,9 @@ from pathlib import Path
 
 from ..errors import BadInput
 from ..edges.fsutil import file_kind
-from ..edges.untrusted import Malformed, load_json
+from ..edges.untrusted import Malformed
 from .format import MANIFEST_MEMBER, META, PARITY_RE, VOLUME_RE, b3, index_member, parity_index_member
-from .index import Entry, Index, ParityIndex, parse_index, parse_parity_index
+from .index import Entry, Index, ParityIndex, load_index, parse_index, parse_parity_index
 
 MAX_INDEX_BYTES = 256 * 1024 * 1024
 
@@ -44,7 +44,8 @@ class Volume:
     path: Path
     index: Index | None = None  # a data volume's
     parity: ParityIndex | None = None  # a parity volume's
-    index_bytes: bytes = b""
+    index_at: tuple[int, int] = (0, 0)  # (offset, size) of the index member's bytes in the volume file
+    index_b3: str = ""  # of those bytes, as read and parsed
     manifest_bytes: bytes = b""
     data: dict[str, Member] = field(default_factory=dict)  # data member name -> where it lies
     meta: dict[str, Member] = field(default_factory=dict)  # MMBUNDLE/ member name -> where it lies
@@ -73,6 +74,16 @@ class Volume:
     def usable(self) -> bool:
         """Opened and checked with nothing refused or damaged."""
         return self.described is not None and not self.refused and not self.damaged
+
+    @property
+    def index_bytes(self) -> bytes:
+        """The index member's bytes, read again from the volume (not held: a kilobyte a file), or b"" when they
+        changed since the volume was opened."""
+        offset, size = self.index_at
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            data = f.read(size)
+        return data if b3(data) == self.index_b3 else b""
 
     def entries(self) -> tuple[Entry, ...]:
         return self.index.members if self.index else ()
@@ -141,9 +152,11 @@ def open_volume(path: Path) -> Volume:
             if first is None or not (parity or first.name.startswith(f"{META}/index-vol")) or _kind_of(first):
                 vol.refused.append(f"{name}: first member is not a bundle index (not an mm bundle volume?)")
                 return vol
-            vol.index_bytes = _read_member(tf, first, MAX_INDEX_BYTES)
+            data = _read_member(tf, first, MAX_INDEX_BYTES)
+            vol.index_at, vol.index_b3 = (first.offset_data, first.size), b3(data)
             try:
-                doc = load_json(vol.index_bytes, f"{name}: {first.name}", max_bytes=MAX_INDEX_BYTES)
+                doc = load_index(data, f"{name}: {first.name}", MAX_INDEX_BYTES)
+                del data
             except Malformed as e:
                 vol.refused.append(f"{name}: index {first.name}: {e.detail}")
                 return vol
@@ -156,7 +169,8 @@ def open_volume(path: Path) -> Volume:
             if first.name != own:
                 vol.refused.append(f"{name}: index member {first.name!r} does not match "
                                    f"{'parity' if parity else 'volume'} {vol.number}")
-            expected = {member: length for member, (length, _) in vol.described.data_members().items()}
+            # the index's own name for each member (the tar's copy of it is not kept)
+            expected = {member: (member, length) for member, (length, _) in vol.described.data_members().items()}
             meta = vol.described.expected_meta()
             seen = {first.name}
             while (info := tf.next()) is not None:
@@ -180,11 +194,12 @@ def open_volume(path: Path) -> Volume:
                 elif info.name in meta:
                     vol.meta[info.name] = Member.of(info)
                 elif info.name in expected:
-                    if info.size != expected[info.name]:
+                    member, length = expected[info.name]
+                    if info.size != length:
                         vol.refused.append(f"{name}: member {info.name!r} is {info.size} bytes in the tar but "
-                                           f"{expected[info.name]} in the index; refused")
+                                           f"{length} in the index; refused")
                         continue
-                    vol.data[info.name] = Member.of(info)
+                    vol.data[member] = Member(member, info.offset_data, info.size, int(info.mtime))
             for missing in sorted((set(expected) | meta) - seen):
                 vol.damaged[missing] = "missing (volume truncated?)"
     except BadInput as e:

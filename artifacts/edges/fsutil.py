@@ -11,7 +11,7 @@ import sys
 import unicodedata
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator
+from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 from ..errors import BadInput, Busy, Refused
 from ..paths import MM_DIR, state_dir, state_root
@@ -31,9 +31,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644, *, root: Path, allowed: Allowed = (),
-                       sync: bool = True) -> None:
-    """Write PATH (under ROOT) to a temporary name in its directory, then publish it: never half a file.
+def atomic_write_bytes(path: Path, data: bytes | Iterable[bytes], mode: int = 0o644, *, root: Path,
+                       allowed: Allowed = (), sync: bool = True) -> None:
+    """Write PATH (under ROOT) to a temporary name in its directory, then publish it: never half a file. DATA: the
+    bytes, or chunks of them (a large document written as it is rendered, never held whole).
 
     Every directory from ROOT down is reached without following a symlink (see `parent_dir`). sync=False: no
     fsync (state a kill -9 keeps in the page cache, and a power cut may lose)."""
@@ -45,7 +46,8 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644, *, root: Path
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                for chunk in (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data:
+                    f.write(chunk)
                 f.flush()
                 if sync:
                     os.fsync(f.fileno())
@@ -63,10 +65,28 @@ def atomic_write_text(path: Path, text: str, mode: int = 0o644, *, root: Path, a
     atomic_write_bytes(path, text.encode("utf-8"), mode, root=root, allowed=allowed)
 
 
-def atomic_write_json(path: Path, obj: object, *, root: Path, allowed: Allowed = (), indent: int | None = 2) -> None:
-    """INDENT None: one line, by json's C encoder (an indented document is built by its Python encoder as a list
-    of every token first: for mm's own state of a million files, hundreds of MB)."""
-    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False) + "\n", root=root, allowed=allowed)
+def atomic_write_json(path: Path, obj: object, *, root: Path, allowed: Allowed = (), indent: int | None = 2,
+                      default: Callable[[object], object] | None = None) -> None:
+    """INDENT None: one line, by json's C encoder. An indented document is written as its Python encoder yields it,
+    a megabyte at a time (json.dumps makes a list of every token first: for mm's own record of a million files,
+    hundreds of MB). DEFAULT: json's, for values of mm's own compact types."""
+    if indent is None:
+        atomic_write_text(path, json.dumps(obj, default=default) + "\n", root=root, allowed=allowed)
+        return
+
+    def chunks() -> Iterator[bytes]:
+        batch: list[str] = []
+        held = 0
+        for token in json.JSONEncoder(indent=indent, default=default).iterencode(obj):
+            batch.append(token)
+            held += len(token)
+            if held >= 1 << 20:
+                yield "".join(batch).encode("utf-8")
+                batch, held = [], 0
+        batch.append("\n")
+        yield "".join(batch).encode("utf-8")
+
+    atomic_write_bytes(path, chunks(), root=root, allowed=allowed)
 
 
 def publish(partial: Path, final: Path, sync: bool = True, mode: int | None = None, *, root: Path,

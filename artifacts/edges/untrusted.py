@@ -13,7 +13,7 @@ import json
 import math
 import os
 import re
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 from ..errors import BadInput, BadValue
 
@@ -87,13 +87,7 @@ def load_json(data: bytes | str, where: str, *, max_bytes: int = MAX_DOCUMENT, m
             raise Malformed(where, f"{subject}not UTF-8 text (byte {e.start})") from None
     else:
         text = data
-    bare = _STRING.sub("", text)  # the document without its strings: brackets and numbers are checked there
-    if text.count("[") + text.count("{") > max_depth and _too_deep(bare, max_depth):
-        raise Malformed(where, f"{subject}JSON nested deeper than {max_depth} levels")
-    if long_int := _LONG_INT.search(bare):
-        raise Malformed(where, f"integer {long_int.group()[:24]}... is out of range (more than 20 digits)")
-    if "\\u" in text and _LONE_SURROGATE.search(text):
-        raise Malformed(where, "a string holds a lone UTF-16 surrogate escape (not valid Unicode)")
+    _check_text(text, where, subject, max_depth)
     try:
         return json.loads(text, parse_constant=_constant, parse_float=_float)
     except json.JSONDecodeError as e:
@@ -102,6 +96,151 @@ def load_json(data: bytes | str, where: str, *, max_bytes: int = MAX_DOCUMENT, m
         raise Malformed(where, f"{subject}not valid JSON: {e}") from None
     except RecursionError:  # not reached: nesting_depth_exceeds refuses first (kept as a last line of defence)
         raise Malformed(where, f"{subject}JSON nested deeper than {max_depth} levels") from None
+
+
+def _check_text(text: str, where: str, subject: str, max_depth: int) -> None:
+    """What json accepts and mm does not: nesting deeper than MAX_DEPTH, integers of more than 20 digits, lone
+    surrogate escapes."""
+    bare = _STRING.sub("", text)  # the document without its strings: brackets and numbers are checked there
+    if text.count("[") + text.count("{") > max_depth and _too_deep(bare, max_depth):
+        raise Malformed(where, f"{subject}JSON nested deeper than {max_depth} levels")
+    if long_int := _LONG_INT.search(bare):
+        raise Malformed(where, f"integer {long_int.group()[:24]}... is out of range (more than 20 digits)")
+    if "\\u" in text and _LONE_SURROGATE.search(text):
+        raise Malformed(where, "a string holds a lone UTF-16 surrogate escape (not valid Unicode)")
+
+
+_CHUNK = 1 << 20  # characters decoded at a time by load_json_stream
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_float)
+
+
+class _Text:
+    """A JSON document read from a binary file a chunk at a time (strict UTF-8), with a cursor: what is behind the
+    cursor is dropped when more is read, so only the value being parsed is held."""
+
+    def __init__(self, f: BinaryIO, where: str, subject: str, max_bytes: int):
+        import codecs
+
+        self.f, self.where, self.subject, self.max_bytes = f, where, subject, max_bytes
+        self.decoder = codecs.getincrementaldecoder("utf-8")("strict")
+        self.buf, self.pos, self.read, self.eof = "", 0, 0, False
+        self.line, self.col = 1, 1  # of buf[0]
+
+    def fail(self, detail: str) -> Malformed:
+        return Malformed(self.where, f"{self.subject}{detail}")
+
+    def more(self, at_least: int = 1) -> bool:
+        """Read until AT_LEAST more characters are held (or the end); False at the end."""
+        if self.eof:
+            return False
+        dropped = self.buf[:self.pos]
+        if (newlines := dropped.count("\n")):
+            self.line, self.col = self.line + newlines, len(dropped) - dropped.rfind("\n")
+        else:
+            self.col += len(dropped)
+        parts, got = [self.buf[self.pos:]], 0
+        while got < at_least and not self.eof:
+            chunk = self.f.read(_CHUNK)
+            self.read += len(chunk)
+            if self.read > self.max_bytes:
+                raise self.fail(f"larger than the {self.max_bytes} bytes allowed for this document")
+            try:
+                text = self.decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:
+                raise self.fail(f"not UTF-8 text (byte {self.read - len(chunk) + e.start})") from None
+            self.eof = not chunk
+            parts.append(text)
+            got += len(text)
+        self.buf, self.pos = "".join(parts), 0
+        return True
+
+    def peek(self) -> str:
+        """The next character that is not white space ("" at the end), the cursor on it."""
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self.more():
+                return ""
+
+    def expect(self, chars: str) -> str:
+        c = self.peek()
+        if not c or c not in chars:
+            raise self.error(f"expected {' or '.join(repr(x) for x in chars)}")
+        self.pos += 1
+        return c
+
+    def error(self, msg: str, pos: int | None = None) -> Malformed:
+        pos = self.pos if pos is None else pos
+        newlines = self.buf.count("\n", 0, pos)
+        col = pos - self.buf.rfind("\n", 0, pos) if newlines else self.col + pos
+        return self.fail(f"not valid JSON (line {self.line + newlines} column {col}: {msg})")
+
+    def value(self, depth: int) -> Any:
+        """The JSON value at the cursor, checked as load_json checks a document (DEPTH: levels left)."""
+        self.peek()
+        while True:
+            try:
+                value, end = _DECODER.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as e:
+                if self.more(max(_CHUNK, len(self.buf) - self.pos)):  # cut at the chunk's end: double, retry
+                    continue
+                raise self.error(e.msg, e.pos) from None
+            except ValueError as e:
+                raise self.fail(f"not valid JSON: {e}") from None
+            except RecursionError:
+                raise self.fail(f"JSON nested deeper than {depth} levels") from None
+            if end == len(self.buf) and self.more():  # a number may go on in the next chunk
+                continue
+            _check_text(self.buf[self.pos:end], self.where, self.subject, depth)
+            self.pos = end
+            return value
+
+
+def load_json_stream(f: BinaryIO, where: str, *, key: str, item: Callable[[Any, int], Any], max_items: int,
+                     max_bytes: int, what: str = "") -> Any:
+    """Parse one JSON document from the binary file F as load_json does, holding only the value being parsed: the
+    document's top-level KEY, when it is an array, is read an element at a time, and ITEM(element, index) turns
+    each into what the caller keeps (a typed record) before the next is read. Returns the document with KEY's
+    value the list of ITEM's results (a document that is not an object is returned as it is).
+
+    For documents of a record per file (a manifest, a volume's index): read whole, the text, its parse as dicts
+    and the records cost kilobytes a file, and a revision may hold a million files."""
+    text = _Text(f, where, f"{what} is " if what else "", max_bytes)
+    if text.peek() != "{":
+        value = text.value(MAX_DEPTH)
+        if text.peek():
+            raise text.error("Extra data")
+        return value
+    text.pos += 1
+    doc: dict[str, Any] = {}
+    while text.peek() != "}":
+        if doc:
+            text.expect(",")
+        if text.peek() != '"':
+            raise text.error("Expecting property name enclosed in double quotes")
+        name = text.value(MAX_DEPTH - 1)
+        if name in doc:
+            raise text.fail(f"key {printable(name[:60])!r} appears twice")
+        text.expect(":")
+        if name != key or text.peek() != "[":
+            doc[name] = text.value(MAX_DEPTH - 1)
+            continue
+        text.pos += 1
+        items: list[Any] = []
+        while text.peek() != "]":
+            if items:
+                text.expect(",")
+            if len(items) >= max_items:
+                raise text.fail(f"{key} lists more than {max_items} entries")
+            items.append(item(text.value(MAX_DEPTH - 2), len(items)))
+        text.pos += 1
+        doc[name] = items
+    text.pos += 1
+    if text.peek():
+        raise text.error("Extra data")
+    return doc
 
 
 _DECIMAL = re.compile(r"[0-9]{1,18}")

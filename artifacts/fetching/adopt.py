@@ -73,6 +73,7 @@ def manifest_for_local_dir(local_dir: Path, repo_id: str, revision: str, *, endp
             _check_against_upstream(local_dir, hashed, remote)
         manifest = Manifest(repo_id=repo_id, revision=commit, files=tuple(e for e, _ in hashed), repo_type=repo_type,
                             requested_revision=revision, endpoint=public_endpoint(hub_endpoint(endpoint)) if remote is not None else None)
+        del hashed  # a (entry, git sha1) pair a file
         manifest = manifest.with_files(manifest.files)
         write_manifest(manifest, manifest_path(local_dir), root=state_root(local_dir))
     return LocalManifest(manifest, str(manifest_path(local_dir)), remote is not None, note)

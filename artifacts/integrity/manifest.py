@@ -23,18 +23,21 @@ launch see it as missing (or, once it is there, check it against the upstream id
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import BinaryIO, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import BadInput
 from ..paths import MM_DIR, manifest_path
-from ..edges.fsutil import atomic_write_text, check_model_path, read_local_file
-from ..edges.untrusted import At, load_json
+from ..edges.fsutil import atomic_write_bytes, atomic_write_text, check_model_path, open_local_file
+from ..edges.untrusted import At, load_json_stream
 from ..units import is_commit
 
 SCHEMA = "mm-manifest/1"
@@ -132,18 +135,27 @@ def public_endpoint(endpoint: str | None) -> str | None:
 
 
 def to_json(manifest: Manifest) -> str:
-    """The manifest's JSON (indent 2), rendered a file at a time: a copy of every entry as a dict at once (asdict)
-    and json's list of every chunk cost kilobytes a file, and a revision may hold a million files."""
+    """The manifest's JSON (indent 2)."""
+    return "".join(json_chunks(manifest))
+
+
+def json_chunks(manifest: Manifest) -> Iterator[str]:
+    """The manifest's JSON (indent 2), rendered a file at a time: a copy of every entry as a dict at once (asdict),
+    json's list of every chunk, or the whole text cost hundreds of bytes a file, and a revision may hold a
+    million files."""
     ordered = {k: getattr(manifest, k) for k in ("schema", "repo_id", "repo_type", "revision", "requested_revision",
                                                   "endpoint", "created")}
     if manifest.partial is not None:
         ordered["partial"] = {k: list(v) for k, v in asdict(manifest.partial).items()}
     if not manifest.files:
-        return json.dumps({**ordered, "files": []}, indent=2) + "\n"
+        yield json.dumps({**ordered, "files": []}, indent=2) + "\n"
+        return
     head = json.dumps({**ordered, "files": [None]}, indent=2)
     before, after = head.rsplit("null", 1)
-    return "".join([before, ",\n    ".join(json.dumps(_file_doc(f), indent=2).replace("\n", "\n    ")
-                                          for f in manifest.files), after, "\n"])
+    yield before
+    for i, f in enumerate(manifest.files):
+        yield (",\n    " if i else "") + json.dumps(_file_doc(f), indent=2).replace("\n", "\n    ")
+    yield after + "\n"
 
 
 def _file_doc(f: FileEntry) -> dict:
@@ -159,19 +171,46 @@ def write_manifest(manifest: Manifest, path: Path, *, root: Path | None = None) 
     """Write PATH atomically; ROOT: the model directory it lies in (nothing below it written through a link;
     default PATH's own directory)."""
     validate(manifest, str(path))
-    atomic_write_text(Path(path), to_json(manifest), root=root or Path(path).parent)
+    atomic_write_bytes(Path(path), _batched(json_chunks(manifest)), root=root or Path(path).parent)
+
+
+def _batched(chunks: Iterator[str], size: int = 1 << 20) -> Iterator[bytes]:
+    """CHUNKS as UTF-8, about SIZE bytes at a time."""
+    batch: list[str] = []
+    held = 0
+    for chunk in chunks:
+        batch.append(chunk)
+        held += len(chunk)
+        if held >= size:
+            yield "".join(batch).encode("utf-8")
+            batch, held = [], 0
+    yield "".join(batch).encode("utf-8")
 
 
 def read_manifest(path: Path) -> Manifest:
     path = Path(path)
     if not os.path.lexists(path):
         raise BadInput(f"{path}: no manifest here (run `mm fetch` or `mm manifest` first)")
-    return from_json(read_local_file(path, what="manifest", max_bytes=MAX_MANIFEST_BYTES), str(path))
+    with open_local_file(path, what="manifest", max_bytes=MAX_MANIFEST_BYTES) as f:
+        try:
+            return _read(f, str(path))
+        except OSError as e:
+            raise BadInput(f"{path}: cannot read manifest: {e.strerror or e}") from None
 
 
 def from_json(data: bytes | str, where: str) -> Manifest:
     """A manifest from the bytes of a document read from WHERE (a file, a bundle member)."""
-    return from_dict(load_json(data, where, max_bytes=MAX_MANIFEST_BYTES, what="manifest"), where)
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    return _read(io.BytesIO(data), where)
+
+
+def _read(f: BinaryIO, where: str) -> Manifest:
+    """The manifest in the binary file F, its entries typed as they are read (load_json_stream)."""
+    files_at = At(where).key("files")
+    doc = load_json_stream(f, where, key="files", item=lambda raw, i: entry_from_dict(raw, files_at.index(i)),
+                           max_items=MAX_FILES, max_bytes=MAX_MANIFEST_BYTES, what="manifest")
+    return from_dict(doc, where)
 
 
 def from_dict(doc: object, where: str) -> Manifest:
@@ -182,7 +221,8 @@ def from_dict(doc: object, where: str) -> Manifest:
     manifest = Manifest(
         repo_id=at.get_str(doc, "repo_id", max_len=256),
         revision=at.get_str(doc, "revision", max_len=64),
-        files=tuple(entry_from_dict(f, at.key("files").index(i)) for i, f in enumerate(files)),
+        files=tuple(f if isinstance(f, FileEntry) else entry_from_dict(f, at.key("files").index(i))
+                    for i, f in enumerate(files)),
         repo_type=at.get_str(doc, "repo_type", "model", max_len=32),
         requested_revision=at.get_str(doc, "requested_revision", None, max_len=256),
         endpoint=at.get_str(doc, "endpoint", None, max_len=2048),
@@ -225,7 +265,7 @@ def entry_from_dict(d: object, at: At | None = None) -> FileEntry:
         blake3=at.get_str(d, "blake3", None, max_len=64),
         sha256=at.get_str(d, "sha256", None, max_len=64),
         upstream=upstream,
-        source=at.get_str(d, "source", "hub", max_len=512),
+        source=sys.intern(at.get_str(d, "source", "hub", max_len=512)),  # a few values, a million entries
         xet_hash=at.get_str(d, "xet_hash", None, max_len=64),
     )
 

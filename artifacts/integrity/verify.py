@@ -96,7 +96,7 @@ class VerifyReport:
         return frozenset(p.path for p in self.problems if p.kind in REPAIRABLE)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Expected:
     """What one file must be: its size and one digest, from the manifest or from the Hub."""
 
@@ -236,7 +236,9 @@ def _verify(model_dir: Path, expected: list[Expected], source: str, *, quick: bo
             problems.append(_size_problem(exp, found))
         elif rehash is None or exp.path in rehash:
             to_hash.append(exp)
-    extras = sorted(set(scan.sizes) - {e.path for e in expected})
+    listed = {e.path for e in expected}
+    extras = sorted(p for p in scan.sizes if p not in listed)
+    del listed
     problems += _extra_problems(model_dir, extras, missing, scan.sizes, quick, listing)
 
     broken: set[str] = {p.path for p in problems}
@@ -414,8 +416,9 @@ def hash_schedule(files: list[Expected], jobs: int) -> tuple[list[Expected], lis
         rounds += jobs
     small = [e for e in files if e.size < SMALL_FILE]
     one_at_a_time = big[rounds:] + small
-    rest = set(one_at_a_time)
-    return sorted((e for e in files if e not in rest), key=lambda e: -e.size), one_at_a_time
+    later = {id(e) for e in big[rounds:]}  # small files are told by their size: no set of a million entries
+    return (sorted((e for e in files if e.size >= SMALL_FILE and id(e) not in later), key=lambda e: -e.size),
+            one_at_a_time)
 
 
 def _check_one(model_dir: Path, exp: Expected, threads: int, progress: ProgressSink,
