@@ -239,7 +239,7 @@ def preheat(reference, tiers, username, password_stdin, plain_http, ca_file, wor
         emit_json({"ok": code == 0, "reference": report.reference, "digest": report.digest, "blobs": report.blobs,
                    "total_bytes": report.total_bytes, "seconds": report.seconds,
                    "tiers": [{"tier": t.tier, "warm": t.warm, "fetched": t.fetched, "failed": len(t.failed),
-                              "not_stored": len(t.unsettled), "bytes_read": t.bytes_read, "seconds": t.seconds,
+                              "bytes_read": t.bytes_read, "seconds": t.seconds,
                               "blobs": to_jsonable(t.blobs)} for t in report.tiers]})
         sys.exit(code)
     out.line(f"preheat {report.reference} -> {report.digest}: {report.blobs} blobs, "
@@ -250,9 +250,6 @@ def preheat(reference, tiers, username, password_stdin, plain_http, ca_file, wor
                  f"{human_bytes(t.bytes_read)} read from it in {human_duration(t.seconds)} ({rate})")
         for b in t.failed:
             err.line(f"FAILED {t.tier} {b.digest}: {b.error}")
-        for b in t.unsettled:
-            err.line(f"warning: {t.tier} fetched {b.digest} but did not serve it from its own store in time: the "
-                     f"next tier or a node may fetch it from upstream again")
     if not code:  # by digest: a tag would be asked upstream, through every tier, at every node's pull
         pinned = parse_reference(report.reference).at(report.digest)
         out.line(f"pull on the nodes with: mm pull {pinned} --local-dir DIR --mirror {report.tiers[-1].tier}")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from ..edges import interrupt, wire
@@ -38,10 +38,6 @@ from . import modelpack
 from .pull import _require_tag_or_digest
 
 READ = 1 << 20  # the buffer a blob passes through on its way to sha256: the only memory a blob of any size takes
-SETTLE_FIRST = 0.25  # seconds before the first look again at a blob the tier is still storing; doubled each time...
-SETTLE_MOST = 2.0  # ...up to this (mm's own margins: a few requests per blob, each answered by headers alone)
-SETTLE_FLOOR = 30.0  # the least time a tier gets to store a blob it fetched, and twice the time the blob took to pass
-# (the store reads the same upstream beside the answer we read: mm's own margins)
 
 
 @dataclass(frozen=True)
@@ -52,7 +48,6 @@ class BlobAtTier:
     bytes_read: int = 0
     error: str | None = None
     error_kind: type[MMError] | None = None
-    stored: bool = True  # False: fetched, but the tier did not answer from its own store before the deadline
 
 
 @dataclass(frozen=True)
@@ -76,10 +71,6 @@ class TierReport:
     @property
     def failed(self) -> list[BlobAtTier]:
         return [b for b in self.blobs if b.status == "failed"]
-
-    @property
-    def unsettled(self) -> list[BlobAtTier]:
-        return [b for b in self.blobs if not b.stored]
 
 
 @dataclass(frozen=True)
@@ -123,9 +114,7 @@ def preheat(reference: str, tiers: tuple[tuple[str, Transport], ...], credential
 
                 def one(d) -> BlobAtTier:
                     with working_on(progress, f"{host} {d.digest[7:19]}"):
-                        began = time.monotonic()
-                        got = warm_blob(tier, d.digest, d.size, progress.advance)
-                        return settle(tier, got, time.monotonic() - began) if got.status == "fetched" else got
+                        return warm_blob(tier, d.digest, d.size, progress.advance)
 
                 with interrupt.worker_pool(workers) as pool:
                     done = tuple(pool.map(one, blobs))
@@ -156,30 +145,6 @@ def warm_blob(tier: Client, digest: str, size: int, advance: Callable[[int], Non
     except MMError as e:
         return BlobAtTier(digest, size, "failed", getattr(e, "read", 0), e.message, type(e))
     return BlobAtTier(digest, size, "fetched", got)
-
-
-def settle(tier: Client, blob: BlobAtTier, took: float, clock: Callable[[], float] = time.monotonic,
-           sleep: Callable[[float], object] = interrupt.STOP.wait) -> BlobAtTier:
-    """Wait until TIER serves BLOB, which it just fetched, from its own store (a 206 to the one-byte probe) before the
-    next tier asks it. A proxy stores a blob in the background while it streams it (distribution:
-    proxyblobstore.go, ServeBlob's storeLocal), and a request that comes before that store is done is served by a
-    new fetch from the upstream: on a fast host the next tier's two requests per miss reached the origin again
-    (4.6x the artifact there instead of 2x). A 200 here is closed at its headers (its body is not read), then asked
-    again after a backoff, until the deadline: SETTLE_FLOOR, or twice the TOOK seconds the blob took to pass."""
-    deadline = clock() + max(SETTLE_FLOOR, 2 * took)
-    pause = SETTLE_FIRST
-    while True:
-        try:
-            with tier.open_blob(blob.digest, 0, 1 if blob.size else None) as raw:
-                if raw.status == 206 or not blob.size:
-                    return blob
-        except MMError:
-            pass  # the tier stumbled on a probe: its blob was proven already; look again until the deadline
-        if clock() + pause > deadline:
-            return replace(blob, stored=False)
-        sleep(pause)
-        interrupt.check()
-        pause = min(pause * 2, SETTLE_MOST)
 
 
 def _stream_sha256(raw: "wire.RawAnswer", size: int, where: str, advance: Callable[[int], None]) -> int:
