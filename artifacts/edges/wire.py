@@ -514,8 +514,9 @@ def warm_tls() -> None:
         except Exception:  # (an unreadable SSL_CERT_FILE: the request that needs the context says so)
             pass
 
-    if _ssl_context is None:
-        threading.Thread(target=make, name="mm-tls", daemon=True).start()
+    if _ssl_context is None:  # not a daemon: a process that ends early waits the few ms for it, since OpenSSL
+        # still parsing while the interpreter finalizes crashed mm (SIGSEGV after its error line)
+        threading.Thread(target=make, name="mm-tls").start()
 
 
 class _Idle(threading.local):
