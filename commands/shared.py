@@ -179,9 +179,11 @@ def to_jsonable(doc: Any) -> Any:
 
 
 def emit_json(doc: Any) -> None:
-    import json
+    """DOC as one indented JSON document on stdout, written as it is encoded (a report may list a million files)."""
+    from ..artifacts.edges.fsutil import json_text_chunks
 
-    out.write(json.dumps(_redacted(to_jsonable(doc)), indent=2) + "\n")
+    for chunk in json_text_chunks(_redacted(to_jsonable(doc)), indent=2):
+        out.write(chunk)
 
 
 def _redacted(doc: Any) -> Any:

@@ -92,8 +92,16 @@ def tar_header(name: str, size: int, mtime: int) -> bytes:
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
+USTAR_NAME = 100  # POSIX ustar: the name field's bytes; a longer name (or one not ASCII) takes a pax header
+USTAR_NUMBER = 8**11  # a size or mtime of 11 octal digits; larger ones take a pax header
+
+
 def member_bytes(name: str, size: int, mtime: int = 0) -> int:
-    """Bytes a member takes in the tar: header(s) plus data padded to the block size."""
+    """Bytes a member takes in the tar: header(s) plus data padded to the block size. A name tarfile writes as a
+    plain ustar header (ASCII, 100 bytes at most, size and mtime in 11 octal digits) takes one block, counted
+    without building it (the planner counts every member of a bundle of a million files)."""
+    if len(name) <= USTAR_NAME and name.isascii() and 0 <= size < USTAR_NUMBER and 0 <= mtime < USTAR_NUMBER:
+        return BLOCK + padded(size)
     return len(tar_header(name, size, mtime)) + padded(size)
 
 
@@ -118,7 +126,7 @@ def render_json_chunks(doc: dict, **lists: Iterable) -> Iterator[bytes]:
         out.append(before.encode())
         sep = b"[\n  "
         for element in lists[k]:
-            out += [sep, json.dumps(element, indent=1).replace("\n", "\n  ").encode()]
+            out += [sep, _element(element).encode()]
             held += len(out[-1])
             sep = b",\n  "
             if held >= 1 << 20:
@@ -127,6 +135,20 @@ def render_json_chunks(doc: dict, **lists: Iterable) -> Iterator[bytes]:
         out.append(b"[]" if sep == b"[\n  " else b"\n ]")
     out.append(rest.encode() + b"\n")
     yield b"".join(out)
+
+
+def _element(element) -> str:
+    """json.dumps(ELEMENT, indent=1), indented two more: a flat record of strings, integers and nulls (an index's
+    member) is written here with json's C string encoder, the same bytes without json's pure-Python indenting
+    encoder (some sixty calls a record, and an index may list a million)."""
+    if type(element) is dict and element and all(type(k) is str and (v is None or type(v) is str or type(v) is int)
+                                                 for k, v in element.items()):
+        return "{\n   " + ",\n   ".join(f"{_string(k)}: {'null' if v is None else _string(v) if type(v) is str else int.__repr__(v)}"
+                                       for k, v in element.items()) + "\n  }"
+    return json.dumps(element, indent=1).replace("\n", "\n  ")
+
+
+_string = json.encoder.encode_basestring_ascii  # what json.dumps (ensure_ascii) writes for a string
 
 
 class Rendered:

@@ -78,6 +78,12 @@ class Entry:
     def key(self) -> tuple[str, str]:
         return (self.kind, self.path)
 
+    def to_doc(self) -> dict:
+        """The member's record, as asdict() makes it without its deep copy of every value (a million members)."""
+        return {"member": self.member, "kind": self.kind, "path": self.path, "offset": self.offset,
+                "length": self.length, "size": self.size, "segment": self.segment, "segments": self.segments,
+                "blake3": self.blake3, "file_blake3": self.file_blake3, "file_sha256": self.file_sha256}
+
     @property
     def is_last(self) -> bool:
         return self.segment == self.segments
@@ -175,7 +181,7 @@ class Index:
                                           ("bundle_id", "name", "volume", "volumes", "volume_size", "repo_id",
                                            "revision", "manifest_blake3", "meta")}}
         doc["payloads"] = payloads_document(self.payloads)
-        doc["members"] = [asdict(e) for e in self.members] if members else None
+        doc["members"] = [e.to_doc() for e in self.members] if members else None
         if self.parity is not None:
             doc["parity"] = asdict(self.parity)
         if self.delta is not None:

@@ -46,7 +46,7 @@ import re
 import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
@@ -528,7 +528,7 @@ def meta_members(plan: Plan, n: int, digests: dict, restore: bytes) -> list[tupl
     head = Index(plan.bundle_id, plan.name, n, plan.count, plan.volume_size, m.repo_id, m.revision,
                  b3(plan.manifest_bytes), meta, plan.payloads, (), plan.parity_note, plan.delta).to_doc(members=False)
     pieces = plan.volumes[n - 1]
-    index = Rendered(lambda: render_json_chunks(head, members=(asdict(_entry(p, digests)) for p in pieces)))
+    index = Rendered(lambda: render_json_chunks(head, members=(_entry(p, digests).to_doc() for p in pieces)))
     return [(index_member(n), index), (MANIFEST_MEMBER, plan.manifest_bytes), *sig,
             (SUMS_MEMBER, sums), (RESTORE_MEMBER, restore), *extra]
 

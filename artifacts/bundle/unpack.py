@@ -36,6 +36,7 @@ from __future__ import annotations
 import bisect
 import enum
 import os
+import stat
 import struct
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -195,7 +196,12 @@ class _State:
 
 
 def _is_done(target: Path, size: int) -> bool:
-    return target.is_file() and not target.is_symlink() and target.stat().st_size == size
+    """A regular file (not a link) of SIZE bytes at TARGET: one lstat (a million files)."""
+    try:
+        st = os.lstat(target)
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == size
 
 
 def _in_place(targets: dict, stale: set, key: tuple[str, str], size: int) -> bool:
@@ -269,8 +275,12 @@ class _Targets(Mapping):
 
     def __init__(self, places: Places, keys: Mapping[tuple[str, str], int]):
         self._roots, self._keys = places.roots, keys
-        for key in keys:
-            places.final(*key)
+        by_kind: dict[str, list[str]] = {}
+        for kind, path in keys:
+            check_relpath(path, f"{kind} path")
+            by_kind.setdefault(kind, []).append(path)
+        for kind, paths in by_kind.items():  # Places.final's check, each directory walked once, not once a file
+            check_targets(places.roots[kind], paths)
 
     def __getitem__(self, key: tuple[str, str]) -> Path:
         if key not in self._keys:
@@ -1068,8 +1078,7 @@ class _Import:
         if str(e.segment) in pieces:  # this piece is in place from an earlier sitting
             return
         partial = self.places.partial(*e.key)
-        root = self.places.roots[e.kind]
-        make_dirs(root, partial.parent)
+        root = self.places.roots[e.kind]  # open_file makes the partial file's directory
         piece = StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
         whole = None if e.whole else self._continuation(skey, e.offset)
         copied = self._copy(v, info, root, partial, e.offset, e.size, fresh=e.whole,

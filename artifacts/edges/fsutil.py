@@ -73,20 +73,23 @@ def atomic_write_json(path: Path, obj: object, *, root: Path, allowed: Allowed =
     if indent is None:
         atomic_write_text(path, json.dumps(obj, default=default) + "\n", root=root, allowed=allowed)
         return
+    atomic_write_bytes(path, (chunk.encode("utf-8") for chunk in json_text_chunks(obj, indent, default)), root=root,
+                       allowed=allowed)
 
-    def chunks() -> Iterator[bytes]:
-        batch: list[str] = []
-        held = 0
-        for token in json.JSONEncoder(indent=indent, default=default).iterencode(obj):
-            batch.append(token)
-            held += len(token)
-            if held >= 1 << 20:
-                yield "".join(batch).encode("utf-8")
-                batch, held = [], 0
-        batch.append("\n")
-        yield "".join(batch).encode("utf-8")
 
-    atomic_write_bytes(path, chunks(), root=root, allowed=allowed)
+def json_text_chunks(obj: object, indent: int, default: Callable[[object], object] | None = None) -> Iterator[str]:
+    """json.dumps(OBJ, indent=INDENT) + "\n", about a megabyte at a time: json.dumps makes a list of every token
+    of the document first (for a report or record of a million files, hundreds of MB)."""
+    batch: list[str] = []
+    held = 0
+    for token in json.JSONEncoder(indent=indent, default=default).iterencode(obj):
+        batch.append(token)
+        held += len(token)
+        if held >= 1 << 20:
+            yield "".join(batch)
+            batch, held = [], 0
+    batch.append("\n")
+    yield "".join(batch)
 
 
 def publish(partial: Path, final: Path, sync: bool = True, mode: int | None = None, *, root: Path,
@@ -138,6 +141,11 @@ def user_path(path: Path) -> Path:
 
 
 def _rel_parts(root: Path, path: Path) -> list[str]:
+    top, full = os.fspath(root).rstrip("/") + "/", os.fspath(path)
+    if full.startswith(top) and top != "/":  # the plain case, without relpath's normalising of both (per file)
+        parts = full[len(top):].split("/")
+        if "" not in parts and "." not in parts and ".." not in parts:
+            return parts
     rel = os.path.relpath(path, root)
     if rel == ".":
         return []
@@ -147,7 +155,7 @@ def _rel_parts(root: Path, path: Path) -> list[str]:
     return parts
 
 
-def _link_allowed(link: Path, allowed: Allowed) -> bool:
+def _link_allowed(link: Path | str, allowed: Allowed) -> bool:
     real = os.path.realpath(link)
     for root in allowed:
         top = os.path.realpath(root)
@@ -156,7 +164,7 @@ def _link_allowed(link: Path, allowed: Allowed) -> bool:
     return False
 
 
-def link_refused(link: Path, root: Path) -> BadInput:
+def link_refused(link: Path | str, root: Path) -> BadInput:
     try:
         to = os.readlink(link)
     except OSError:
@@ -165,7 +173,7 @@ def link_refused(link: Path, root: Path) -> BadInput:
                     f"directory it works in: remove the link, or name the real directory")
 
 
-def _refuse_link_at(dfd: int, name: str, full: Path, root: Path, allowed: Allowed) -> os.stat_result | None:
+def _refuse_link_at(dfd: int, name: str, full: Path | str, root: Path, allowed: Allowed) -> os.stat_result | None:
     """The lstat of NAME in DFD (None if absent); a symlink there is refused unless ALLOWED lets it in."""
     try:
         st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
@@ -176,7 +184,7 @@ def _refuse_link_at(dfd: int, name: str, full: Path, root: Path, allowed: Allowe
     return st
 
 
-def _open_dir_at(dfd: int, name: str, full: Path, root: Path, create: bool, allowed: Allowed) -> int:
+def _open_dir_at(dfd: int, name: str, full: Path | str, root: Path, create: bool, allowed: Allowed) -> int:
     for attempt in range(3):
         try:
             return os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=dfd)
@@ -197,19 +205,19 @@ def _open_dir_at(dfd: int, name: str, full: Path, root: Path, create: bool, allo
 
 def _walk(root: Path, parts: list[str], create: bool, allowed: Allowed) -> int:
     """A descriptor of ROOT/PARTS..., each component opened without following a symlink (created if CREATE)."""
-    if create:
+    if create and not os.path.isdir(root):
         os.makedirs(root, exist_ok=True)  # the root itself: the user's path, as named
     fd = os.open(root, _DIR_FLAGS)
-    here = Path(root)
+    here = os.fspath(root)  # a str: a Path per component costs more than the open (a million files)
     try:
         for part in parts:
-            here = here / part
-            nfd = _open_dir_at(fd, part, here, Path(root), create, allowed)
+            here = f"{here.rstrip('/')}/{part}"
+            nfd = _open_dir_at(fd, part, here, root, create, allowed)
             os.close(fd)
             fd = nfd
     except OSError as e:
         os.close(fd)
-        _full_names(e, here.parent)
+        _full_names(e, Path(here).parent)
         raise
     except BaseException:
         os.close(fd)

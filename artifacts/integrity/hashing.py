@@ -156,10 +156,13 @@ def hash_file(path: Path, sha256: bool = True, git_sha1: bool = False, blake3_th
     blake3_threads: 1 when the caller already hashes several files in parallel; blake3.AUTO for one big file.
     """
     path = Path(path)
-    with open(path, "rb") as f:
+    with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return _hash_bytes(b"", sha256, git_sha1)
+        if size <= SMALL_READ:  # one read, hashed here: a lease, a mapping and a thread cost more than the hashing
+            data = os.read(f.fileno(), size)
+            if len(data) != size:
+                raise ChangedDuringRead(f"{path}: {len(data)} bytes read of {size}: the file was cut while being read")
+            return _hash_bytes(data, sha256, git_sha1)
         if not lease(f.fileno()):  # the mapping could lose its pages under us (SIGBUS): read instead
             return _hash_read(path, size, sha256, git_sha1, blake3_threads)
         if os.fstat(f.fileno()).st_size != size:

@@ -97,6 +97,8 @@ def run_timed(cmd: list[str], stats: Path, env: dict | None = None, stdout: Path
     """Wall seconds and peak RSS (bytes) of one command measured by /usr/bin/time, a small parent: Linux carries
     a parent's peak RSS into a forked child's rusage, and a benchmark process may have held large buffers.
     ENV: the command's environment (default: this one); STDOUT: a file for its output (default: none kept)."""
+    if not os.path.exists("/usr/bin/time"):  # a host without GNU time: the child's own rusage (wait4)
+        return _run_wait4(cmd, env, stdout)
     with open(stdout or os.devnull, "wb") as out:
         start = time.perf_counter()
         proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(stats), *cmd], env=env, stdout=out,
@@ -105,6 +107,23 @@ def run_timed(cmd: list[str], stats: Path, env: dict | None = None, stdout: Path
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
     return seconds, int(stats.read_text().split()[-1]) * 1024
+
+
+def _run_wait4(cmd: list[str], env: dict | None, stdout: Path | None) -> tuple[float, int]:
+    """run_timed without /usr/bin/time: the child's peak RSS from wait4 (it includes this process's RSS at the fork,
+    so it is an upper bound where this process is larger than the command)."""
+    import tempfile
+
+    with open(stdout or os.devnull, "wb") as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {err.read().decode()[-500:]}")
+    return seconds, usage.ru_maxrss * 1024
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from tests.bench.common import bench_dir, load_average, run_usage
 
-MM = os.environ.get("MM_BENCH_MM") or str(Path(sys.executable).parent / "mm")
+MM = (os.environ.get("MM_BENCH_MM") or (str(Path(sys.executable).parent / "mm")
+                                         if (Path(sys.executable).parent / "mm").exists() else shutil.which("mm") or "mm"))
 STEPS = ("manifest", "verify", "bundle", "unbundle", "tar")
 FILES = int(os.environ.get("MM_BENCH_FILES", "120000"))
 PER_DIR = 1000
