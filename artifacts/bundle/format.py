@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Iterator
 
 import blake3
 
+from ..edges.fsutil import json_record
 from ..units import MAX_SIZE
 from .payloads import PREFIXES
 
@@ -126,7 +127,7 @@ def render_json_chunks(doc: dict, **lists: Iterable) -> Iterator[bytes]:
         out.append(before.encode())
         sep = b"[\n  "
         for element in lists[k]:
-            out += [sep, _element(element).encode()]
+            out += [sep, json_record(element, 1, "  ").encode()]
             held += len(out[-1])
             sep = b",\n  "
             if held >= 1 << 20:
@@ -135,20 +136,6 @@ def render_json_chunks(doc: dict, **lists: Iterable) -> Iterator[bytes]:
         out.append(b"[]" if sep == b"[\n  " else b"\n ]")
     out.append(rest.encode() + b"\n")
     yield b"".join(out)
-
-
-def _element(element) -> str:
-    """json.dumps(ELEMENT, indent=1), indented two more: a flat record of strings, integers and nulls (an index's
-    member) is written here with json's C string encoder, the same bytes without json's pure-Python indenting
-    encoder (some sixty calls a record, and an index may list a million)."""
-    if type(element) is dict and element and all(type(k) is str and (v is None or type(v) is str or type(v) is int)
-                                                 for k, v in element.items()):
-        return "{\n   " + ",\n   ".join(f"{_string(k)}: {'null' if v is None else _string(v) if type(v) is str else int.__repr__(v)}"
-                                       for k, v in element.items()) + "\n  }"
-    return json.dumps(element, indent=1).replace("\n", "\n  ")
-
-
-_string = json.encoder.encode_basestring_ascii  # what json.dumps (ensure_ascii) writes for a string
 
 
 class Rendered:

@@ -115,6 +115,7 @@ class Places:
         self.dest = dest
         self.payload_roots = payload_roots(dest, payload_dests)
         self.roots = {MODEL_KIND: dest, **self.payload_roots}
+        self._partial_dirs: dict[str, Path] = {}
 
     def final(self, kind: str, path: str) -> Path:
         """ROOT/PATH for a file of KIND, refused (naming the link) when a symlink lies on the way (fsutil's rule);
@@ -130,7 +131,9 @@ class Places:
         return self.roots[kind] / PAYLOAD_PARTIAL
 
     def partial(self, kind: str, path: str) -> Path:
-        return self.partial_dir(kind) / (b3(f"{kind}:{path}".encode())[:32] + ".part")
+        if (folder := self._partial_dirs.get(kind)) is None:  # asked a few times a file, of a million files
+            folder = self._partial_dirs[kind] = self.partial_dir(kind)
+        return folder / (b3(f"{kind}:{path}".encode())[:32] + ".part")
 
     def clean_partials(self) -> None:
         remove_tree(self.dest, self.dest / STATE_DIR)

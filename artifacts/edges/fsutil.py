@@ -77,6 +77,23 @@ def atomic_write_json(path: Path, obj: object, *, root: Path, allowed: Allowed =
                        allowed=allowed)
 
 
+def json_record(doc: object, indent: int, lead: str = "") -> str:
+    """json.dumps(DOC, indent=INDENT) with LEAD after each of its newlines (a record of a list nested in a larger
+    document). A flat record of strings, integers and nulls (a manifest's file, an index's member) is joined here
+    with json's C string encoder: the same bytes, without json's pure-Python indenting encoder (dozens of calls
+    a record, and a document may list a million)."""
+    if type(doc) is dict and doc and all(type(k) is str and (v is None or type(v) is str or type(v) is int)
+                                         for k, v in doc.items()):
+        inner = "\n" + lead + " " * indent
+        return ("{" + inner + ("," + inner).join(
+            f"{_json_string(k)}: {'null' if v is None else _json_string(v) if type(v) is str else int.__repr__(v)}"
+            for k, v in doc.items()) + "\n" + lead + "}")
+    return json.dumps(doc, indent=indent).replace("\n", "\n" + lead)
+
+
+_json_string = json.encoder.encode_basestring_ascii  # what json.dumps (ensure_ascii) writes for a string
+
+
 def json_text_chunks(obj: object, indent: int, default: Callable[[object], object] | None = None) -> Iterator[str]:
     """json.dumps(OBJ, indent=INDENT) + "\n", about a megabyte at a time: json.dumps makes a list of every token
     of the document first (for a report or record of a million files, hundreds of MB)."""
@@ -239,10 +256,10 @@ def parent_dir(root: Path, path: Path, *, create: bool = False, allowed: Allowed
 
     CREATE: make the missing directories (each one judged again once made). A symlink on the way is refused
     (BadInput naming it) unless it points into one of ALLOWED; a missing directory is FileNotFoundError."""
-    parts = _rel_parts(Path(root), Path(path))
+    parts = _rel_parts(root, path)  # ROOT and PATH as given (str or Path): no Path made per call
     if not parts:
         raise ValueError(f"{path}: the root itself has no parent under it")
-    fd = _walk(Path(root), parts[:-1], create, allowed)
+    fd = _walk(root, parts[:-1], create, allowed)
     try:
         yield fd, parts[-1]
     except OSError as e:

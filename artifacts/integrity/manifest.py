@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import BadInput
 from ..paths import MM_DIR, manifest_path
-from ..edges.fsutil import atomic_write_bytes, atomic_write_text, check_model_path, open_local_file
+from ..edges.fsutil import atomic_write_bytes, atomic_write_text, check_model_path, json_record, open_local_file
 from ..edges.untrusted import At, load_json_stream
 from ..units import is_commit
 
@@ -154,7 +154,7 @@ def json_chunks(manifest: Manifest) -> Iterator[str]:
     before, after = head.rsplit("null", 1)
     yield before
     for i, f in enumerate(manifest.files):
-        yield (",\n    " if i else "") + json.dumps(_file_doc(f), indent=2).replace("\n", "\n    ")
+        yield (",\n    " if i else "") + json_record(_file_doc(f), 2, "    ")
     yield after + "\n"
 
 
