@@ -64,3 +64,28 @@ def test_a_json_report_is_one_document_on_stdout():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"imported": [f"model/f{i}" for i in range(60000)], "path": "/x"}
+
+
+def test_small_files_are_named_durably_a_batch_at_a_time_not_with_two_flushes_each(tmp_path, monkeypatch):
+    """unbundle's small files: their bytes reach the disk together (syncfs), then the names, then each directory
+    once; every file still arrives whole, under its final name, and is recorded as proven."""
+    import os
+
+    from mm.artifacts.bundle.unpack import unbundle
+    from tests.support.run import run_mm
+
+    model = tmp_path / "model"
+    for i in range(300):
+        (model / f"d{i // 100}").mkdir(parents=True, exist_ok=True)
+        (model / f"d{i // 100}" / f"f{i:03d}.json").write_text(f'{{"i": {i}}}\n')
+    assert run_mm("manifest", model, "--repo", "a/b", "--revision", "c" * 40, "--offline").returncode == 0
+    assert run_mm("bundle", model, "--out", tmp_path / "vols", "--volume-size", "1G", "--no-mm").returncode == 0
+    flushes = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (flushes.append(fd), real_fsync(fd))[1])
+    report = unbundle([tmp_path / "vols"], tmp_path / "dest")
+    assert report.ok and len(report.imported) == 300
+    assert all((tmp_path / "dest" / f"d{i // 100}" / f"f{i:03d}.json").read_text() == f'{{"i": {i}}}\n'
+               for i in range(300))
+    assert len(flushes) < 30, f"{len(flushes)} fsyncs for 300 files"
+    assert not list((tmp_path / "dest" / ".mm").glob("**/*.part"))

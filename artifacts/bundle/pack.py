@@ -58,7 +58,7 @@ from ..edges.fsutil import (atomic_write_bytes, check_inside, dir_lock, open_fil
                             read_local_file, require_free_space, unlink_file)
 from ..integrity.hashing import StreamHasher
 from ..edges.interrupt import keeps
-from ..integrity.manifest import MAX_MANIFEST_BYTES, Manifest, export_sums, read_manifest
+from ..integrity.manifest import MAX_MANIFEST_BYTES, Manifest, export_sums_chunks, read_manifest
 from ..paths import manifest_path
 from ..edges.progress import NULL_PROGRESS, ProgressSink
 from ..units import human_bytes
@@ -216,8 +216,8 @@ class Plan:
         return restore_text(self)
 
     @functools.cached_property
-    def sums(self) -> bytes:
-        return export_sums(self.manifest, "sha256").encode()
+    def sums(self) -> Rendered:
+        return sums_document(self.manifest)
 
     def parity_meta(self, restore: bytes) -> list[tuple[str, bytes]]:
         """Metadata members of a parity volume after its index and the manifest."""
@@ -333,7 +333,7 @@ def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volu
         id_doc["delta"] = b3(json.dumps(delta.to_doc(), sort_keys=True).encode())
     bundle_id = b3(json.dumps(id_doc, sort_keys=True).encode())[:32]
     mtime = _manifest_mtime(manifest)
-    sums = export_sums(manifest, "sha256").encode()
+    sums = sums_document(manifest)
     reserve = 8192 + member_bytes(MANIFEST_MEMBER, len(manifest_bytes)) + member_bytes(SUMS_MEMBER, len(sums))
     for _ in range(32):
         plan = Plan(bundle_id, name, volume_size, manifest, manifest_bytes, payloads,
@@ -346,6 +346,12 @@ def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volu
             return plan
         reserve += padded(excess) + 4096
     raise BadInput(f"volume size {volume_size} is too small for this bundle's index")  # pragma: no cover
+
+
+def sums_document(manifest: Manifest) -> Rendered:
+    """SHA256SUMS, written a chunk at a time and never held: a line a file, and a bundle may carry a million."""
+    export_sums_chunks(manifest, "sha256")  # a manifest the lines cannot be made from is refused now
+    return Rendered(lambda: (chunk.encode() for chunk in export_sums_chunks(manifest, "sha256")))
 
 
 def _require_first_volume(plan: Plan, first: list[CarriedFile], reserve: int) -> None:
@@ -534,9 +540,9 @@ def meta_members(plan: Plan, n: int, digests: dict, restore: bytes) -> list[tupl
 
 
 @functools.lru_cache(maxsize=8)
-def _b3_once(data: bytes) -> str:
+def _b3_once(data: bytes | Rendered) -> str:
     """b3 of the members every volume carries (RESTORE.txt lists every volume: hashed once, not once a volume)."""
-    return b3(data)
+    return _blake3_of(data).hex()
 
 
 def volume_bytes(plan: Plan, n: int) -> int:

@@ -46,8 +46,8 @@ from typing import Iterator, Mapping, NamedTuple
 from ..errors import BadInput, BadValue, IntegrityError, MMError, Refused
 from ..paths import IMPORT_RECORD, MM_DIR, POINTER, UNBUNDLE_DIR, store_root_of
 from ..edges.fsutil import (atomic_write_bytes, atomic_write_json, check_inside, check_relpath, check_targets, dir_lock,
-                            fsync_dir, make_dirs, open_file, publish, publish_fd, read_json_file, read_local_file,
-                            read_lock, remove_tree, require_free_space, still_to_write, unlink_file)
+                            fsync_dir, make_dirs, open_file, publish, publish_fd, publish_many, read_json_file,
+                            read_local_file, read_lock, remove_tree, require_free_space, still_to_write, unlink_file)
 from ..integrity.hashing import StreamHasher
 from ..edges.interrupt import keeps
 from ..integrity.manifest import MAX_MANIFEST_BYTES, from_json, read_manifest
@@ -1011,6 +1011,14 @@ class _ReadBack:
         return {"files": self.files, "bytes": self.bytes, "from_device": self.from_device}
 
 
+# Whole files this small are named in batches (publish_many: one syncfs, then the renames, then one fsync a
+# directory) instead of two flushes each; a batch holds at most this many files and bytes: mm's own margins, a
+# killed import redoing at most one batch, and a flush that writes back no more than 64 MiB at a time.
+SMALL_FILE = 1024 * 1024
+BATCH_FILES = 1024
+BATCH_BYTES = 64 * 1024 * 1024
+
+
 class _Import:
     """Imports members. Each byte is read once, from the volume: hashed (blake3) in the pipe on its way to the
     partial file, each member against the index, each whole file against the manifest before it is named (a file
@@ -1032,6 +1040,8 @@ class _Import:
         self.running: dict[str, tuple[int, StreamHasher]] = {}  # split file -> (bytes hashed in order, its hasher)
         self.reread = 0  # bytes of split files read back from DEST to check them whole (pieces of other sittings)
         self.read_back = _ReadBack()
+        self.pending: dict[str, list[tuple[Path, Path, tuple[str, str]]]] = {}  # kind -> small files to name
+        self.pending_bytes = 0
 
     def in_place(self, key: tuple[str, str], size: int) -> bool:
         return _in_place(self.targets, self.stale, key, size)
@@ -1067,6 +1077,7 @@ class _Import:
                 self.progress.item(e.path)
                 self.member(v, e, info)
             self.progress.advance(e.length - self.counted)
+        self.flush()
 
     def member(self, v: Volume, e: Entry, info) -> None:
         final = self.targets.get(e.key)
@@ -1112,16 +1123,34 @@ class _Import:
             self.state.doc["whole"].pop(skey, None)
             self.state.save()
             return
+        if self.sync and e.whole and e.size <= SMALL_FILE:  # named with others, durable at a batch's cost
+            self.pending.setdefault(e.kind, []).append((partial, final, e.key))
+            self.pending_bytes += e.size
+            if sum(map(len, self.pending.values())) >= BATCH_FILES or self.pending_bytes >= BATCH_BYTES:
+                self.flush()
+            return
         publish(partial, final, sync=self.sync, root=root)
-        self.imported.append(file_member(*e.key))
-        self.named.append(e.key)
-        self.stale.discard(e.key)
-        if self.sync:  # a later sitting trusts it by its stamp (not a file a crash may have cut: --no-sync)
-            self.state.doc.setdefault("proven", {})[skey] = _stamp(final)  # saved with the volume's state
+        self._named(e.key, final)
         if not e.whole:
             self.state.doc["pieces"].pop(skey, None)
             self.state.doc["whole"].pop(skey, None)
             self.state.save()
+
+    def _named(self, key: tuple[str, str], final: Path) -> None:
+        self.imported.append(file_member(*key))
+        self.named.append(key)
+        self.stale.discard(key)
+        if self.sync:  # a later sitting trusts it by its stamp (not a file a crash may have cut: --no-sync)
+            self.state.doc.setdefault("proven", {})[f"{key[0]}:{key[1]}"] = _stamp(final)  # saved with the state
+
+    def flush(self) -> None:
+        """Name the small files checked and waiting (fsutil.publish_many: their bytes on the disk before any of them
+        gets its name); done before the state records a volume, so what it calls done survives a crash."""
+        pending, self.pending, self.pending_bytes = self.pending, {}, 0
+        for kind, files in pending.items():
+            publish_many([(partial, final) for partial, final, _ in files], root=self.places.roots[kind])
+            for _, final, key in files:
+                self._named(key, final)
 
     def _continuation(self, skey: str, offset: int) -> StreamHasher | None:
         """The whole-file hasher a piece at OFFSET continues (a copy: kept only when the piece checks), or None

@@ -293,17 +293,29 @@ def validate(manifest: Manifest, where: str) -> None:
 
 def export_sums(manifest: Manifest, algorithm: str) -> str:
     """Lines that `sha256sum -c` / `b3sum --check` accept, run from the model directory."""
+    return "".join(export_sums_chunks(manifest, algorithm))
+
+
+def export_sums_chunks(manifest: Manifest, algorithm: str) -> Iterator[str]:
+    """export_sums's text, about a megabyte at a time (a line a file, and a revision may hold a million); a
+    manifest it cannot be made from is refused here, before the first chunk."""
     if algorithm not in ("sha256", "blake3"):
         raise BadInput(f"unknown checksum format {algorithm!r} (use sha256 or blake3)")
     if unproven := manifest.unproven:
         # a sums file without them would let `sha256sum -c` pass on an incomplete model
         raise BadInput(f"{manifest.repo_id}@{manifest.revision[:12]}: {len(unproven)} file(s) of the revision were "
                        f"never fetched here (e.g. {unproven[0].path}); run `mm repair DIR` first")
-    lines = []
-    for f in manifest.files:
-        digest = f.sha256 if algorithm == "sha256" else f.blake3
-        lines.append(f"{digest}  {f.path}")
-    return "\n".join(lines) + ("\n" if lines else "")
+    return _sums_lines(manifest.files, algorithm)
+
+
+def _sums_lines(files: tuple[FileEntry, ...], algorithm: str) -> Iterator[str]:
+    lines: list[str] = []
+    for f in files:
+        lines.append(f"{f.sha256 if algorithm == 'sha256' else f.blake3}  {f.path}\n")
+        if len(lines) >= 8192:
+            yield "".join(lines)
+            lines = []
+    yield "".join(lines)
 
 
 def entry_for_file(root: Path, relpath: str, upstream: Upstream | None = None, source: str = "local",
