@@ -16,8 +16,18 @@ copy from the upstream for the answer, whose body a HEAD then throws away: a HEA
 twice and proves nothing. The one-byte GET is the probe and the warm-up in one request, and on a miss the bytes
 that pass are the ones checked.
 
+Then, before the next tier is asked (and, after the last tier, before the preheat is done), each blob a tier
+fetched is waited for until the tier serves it from its own store (Client.blob_in_store: a conditional one-byte
+GET answered 304 by a stored blob). A pull-through cache stores a miss in the background while it streams it
+(proxyblobstore.go, storeLocal: its own fetch from the upstream, then a commit that fsyncs the blob), and a request
+that arrives before that commit is served by yet another fetch from the upstream: without the wait, on a fast host
+the next tier's two fetches per miss reached the origin again. The wait costs a request per look; a look while the
+tier is still storing costs what the TCP buffers between the tier and its upstream take in before the tier sees mm
+close (megabytes on loopback), so the looks are spaced from the time the blob took to pass, and they end at a
+deadline: a blob not stored by then is reported, and the preheat goes on.
+
 Reports, per tier: blobs already there, blobs fetched, blob bytes read from the tier (measured here, at the
-client), and failures (a tier that is down, refuses, or sends bytes whose digest fails: exit 4 or 5, the other
+client), blobs stored and the time waited for them, and failures (a tier that is down, refuses, or sends bytes whose digest fails: exit 4 or 5, the other
 blobs still go on).
 """
 from __future__ import annotations
@@ -25,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..edges import interrupt, wire
@@ -38,6 +48,13 @@ from . import modelpack
 from .pull import _require_tag_or_digest
 
 READ = 1 << 20  # the buffer a blob passes through on its way to sha256: the only memory a blob of any size takes
+# When to look whether a tier stored what it fetched (mm's own margins). The tier's own copy ran beside the answer mm
+# read, so it ends about when that read did; its commit then writes and fsyncs the blob, which takes a part of the
+# time the blob took to pass. First look: half that time after the read ended (at least STORE_FIRST), then twice the
+# pause each time; no look after STORE_FLOOR plus twice the read time (the store cannot take longer than a second
+# pass of the blob and its fsync, unless the tier is broken or hostile: then it has held the preheat at most that).
+STORE_FIRST = 0.2  # seconds
+STORE_FLOOR = 2.0  # seconds
 
 
 @dataclass(frozen=True)
@@ -48,6 +65,10 @@ class BlobAtTier:
     bytes_read: int = 0
     error: str | None = None
     error_kind: type[MMError] | None = None
+    read_seconds: float = 0.0  # how long the tier took to send it (fetched blobs)
+    stored: bool | None = None  # fetched: whether the tier then served it from its own store (None: not asked)
+    looks: int = 0  # stored-yet questions asked
+    not_stored: str | None = None  # why not: what the tier answered to the last question
 
 
 @dataclass(frozen=True)
@@ -55,6 +76,7 @@ class TierReport:
     tier: str  # host[:port]
     blobs: tuple[BlobAtTier, ...]
     seconds: float
+    waited: float = 0.0  # seconds from the end of the tier's reads until it had stored what it fetched (or gave up)
 
     @property
     def bytes_read(self) -> int:
@@ -71,6 +93,14 @@ class TierReport:
     @property
     def failed(self) -> list[BlobAtTier]:
         return [b for b in self.blobs if b.status == "failed"]
+
+    @property
+    def stored(self) -> int:
+        return sum(b.stored is True for b in self.blobs)
+
+    @property
+    def unstored(self) -> list[BlobAtTier]:
+        return [b for b in self.blobs if b.stored is False]
 
 
 @dataclass(frozen=True)
@@ -118,7 +148,10 @@ def preheat(reference: str, tiers: tuple[tuple[str, Transport], ...], credential
 
                 with interrupt.worker_pool(workers) as pool:
                     done = tuple(pool.map(one, blobs))
-            reports.append(TierReport(host, done, time.monotonic() - began))
+                read = time.monotonic()
+                with working_on(progress, f"{host}: waiting until it has stored what it fetched"):
+                    done = wait_stored(tier, done)
+            reports.append(TierReport(host, done, time.monotonic() - began, time.monotonic() - read))
     finally:
         progress.end()
     return PreheatReport(str(ref), digest, len(blobs), total, tuple(reports), time.monotonic() - started)
@@ -128,6 +161,7 @@ def warm_blob(tier: Client, digest: str, size: int, advance: Callable[[int], Non
     """One request for DIGEST at TIER (its first byte): "warm" when the tier answers with that byte, "fetched"
     when it answers with the whole blob, read here through sha256 and checked."""
     where = f"{tier.ref.name}@{digest}"
+    began = time.monotonic()
     try:
         with tier.open_blob(digest, 0, 1 if size else None) as raw:
             if raw.status == 206 and size:
@@ -144,7 +178,42 @@ def warm_blob(tier: Client, digest: str, size: int, advance: Callable[[int], Non
         return BlobAtTier(digest, size, "failed", error=e.message, error_kind=RemoteError)
     except MMError as e:
         return BlobAtTier(digest, size, "failed", getattr(e, "read", 0), e.message, type(e))
-    return BlobAtTier(digest, size, "fetched", got)
+    return BlobAtTier(digest, size, "fetched", got, read_seconds=time.monotonic() - began)
+
+
+def wait_stored(tier: Client, blobs: tuple[BlobAtTier, ...], clock: Callable[[], float] = time.monotonic,
+                sleep: Callable[[float], object] = interrupt.STOP.wait) -> tuple[BlobAtTier, ...]:
+    """BLOBS, each one TIER fetched marked stored once the tier serves it from its own store, or not stored (with
+    what the tier answered) at its deadline; see STORE_FIRST and STORE_FLOOR. The looks go one at a time, the
+    blob due first first: each is a request answered by headers alone."""
+    start = clock()
+    due, pause, deadline, looks, why = {}, {}, {}, {}, {}
+    for i, b in enumerate(blobs):
+        if b.status == "fetched":
+            pause[i] = max(STORE_FIRST, b.read_seconds / 2)
+            due[i] = start + pause[i]
+            deadline[i] = start + STORE_FLOOR + 2 * b.read_seconds
+            looks[i] = 0
+    stored: dict[int, bool] = {}
+    while len(stored) < len(due):
+        i = min((k for k in due if k not in stored), key=due.__getitem__)
+        wait = due[i] - clock()
+        if wait > 0:
+            sleep(wait)
+        interrupt.check()
+        left = deadline[i] - clock()
+        looks[i] += 1
+        try:  # the last look, at the deadline, gets STORE_FIRST for its answer
+            why[i] = tier.blob_in_store(blobs[i].digest, max(left, STORE_FIRST))
+        except MMError as e:  # (a look that fails is a "not yet": the blob itself was proven when it passed)
+            why[i] = e.message
+        if why[i] is None or left <= 0:
+            stored[i] = why[i] is None
+            continue
+        pause[i] *= 2
+        due[i] = min(clock() + pause[i], deadline[i])
+    return tuple(replace(b, stored=stored[i], looks=looks[i], not_stored=None if stored[i] else why[i])
+                 if i in due else b for i, b in enumerate(blobs))
 
 
 def _stream_sha256(raw: "wire.RawAnswer", size: int, where: str, advance: Callable[[int], None]) -> int:
