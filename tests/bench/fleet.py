@@ -161,7 +161,9 @@ def main() -> None:
             report = json.loads(got.stdout)
             ref = f"{chain.origin.host}/{REPO}@{report['digest']}"  # by digest: a tag is asked upstream at every tier
             print(f"preheat: {time.perf_counter() - start:.1f} s; " + "; ".join(
-                f"{t['tier']} read {t['bytes_read'] / 2**20:.0f} MiB ({t['fetched']} fetched, {t['warm']} warm)"
+                f"{t['tier']} read {t['bytes_read'] / 2**20:.0f} MiB ({t['fetched']} fetched, {t['warm']} warm; "
+                f"{t['stored']} stored, {t['not_stored']} not, waited {t['waited']:.1f} s, "
+                f"{sum(b['looks'] for b in t['blobs'])} looks)"
                 for t in report["tiers"]), flush=True)
             print(f"  origin served {chain.origin.served / total:.2f}x, T1 {t1.served / total:.2f}x the artifact")
 
