@@ -4,6 +4,7 @@ origin -> T1 -> T2 on 127.0.0.1), `mm preheat` warming them, and nodes pulling t
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
 import time
 from pathlib import Path
@@ -240,3 +241,57 @@ def test_a_mirror_or_tier_named_with_credentials_is_refused_without_echoing_them
     got = mm(tmp_path, command, f"127.0.0.1:9/{REPO}:v1", *extra, option, "alice:s3cret@127.0.0.1:5000")
     assert got.returncode == 2 and f"{option} ***@127.0.0.1:5000: holds credentials" in got.stderr
     assert "s3cret" not in got.stderr + got.stdout
+
+
+def test_after_preheat_every_tier_serves_every_blob_from_its_own_store(tmp_path, chain):
+    from mm.artifacts.oci.client import Client
+    from mm.artifacts.oci.reference import Reference
+    report = preheat(tmp_path, chain)
+    assert [(t["fetched"], t["stored"], t["not_stored"]) for t in report["tiers"]] == [
+        (report["blobs"], report["blobs"], 0)] * 2
+    chain.reset()
+    for hop in chain.tiers:  # the conditional look is answered 304 by the tier itself: nothing asked upstream
+        with Client(Reference(hop.direct_host, REPO)) as tier:
+            assert [tier.blob_in_store(b["digest"], 10) for b in report["tiers"][0]["blobs"]] == [None] * report["blobs"]
+    assert chain.origin.served == chain.tiers[0].served == 0
+
+
+BIG_BLOB = 256 * MiB  # streamed by the upstream below as fast as the tier takes it; a look must stop it early
+LOOK_COST = 16 * MiB  # what a look at a tier still storing may move at its upstream: the TCP buffers between the
+# two fill before the tier's first write to mm fails, whatever mm does (measured here: 1 to 5 MiB; mm's margin)
+
+
+def test_a_look_at_a_tier_still_storing_moves_only_what_fills_the_buffers_to_its_upstream(tmp_path):
+    from mm.artifacts.errors import RetryLater
+    from mm.artifacts.oci.client import Client
+    from mm.artifacts.oci.reference import Reference
+    from tests.support.hostile import HostileServer
+    digest = "sha256:" + "ab" * 32
+    gets, sent = [], queue.Queue()
+
+    def upstream(req, out):  # its first two blob GETs (the tier's store copy and its answer copy) never end
+        if req.path == "/v2/":
+            return out.send(200, {"Content-Type": "application/json"}, b"{}")
+        head = {"Content-Length": str(BIG_BLOB), "Docker-Content-Digest": digest}
+        if req.method == "HEAD":
+            return out.head(200, head)
+        gets.append(req)
+        out.head(200, head)
+        if len(gets) <= 2:
+            return out.stall(60)
+        n = 0
+        try:
+            for _ in range(BIG_BLOB // MiB):
+                out.body(bytes(MiB))
+                n += MiB
+        finally:
+            sent.put(n)  # what this copy handed to the kernel before the tier closed it
+
+    with HostileServer(upstream) as origin, Registry(tmp_path / "t1", proxy=origin.url) as t1, \
+            Client(Reference(t1.host, REPO)) as tier:
+        with pytest.raises(RetryLater):  # a cold tier: the look starts its store, whose copy stalls, as does the answer
+            tier.blob_in_store(digest, 1.0)
+        answers = [tier.blob_in_store(digest, 10) for _ in range(3)]
+        costs = [sent.get(timeout=30) for _ in answers]
+    assert all("from its upstream (200" in a for a in answers), answers
+    assert max(costs) < LOOK_COST, costs

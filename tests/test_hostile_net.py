@@ -832,3 +832,24 @@ def test_preheat_checks_what_a_hostile_tier_sends_and_stays_bounded(harness, art
             HostileServer(registry(artifact, blob=_blob_script(artifact, resolve))) as tier:
         got = harness.run("preheat", f"{origin.host}/hostile/model:v1", "--tier", tier.host, deadline=20)
     expect(got, code, message)
+
+
+def _never_stored(req, out, data):
+    """A cache that never keeps what it fetches: every GET, the conditional one-byte look included, answered as a
+    pull-through cache answers a miss (distribution's copyContent: 200, the whole blob, an unquoted Etag)."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    out.send(200, {"Etag": digest, "Docker-Content-Digest": digest}, data)
+
+
+def test_preheat_waits_for_a_tier_that_never_stores_only_until_its_deadline_and_says_so(harness, artifact):
+    with HostileServer(registry(artifact)) as origin, \
+            HostileServer(registry(artifact, blob=_blob_script(artifact, _never_stored))) as tier:
+        got = harness.run("preheat", f"{origin.host}/hostile/model:v1", "--tier", tier.host, "--json", deadline=20)
+        looks = sum(r.headers.get("if-none-match", "").startswith('"sha256:') for r in tier.requests)
+    assert got.code == 0, got.text  # a warning: every byte that passed was proven
+    [t] = json.loads(got.stdout)["tiers"]
+    [big] = [b for b in t["blobs"] if b["status"] == "fetched"]
+    assert (t["fetched"], t["stored"], t["not_stored"]) == (1, 0, 1)
+    assert big["stored"] is False and "from its upstream (200" in big["not_stored"] and big["looks"] == looks >= 2
+    # the deadline: STORE_FLOOR (2 s) plus twice the read, and the last look's answer
+    assert 2.0 <= t["waited"] < 2.0 + 2 * big["read_seconds"] + 1.0
