@@ -252,12 +252,12 @@ def preheat(reference, tiers, username, password_stdin, plain_http, ca_file, wor
         rate = human_rate(t.bytes_read / t.seconds) if t.seconds and t.bytes_read else "-"
         out.line(f"  {t.tier}: {t.fetched} fetched, {t.warm} already there, {len(t.failed)} failed; "
                  f"{human_bytes(t.bytes_read)} read from it in {human_duration(t.seconds)} ({rate})"
-                 + (f"; {t.stored} blobs stored; waited {t.waited:.1f} s" if t.fetched else ""))
+                 + (f"; {t.stored} of {t.fetched} stored; waited {t.waited:.1f} s" if t.fetched else ""))
         for b in t.failed:
             err.line(f"FAILED {t.tier} {b.digest}: {b.error}")
         for b in t.unstored:
             err.line(f"warning: {t.tier} fetched {b.digest} but had not stored it after {t.waited:.1f} s "
-                     f"({b.looks} looks; {b.not_stored}): the next tier or a node may fetch it from upstream again")
+                     f"(asked {b.looks} times; {b.not_stored}): the next tier or a node may fetch it from upstream again")
     if not code:  # by digest: a tag would be asked upstream, through every tier, at every node's pull
         pinned = parse_reference(report.reference).at(report.digest)
         out.line(f"pull on the nodes with: mm pull {pinned} --local-dir DIR --mirror {report.tiers[-1].tier}")

@@ -75,7 +75,7 @@ class BlobAtTier:
 class TierReport:
     tier: str  # host[:port]
     blobs: tuple[BlobAtTier, ...]
-    seconds: float
+    seconds: float  # the manifest and the blobs' reads
     waited: float = 0.0  # seconds from the end of the tier's reads until it had stored what it fetched (or gave up)
 
     @property
@@ -151,7 +151,7 @@ def preheat(reference: str, tiers: tuple[tuple[str, Transport], ...], credential
                 read = time.monotonic()
                 with working_on(progress, f"{host}: waiting until it has stored what it fetched"):
                     done = wait_stored(tier, done)
-            reports.append(TierReport(host, done, time.monotonic() - began, time.monotonic() - read))
+            reports.append(TierReport(host, done, read - began, time.monotonic() - read))
     finally:
         progress.end()
     return PreheatReport(str(ref), digest, len(blobs), total, tuple(reports), time.monotonic() - started)
