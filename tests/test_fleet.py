@@ -295,3 +295,32 @@ def test_a_look_at_a_tier_still_storing_moves_only_what_fills_the_buffers_to_its
         costs = [sent.get(timeout=30) for _ in answers]
     assert all("from its upstream (200" in a for a in answers), answers
     assert max(costs) < LOOK_COST, costs
+
+
+class StoringTier:
+    """A tier as the wait sees it: every blob still being stored (answered from its upstream) until STORED_AT on
+    the CLOCK, then from its own store."""
+
+    def __init__(self, stored_at: float):
+        self.stored_at, self.now, self.asked = stored_at, [0.0], []
+
+    def clock(self) -> float:
+        return self.now[0]
+
+    def sleep(self, seconds: float) -> None:
+        self.now[0] += seconds
+
+    def blob_in_store(self, digest: str, within: float) -> str | None:
+        self.asked.append((round(self.now[0], 2), digest))
+        return None if self.now[0] >= self.stored_at else "it answered from its upstream (200, no ETag)"
+
+
+def test_a_blob_still_being_stored_postpones_the_looks_at_the_others_so_the_big_one_is_asked_once():
+    from mm.artifacts.oci.preheat import BlobAtTier, wait_stored
+    small, big = (BlobAtTier(f"sha256:{c * 64}", size, "fetched", size, read_seconds=0.4)
+                  for c, size in (("a", 1024), ("b", 256 * MiB)))
+    tier = StoringTier(stored_at=1.0)
+    got = wait_stored(tier, (big, small), clock=tier.clock, sleep=tier.sleep)
+    # the smallest first, half the slowest read after the reads ended, then the pause doubles: 0.2, 0.6, 1.4 s
+    assert tier.asked == [(0.2, small.digest), (0.6, small.digest), (1.4, small.digest), (1.4, big.digest)]
+    assert [(b.stored, b.looks, round(b.stored_after, 2)) for b in got] == [(True, 1, 1.4), (True, 3, 1.4)]

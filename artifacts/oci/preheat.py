@@ -48,11 +48,12 @@ from . import modelpack
 from .pull import _require_tag_or_digest
 
 READ = 1 << 20  # the buffer a blob passes through on its way to sha256: the only memory a blob of any size takes
-# When to look whether a tier stored what it fetched (mm's own margins). The tier's own copy ran beside the answer mm
-# read, so it ends about when that read did; its commit then writes and fsyncs the blob, which takes a part of the
-# time the blob took to pass. First look: half that time after the read ended (at least STORE_FIRST), then twice the
-# pause each time; no look after STORE_FLOOR plus twice the read time (the store cannot take longer than a second
-# pass of the blob and its fsync, unless the tier is broken or hostile: then it has held the preheat at most that).
+# When to look whether a tier stored what it fetched (mm's own margins). The tier's own copy of each blob ran beside
+# the answer mm read, so it ends about when that read did; its commits then write and fsync the blobs, side by side,
+# which takes a part of the time the slowest blob took to pass. First look: half that time after the tier's reads
+# ended (at least STORE_FIRST), then the pause doubles after each "not yet"; no look after STORE_FLOOR plus twice the
+# slowest read (a store cannot take longer than a second pass of the blob and its fsync, unless the tier is broken
+# or hostile: then it has held the preheat at most that, then STORE_FLOOR more for one last look at each blob left).
 STORE_FIRST = 0.2  # seconds
 STORE_FLOOR = 2.0  # seconds
 
@@ -68,6 +69,7 @@ class BlobAtTier:
     read_seconds: float = 0.0  # how long the tier took to send it (fetched blobs)
     stored: bool | None = None  # fetched: whether the tier then served it from its own store (None: not asked)
     looks: int = 0  # stored-yet questions asked
+    stored_after: float | None = None  # seconds from the end of the tier's reads until a look found it stored
     not_stored: str | None = None  # why not: what the tier answered to the last question
 
 
@@ -184,36 +186,45 @@ def warm_blob(tier: Client, digest: str, size: int, advance: Callable[[int], Non
 def wait_stored(tier: Client, blobs: tuple[BlobAtTier, ...], clock: Callable[[], float] = time.monotonic,
                 sleep: Callable[[float], object] = interrupt.STOP.wait) -> tuple[BlobAtTier, ...]:
     """BLOBS, each one TIER fetched marked stored once the tier serves it from its own store, or not stored (with
-    what the tier answered) at its deadline; see STORE_FIRST and STORE_FLOOR. The looks go one at a time, the
-    blob due first first: each is a request answered by headers alone."""
+    what the tier answered) at the deadline; see STORE_FIRST and STORE_FLOOR. One look at a time, smallest blob
+    first: a look at a blob still being stored costs at most that blob, or the buffers to the tier's upstream, and
+    the tier commits its blobs side by side, so one still storing says the others may be too: then every look
+    waits the pause, which doubles."""
     start = clock()
-    due, pause, deadline, looks, why = {}, {}, {}, {}, {}
-    for i, b in enumerate(blobs):
-        if b.status == "fetched":
-            pause[i] = max(STORE_FIRST, b.read_seconds / 2)
-            due[i] = start + pause[i]
-            deadline[i] = start + STORE_FLOOR + 2 * b.read_seconds
-            looks[i] = 0
-    stored: dict[int, bool] = {}
-    while len(stored) < len(due):
-        i = min((k for k in due if k not in stored), key=due.__getitem__)
-        wait = due[i] - clock()
+    todo = sorted((i for i, b in enumerate(blobs) if b.status == "fetched"), key=lambda i: blobs[i].size)
+    if not todo:
+        return blobs
+    slowest = max(blobs[i].read_seconds for i in todo)
+    pause = max(STORE_FIRST, slowest / 2)
+    due, deadline = start + pause, start + STORE_FLOOR + 2 * slowest
+    looks = dict.fromkeys(todo, 0)
+    after: dict[int, float] = {}
+    why: dict[int, str | None] = {}
+    while todo:
+        wait = due - clock()
         if wait > 0:
             sleep(wait)
         interrupt.check()
-        left = deadline[i] - clock()
+        i = todo[0]
+        left = deadline - clock()
+        if left < -STORE_FLOOR:  # the last looks (one per blob left, after the deadline) had their time too
+            why.update((k, why.get(k) or "not asked before the deadline") for k in todo)
+            break
         looks[i] += 1
-        try:  # the last look, at the deadline, gets STORE_FIRST for its answer
+        try:  # a last look, after the deadline, gets STORE_FIRST for its answer
             why[i] = tier.blob_in_store(blobs[i].digest, max(left, STORE_FIRST))
         except MMError as e:  # (a look that fails is a "not yet": the blob itself was proven when it passed)
             why[i] = e.message
-        if why[i] is None or left <= 0:
-            stored[i] = why[i] is None
-            continue
-        pause[i] *= 2
-        due[i] = min(clock() + pause[i], deadline[i])
-    return tuple(replace(b, stored=stored[i], looks=looks[i], not_stored=None if stored[i] else why[i])
-                 if i in due else b for i, b in enumerate(blobs))
+        if why[i] is None:
+            after[i] = clock() - start
+            todo.pop(0)
+        elif left <= 0:
+            todo.pop(0)
+        else:
+            pause *= 2
+            due = min(clock() + pause, deadline)
+    return tuple(replace(b, stored=why[i] is None, looks=looks[i], stored_after=after.get(i),
+                         not_stored=why[i]) if i in looks else b for i, b in enumerate(blobs))
 
 
 def _stream_sha256(raw: "wire.RawAnswer", size: int, where: str, advance: Callable[[int], None]) -> int:
