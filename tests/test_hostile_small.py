@@ -6,7 +6,8 @@
   reserved  a manifest (or bundle index, or Hub listing) naming a file under .mm/: refused, exit 3
   gpus      `mm warmup --hardware b300` on Hopper GPUs refuses the combination (exit 7) before it looks for the image
   tls env   SSL_CERT_FILE / SSL_CERT_DIR naming a FIFO, a device, a directory, a missing file or no certificate:
-            one line naming the variable, exit 3, at once (a FIFO would block OpenSSL's read for ever)
+            one line naming the variable, exit 3, at once (a FIFO would block OpenSSL's read for ever); the same for
+            the stored Hub login HF_TOKEN_PATH names (huggingface_hub reads it whole, by path)
   types     every typed reader of a document mm reads (manifest, bundle index, image record, cache key, wheelhouse
             index, unbundle state, journal, range map, image archives, image index and manifest, auth file, ModelPack
             manifest) given each wrong JSON type at each path: only mm's own errors, never another exception
@@ -387,3 +388,15 @@ def test_a_ca_bundle_the_environment_names_that_is_not_one_is_one_line_naming_th
                extra_env={**extra, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}, timeout=60)
     variable = next(iter(extra))
     one_line(r, 3, f"{variable}={extra[variable]}", why)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_stored_hub_login_that_is_not_a_file_is_one_line_not_a_hang(kind, tmp_path):
+    login = tmp_path / "token"
+    if kind == "fifo":
+        os.mkfifo(login)
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    where = str(login) if kind == "fifo" else "/dev/zero"
+    r = run_mm("fetch", "org/model", "--revision", REV, "--local-dir", tmp_path / "model", env=env,
+               extra_env={"HF_TOKEN_PATH": where, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}, timeout=60)
+    one_line(r, 3, where, "HF_TOKEN_PATH")
