@@ -226,7 +226,7 @@ def preheat(reference, tiers, username, password_stdin, plain_http, ca_file, wor
     tier then gets one request per blob: a tier that has the blob sends one byte; one that does not sends the
     whole blob (fetching it from its upstream as it does), read here through sha256 and checked, never stored.
     Before the next tier is asked, and before the preheat ends, each tier is asked (headers only) whether it has
-    stored what it fetched, until it has or its deadline passes (about 2 s plus twice the time the blob took):
+    stored what it fetched, until it has or its deadline passes (2 s plus three times the slowest blob's read):
     a blob not stored by then is a warning, not a failure (exit 0). Run again on a warm chain, no blob moves.
     Exit 4 when a tier is down or refuses, 5 when a tier's bytes do not match their digest. --username
     credentials go to the origin only.

@@ -321,6 +321,6 @@ def test_a_blob_still_being_stored_postpones_the_looks_at_the_others_so_the_big_
                   for c, size in (("a", 1024), ("b", 256 * MiB)))
     tier = StoringTier(stored_at=1.0)
     got = wait_stored(tier, (big, small), clock=tier.clock, sleep=tier.sleep)
-    # the smallest first, half the slowest read after the reads ended, then the pause doubles: 0.2, 0.6, 1.4 s
-    assert tier.asked == [(0.2, small.digest), (0.6, small.digest), (1.4, small.digest), (1.4, big.digest)]
-    assert [(b.stored, b.looks, round(b.stored_after, 2)) for b in got] == [(True, 1, 1.4), (True, 3, 1.4)]
+    # the smallest first, the slowest read's time after the reads ended, then the pause doubles: 0.4 s, 1.2 s
+    assert tier.asked == [(0.4, small.digest), (1.2, small.digest), (1.2, big.digest)]
+    assert [(b.stored, b.looks, round(b.stored_after, 2)) for b in got] == [(True, 1, 1.2), (True, 2, 1.2)]

@@ -49,11 +49,12 @@ from .pull import _require_tag_or_digest
 
 READ = 1 << 20  # the buffer a blob passes through on its way to sha256: the only memory a blob of any size takes
 # When to look whether a tier stored what it fetched (mm's own margins). The tier's own copy of each blob ran beside
-# the answer mm read, so it ends about when that read did; its commits then write and fsync the blobs, side by side,
-# which takes a part of the time the slowest blob took to pass. First look: half that time after the tier's reads
-# ended (at least STORE_FIRST), then the pause doubles after each "not yet"; no look after STORE_FLOOR plus twice the
-# slowest read (a store cannot take longer than a second pass of the blob and its fsync, unless the tier is broken
-# or hostile: then it has held the preheat at most that, then STORE_FLOOR more for one last look at each blob left).
+# the answer mm read, so it ended about when that read did; its commits then fsync the blobs. A tier whose disk
+# writes at least as fast as the blob came in has done that within the time the blob took to pass: so the first look
+# is the slowest read's time after the tier's reads ended (at least STORE_FIRST); after each "not yet" the pause
+# doubles. No look after STORE_FLOOR plus three times the slowest read (a disk at a third of that rate), unless the
+# tier is broken or hostile: then it has held the preheat at most that, then STORE_FLOOR more for one last look at
+# each blob left.
 STORE_FIRST = 0.2  # seconds
 STORE_FLOOR = 2.0  # seconds
 
@@ -195,8 +196,8 @@ def wait_stored(tier: Client, blobs: tuple[BlobAtTier, ...], clock: Callable[[],
     if not todo:
         return blobs
     slowest = max(blobs[i].read_seconds for i in todo)
-    pause = max(STORE_FIRST, slowest / 2)
-    due, deadline = start + pause, start + STORE_FLOOR + 2 * slowest
+    pause = max(STORE_FIRST, slowest)
+    due, deadline = start + pause, start + STORE_FLOOR + 3 * slowest
     looks = dict.fromkeys(todo, 0)
     after: dict[int, float] = {}
     why: dict[int, str | None] = {}
