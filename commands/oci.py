@@ -257,7 +257,8 @@ def preheat(reference, tiers, username, password_stdin, plain_http, ca_file, wor
             err.line(f"FAILED {t.tier} {b.digest}: {b.error}")
         for b in t.unstored:
             err.line(f"warning: {t.tier} fetched {b.digest} but had not stored it after {t.waited:.1f} s "
-                     f"(asked {b.looks} times; {b.not_stored}): the next tier or a node may fetch it from upstream again")
+                     f"(asked {b.looks} times; {b.not_stored}): the next tier or a node may fetch it from upstream "
+                     f"again")
     if not code:  # by digest: a tag would be asked upstream, through every tier, at every node's pull
         pinned = parse_reference(report.reference).at(report.digest)
         out.line(f"pull on the nodes with: mm pull {pinned} --local-dir DIR --mirror {report.tiers[-1].tier}")

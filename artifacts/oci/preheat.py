@@ -23,12 +23,12 @@ GET answered 304 by a stored blob). A pull-through cache stores a miss in the ba
 that arrives before that commit is served by yet another fetch from the upstream: without the wait, on a fast host
 the next tier's two fetches per miss reached the origin again. The wait costs a request per look; a look while the
 tier is still storing costs what the TCP buffers between the tier and its upstream take in before the tier sees mm
-close (megabytes on loopback), so the looks are spaced from the time the blob took to pass, and they end at a
+close (megabytes on loopback), so the looks are spaced from the time the blobs took to pass, and they end at a
 deadline: a blob not stored by then is reported, and the preheat goes on.
 
 Reports, per tier: blobs already there, blobs fetched, blob bytes read from the tier (measured here, at the
-client), blobs stored and the time waited for them, and failures (a tier that is down, refuses, or sends bytes whose digest fails: exit 4 or 5, the other
-blobs still go on).
+client), blobs stored and the time waited for them, and failures (a tier that is down, refuses, or sends bytes
+whose digest fails: exit 4 or 5, the other blobs still go on).
 """
 from __future__ import annotations
 

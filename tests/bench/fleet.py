@@ -167,7 +167,8 @@ def main() -> None:
                 for t in report["tiers"]), flush=True)
             for t in report["tiers"]:  # the blobs a look found still being stored (each such look moved blob bytes)
                 late = [b for b in t["blobs"] if b["looks"] > 1]
-                print(f"  {t['tier']}: slowest read {max(b['read_seconds'] for b in t['blobs']):.2f} s; looked at again: "
+                slowest = max(b["read_seconds"] for b in t["blobs"])
+                print(f"  {t['tier']}: slowest read {slowest:.2f} s; looked at again: "
                       + (", ".join(f"{b['size'] / 2**20:.1f} MiB x{b['looks']} (stored after "
                                    f"{b['stored_after'] or 0:.2f} s)" for b in late) or "none"))
             print(f"  origin served {chain.origin.served / total:.4f}x ({chain.origin.served - 2 * total} bytes over "
