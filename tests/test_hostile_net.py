@@ -18,6 +18,8 @@ import hashlib
 import json
 import os
 import re
+import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -853,3 +855,20 @@ def test_preheat_waits_for_a_tier_that_never_stores_only_until_its_deadline_and_
     assert big["stored"] is False and "from its upstream (200" in big["not_stored"] and big["looks"] == looks >= 2
     # the deadline: STORE_FLOOR (2 s) plus three times the read, and the last look's answer
     assert 2.0 <= t["waited"] < 2.0 + 3 * big["read_seconds"] + 1.0
+
+
+def test_ctrl_c_while_preheat_waits_for_a_tier_to_store_stops_it_at_once(harness, artifact):
+    with HostileServer(registry(artifact)) as origin, \
+            HostileServer(registry(artifact, blob=_blob_script(artifact, _never_stored))) as tier:
+        proc = subprocess.Popen(mm_argv("preheat", f"{origin.host}/hostile/model:v1", "--tier", tier.host),
+                                env=harness.env, cwd=harness.tmp / "work", stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 15
+        while not any("if-none-match" in r.headers for r in tier.requests):  # the wait has begun
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=10)
+    assert (proc.returncode, err.strip()) == (130, "mm: interrupted by SIGINT")
+    assert time.monotonic() - sent < 2.0  # tests/test_interrupt.py's limit on a loaded machine (the goal: 1 s)
