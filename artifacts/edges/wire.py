@@ -580,8 +580,8 @@ def open_raw(url: str, headers: dict[str, str], where: str, *, ssl_context: ssl.
     ANSWER_TIMEOUT (seconds, shorter than the deadline) bounds the connection attempt and the headers instead.
     RECEIVE_BUFFER: the socket's SO_RCVBUF in bytes, set before it connects (so the window the server may fill is
     that small from the first byte): for a request whose answer is judged by its headers and closed unread, so
-    that the server could push only that much of a body meanwhile. Such connections are kept apart from the
-    others (a bulk body never comes through so small a window)."""
+    that only that much of a body reaches mm meanwhile. Such connections are kept apart from the others (a bulk
+    body never comes through so small a window)."""
     lim = limits()
     parts = urlsplit(check_url(url, where, "was to be asked at"))
     target = parts.path or "/"

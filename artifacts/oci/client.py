@@ -434,9 +434,11 @@ class Client:
         honoured; a 307 to blob storage when the driver redirects). A pull-through cache that has not stored it yet
         (registry/proxy/proxyblobstore.go, copyContent) answers 200 with the whole blob as it comes from its
         upstream, an unquoted Etag and no Cache-Control, headers sent with the first piece: that answer is closed
-        at its headers, on a socket whose receive window is PROBE_WINDOW bytes, so that the cache could push only
-        that much (and its upstream little more) before the close cuts its copy. Not a HEAD: Go's server reads a
-        HEAD's body to its end and drops it, so on a proxy a HEAD moves the whole blob from upstream."""
+        at its headers, on a socket whose receive window is PROBE_WINDOW bytes, so that little of the body reaches
+        mm. The cache's copy stops at its next write; by then its upstream has filled the buffers between them
+        (megabytes on loopback), which no client can prevent: a look is free only once the blob is stored. Not a
+        HEAD: Go's server reads a HEAD's body to its end and drops it, so on a proxy a HEAD moves the whole blob
+        from upstream."""
         extra = {"If-None-Match": f'"{digest}"', "Range": "bytes=0-0"}
         raw, _ = self._get_blob(digest, extra, follow=False, answer_timeout=within, receive_buffer=PROBE_WINDOW)
         try:
