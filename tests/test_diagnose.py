@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from mm.artifacts.serving.diagnose import hicache_fits, host_findings, iter_lines, load_table
+from mm.artifacts.serving.diagnose import DiagnoseRequest, hicache_fits, host_findings, iter_lines, load_table, run_diagnosis
 from mm.artifacts.serving.launch import LaunchOptions
 from mm.artifacts.serving.router import plan_node
 from tests.support import fake_docker
@@ -805,3 +805,19 @@ def test_a_kernel_msa_saved_again_after_a_restart_is_a_cache_not_persisted():
              f"{READY}\n")
     assert rows_of(start) == []
     assert rows_of(start + start) == ["kernel-cache-not-persisted"]
+
+
+def test_a_health_check_that_failed_while_the_server_still_started_is_voided_by_its_ready_line():
+    refused = "curl: (7) Failed to connect to 127.0.0.1 port 30000 after 0 ms: Couldn't connect to server"
+    assert rows_of(f"{refused}\n{READY}") == []
+    assert rows_of(f"{refused}\n{READY}\n{refused}") == ["health-failing"]  # after the start, it is the symptom
+
+
+def test_a_vllm_error_answer_quoting_the_image_hosts_403_is_a_remote_image_failure(tmp_path):
+    answer = tmp_path / "answer.json"
+    answer.write_text(json.dumps({"error": {"message": "403, message='Forbidden', url='https://images.example-cdn.com/cat.png'",
+                                            "type": "BadRequestError", "code": 400}}))
+    assert [f.row for f in run_diagnosis(DiagnoseRequest(answers=(answer,))).findings] == ["remote-image-failed"]
+    answer.write_text(json.dumps({"error": {"message": "401 Client Error: Unauthorized for url: "
+                                            "https://huggingface.co/api/models/x", "code": 400}}))
+    assert run_diagnosis(DiagnoseRequest(answers=(answer,))).findings == ()
