@@ -821,3 +821,11 @@ def test_a_vllm_error_answer_quoting_the_image_hosts_403_is_a_remote_image_failu
     answer.write_text(json.dumps({"error": {"message": "401 Client Error: Unauthorized for url: "
                                             "https://huggingface.co/api/models/x", "code": 400}}))
     assert run_diagnosis(DiagnoseRequest(answers=(answer,))).findings == ()
+
+
+def test_a_traceback_through_the_hubs_downloader_ending_in_a_network_error_is_missing_weights():
+    frame = ('Traceback (most recent call last):\n  File "/usr/local/lib/python3.12/dist-packages/huggingface_hub/'
+             'file_download.py", line 517, in http_get\n')
+    broken = "httpx.RemoteProtocolError: peer closed connection without sending complete message body (incomplete chunked read)"
+    assert rows_of(frame + broken) == ["weights-incomplete"]
+    assert rows_of(frame.replace("huggingface_hub/file_download.py", "sglang/srt/utils/common.py") + broken) == []
