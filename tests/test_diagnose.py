@@ -829,3 +829,14 @@ def test_a_traceback_through_the_hubs_downloader_ending_in_a_network_error_is_mi
     broken = "httpx.RemoteProtocolError: peer closed connection without sending complete message body (incomplete chunked read)"
     assert rows_of(frame + broken) == ["weights-incomplete"]
     assert rows_of(frame.replace("huggingface_hub/file_download.py", "sglang/srt/utils/common.py") + broken) == []
+
+
+def test_a_vllm_log_is_known_by_its_api_server_start_line():
+    log = "2026-11-20T09:12:03.037Z stderr F INFO 11-20 09:12:03 [api_server.py:1880] Starting vLLM API server 0 on http://0.0.0.0:8000"
+    assert diagnose_texts([("log", log)]).engine == "vllm"
+
+
+def test_a_start_without_the_nvfp4_line_is_told_why_the_line_matters():
+    log = "server_args=ServerArgs(model_path='/models/M', kv_cache_dtype='fp4_e2m1')\n" + READY
+    [finding] = diagnose_texts([("log", log)]).findings
+    assert "without the `nvfp4_to_fp8 backend=` line" in finding.fix and "CUDA_HOME" in finding.fix
