@@ -33,8 +33,10 @@ import heapq
 import http.client
 import io
 import itertools
+import os
 import socket
 import ssl
+import stat
 import struct
 import threading
 import time
@@ -48,7 +50,9 @@ import httpcore2
 import httpx2
 
 from . import interrupt
-from ..errors import RemoteError
+from ..errors import BadInput, RemoteError
+from ..units import human_bytes
+from .fsutil import file_kind
 from .untrusted import env_number, shown
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -500,8 +504,43 @@ def default_ssl_context() -> ssl.SSLContext:
     global _ssl_context
     with _ssl_lock:
         if _ssl_context is None:
-            _ssl_context = httpx2.create_ssl_context(trust_env=True)
+            _ssl_context = _trusted_cas()
         return _ssl_context
+
+
+# mm's margin: the bundles systems ship (Mozilla's, as ca-certificates and certifi carry it) are about 220 KB
+CAP_CA_BUNDLE = 64 * 1024 * 1024
+
+
+def _trusted_cas() -> ssl.SSLContext:
+    """httpx2's context, with the files the environment names checked first as the hostile input they may be:
+    SSL_CERT_FILE a regular file within CAP_CA_BUNDLE (a FIFO would block OpenSSL's read for ever, a device or a
+    huge file would be read whole), SSL_CERT_DIR a directory; what OpenSSL then refuses is one line naming it."""
+    for name, want_dir in (("SSL_CERT_FILE", False), ("SSL_CERT_DIR", True)):
+        value = os.environ.get(name)
+        if not value:
+            continue
+        where = f"{name}={shown(value)}"
+        try:
+            st = os.stat(value)
+        except OSError as e:
+            raise BadInput(f"{where}: {e.strerror or e}; point it at the CA certificates to trust, or unset it") from None
+        if want_dir and not stat.S_ISDIR(st.st_mode):
+            raise BadInput(f"{where}: is {file_kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'a file'}, "
+                           f"not a directory of CA certificates")
+        if not want_dir and not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"{where}: is {file_kind(st.st_mode)}, not a regular file of CA certificates")
+        if not want_dir and st.st_size > CAP_CA_BUNDLE:
+            raise BadInput(f"{where}: {human_bytes(st.st_size)}, larger than the {human_bytes(CAP_CA_BUNDLE)} mm "
+                           f"reads as a CA bundle")
+        break  # httpx2 reads SSL_CERT_DIR only when SSL_CERT_FILE is unset
+    try:
+        return httpx2.create_ssl_context(trust_env=True)
+    except (ssl.SSLError, OSError, UnicodeError) as e:
+        source = next((f"{n}={shown(os.environ[n])}" for n in ("SSL_CERT_FILE", "SSL_CERT_DIR") if os.environ.get(n)),
+                      "the system's CA bundle")
+        raise BadInput(f"{source}: OpenSSL cannot load CA certificates from it ({getattr(e, 'reason', None) or e})"
+                       f"; point SSL_CERT_FILE at a PEM bundle of CA certificates, or unset it") from None
 
 
 def warm_tls() -> None:
@@ -530,13 +569,19 @@ _idle = _Idle()
 
 
 def open_raw(url: str, headers: dict[str, str], where: str, *, ssl_context: ssl.SSLContext | None = None,
-             proxies: Proxies | None = None, answer_timeout: float | None = None) -> RawAnswer:
+             proxies: Proxies | None = None, answer_timeout: float | None = None,
+             receive_buffer: int | None = None) -> RawAnswer:
     """GET URL on an http.client connection: this thread's kept-alive one to that origin when there is one (a
     range after a range costs no new TCP and TLS handshake), else a new one. The status line and headers must
     arrive within MM_NET_DEADLINE (a watchdog shuts the socket down); each later read waits at most MM_NET_TIMEOUT.
     PROXIES: honour the proxy variables (as huggingface_hub's client does), as PROXIES read them. OSError / http.client.HTTPException
     propagate (the caller decides what a failed connection means); TooSlow when the deadline cut the headers.
-    RawAnswer.close() keeps the connection for the next request when its body was read to the end."""
+    RawAnswer.close() keeps the connection for the next request when its body was read to the end.
+    ANSWER_TIMEOUT (seconds, shorter than the deadline) bounds the connection attempt and the headers instead.
+    RECEIVE_BUFFER: the socket's SO_RCVBUF in bytes, set before it connects (so the window the server may fill is
+    that small from the first byte): for a request whose answer is judged by its headers and closed unread, so
+    that only that much of a body reaches mm meanwhile. Such connections are kept apart from the others (a bulk
+    body never comes through so small a window)."""
     lim = limits()
     parts = urlsplit(check_url(url, where, "was to be asked at"))
     target = parts.path or "/"
@@ -546,12 +591,14 @@ def open_raw(url: str, headers: dict[str, str], where: str, *, ssl_context: ssl.
     if proxy and parts.scheme == "http":
         target = url  # absolute form, to the proxy
     headers = {**headers, **_proxy_auth(proxy)} if proxy and parts.scheme == "http" else headers
-    key = (parts.scheme, parts.hostname, parts.port, proxy, id(ssl_context))
+    key = (parts.scheme, parts.hostname, parts.port, proxy, id(ssl_context), receive_buffer)
     conn = _idle.conns.pop(key, None)
     kept = conn is not None
     while True:
         if conn is None:
-            conn = _connection(parts, proxy, ssl_context, lim.timeout)
+            conn = _connection(parts, proxy, ssl_context, min(lim.timeout, answer_timeout or lim.timeout))
+            if receive_buffer:
+                conn._create_connection = _connector(receive_buffer)
         # A stop wakes a read blocked on a silent server. The socket itself is kept: http.client drops conn.sock
         # (the response keeps reading from it) when the server says it closes the connection.
         sock: list = [getattr(conn, "sock", None)]
@@ -594,6 +641,29 @@ def _connection(parts, proxy: str | None, ssl_context: ssl.SSLContext | None,
     if https:
         return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout, context=context)
     return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+
+
+def _connector(receive_buffer: int) -> Callable:
+    """socket.create_connection as http.client calls it (its `_create_connection`), with SO_RCVBUF set on each
+    socket before it connects: the TCP window is fixed at the handshake, so setting it later lets a server fill
+    the default one (128 KiB, growing to megabytes) first."""
+    def create(address, timeout=socket.getdefaulttimeout(), source_address=None):
+        host, port = address
+        error: OSError | None = None
+        for family, kind, proto, _, addr in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+                sock.settimeout(timeout)
+                if source_address:
+                    sock.bind(source_address)
+                sock.connect(addr)
+                return sock
+            except OSError as e:
+                sock.close()
+                error = e
+        raise error or OSError(f"getaddrinfo returned nothing for {host}")
+    return create
 
 
 def _proxy_auth(proxy: str | None) -> dict[str, str]:
