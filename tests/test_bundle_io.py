@@ -47,7 +47,7 @@ def model(tmp_path_factory) -> Path:
     return root
 
 
-DURABILITY = "write,pwrite64,fsync,fdatasync,rename,renameat,renameat2"
+DURABILITY = "write,pwrite64,fsync,fdatasync,syncfs,rename,renameat,renameat2"
 READS = "read,pread64,readv,preadv,preadv2,mmap"
 
 
@@ -314,13 +314,16 @@ def test_readback_catches_bytes_changed_on_the_device_after_they_were_synced(mod
 
 # --- durability -------------------------------------------------------------------------------------
 
-def _sync_then_rename_then_dir_sync(calls, partial: str, final: str) -> bool:
+def _sync_then_rename_then_dir_sync(calls, partial: str, final: str, file_system: str | None = None) -> bool:
+    """PARTIAL's last write, then an fsync of it (or a syncfs of FILE_SYSTEM, when given: a batch of small files),
+    then its rename to FINAL, then an fsync of FINAL's directory."""
     last_write = max(t for t, name, args, _ in calls if name.startswith(("write", "pwrite")) and fd_path(args) == partial)
-    synced = [t for t, name, args, _ in calls if name in ("fsync", "fdatasync") and fd_path(args) == partial]
+    synced = [t for t, name, args, _ in calls if (name in ("fsync", "fdatasync") and fd_path(args) == partial)
+              or (name == "syncfs" and file_system is not None and fd_path(args) == file_system)]
     renamed = [t for t, name, args, _ in calls if renamed_paths(name, args) == (partial, final)]
     directory = os.path.dirname(final)
     dir_synced = [t for t, name, args, _ in calls if name in ("fsync", "fdatasync") and fd_path(args) == directory]
-    return bool(synced and renamed and dir_synced) and last_write < max(synced) < renamed[0] < max(dir_synced)
+    return bool(renamed) and any(last_write < t < renamed[0] for t in synced) and any(t > renamed[0] for t in dir_synced)
 
 
 def test_bundle_syncs_each_volume_after_its_last_write_then_names_it_then_syncs_the_directory(traced_bundle):
@@ -330,10 +333,12 @@ def test_bundle_syncs_each_volume_after_its_last_write_then_names_it_then_syncs_
 
 
 def test_unbundle_syncs_each_file_after_its_last_write_then_names_it_then_syncs_the_directory(model, traced_unbundle):
+    """A shard by an fsync of its own; the small files (config, tokenizer) a batch at a time, by one syncfs."""
     dest, calls, _ = traced_unbundle
     for f in files_of(model):
         partial = str(dest / ".mm" / "unbundle" / "partial" / partial_name(f.path))
-        assert _sync_then_rename_then_dir_sync(calls, partial, str(dest / f.path)), f.path
+        assert _sync_then_rename_then_dir_sync(calls, partial, str(dest / f.path), str(dest)), f.path
+    assert any(name == "syncfs" for _, name, _, _ in calls)
 
 
 # --- parity ------------------------------------------------------------------------------------------

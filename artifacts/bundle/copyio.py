@@ -19,6 +19,7 @@ from pathlib import Path
 
 import blake3
 
+from ..edges.fsutil import libc_function
 from ..integrity.hashing import SMALL_READ, ChangedDuringRead, lease, lease_broken, unlease
 
 # blake3's own threads over each chunk: the writer thread spends its time in the kernel, so the
@@ -118,24 +119,12 @@ class WriteBehind:
             if self.drop:
                 low = max(self.start, self.pos - self.BACK * self.STEP)
                 os.posix_fadvise(self.fd, low, self.pos - low, os.POSIX_FADV_DONTNEED)
-            elif (range_write := _sync_file_range()) is not None:
+            elif (range_write := libc_function("sync_file_range", "c_int", "c_longlong", "c_longlong",
+                                               "c_uint")) is not None:
                 range_write(self.fd, self.mark, self.pos - self.mark, 2)  # SYNC_FILE_RANGE_WRITE
         except OSError:
             pass
         self.mark = self.pos
-
-
-@functools.cache
-def _sync_file_range():
-    """libc's sync_file_range (Linux; Python's os has none), or None."""
-    import ctypes  # here: only the copies that keep their pages pay for it
-
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
-    return fn
 
 
 class ChunkPipe:

@@ -163,7 +163,7 @@ def publish_many(pairs: Sequence[tuple[Path, Path]], *, root: Path) -> None:
 def sync_file_system(path: Path) -> bool:
     """syncfs(2) of the file system holding PATH: its dirty data written and flushed to its device in one call (an
     fsync a file costs a journal commit each on ext4 and xfs). False where libc has none (the caller fsyncs)."""
-    fn = _syncfs()
+    fn = libc_function("syncfs", "c_int")
     if fn is None:
         return False
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -179,15 +179,16 @@ def sync_file_system(path: Path) -> bool:
 
 
 @functools.cache
-def _syncfs():
-    """libc's syncfs (Linux; Python's os has none), or None."""
+def libc_function(name: str, *argtypes: str):
+    """libc's NAME with its ctypes ARGTYPES (named: "c_int", ...), for Linux calls Python's os lacks (syncfs,
+    sync_file_range), or None where libc has none. ctypes is imported only by the callers that need it."""
     import ctypes
 
     try:
-        fn = ctypes.CDLL(None, use_errno=True).syncfs
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_int]
+    fn.argtypes = [getattr(ctypes, t) for t in argtypes]
     return fn
 
 
