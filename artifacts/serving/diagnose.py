@@ -8,6 +8,7 @@ adapted to it (the cache paths, flags and ports mm uses); otherwise it is the gu
 """
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections import deque
@@ -426,8 +427,9 @@ _RECORD_TEXT = ("log", "message", "msg", "textPayload", "line")
 _RECORD_MARK = frozenset({"stream", "time", "timestamp", "ts", "level", "levelname", "severity", "logger", "@timestamp"})
 
 
-def _record_text(line: str) -> str | None:
-    """The message of a JSON log record on one line, else None (a request or an answer is read by the body reader)."""
+def _record(line: str) -> tuple[str | None, dict] | None:
+    """A JSON log record on one line: its message (None when it has none) and the record, else None (a request or an
+    answer is read by the body reader)."""
     text = line.strip()
     if not (text.startswith("{") and text.endswith("}")):
         return None
@@ -437,14 +439,54 @@ def _record_text(line: str) -> str | None:
         return None
     if not isinstance(doc, dict) or not _RECORD_MARK.intersection(doc):
         return None
-    return next((doc[k] for k in _RECORD_TEXT if isinstance(doc.get(k), str)), None)
+    return next((doc[k] for k in _RECORD_TEXT if isinstance(doc.get(k), str)), None), doc
+
+
+# a record's fields that hold what a client sent (a prompt quoting anything), never an answer
+_RECORD_REQUEST_KEYS = frozenset({"messages", "prompt", "input", "inputs", "request", "request_body", "obj", "params"})
+MAX_RECORD_ANSWERS = 8
+
+
+def _record_answers(doc: object, depth: int = 0) -> Iterator[str]:
+    """The answers a log record carries besides its message (a gateway or proxy logging the upstream's answer, whole,
+    as a JSON string, or as a preview of its message), each as the JSON document the body reader takes: an answer or
+    an error answer as it is; an assistant message (content beside finish_reason, tool_calls or role assistant) inside
+    choices."""
+    if depth > 4:
+        return
+    if isinstance(doc, str):
+        text = doc.strip()
+        if depth and text.startswith("{") and text.endswith("}"):
+            try:
+                doc = load_json(text, "log record field", max_bytes=MAX_LOG_LINE)
+            except Malformed:
+                return
+        else:
+            return
+    if isinstance(doc, list):
+        for item in doc[:MAX_RECORD_ANSWERS]:
+            yield from _record_answers(item, depth + 1)
+        return
+    if not isinstance(doc, dict):
+        return
+    if depth:
+        if body_facts(doc, 0) is not None:
+            yield json.dumps(doc)
+            return
+        if isinstance(doc.get("content"), str) and (
+                "finish_reason" in doc or "tool_calls" in doc or doc.get("role") == "assistant"):
+            yield json.dumps({"choices": [{"message": {"content": doc["content"]}}]})
+            return
+    for key, value in list(doc.items())[:64]:
+        if key not in _RECORD_REQUEST_KEYS and isinstance(value, (dict, list, str)):
+            yield from _record_answers(value, depth + 1)
 
 
 def normalised(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
     """(line number, text) of what each line says: ANSI escapes removed, a Kubernetes CRI prefix removed (CRI
     partial pieces joined, bounded by MAX_LOG_LINE), the prefixes of `docker logs --timestamps`, `kubectl logs
     --prefix`, `docker compose logs` and journalctl removed, a logfmt or JSON log record replaced by its message (one
-    line per line of it). The number is the first physical line's."""
+    line per line of it) and followed by the answers it carries (_record_answers). The number is the first physical line's."""
     partial: list[str] = []
     partial_at = 0
     size = 0
@@ -463,12 +505,18 @@ def normalised(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
                 line, number = "".join(partial) + line, partial_at
                 partial, size = [], 0
         line = _unwrapped(line)
-        record = _record_text(line) if "{" in line else None
+        record = _record(line) if "{" in line else None
         if record is None:
             yield number, line
             continue
-        for piece in record.splitlines() or [""]:
-            yield number, _ANSI.sub("", piece) if "\x1b" in piece else piece
+        message, doc = record
+        if message is None:
+            yield number, line
+        else:
+            for piece in message.splitlines() or [""]:
+                yield number, _ANSI.sub("", piece) if "\x1b" in piece else piece
+        for answer in itertools.islice(_record_answers(doc), MAX_RECORD_ANSWERS):
+            yield number, answer
     if partial:
         yield partial_at, "".join(partial)
 
@@ -499,6 +547,8 @@ _ABSENT = object()
 
 
 def _short(value: object) -> str:
+    if isinstance(value, _Expr):  # a variable of the script: its name
+        return f"`{str(value)[:MAX_FACT]}` (a value the script computes)"
     return json.dumps(value, ensure_ascii=False)[:MAX_FACT]
 
 
@@ -535,6 +585,97 @@ def body_facts(doc: object, line: int) -> Body | None:
             if isinstance(part, dict) and isinstance(part.get("content"), str):
                 body.contents.append(part["content"][:MAX_FACT])
     return body if body.error is not None or body.contents else None
+
+
+# moby's health state (api/types/container/health.go Health: Status, FailingStreak, Log of HealthcheckResult with
+# ExitCode and Output), in `docker inspect` whole, as .State or as .State.Health
+_HEALTH_OUTPUT = re.compile(r'"Output":\s*"(?:[^"\\]|\\.)*"')
+
+
+def _health_healthy(doc: object) -> bool:
+    """Whether DOC is or holds a container health state whose current Status is healthy: its Log then keeps the
+    outputs of earlier checks (failures while the server started), which the present state has cleared."""
+    for _ in range(3):  # [container] -> container -> State -> Health
+        if isinstance(doc, list) and len(doc) == 1:
+            doc = doc[0]
+        if not isinstance(doc, dict):
+            return False
+        if isinstance(doc.get("Log"), list) and "FailingStreak" in doc:
+            return doc.get("Status") == "healthy"
+        doc = doc.get("State") if isinstance(doc.get("State"), dict) else doc.get("Health")
+    return isinstance(doc, dict) and isinstance(doc.get("Log"), list) and doc.get("Status") == "healthy"
+
+
+# a request as a Python script sends it: openai-python's chat.completions.create(model=..., messages=..., **fields,
+# extra_body={...}) (its extra_body is merged into the JSON body), or requests/httpx .post(url, json={...})
+_PY_CALL = re.compile(r"\bcompletions\.create\(|\b(?:requests|httpx|session|client)\.post\(")
+MAX_CALL_LINES = 200
+
+
+class _Expr(str):
+    """The source text of a value a script computes (a variable): set, but its value is not in the text."""
+
+
+class _PythonCall:
+    """Collects the text of one Python call from its '(' until it parses (bounded by MAX_CALL_LINES and MAX_BODY) and
+    reads it as the JSON body it sends, its literals evaluated and any other value kept as an _Expr; never run."""
+
+    def __init__(self, first: str, number: int):
+        self.number = number
+        self.text = first
+        self.tried = 0  # the ends before this offset were tried already (the text only grows)
+        self.lines = 1
+        self.given_up = False
+
+    def add(self, line: str) -> None:
+        self.lines += 1
+        self.text += "\n" + line
+        if self.lines > MAX_CALL_LINES or len(self.text) > MAX_BODY:
+            self.given_up = True
+
+    def document(self) -> dict | None:
+        import ast
+
+        start, self.tried = self.tried, len(self.text)
+        if self.text.count(")") < self.text.count("("):
+            return None
+        for end in (i for i in range(start, len(self.text)) if self.text[i] == ")"):
+            try:
+                tree = ast.parse("f" + self.text[:end + 1], mode="eval")
+            except (SyntaxError, ValueError, MemoryError, RecursionError):
+                continue
+            if isinstance(tree.body, ast.Call):
+                return _call_body(tree.body)
+        return None
+
+
+def _literal(node: object) -> object:
+    import ast
+
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        if isinstance(node, ast.Dict):  # a dict with a computed value: its literal keys, each value read alike
+            return {k.value: _literal(v) for k, v in zip(node.keys, node.values)
+                    if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+        return _Expr(ast.unparse(node)[:MAX_FACT])
+
+
+def _call_body(call: object) -> dict | None:
+    """The JSON body a create(...) or post(..., json=...) call sends, else None."""
+    fields = {kw.arg: kw.value for kw in call.keywords if kw.arg is not None}
+    if "json" in fields:
+        body = _literal(fields["json"])
+        return body if isinstance(body, dict) else None
+    if "messages" not in fields:
+        return None
+    body = {name: _literal(value) for name, value in fields.items() if name not in ("extra_body", "extra_headers")}
+    extra = _literal(fields["extra_body"]) if "extra_body" in fields else {}
+    if isinstance(extra, dict):
+        body.update(extra)
+    if not isinstance(body.get("messages"), list):
+        body["messages"] = []  # messages built by the script: what is judged is the other fields
+    return body
 
 
 class _JsonObject:
@@ -697,6 +838,14 @@ _PYDANTIC_LOC = re.compile(r"^[A-Za-z_][\w.]*(?: -> \w+)*$")
 _PYDANTIC_MSG = re.compile(r"^\s+\S.*[\[(]type=[\w.]+")
 
 
+# vLLM's logger header (vllm/logger.py _FORMAT '%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s',
+# dates '%m-%d %H:%M:%S'), after utils/system_utils.py decorate_logs' '(APIServer pid=N) '; its NewLineFormatter
+# repeats the header on every line of a message, so a traceback's lines carry it too: what follows is what was logged
+_VLLM_HEADER = re.compile(r"^(?:\((APIServer|EngineCore(?:_DP\d+)?|\w+) pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+                          r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]\s]+:\d+\] ")
+_VLLM_LEVEL_INITIALS = frozenset("DIWEC")
+
+
 def _is_payload(line: str) -> bool:
     return (("obj=" in line or "Request " in line or "Generated response " in line or "Received request " in line)
             and PAYLOAD.search(line) is not None)
@@ -735,14 +884,24 @@ class _Scanner:
         self.tail = tail
         self.pending: _JsonObject | None = None
         self.location: str | None = None  # the last line, when it was a pydantic error's location (_PYDANTIC_LOC)
+        self.call: _PythonCall | None = None  # a request a Python script sends, being read
 
     def line(self, number: int, line: str) -> None:
         scan = self.scan
         scan.lines = number
+        if (line[:1] == "(" or line[:1] in _VLLM_LEVEL_INITIALS) and (m := _VLLM_HEADER.match(line)):
+            if m.group(1):
+                scan.engines.add("vllm")
+            line = line[m.end():]
         if self.tail:
             scan.tail.append(line)
         if self.keep is not None and len(scan.kept) < MAX_KEPT and self.keep.search(line):
             scan.kept.append(line)
+        if self.call is not None:
+            self._call_line(line)
+        elif "(" in line and (m := _PY_CALL.search(line)):
+            self.call = _PythonCall(line[m.end() - 1:], number)
+            self._call_line(None)
         if self.pending is not None:
             if self.pending.add(line, number) or self.pending.too_big:
                 self._close()
@@ -764,6 +923,18 @@ class _Scanner:
         if self.pending.done:
             self._close()
 
+    def _call_line(self, line: str | None) -> None:
+        call = self.call
+        if line is not None:
+            call.add(line)
+        doc = call.document()
+        if doc is None and not call.given_up:
+            return
+        self.call = None
+        if doc is not None and (facts := body_facts(doc, call.number)) is not None and facts.request \
+                and len(self.scan.bodies) < MAX_BODIES:
+            self.scan.bodies.append(facts)
+
     def _close(self) -> None:
         pending, self.pending = self.pending, None
         doc = None if pending.too_big or not pending.done else pending.document()
@@ -781,7 +952,9 @@ class _Scanner:
                 return
         facts = body_facts(doc, pending.number)
         if facts is None:  # JSON, but no request or answer (a structured log line): read as text
+            healthy = _health_healthy(doc)
             for text, number in pending.lines:
+                text = _HEALTH_OUTPUT.sub('"Output":""', text) if healthy else text
                 self._match(_masked(text) if pending.payload else text, number, pending.payload)
             return
         if facts.error is not None:  # a server's error message is evidence like a log line (an OOM in a 500)
@@ -867,7 +1040,7 @@ def _thinking_type_invalid(b: Body) -> str | None:
     if not b.request or b.thinking is _ABSENT or b.thinking is None:
         return None
     kind = b.thinking.get("type") if isinstance(b.thinking, dict) else None
-    if kind in M3_THINKING_TYPES:
+    if kind in M3_THINKING_TYPES or isinstance(b.thinking, _Expr) or isinstance(kind, _Expr):
         return None
     return f'"thinking": {_short(b.thinking)} (type must be adaptive, enabled or disabled)'
 
@@ -898,7 +1071,7 @@ def _effort_with_thinking_off(b: Body) -> str | None:
 
 def _effort_unknown_value(b: Body) -> str | None:
     effort = _effort(b)
-    if b.request and _set(effort) and effort not in M3_EFFORTS + EFFORT_OFF:
+    if b.request and _set(effort) and not isinstance(effort, _Expr) and effort not in M3_EFFORTS + EFFORT_OFF:
         return f'"reasoning_effort": {_short(effort)} (known: {", ".join(M3_EFFORTS + EFFORT_OFF)})'
     return None
 
