@@ -840,3 +840,98 @@ def test_a_start_without_the_nvfp4_line_is_told_why_the_line_matters():
     log = "server_args=ServerArgs(model_path='/models/M', kv_cache_dtype='fp4_e2m1')\n" + READY
     [finding] = diagnose_texts([("log", log)]).findings
     assert "without the `nvfp4_to_fp8 backend=` line" in finding.fix and "CUDA_HOME" in finding.fix
+
+
+REFUSED = "curl: (7) Failed to connect to localhost port 30000 after 0 ms: Couldn't connect to server"
+
+
+def test_a_docker_health_state_that_is_healthy_again_is_no_failure_whatever_its_log_of_earlier_checks_says():
+    checks = [{"Start": "2026-12-03T09:22:12Z", "End": "2026-12-03T09:22:12Z", "ExitCode": 7, "Output": REFUSED + "\n"},
+              {"Start": "2026-12-03T09:22:42Z", "End": "2026-12-03T09:22:42Z", "ExitCode": 0, "Output": ""}]
+    health = {"Status": "healthy", "FailingStreak": 0, "Log": checks}
+    assert rows_of(json.dumps(health)) == []
+    assert rows_of(json.dumps([{"Id": "9c2e", "State": {"Status": "running", "Health": health}}], indent=4)) == []
+    checks[1].update(ExitCode=7, Output=REFUSED)
+    assert rows_of(json.dumps(dict(health, Status="starting", FailingStreak=2))) == ["health-failing"]
+
+
+def test_dockers_healthy_verdict_after_failed_checks_voids_them():
+    assert rows_of(f"{REFUSED}\n9c2e4f1a7b3d   sglang   Up 14 minutes (healthy)   127.0.0.1:30000->30000/tcp   m") == []
+    assert rows_of(f"{REFUSED}\n2026-12-03T09:23:12Z container health_status: healthy 9c2e (name=m)") == []
+
+
+def test_a_health_poll_traced_by_set_x_is_judged_by_its_last_attempt():
+    attempt = "+ curl --fail --silent --show-error http://127.0.0.1:30000/health"
+    failing = f"{attempt}\n{REFUSED}\n+ sleep 30\n" * 3
+    assert rows_of(f"{failing}{attempt}\n+ echo 'server healthy'\nserver healthy") == []
+    assert rows_of(f"{failing}{attempt}\n{REFUSED}\n+ exit 1") == ["health-failing"]
+
+
+def test_a_media_fetch_failure_in_a_fragment_of_a_serving_log_counts_without_the_ready_line():
+    trace = ("[2026-12-03 09:14:37] Error in request: Traceback (most recent call last):\n"
+             '  File "/sgl-workspace/sglang/python/sglang/srt/managers/tokenizer_manager.py", line 712, in _tokenize_one_request\n'
+             "    mm_inputs = await self.mm_processor.process_mm_data_async(\n"
+             '  File "/sgl-workspace/sglang/python/sglang/srt/utils/common.py", line 861, in load_image\n'
+             "    response = requests.get(image_file, stream=True, timeout=timeout)\n"
+             "requests.exceptions.HTTPError: 403 Client Error: Forbidden for url: https://images.example-cdn.com/cat.png")
+    assert rows_of(trace) == ["remote-image-failed"]
+    served = '[2026-12-03 09:14:11] INFO:     172.17.0.1:50312 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
+    no_request_frame = "\n".join(line for line in trace.splitlines() if "tokenizer_manager" not in line and "mm_inputs" not in line)
+    assert rows_of(f"{served}\n{no_request_frame}") == ["remote-image-failed"]
+
+
+def test_vllms_logger_header_repeated_on_every_line_of_a_traceback_is_read_past():
+    header = "(APIServer pid=1) ERROR 12-03 12:01:04 [serving_chat.py:257] "
+    trace = "\n".join(header + line for line in (
+        "Error in preprocessing prompt inputs", "Traceback (most recent call last):",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/multimodal/utils.py", line 216, in fetch_image_async',
+        "    return await self.load_from_url_async(",
+        "aiohttp.client_exceptions.ClientConnectorError: Cannot connect to host raw.githubusercontent.com:443 "
+        "ssl:default [Temporary failure in name resolution]"))
+    started = "(APIServer pid=1) INFO:     Application startup complete."
+    [finding] = diagnose_texts([("log", f"{started}\n{trace}")]).findings
+    assert finding.row == "remote-image-failed" and finding.line.startswith("aiohttp.client_exceptions.")
+
+
+def test_an_answer_a_gateway_logs_inside_its_json_record_is_judged_as_the_answer():
+    markup = '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Shanghai</parameter>\n</invoke>\n</minimax:tool_call>'
+
+    def record(**fields) -> str:
+        return json.dumps({"level": "warn", "ts": "2026-12-03T10:15:03Z", "msg": "upstream response", **fields})
+    assert rows_of(record(response_preview={"finish_reason": "stop", "tool_calls": None, "content": markup})) == [
+        "raw-think-tokens"]
+    assert rows_of(record(upstream_body=json.dumps({"choices": [{"message": {"role": "assistant", "content": markup}}]}))) == [
+        "raw-think-tokens"]
+    assert rows_of(record(messages=[{"role": "assistant", "content": markup}])) == []  # a request: what a client sent
+    prose = "The M2 format opens with <minimax:tool_call>; M3 has its own."
+    assert rows_of(record(response_preview={"finish_reason": "stop", "content": prose})) == []
+
+
+def test_openai_pythons_print_of_a_400_about_thinking_type_is_row_9():
+    errors = ("[{'type': 'literal_error', 'loc': ('body', 'thinking', 'type'), 'msg': \"Input should be 'enabled', "
+              "'disabled' or 'adaptive'\", 'input': 'auto'}]")
+    body = {"object": "error", "message": f"1 validation error:\n  {errors[1:-1]}\n {errors}", "type": "Bad Request",
+            "param": None, "code": 400}
+    assert rows_of(f"openai.BadRequestError: Error code: 400 - {body!r}") == ["thinking-type-400"]
+    assert rows_of(f"openai.BadRequestError: Error code: 400 - {body!r}".replace("thinking", "messages")) == []
+
+
+SCRIPT = '''for effort in ["low", "high"]:
+    r = client.chat.completions.create(
+        model="MiniMaxAI/MiniMax-M3.1-Flash",
+        messages=[{"role": "user", "content": "Explain why reasoning_effort and thinking disabled clash."}],
+        reasoning_effort=effort,
+        extra_body={"thinking": {"type": "disabled"}},
+        max_tokens=4096,
+    )
+    print(effort, r.usage.completion_tokens)'''
+
+
+def test_a_python_scripts_request_with_an_effort_and_thinking_disabled_is_row_10():
+    [finding] = diagnose_texts([("log", SCRIPT)], engine="sglang").findings
+    assert finding.row == "reasoning-effort-ignored" and "`effort`" in finding.line
+    assert rows_of(SCRIPT.replace('"disabled"', '"enabled"'), engine="sglang") == []
+    assert rows_of(SCRIPT.replace("reasoning_effort=effort", 'reasoning_effort="none"'), engine="sglang") == []
+    posted = ('requests.post(URL, json={"model": "M", "messages": [], "reasoning_effort": "high",\n'
+              '                          "thinking": {"type": "disabled"}}, timeout=60)')
+    assert rows_of(posted, engine="sglang") == ["reasoning-effort-ignored"]
