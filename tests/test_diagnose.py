@@ -935,3 +935,37 @@ def test_a_python_scripts_request_with_an_effort_and_thinking_disabled_is_row_10
     posted = ('requests.post(URL, json={"model": "M", "messages": [], "reasoning_effort": "high",\n'
               '                          "thinking": {"type": "disabled"}}, timeout=60)')
     assert rows_of(posted, engine="sglang") == ["reasoning-effort-ignored"]
+
+
+def test_a_pod_that_is_ready_now_is_no_probe_failure_whatever_its_events_kept():
+    events = ("Events:\n  Type     Reason     Age                 From     Message\n"
+              "  Warning  Unhealthy  12m (x30 over 21m)  kubelet  Readiness probe failed: Get \"http://10.244.3.21:30000/"
+              "health\": dial tcp 10.244.3.21:30000: connect: connection refused")
+    conditions = "Conditions:\n  Type              Status\n  Initialized       True\n  Ready             {}\n"
+    assert rows_of(conditions.format("True") + events) == []
+    assert rows_of(conditions.format("False") + events) == ["health-failing"]
+
+
+def test_a_200_the_client_printed_after_failed_checks_voids_them():
+    assert rows_of(f"{REFUSED}\nHTTP/1.1 200 OK\ncontent-length: 0") == []
+    assert rows_of(f"{REFUSED}\n<Response [200]>") == []
+
+
+def test_an_answer_printed_by_openai_python_is_judged_as_the_answer():
+    def printed(content: str) -> str:
+        return (f"ChatCompletion(id='c1', choices=[Choice(finish_reason='stop', index=0, logprobs=None, message="
+                f"ChatCompletionMessage(content={content!r}, refusal=None, role='assistant', tool_calls=None))])")
+    assert rows_of(printed('<minimax:tool_call>\n<invoke name="get_weather">\n</invoke>\n</minimax:tool_call>')) == [
+        "raw-think-tokens"]
+    assert rows_of(printed("<mm:think>The user asks for the weather.")) == ["raw-think-tokens"]
+    assert rows_of(printed("It is 18 C in Shanghai.")) == []
+
+
+def test_a_media_urls_network_error_logged_without_its_traceback_is_a_remote_image_failure():
+    served = '[2026-12-03 09:14:11] INFO:     172.17.0.1:50312 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
+    error = ("[2026-12-03 09:14:37] Error in request: HTTPSConnectionPool(host='cdn.example.com', port=443): Max retries "
+             "exceeded with url: /a/cat.jpg (Caused by NameResolutionError(\"Failed to resolve 'cdn.example.com'\"))")
+    assert rows_of(f"{served}\n{error}") == ["remote-image-failed"]
+    assert rows_of(f"{served}\n{error.replace('cat.jpg', 'model-00001-of-00059.safetensors')}") == []
+    hub = "404 Client Error: Not Found for url: https://huggingface.co/M/resolve/main/figures/bench.png"
+    assert rows_of(f"{served}\n{hub}") == []  # the Hub's pictures are the model repo's, not a request's image

@@ -830,6 +830,9 @@ _PY_STRING = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
 # the model's output in such a line: SGLang's out={..., 'text': '...'}, vLLM's output: '...' (a Python repr)
 _OUTPUT = re.compile(r"\bout=\{(?:[^{}'\"]|'[\w.]*'|\{[^{}]*\})*?'text': |\bGenerated response \S+: output: ")
 MAX_OUTPUTS = 64
+# an answer's message as openai-python prints it (print(completion): its pydantic models' repr, content first:
+# ChatCompletionMessage(content='...', refusal=None, role='assistant', ...); streamed, ChoiceDelta(content='...', ...))
+_PY_ANSWER = re.compile(r"\b(?:ChatCompletionMessage|ChoiceDelta)\(content=")
 
 
 # pydantic's ValidationError prints each error as a location line ('thinking.type'; v1: 'thinking -> type') and an
@@ -909,6 +912,8 @@ class _Scanner:
         location, self.location = self.location, line if len(line) < 256 and _PYDANTIC_LOC.match(line) else None
         if location is not None and "type=" in line and _PYDANTIC_MSG.match(line):
             line = f"{location}: {line.strip()}"
+        if "content=" in line and len(scan.bodies) < MAX_BODIES:
+            self._printed_answers(line, number)
         payload = _is_payload(line)
         if payload and len(scan.outputs) < MAX_OUTPUTS and (text := _logged_output(line)) is not None:
             scan.outputs.append((text, number))
@@ -922,6 +927,23 @@ class _Scanner:
         self.pending.payload = payload
         if self.pending.done:
             self._close()
+
+    def _printed_answers(self, line: str, number: int) -> None:
+        """The contents of the answers openai-python printed on LINE (_PY_ANSWER), read as an answer's."""
+        import ast
+
+        contents = []
+        for m in itertools.islice(_PY_ANSWER.finditer(line), MAX_OUTPUTS):
+            if (literal := _PY_STRING.match(line, m.end())) is None:
+                continue
+            try:
+                text = ast.literal_eval(literal.group())
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                continue
+            if isinstance(text, str):
+                contents.append(text[:MAX_FACT])
+        if contents:
+            self.scan.bodies.append(Body(line=number, contents=contents))
 
     def _call_line(self, line: str | None) -> None:
         call = self.call
