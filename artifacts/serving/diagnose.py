@@ -610,6 +610,8 @@ def _health_healthy(doc: object) -> bool:
 # extra_body={...}) (its extra_body is merged into the JSON body), or requests/httpx .post(url, json={...})
 _PY_CALL = re.compile(r"\bcompletions\.create\(|\b(?:requests|httpx|session|client)\.post\(")
 MAX_CALL_LINES = 200
+MAX_CALL_BYTES = 64 * 1024  # a request call in a script is short; mm's own margin
+MAX_CALL_TRIES = 32  # parses tried per call (each at a ')' that may close it): a line of ')'s costs no more
 
 
 class _Expr(str):
@@ -617,29 +619,36 @@ class _Expr(str):
 
 
 class _PythonCall:
-    """Collects the text of one Python call from its '(' until it parses (bounded by MAX_CALL_LINES and MAX_BODY) and
+    """Collects the text of one Python call from its '(' until it parses (bounded by MAX_CALL_LINES, MAX_CALL_BYTES) and
     reads it as the JSON body it sends, its literals evaluated and any other value kept as an _Expr; never run."""
 
     def __init__(self, first: str, number: int):
         self.number = number
         self.text = first
         self.tried = 0  # the ends before this offset were tried already (the text only grows)
+        self.tries = 0
         self.lines = 1
-        self.given_up = False
+        self.open = first.count("(") - first.count(")")  # naive: parens in strings count too, so it only gates a parse
+        self.given_up = len(first) > MAX_CALL_BYTES
 
     def add(self, line: str) -> None:
         self.lines += 1
+        self.open += line.count("(") - line.count(")")
         self.text += "\n" + line
-        if self.lines > MAX_CALL_LINES or len(self.text) > MAX_BODY:
+        if self.lines > MAX_CALL_LINES or len(self.text) > MAX_CALL_BYTES:
             self.given_up = True
 
     def document(self) -> dict | None:
         import ast
 
         start, self.tried = self.tried, len(self.text)
-        if self.text.count(")") < self.text.count("("):
+        if self.open > 0 or self.given_up:
             return None
         for end in (i for i in range(start, len(self.text)) if self.text[i] == ")"):
+            self.tries += 1
+            if self.tries > MAX_CALL_TRIES:
+                self.given_up = True
+                return None
             try:
                 tree = ast.parse("f" + self.text[:end + 1], mode="eval")
             except (SyntaxError, ValueError, MemoryError, RecursionError):
@@ -902,7 +911,7 @@ class _Scanner:
             scan.kept.append(line)
         if self.call is not None:
             self._call_line(line)
-        elif "(" in line and (m := _PY_CALL.search(line)):
+        elif ("create(" in line or "post(" in line) and (m := _PY_CALL.search(line)):
             self.call = _PythonCall(line[m.end() - 1:], number)
             self._call_line(None)
         if self.pending is not None:
@@ -934,7 +943,9 @@ class _Scanner:
 
         contents = []
         for m in itertools.islice(_PY_ANSWER.finditer(line), MAX_OUTPUTS):
-            if (literal := _PY_STRING.match(line, m.end())) is None:
+            head = line[m.end():m.end() + MAX_FACT]  # the content's beginning is what is judged
+            literal = _PY_STRING.match(head) or (head and _PY_STRING.match(head.rstrip("\\") + head[0]))
+            if not literal:
                 continue
             try:
                 text = ast.literal_eval(literal.group())
