@@ -969,3 +969,17 @@ def test_a_media_urls_network_error_logged_without_its_traceback_is_a_remote_ima
     assert rows_of(f"{served}\n{error.replace('cat.jpg', 'model-00001-of-00059.safetensors')}") == []
     hub = "404 Client Error: Not Found for url: https://huggingface.co/M/resolve/main/figures/bench.png"
     assert rows_of(f"{served}\n{hub}") == []  # the Hub's pictures are the model repo's, not a request's image
+
+
+def test_a_container_unhealthy_while_it_started_and_healthy_since_is_no_failure():
+    unhealthy = "2026-12-03T09:20:12Z container health_status: unhealthy 9c2e (image=sglang, name=m)"
+    healthy = "2026-12-03T09:25:12Z container health_status: healthy 9c2e (image=sglang, name=m)"
+    assert rows_of(f"{unhealthy}\n{healthy}") == []
+    assert rows_of(f"{healthy}\n{unhealthy}") == ["health-failing"]
+
+
+def test_readiness_failures_followed_by_a_pod_whose_ready_column_is_full_are_no_failure():
+    failed = "  Warning  Unhealthy  12m (x30 over 21m)  kubelet  Readiness probe failed: HTTP probe failed with statuscode: 503"
+    assert rows_of(f"{failed}\nNAME         READY   STATUS    RESTARTS   AGE\nminimax-0    1/1     Running   0          21m") == []
+    assert rows_of(f"{failed}\nNAME         READY   STATUS    RESTARTS   AGE\nminimax-0    0/1     Running   0          21m") == [
+        "health-failing"]
