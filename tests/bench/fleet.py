@@ -7,7 +7,9 @@ BLOBS shards of MIB MiB pushed to the origin.
    proxy's thread pair per connection would be what is measured) into separate directories (a "node" is a process here: on a
    small box they share its cores and disk): every one must exit 0 (its copy proven); the origin must have served
    each blob at most 2x and T1 at most 3x in all (goal); aggregate pull rate against NODES concurrent curl of the
-   same blobs from T2 in the same run (goal >= 0.8x); peak RSS per node (goal < 150 MB).
+   same blobs from T2 in the same run (goal >= 0.8x); peak RSS per node (goal < 150 MB). Each wave's CPU (user and
+   system seconds per GiB, from wait4) and the bytes the nodes read back are printed, and, beside the goal, the
+   ratio to curl followed by `sync` (mm's copies are on the disk when it ends; curl's are in the page cache).
 3. A second wave of NODES: nothing more at the origin or T1 (manifests and headers only).
 4. A fresh chain without preheat: NODES cold pulls through T2 all succeed; the origin's multiple printed.
 5. A mirror serving a corrupted blob (first in --mirror order): named and skipped, every node still right.
