@@ -104,6 +104,18 @@ def read_back(rss_dir: Path) -> str:
     return f"hashed from memory {window / 2**20:.0f} MiB, read back {back / 2**20:.0f} MiB in all"
 
 
+def pull_seconds(rss_dir: Path) -> str:
+    """The shortest and longest of the nodes' own pull times (their --json `seconds`: from the reference's resolve
+    to the quick verify); the rest of the wave's wall time is each process starting (imports) and ending."""
+    seconds = []
+    for out in rss_dir.glob("*.out"):
+        try:
+            seconds.append(float(json.loads(out.read_text())["seconds"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return f"each node's pull {min(seconds):.1f}-{max(seconds):.1f} s" if seconds else "no node's pull time"
+
+
 def peak_rss(rss_dir: Path) -> int:
     return max(int(p.read_text().split()[0]) * 1024 for p in rss_dir.glob("*.rss"))
 
@@ -188,7 +200,8 @@ def main() -> None:
                 mm_rate = NODES * total / wall
                 print(f"wave 1, round {rnd + 1}: {ok}/{NODES} nodes proven in {wall:.1f} s, aggregate "
                       f"{mm_rate / 1e6:.0f} MB/s, peak RSS {peak_rss(work / 'rss1') / 1e6:.0f} MB per node (goal < "
-                      f"150 MB), {read_back(work / 'rss1')}, {cpu(work / 'rss1', NODES * total)} (load "
+                      f"150 MB), {read_back(work / 'rss1')}, {cpu(work / 'rss1', NODES * total)}, "
+                      f"{pull_seconds(work / 'rss1')} (load "
                       f"{os.getloadavg()[0]:.1f})", flush=True)
                 report_trouble(codes, errs)
                 if rnd == 0:
