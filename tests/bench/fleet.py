@@ -186,9 +186,18 @@ def main() -> None:
             report = json.loads(got.stdout)
             ref = f"{chain.origin.host}/{REPO}@{report['digest']}"  # by digest: a tag is asked upstream at every tier
             print(f"preheat: {time.perf_counter() - start:.1f} s; " + "; ".join(
-                f"{t['tier']} read {t['bytes_read'] / 2**20:.0f} MiB ({t['fetched']} fetched, {t['warm']} warm)"
+                f"{t['tier']} read {t['bytes_read'] / 2**20:.0f} MiB ({t['fetched']} fetched, {t['warm']} warm; "
+                f"{t['stored']} stored, {t['not_stored']} not, waited {t['waited']:.1f} s, "
+                f"{sum(b['looks'] for b in t['blobs'])} looks)"
                 for t in report["tiers"]), flush=True)
-            print(f"  origin served {chain.origin.served / total:.2f}x, T1 {t1.served / total:.2f}x the artifact")
+            for t in report["tiers"]:  # the blobs a look found still being stored (each such look moved blob bytes)
+                late = [b for b in t["blobs"] if b["looks"] > 1]
+                slowest = max(b["read_seconds"] for b in t["blobs"])
+                print(f"  {t['tier']}: slowest read {slowest:.2f} s; looked at again: "
+                      + (", ".join(f"{b['size'] / 2**20:.1f} MiB x{b['looks']} (stored after "
+                                   f"{b['stored_after'] or 0:.2f} s)" for b in late) or "none"))
+            print(f"  origin served {chain.origin.served / total:.4f}x ({chain.origin.served - 2 * total} bytes over "
+                  f"2x), T1 {t1.served / total:.4f}x ({t1.served - 3 * total} bytes over 3x) the artifact")
 
             dests = [work / f"node-{i}" for i in range(NODES)]
             cdests = [work / f"curl-{i}" for i in range(NODES)]
