@@ -18,7 +18,8 @@ BLOBS shards of MIB MiB pushed to the origin.
 
 Environment: MM_BENCH_FLEET_BLOBS (default 4), MM_BENCH_FLEET_MIB (default 256), MM_BENCH_FLEET_NODES (default 32),
 MM_BENCH_FLEET_ROUNDS (default 3: interleaved pairs of an mm wave and a curl wave; the rate goal is the median of
-their ratios, RatioGoal), MM_BENCH_FLEET_SKIP_FAULTS=1 (leaves out steps 5 and 6), MM_BENCH_KEEP=1 keeps the data.
+their ratios, RatioGoal), MM_BENCH_FLEET_SKIP_FAULTS=1 (leaves out steps 5 and 6), MM_BENCH_FLEET_RATE_ONLY=1 (steps 1 and 2 only: more rounds
+of the rate goal inside a host's time limit), MM_BENCH_KEEP=1 keeps the data.
 MM_BENCH_REGISTRY_BIN: the docker-registry binary (distribution 2.8) where it is not /usr/bin/docker-registry nor
 on PATH. Needs on the host: python3 with mm installed (`pip install -e .[test]`: the bench imports tests.support),
 that docker-registry binary, and curl; nothing else from Debian (peak RSS comes from wait4).
@@ -43,6 +44,7 @@ MIB = int(os.environ.get("MM_BENCH_FLEET_MIB", "256"))
 NODES = int(os.environ.get("MM_BENCH_FLEET_NODES", "32"))
 ROUNDS = int(os.environ.get("MM_BENCH_FLEET_ROUNDS", "3"))
 SKIP_FAULTS = os.environ.get("MM_BENCH_FLEET_SKIP_FAULTS") == "1"
+RATE_ONLY = os.environ.get("MM_BENCH_FLEET_RATE_ONLY") == "1"
 RATE_GOAL = RatioGoal("mm pull / curl aggregate rate from T2", 0.8, at_most=False)
 REPO = "fleet/model"
 SMALL = 256 * 1024  # what a warm pass may still move at a tier: manifests and headers (mm's margin)
@@ -234,6 +236,8 @@ def main() -> None:
             print(f"  beside it (not the goal): mm / (curl, then sync of its files) {sorted(synced)[len(synced) // 2]:.2f} "
                   f"(median of {len(synced)}, spread {min(synced):.2f}-{max(synced):.2f}): mm's copies are on the disk "
                   f"when it ends, curl's in the page cache", flush=True)
+            if RATE_ONLY:
+                return
 
             before_o, before_t1 = chain.origin.served, t1.served
             wall, codes, errs = wave(pulls(ref, dests, "--mirror", t2.direct_host), env, work / "rss2")
