@@ -18,7 +18,9 @@ import pytest
 
 from mm.artifacts.serving.diagnose import DiagnoseRequest, run_diagnosis
 
-ROUNDS = {name: Path(__file__).parent / name for name in ("diagnose_heldout", "diagnose_heldout2", "diagnose_heldout3", "diagnose_heldout4", "diagnose_heldout5", "diagnose_heldout6")}
+ROUNDS = {name: Path(__file__).parent / name for name in (
+    "diagnose_heldout", "diagnose_heldout2", "diagnose_heldout3", "diagnose_heldout4", "diagnose_heldout5",
+    "diagnose_heldout6", "diagnose_heldout7")}
 
 
 def figures(corpus: Path) -> tuple[list[str], list[str], list[str], list[str]]:
