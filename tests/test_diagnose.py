@@ -983,3 +983,16 @@ def test_readiness_failures_followed_by_a_pod_whose_ready_column_is_full_are_no_
     assert rows_of(f"{failed}\nNAME         READY   STATUS    RESTARTS   AGE\nminimax-0    1/1     Running   0          21m") == []
     assert rows_of(f"{failed}\nNAME         READY   STATUS    RESTARTS   AGE\nminimax-0    0/1     Running   0          21m") == [
         "health-failing"]
+
+
+def test_a_health_poll_loop_that_returned_to_the_prompt_passed_its_check():
+    loop = "$ until curl --fail --silent --show-error http://127.0.0.1:30000/health; do sleep 30; done\n" + f"{REFUSED}\n" * 3
+    assert rows_of(f"{loop}$ curl -s http://127.0.0.1:30000/v1/models") == []
+    assert rows_of(loop) == ["health-failing"]  # still waiting when pasted
+    assert rows_of(f"{loop}^C\n$ docker ps") == ["health-failing"]  # stopped by hand
+
+
+def test_a_grep_for_a_message_on_the_command_line_is_not_the_message():
+    search = "$ docker logs minimax 2>&1 | grep 'nvfp4_to_fp8 backend='\n"
+    assert rows_of(f"{search}[2026-11-26 09:14:02 TP0] nvfp4_to_fp8 backend=qmul4") == []
+    assert rows_of(f"{search}[2026-11-26 09:14:02 TP0] nvfp4_to_fp8 backend=fp16_fallback") == ["nvfp4-slow-path"]

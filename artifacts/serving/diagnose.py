@@ -884,6 +884,19 @@ def _logged_output(line: str) -> str | None:
     return text[:MAX_FACT] if isinstance(text, str) else None
 
 
+# A command the user typed: a shell prompt (`$ `, `# `, `user@host:~$ `, PowerShell's `PS C:\> `) or a `set -x` trace.
+_SHELL_PROMPT = re.compile(r"^(?:\S*@\S*:\S*[$#] |[$#] |PS [^>]*> |\+ )")
+# A search for a message quotes the message (`docker logs X | grep 'nvfp4_to_fp8 backend='`): its pattern is what
+# the user looks for, never what the server said. grep, ripgrep, ack, ag, findstr, PowerShell's Select-String.
+_SEARCH_ARG = re.compile(r"\b(?:[ezf]?grep|rg|ag|ack|findstr|Select-String)\b((?:\s+-[-\w=]+)*\s+)"
+                         r"('(?:[^']*)'?|\"(?:[^\"\\]|\\.)*\"?|[^\s|;&]+)")
+# A loop that polls /health until it answers (`until curl -f .../health; do sleep 5; done`, `while ! curl ...`):
+# its failures are the wait; the shell comes back to a prompt only once the check passed (a Ctrl-C prints `^C`).
+_POLL_LOOP = re.compile(r"\b(?:until|while\s+!)\s+(?:curl|wget)\b[^;]*/health\b")
+# what a passing attempt of such a loop reads as to the detectors that a later check voids (their cleared_by)
+_POLL_PASSED = "+ curl http://127.0.0.1/health"
+
+
 class _Scanner:
     def __init__(self, where: str, table: Table, tail: int, keep: re.Pattern | None):
         self.detectors = [((row.id, j), d, {k: _searcher(getattr(d, k)) for k in ("pattern", "unless", "also", "after",
@@ -897,6 +910,7 @@ class _Scanner:
         self.pending: _JsonObject | None = None
         self.location: str | None = None  # the last line, when it was a pydantic error's location (_PYDANTIC_LOC)
         self.call: _PythonCall | None = None  # a request a Python script sends, being read
+        self.polling = False  # a shell loop polling /health is running (_POLL_LOOP)
 
     def line(self, number: int, line: str) -> None:
         scan = self.scan
@@ -907,6 +921,13 @@ class _Scanner:
             line = line[m.end():]
         if self.tail:
             scan.tail.append(line)
+        if self.polling and (line.startswith("^C") or _SHELL_PROMPT.match(line)):
+            self.polling = False
+            if not line.startswith("^C"):
+                self._cleared(_POLL_PASSED)
+        if _SHELL_PROMPT.match(line):
+            self.polling = _POLL_LOOP.search(line) is not None and "timeout" not in line
+            line = _SEARCH_ARG.sub(lambda m: m.group(0)[:m.start(2) - m.start()], line)
         if self.keep is not None and len(scan.kept) < MAX_KEPT and self.keep.search(line):
             scan.kept.append(line)
         if self.call is not None:
@@ -1028,6 +1049,12 @@ class _Scanner:
                 scan.unless_seen.add(key)
             if d.also is not None and key not in scan.also_seen and search["also"](line):
                 scan.also_seen.add(key)
+
+    def _cleared(self, line: str) -> None:
+        """LINE's effect as a later recovery only: the hits whose cleared_by it matches are voided."""
+        for key, d, search in self.detectors:
+            if d.cleared_by is not None and key in self.scan.hits and search["cleared_by"](line):
+                del self.scan.hits[key]
 
     def _again(self, key: tuple[str, int], d: Detector, search: dict, line: str, number: int) -> None:
         """A value of the pattern's group 1 matched again after a restart (d.again_after) is a hit."""
