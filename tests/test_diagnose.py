@@ -996,3 +996,44 @@ def test_a_grep_for_a_message_on_the_command_line_is_not_the_message():
     search = "$ docker logs minimax 2>&1 | grep 'nvfp4_to_fp8 backend='\n"
     assert rows_of(f"{search}[2026-11-26 09:14:02 TP0] nvfp4_to_fp8 backend=qmul4") == []
     assert rows_of(f"{search}[2026-11-26 09:14:02 TP0] nvfp4_to_fp8 backend=fp16_fallback") == ["nvfp4-slow-path"]
+
+
+def openai_status_error(status: int, message: str) -> str:
+    """openai-python's status error as a traceback's last line: f"Error code: {status} - {body}", body a dict."""
+    kind = {400: "BadRequestError", 500: "InternalServerError"}[status]
+    body = {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+    return f"openai.{kind}: Error code: {status} - {body}"
+
+
+def test_a_pydantic_error_inside_openai_pythons_print_is_read_line_by_line():
+    message = ("1 validation error for ChatCompletionRequest\nthinking.type\n  Input should be 'enabled', 'disabled' or "
+               "'adaptive' [type=literal_error, input_value='none', input_type=str]")
+    assert rows_of(openai_status_error(400, message)) == ["thinking-type-400"]
+    assert rows_of(openai_status_error(400, message.replace("thinking.type", "messages.0.role"))) == []
+
+
+def test_sglangs_image_data_repr_in_an_error_answer_is_a_remote_image_failure():
+    message = ("Internal server error: An exception occurred while loading IMAGE data at index 0: Error while loading "
+               "data ImageData(url='https://cdn.example.com/a/front.jpg', detail='auto', max_dynamic_patch=None): "
+               "HTTPSConnectionPool(host='cdn.example.com', port=443): Read timed out. (read timeout=3)")
+    assert rows_of(openai_status_error(500, message)) == ["remote-image-failed"]
+    assert rows_of(json.dumps({"object": "error", "message": message, "code": 500})) == ["remote-image-failed"]
+
+
+def test_a_500_answer_carrying_the_http_clients_error_for_a_media_url_is_a_remote_image_failure():
+    message = ("Internal server error: HTTPConnectionPool(host='10.20.0.15', port=9000): Max retries exceeded with url: "
+               "/images/sku-1.png (Caused by NewConnectionError('<urllib3.connection.HTTPConnection object at 0x7f0d>: "
+               "Failed to establish a new connection: [Errno 113] No route to host'))")
+    opened = "resp = client.chat.completions.create(model=MODEL, messages=[{\"role\": \"user\", \"content\": ["
+    assert rows_of(f"{opened}\n{openai_status_error(500, message)}") == ["remote-image-failed"]
+    assert rows_of(openai_status_error(500, message.replace("/images/sku-1.png", "/v1/embeddings"))) == []
+
+
+def test_pillow_unable_to_identify_what_an_image_url_answered_is_a_remote_image_failure():
+    served = '[2026-12-03 09:14:11] INFO:     172.17.0.1:50312 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
+    trace = ('  File "/sgl-workspace/sglang/python/sglang/srt/utils/common.py", line 866, in load_image\n'
+             "    image = Image.open(BytesIO(response.content))\n"
+             "PIL.UnidentifiedImageError: cannot identify image file <_io.BytesIO object at 0x7fa0e8b3c4f0>")
+    assert rows_of(f"{served}\n{trace}") == ["remote-image-failed"]
+    decoded = trace.replace("BytesIO(response.content)", "BytesIO(pybase64.b64decode(image_file))")
+    assert rows_of(f"{served}\n{decoded}") == []  # a base64 image the client sent: no URL was fetched

@@ -897,6 +897,11 @@ _POLL_LOOP = re.compile(r"\b(?:until|while\s+!)\s+(?:curl|wget)\b[^;]*/health\b"
 _POLL_PASSED = "+ curl http://127.0.0.1/health"
 
 
+# openai-python's APIStatusError as printed: _base_client.py _make_status_error_from_response formats
+# f"Error code: {response.status_code} - {body}" with body = json.loads(the answer), so the answer is a Python dict repr
+_OPENAI_STATUS = re.compile(r"\bError code: \d{3} - (\{.*\})\s*$")
+
+
 class _Scanner:
     def __init__(self, where: str, table: Table, tail: int, keep: re.Pattern | None):
         self.detectors = [((row.id, j), d, {k: _searcher(getattr(d, k)) for k in ("pattern", "unless", "also", "after",
@@ -935,6 +940,8 @@ class _Scanner:
         elif ("create(" in line or "post(" in line) and (m := _PY_CALL.search(line)):
             self.call = _PythonCall(line[m.end() - 1:], number)
             self._call_line(None)
+        if "Error code: " in line and (m := _OPENAI_STATUS.search(line)):  # ends a traceback: whatever is open
+            self._printed_error(m.group(1), number)
         if self.pending is not None:
             if self.pending.add(line, number) or self.pending.too_big:
                 self._close()
@@ -977,6 +984,33 @@ class _Scanner:
         if contents:
             self.scan.bodies.append(Body(line=number, contents=contents))
 
+    def _printed_error(self, text: str, number: int) -> None:
+        """The answer openai-python printed with its status error (_OPENAI_STATUS), read as an error answer."""
+        import ast
+
+        if len(text) > MAX_BODY:
+            return
+        try:
+            doc = ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return
+        facts = body_facts(doc, number)
+        if facts is None or facts.error is None:
+            return
+        self._error_text(facts.error, number)
+        if len(self.scan.bodies) < MAX_BODIES:
+            self.scan.bodies.append(facts)
+
+    def _error_text(self, error: str, number: int) -> None:
+        """A server's error message matched like the log lines it holds: one line at a time, a pydantic error's
+        location line read with the message under it (as in line())."""
+        location = None
+        for piece in itertools.islice(error.splitlines(), MAX_CALL_LINES):
+            if location is not None and "type=" in piece and _PYDANTIC_MSG.match(piece):
+                piece = f"{location}: {piece.strip()}"
+            location = piece if len(piece) < 256 and _PYDANTIC_LOC.match(piece) else None
+            self._match(piece, number)
+
     def _call_line(self, line: str | None) -> None:
         call = self.call
         if line is not None:
@@ -1012,7 +1046,7 @@ class _Scanner:
                 self._match(_masked(text) if pending.payload else text, number, pending.payload)
             return
         if facts.error is not None:  # a server's error message is evidence like a log line (an OOM in a 500)
-            self._match(facts.error, pending.number)
+            self._error_text(facts.error, pending.number)
         if isinstance(doc, dict) and doc.get("object") == "chat.completion.chunk":
             scan = self.scan
             scan.stream_line = scan.stream_line or pending.number
