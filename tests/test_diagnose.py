@@ -1037,3 +1037,33 @@ def test_pillow_unable_to_identify_what_an_image_url_answered_is_a_remote_image_
     assert rows_of(f"{served}\n{trace}") == ["remote-image-failed"]
     decoded = trace.replace("BytesIO(response.content)", "BytesIO(pybase64.b64decode(image_file))")
     assert rows_of(f"{served}\n{decoded}") == []  # a base64 image the client sent: no URL was fetched
+
+
+def flashinfer_jit(op: str, began: str, finished: str) -> str:
+    """FlashInfer's JIT loader as its logger prints it (flashinfer/jit/core.py, asctime first)."""
+    return (f"2026-11-24 {began},056 - INFO - flashinfer.jit: Loading JIT ops: {op}\n"
+            f"2026-11-24 {finished},057 - INFO - flashinfer.jit: Finished loading JIT ops: {op}\n")
+
+
+START = "[2026-11-24 08:00:00] server_args=ServerArgs(model_path='/models/M', tp_size=4)\n"
+
+
+def test_flashinfer_building_the_same_op_on_two_starts_is_a_kernel_cache_not_kept():
+    built, cached = flashinfer_jit("sampling", "08:12:06", "08:16:54"), flashinfer_jit("sampling", "08:12:06", "08:12:06")
+    assert rows_of(f"{START}{built}{READY}\n{START}{built}{READY}") == ["kernel-cache-not-persisted"]
+    assert rows_of(f"{START}{built}{READY}\n{START}{cached}{READY}") == []  # the second start found the build
+
+
+def test_a_kernel_compiled_again_at_length_on_a_later_start_is_a_kernel_cache_not_kept():
+    compiled = "[2026-11-24 08:06:41 TP0] Compiled msa_decode_q8kv4_sm100a in {} s\n"
+    assert rows_of(f"{START}{compiled.format(235.4)}{READY}\n{START}{compiled.format(187.8)}") == [
+        "kernel-cache-not-persisted"]
+    assert rows_of(f"{START}{compiled.format(235.4)}{READY}\n{START}{compiled.format(0.4)}") == []
+
+
+def test_a_build_after_docker_compose_recreated_the_container_is_a_kernel_cache_not_kept():
+    recreated = " ✔ Container m31-sglang-1  Recreated                0.4s\n"
+    built = "sglang-1  | " + flashinfer_jit("norm", "07:37:16", "07:41:28").replace("\n2026", "\nsglang-1  | 2026")
+    assert rows_of(f"{recreated}{built}") == ["kernel-cache-not-persisted"]
+    assert rows_of(f"{recreated}{built.replace('07:41:28', '07:37:16')}") == []
+    assert rows_of(built) == []  # one start that builds is a first start

@@ -8,6 +8,7 @@ adapted to it (the cache paths, flags and ports mm uses); otherwise it is the gu
 """
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import re
@@ -40,6 +41,7 @@ class Detector:
     again_after: re.Pattern | None = None  # the pattern counts only for a value (its group 1) it already matched
     # before a line matching this (a later start of the server: what it compiled then was not kept)
     cleared_by: re.Pattern | None = None  # a later line matching this voids an earlier hit (the server recovered)
+    min_seconds: float | None = None  # the pattern's group `seconds` (a duration the line states) must reach this
     requires: str | None = None  # a property of the recipe: expects_qmul4, blackwell
     engine: str | None = None  # sglang | vllm: the detector applies to that engine only
     field: str | None = None  # error | content: the pattern judges that field of a JSON answer, not text
@@ -173,7 +175,12 @@ def _detector(d: dict, d_at: At, where: str) -> Detector:
         raise BadInput(f"{where}: unknown field {judged!r} (known: {', '.join(FIELDS)})")
     patterns = {k: _regex(d_at.get_str(d, k, None, max_len=MAX_PATTERN), where)
                 for k in ("pattern", "unless", "also", "after", "cleared_by", "again_after")}
-    return Detector(source=source, **patterns, requires=d_at.get_str(d, "requires", None, max_len=64), engine=engine,
+    min_seconds = d.get("min_seconds")
+    if min_seconds is not None and (isinstance(min_seconds, bool) or not isinstance(min_seconds, (int, float))
+                                    or min_seconds <= 0 or patterns["pattern"] is None
+                                    or "seconds" not in patterns["pattern"].groupindex):
+        raise BadInput(f"{where}: min_seconds must be a positive number, with a pattern that has a group named seconds")
+    return Detector(source=source, **patterns, min_seconds=min_seconds, requires=d_at.get_str(d, "requires", None, max_len=64), engine=engine,
                     field=judged, body=body, fallback=d_at.get_bool(d, "fallback", False),
                     payload=d_at.get_bool(d, "payload", False),
                     missing_mount=d_at.get_str(d, "missing_mount", None, max_len=4096), check=check,
@@ -902,6 +909,32 @@ _POLL_PASSED = "+ curl http://127.0.0.1/health"
 _OPENAI_STATUS = re.compile(r"\bError code: \d{3} - (\{.*\})\s*$")
 
 
+# FlashInfer's JIT loader (flashinfer/jit/core.py) logs 'Loading JIT ops: NAME' and 'Finished loading JIT ops: NAME'
+# around torch's cpp_extension load, which builds only what is not built yet: a load from the cache takes milliseconds, a
+# build minutes. Its logger prints the time (logging's asctime), so the scanner adds to the Finished line how long
+# the load took: ' (after N s)'.
+_FLASHINFER_JIT = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) - \w+ - flashinfer\.jit: "
+                             r"(Loading|Finished loading) JIT ops: (\S+)\s*$")
+
+
+def _seconds_of(stamp: str, millis: str) -> float | None:
+    try:
+        when = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+        return when.timestamp() + int(millis) / 1000
+    except ValueError:
+        return None
+
+
+def _long_enough(d: Detector, m: object) -> object:
+    """M, unless D wants a duration (min_seconds) that M's group `seconds` does not reach."""
+    if not m or d.min_seconds is None:
+        return m
+    try:
+        return m if float(m.group("seconds")) >= d.min_seconds else None
+    except (ValueError, TypeError):
+        return None
+
+
 class _Scanner:
     def __init__(self, where: str, table: Table, tail: int, keep: re.Pattern | None):
         self.detectors = [((row.id, j), d, {k: _searcher(getattr(d, k)) for k in ("pattern", "unless", "also", "after",
@@ -916,6 +949,7 @@ class _Scanner:
         self.location: str | None = None  # the last line, when it was a pydantic error's location (_PYDANTIC_LOC)
         self.call: _PythonCall | None = None  # a request a Python script sends, being read
         self.polling = False  # a shell loop polling /health is running (_POLL_LOOP)
+        self.jit_loading: dict[str, float] = {}  # FlashInfer op -> when its load began (_FLASHINFER_JIT)
 
     def line(self, number: int, line: str) -> None:
         scan = self.scan
@@ -926,6 +960,12 @@ class _Scanner:
             line = line[m.end():]
         if self.tail:
             scan.tail.append(line)
+        if "flashinfer.jit: " in line and (m := _FLASHINFER_JIT.match(line)) and (at := _seconds_of(*m.group(1, 2))):
+            if m.group(3) == "Loading":
+                if len(self.jit_loading) < MAX_KEPT:
+                    self.jit_loading[m.group(4)] = at
+            elif (began := self.jit_loading.pop(m.group(4), None)) is not None:
+                line = f"{line.rstrip()} (after {max(at - began, 0.0):.1f} s)"
         if self.polling and (line.startswith("^C") or _SHELL_PROMPT.match(line)):
             self.polling = False
             if not line.startswith("^C"):
@@ -1075,7 +1115,7 @@ class _Scanner:
             if d.again_after is not None and not payload:
                 self._again(key, d, search, line, number)
             elif (d.field is None and d.payload == payload and key not in scan.hits and key not in scan.unless_seen
-                    and (d.after is None or key in scan.after_seen) and search["pattern"](line)):
+                    and (d.after is None or key in scan.after_seen) and _long_enough(d, search["pattern"](line))):
                 scan.hits[key] = (line, number)
             if d.after is not None and key not in scan.after_seen and search["after"](line):
                 scan.after_seen.add(key)
@@ -1097,7 +1137,7 @@ class _Scanner:
         if search["again_after"](line):
             earlier |= current
             current.clear()
-        elif key not in scan.hits and (m := search["pattern"](line)):
+        elif key not in scan.hits and (m := _long_enough(d, search["pattern"](line))):
             if m.group(1) in earlier:
                 scan.hits[key] = (line, number)
             elif len(current) < MAX_KEPT:
