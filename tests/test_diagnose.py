@@ -1067,3 +1067,9 @@ def test_a_build_after_docker_compose_recreated_the_container_is_a_kernel_cache_
     assert rows_of(f"{recreated}{built}") == ["kernel-cache-not-persisted"]
     assert rows_of(f"{recreated}{built.replace('07:41:28', '07:37:16')}") == []
     assert rows_of(built) == []  # one start that builds is a first start
+
+
+def test_an_oom_while_serving_is_not_voided_by_the_ready_line_of_the_restart_after_it():
+    oom = "[2026-11-23 06:13:05 TP0] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 12.50 GiB."
+    assert rows_of(f"{START}{READY}\n{oom}\n{START}{READY}") == ["cuda-oom"]
+    assert rows_of(f"{START}{oom}\n{START}{READY}") == []  # while starting: the next start got past it

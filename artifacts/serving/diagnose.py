@@ -41,6 +41,9 @@ class Detector:
     again_after: re.Pattern | None = None  # the pattern counts only for a value (its group 1) it already matched
     # before a line matching this (a later start of the server: what it compiled then was not kept)
     cleared_by: re.Pattern | None = None  # a later line matching this voids an earlier hit (the server recovered)
+    # cleared_by voids only a hit from before its first match (a failure while starting that the start got past); a
+    # hit after it (the server was up) is a failure while serving, and a later match is the next start, no recovery
+    cleared_while_starting: bool = False
     min_seconds: float | None = None  # the pattern's group `seconds` (a duration the line states) must reach this
     requires: str | None = None  # a property of the recipe: expects_qmul4, blackwell
     engine: str | None = None  # sglang | vllm: the detector applies to that engine only
@@ -180,7 +183,10 @@ def _detector(d: dict, d_at: At, where: str) -> Detector:
                                     or min_seconds <= 0 or patterns["pattern"] is None
                                     or "seconds" not in patterns["pattern"].groupindex):
         raise BadInput(f"{where}: min_seconds must be a positive number, with a pattern that has a group named seconds")
-    return Detector(source=source, **patterns, min_seconds=min_seconds, requires=d_at.get_str(d, "requires", None, max_len=64), engine=engine,
+    while_starting = d_at.get_bool(d, "cleared_while_starting", False)
+    if while_starting and patterns["cleared_by"] is None:
+        raise BadInput(f"{where}: cleared_while_starting needs a cleared_by")
+    return Detector(source=source, **patterns, min_seconds=min_seconds, cleared_while_starting=while_starting, requires=d_at.get_str(d, "requires", None, max_len=64), engine=engine,
                     field=judged, body=body, fallback=d_at.get_bool(d, "fallback", False),
                     payload=d_at.get_bool(d, "payload", False),
                     missing_mount=d_at.get_str(d, "missing_mount", None, max_len=4096), check=check,
@@ -766,6 +772,8 @@ class ScannedText:
     unless_seen: set = field(default_factory=set)
     also_seen: set = field(default_factory=set)
     after_seen: set = field(default_factory=set)
+    cleared_seen: set = field(default_factory=set)  # detectors whose cleared_by matched (cleared_while_starting)
+    kept_hits: set = field(default_factory=set)  # hits no later cleared_by voids (cleared_while_starting)
     bodies: list = field(default_factory=list)
     stream_content: str = ""  # the delta.content of SSE chunks, joined (a marker may span chunks)
     stream_line: int | None = None
@@ -1110,13 +1118,17 @@ class _Scanner:
         for key, d, search in self.detectors:
             if payload and not d.payload:
                 continue
-            if d.cleared_by is not None and key in scan.hits and search["cleared_by"](line):
-                del scan.hits[key]
+            if d.cleared_by is not None and (key in scan.hits or d.cleared_while_starting) and search["cleared_by"](line):
+                if key not in scan.kept_hits:
+                    scan.hits.pop(key, None)
+                scan.cleared_seen.add(key)
             if d.again_after is not None and not payload:
                 self._again(key, d, search, line, number)
             elif (d.field is None and d.payload == payload and key not in scan.hits and key not in scan.unless_seen
                     and (d.after is None or key in scan.after_seen) and _long_enough(d, search["pattern"](line))):
                 scan.hits[key] = (line, number)
+                if d.cleared_while_starting and key in scan.cleared_seen:
+                    scan.kept_hits.add(key)
             if d.after is not None and key not in scan.after_seen and search["after"](line):
                 scan.after_seen.add(key)
             if d.unless is not None and key not in scan.unless_seen and search["unless"](line):
@@ -1127,7 +1139,8 @@ class _Scanner:
     def _cleared(self, line: str) -> None:
         """LINE's effect as a later recovery only: the hits whose cleared_by it matches are voided."""
         for key, d, search in self.detectors:
-            if d.cleared_by is not None and key in self.scan.hits and search["cleared_by"](line):
+            if d.cleared_by is not None and key in self.scan.hits and key not in self.scan.kept_hits \
+                    and search["cleared_by"](line):
                 del self.scan.hits[key]
 
     def _again(self, key: tuple[str, int], d: Detector, search: dict, line: str, number: int) -> None:
