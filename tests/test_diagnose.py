@@ -1073,3 +1073,9 @@ def test_an_oom_while_serving_is_not_voided_by_the_ready_line_of_the_restart_aft
     oom = "[2026-11-23 06:13:05 TP0] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 12.50 GiB."
     assert rows_of(f"{START}{READY}\n{oom}\n{START}{READY}") == ["cuda-oom"]
     assert rows_of(f"{START}{oom}\n{START}{READY}") == []  # while starting: the next start got past it
+
+
+def test_server_args_as_sglang_prints_them_without_a_reasoning_parser_is_the_raw_token_row():
+    args = "[2026-11-23 06:00:00] server_args=ServerArgs(model_path='m', reasoning_parser={}, tool_call_parser={}, dp_size=1)"
+    assert rows_of(args.format("None", "None")) == ["raw-think-tokens"]
+    assert rows_of(args.format("'minimax-m3'", "'minimax-m3'")) == []
