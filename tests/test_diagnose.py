@@ -1079,3 +1079,13 @@ def test_server_args_as_sglang_prints_them_without_a_reasoning_parser_is_the_raw
     args = "[2026-11-23 06:00:00] server_args=ServerArgs(model_path='m', reasoning_parser={}, tool_call_parser={}, dp_size=1)"
     assert rows_of(args.format("None", "None")) == ["raw-think-tokens"]
     assert rows_of(args.format("'minimax-m3'", "'minimax-m3'")) == []
+
+
+def test_a_docker_run_publishing_a_port_the_server_does_not_listen_on_is_the_health_row():
+    run = ("$ docker run -d --gpus all -p 127.0.0.1:{}:{} -v ~/.cache/minfer:/root/.cache/minfer "
+           "lmsysorg/sglang@sha256:614b sglang serve --model-path M --host 0.0.0.0 {}")
+    assert rows_of(run.format(8000, 8000, "--port 30000")) == ["health-failing"]
+    assert rows_of(run.format(8000, 8000, "")) == ["health-failing"]  # SGLang's default port is 30000
+    assert rows_of(run.format(8000, 30000, "--port 30000")) == []
+    assert rows_of(run.format(8000, 8000, "--port 8000")) == []
+    assert rows_of(run.format(8000, 8000, "--port 30000").replace("-d ", "-d --network host ")) == []

@@ -167,6 +167,8 @@ def _detector(d: dict, d_at: At, where: str) -> Detector:
     check = d_at.get_str(d, "check", None, max_len=64)
     if source == "host" and check not in HOST_CHECKS:
         raise BadInput(f"{where}: unknown host check {check!r}")
+    if source == "log" and check is not None and check not in LINE_CHECKS:
+        raise BadInput(f"{where}: unknown line check {check!r} (known: {', '.join(sorted(LINE_CHECKS))})")
     body = d_at.get_str(d, "body", None, max_len=64)
     if body is not None and body not in BODY_CHECKS:
         raise BadInput(f"{where}: unknown body check {body!r} (known: {', '.join(sorted(BODY_CHECKS))})")
@@ -933,6 +935,54 @@ def _seconds_of(stamp: str, millis: str) -> float | None:
         return None
 
 
+# --- checks on one line, past what a pattern can say ---------------------------------------------
+
+_PUBLISH = re.compile(r"^(?:-p|--publish)(?:=(.+))?$")
+# the port the server listens on when its command names none: SGLang's ServerArgs port, vLLM's serve --port
+DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000}
+
+
+def _port_not_published(line: str) -> str | None:
+    """A `docker run` / `podman run` line whose -p/--publish options publish no container port the server in it listens
+    on (its --port, else the engine's default): the guide's row 11 'the port mapping is wrong'."""
+    import shlex
+
+    try:
+        words = shlex.split(line, comments=False)
+    except ValueError:
+        words = line.split()
+    published: list[int] = []
+    port = engine = None
+    for i, word in enumerate(words):
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        if word in ("--network=host", "--net=host") or (word in ("--network", "--net") and nxt == "host") \
+                or word in ("-P", "--publish-all"):
+            return None  # the host's own ports, or every exposed port: nothing to compare
+        if m := _PUBLISH.match(word):
+            spec = (m.group(1) or nxt).split("/")[0]
+            container = spec.rsplit(":", 1)[-1]
+            if container.isdigit():
+                published.append(int(container))
+            elif "-" in container:
+                return None  # a range: not judged
+        elif word.startswith("--port="):
+            port = word.split("=", 1)[1]
+        elif word == "--port":
+            port = nxt
+        elif engine is None:  # the image's or the command's name: lmsysorg/sglang@sha256:..., vllm/vllm-openai:TAG
+            name = word.lower().rsplit("/", 1)[-1].split("@")[0].split(":")[0]
+            engine = next((e for e in DEFAULT_PORTS if e in name), None)
+    if not published:
+        return None
+    listening = int(port) if port and port.isdigit() else DEFAULT_PORTS.get(engine or "")
+    if listening is None or listening in published:
+        return None
+    return f"the server listens on port {listening} in the container; -p publishes {', '.join(map(str, published))}"
+
+
+LINE_CHECKS: dict[str, Callable[[str], str | None]] = {"port_not_published": _port_not_published}
+
+
 def _long_enough(d: Detector, m: object) -> object:
     """M, unless D wants a duration (min_seconds) that M's group `seconds` does not reach."""
     if not m or d.min_seconds is None:
@@ -1125,7 +1175,8 @@ class _Scanner:
             if d.again_after is not None and not payload:
                 self._again(key, d, search, line, number)
             elif (d.field is None and d.payload == payload and key not in scan.hits and key not in scan.unless_seen
-                    and (d.after is None or key in scan.after_seen) and _long_enough(d, search["pattern"](line))):
+                    and (d.after is None or key in scan.after_seen) and _long_enough(d, search["pattern"](line))
+                    and (d.check is None or LINE_CHECKS[d.check](line))):
                 scan.hits[key] = (line, number)
                 if d.cleared_while_starting and key in scan.cleared_seen:
                     scan.kept_hits.add(key)
