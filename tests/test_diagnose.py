@@ -840,3 +840,252 @@ def test_a_start_without_the_nvfp4_line_is_told_why_the_line_matters():
     log = "server_args=ServerArgs(model_path='/models/M', kv_cache_dtype='fp4_e2m1')\n" + READY
     [finding] = diagnose_texts([("log", log)]).findings
     assert "without the `nvfp4_to_fp8 backend=` line" in finding.fix and "CUDA_HOME" in finding.fix
+
+
+REFUSED = "curl: (7) Failed to connect to localhost port 30000 after 0 ms: Couldn't connect to server"
+
+
+def test_a_docker_health_state_that_is_healthy_again_is_no_failure_whatever_its_log_of_earlier_checks_says():
+    checks = [{"Start": "2026-12-03T09:22:12Z", "End": "2026-12-03T09:22:12Z", "ExitCode": 7, "Output": REFUSED + "\n"},
+              {"Start": "2026-12-03T09:22:42Z", "End": "2026-12-03T09:22:42Z", "ExitCode": 0, "Output": ""}]
+    health = {"Status": "healthy", "FailingStreak": 0, "Log": checks}
+    assert rows_of(json.dumps(health)) == []
+    assert rows_of(json.dumps([{"Id": "9c2e", "State": {"Status": "running", "Health": health}}], indent=4)) == []
+    checks[1].update(ExitCode=7, Output=REFUSED)
+    assert rows_of(json.dumps(dict(health, Status="starting", FailingStreak=2))) == ["health-failing"]
+
+
+def test_dockers_healthy_verdict_after_failed_checks_voids_them():
+    assert rows_of(f"{REFUSED}\n9c2e4f1a7b3d   sglang   Up 14 minutes (healthy)   127.0.0.1:30000->30000/tcp   m") == []
+    assert rows_of(f"{REFUSED}\n2026-12-03T09:23:12Z container health_status: healthy 9c2e (name=m)") == []
+
+
+def test_a_health_poll_traced_by_set_x_is_judged_by_its_last_attempt():
+    attempt = "+ curl --fail --silent --show-error http://127.0.0.1:30000/health"
+    failing = f"{attempt}\n{REFUSED}\n+ sleep 30\n" * 3
+    assert rows_of(f"{failing}{attempt}\n+ echo 'server healthy'\nserver healthy") == []
+    assert rows_of(f"{failing}{attempt}\n{REFUSED}\n+ exit 1") == ["health-failing"]
+
+
+def test_a_media_fetch_failure_in_a_fragment_of_a_serving_log_counts_without_the_ready_line():
+    trace = ("[2026-12-03 09:14:37] Error in request: Traceback (most recent call last):\n"
+             '  File "/sgl-workspace/sglang/python/sglang/srt/managers/tokenizer_manager.py", line 712, in _tokenize_one_request\n'
+             "    mm_inputs = await self.mm_processor.process_mm_data_async(\n"
+             '  File "/sgl-workspace/sglang/python/sglang/srt/utils/common.py", line 861, in load_image\n'
+             "    response = requests.get(image_file, stream=True, timeout=timeout)\n"
+             "requests.exceptions.HTTPError: 403 Client Error: Forbidden for url: https://images.example-cdn.com/cat.png")
+    assert rows_of(trace) == ["remote-image-failed"]
+    served = '[2026-12-03 09:14:11] INFO:     172.17.0.1:50312 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
+    no_request_frame = "\n".join(line for line in trace.splitlines() if "tokenizer_manager" not in line and "mm_inputs" not in line)
+    assert rows_of(f"{served}\n{no_request_frame}") == ["remote-image-failed"]
+
+
+def test_vllms_logger_header_repeated_on_every_line_of_a_traceback_is_read_past():
+    header = "(APIServer pid=1) ERROR 12-03 12:01:04 [serving_chat.py:257] "
+    trace = "\n".join(header + line for line in (
+        "Error in preprocessing prompt inputs", "Traceback (most recent call last):",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/multimodal/utils.py", line 216, in fetch_image_async',
+        "    return await self.load_from_url_async(",
+        "aiohttp.client_exceptions.ClientConnectorError: Cannot connect to host raw.githubusercontent.com:443 "
+        "ssl:default [Temporary failure in name resolution]"))
+    started = "(APIServer pid=1) INFO:     Application startup complete."
+    [finding] = diagnose_texts([("log", f"{started}\n{trace}")]).findings
+    assert finding.row == "remote-image-failed" and finding.line.startswith("aiohttp.client_exceptions.")
+
+
+def test_an_answer_a_gateway_logs_inside_its_json_record_is_judged_as_the_answer():
+    markup = '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Shanghai</parameter>\n</invoke>\n</minimax:tool_call>'
+
+    def record(**fields) -> str:
+        return json.dumps({"level": "warn", "ts": "2026-12-03T10:15:03Z", "msg": "upstream response", **fields})
+    assert rows_of(record(response_preview={"finish_reason": "stop", "tool_calls": None, "content": markup})) == [
+        "raw-think-tokens"]
+    assert rows_of(record(upstream_body=json.dumps({"choices": [{"message": {"role": "assistant", "content": markup}}]}))) == [
+        "raw-think-tokens"]
+    assert rows_of(record(messages=[{"role": "assistant", "content": markup}])) == []  # a request: what a client sent
+    prose = "The M2 format opens with <minimax:tool_call>; M3 has its own."
+    assert rows_of(record(response_preview={"finish_reason": "stop", "content": prose})) == []
+
+
+def test_openai_pythons_print_of_a_400_about_thinking_type_is_row_9():
+    errors = ("[{'type': 'literal_error', 'loc': ('body', 'thinking', 'type'), 'msg': \"Input should be 'enabled', "
+              "'disabled' or 'adaptive'\", 'input': 'auto'}]")
+    body = {"object": "error", "message": f"1 validation error:\n  {errors[1:-1]}\n {errors}", "type": "Bad Request",
+            "param": None, "code": 400}
+    assert rows_of(f"openai.BadRequestError: Error code: 400 - {body!r}") == ["thinking-type-400"]
+    assert rows_of(f"openai.BadRequestError: Error code: 400 - {body!r}".replace("thinking", "messages")) == []
+
+
+SCRIPT = '''for effort in ["low", "high"]:
+    r = client.chat.completions.create(
+        model="MiniMaxAI/MiniMax-M3.1-Flash",
+        messages=[{"role": "user", "content": "Explain why reasoning_effort and thinking disabled clash."}],
+        reasoning_effort=effort,
+        extra_body={"thinking": {"type": "disabled"}},
+        max_tokens=4096,
+    )
+    print(effort, r.usage.completion_tokens)'''
+
+
+def test_a_python_scripts_request_with_an_effort_and_thinking_disabled_is_row_10():
+    [finding] = diagnose_texts([("log", SCRIPT)], engine="sglang").findings
+    assert finding.row == "reasoning-effort-ignored" and "`effort`" in finding.line
+    assert rows_of(SCRIPT.replace('"disabled"', '"enabled"'), engine="sglang") == []
+    assert rows_of(SCRIPT.replace("reasoning_effort=effort", 'reasoning_effort="none"'), engine="sglang") == []
+    posted = ('requests.post(URL, json={"model": "M", "messages": [], "reasoning_effort": "high",\n'
+              '                          "thinking": {"type": "disabled"}}, timeout=60)')
+    assert rows_of(posted, engine="sglang") == ["reasoning-effort-ignored"]
+
+
+def test_a_pod_that_is_ready_now_is_no_probe_failure_whatever_its_events_kept():
+    events = ("Events:\n  Type     Reason     Age                 From     Message\n"
+              "  Warning  Unhealthy  12m (x30 over 21m)  kubelet  Readiness probe failed: Get \"http://10.244.3.21:30000/"
+              "health\": dial tcp 10.244.3.21:30000: connect: connection refused")
+    conditions = "Conditions:\n  Type              Status\n  Initialized       True\n  Ready             {}\n"
+    assert rows_of(conditions.format("True") + events) == []
+    assert rows_of(conditions.format("False") + events) == ["health-failing"]
+
+
+def test_a_200_the_client_printed_after_failed_checks_voids_them():
+    assert rows_of(f"{REFUSED}\nHTTP/1.1 200 OK\ncontent-length: 0") == []
+    assert rows_of(f"{REFUSED}\n<Response [200]>") == []
+
+
+def test_an_answer_printed_by_openai_python_is_judged_as_the_answer():
+    def printed(content: str) -> str:
+        return (f"ChatCompletion(id='c1', choices=[Choice(finish_reason='stop', index=0, logprobs=None, message="
+                f"ChatCompletionMessage(content={content!r}, refusal=None, role='assistant', tool_calls=None))])")
+    assert rows_of(printed('<minimax:tool_call>\n<invoke name="get_weather">\n</invoke>\n</minimax:tool_call>')) == [
+        "raw-think-tokens"]
+    assert rows_of(printed("<mm:think>The user asks for the weather.")) == ["raw-think-tokens"]
+    assert rows_of(printed("It is 18 C in Shanghai.")) == []
+
+
+def test_a_media_urls_network_error_logged_without_its_traceback_is_a_remote_image_failure():
+    served = '[2026-12-03 09:14:11] INFO:     172.17.0.1:50312 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
+    error = ("[2026-12-03 09:14:37] Error in request: HTTPSConnectionPool(host='cdn.example.com', port=443): Max retries "
+             "exceeded with url: /a/cat.jpg (Caused by NameResolutionError(\"Failed to resolve 'cdn.example.com'\"))")
+    assert rows_of(f"{served}\n{error}") == ["remote-image-failed"]
+    assert rows_of(f"{served}\n{error.replace('cat.jpg', 'model-00001-of-00059.safetensors')}") == []
+    hub = "404 Client Error: Not Found for url: https://huggingface.co/M/resolve/main/figures/bench.png"
+    assert rows_of(f"{served}\n{hub}") == []  # the Hub's pictures are the model repo's, not a request's image
+
+
+def test_a_container_unhealthy_while_it_started_and_healthy_since_is_no_failure():
+    unhealthy = "2026-12-03T09:20:12Z container health_status: unhealthy 9c2e (image=sglang, name=m)"
+    healthy = "2026-12-03T09:25:12Z container health_status: healthy 9c2e (image=sglang, name=m)"
+    assert rows_of(f"{unhealthy}\n{healthy}") == []
+    assert rows_of(f"{healthy}\n{unhealthy}") == ["health-failing"]
+
+
+def test_readiness_failures_followed_by_a_pod_whose_ready_column_is_full_are_no_failure():
+    failed = "  Warning  Unhealthy  12m (x30 over 21m)  kubelet  Readiness probe failed: HTTP probe failed with statuscode: 503"
+    assert rows_of(f"{failed}\nNAME         READY   STATUS    RESTARTS   AGE\nminimax-0    1/1     Running   0          21m") == []
+    assert rows_of(f"{failed}\nNAME         READY   STATUS    RESTARTS   AGE\nminimax-0    0/1     Running   0          21m") == [
+        "health-failing"]
+
+
+def test_a_health_poll_loop_that_returned_to_the_prompt_passed_its_check():
+    loop = "$ until curl --fail --silent --show-error http://127.0.0.1:30000/health; do sleep 30; done\n" + f"{REFUSED}\n" * 3
+    assert rows_of(f"{loop}$ curl -s http://127.0.0.1:30000/v1/models") == []
+    assert rows_of(loop) == ["health-failing"]  # still waiting when pasted
+    assert rows_of(f"{loop}^C\n$ docker ps") == ["health-failing"]  # stopped by hand
+
+
+def test_a_grep_for_a_message_on_the_command_line_is_not_the_message():
+    search = "$ docker logs minimax 2>&1 | grep 'nvfp4_to_fp8 backend='\n"
+    assert rows_of(f"{search}[2026-11-26 09:14:02 TP0] nvfp4_to_fp8 backend=qmul4") == []
+    assert rows_of(f"{search}[2026-11-26 09:14:02 TP0] nvfp4_to_fp8 backend=fp16_fallback") == ["nvfp4-slow-path"]
+
+
+def openai_status_error(status: int, message: str) -> str:
+    """openai-python's status error as a traceback's last line: f"Error code: {status} - {body}", body a dict."""
+    kind = {400: "BadRequestError", 500: "InternalServerError"}[status]
+    body = {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+    return f"openai.{kind}: Error code: {status} - {body}"
+
+
+def test_a_pydantic_error_inside_openai_pythons_print_is_read_line_by_line():
+    message = ("1 validation error for ChatCompletionRequest\nthinking.type\n  Input should be 'enabled', 'disabled' or "
+               "'adaptive' [type=literal_error, input_value='none', input_type=str]")
+    assert rows_of(openai_status_error(400, message)) == ["thinking-type-400"]
+    assert rows_of(openai_status_error(400, message.replace("thinking.type", "messages.0.role"))) == []
+
+
+def test_sglangs_image_data_repr_in_an_error_answer_is_a_remote_image_failure():
+    message = ("Internal server error: An exception occurred while loading IMAGE data at index 0: Error while loading "
+               "data ImageData(url='https://cdn.example.com/a/front.jpg', detail='auto', max_dynamic_patch=None): "
+               "HTTPSConnectionPool(host='cdn.example.com', port=443): Read timed out. (read timeout=3)")
+    assert rows_of(openai_status_error(500, message)) == ["remote-image-failed"]
+    assert rows_of(json.dumps({"object": "error", "message": message, "code": 500})) == ["remote-image-failed"]
+
+
+def test_a_500_answer_carrying_the_http_clients_error_for_a_media_url_is_a_remote_image_failure():
+    message = ("Internal server error: HTTPConnectionPool(host='10.20.0.15', port=9000): Max retries exceeded with url: "
+               "/images/sku-1.png (Caused by NewConnectionError('<urllib3.connection.HTTPConnection object at 0x7f0d>: "
+               "Failed to establish a new connection: [Errno 113] No route to host'))")
+    opened = "resp = client.chat.completions.create(model=MODEL, messages=[{\"role\": \"user\", \"content\": ["
+    assert rows_of(f"{opened}\n{openai_status_error(500, message)}") == ["remote-image-failed"]
+    assert rows_of(openai_status_error(500, message.replace("/images/sku-1.png", "/v1/embeddings"))) == []
+
+
+def test_pillow_unable_to_identify_what_an_image_url_answered_is_a_remote_image_failure():
+    served = '[2026-12-03 09:14:11] INFO:     172.17.0.1:50312 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
+    trace = ('  File "/sgl-workspace/sglang/python/sglang/srt/utils/common.py", line 866, in load_image\n'
+             "    image = Image.open(BytesIO(response.content))\n"
+             "PIL.UnidentifiedImageError: cannot identify image file <_io.BytesIO object at 0x7fa0e8b3c4f0>")
+    assert rows_of(f"{served}\n{trace}") == ["remote-image-failed"]
+    decoded = trace.replace("BytesIO(response.content)", "BytesIO(pybase64.b64decode(image_file))")
+    assert rows_of(f"{served}\n{decoded}") == []  # a base64 image the client sent: no URL was fetched
+
+
+def flashinfer_jit(op: str, began: str, finished: str) -> str:
+    """FlashInfer's JIT loader as its logger prints it (flashinfer/jit/core.py, asctime first)."""
+    return (f"2026-11-24 {began},056 - INFO - flashinfer.jit: Loading JIT ops: {op}\n"
+            f"2026-11-24 {finished},057 - INFO - flashinfer.jit: Finished loading JIT ops: {op}\n")
+
+
+START = "[2026-11-24 08:00:00] server_args=ServerArgs(model_path='/models/M', tp_size=4)\n"
+
+
+def test_flashinfer_building_the_same_op_on_two_starts_is_a_kernel_cache_not_kept():
+    built, cached = flashinfer_jit("sampling", "08:12:06", "08:16:54"), flashinfer_jit("sampling", "08:12:06", "08:12:06")
+    assert rows_of(f"{START}{built}{READY}\n{START}{built}{READY}") == ["kernel-cache-not-persisted"]
+    assert rows_of(f"{START}{built}{READY}\n{START}{cached}{READY}") == []  # the second start found the build
+
+
+def test_a_kernel_compiled_again_at_length_on_a_later_start_is_a_kernel_cache_not_kept():
+    compiled = "[2026-11-24 08:06:41 TP0] Compiled msa_decode_q8kv4_sm100a in {} s\n"
+    assert rows_of(f"{START}{compiled.format(235.4)}{READY}\n{START}{compiled.format(187.8)}") == [
+        "kernel-cache-not-persisted"]
+    assert rows_of(f"{START}{compiled.format(235.4)}{READY}\n{START}{compiled.format(0.4)}") == []
+
+
+def test_a_build_after_docker_compose_recreated_the_container_is_a_kernel_cache_not_kept():
+    recreated = " ✔ Container m31-sglang-1  Recreated                0.4s\n"
+    built = "sglang-1  | " + flashinfer_jit("norm", "07:37:16", "07:41:28").replace("\n2026", "\nsglang-1  | 2026")
+    assert rows_of(f"{recreated}{built}") == ["kernel-cache-not-persisted"]
+    assert rows_of(f"{recreated}{built.replace('07:41:28', '07:37:16')}") == []
+    assert rows_of(built) == []  # one start that builds is a first start
+
+
+def test_an_oom_while_serving_is_not_voided_by_the_ready_line_of_the_restart_after_it():
+    oom = "[2026-11-23 06:13:05 TP0] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 12.50 GiB."
+    assert rows_of(f"{START}{READY}\n{oom}\n{START}{READY}") == ["cuda-oom"]
+    assert rows_of(f"{START}{oom}\n{START}{READY}") == []  # while starting: the next start got past it
+
+
+def test_server_args_as_sglang_prints_them_without_a_reasoning_parser_is_the_raw_token_row():
+    args = "[2026-11-23 06:00:00] server_args=ServerArgs(model_path='m', reasoning_parser={}, tool_call_parser={}, dp_size=1)"
+    assert rows_of(args.format("None", "None")) == ["raw-think-tokens"]
+    assert rows_of(args.format("'minimax-m3'", "'minimax-m3'")) == []
+
+
+def test_a_docker_run_publishing_a_port_the_server_does_not_listen_on_is_the_health_row():
+    run = ("$ docker run -d --gpus all -p 127.0.0.1:{}:{} -v ~/.cache/minfer:/root/.cache/minfer "
+           "lmsysorg/sglang@sha256:614b sglang serve --model-path M --host 0.0.0.0 {}")
+    assert rows_of(run.format(8000, 8000, "--port 30000")) == ["health-failing"]
+    assert rows_of(run.format(8000, 8000, "")) == ["health-failing"]  # SGLang's default port is 30000
+    assert rows_of(run.format(8000, 30000, "--port 30000")) == []
+    assert rows_of(run.format(8000, 8000, "--port 8000")) == []
+    assert rows_of(run.format(8000, 8000, "--port 30000").replace("-d ", "-d --network host ")) == []

@@ -85,6 +85,18 @@ def test_mirrors_are_asked_in_order_and_the_first_that_answers_serves_every_blob
     assert tree(tmp_path / "node") == tree(model)
 
 
+def test_a_mirror_serves_each_blob_as_one_stream_hashed_as_it_arrives(tmp_path, two_registries, model):
+    a, _, origin = two_registries
+    got, report = pull(tmp_path, f"{origin.host}/{REPO}:v1", tmp_path / "node", "--mirror", a.host)
+    assert got.returncode == 0, got.stderr
+    downloaded = [f for f in report["files"] if f["status"] == "downloaded"]
+    assert max(f["size"] for f in downloaded) >= SHARD  # (big enough for 4 ranges from the reference's registry)
+    transfer = report["transfer"]
+    assert transfer["requests"] == len(downloaded)  # one request per blob, no ranges
+    assert transfer["read_back"] == 0 and transfer["hashed_from_window"] == 0  # in order: hashed from the receive buffer
+    assert tree(tmp_path / "node") == tree(model)
+
+
 def test_a_mirror_that_is_down_is_named_and_the_next_source_serves(tmp_path, two_registries, model):
     a, b, origin = two_registries
     a.registry.stop()

@@ -659,6 +659,19 @@ def test_pull_fails_a_blob_whose_registry_answers_wrongly(harness, artifact, cas
     assert not (harness.dest / BIG).exists()
 
 
+@pytest.mark.parametrize("case", [c for c in PULL_BLOB_FAIL if "trickle" not in c])  # (the rate cut is _land's,
+# for every source alike: its 5 s are spent once, above)
+def test_pull_fails_a_blob_whose_mirror_answers_wrongly_within_the_same_bounds(harness, artifact, case):
+    resolve, message = PULL_BLOB_FAIL[case]
+    with HostileServer(registry(artifact, blob=_blob_script(artifact, resolve))) as server:
+        got = harness.run("pull", "127.0.0.1:9/hostile/model:v1", "--local-dir", harness.dest, "--mirror",
+                          server.host, "--no-fallback", deadline=12)  # (the mirror, one stream per blob, is all)
+        blob_requests = _blob_requests(server, artifact)
+    expect(got, 4, message)
+    assert blob_requests <= 2 * 1 + 64  # the file's request budget: twice its 1 planned stream, plus 64
+    assert not (harness.dest / BIG).exists()
+
+
 def _resume_answer(shift: int | None):
     """A Range request answered 206 from SHIFT bytes off the offset asked (None: no Content-Range at all)."""
     def script(req, out, data):

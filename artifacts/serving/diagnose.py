@@ -8,6 +8,8 @@ adapted to it (the cache paths, flags and ports mm uses); otherwise it is the gu
 """
 from __future__ import annotations
 
+import datetime
+import itertools
 import json
 import re
 from collections import deque
@@ -39,6 +41,10 @@ class Detector:
     again_after: re.Pattern | None = None  # the pattern counts only for a value (its group 1) it already matched
     # before a line matching this (a later start of the server: what it compiled then was not kept)
     cleared_by: re.Pattern | None = None  # a later line matching this voids an earlier hit (the server recovered)
+    # cleared_by voids only a hit from before its first match (a failure while starting that the start got past); a
+    # hit after it (the server was up) is a failure while serving, and a later match is the next start, no recovery
+    cleared_while_starting: bool = False
+    min_seconds: float | None = None  # the pattern's group `seconds` (a duration the line states) must reach this
     requires: str | None = None  # a property of the recipe: expects_qmul4, blackwell
     engine: str | None = None  # sglang | vllm: the detector applies to that engine only
     field: str | None = None  # error | content: the pattern judges that field of a JSON answer, not text
@@ -161,6 +167,8 @@ def _detector(d: dict, d_at: At, where: str) -> Detector:
     check = d_at.get_str(d, "check", None, max_len=64)
     if source == "host" and check not in HOST_CHECKS:
         raise BadInput(f"{where}: unknown host check {check!r}")
+    if source == "log" and check is not None and check not in LINE_CHECKS:
+        raise BadInput(f"{where}: unknown line check {check!r} (known: {', '.join(sorted(LINE_CHECKS))})")
     body = d_at.get_str(d, "body", None, max_len=64)
     if body is not None and body not in BODY_CHECKS:
         raise BadInput(f"{where}: unknown body check {body!r} (known: {', '.join(sorted(BODY_CHECKS))})")
@@ -172,7 +180,15 @@ def _detector(d: dict, d_at: At, where: str) -> Detector:
         raise BadInput(f"{where}: unknown field {judged!r} (known: {', '.join(FIELDS)})")
     patterns = {k: _regex(d_at.get_str(d, k, None, max_len=MAX_PATTERN), where)
                 for k in ("pattern", "unless", "also", "after", "cleared_by", "again_after")}
-    return Detector(source=source, **patterns, requires=d_at.get_str(d, "requires", None, max_len=64), engine=engine,
+    min_seconds = d.get("min_seconds")
+    if min_seconds is not None and (isinstance(min_seconds, bool) or not isinstance(min_seconds, (int, float))
+                                    or min_seconds <= 0 or patterns["pattern"] is None
+                                    or "seconds" not in patterns["pattern"].groupindex):
+        raise BadInput(f"{where}: min_seconds must be a positive number, with a pattern that has a group named seconds")
+    while_starting = d_at.get_bool(d, "cleared_while_starting", False)
+    if while_starting and patterns["cleared_by"] is None:
+        raise BadInput(f"{where}: cleared_while_starting needs a cleared_by")
+    return Detector(source=source, **patterns, min_seconds=min_seconds, cleared_while_starting=while_starting, requires=d_at.get_str(d, "requires", None, max_len=64), engine=engine,
                     field=judged, body=body, fallback=d_at.get_bool(d, "fallback", False),
                     payload=d_at.get_bool(d, "payload", False),
                     missing_mount=d_at.get_str(d, "missing_mount", None, max_len=4096), check=check,
@@ -426,8 +442,9 @@ _RECORD_TEXT = ("log", "message", "msg", "textPayload", "line")
 _RECORD_MARK = frozenset({"stream", "time", "timestamp", "ts", "level", "levelname", "severity", "logger", "@timestamp"})
 
 
-def _record_text(line: str) -> str | None:
-    """The message of a JSON log record on one line, else None (a request or an answer is read by the body reader)."""
+def _record(line: str) -> tuple[str | None, dict] | None:
+    """A JSON log record on one line: its message (None when it has none) and the record, else None (a request or an
+    answer is read by the body reader)."""
     text = line.strip()
     if not (text.startswith("{") and text.endswith("}")):
         return None
@@ -437,14 +454,54 @@ def _record_text(line: str) -> str | None:
         return None
     if not isinstance(doc, dict) or not _RECORD_MARK.intersection(doc):
         return None
-    return next((doc[k] for k in _RECORD_TEXT if isinstance(doc.get(k), str)), None)
+    return next((doc[k] for k in _RECORD_TEXT if isinstance(doc.get(k), str)), None), doc
+
+
+# a record's fields that hold what a client sent (a prompt quoting anything), never an answer
+_RECORD_REQUEST_KEYS = frozenset({"messages", "prompt", "input", "inputs", "request", "request_body", "obj", "params"})
+MAX_RECORD_ANSWERS = 8
+
+
+def _record_answers(doc: object, depth: int = 0) -> Iterator[str]:
+    """The answers a log record carries besides its message (a gateway or proxy logging the upstream's answer, whole,
+    as a JSON string, or as a preview of its message), each as the JSON document the body reader takes: an answer or
+    an error answer as it is; an assistant message (content beside finish_reason, tool_calls or role assistant) inside
+    choices."""
+    if depth > 4:
+        return
+    if isinstance(doc, str):
+        text = doc.strip()
+        if depth and text.startswith("{") and text.endswith("}"):
+            try:
+                doc = load_json(text, "log record field", max_bytes=MAX_LOG_LINE)
+            except Malformed:
+                return
+        else:
+            return
+    if isinstance(doc, list):
+        for item in doc[:MAX_RECORD_ANSWERS]:
+            yield from _record_answers(item, depth + 1)
+        return
+    if not isinstance(doc, dict):
+        return
+    if depth:
+        if body_facts(doc, 0) is not None:
+            yield json.dumps(doc)
+            return
+        if isinstance(doc.get("content"), str) and (
+                "finish_reason" in doc or "tool_calls" in doc or doc.get("role") == "assistant"):
+            yield json.dumps({"choices": [{"message": {"content": doc["content"]}}]})
+            return
+    for key, value in list(doc.items())[:64]:
+        if key not in _RECORD_REQUEST_KEYS and isinstance(value, (dict, list, str)):
+            yield from _record_answers(value, depth + 1)
 
 
 def normalised(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
     """(line number, text) of what each line says: ANSI escapes removed, a Kubernetes CRI prefix removed (CRI
     partial pieces joined, bounded by MAX_LOG_LINE), the prefixes of `docker logs --timestamps`, `kubectl logs
     --prefix`, `docker compose logs` and journalctl removed, a logfmt or JSON log record replaced by its message (one
-    line per line of it). The number is the first physical line's."""
+    line per line of it) and followed by the answers it carries (_record_answers). The number is the first physical line's."""
     partial: list[str] = []
     partial_at = 0
     size = 0
@@ -463,12 +520,18 @@ def normalised(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
                 line, number = "".join(partial) + line, partial_at
                 partial, size = [], 0
         line = _unwrapped(line)
-        record = _record_text(line) if "{" in line else None
+        record = _record(line) if "{" in line else None
         if record is None:
             yield number, line
             continue
-        for piece in record.splitlines() or [""]:
-            yield number, _ANSI.sub("", piece) if "\x1b" in piece else piece
+        message, doc = record
+        if message is None:
+            yield number, line
+        else:
+            for piece in message.splitlines() or [""]:
+                yield number, _ANSI.sub("", piece) if "\x1b" in piece else piece
+        for answer in itertools.islice(_record_answers(doc), MAX_RECORD_ANSWERS):
+            yield number, answer
     if partial:
         yield partial_at, "".join(partial)
 
@@ -499,6 +562,8 @@ _ABSENT = object()
 
 
 def _short(value: object) -> str:
+    if isinstance(value, _Expr):  # a variable of the script: its name
+        return f"`{str(value)[:MAX_FACT]}` (a value the script computes)"
     return json.dumps(value, ensure_ascii=False)[:MAX_FACT]
 
 
@@ -535,6 +600,106 @@ def body_facts(doc: object, line: int) -> Body | None:
             if isinstance(part, dict) and isinstance(part.get("content"), str):
                 body.contents.append(part["content"][:MAX_FACT])
     return body if body.error is not None or body.contents else None
+
+
+# moby's health state (api/types/container/health.go Health: Status, FailingStreak, Log of HealthcheckResult with
+# ExitCode and Output), in `docker inspect` whole, as .State or as .State.Health
+_HEALTH_OUTPUT = re.compile(r'"Output":\s*"(?:[^"\\]|\\.)*"')
+
+
+def _health_healthy(doc: object) -> bool:
+    """Whether DOC is or holds a container health state whose current Status is healthy: its Log then keeps the
+    outputs of earlier checks (failures while the server started), which the present state has cleared."""
+    for _ in range(3):  # [container] -> container -> State -> Health
+        if isinstance(doc, list) and len(doc) == 1:
+            doc = doc[0]
+        if not isinstance(doc, dict):
+            return False
+        if isinstance(doc.get("Log"), list) and "FailingStreak" in doc:
+            return doc.get("Status") == "healthy"
+        doc = doc.get("State") if isinstance(doc.get("State"), dict) else doc.get("Health")
+    return isinstance(doc, dict) and isinstance(doc.get("Log"), list) and doc.get("Status") == "healthy"
+
+
+# a request as a Python script sends it: openai-python's chat.completions.create(model=..., messages=..., **fields,
+# extra_body={...}) (its extra_body is merged into the JSON body), or requests/httpx .post(url, json={...})
+_PY_CALL = re.compile(r"\bcompletions\.create\(|\b(?:requests|httpx|session|client)\.post\(")
+MAX_CALL_LINES = 200
+MAX_CALL_BYTES = 64 * 1024  # a request call in a script is short; mm's own margin
+MAX_CALL_TRIES = 32  # parses tried per call (each at a ')' that may close it): a line of ')'s costs no more
+
+
+class _Expr(str):
+    """The source text of a value a script computes (a variable): set, but its value is not in the text."""
+
+
+class _PythonCall:
+    """Collects the text of one Python call from its '(' until it parses (bounded by MAX_CALL_LINES, MAX_CALL_BYTES) and
+    reads it as the JSON body it sends, its literals evaluated and any other value kept as an _Expr; never run."""
+
+    def __init__(self, first: str, number: int):
+        self.number = number
+        self.text = first
+        self.tried = 0  # the ends before this offset were tried already (the text only grows)
+        self.tries = 0
+        self.lines = 1
+        self.open = first.count("(") - first.count(")")  # naive: parens in strings count too, so it only gates a parse
+        self.given_up = len(first) > MAX_CALL_BYTES
+
+    def add(self, line: str) -> None:
+        self.lines += 1
+        self.open += line.count("(") - line.count(")")
+        self.text += "\n" + line
+        if self.lines > MAX_CALL_LINES or len(self.text) > MAX_CALL_BYTES:
+            self.given_up = True
+
+    def document(self) -> dict | None:
+        import ast
+
+        start, self.tried = self.tried, len(self.text)
+        if self.open > 0 or self.given_up:
+            return None
+        for end in (i for i in range(start, len(self.text)) if self.text[i] == ")"):
+            self.tries += 1
+            if self.tries > MAX_CALL_TRIES:
+                self.given_up = True
+                return None
+            try:
+                tree = ast.parse("f" + self.text[:end + 1], mode="eval")
+            except (SyntaxError, ValueError, MemoryError, RecursionError):
+                continue
+            if isinstance(tree.body, ast.Call):
+                return _call_body(tree.body)
+        return None
+
+
+def _literal(node: object) -> object:
+    import ast
+
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        if isinstance(node, ast.Dict):  # a dict with a computed value: its literal keys, each value read alike
+            return {k.value: _literal(v) for k, v in zip(node.keys, node.values)
+                    if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+        return _Expr(ast.unparse(node)[:MAX_FACT])
+
+
+def _call_body(call: object) -> dict | None:
+    """The JSON body a create(...) or post(..., json=...) call sends, else None."""
+    fields = {kw.arg: kw.value for kw in call.keywords if kw.arg is not None}
+    if "json" in fields:
+        body = _literal(fields["json"])
+        return body if isinstance(body, dict) else None
+    if "messages" not in fields:
+        return None
+    body = {name: _literal(value) for name, value in fields.items() if name not in ("extra_body", "extra_headers")}
+    extra = _literal(fields["extra_body"]) if "extra_body" in fields else {}
+    if isinstance(extra, dict):
+        body.update(extra)
+    if not isinstance(body.get("messages"), list):
+        body["messages"] = []  # messages built by the script: what is judged is the other fields
+    return body
 
 
 class _JsonObject:
@@ -609,6 +774,8 @@ class ScannedText:
     unless_seen: set = field(default_factory=set)
     also_seen: set = field(default_factory=set)
     after_seen: set = field(default_factory=set)
+    cleared_seen: set = field(default_factory=set)  # detectors whose cleared_by matched (cleared_while_starting)
+    kept_hits: set = field(default_factory=set)  # hits no later cleared_by voids (cleared_while_starting)
     bodies: list = field(default_factory=list)
     stream_content: str = ""  # the delta.content of SSE chunks, joined (a marker may span chunks)
     stream_line: int | None = None
@@ -689,12 +856,23 @@ _PY_STRING = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
 # the model's output in such a line: SGLang's out={..., 'text': '...'}, vLLM's output: '...' (a Python repr)
 _OUTPUT = re.compile(r"\bout=\{(?:[^{}'\"]|'[\w.]*'|\{[^{}]*\})*?'text': |\bGenerated response \S+: output: ")
 MAX_OUTPUTS = 64
+# an answer's message as openai-python prints it (print(completion): its pydantic models' repr, content first:
+# ChatCompletionMessage(content='...', refusal=None, role='assistant', ...); streamed, ChoiceDelta(content='...', ...))
+_PY_ANSWER = re.compile(r"\b(?:ChatCompletionMessage|ChoiceDelta)\(content=")
 
 
 # pydantic's ValidationError prints each error as a location line ('thinking.type'; v1: 'thinking -> type') and an
 # indented message ('  Input should be ... [type=literal_error, ...]'): the message is read as 'LOCATION: message'
 _PYDANTIC_LOC = re.compile(r"^[A-Za-z_][\w.]*(?: -> \w+)*$")
 _PYDANTIC_MSG = re.compile(r"^\s+\S.*[\[(]type=[\w.]+")
+
+
+# vLLM's logger header (vllm/logger.py _FORMAT '%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s',
+# dates '%m-%d %H:%M:%S'), after utils/system_utils.py decorate_logs' '(APIServer pid=N) '; its NewLineFormatter
+# repeats the header on every line of a message, so a traceback's lines carry it too: what follows is what was logged
+_VLLM_HEADER = re.compile(r"^(?:\((APIServer|EngineCore(?:_DP\d+)?|\w+) pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+                          r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]\s]+:\d+\] ")
+_VLLM_LEVEL_INITIALS = frozenset("DIWEC")
 
 
 def _is_payload(line: str) -> bool:
@@ -723,6 +901,98 @@ def _logged_output(line: str) -> str | None:
     return text[:MAX_FACT] if isinstance(text, str) else None
 
 
+# A command the user typed: a shell prompt (`$ `, `# `, `user@host:~$ `, PowerShell's `PS C:\> `) or a `set -x` trace.
+_SHELL_PROMPT = re.compile(r"^(?:\S*@\S*:\S*[$#] |[$#] |PS [^>]*> |\+ )")
+# A search for a message quotes the message (`docker logs X | grep 'nvfp4_to_fp8 backend='`): its pattern is what
+# the user looks for, never what the server said. grep, ripgrep, ack, ag, findstr, PowerShell's Select-String.
+_SEARCH_ARG = re.compile(r"\b(?:[ezf]?grep|rg|ag|ack|findstr|Select-String)\b((?:\s+-[-\w=]+)*\s+)"
+                         r"('(?:[^']*)'?|\"(?:[^\"\\]|\\.)*\"?|[^\s|;&]+)")
+# A loop that polls /health until it answers (`until curl -f .../health; do sleep 5; done`, `while ! curl ...`):
+# its failures are the wait; the shell comes back to a prompt only once the check passed (a Ctrl-C prints `^C`).
+_POLL_LOOP = re.compile(r"\b(?:until|while\s+!)\s+(?:curl|wget)\b[^;]*/health\b")
+# what a passing attempt of such a loop reads as to the detectors that a later check voids (their cleared_by)
+_POLL_PASSED = "+ curl http://127.0.0.1/health"
+
+
+# openai-python's APIStatusError as printed: _base_client.py _make_status_error_from_response formats
+# f"Error code: {response.status_code} - {body}" with body = json.loads(the answer), so the answer is a Python dict repr
+_OPENAI_STATUS = re.compile(r"\bError code: \d{3} - (\{.*\})\s*$")
+
+
+# FlashInfer's JIT loader (flashinfer/jit/core.py) logs 'Loading JIT ops: NAME' and 'Finished loading JIT ops: NAME'
+# around torch's cpp_extension load, which builds only what is not built yet: a load from the cache takes milliseconds, a
+# build minutes. Its logger prints the time (logging's asctime), so the scanner adds to the Finished line how long
+# the load took: ' (after N s)'.
+_FLASHINFER_JIT = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) - \w+ - flashinfer\.jit: "
+                             r"(Loading|Finished loading) JIT ops: (\S+)\s*$")
+
+
+def _seconds_of(stamp: str, millis: str) -> float | None:
+    try:
+        when = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+        return when.timestamp() + int(millis) / 1000
+    except ValueError:
+        return None
+
+
+# --- checks on one line, past what a pattern can say ---------------------------------------------
+
+_PUBLISH = re.compile(r"^(?:-p|--publish)(?:=(.+))?$")
+# the port the server listens on when its command names none: SGLang's ServerArgs port, vLLM's serve --port
+DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000}
+
+
+def _port_not_published(line: str) -> str | None:
+    """A `docker run` / `podman run` line whose -p/--publish options publish no container port the server in it listens
+    on (its --port, else the engine's default): the guide's row 11 'the port mapping is wrong'."""
+    import shlex
+
+    try:
+        words = shlex.split(line, comments=False)
+    except ValueError:
+        words = line.split()
+    published: list[int] = []
+    port = engine = None
+    for i, word in enumerate(words):
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        if word in ("--network=host", "--net=host") or (word in ("--network", "--net") and nxt == "host") \
+                or word in ("-P", "--publish-all"):
+            return None  # the host's own ports, or every exposed port: nothing to compare
+        if m := _PUBLISH.match(word):
+            spec = (m.group(1) or nxt).split("/")[0]
+            container = spec.rsplit(":", 1)[-1]
+            if container.isdigit():
+                published.append(int(container))
+            elif "-" in container:
+                return None  # a range: not judged
+        elif word.startswith("--port="):
+            port = word.split("=", 1)[1]
+        elif word == "--port":
+            port = nxt
+        elif engine is None:  # the image's or the command's name: lmsysorg/sglang@sha256:..., vllm/vllm-openai:TAG
+            name = word.lower().rsplit("/", 1)[-1].split("@")[0].split(":")[0]
+            engine = next((e for e in DEFAULT_PORTS if e in name), None)
+    if not published:
+        return None
+    listening = int(port) if port and port.isdigit() else DEFAULT_PORTS.get(engine or "")
+    if listening is None or listening in published:
+        return None
+    return f"the server listens on port {listening} in the container; -p publishes {', '.join(map(str, published))}"
+
+
+LINE_CHECKS: dict[str, Callable[[str], str | None]] = {"port_not_published": _port_not_published}
+
+
+def _long_enough(d: Detector, m: object) -> object:
+    """M, unless D wants a duration (min_seconds) that M's group `seconds` does not reach."""
+    if not m or d.min_seconds is None:
+        return m
+    try:
+        return m if float(m.group("seconds")) >= d.min_seconds else None
+    except (ValueError, TypeError):
+        return None
+
+
 class _Scanner:
     def __init__(self, where: str, table: Table, tail: int, keep: re.Pattern | None):
         self.detectors = [((row.id, j), d, {k: _searcher(getattr(d, k)) for k in ("pattern", "unless", "also", "after",
@@ -735,14 +1005,41 @@ class _Scanner:
         self.tail = tail
         self.pending: _JsonObject | None = None
         self.location: str | None = None  # the last line, when it was a pydantic error's location (_PYDANTIC_LOC)
+        self.call: _PythonCall | None = None  # a request a Python script sends, being read
+        self.polling = False  # a shell loop polling /health is running (_POLL_LOOP)
+        self.jit_loading: dict[str, float] = {}  # FlashInfer op -> when its load began (_FLASHINFER_JIT)
 
     def line(self, number: int, line: str) -> None:
         scan = self.scan
         scan.lines = number
+        if (line[:1] == "(" or line[:1] in _VLLM_LEVEL_INITIALS) and (m := _VLLM_HEADER.match(line)):
+            if m.group(1):
+                scan.engines.add("vllm")
+            line = line[m.end():]
         if self.tail:
             scan.tail.append(line)
+        if "flashinfer.jit: " in line and (m := _FLASHINFER_JIT.match(line)) and (at := _seconds_of(*m.group(1, 2))):
+            if m.group(3) == "Loading":
+                if len(self.jit_loading) < MAX_KEPT:
+                    self.jit_loading[m.group(4)] = at
+            elif (began := self.jit_loading.pop(m.group(4), None)) is not None:
+                line = f"{line.rstrip()} (after {max(at - began, 0.0):.1f} s)"
+        if self.polling and (line.startswith("^C") or _SHELL_PROMPT.match(line)):
+            self.polling = False
+            if not line.startswith("^C"):
+                self._cleared(_POLL_PASSED)
+        if _SHELL_PROMPT.match(line):
+            self.polling = _POLL_LOOP.search(line) is not None and "timeout" not in line
+            line = _SEARCH_ARG.sub(lambda m: m.group(0)[:m.start(2) - m.start()], line)
         if self.keep is not None and len(scan.kept) < MAX_KEPT and self.keep.search(line):
             scan.kept.append(line)
+        if self.call is not None:
+            self._call_line(line)
+        elif ("create(" in line or "post(" in line) and (m := _PY_CALL.search(line)):
+            self.call = _PythonCall(line[m.end() - 1:], number)
+            self._call_line(None)
+        if "Error code: " in line and (m := _OPENAI_STATUS.search(line)):  # ends a traceback: whatever is open
+            self._printed_error(m.group(1), number)
         if self.pending is not None:
             if self.pending.add(line, number) or self.pending.too_big:
                 self._close()
@@ -750,6 +1047,8 @@ class _Scanner:
         location, self.location = self.location, line if len(line) < 256 and _PYDANTIC_LOC.match(line) else None
         if location is not None and "type=" in line and _PYDANTIC_MSG.match(line):
             line = f"{location}: {line.strip()}"
+        if "content=" in line and len(scan.bodies) < MAX_BODIES:
+            self._printed_answers(line, number)
         payload = _is_payload(line)
         if payload and len(scan.outputs) < MAX_OUTPUTS and (text := _logged_output(line)) is not None:
             scan.outputs.append((text, number))
@@ -763,6 +1062,64 @@ class _Scanner:
         self.pending.payload = payload
         if self.pending.done:
             self._close()
+
+    def _printed_answers(self, line: str, number: int) -> None:
+        """The contents of the answers openai-python printed on LINE (_PY_ANSWER), read as an answer's."""
+        import ast
+
+        contents = []
+        for m in itertools.islice(_PY_ANSWER.finditer(line), MAX_OUTPUTS):
+            head = line[m.end():m.end() + MAX_FACT]  # the content's beginning is what is judged
+            literal = _PY_STRING.match(head) or (head and _PY_STRING.match(head.rstrip("\\") + head[0]))
+            if not literal:
+                continue
+            try:
+                text = ast.literal_eval(literal.group())
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                continue
+            if isinstance(text, str):
+                contents.append(text[:MAX_FACT])
+        if contents:
+            self.scan.bodies.append(Body(line=number, contents=contents))
+
+    def _printed_error(self, text: str, number: int) -> None:
+        """The answer openai-python printed with its status error (_OPENAI_STATUS), read as an error answer."""
+        import ast
+
+        if len(text) > MAX_BODY:
+            return
+        try:
+            doc = ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return
+        facts = body_facts(doc, number)
+        if facts is None or facts.error is None:
+            return
+        self._error_text(facts.error, number)
+        if len(self.scan.bodies) < MAX_BODIES:
+            self.scan.bodies.append(facts)
+
+    def _error_text(self, error: str, number: int) -> None:
+        """A server's error message matched like the log lines it holds: one line at a time, a pydantic error's
+        location line read with the message under it (as in line())."""
+        location = None
+        for piece in itertools.islice(error.splitlines(), MAX_CALL_LINES):
+            if location is not None and "type=" in piece and _PYDANTIC_MSG.match(piece):
+                piece = f"{location}: {piece.strip()}"
+            location = piece if len(piece) < 256 and _PYDANTIC_LOC.match(piece) else None
+            self._match(piece, number)
+
+    def _call_line(self, line: str | None) -> None:
+        call = self.call
+        if line is not None:
+            call.add(line)
+        doc = call.document()
+        if doc is None and not call.given_up:
+            return
+        self.call = None
+        if doc is not None and (facts := body_facts(doc, call.number)) is not None and facts.request \
+                and len(self.scan.bodies) < MAX_BODIES:
+            self.scan.bodies.append(facts)
 
     def _close(self) -> None:
         pending, self.pending = self.pending, None
@@ -781,11 +1138,13 @@ class _Scanner:
                 return
         facts = body_facts(doc, pending.number)
         if facts is None:  # JSON, but no request or answer (a structured log line): read as text
+            healthy = _health_healthy(doc)
             for text, number in pending.lines:
+                text = _HEALTH_OUTPUT.sub('"Output":""', text) if healthy else text
                 self._match(_masked(text) if pending.payload else text, number, pending.payload)
             return
         if facts.error is not None:  # a server's error message is evidence like a log line (an OOM in a 500)
-            self._match(facts.error, pending.number)
+            self._error_text(facts.error, pending.number)
         if isinstance(doc, dict) and doc.get("object") == "chat.completion.chunk":
             scan = self.scan
             scan.stream_line = scan.stream_line or pending.number
@@ -809,19 +1168,31 @@ class _Scanner:
         for key, d, search in self.detectors:
             if payload and not d.payload:
                 continue
-            if d.cleared_by is not None and key in scan.hits and search["cleared_by"](line):
-                del scan.hits[key]
+            if d.cleared_by is not None and (key in scan.hits or d.cleared_while_starting) and search["cleared_by"](line):
+                if key not in scan.kept_hits:
+                    scan.hits.pop(key, None)
+                scan.cleared_seen.add(key)
             if d.again_after is not None and not payload:
                 self._again(key, d, search, line, number)
             elif (d.field is None and d.payload == payload and key not in scan.hits and key not in scan.unless_seen
-                    and (d.after is None or key in scan.after_seen) and search["pattern"](line)):
+                    and (d.after is None or key in scan.after_seen) and _long_enough(d, search["pattern"](line))
+                    and (d.check is None or LINE_CHECKS[d.check](line))):
                 scan.hits[key] = (line, number)
+                if d.cleared_while_starting and key in scan.cleared_seen:
+                    scan.kept_hits.add(key)
             if d.after is not None and key not in scan.after_seen and search["after"](line):
                 scan.after_seen.add(key)
             if d.unless is not None and key not in scan.unless_seen and search["unless"](line):
                 scan.unless_seen.add(key)
             if d.also is not None and key not in scan.also_seen and search["also"](line):
                 scan.also_seen.add(key)
+
+    def _cleared(self, line: str) -> None:
+        """LINE's effect as a later recovery only: the hits whose cleared_by it matches are voided."""
+        for key, d, search in self.detectors:
+            if d.cleared_by is not None and key in self.scan.hits and key not in self.scan.kept_hits \
+                    and search["cleared_by"](line):
+                del self.scan.hits[key]
 
     def _again(self, key: tuple[str, int], d: Detector, search: dict, line: str, number: int) -> None:
         """A value of the pattern's group 1 matched again after a restart (d.again_after) is a hit."""
@@ -830,7 +1201,7 @@ class _Scanner:
         if search["again_after"](line):
             earlier |= current
             current.clear()
-        elif key not in scan.hits and (m := search["pattern"](line)):
+        elif key not in scan.hits and (m := _long_enough(d, search["pattern"](line))):
             if m.group(1) in earlier:
                 scan.hits[key] = (line, number)
             elif len(current) < MAX_KEPT:
@@ -867,7 +1238,7 @@ def _thinking_type_invalid(b: Body) -> str | None:
     if not b.request or b.thinking is _ABSENT or b.thinking is None:
         return None
     kind = b.thinking.get("type") if isinstance(b.thinking, dict) else None
-    if kind in M3_THINKING_TYPES:
+    if kind in M3_THINKING_TYPES or isinstance(b.thinking, _Expr) or isinstance(kind, _Expr):
         return None
     return f'"thinking": {_short(b.thinking)} (type must be adaptive, enabled or disabled)'
 
@@ -898,7 +1269,7 @@ def _effort_with_thinking_off(b: Body) -> str | None:
 
 def _effort_unknown_value(b: Body) -> str | None:
     effort = _effort(b)
-    if b.request and _set(effort) and effort not in M3_EFFORTS + EFFORT_OFF:
+    if b.request and _set(effort) and not isinstance(effort, _Expr) and effort not in M3_EFFORTS + EFFORT_OFF:
         return f'"reasoning_effort": {_short(effort)} (known: {", ".join(M3_EFFORTS + EFFORT_OFF)})'
     return None
 

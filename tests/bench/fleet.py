@@ -7,7 +7,9 @@ BLOBS shards of MIB MiB pushed to the origin.
    proxy's thread pair per connection would be what is measured) into separate directories (a "node" is a process here: on a
    small box they share its cores and disk): every one must exit 0 (its copy proven); the origin must have served
    each blob at most 2x and T1 at most 3x in all (goal); aggregate pull rate against NODES concurrent curl of the
-   same blobs from T2 in the same run (goal >= 0.8x); peak RSS per node (goal < 150 MB).
+   same blobs from T2 in the same run (goal >= 0.8x); peak RSS per node (goal < 150 MB). Each wave's CPU (user and
+   system seconds per GiB, from wait4) and the bytes the nodes read back are printed, and, beside the goal, the
+   ratio to curl followed by `sync` (mm's copies are on the disk when it ends; curl's are in the page cache).
 3. A second wave of NODES: nothing more at the origin or T1 (manifests and headers only).
 4. A fresh chain without preheat: NODES cold pulls through T2 all succeed; the origin's multiple printed.
 5. A mirror serving a corrupted blob (first in --mirror order): named and skipped, every node still right.
@@ -16,7 +18,8 @@ BLOBS shards of MIB MiB pushed to the origin.
 
 Environment: MM_BENCH_FLEET_BLOBS (default 4), MM_BENCH_FLEET_MIB (default 256), MM_BENCH_FLEET_NODES (default 32),
 MM_BENCH_FLEET_ROUNDS (default 3: interleaved pairs of an mm wave and a curl wave; the rate goal is the median of
-their ratios, RatioGoal), MM_BENCH_FLEET_SKIP_FAULTS=1 (leaves out steps 5 and 6), MM_BENCH_KEEP=1 keeps the data.
+their ratios, RatioGoal), MM_BENCH_FLEET_SKIP_FAULTS=1 (leaves out steps 5 and 6), MM_BENCH_FLEET_RATE_ONLY=1 (steps 1 and 2 only: more rounds
+of the rate goal inside a host's time limit), MM_BENCH_KEEP=1 keeps the data.
 MM_BENCH_REGISTRY_BIN: the docker-registry binary (distribution 2.8) where it is not /usr/bin/docker-registry nor
 on PATH. Needs on the host: python3 with mm installed (`pip install -e .[test]`: the bench imports tests.support),
 that docker-registry binary, and curl; nothing else from Debian (peak RSS comes from wait4).
@@ -41,6 +44,7 @@ MIB = int(os.environ.get("MM_BENCH_FLEET_MIB", "256"))
 NODES = int(os.environ.get("MM_BENCH_FLEET_NODES", "32"))
 ROUNDS = int(os.environ.get("MM_BENCH_FLEET_ROUNDS", "3"))
 SKIP_FAULTS = os.environ.get("MM_BENCH_FLEET_SKIP_FAULTS") == "1"
+RATE_ONLY = os.environ.get("MM_BENCH_FLEET_RATE_ONLY") == "1"
 RATE_GOAL = RatioGoal("mm pull / curl aggregate rate from T2", 0.8, at_most=False)
 REPO = "fleet/model"
 SMALL = 256 * 1024  # what a warm pass may still move at a tier: manifests and headers (mm's margin)
@@ -58,7 +62,7 @@ LAUNCHER = ("import os, sys\n"
             "if pid == 0:\n"
             "    os.execvp(sys.argv[2], sys.argv[2:])\n"
             "_, status, usage = os.wait4(pid, 0)\n"
-            "open(sys.argv[1], 'w').write(str(usage.ru_maxrss))\n"
+            "open(sys.argv[1], 'w').write(f'{usage.ru_maxrss} {usage.ru_utime} {usage.ru_stime}')\n"
             "sys.exit(os.waitstatus_to_exitcode(status))\n")
 
 
@@ -102,8 +106,31 @@ def read_back(rss_dir: Path) -> str:
     return f"hashed from memory {window / 2**20:.0f} MiB, read back {back / 2**20:.0f} MiB in all"
 
 
+def pull_seconds(rss_dir: Path) -> str:
+    """The shortest and longest of the nodes' own pull times (their --json `seconds`: from the reference's resolve
+    to the quick verify); the rest of the wave's wall time is each process starting (imports) and ending."""
+    seconds = []
+    for out in rss_dir.glob("*.out"):
+        try:
+            seconds.append(float(json.loads(out.read_text())["seconds"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return f"each node's pull {min(seconds):.1f}-{max(seconds):.1f} s" if seconds else "no node's pull time"
+
+
 def peak_rss(rss_dir: Path) -> int:
-    return max(int(p.read_text().split()[-1]) * 1024 for p in rss_dir.glob("*.rss"))
+    return max(int(p.read_text().split()[0]) * 1024 for p in rss_dir.glob("*.rss"))
+
+
+def cpu(rss_dir: Path, nbytes: int) -> str:
+    """The CPU the wave's processes spent (user and system, from wait4), per GiB they moved: where a wave is
+    bound by the cores, this is what sets its rate (the registry's own share is the same for mm and curl)."""
+    user = system = 0.0
+    for p in rss_dir.glob("*.rss"):
+        fields = p.read_text().split()
+        user, system = user + float(fields[1]), system + float(fields[2])
+    gib = nbytes / 2**30
+    return f"CPU {user / gib:.2f} user + {system / gib:.2f} system s/GiB"
 
 
 def report_trouble(codes: list[int], errs: list[str]) -> None:
@@ -176,14 +203,17 @@ def main() -> None:
 
             dests = [work / f"node-{i}" for i in range(NODES)]
             cdests = [work / f"curl-{i}" for i in range(NODES)]
-            ratios = []
+            ratios, synced = [], []
+            os.sync()  # the push's and the preheat's writes are not the first wave's to wait for
             for rnd in range(ROUNDS):
                 wall, codes, errs = wave(pulls(ref, dests, "--mirror", t2.direct_host), env, work / "rss1")
                 ok = sum(c == 0 for c in codes)
                 mm_rate = NODES * total / wall
                 print(f"wave 1, round {rnd + 1}: {ok}/{NODES} nodes proven in {wall:.1f} s, aggregate "
                       f"{mm_rate / 1e6:.0f} MB/s, peak RSS {peak_rss(work / 'rss1') / 1e6:.0f} MB per node (goal < "
-                      f"150 MB), {read_back(work / 'rss1')} (load {os.getloadavg()[0]:.1f})", flush=True)
+                      f"150 MB), {read_back(work / 'rss1')}, {cpu(work / 'rss1', NODES * total)}, "
+                      f"{pull_seconds(work / 'rss1')} (load "
+                      f"{os.getloadavg()[0]:.1f})", flush=True)
                 report_trouble(codes, errs)
                 if rnd == 0:
                     origin_x, t1_x = chain.origin.served / total, t1.served / total
@@ -191,12 +221,23 @@ def main() -> None:
                           f"preheat included")
                 clear(dests)
                 cwall, ccodes, _ = wave(curls(f"http://{t2.direct_host}", digests, cdests), env, work / "rssc")
+                start = time.perf_counter()
+                os.sync()  # what curl left in the page cache, on the disk: what mm's fsync before naming costs it
+                sync = time.perf_counter() - start
                 clear(cdests)
                 curl_rate = NODES * total / cwall
                 print(f"  curl: {sum(c == 0 for c in ccodes)}/{NODES} in {cwall:.1f} s, aggregate "
-                      f"{curl_rate / 1e6:.0f} MB/s; mm / curl {mm_rate / curl_rate:.3f}", flush=True)
+                      f"{curl_rate / 1e6:.0f} MB/s, {cpu(work / 'rssc', NODES * total)}; mm / curl "
+                      f"{mm_rate / curl_rate:.3f}; then sync {sync:.1f} s: mm / (curl + sync) "
+                      f"{mm_rate * (cwall + sync) / (NODES * total):.3f}", flush=True)
                 ratios.append(mm_rate / curl_rate)
+                synced.append(mm_rate * (cwall + sync) / (NODES * total))
             print(RATE_GOAL.verdict(ratios), flush=True)
+            print(f"  beside it (not the goal): mm / (curl, then sync of its files) {sorted(synced)[len(synced) // 2]:.2f} "
+                  f"(median of {len(synced)}, spread {min(synced):.2f}-{max(synced):.2f}): mm's copies are on the disk "
+                  f"when it ends, curl's in the page cache", flush=True)
+            if RATE_ONLY:
+                return
 
             before_o, before_t1 = chain.origin.served, t1.served
             wall, codes, errs = wave(pulls(ref, dests, "--mirror", t2.direct_host), env, work / "rss2")
