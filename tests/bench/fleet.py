@@ -33,7 +33,7 @@ from pathlib import Path
 
 from mm.artifacts.paths import manifest_path
 from mm.artifacts.integrity.manifest import read_manifest
-from tests.bench.common import RatioGoal, bench_dir, make_bench_model, peer_bin
+from tests.bench.common import RSS_LAUNCHER, RatioGoal, bench_dir, make_bench_model, peer_bin
 from tests.support.registry_chain import Chain
 
 BLOBS = int(os.environ.get("MM_BENCH_FLEET_BLOBS", "4"))
@@ -50,27 +50,15 @@ def run(cmd: list, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True)
 
 
-# Each node runs under this small launcher, which forks it and reads its peak RSS from wait4. Not wait4 in this
-# process: a child forked from it starts with this process's pages, and Linux keeps that high-water mark across
-# exec, so every node would report at least this bench's own RSS (the model it made: over 300 MB).
-LAUNCHER = ("import os, sys\n"
-            "pid = os.fork()\n"
-            "if pid == 0:\n"
-            "    os.execvp(sys.argv[2], sys.argv[2:])\n"
-            "_, status, usage = os.wait4(pid, 0)\n"
-            "open(sys.argv[1], 'w').write(str(usage.ru_maxrss))\n"
-            "sys.exit(os.waitstatus_to_exitcode(status))\n")
-
-
 def wave(cmds: list[list], env: dict, rss_dir: Path) -> tuple[float, list[int], list[str]]:
     """Start every command at once; (wall seconds, exit codes, what each said went wrong), peak RSS of each in
-    RSS_DIR (in KiB, from wait4 in LAUNCHER: no GNU time needed on the host). Outputs go to files in RSS_DIR, so no pipe fills."""
+    RSS_DIR (in KiB, from wait4 in common.RSS_LAUNCHER: no GNU time needed on the host). Outputs go to files in RSS_DIR, so no pipe fills."""
     rss_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     procs = []
     for i, cmd in enumerate(cmds):
         with open(rss_dir / f"{i}.out", "w") as out, open(rss_dir / f"{i}.err", "w") as err:
-            procs.append(subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, str(rss_dir / f"{i}.rss"),
+            procs.append(subprocess.Popen([sys.executable, "-S", "-c", RSS_LAUNCHER, str(rss_dir / f"{i}.rss"),
                                            *map(str, cmd)], env=env, stdout=out, stderr=err))
     codes = [proc.wait() for proc in procs]  # the launcher wrote each node's peak RSS (KiB on Linux)
     wall = time.perf_counter() - start

@@ -17,7 +17,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,11 +24,13 @@ from pathlib import Path
 from mm.artifacts.integrity.hashing import hash_file
 from mm.artifacts.integrity.manifest import FileEntry, Manifest, export_sums, read_manifest, write_manifest
 from mm.artifacts.paths import manifest_path
+from tests.bench.common import peer_bin
 from tests.support.modelgen import write_model
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "bench-work" / "verify"
-MM = str(Path(sys.executable).parent / "mm")
+MM = peer_bin("mm")
+B3SUM = peer_bin("b3sum")
 COMMIT = "ce7f4df87d2e05262f5775f373dac4772f134041"
 SHARD_BYTES = 768 * 1024 * 1024
 SMALL_FILES = 10_000
@@ -149,7 +150,7 @@ def main() -> None:
           f"{os.cpu_count()} cores; {rounds} interleaved rounds; page cache re-warmed before every run", flush=True)
     tools = {
         "mm verify": [MM, "verify", "--json", str(model)],
-        "b3sum --check": ["b3sum", "--check", ".mm/B3SUMS"],
+        "b3sum --check": [B3SUM, "--check", ".mm/B3SUMS"],
         "sha256sum -c": ["sha256sum", "-c", ".mm/SHA256SUMS"],
     }
     res = interleaved(tools, model, rounds)
@@ -174,7 +175,7 @@ def main() -> None:
         "mm verify --quick": [MM, "verify", "--quick", str(small)],
         "find -printf %s": ["find", str(small), "-type", "f", "-printf", "%s %p\n"],
         "mm verify": [MM, "verify", str(small)],
-        "b3sum --check": ["b3sum", "--check", ".mm/B3SUMS"],
+        "b3sum --check": [B3SUM, "--check", ".mm/B3SUMS"],
     }
     res = interleaved(quick, small, rounds)
     med = {name: statistics.median(s for s, _, _ in runs) for name, runs in res.items()}
