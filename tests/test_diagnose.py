@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from mm.artifacts.serving.diagnose import hicache_fits, host_findings, iter_lines, load_table
+from mm.artifacts.serving.diagnose import DiagnoseRequest, hicache_fits, host_findings, iter_lines, load_table, run_diagnosis
 from mm.artifacts.serving.launch import LaunchOptions
 from mm.artifacts.serving.router import plan_node
 from tests.support import fake_docker
@@ -732,3 +732,111 @@ def test_a_kernel_compiled_again_after_a_restart_is_a_cache_not_persisted_but_a_
              f"{READY}\n")
     assert rows_of(start) == []  # one start that compiles and saves: a first start
     assert rows_of(start + start) == ["kernel-cache-not-persisted"]  # the next start compiled it again
+
+
+def test_a_download_that_broke_mid_file_is_missing_weights_with_a_fetch_outside_the_server():
+    cut = ("OSError: Consistency check failed: file should be of size 5003742880 but has size 2147483648 "
+           "(model-00012-of-00059.safetensors).\nThis is usually due to network issues while downloading the file. "
+           "Please retry with `force_download=True`.")
+    [finding] = diagnose_texts([("log", cut)]).findings
+    assert finding.row == "weights-incomplete" and "`mm fetch --local-dir DIR`" in finding.fix
+    assert rows_of(f"{cut}\n{READY}") == []  # a retry fetched it: the server came up
+
+
+def test_the_hub_giving_up_after_its_retries_is_missing_weights_but_a_resumed_download_is_not():
+    warning = ("[2026-12-03 09:12:49] Error while downloading from https://cas-bridge.xethub.hf.co/x: "
+               "HTTPSConnectionPool(host='cas-bridge.xethub.hf.co', port=443): Read timed out.")
+    assert rows_of(f"{warning}\nMax retries exceeded.") == ["weights-incomplete"]
+    assert rows_of(f"{warning}\nTrying to resume download...") == []
+
+
+NCCL_START = "\n".join(f"gpu-7:48:31{r} [{r}] NCCL INFO comm 0x5581c2d0 rank {r} nranks 4 cudaDev {r} nvmlDev {r} "
+                       f"busId {r + 1}2000 commId 0x7e1f5a2b9c3d4e61 - Init START" for r in range(4))
+CTRL_C = ("^C\nTraceback (most recent call last):\n"
+          '  File "/usr/local/lib/python3.12/dist-packages/torch/distributed/distributed_c10d.py", line 4797, in barrier\n'
+          "    work = group.barrier(opts=opts)\nKeyboardInterrupt")
+
+
+def test_an_nccl_init_that_never_completes_is_the_hang_also_when_the_user_stopped_it_with_ctrl_c():
+    assert rows_of(f"{NCCL_START}\n{CTRL_C}") == ["nccl-hang"]
+    complete = NCCL_START.replace("Init START", "Init COMPLETE")
+    assert rows_of(f"{NCCL_START}\n{complete}\n{CTRL_C}") == []  # it came up: the user stopped a running server
+
+
+def test_a_ctrl_c_traceback_does_not_void_a_stop_in_torch_distributed_init_but_an_error_does():
+    begin = "\n".join(f"[2026-12-03 09:10:02 TP{r}] Init torch distributed begin." for r in range(4))
+    assert rows_of(f"{begin}\n{CTRL_C}") == ["nccl-hang"]
+    assert rows_of(f"{begin}\nTraceback (most recent call last):\nAssertionError") == []
+
+
+def test_health_503s_from_a_start_that_never_finished_are_row_11_unless_it_became_ready_or_another_row_names_why():
+    polls = "\n".join([HEALTH_503] * 3)
+    [finding] = diagnose_texts([("log", polls)]).findings
+    assert finding.row == "health-failing" and "until its start-up finishes" in finding.fix
+    assert rows_of(f"{polls}\n{READY}") == []
+    assert rows_of(f'{polls}\nINFO:     127.0.0.1:50422 - "GET /health HTTP/1.1" 200 OK') == []
+    assert rows_of(f"{polls}\n{ROW_INPUTS['cuda-oom']}") == ["cuda-oom"]
+
+
+def test_a_whole_nvfp4_kv_start_that_becomes_ready_without_the_backend_line_is_the_slow_path():
+    args = "[2026-12-03 09:12:03] server_args=ServerArgs(model_path='/models/M', kv_cache_dtype='fp4_e2m1', tp_size=4)"
+    qmul4 = "[2026-12-03 09:12:40 TP0] Compiled inference.dequant.nvfp4_to_fp8 backend=qmul4 in 38.4s"
+    assert rows_of(f"{args}\n{READY}") == ["nvfp4-slow-path"]
+    assert rows_of(f"{args}\n{qmul4}\n{READY}") == []
+    assert rows_of(f"{args}\n{READY}\n{qmul4}") == []  # the line came after the ready line
+    assert rows_of(f"{args.replace('fp4_e2m1', 'auto')}\n{READY}") == []  # no NVFP4 KV cache: nothing to expect
+
+
+def test_vllms_aiohttp_error_fetching_an_image_after_the_start_is_a_remote_image_failure():
+    trace = ("ERROR 11-20 09:12:33 [serving_chat.py:221] Error in preprocessing prompt inputs\n"
+             "ERROR Traceback (most recent call last):\n"
+             '  File "/usr/local/lib/python3.12/dist-packages/vllm/connections.py", line 91, in async_get_bytes\n'
+             "    async with await self.get_async_response(url, timeout=timeout) as r:\n"
+             "aiohttp.client_exceptions.ClientResponseError: 403, message='Forbidden', "
+             "url='https://images.example-cdn.com/cat.png'")
+    started = "INFO:     Application startup complete."
+    assert rows_of(f"{started}\n{trace}") == ["remote-image-failed"]
+    assert rows_of(f"{started}\n{trace.replace('images.example-cdn.com', '127.0.0.1:8000')}") == []
+
+
+def test_a_kernel_msa_saved_again_after_a_restart_is_a_cache_not_persisted():
+    start = ("[2026-12-03 09:36:02] server_args=ServerArgs(model_path='/models/M', tp_size=4)\n"
+             "[2026-12-03 09:39:22 TP0] Saved AOT kernel msa_v1_topk_select to /root/.cache/minfer/msa_v1/a41c/k.o in 0.4s\n"
+             f"{READY}\n")
+    assert rows_of(start) == []
+    assert rows_of(start + start) == ["kernel-cache-not-persisted"]
+
+
+def test_a_health_check_that_failed_while_the_server_still_started_is_voided_by_its_ready_line():
+    refused = "curl: (7) Failed to connect to 127.0.0.1 port 30000 after 0 ms: Couldn't connect to server"
+    assert rows_of(f"{refused}\n{READY}") == []
+    assert rows_of(f"{refused}\n{READY}\n{refused}") == ["health-failing"]  # after the start, it is the symptom
+
+
+def test_a_vllm_error_answer_quoting_the_image_hosts_403_is_a_remote_image_failure(tmp_path):
+    answer = tmp_path / "answer.json"
+    answer.write_text(json.dumps({"error": {"message": "403, message='Forbidden', url='https://images.example-cdn.com/cat.png'",
+                                            "type": "BadRequestError", "code": 400}}))
+    assert [f.row for f in run_diagnosis(DiagnoseRequest(answers=(answer,))).findings] == ["remote-image-failed"]
+    answer.write_text(json.dumps({"error": {"message": "401 Client Error: Unauthorized for url: "
+                                            "https://huggingface.co/api/models/x", "code": 400}}))
+    assert run_diagnosis(DiagnoseRequest(answers=(answer,))).findings == ()
+
+
+def test_a_traceback_through_the_hubs_downloader_ending_in_a_network_error_is_missing_weights():
+    frame = ('Traceback (most recent call last):\n  File "/usr/local/lib/python3.12/dist-packages/huggingface_hub/'
+             'file_download.py", line 517, in http_get\n')
+    broken = "httpx.RemoteProtocolError: peer closed connection without sending complete message body (incomplete chunked read)"
+    assert rows_of(frame + broken) == ["weights-incomplete"]
+    assert rows_of(frame.replace("huggingface_hub/file_download.py", "sglang/srt/utils/common.py") + broken) == []
+
+
+def test_a_vllm_log_is_known_by_its_api_server_start_line():
+    log = "2026-11-20T09:12:03.037Z stderr F INFO 11-20 09:12:03 [api_server.py:1880] Starting vLLM API server 0 on http://0.0.0.0:8000"
+    assert diagnose_texts([("log", log)]).engine == "vllm"
+
+
+def test_a_start_without_the_nvfp4_line_is_told_why_the_line_matters():
+    log = "server_args=ServerArgs(model_path='/models/M', kv_cache_dtype='fp4_e2m1')\n" + READY
+    [finding] = diagnose_texts([("log", log)]).findings
+    assert "without the `nvfp4_to_fp8 backend=` line" in finding.fix and "CUDA_HOME" in finding.fix

@@ -155,7 +155,7 @@ def test_second_fetch_downloads_nothing(run_mm, hub_env, model_repo, hub_server,
 def test_concurrent_fetch_into_the_same_directory_is_refused(run_mm, hub_env, big_repo, hub_server, tmp_path):
     repo_id, commit, _, size = big_repo
     dest = tmp_path / "m"
-    hub_server.rate_limit = 2 * 1024 * 1024
+    hub_server.rate_limit = 256 * 1024  # bytes/s: the first fetch still runs (32 s) when the second has started on a busy box
     first = subprocess.Popen(mm_argv("fetch", repo_id, "--revision", commit, "--local-dir", dest, "--connections", "1"),
                              env=hub_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -5,6 +5,9 @@
             config is a list: one line, exit 3 (or 7 for "no image for this platform"), never exit 70
   reserved  a manifest (or bundle index, or Hub listing) naming a file under .mm/: refused, exit 3
   gpus      `mm warmup --hardware b300` on Hopper GPUs refuses the combination (exit 7) before it looks for the image
+  tls env   SSL_CERT_FILE / SSL_CERT_DIR naming a FIFO, a device, a directory, a missing file or no certificate:
+            one line naming the variable, exit 3, at once (a FIFO would block OpenSSL's read for ever); the same for
+            the stored Hub login HF_TOKEN_PATH names (huggingface_hub reads it whole, by path)
   types     every typed reader of a document mm reads (manifest, bundle index, image record, cache key, wheelhouse
             index, unbundle state, journal, range map, image archives, image index and manifest, auth file, ModelPack
             manifest) given each wrong JSON type at each path: only mm's own errors, never another exception
@@ -362,3 +365,38 @@ def test_a_typed_reader_given_the_wrong_json_type_anywhere_raises_only_mms_error
             except Exception as e:  # noqa: BLE001 -- the point: anything but mm's own error is exit 70
                 escaped.append(f"{'.'.join(map(str, path)) or '$'} = {value!r}: {type(e).__name__}: {e}")
     assert not escaped, "\n".join(escaped[:10])
+
+
+def ca_file_cases(tmp: Path) -> dict[str, tuple[dict[str, str], str]]:
+    fifo = tmp / "fifo"
+    os.mkfifo(fifo)
+    garbage = tmp / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    return {"fifo": ({"SSL_CERT_FILE": str(fifo)}, "is a FIFO"),
+            "device": ({"SSL_CERT_FILE": "/dev/zero"}, "is a character device"),
+            "directory": ({"SSL_CERT_FILE": str(tmp)}, "is a directory"),
+            "missing": ({"SSL_CERT_FILE": str(tmp / "gone.pem")}, "No such file"),
+            "no certificate": ({"SSL_CERT_FILE": str(garbage)}, "cannot load CA certificates"),
+            "dir is a file": ({"SSL_CERT_DIR": str(garbage)}, "not a directory")}
+
+
+@pytest.mark.parametrize("case", ["fifo", "device", "directory", "missing", "no certificate", "dir is a file"])
+def test_a_ca_bundle_the_environment_names_that_is_not_one_is_one_line_naming_the_variable(case, tmp_path):
+    extra, why = ca_file_cases(tmp_path)[case]
+    env = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
+    r = run_mm("fetch", "org/model", "--revision", REV, "--local-dir", tmp_path / "model", env=env,
+               extra_env={**extra, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}, timeout=60)
+    variable = next(iter(extra))
+    one_line(r, 3, f"{variable}={extra[variable]}", why)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_stored_hub_login_that_is_not_a_file_is_one_line_not_a_hang(kind, tmp_path):
+    login = tmp_path / "token"
+    if kind == "fifo":
+        os.mkfifo(login)
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    where = str(login) if kind == "fifo" else "/dev/zero"
+    r = run_mm("fetch", "org/model", "--revision", REV, "--local-dir", tmp_path / "model", env=env,
+               extra_env={"HF_TOKEN_PATH": where, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}, timeout=60)
+    one_line(r, 3, where, "HF_TOKEN_PATH")

@@ -33,8 +33,10 @@ import heapq
 import http.client
 import io
 import itertools
+import os
 import socket
 import ssl
+import stat
 import struct
 import threading
 import time
@@ -48,7 +50,9 @@ import httpcore2
 import httpx2
 
 from . import interrupt
-from ..errors import RemoteError
+from ..errors import BadInput, RemoteError
+from ..units import human_bytes
+from .fsutil import file_kind
 from .untrusted import env_number, shown
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -500,8 +504,43 @@ def default_ssl_context() -> ssl.SSLContext:
     global _ssl_context
     with _ssl_lock:
         if _ssl_context is None:
-            _ssl_context = httpx2.create_ssl_context(trust_env=True)
+            _ssl_context = _trusted_cas()
         return _ssl_context
+
+
+# mm's margin: the bundles systems ship (Mozilla's, as ca-certificates and certifi carry it) are about 220 KB
+CAP_CA_BUNDLE = 64 * 1024 * 1024
+
+
+def _trusted_cas() -> ssl.SSLContext:
+    """httpx2's context, with the files the environment names checked first as the hostile input they may be:
+    SSL_CERT_FILE a regular file within CAP_CA_BUNDLE (a FIFO would block OpenSSL's read for ever, a device or a
+    huge file would be read whole), SSL_CERT_DIR a directory; what OpenSSL then refuses is one line naming it."""
+    for name, want_dir in (("SSL_CERT_FILE", False), ("SSL_CERT_DIR", True)):
+        value = os.environ.get(name)
+        if not value:
+            continue
+        where = f"{name}={shown(value)}"
+        try:
+            st = os.stat(value)
+        except OSError as e:
+            raise BadInput(f"{where}: {e.strerror or e}; point it at the CA certificates to trust, or unset it") from None
+        if want_dir and not stat.S_ISDIR(st.st_mode):
+            raise BadInput(f"{where}: is {file_kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else 'a file'}, "
+                           f"not a directory of CA certificates")
+        if not want_dir and not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"{where}: is {file_kind(st.st_mode)}, not a regular file of CA certificates")
+        if not want_dir and st.st_size > CAP_CA_BUNDLE:
+            raise BadInput(f"{where}: {human_bytes(st.st_size)}, larger than the {human_bytes(CAP_CA_BUNDLE)} mm "
+                           f"reads as a CA bundle")
+        break  # httpx2 reads SSL_CERT_DIR only when SSL_CERT_FILE is unset
+    try:
+        return httpx2.create_ssl_context(trust_env=True)
+    except (ssl.SSLError, OSError, UnicodeError) as e:
+        source = next((f"{n}={shown(os.environ[n])}" for n in ("SSL_CERT_FILE", "SSL_CERT_DIR") if os.environ.get(n)),
+                      "the system's CA bundle")
+        raise BadInput(f"{source}: OpenSSL cannot load CA certificates from it ({getattr(e, 'reason', None) or e})"
+                       f"; point SSL_CERT_FILE at a PEM bundle of CA certificates, or unset it") from None
 
 
 def warm_tls() -> None:

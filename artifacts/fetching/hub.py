@@ -11,6 +11,7 @@ fetch flow is artifacts/fetching/fetch.py.
 from __future__ import annotations
 
 import http.client
+import os
 import re
 import threading
 import time
@@ -37,7 +38,7 @@ from ..edges import wire
 from .download import RemoteFile
 from ..errors import BadValue, RemoteError, first_line
 from .ranges import Answer, RetryLater, http_answer
-from ..edges.fsutil import check_relpath
+from ..edges.fsutil import check_relpath, open_local_file
 from ..integrity.manifest import public_endpoint
 from ..units import is_commit
 from ..edges.progress import NULL_PROGRESS, ProgressSink
@@ -105,8 +106,22 @@ def hub_errors(repo_id: str, revision: str | None = None) -> Iterator[None]:
                           f"Hub API answer ({type(e).__name__}: {first_line(e)[:120]})") from None
 
 
+# mm's margin: a stored login is one token of about 40 characters
+MAX_STORED_LOGIN = 64 * 1024
+
+
+def _check_stored_login(token: str | None) -> None:
+    """huggingface_hub reads the stored login (HF_TOKEN_PATH) whole, by path, when no token is given: a FIFO there
+    would block it for ever, /dev/zero would fill the memory. It must be a regular file of a token's size, or
+    absent. Opened, not read: mm never reads or keeps the token."""
+    if token or os.environ.get("HF_TOKEN") or not os.path.lexists(constants.HF_TOKEN_PATH):
+        return
+    open_local_file(constants.HF_TOKEN_PATH, what="stored Hub login (HF_TOKEN_PATH)", max_bytes=MAX_STORED_LOGIN).close()
+
+
 def _api(endpoint: str | None, token: str | None) -> HfApi:
     # token=None lets huggingface_hub take HF_TOKEN or the stored login; mm never reads or keeps it.
+    _check_stored_login(token)
     wire.use_for_hub()  # every answer capped and under a deadline, redirects checked
     return HfApi(endpoint=hub_endpoint(endpoint), token=token, library_name="mm")
 

@@ -317,10 +317,13 @@ ENGINES = ("sglang", "vllm")
 # A line only that engine prints (from each engine's source), so a log tells which engine served it.
 ENGINE_MARKERS = {
     "sglang": re.compile(r"server_args=(?:\{|ServerArgs\()|The server is fired up and ready to roll!"),  # srt/entrypoints/engine.py, http_server.py
-    "vllm": re.compile(r"vLLM server version \S+, serving model|Initializing a V1 LLM engine \(v|Starting vLLM server on"
-                       r"|non-default args: \{|^\((?:APIServer|EngineCore(?:_DP\d+)?) pid=\d+\) "),
+    "vllm": re.compile(r"vLLM (?:API )?server version \S+|Initializing a V1 LLM engine \(v|Starting vLLM server on"
+                       r"|Starting vLLM API server (?:\d+ |\(pure diffusion mode\) )?on |non-default args: \{"
+                       r"|^\((?:APIServer|EngineCore(?:_DP\d+)?) pid=\d+\) "),
     # vLLM 0.33.0 entrypoints/common/startup.py, v1/engine/core.py, launchers; utils/system_utils.py decorate_logs
-    # prefixes its processes' lines with "(APIServer pid=N)", "(EngineCore_DP0 pid=N)"
+    # prefixes its processes' lines with "(APIServer pid=N)", "(EngineCore_DP0 pid=N)"; entrypoints/openai/api_server.py
+    # run_server_worker ('Starting vLLM API server %d on %s', before 0.8 'Starting vLLM API server on %s') and
+    # run_server ('vLLM API server version %s')
 }
 
 
