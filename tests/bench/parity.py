@@ -150,11 +150,12 @@ def main() -> None:
         loads.append(f"{before} -> {load_average()}")
         print(f"  round {rnd + 1} ({loads[-1]}), order {' | '.join(order)}:\n    "
               + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in rows.items() if v)
-              + "\n    user+sys: " + ", ".join(f"{k} {u:.2f}+{y:.2f}s" for k, v in cpu.items() if v for u, y in v[-1:])
-              + "\n    read from disk: " + ", ".join(f"{k} {v[-1] / 1e9:.2f} GB" for k, v in disk_read.items() if v)
-              + "\n    memory the guest handed back to the host before / during each run: "
-              + ", ".join(f"{k} {v[-1][0] / 1e9:.2f} / {v[-1][1] / 1e9:.2f} GB" for k, v in returned.items()
-                          if len(v) > rnd)
+              + ("" if REBUILD_ONLY else  # what follows is of the bundle runs
+                 "\n    user+sys: " + ", ".join(f"{k} {u:.2f}+{y:.2f}s" for k, v in cpu.items() if v for u, y in v[-1:])
+                 + "\n    read from disk: " + ", ".join(f"{k} {v[-1] / 1e9:.2f} GB" for k, v in disk_read.items() if v)
+                 + "\n    memory the guest handed back to the host before / during each run: "
+                 + ", ".join(f"{k} {v[-1][0] / 1e9:.2f} / {v[-1][1] / 1e9:.2f} GB" for k, v in returned.items()
+                             if len(v) > rnd))
               + "".join(f"\n    kernel during {k}: {v[-1]}" for k, v in kernel.items() if len(v) > rnd)
               + ("" if REBUILD_ONLY else
                  f"\n    ratios this round: durable {rows['bundle-parity'][-1] / rows['bundle'][-1]:.2f}, --no-sync "
