@@ -33,13 +33,10 @@ CPUS = {int(c) for c in os.environ["CPUS"].split(",")} if os.environ.get("CPUS")
 def mm_runs() -> dict:
     """Each mm to time: name -> (the command that runs `mm` with the arguments after it, its environment)."""
     path = [p for p in (SITE, os.environ.get("PYTHONPATH", "")) if p]
-    kit = {which: KIT / which for which in ("before", "after") if KIT and (KIT / which / "mm").is_dir()}
-    if kit:
-        cmd = [sys.executable, "-c", "import sys; from mm.cli import main; sys.argv[0] = 'mm'; main()"]
-        return {f"mm {which}": (cmd, {**os.environ, "PYTHONPATH": ":".join([str(d), *path]),
-                                      "PYTHONDONTWRITEBYTECODE": "1"}) for which, d in kit.items()}
-    cmd = [sys.executable, "-c", _BIND_MM.format(root=str(REPO)) + "from mm.__main__ import main; sys.exit(main())"]
-    return {"mm": (cmd, {**os.environ, "PYTHONPATH": ":".join(path)})}
+    kit = {f"mm {which}": KIT / which / "mm" for which in ("before", "after") if KIT and (KIT / which / "mm").is_dir()}
+    env = {**os.environ, "PYTHONPATH": ":".join(path)}
+    return {name: ([sys.executable, "-c", _BIND_MM.format(root=str(package)) + "from mm.__main__ import main; "
+                    "sys.exit(main())"], env) for name, package in (kit or {"mm": REPO}).items()}
 
 
 def gen():
@@ -137,11 +134,11 @@ def main():
         os.sched_setaffinity(0, os.sched_getaffinity(0) - CPUS)
     print(f"timed runs on {len(cores)} of {os.cpu_count()} cores: {sorted(cores)}", flush=True)
     mms = mm_runs()
-    if "mm" in mms:  # timed as installed: byte-compiled (a host may set PYTHONDONTWRITEBYTECODE=1)
-        import compileall
-        compileall.compile_dir(REPO, maxlevels=0, quiet=1)
+    import compileall  # timed as installed: byte-compiled (a host may set PYTHONDONTWRITEBYTECODE=1)
+    for root in [REPO] if "mm" in mms else [KIT / w / "mm" for w in ("before", "after") if (KIT / w / "mm").is_dir()]:
+        compileall.compile_dir(root, maxlevels=0, quiet=1)
         for package in ("artifacts", "commands"):
-            compileall.compile_dir(REPO / package, quiet=1)
+            compileall.compile_dir(root / package, quiet=1)
     tools = {name: (cmd + ["verify", "--json", str(MODEL)], env) for name, (cmd, env) in mms.items()}
     tools["b3sum"] = ([b3sum, "--check", ".mm/B3SUMS"], os.environ)
     res = {k: [] for k in tools}
