@@ -225,8 +225,11 @@ def preheat(reference, tiers, username, password_stdin, plain_http, ca_file, wor
     REFERENCE names the origin (the site registry mm push wrote to); its manifest is resolved there once. Each
     tier then gets one request per blob: a tier that has the blob sends one byte; one that does not sends the
     whole blob (fetching it from its upstream as it does), read here through sha256 and checked, never stored.
-    Run again on a warm chain, no blob moves. Exit 4 when a tier is down or refuses, 5 when a tier's bytes do
-    not match their digest. --username credentials go to the origin only.
+    Before the next tier is asked, and before the preheat ends, each tier is asked (headers only) whether it has
+    stored what it fetched, until it has or its deadline passes (2 s plus three times the slowest blob's read):
+    a blob not stored by then is a warning, not a failure (exit 0). Run again on a warm chain, no blob moves.
+    Exit 4 when a tier is down or refuses, 5 when a tier's bytes do not match their digest. --username
+    credentials go to the origin only.
     """
     from ..artifacts.oci import preheat as oci_preheat
     from ..artifacts.oci.client import mirror_transport
@@ -239,6 +242,7 @@ def preheat(reference, tiers, username, password_stdin, plain_http, ca_file, wor
         emit_json({"ok": code == 0, "reference": report.reference, "digest": report.digest, "blobs": report.blobs,
                    "total_bytes": report.total_bytes, "seconds": report.seconds,
                    "tiers": [{"tier": t.tier, "warm": t.warm, "fetched": t.fetched, "failed": len(t.failed),
+                              "stored": t.stored, "not_stored": len(t.unstored), "waited": t.waited,
                               "bytes_read": t.bytes_read, "seconds": t.seconds,
                               "blobs": to_jsonable(t.blobs)} for t in report.tiers]})
         sys.exit(code)
@@ -247,9 +251,14 @@ def preheat(reference, tiers, username, password_stdin, plain_http, ca_file, wor
     for t in report.tiers:
         rate = human_rate(t.bytes_read / t.seconds) if t.seconds and t.bytes_read else "-"
         out.line(f"  {t.tier}: {t.fetched} fetched, {t.warm} already there, {len(t.failed)} failed; "
-                 f"{human_bytes(t.bytes_read)} read from it in {human_duration(t.seconds)} ({rate})")
+                 f"{human_bytes(t.bytes_read)} read from it in {human_duration(t.seconds)} ({rate})"
+                 + (f"; {t.stored} of {t.fetched} stored; waited {t.waited:.1f} s" if t.fetched else ""))
         for b in t.failed:
             err.line(f"FAILED {t.tier} {b.digest}: {b.error}")
+        for b in t.unstored:
+            err.line(f"warning: {t.tier} fetched {b.digest} but had not stored it after {t.waited:.1f} s "
+                     f"(asked {b.looks} times; {b.not_stored}): the next tier or a node may fetch it from upstream "
+                     f"again")
     if not code:  # by digest: a tag would be asked upstream, through every tier, at every node's pull
         pinned = parse_reference(report.reference).at(report.digest)
         out.line(f"pull on the nodes with: mm pull {pinned} --local-dir DIR --mirror {report.tiers[-1].tier}")

@@ -4,6 +4,7 @@ origin -> T1 -> T2 on 127.0.0.1), `mm preheat` warming them, and nodes pulling t
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
 import time
 from pathlib import Path
@@ -81,6 +82,18 @@ def test_mirrors_are_asked_in_order_and_the_first_that_answers_serves_every_blob
     assert got.returncode == 0, got.stderr
     assert served_by(report) == {f"mirror {a.host}"} and report["skipped"] == []
     assert a.served > blob_bytes(model) and b.served == 0 and origin.served == 0
+    assert tree(tmp_path / "node") == tree(model)
+
+
+def test_a_mirror_serves_each_blob_as_one_stream_hashed_as_it_arrives(tmp_path, two_registries, model):
+    a, _, origin = two_registries
+    got, report = pull(tmp_path, f"{origin.host}/{REPO}:v1", tmp_path / "node", "--mirror", a.host)
+    assert got.returncode == 0, got.stderr
+    downloaded = [f for f in report["files"] if f["status"] == "downloaded"]
+    assert max(f["size"] for f in downloaded) >= SHARD  # (big enough for 4 ranges from the reference's registry)
+    transfer = report["transfer"]
+    assert transfer["requests"] == len(downloaded)  # one request per blob, no ranges
+    assert transfer["read_back"] == 0 and transfer["hashed_from_window"] == 0  # in order: hashed from the receive buffer
     assert tree(tmp_path / "node") == tree(model)
 
 
@@ -193,16 +206,23 @@ def preheat(tmp_path, chain) -> dict:
     return json.loads(got.stdout)
 
 
-def test_preheat_reads_every_blob_once_from_each_cold_tier_and_says_so(tmp_path, chain, model):
+def test_preheat_reads_every_blob_once_from_each_cold_tier_and_leaves_it_stored_there(tmp_path, chain, model):
+    from mm.artifacts.oci.client import Client
+    from mm.artifacts.oci.reference import Reference
     report = preheat(tmp_path, chain)
-    total = report["total_bytes"]
+    total, n = report["total_bytes"], report["blobs"]
     assert total >= blob_bytes(model)
-    assert [(t["tier"], t["fetched"], t["warm"], t["bytes_read"]) for t in report["tiers"]] == [
-        (chain.tiers[0].host, report["blobs"], 0, total), (chain.tiers[1].host, report["blobs"], 0, total)]
+    assert [(t["tier"], t["fetched"], t["warm"], t["bytes_read"], t["stored"], t["not_stored"])
+            for t in report["tiers"]] == [(hop.host, n, 0, total, n, 0) for hop in chain.tiers]
     # T1 fetched each blob from the origin twice (2.8's store copy and answer copy); T2 from T1 the same, plus
-    # the preheat's own read of T1
+    # the preheat's own read of T1; the looks found every blob stored: nothing more
     assert 2 * total <= chain.origin.served <= 2 * total + 256 * 1024
     assert 3 * total <= chain.tiers[0].served <= 3 * total + 256 * 1024
+    chain.reset()
+    for hop in chain.tiers:  # a look is answered 304 by the tier itself: nothing asked upstream
+        with Client(Reference(hop.direct_host, REPO)) as tier:
+            assert [tier.blob_in_store(b["digest"], 10) for b in report["tiers"][0]["blobs"]] == [None] * n
+    assert chain.origin.served == chain.tiers[0].served == 0
 
 
 def test_preheat_on_a_warm_chain_moves_no_blob_bytes(tmp_path, chain):
@@ -240,3 +260,73 @@ def test_a_mirror_or_tier_named_with_credentials_is_refused_without_echoing_them
     got = mm(tmp_path, command, f"127.0.0.1:9/{REPO}:v1", *extra, option, "alice:s3cret@127.0.0.1:5000")
     assert got.returncode == 2 and f"{option} ***@127.0.0.1:5000: holds credentials" in got.stderr
     assert "s3cret" not in got.stderr + got.stdout
+
+
+BIG_BLOB = 256 * MiB  # streamed by the upstream below as fast as the tier takes it; a look must stop it early
+LOOK_COST = 16 * MiB  # what a look at a tier still storing may move at its upstream: the TCP buffers between the
+# two fill before the tier's first write to mm fails, whatever mm does (measured here: 1 to 5 MiB; mm's margin)
+
+
+def test_a_look_at_a_tier_still_storing_moves_only_what_fills_the_buffers_to_its_upstream(tmp_path):
+    from mm.artifacts.errors import RetryLater
+    from mm.artifacts.oci.client import Client
+    from mm.artifacts.oci.reference import Reference
+    from tests.support.hostile import HostileServer
+    digest = "sha256:" + "ab" * 32
+    gets, sent = [], queue.Queue()
+
+    def upstream(req, out):  # its first two blob GETs (the tier's store copy and its answer copy) never end
+        if req.path == "/v2/":
+            return out.send(200, {"Content-Type": "application/json"}, b"{}")
+        head = {"Content-Length": str(BIG_BLOB), "Docker-Content-Digest": digest}
+        if req.method == "HEAD":
+            return out.head(200, head)
+        gets.append(req)
+        out.head(200, head)
+        if len(gets) <= 2:
+            return out.stall(60)
+        n = 0
+        try:
+            for _ in range(BIG_BLOB // MiB):
+                out.body(bytes(MiB))
+                n += MiB
+        finally:
+            sent.put(n)  # what this copy handed to the kernel before the tier closed it
+
+    with HostileServer(upstream) as origin, Registry(tmp_path / "t1", proxy=origin.url) as t1, \
+            Client(Reference(t1.host, REPO)) as tier:
+        with pytest.raises(RetryLater):  # a cold tier: the look starts its store, whose copy stalls, as does the answer
+            tier.blob_in_store(digest, 1.0)
+        answers = [tier.blob_in_store(digest, 10) for _ in range(3)]
+        costs = [sent.get(timeout=30) for _ in answers]
+    assert all("from its upstream (200" in a for a in answers), answers
+    assert max(costs) < LOOK_COST, costs
+
+
+class StoringTier:
+    """A tier as the wait sees it: every blob still being stored (answered from its upstream) until STORED_AT on
+    the CLOCK, then from its own store."""
+
+    def __init__(self, stored_at: float):
+        self.stored_at, self.now, self.asked = stored_at, [0.0], []
+
+    def clock(self) -> float:
+        return self.now[0]
+
+    def sleep(self, seconds: float) -> None:
+        self.now[0] += seconds
+
+    def blob_in_store(self, digest: str, within: float) -> str | None:
+        self.asked.append((round(self.now[0], 2), digest))
+        return None if self.now[0] >= self.stored_at else "it answered from its upstream (200, no ETag)"
+
+
+def test_a_blob_still_being_stored_postpones_the_looks_at_the_others_so_the_big_one_is_asked_once():
+    from mm.artifacts.oci.preheat import BlobAtTier, wait_stored
+    small, big = (BlobAtTier(f"sha256:{c * 64}", size, "fetched", size, read_seconds=0.4)
+                  for c, size in (("a", 1024), ("b", 256 * MiB)))
+    tier = StoringTier(stored_at=1.0)
+    got = wait_stored(tier, (big, small), clock=tier.clock, sleep=tier.sleep)
+    # the smallest first, the slowest read's time after the reads ended, then the pause doubles: 0.4 s, 1.2 s
+    assert tier.asked == [(0.4, small.digest), (1.2, small.digest), (1.2, big.digest)]
+    assert [(b.stored, b.looks, round(b.stored_after, 2)) for b in got] == [(True, 1, 1.2), (True, 2, 1.2)]

@@ -18,6 +18,8 @@ import hashlib
 import json
 import os
 import re
+import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -657,6 +659,19 @@ def test_pull_fails_a_blob_whose_registry_answers_wrongly(harness, artifact, cas
     assert not (harness.dest / BIG).exists()
 
 
+@pytest.mark.parametrize("case", [c for c in PULL_BLOB_FAIL if "trickle" not in c])  # (the rate cut is _land's,
+# for every source alike: its 5 s are spent once, above)
+def test_pull_fails_a_blob_whose_mirror_answers_wrongly_within_the_same_bounds(harness, artifact, case):
+    resolve, message = PULL_BLOB_FAIL[case]
+    with HostileServer(registry(artifact, blob=_blob_script(artifact, resolve))) as server:
+        got = harness.run("pull", "127.0.0.1:9/hostile/model:v1", "--local-dir", harness.dest, "--mirror",
+                          server.host, "--no-fallback", deadline=12)  # (the mirror, one stream per blob, is all)
+        blob_requests = _blob_requests(server, artifact)
+    expect(got, 4, message)
+    assert blob_requests <= 2 * 1 + 64  # the file's request budget: twice its 1 planned stream, plus 64
+    assert not (harness.dest / BIG).exists()
+
+
 def _resume_answer(shift: int | None):
     """A Range request answered 206 from SHIFT bytes off the offset asked (None: no Content-Range at all)."""
     def script(req, out, data):
@@ -832,3 +847,54 @@ def test_preheat_checks_what_a_hostile_tier_sends_and_stays_bounded(harness, art
             HostileServer(registry(artifact, blob=_blob_script(artifact, resolve))) as tier:
         got = harness.run("preheat", f"{origin.host}/hostile/model:v1", "--tier", tier.host, deadline=20)
     expect(got, code, message)
+
+
+def _never_stored(req, out, data):
+    """A cache that never keeps what it fetches: every GET, the conditional one-byte look included, answered as a
+    pull-through cache answers a miss (distribution's copyContent: 200, the whole blob, an unquoted Etag)."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    out.send(200, {"Etag": digest, "Docker-Content-Digest": digest}, data)
+
+
+def _silent_to_looks(req, out, data):
+    """The whole blob to the preheat's read; nothing at all to a look (a conditional GET)."""
+    if "if-none-match" in req.headers:
+        return out.stall(60)
+    _never_stored(req, out, data)
+
+
+NEVER_STORES = {"answers every look from its upstream": (_never_stored, "from its upstream (200"),
+                "says nothing to a look": (_silent_to_looks, "did not send its answer's headers within")}
+
+
+@pytest.mark.parametrize("case", list(NEVER_STORES))
+def test_preheat_waits_for_a_tier_that_never_stores_only_until_its_deadline_and_says_so(harness, artifact, case):
+    resolve, why = NEVER_STORES[case]
+    with HostileServer(registry(artifact)) as origin, \
+            HostileServer(registry(artifact, blob=_blob_script(artifact, resolve))) as tier:
+        got = harness.run("preheat", f"{origin.host}/hostile/model:v1", "--tier", tier.host, "--json", deadline=20)
+        looks = sum("if-none-match" in r.headers for r in tier.requests)
+    assert got.code == 0, got.text  # a warning: every byte that passed was proven
+    [t] = json.loads(got.stdout)["tiers"]
+    [big] = [b for b in t["blobs"] if b["status"] == "fetched"]
+    assert (t["fetched"], t["stored"], t["not_stored"]) == (1, 0, 1)
+    assert big["stored"] is False and why in big["not_stored"] and big["looks"] == looks >= 2
+    # the deadline: STORE_FLOOR (2 s) plus three times the read, then at most STORE_FIRST (0.2 s) for a last look
+    assert 2.0 <= t["waited"] < 2.0 + 3 * big["read_seconds"] + 1.0
+
+
+def test_ctrl_c_while_preheat_waits_for_a_tier_to_store_stops_it_at_once(harness, artifact):
+    with HostileServer(registry(artifact)) as origin, \
+            HostileServer(registry(artifact, blob=_blob_script(artifact, _never_stored))) as tier:
+        proc = subprocess.Popen(mm_argv("preheat", f"{origin.host}/hostile/model:v1", "--tier", tier.host),
+                                env=harness.env, cwd=harness.tmp / "work", stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 15
+        while not any("if-none-match" in r.headers for r in tier.requests):  # the wait has begun
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=10)
+    assert (proc.returncode, err.strip()) == (130, "mm: interrupted by SIGINT")
+    assert time.monotonic() - sent < 2.0  # tests/test_interrupt.py's limit on a loaded machine (the goal: 1 s)

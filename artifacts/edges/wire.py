@@ -569,13 +569,19 @@ _idle = _Idle()
 
 
 def open_raw(url: str, headers: dict[str, str], where: str, *, ssl_context: ssl.SSLContext | None = None,
-             proxies: Proxies | None = None, answer_timeout: float | None = None) -> RawAnswer:
+             proxies: Proxies | None = None, answer_timeout: float | None = None,
+             receive_buffer: int | None = None) -> RawAnswer:
     """GET URL on an http.client connection: this thread's kept-alive one to that origin when there is one (a
     range after a range costs no new TCP and TLS handshake), else a new one. The status line and headers must
     arrive within MM_NET_DEADLINE (a watchdog shuts the socket down); each later read waits at most MM_NET_TIMEOUT.
     PROXIES: honour the proxy variables (as huggingface_hub's client does), as PROXIES read them. OSError / http.client.HTTPException
     propagate (the caller decides what a failed connection means); TooSlow when the deadline cut the headers.
-    RawAnswer.close() keeps the connection for the next request when its body was read to the end."""
+    RawAnswer.close() keeps the connection for the next request when its body was read to the end.
+    ANSWER_TIMEOUT (seconds, shorter than the deadline) bounds the connection attempt and the headers instead.
+    RECEIVE_BUFFER: the socket's SO_RCVBUF in bytes, set before it connects (so the window the server may fill is
+    that small from the first byte): for a request whose answer is judged by its headers and closed unread, so
+    that only that much of a body reaches mm meanwhile. Such connections are kept apart from the others (a bulk
+    body never comes through so small a window)."""
     lim = limits()
     parts = urlsplit(check_url(url, where, "was to be asked at"))
     target = parts.path or "/"
@@ -585,12 +591,14 @@ def open_raw(url: str, headers: dict[str, str], where: str, *, ssl_context: ssl.
     if proxy and parts.scheme == "http":
         target = url  # absolute form, to the proxy
     headers = {**headers, **_proxy_auth(proxy)} if proxy and parts.scheme == "http" else headers
-    key = (parts.scheme, parts.hostname, parts.port, proxy, id(ssl_context))
+    key = (parts.scheme, parts.hostname, parts.port, proxy, id(ssl_context), receive_buffer)
     conn = _idle.conns.pop(key, None)
     kept = conn is not None
     while True:
         if conn is None:
-            conn = _connection(parts, proxy, ssl_context, lim.timeout)
+            conn = _connection(parts, proxy, ssl_context, min(lim.timeout, answer_timeout or lim.timeout))
+            if receive_buffer:
+                conn._create_connection = _connector(receive_buffer)
         # A stop wakes a read blocked on a silent server. The socket itself is kept: http.client drops conn.sock
         # (the response keeps reading from it) when the server says it closes the connection.
         sock: list = [getattr(conn, "sock", None)]
@@ -633,6 +641,29 @@ def _connection(parts, proxy: str | None, ssl_context: ssl.SSLContext | None,
     if https:
         return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout, context=context)
     return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+
+
+def _connector(receive_buffer: int) -> Callable:
+    """socket.create_connection as http.client calls it (its `_create_connection`), with SO_RCVBUF set on each
+    socket before it connects: the TCP window is fixed at the handshake, so setting it later lets a server fill
+    the default one (128 KiB, growing to megabytes) first."""
+    def create(address, timeout=socket.getdefaulttimeout(), source_address=None):
+        host, port = address
+        error: OSError | None = None
+        for family, kind, proto, _, addr in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+                sock.settimeout(timeout)
+                if source_address:
+                    sock.bind(source_address)
+                sock.connect(addr)
+                return sock
+            except OSError as e:
+                sock.close()
+                error = e
+        raise error or OSError(f"getaddrinfo returned nothing for {host}")
+    return create
 
 
 def _proxy_auth(proxy: str | None) -> dict[str, str]:

@@ -39,6 +39,8 @@ MAX_TOKEN_ANSWER = 1024 * 1024  # a token service's answer (JWTs run to a few Ki
 TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750 b64token
 MAX_MANIFEST = 4 * 1024 * 1024  # what distribution accepts for a manifest; a larger answer is not a manifest
 SENDFILE_SLICE = 8 * 1024 * 1024  # progress is reported after each slice
+PROBE_WINDOW = 4096  # SO_RCVBUF of a blob_in_store question (the kernel doubles it): room for an answer's status
+# line and headers (distribution's are under 1 KiB), and little of a body (mm's own margin)
 
 
 # --- mirrors and tiers ---------------------------------------------------------------------------
@@ -365,39 +367,9 @@ class Client:
         httpx hands out 64 KiB pieces and copies each. Follows a redirect to blob storage (S3 and the like), checked
         to be an http(s) URL, without the registry's Authorization. Yields a 200 or 206 answer; the caller proves
         its offsets (ranges.prove). 429, 408 and 5xx raise RetryLater; other refusals RemoteError."""
-        self.ping()
-        url = self.url(f"/v2/{self.ref.repository}/blobs/{digest}")
-        base = urlsplit(url).netloc
-        where = f"{self.ref.name}@{digest}"
-        relogged = False
         rng = {"Range": f"bytes={offset}-{'' if end is None else end - 1}"} if offset or end is not None else {}
-        for _ in range(wire.MAX_REDIRECTS + 1):
-            headers = {"User-Agent": "mm (model-artifact manager)", "Accept-Encoding": "identity", **rng}
-            on_registry = urlsplit(url).netloc == base
-            if self._auth_header and on_registry:
-                headers["Authorization"] = self._auth_header
-            peer = f"registry {self.ref.registry}" if on_registry else f"blob storage at {wire.origin(url)}"
-            try:
-                raw = wire.open_raw(url, headers, peer, ssl_context=self._ssl)
-            except wire.TooSlow as e:
-                raise RetryLater(f"{where}: {e.message}", "slow-headers") from None
-            except (OSError, http.client.HTTPException) as e:
-                raise RetryLater(f"{where}: cannot reach {wire.origin(url)} ({type(e).__name__})", "connect") from None
-            if raw.status == 401 and not relogged and on_registry:
-                challenge = raw.header("WWW-Authenticate") or ""
-                raw.close()
-                with self._lock:
-                    self._login(challenge)
-                relogged = True
-                continue
-            location = raw.header("Location")
-            if raw.status in wire.REDIRECT_STATUSES and location:
-                raw.close()
-                url = wire.join_url(url, location, f"{where}: {peer}")
-                continue
-            break
-        else:
-            raise RemoteError(f"{where}: more than {wire.MAX_REDIRECTS} redirects; refused")
+        raw, url = self._get_blob(digest, rng, follow=True)
+        where = f"{self.ref.name}@{digest}"
         try:
             status = raw.status
             if status == 401:
@@ -412,6 +384,75 @@ class Client:
             if status not in (200, 206):
                 raise RemoteError(f"{where}: blob download failed (HTTP {status})")
             yield raw
+        finally:
+            raw.close()
+
+    def _get_blob(self, digest: str, extra: dict[str, str], follow: bool,
+                  **raw_options) -> "tuple[wire.RawAnswer, str]":
+        """The answer to a GET of the blob with the EXTRA headers, after one login on a 401 and, when FOLLOW, the
+        redirects to blob storage (checked, without the registry's Authorization); and the URL that gave it.
+        RAW_OPTIONS go to wire.open_raw. A connection that fails or headers too slow: RetryLater."""
+        self.ping()
+        url = self.url(f"/v2/{self.ref.repository}/blobs/{digest}")
+        base = urlsplit(url).netloc
+        where = f"{self.ref.name}@{digest}"
+        relogged = False
+        for _ in range(wire.MAX_REDIRECTS + 1):
+            headers = {"User-Agent": "mm (model-artifact manager)", "Accept-Encoding": "identity", **extra}
+            on_registry = urlsplit(url).netloc == base
+            if self._auth_header and on_registry:
+                headers["Authorization"] = self._auth_header
+            peer = f"registry {self.ref.registry}" if on_registry else f"blob storage at {wire.origin(url)}"
+            try:
+                raw = wire.open_raw(url, headers, peer, ssl_context=self._ssl, **raw_options)
+            except wire.TooSlow as e:
+                raise RetryLater(f"{where}: {e.message}", "slow-headers") from None
+            except (OSError, http.client.HTTPException) as e:
+                raise RetryLater(f"{where}: cannot reach {wire.origin(url)} ({type(e).__name__})", "connect") from None
+            if raw.status == 401 and not relogged and on_registry:
+                challenge = raw.header("WWW-Authenticate") or ""
+                raw.close()
+                with self._lock:
+                    self._login(challenge)
+                relogged = True
+                continue
+            location = raw.header("Location")
+            if follow and raw.status in wire.REDIRECT_STATUSES and location:
+                raw.close()
+                url = wire.join_url(url, location, f"{where}: {peer}")
+                continue
+            return raw, url
+        raise RemoteError(f"{where}: more than {wire.MAX_REDIRECTS} redirects; refused")
+
+    def blob_in_store(self, digest: str, within: float) -> str | None:
+        """Whether the registry now serves DIGEST from its own storage, asked for (nearly) no blob bytes: None when
+        it does, else what it answered instead. Within WITHIN seconds (connection and headers).
+
+        The question is a GET carrying `If-None-Match: "DIGEST"` and `Range: bytes=0-0`. Distribution serves a
+        stored blob through registry/storage/blobserver.go: a quoted ETag, Cache-Control, and Go's
+        http.ServeContent, which answers that request with 304 and no body (206 and one byte where the tag is not
+        honoured; a 307 to blob storage when the driver redirects). A pull-through cache that has not stored it yet
+        (registry/proxy/proxyblobstore.go, copyContent) answers 200 with the whole blob as it comes from its
+        upstream, an unquoted Etag and no Cache-Control, headers sent with the first piece: that answer is closed
+        at its headers, on a socket whose receive window is PROBE_WINDOW bytes, so that little of the body reaches
+        mm. The cache's copy stops at its next write; by then its upstream has filled the buffers between them
+        (megabytes on loopback), which no client can prevent: a look is free only once the blob is stored. Not a
+        HEAD: Go's server reads a HEAD's body to its end and drops it, so on a proxy a HEAD moves the whole blob
+        from upstream."""
+        extra = {"If-None-Match": f'"{digest}"', "Range": "bytes=0-0"}
+        raw, _ = self._get_blob(digest, extra, follow=False, answer_timeout=within, receive_buffer=PROBE_WINDOW)
+        try:
+            status = raw.status
+            if status in (206, 304) or status in wire.REDIRECT_STATUSES and raw.header("Location"):
+                if status == 206:
+                    raw.discard(1)
+                return None
+            etag = (raw.header("ETag") or "").strip()
+            if status == 200 and etag == f'"{digest}"':  # from storage, though it honours neither header
+                return None
+            how = ("from its upstream (200, " + ("no ETag" if not etag else f"ETag {shown(etag, 80)}") + ")"
+                   if status == 200 else f"HTTP {status}")
+            return f"it answered {how}"
         finally:
             raw.close()
 

@@ -16,16 +16,26 @@ copy from the upstream for the answer, whose body a HEAD then throws away: a HEA
 twice and proves nothing. The one-byte GET is the probe and the warm-up in one request, and on a miss the bytes
 that pass are the ones checked.
 
+Then, before the next tier is asked (and, after the last tier, before the preheat is done), each blob a tier
+fetched is waited for until the tier serves it from its own store (Client.blob_in_store: a conditional one-byte
+GET answered 304 by a stored blob). A pull-through cache stores a miss in the background while it streams it
+(proxyblobstore.go, storeLocal: its own fetch from the upstream, then a commit that fsyncs the blob), and a request
+that arrives before that commit is served by yet another fetch from the upstream: without the wait, on a fast host
+the next tier's two fetches per miss reached the origin again. The wait costs a request per look; a look while the
+tier is still storing costs what the TCP buffers between the tier and its upstream take in before the tier sees mm
+close (megabytes on loopback), so the looks are spaced from the time the blobs took to pass, and they end at a
+deadline: a blob not stored by then is reported, and the preheat goes on.
+
 Reports, per tier: blobs already there, blobs fetched, blob bytes read from the tier (measured here, at the
-client), and failures (a tier that is down, refuses, or sends bytes whose digest fails: exit 4 or 5, the other
-blobs still go on).
+client), blobs stored and the time waited for them, and failures (a tier that is down, refuses, or sends bytes
+whose digest fails: exit 4 or 5, the other blobs still go on).
 """
 from __future__ import annotations
 
 import hashlib
 import http.client
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..edges import interrupt, wire
@@ -38,6 +48,15 @@ from . import modelpack
 from .pull import _require_tag_or_digest
 
 READ = 1 << 20  # the buffer a blob passes through on its way to sha256: the only memory a blob of any size takes
+# When to look whether a tier stored what it fetched (mm's own margins). The tier's own copy of each blob ran beside
+# the answer mm read, so it ended about when that read did; its commits then fsync the blobs. A tier whose disk
+# writes at least as fast as the blob came in has done that within the time the blob took to pass: so the first look
+# is the slowest read's time after the tier's reads ended (at least STORE_FIRST); after each "not yet" the pause
+# doubles. No look after STORE_FLOOR plus three times the slowest read (a disk at a third of that rate), unless the
+# tier is broken or hostile: then it has held the preheat at most that, then STORE_FLOOR more for one last look at
+# each blob left.
+STORE_FIRST = 0.2  # seconds
+STORE_FLOOR = 2.0  # seconds
 
 
 @dataclass(frozen=True)
@@ -48,13 +67,19 @@ class BlobAtTier:
     bytes_read: int = 0
     error: str | None = None
     error_kind: type[MMError] | None = None
+    read_seconds: float = 0.0  # how long the tier took to send it (fetched blobs)
+    stored: bool | None = None  # fetched: whether the tier then served it from its own store (None: not asked)
+    looks: int = 0  # stored-yet questions asked
+    stored_after: float | None = None  # seconds from the end of the tier's reads until a look found it stored
+    not_stored: str | None = None  # why not: what the tier answered to the last question
 
 
 @dataclass(frozen=True)
 class TierReport:
     tier: str  # host[:port]
     blobs: tuple[BlobAtTier, ...]
-    seconds: float
+    seconds: float  # the manifest and the blobs' reads
+    waited: float = 0.0  # seconds from the end of the tier's reads until it had stored what it fetched (or gave up)
 
     @property
     def bytes_read(self) -> int:
@@ -71,6 +96,14 @@ class TierReport:
     @property
     def failed(self) -> list[BlobAtTier]:
         return [b for b in self.blobs if b.status == "failed"]
+
+    @property
+    def stored(self) -> int:
+        return sum(b.stored is True for b in self.blobs)
+
+    @property
+    def unstored(self) -> list[BlobAtTier]:
+        return [b for b in self.blobs if b.stored is False]
 
 
 @dataclass(frozen=True)
@@ -118,7 +151,10 @@ def preheat(reference: str, tiers: tuple[tuple[str, Transport], ...], credential
 
                 with interrupt.worker_pool(workers) as pool:
                     done = tuple(pool.map(one, blobs))
-            reports.append(TierReport(host, done, time.monotonic() - began))
+                read = time.monotonic()
+                with working_on(progress, f"{host}: waiting until it has stored what it fetched"):
+                    done = wait_stored(tier, done)
+            reports.append(TierReport(host, done, read - began, time.monotonic() - read))
     finally:
         progress.end()
     return PreheatReport(str(ref), digest, len(blobs), total, tuple(reports), time.monotonic() - started)
@@ -128,6 +164,7 @@ def warm_blob(tier: Client, digest: str, size: int, advance: Callable[[int], Non
     """One request for DIGEST at TIER (its first byte): "warm" when the tier answers with that byte, "fetched"
     when it answers with the whole blob, read here through sha256 and checked."""
     where = f"{tier.ref.name}@{digest}"
+    began = time.monotonic()
     try:
         with tier.open_blob(digest, 0, 1 if size else None) as raw:
             if raw.status == 206 and size:
@@ -144,7 +181,51 @@ def warm_blob(tier: Client, digest: str, size: int, advance: Callable[[int], Non
         return BlobAtTier(digest, size, "failed", error=e.message, error_kind=RemoteError)
     except MMError as e:
         return BlobAtTier(digest, size, "failed", getattr(e, "read", 0), e.message, type(e))
-    return BlobAtTier(digest, size, "fetched", got)
+    return BlobAtTier(digest, size, "fetched", got, read_seconds=time.monotonic() - began)
+
+
+def wait_stored(tier: Client, blobs: tuple[BlobAtTier, ...], clock: Callable[[], float] = time.monotonic,
+                sleep: Callable[[float], object] = interrupt.STOP.wait) -> tuple[BlobAtTier, ...]:
+    """BLOBS, each one TIER fetched marked stored once the tier serves it from its own store, or not stored (with
+    what the tier answered) at the deadline; see STORE_FIRST and STORE_FLOOR. One look at a time, smallest blob
+    first: a look at a blob still being stored costs at most that blob, or the buffers to the tier's upstream, and
+    the tier commits its blobs side by side, so one still storing says the others may be too: then every look
+    waits the pause, which doubles."""
+    start = clock()
+    todo = sorted((i for i, b in enumerate(blobs) if b.status == "fetched"), key=lambda i: blobs[i].size)
+    if not todo:
+        return blobs
+    slowest = max(blobs[i].read_seconds for i in todo)
+    pause = max(STORE_FIRST, slowest)
+    due, deadline = start + pause, start + STORE_FLOOR + 3 * slowest
+    looks = dict.fromkeys(todo, 0)
+    after: dict[int, float] = {}
+    why: dict[int, str | None] = {}
+    while todo:
+        wait = due - clock()
+        if wait > 0:
+            sleep(wait)
+        interrupt.check()
+        i = todo[0]
+        left = deadline - clock()
+        if left < -STORE_FLOOR:  # the last looks (one per blob left, after the deadline) had their time too
+            why.update((k, why.get(k) or "not asked before the deadline") for k in todo)
+            break
+        looks[i] += 1
+        try:  # a last look, after the deadline, gets STORE_FIRST for its answer
+            why[i] = tier.blob_in_store(blobs[i].digest, max(left, STORE_FIRST))
+        except MMError as e:  # (a look that fails is a "not yet": the blob itself was proven when it passed)
+            why[i] = e.message
+        if why[i] is None:
+            after[i] = clock() - start
+            todo.pop(0)
+        elif left <= 0:
+            todo.pop(0)
+        else:
+            pause *= 2
+            due = min(clock() + pause, deadline)
+    return tuple(replace(b, stored=why[i] is None, looks=looks[i], stored_after=after.get(i),
+                         not_stored=why[i]) if i in looks else b for i, b in enumerate(blobs))
 
 
 def _stream_sha256(raw: "wire.RawAnswer", size: int, where: str, advance: Callable[[int], None]) -> int:

@@ -7,7 +7,9 @@ BLOBS shards of MIB MiB pushed to the origin.
    proxy's thread pair per connection would be what is measured) into separate directories (a "node" is a process here: on a
    small box they share its cores and disk): every one must exit 0 (its copy proven); the origin must have served
    each blob at most 2x and T1 at most 3x in all (goal); aggregate pull rate against NODES concurrent curl of the
-   same blobs from T2 in the same run (goal >= 0.8x); peak RSS per node (goal < 150 MB).
+   same blobs from T2 in the same run (goal >= 0.8x); peak RSS per node (goal < 150 MB). Each wave's CPU (user and
+   system seconds per GiB, from wait4) and the bytes the nodes read back are printed, and, beside the goal, the
+   ratio to curl followed by `sync` (mm's copies are on the disk when it ends; curl's are in the page cache).
 3. A second wave of NODES: nothing more at the origin or T1 (manifests and headers only).
 4. A fresh chain without preheat: NODES cold pulls through T2 all succeed; the origin's multiple printed.
 5. A mirror serving a corrupted blob (first in --mirror order): named and skipped, every node still right.
@@ -16,7 +18,8 @@ BLOBS shards of MIB MiB pushed to the origin.
 
 Environment: MM_BENCH_FLEET_BLOBS (default 4), MM_BENCH_FLEET_MIB (default 256), MM_BENCH_FLEET_NODES (default 32),
 MM_BENCH_FLEET_ROUNDS (default 3: interleaved pairs of an mm wave and a curl wave; the rate goal is the median of
-their ratios, RatioGoal), MM_BENCH_FLEET_SKIP_FAULTS=1 (leaves out steps 5 and 6), MM_BENCH_KEEP=1 keeps the data.
+their ratios, RatioGoal), MM_BENCH_FLEET_SKIP_FAULTS=1 (leaves out steps 5 and 6), MM_BENCH_FLEET_RATE_ONLY=1 (steps 1 and 2 only: more rounds
+of the rate goal inside a host's time limit), MM_BENCH_KEEP=1 keeps the data.
 MM_BENCH_REGISTRY_BIN: the docker-registry binary (distribution 2.8) where it is not /usr/bin/docker-registry nor
 on PATH. Needs on the host: python3 with mm installed (`pip install -e .[test]`: the bench imports tests.support),
 that docker-registry binary, and curl; nothing else from Debian (peak RSS comes from wait4).
@@ -33,7 +36,7 @@ from pathlib import Path
 
 from mm.artifacts.paths import manifest_path
 from mm.artifacts.integrity.manifest import read_manifest
-from tests.bench.common import RSS_LAUNCHER, RatioGoal, bench_dir, make_bench_model, peer_bin
+from tests.bench.common import RatioGoal, bench_dir, make_bench_model, peer_bin
 from tests.support.registry_chain import Chain
 
 BLOBS = int(os.environ.get("MM_BENCH_FLEET_BLOBS", "4"))
@@ -41,6 +44,7 @@ MIB = int(os.environ.get("MM_BENCH_FLEET_MIB", "256"))
 NODES = int(os.environ.get("MM_BENCH_FLEET_NODES", "32"))
 ROUNDS = int(os.environ.get("MM_BENCH_FLEET_ROUNDS", "3"))
 SKIP_FAULTS = os.environ.get("MM_BENCH_FLEET_SKIP_FAULTS") == "1"
+RATE_ONLY = os.environ.get("MM_BENCH_FLEET_RATE_ONLY") == "1"
 RATE_GOAL = RatioGoal("mm pull / curl aggregate rate from T2", 0.8, at_most=False)
 REPO = "fleet/model"
 SMALL = 256 * 1024  # what a warm pass may still move at a tier: manifests and headers (mm's margin)
@@ -50,15 +54,27 @@ def run(cmd: list, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True)
 
 
+# Each node runs under this small launcher, which forks it and reads its peak RSS from wait4. Not wait4 in this
+# process: a child forked from it starts with this process's pages, and Linux keeps that high-water mark across
+# exec, so every node would report at least this bench's own RSS (the model it made: over 300 MB).
+LAUNCHER = ("import os, sys\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+            "_, status, usage = os.wait4(pid, 0)\n"
+            "open(sys.argv[1], 'w').write(f'{usage.ru_maxrss} {usage.ru_utime} {usage.ru_stime}')\n"
+            "sys.exit(os.waitstatus_to_exitcode(status))\n")
+
+
 def wave(cmds: list[list], env: dict, rss_dir: Path) -> tuple[float, list[int], list[str]]:
     """Start every command at once; (wall seconds, exit codes, what each said went wrong), peak RSS of each in
-    RSS_DIR (in KiB, from wait4 in common.RSS_LAUNCHER: no GNU time needed on the host). Outputs go to files in RSS_DIR, so no pipe fills."""
+    RSS_DIR (in KiB, from wait4 in LAUNCHER: no GNU time needed on the host). Outputs go to files in RSS_DIR, so no pipe fills."""
     rss_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     procs = []
     for i, cmd in enumerate(cmds):
         with open(rss_dir / f"{i}.out", "w") as out, open(rss_dir / f"{i}.err", "w") as err:
-            procs.append(subprocess.Popen([sys.executable, "-S", "-c", RSS_LAUNCHER, str(rss_dir / f"{i}.rss"),
+            procs.append(subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, str(rss_dir / f"{i}.rss"),
                                            *map(str, cmd)], env=env, stdout=out, stderr=err))
     codes = [proc.wait() for proc in procs]  # the launcher wrote each node's peak RSS (KiB on Linux)
     wall = time.perf_counter() - start
@@ -90,8 +106,31 @@ def read_back(rss_dir: Path) -> str:
     return f"hashed from memory {window / 2**20:.0f} MiB, read back {back / 2**20:.0f} MiB in all"
 
 
+def pull_seconds(rss_dir: Path) -> str:
+    """The shortest and longest of the nodes' own pull times (their --json `seconds`: from the reference's resolve
+    to the quick verify); the rest of the wave's wall time is each process starting (imports) and ending."""
+    seconds = []
+    for out in rss_dir.glob("*.out"):
+        try:
+            seconds.append(float(json.loads(out.read_text())["seconds"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return f"each node's pull {min(seconds):.1f}-{max(seconds):.1f} s" if seconds else "no node's pull time"
+
+
 def peak_rss(rss_dir: Path) -> int:
-    return max(int(p.read_text().split()[-1]) * 1024 for p in rss_dir.glob("*.rss"))
+    return max(int(p.read_text().split()[0]) * 1024 for p in rss_dir.glob("*.rss"))
+
+
+def cpu(rss_dir: Path, nbytes: int) -> str:
+    """The CPU the wave's processes spent (user and system, from wait4), per GiB they moved: where a wave is
+    bound by the cores, this is what sets its rate (the registry's own share is the same for mm and curl)."""
+    user = system = 0.0
+    for p in rss_dir.glob("*.rss"):
+        fields = p.read_text().split()
+        user, system = user + float(fields[1]), system + float(fields[2])
+    gib = nbytes / 2**30
+    return f"CPU {user / gib:.2f} user + {system / gib:.2f} system s/GiB"
 
 
 def report_trouble(codes: list[int], errs: list[str]) -> None:
@@ -149,20 +188,32 @@ def main() -> None:
             report = json.loads(got.stdout)
             ref = f"{chain.origin.host}/{REPO}@{report['digest']}"  # by digest: a tag is asked upstream at every tier
             print(f"preheat: {time.perf_counter() - start:.1f} s; " + "; ".join(
-                f"{t['tier']} read {t['bytes_read'] / 2**20:.0f} MiB ({t['fetched']} fetched, {t['warm']} warm)"
+                f"{t['tier']} read {t['bytes_read'] / 2**20:.0f} MiB ({t['fetched']} fetched, {t['warm']} warm; "
+                f"{t['stored']} stored, {t['not_stored']} not, waited {t['waited']:.1f} s, "
+                f"{sum(b['looks'] for b in t['blobs'])} looks)"
                 for t in report["tiers"]), flush=True)
-            print(f"  origin served {chain.origin.served / total:.2f}x, T1 {t1.served / total:.2f}x the artifact")
+            for t in report["tiers"]:  # the blobs a look found still being stored (each such look moved blob bytes)
+                late = [b for b in t["blobs"] if b["looks"] > 1]
+                slowest = max(b["read_seconds"] for b in t["blobs"])
+                print(f"  {t['tier']}: slowest read {slowest:.2f} s; looked at again: "
+                      + (", ".join(f"{b['size'] / 2**20:.1f} MiB x{b['looks']} (stored after "
+                                   f"{b['stored_after'] or 0:.2f} s)" for b in late) or "none"))
+            print(f"  origin served {chain.origin.served / total:.4f}x ({chain.origin.served - 2 * total} bytes over "
+                  f"2x), T1 {t1.served / total:.4f}x ({t1.served - 3 * total} bytes over 3x) the artifact")
 
             dests = [work / f"node-{i}" for i in range(NODES)]
             cdests = [work / f"curl-{i}" for i in range(NODES)]
-            ratios = []
+            ratios, synced = [], []
+            os.sync()  # the push's and the preheat's writes are not the first wave's to wait for
             for rnd in range(ROUNDS):
                 wall, codes, errs = wave(pulls(ref, dests, "--mirror", t2.direct_host), env, work / "rss1")
                 ok = sum(c == 0 for c in codes)
                 mm_rate = NODES * total / wall
                 print(f"wave 1, round {rnd + 1}: {ok}/{NODES} nodes proven in {wall:.1f} s, aggregate "
                       f"{mm_rate / 1e6:.0f} MB/s, peak RSS {peak_rss(work / 'rss1') / 1e6:.0f} MB per node (goal < "
-                      f"150 MB), {read_back(work / 'rss1')} (load {os.getloadavg()[0]:.1f})", flush=True)
+                      f"150 MB), {read_back(work / 'rss1')}, {cpu(work / 'rss1', NODES * total)}, "
+                      f"{pull_seconds(work / 'rss1')} (load "
+                      f"{os.getloadavg()[0]:.1f})", flush=True)
                 report_trouble(codes, errs)
                 if rnd == 0:
                     origin_x, t1_x = chain.origin.served / total, t1.served / total
@@ -170,12 +221,23 @@ def main() -> None:
                           f"preheat included")
                 clear(dests)
                 cwall, ccodes, _ = wave(curls(f"http://{t2.direct_host}", digests, cdests), env, work / "rssc")
+                start = time.perf_counter()
+                os.sync()  # what curl left in the page cache, on the disk: what mm's fsync before naming costs it
+                sync = time.perf_counter() - start
                 clear(cdests)
                 curl_rate = NODES * total / cwall
                 print(f"  curl: {sum(c == 0 for c in ccodes)}/{NODES} in {cwall:.1f} s, aggregate "
-                      f"{curl_rate / 1e6:.0f} MB/s; mm / curl {mm_rate / curl_rate:.3f}", flush=True)
+                      f"{curl_rate / 1e6:.0f} MB/s, {cpu(work / 'rssc', NODES * total)}; mm / curl "
+                      f"{mm_rate / curl_rate:.3f}; then sync {sync:.1f} s: mm / (curl + sync) "
+                      f"{mm_rate * (cwall + sync) / (NODES * total):.3f}", flush=True)
                 ratios.append(mm_rate / curl_rate)
+                synced.append(mm_rate * (cwall + sync) / (NODES * total))
             print(RATE_GOAL.verdict(ratios), flush=True)
+            print(f"  beside it (not the goal): mm / (curl, then sync of its files) {sorted(synced)[len(synced) // 2]:.2f} "
+                  f"(median of {len(synced)}, spread {min(synced):.2f}-{max(synced):.2f}): mm's copies are on the disk "
+                  f"when it ends, curl's in the page cache", flush=True)
+            if RATE_ONLY:
+                return
 
             before_o, before_t1 = chain.origin.served, t1.served
             wall, codes, errs = wave(pulls(ref, dests, "--mirror", t2.direct_host), env, work / "rss2")
