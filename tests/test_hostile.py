@@ -174,6 +174,22 @@ def test_json_the_loader_refuses_each_kind_in_one_line(bad):
     assert caught.value.message.startswith("f.json: ") and "\n" not in caught.value.message
 
 
+@pytest.mark.parametrize("doc, says", [
+    (b'{"sha": "1234567890123456789012345", "n": 1}', None),  # 25 digits in a string: no integer
+    (b'{"a": "' + b"[" * 100 + b'", "n": [1]}', None),  # brackets in a string: no nesting
+    (b'{"a": "x\\"[[[", "n": 1234567890123456789012}', "more than 20 digits"),  # an escaped quote, brackets after
+    (b'{"a": "\\"", "b": ' + b"[" * 70 + b"]" * 70 + b"}", "nested deeper than 64"),
+    (b'{"a": "' + b"]" * 70 + b'", "b": ' + b"[" * 70 + b"]" * 70 + b"}", "nested deeper than 64"),
+])
+def test_json_the_loader_judges_numbers_and_brackets_outside_strings(doc, says):
+    from mm.artifacts.edges.untrusted import Malformed, load_json
+    if says is None:
+        assert load_json(doc, "f.json") == json.loads(doc)
+        return
+    with pytest.raises(Malformed, match=says):
+        load_json(doc, "f.json")
+
+
 @pytest.mark.parametrize("command, bad", [("verify", bad) for bad in sorted(MALFORMED)]
                          + [(command, "deep-nesting") for command in ("verify --quick", "repair", "bundle", "launch",
                                                                      "manifest export")]

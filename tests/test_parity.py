@@ -93,6 +93,23 @@ def test_lost_data_streams_are_rebuilt_by_isal_directly_as_pyeclib_rebuilds_them
     assert got["direct"] == got["pyeclib"] == {i: streams[i] for i in lost}
 
 
+@pytest.mark.parametrize("stripes", [1, 2, 4, 64])
+def test_a_rebuild_decodes_several_stripes_at_once_as_it_decodes_one(monkeypatch, stripes):
+    """Spans of 1, 2 or 4 stripes (the last span shorter: 6 stripes, the last one short) and one span for all."""
+    monkeypatch.setattr(DirectDecoder, "SPAN_BYTES", stripes * S)
+    data = volumes()
+    layout, parity, _ = encoded(data)
+    streams = data + parity
+    lost = [0, 4]
+    use = choose_inputs(layout, set(range(K + M)) - set(lost), set(lost))
+    assert DirectDecoder.for_rebuild(layout, use, lost).batch == min(stripes, DirectDecoder.BUFFER_BYTES // K // S)
+    outs = {i: bytearray() for i in lost}
+    result = rebuild(layout, {i: BytesSource(s) for i, s in enumerate(streams) if i not in lost}, lost,
+                     {i: o.extend for i, o in outs.items()})
+    assert {i: bytes(o) for i, o in outs.items()} == {i: streams[i] for i in lost}
+    assert result.output_digest == {i: blake3.blake3(streams[i]).hexdigest() for i in lost}
+
+
 def test_a_damaged_input_shows_in_its_digest_and_the_output():
     data = volumes()
     layout, parity, enc = encoded(data)

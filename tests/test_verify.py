@@ -311,6 +311,8 @@ def _shard_with_header(tmp_path: Path, header: dict, data_bytes: int) -> Path:
     ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, 4, "header length"),
     ({"a": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 8]}}, 8, "needs 6 bytes"),
     ({"a": {"dtype": "F4", "shape": [4, 2], "data_offsets": [0, 4]}}, 4, None),
+    ({"a": {"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]}}, 8, r"unknown dtype \['F32'\]"),
+    ({"a": {"dtype": {"F32": 1}, "shape": [2], "data_offsets": [0, 8]}}, 8, "unknown dtype {'F32': 1}"),
 ])
 def test_safetensors_layout_rules(tmp_path, tensors, data_bytes, message):
     path = _shard_with_header(tmp_path, tensors, data_bytes)
@@ -321,6 +323,30 @@ def test_safetensors_layout_rules(tmp_path, tensors, data_bytes, message):
         return
     with pytest.raises(StructureError, match=message):
         read_header(path)
+
+
+def test_default_threads_are_the_cores_the_process_may_run_on():
+    """A process pinned to one core (taskset, a container's cpuset) hashes on one thread, whatever the machine has."""
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from mm.artifacts.edges.interrupt import usable_cores; print(usable_cores(), os.cpu_count())")
+    used, machine = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                   cwd=Path(__file__).resolve().parents[1]).stdout.split()
+    assert used == "1" and int(machine) >= 1
+
+
+def test_a_dtype_that_is_a_list_is_one_structure_line_not_a_crash(model):
+    shard = model / SHARD
+    data = shard.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    name = next(t for t in header if t != "__metadata__")
+    header[name]["dtype"] = [header[name]["dtype"]]  # JSON's list: no key of the dtype table
+    raw = json.dumps(header).encode()
+    shard.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n :])
+    write_manifest_for(model)  # sizes and hashes match: only the header's structure is wrong
+    r = run_mm("verify", "--quick", model)
+    assert "Traceback" not in r.stderr
+    assert_problem(r, "structure", SHARD, f"tensor {name!r}", "unknown dtype [")
 
 
 def test_verify_refuses_while_another_process_writes_the_directory_exit_6(model):

@@ -156,6 +156,15 @@ def request(signum: int) -> None:
         _run(callback)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (taskset, a container's cpuset), not the machine's
+    count, which os.cpu_count gives before Python 3.13. A thread per core beyond them only waits its turn."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 @contextmanager
 def worker_pool(workers: int) -> Iterator[ThreadPoolExecutor]:
     """A ThreadPoolExecutor that, when left by an interrupt, starts no queued work: the running workers see the

@@ -35,7 +35,7 @@ from ..paths import MM_DIR
 from ..edges.fsutil import (check_inside, check_model_path, check_targets, dir_lock, make_dirs, open_file, publish,
                             read_local_file, require_free_space, still_to_write, unlink_file)
 from ..integrity.hashing import SLICE, Digests, StreamHasher, hash_file, mapped_windows
-from ..edges.interrupt import keeps, requested as interrupt_requested, worker_pool
+from ..edges.interrupt import keeps, requested as interrupt_requested, usable_cores, worker_pool
 from ..integrity.manifest import FileEntry, Upstream, entry_from_dict, read_manifest
 from ..paths import manifest_path
 from ..edges.progress import NULL_PROGRESS, ProgressSink, working_on
@@ -290,7 +290,7 @@ class Session:
             return FileOutcome(f.path, f.size, "adopted", "local"), entry
 
         try:
-            with worker_pool(jobs or min(len(todo), os.cpu_count() or 1)) as pool:  # an interrupt starts no queued file
+            with worker_pool(jobs or min(len(todo), usable_cores())) as pool:  # an interrupt starts no queued file
                 results = list(pool.map(one, todo))
         finally:
             progress.end()

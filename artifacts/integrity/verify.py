@@ -29,6 +29,7 @@ from typing import Callable, Iterable, TypeVar
 from ..errors import BadInput, BadValue, Busy, QuickVerifyFailed
 from ..paths import MM_DIR, Snapshot, manifest_path, snapshot_of, state_dir
 from ..edges.fsutil import check_relpath, is_model_file, lock_holder, read_local_file, read_lock
+from ..edges.interrupt import usable_cores
 from .manifest import Manifest, read_manifest
 from ..edges.progress import NULL_PROGRESS, ProgressSink, working_on
 from ..edges.untrusted import MAX_DOCUMENT, Malformed, load_json
@@ -218,7 +219,7 @@ def _verify(model_dir: Path, expected: list[Expected], source: str, *, quick: bo
             progress: ProgressSink, ignore: str | None = None, listing: str = "the manifest",
             left_out: frozenset[str] = frozenset(), rehash: frozenset[str] | None = None) -> VerifyReport:
     started = time.perf_counter()
-    jobs = max(1, jobs or os.cpu_count() or 1)
+    jobs = max(1, jobs or usable_cores())
     scan = _scan(model_dir, ignore)
     problems = list(scan.problems)
     to_hash: list[Expected] = []
@@ -392,7 +393,7 @@ def _hash_all(model_dir: Path, files: list[Expected], jobs: int, progress: Progr
     progress.begin(sum(e.size for e in files), "verify", files=len(files))
     try:
         per_core, one_at_a_time = hash_schedule(files, jobs)
-        threads = blake3.AUTO if jobs == (os.cpu_count() or 1) else jobs
+        threads = blake3.AUTO if jobs == usable_cores() else jobs
         window = window_size(jobs)
         results = _in_parallel(per_core, lambda e: _check_one(model_dir, e, 1, progress, window), jobs)
         results += [_check_one(model_dir, e, threads if e.size >= BIG_FILE else 1, progress)

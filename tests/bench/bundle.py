@@ -13,10 +13,12 @@ host (docs/bundle.md, "Copying and durability"). Each round's ratios are printed
 Goals: durable mm bundle and mm unbundle at most 1.05 x the time of tar + sync; peak RSS < 150 MB; each printed by
 common.RatioGoal (median of the rounds, spread, verdict).
 Environment: MM_BENCH_BUNDLE_SHARDS (4), MM_BENCH_BUNDLE_SHARD_BYTES (1 GiB), MM_BENCH_ROUNDS (2), MM_BENCH_KEEP=1,
+MM_BENCH_BUNDLE_STEPS (the mm runs to time, each beside its tar peer, comma-separated: default all four, e.g.
+`unbundle` for the durable unbundle goal alone),
 MM_BENCH_DROP_CACHES=1 (root: each run starts with the page cache dropped instead of its input read into it, the
 durable unbundle goal's setting on the 16-core GPU host, e.g.
   MM_BENCH_ROUNDS=5 MM_BENCH_DROP_CACHES=1 MM_BENCH_BUNDLE_SHARDS=4 MM_BENCH_BUNDLE_SHARD_BYTES=2147483648 \
-      .venv/bin/python -m tests.bench.run bundle
+      python3 -m tests.bench.run bundle
 needs about 4 x the model on the disk: the model, the archive and volumes the extractions read, one output).
 """
 from __future__ import annotations
@@ -25,24 +27,28 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.bench.common import (RatioGoal, Usage, drop_caches, drop_caches_between_steps, load_average,
+from tests.bench.common import (RatioGoal, Usage, drop_caches, drop_caches_between_steps, load_average, peer_bin,
                                 make_bench_model, returned_to_host, round_order, run_usage)
 
 WORK = Path(__file__).resolve().parents[2] / "bench-work" / "bundle"
-MM = Path(sys.executable).parent / "mm"
+MM = Path(peer_bin("mm"))
 SHARDS = int(os.environ.get("MM_BENCH_BUNDLE_SHARDS", "4"))
 SHARD_BYTES = int(os.environ.get("MM_BENCH_BUNDLE_SHARD_BYTES", str(1024**3)))
 VOLUME_SIZE = "1.5G"  # decimal: each 1 GiB shard lands whole or split across two volumes
 ROUNDS = int(os.environ.get("MM_BENCH_ROUNDS", "2"))
-PAIRS = [  # (mm run, its tar peer, goal on the time ratio mm/peer or None)
+PAIRS = PAIRS_ALL = [  # (mm run, its tar peer, goal on the time ratio mm/peer or None)
     ("bundle", "tar -cf + sync", 1.05),
     ("bundle --no-sync", "tar -cf", None),
     ("unbundle", "tar -xf + sync", 1.05),
     ("unbundle --no-sync", "tar -xf", None),
 ]
+_STEPS = os.environ.get("MM_BENCH_BUNDLE_STEPS", "")
+if _STEPS:
+    PAIRS = [pair for pair in PAIRS if pair[0] in _STEPS.split(",")]
+    if not PAIRS:
+        raise SystemExit(f"MM_BENCH_BUNDLE_STEPS={_STEPS!r}: name runs of " + ", ".join(m for m, _, _ in PAIRS_ALL))
 
 
 def _files(root: Path) -> list[str]:
@@ -85,7 +91,7 @@ def _runs(src: Path) -> dict[str, tuple[Path, Path, object]]:
         x = t(["tar", "-xf", str(tar_in), "-C", str(dst)])
         return _sum(x, t(["sync", *_files(dst)])) if sync else x
 
-    return {
+    runs = {
         "tar -cf": (src, out / "cf.tar", lambda dst: t(["tar", "-cf", str(dst), "-C", str(src), "."])),
         "tar -cf + sync": (src, out / "cf-sync.tar", lambda dst: _sum(
             t(["tar", "-cf", str(dst), "-C", str(src), "."]), t(["sync", str(dst)]))),
@@ -97,6 +103,7 @@ def _runs(src: Path) -> dict[str, tuple[Path, Path, object]]:
         "unbundle --no-sync": (vols_in, out / "dest-nosync", lambda dst: t(
             [str(MM), "unbundle", str(vols_in), "--dest", str(dst), "--no-sync"])),
     }
+    return {name: run for name, run in runs.items() if any(name in pair[:2] for pair in PAIRS)}
 
 
 def one_round(src: Path, rnd: int, cold: bool = False) -> tuple[dict[str, Usage], dict[str, tuple[int, int]]]:
@@ -169,8 +176,7 @@ def main() -> None:
     for mine, peer, goal in PAIRS:
         if goal:
             print(RatioGoal(f"{mine} / {peer}", goal).verdict([r[mine].seconds / r[peer].seconds for r in rounds]))
-    peaks = [max(r[k].peak_rss for k in ("bundle", "bundle --no-sync", "unbundle", "unbundle --no-sync")) / 1e6
-             for r in rounds]
+    peaks = [max(r[mine].peak_rss for mine, _, _ in PAIRS) / 1e6 for r in rounds]
     print(RatioGoal("peak RSS of mm bundle/unbundle", 150, unit=" MB").verdict(peaks))
     print("  load average per round: " + "; ".join(loads))
     if not os.environ.get("MM_BENCH_KEEP"):

@@ -23,9 +23,75 @@ def bench_dir(name: str) -> Path:
 
 
 def peer_bin(name: str) -> str:
-    """A console script installed beside this Python (mm, hf), else from PATH."""
+    """A console script installed beside this Python (mm, hf), else from PATH (b3sum: also the one carried to the
+    GPU host, .devcarry/vb/b3sum); mm: else a launcher of this checkout's mm (mm_bin)."""
     local = Path(sys.executable).parent / name
-    return str(local) if local.exists() else (shutil.which(name) or name)
+    if local.exists():
+        return str(local)
+    if name == "mm":
+        return mm_bin()
+    carried = ROOT / ".devcarry" / "vb" / name
+    return shutil.which(name) or (str(carried) if carried.exists() else name)
+
+
+# The mm package is this checkout's root (setup.cfg: package_dir mm = .); bound by hand, so no other `mm` on the
+# path (an installed copy, another checkout's on PYTHONPATH) can stand in for it.
+_BIND_MM = ("import sys, types\n"
+            "mm = types.ModuleType('mm')\n"
+            "mm.__path__ = [{root!r}]\n"
+            "sys.modules['mm'] = mm\n")
+
+
+_BOUND = False  # bind_mm had to bind this checkout: an mm installed beside this Python is another's
+
+
+def bind_mm() -> None:
+    """Make `import mm` in this process load this checkout, where no installed mm does (a host with mm's
+    dependencies on PYTHONPATH and the checkout copied over, as the GPU host)."""
+    global _BOUND
+    try:
+        import mm
+        if str(ROOT) in list(getattr(mm, "__path__", [])):
+            return
+    except ImportError:
+        pass
+    _BOUND = True
+    for name in [n for n in sys.modules if n == "mm" or n.startswith("mm.")]:
+        del sys.modules[name]
+    exec(_BIND_MM.format(root=str(ROOT)), {})
+
+
+def mm_bin() -> str:
+    """The `mm` the benchmarks run: the console script beside this Python where this checkout is installed there
+    (the venv of `make install-test`), else bench-work/bin/mm, a launcher of this checkout's mm for this Python."""
+    local = Path(sys.executable).parent / "mm"
+    if local.exists() and not _BOUND:
+        return str(local)
+    launcher = bench_dir("bin") / "mm"
+    launcher.write_text(f"#!{sys.executable}\n" + _BIND_MM.format(root=str(ROOT))
+                        + "from mm.__main__ import main\nsys.exit(main())\n")
+    launcher.chmod(0o755)
+    return str(launcher)
+
+
+# Where GNU time is not installed (the GPU host), each command runs under this small launcher instead, which forks
+# it and writes its peak RSS (KiB) from wait4. Not wait4 in the benchmark itself: a child forked from it starts with
+# its pages, and Linux keeps that high-water mark across exec. The launcher's own (~10 MB) is the floor it reports.
+RSS_LAUNCHER = ("import os, sys\n"
+                "pid = os.fork()\n"
+                "if pid == 0:\n"
+                "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+                "_, status, usage = os.wait4(pid, 0)\n"
+                "open(sys.argv[1], 'w').write(str(usage.ru_maxrss))\n"
+                "sys.exit(os.waitstatus_to_exitcode(status))\n")
+
+
+def rss_timer(out: str) -> list[str]:
+    """The prefix that runs a command and writes its peak RSS in KiB (the last word) to the file OUT: GNU time,
+    else RSS_LAUNCHER."""
+    if Path("/usr/bin/time").exists():
+        return ["/usr/bin/time", "-f", "%M", "-o", out]
+    return [sys.executable, "-S", "-c", RSS_LAUNCHER, out]
 
 
 def run_measured(cmd: list[str], env: dict | None = None, cwd: Path | None = None, stdout: Path | None = None) -> tuple[float, int]:
@@ -39,7 +105,7 @@ def run_measured(cmd: list[str], env: dict | None = None, cwd: Path | None = Non
 
     with tempfile.NamedTemporaryFile("r", prefix="mm-bench-rss-") as rss, open(stdout or os.devnull, "wb") as out:
         start = time.perf_counter()
-        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss.name, *cmd], env=env, cwd=cwd,
+        proc = subprocess.run([*rss_timer(rss.name), *cmd], env=env, cwd=cwd,
                               stdout=out, stderr=subprocess.PIPE)
         seconds = time.perf_counter() - start
         if proc.returncode != 0:
@@ -101,7 +167,7 @@ def run_timed(cmd: list[str], stats: Path, env: dict | None = None, stdout: Path
         return _run_wait4(cmd, env, stdout)
     with open(stdout or os.devnull, "wb") as out:
         start = time.perf_counter()
-        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(stats), *cmd], env=env, stdout=out,
+        proc = subprocess.run([*rss_timer(str(stats)), *cmd], env=env, stdout=out,
                               stderr=subprocess.PIPE)
         seconds = time.perf_counter() - start
     if proc.returncode != 0:
@@ -160,6 +226,10 @@ def drop_caches_between_steps() -> bool:
         return False
     if os.geteuid() != 0:
         raise SystemExit("MM_BENCH_DROP_CACHES=1 needs root (it writes /proc/sys/vm/drop_caches)")
+    try:
+        drop_caches()  # once now: a host whose kernel will not drop them (a sandbox) is told before anything runs
+    except OSError as e:
+        raise SystemExit(f"MM_BENCH_DROP_CACHES=1: cannot drop the page cache here: {e}") from None
     return True
 
 

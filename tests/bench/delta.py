@@ -17,13 +17,12 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.bench.common import make_bench_model, run_timed
+from tests.bench.common import make_bench_model, peer_bin, run_timed
 
 WORK = Path(__file__).resolve().parents[2] / "bench-work" / "delta"
-MM = Path(sys.executable).parent / "mm"
+MM = Path(peer_bin("mm"))
 SHARDS = 4
 SHARD_BYTES = int(os.environ.get("MM_BENCH_DELTA_SHARD_BYTES", str(1024**3)))
 CHANGED_BYTES = 10 * 10**6

@@ -1,5 +1,7 @@
 """Parity: `mm bundle --parity 2` over 10 data volumes against the same bundle without parity (interleaved
-rounds, same disk, page cache warm), and the rebuild of one lost data volume.
+rounds, same disk, page cache warm), and the rebuild of one lost data volume. Every bundle is made with --no-mm:
+mm's own wheelhouse (fetched by pip, from the index or its cache) is no part of what parity costs, and the GPU host
+has no index.
 
 Figures:
   ratio bundle --parity 2 / bundle        wall time, durable (fsync) and --no-sync; goal <= 1.4 at any load; each
@@ -21,8 +23,10 @@ the next run pays for fresh memory on this VM (copyio.write_size). Each run star
 cache and no dirty pages.
 Every goal is printed by common.RatioGoal: the median of the rounds' figures, their spread, the verdict.
 Sizes: MM_BENCH_PARITY_SHARDS x MM_BENCH_PARITY_SHARD_BYTES (default 4 x 512 MiB), volumes of a tenth of that;
-MM_BENCH_ROUNDS rounds (2; a goal within 10% of its bound needs 5). On the 16-core GPU host, e.g.
-  MM_BENCH_ROUNDS=5 MM_BENCH_PARITY_SHARDS=8 MM_BENCH_PARITY_SHARD_BYTES=2147483648 .venv/bin/python -m tests.bench.run parity
+MM_BENCH_ROUNDS rounds (2; a goal within 10% of its bound needs 5). MM_BENCH_PARITY_STEPS=rebuild: only the
+rebuild and repair-volume rounds, from one parity bundle made before them (the bundle ratios are left out). On the
+16-core GPU host, e.g.
+  MM_BENCH_ROUNDS=5 MM_BENCH_PARITY_SHARDS=8 MM_BENCH_PARITY_SHARD_BYTES=2147483648 python3 -m tests.bench.run parity
 (16 GiB: about 3 x that on the disk, the model and two bundles at a time).
 """
 from __future__ import annotations
@@ -30,12 +34,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from tests.bench.common import (RatioGoal, bench_dir, load_average, make_bench_model, returned_to_host, round_order,
-                                run_timed, run_usage)
+from tests.bench.common import (RatioGoal, bench_dir, load_average, make_bench_model, peer_bin, returned_to_host,
+                                round_order, run_timed, run_usage)
 
 _VMSTAT = ("pgpgin", "pgmajfault", "pgsteal_kswapd", "pgsteal_direct", "allocstall_movable", "allocstall_normal")
 
@@ -61,10 +64,11 @@ def _kernel_delta(before: dict[str, int], after: dict[str, int]) -> str:
             f"{d['pgsteal_direct'] * 4096 / 1e9:.2f} GB (kswapd+direct, {d['allocstall_movable'] + d['allocstall_normal']} "
             f"stalls), steal {d['steal'] / ticks:.2f} s")
 
-MM = Path(sys.executable).parent / "mm"
+MM = Path(peer_bin("mm"))
 SHARDS = int(os.environ.get("MM_BENCH_PARITY_SHARDS", "4"))
 SHARD_BYTES = int(os.environ.get("MM_BENCH_PARITY_SHARD_BYTES", str(512 * 1024**2)))
 ROUNDS = int(os.environ.get("MM_BENCH_ROUNDS", "2"))
+REBUILD_ONLY = os.environ.get("MM_BENCH_PARITY_STEPS", "all") == "rebuild"
 
 
 def _make_model(root: Path) -> int:
@@ -92,12 +96,17 @@ def main() -> None:
     # one untimed bundle first: the first run after the model is made took 4.4-5.2 s against 2.0-2.3 (user time
     # 3.1-3.4 s against 1.3-1.4) in every run of this bench, so round 1's ratio said nothing
     warm = work / "vols-warm-up"
-    run_usage([str(MM), "bundle", str(src), "--out", str(warm), "--volume-size", volume_size], work / "time.txt")
-    shutil.rmtree(warm, ignore_errors=True)
+    if not REBUILD_ONLY:
+        run_usage([str(MM), "bundle", str(src), "--out", str(warm), "--volume-size", volume_size, "--no-mm"],
+                  work / "time.txt")
+        shutil.rmtree(warm, ignore_errors=True)
+    else:  # the volumes every round rebuilds one of
+        run_usage([str(MM), "bundle", str(src), "--out", str(work / "vols-bundle-parity-nosync"), "--volume-size",
+                   volume_size, "--no-mm", "--parity", "2", "--no-sync"], work / "time.txt")
     for rnd in range(ROUNDS):
         before = load_average()
-        runs = {"bundle": [], "bundle-parity": ["--parity", "2"], "bundle-nosync": ["--no-sync"],
-                "bundle-parity-nosync": ["--parity", "2", "--no-sync"]}
+        runs = {} if REBUILD_ONLY else {"bundle": [], "bundle-parity": ["--parity", "2"], "bundle-nosync": ["--no-sync"],
+                                        "bundle-parity-nosync": ["--parity", "2", "--no-sync"]}
         order = round_order(list(runs), rnd)
         rss["bundle --parity 2"].append(0)
         for label in order:
@@ -108,7 +117,8 @@ def main() -> None:
             subprocess.run(["cat", *map(str, sorted(src.rglob("*")))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # warm
             handed = returned_to_host()
             counters = _kernel_counters()
-            run = run_usage([str(MM), "bundle", str(src), "--out", str(out), "--volume-size", volume_size, *extra],
+            run = run_usage([str(MM), "bundle", str(src), "--out", str(out), "--volume-size", volume_size, "--no-mm",
+                             *extra],
                             work / "time.txt")
             kernel[label].append(_kernel_delta(counters, _kernel_counters()))
             after = returned_to_host()
@@ -139,24 +149,27 @@ def main() -> None:
         keep.unlink()
         loads.append(f"{before} -> {load_average()}")
         print(f"  round {rnd + 1} ({loads[-1]}), order {' | '.join(order)}:\n    "
-              + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in rows.items())
-              + "\n    user+sys: " + ", ".join(f"{k} {u:.2f}+{y:.2f}s" for k, v in cpu.items() if v for u, y in v[-1:])
-              + "\n    read from disk: " + ", ".join(f"{k} {v[-1] / 1e9:.2f} GB" for k, v in disk_read.items() if v)
-              + "\n    memory the guest handed back to the host before / during each run: "
-              + ", ".join(f"{k} {v[-1][0] / 1e9:.2f} / {v[-1][1] / 1e9:.2f} GB" for k, v in returned.items()
-                          if len(v) > rnd)
+              + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in rows.items() if v)
+              + ("" if REBUILD_ONLY else  # what follows is of the bundle runs
+                 "\n    user+sys: " + ", ".join(f"{k} {u:.2f}+{y:.2f}s" for k, v in cpu.items() if v for u, y in v[-1:])
+                 + "\n    read from disk: " + ", ".join(f"{k} {v[-1] / 1e9:.2f} GB" for k, v in disk_read.items() if v)
+                 + "\n    memory the guest handed back to the host before / during each run: "
+                 + ", ".join(f"{k} {v[-1][0] / 1e9:.2f} / {v[-1][1] / 1e9:.2f} GB" for k, v in returned.items()
+                             if len(v) > rnd))
               + "".join(f"\n    kernel during {k}: {v[-1]}" for k, v in kernel.items() if len(v) > rnd)
-              + f"\n    ratios this round: durable {rows['bundle-parity'][-1] / rows['bundle'][-1]:.2f}, --no-sync "
-              f"{rows['bundle-parity-nosync'][-1] / rows['bundle-nosync'][-1]:.2f}; CPU (user+sys): durable "
-              f"{sum(cpu['bundle-parity'][-1]) / sum(cpu['bundle'][-1]):.2f}, --no-sync "
-              f"{sum(cpu['bundle-parity-nosync'][-1]) / sum(cpu['bundle-nosync'][-1]):.2f}", flush=True)
+              + ("" if REBUILD_ONLY else
+                 f"\n    ratios this round: durable {rows['bundle-parity'][-1] / rows['bundle'][-1]:.2f}, --no-sync "
+                 f"{rows['bundle-parity-nosync'][-1] / rows['bundle-nosync'][-1]:.2f}; CPU (user+sys): durable "
+                 f"{sum(cpu['bundle-parity'][-1]) / sum(cpu['bundle'][-1]):.2f}, --no-sync "
+                 f"{sum(cpu['bundle-parity-nosync'][-1]) / sum(cpu['bundle-nosync'][-1]):.2f}"), flush=True)
 
     gb = total / 1e9
     print(f"bench parity: {total / 2**30:.2f} GiB model, {count} data volumes of {int(volume_size) / 1e6:.0f} MB, "
           f"{ROUNDS} interleaved rounds")
-    for k in ("bundle", "bundle-parity", "bundle-nosync", "bundle-parity-nosync"):
+    for k in ("bundle", "bundle-parity", "bundle-nosync", "bundle-parity-nosync")[:0 if REBUILD_ONLY else 4]:
         print(f"  {k:<22} {gb / min(rows[k]):6.2f} GB/s  (best {min(rows[k]):.2f} s)")
-    for mine, peer, what in (("bundle-parity", "bundle", "durable"), ("bundle-parity-nosync", "bundle-nosync", "--no-sync")):
+    pairs = (("bundle-parity", "bundle", "durable"), ("bundle-parity-nosync", "bundle-nosync", "--no-sync"))
+    for mine, peer, what in pairs[:0 if REBUILD_ONLY else 2]:
         per_round = ", ".join(f"{m / p:.2f} (load {load.split()[1]})" for m, p, load in zip(rows[mine], rows[peer], loads))
         print(f"  ratio bundle --parity 2 / bundle ({what}), rounds: {per_round}")
     best = min(rows["repair-volume"])
@@ -164,13 +177,14 @@ def main() -> None:
     print(f"  rebuild one lost volume of {lost_bytes / 1e6:.0f} MB from {count - 1} data + 1 parity volumes (reads "
           f"{count} x the volume)")
     print("  load average per round: " + "; ".join(loads))
-    print(RatioGoal("bundle --parity 2 / bundle (durable)", 1.4).verdict(
-        [m / p for m, p in zip(rows["bundle-parity"], rows["bundle"])]))
-    print(RatioGoal("bundle --parity 2 / bundle (--no-sync)", 1.4).verdict(
-        [m / p for m, p in zip(rows["bundle-parity-nosync"], rows["bundle-nosync"])]))
+    for mine, peer, what in pairs[:0 if REBUILD_ONLY else 2]:
+        print(RatioGoal(f"bundle --parity 2 / bundle ({what})", 1.4).verdict(
+            [m / p for m, p in zip(rows[mine], rows[peer])]))
     print(RatioGoal("rebuild of one lost volume", 300, at_most=False, unit=" MB/s").verdict(
         [lost_bytes / s / 1e6 for s in rows["rebuild"]]))
     for k, v in rss.items():
+        if REBUILD_ONLY and k == "bundle --parity 2":
+            continue
         print(RatioGoal(f"peak RSS of mm {k}", 150, unit=" MB").verdict([b / 2**20 for b in v]))
     if not os.environ.get("MM_BENCH_KEEP"):
         shutil.rmtree(work, ignore_errors=True)

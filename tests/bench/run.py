@@ -7,6 +7,8 @@ import importlib
 import sys
 from pathlib import Path
 
+from tests.bench.common import bind_mm
+
 BENCHMARKS = ["startup", "fetch", "verify", "bundle", "parity", "oci", "delta", "fleet"]
 ON_REQUEST = ["manyfiles"]  # `python -m tests.bench.run manyfiles`: a million tiny files take tens of minutes
 
@@ -21,6 +23,7 @@ def byte_compile_mm() -> None:
 
 def main() -> int:
     names = sys.argv[1:] or BENCHMARKS
+    bind_mm()
     byte_compile_mm()
     for name in names:
         print(f"\n=== bench: {name} ===", flush=True)

@@ -34,7 +34,7 @@ import termios
 import time
 from pathlib import Path
 
-from tests.bench.common import ROOT, RatioGoal, bench_dir, make_bench_model, round_order
+from tests.bench.common import ROOT, RatioGoal, bench_dir, make_bench_model, peer_bin, round_order
 
 CLICK = "python -c 'import click'"
 # Issue-level goals: each mm command's time over `import click`'s in the same round
@@ -48,26 +48,55 @@ def install_wheel(checkout: Path, work: Path) -> Path:
     shutil.rmtree(work, ignore_errors=True)
     src = work / "src"
     src.mkdir(parents=True)
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=checkout, check=True,
-                           capture_output=True).stdout
-    pack = subprocess.Popen(["tar", "--null", "-T", "-", "-cf", "-"], cwd=checkout, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE)
-    unpack = subprocess.Popen(["tar", "-xf", "-", "-C", str(src)], stdin=pack.stdout)
-    pack.stdin.write(files)
-    pack.stdin.close()
-    if pack.wait() or unpack.wait():
-        raise RuntimeError(f"could not copy {checkout}")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "dist"), str(src)],
-                   check=True)
+    try:
+        files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=checkout, check=True,
+                               capture_output=True).stdout
+    except (OSError, subprocess.CalledProcessError):  # a copy of the tree without git (the GPU host): all but builds
+        shutil.rmtree(src)
+        shutil.copytree(checkout, src, symlinks=True, ignore=shutil.ignore_patterns(
+            ".git", ".venv", ".devcarry", "bench-work", "demo-work", "build", "*.egg-info", "__pycache__"))
+        files = None
+    if files is not None:
+        pack = subprocess.Popen(["tar", "--null", "-T", "-", "-cf", "-"], cwd=checkout, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE)
+        unpack = subprocess.Popen(["tar", "-xf", "-", "-C", str(src)], stdin=pack.stdout)
+        pack.stdin.write(files)
+        pack.stdin.close()
+        if pack.wait() or unpack.wait():
+            raise RuntimeError(f"could not copy {checkout}")
+    offline = ["--no-build-isolation"] if _builds_here() else []  # a host with no package index (the GPU host)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *offline, "-w", str(work / "dist"),
+                    str(src)], check=True)
     wheel = next((work / "dist").glob("mm-*.whl"))
     venv = work / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", str(wheel)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)  # no ensurepip needed
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-deps",
+                    str(wheel)], check=True)
     where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", where], check=True, capture_output=True,
                                text=True).stdout.strip())
     (site / "mm_bench_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # the dependencies, from here
     return venv / "bin" / "mm"
+
+
+def _builds_here() -> bool:
+    """Whether this Python holds what pyproject.toml's build needs (setuptools >= 68 and wheel), so the wheel can
+    be built without fetching them."""
+    import importlib.util
+
+    try:
+        import setuptools
+        from packaging.version import Version
+    except ImportError:
+        return False
+    return Version(setuptools.__version__) >= Version("68") and importlib.util.find_spec("wheel") is not None
+
+
+def _child_env() -> dict[str, str]:
+    """This environment, less the PYTHONPATH entries that hold another `mm` (it would be imported instead of the
+    one installed in the venv timed)."""
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not (Path(p) / "mm").exists()]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
 
 def run_once(cmd: list[str], terminal: bool) -> tuple[float, float, int, bytes]:
@@ -78,7 +107,7 @@ def run_once(cmd: list[str], terminal: bool) -> tuple[float, float, int, bytes]:
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=_child_env())
         os.close(slave)
         output = b""
         while True:  # until the child closes the terminal (EIO)
@@ -92,7 +121,8 @@ def run_once(cmd: list[str], terminal: bool) -> tuple[float, float, int, bytes]:
         os.close(master)
     else:
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                env=_child_env())
         output = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
     return time.perf_counter() - start, usage.ru_utime + usage.ru_stime, os.waitstatus_to_exitcode(status), output
@@ -120,12 +150,13 @@ def main() -> None:
     make_bench_model(model, shards=4, shard_bytes=256 * 1024)
     files = sum(1 for p in model.rglob("*") if p.is_file() and ".mm" not in p.relative_to(model).parts)
     installs = {"wheel": install_wheel(ROOT, work / "wheel")}
-    if os.environ.get("MM_BENCH_STARTUP_EDITABLE", "1") != "0":
-        installs["editable"] = Path(sys.executable).parent / "mm"
+    editable = Path(sys.executable).parent / "mm"
+    if os.environ.get("MM_BENCH_STARTUP_EDITABLE", "1") != "0" and editable.exists() and peer_bin("mm") == str(editable):
+        installs["editable"] = editable
     if before := os.environ.get("MM_BENCH_STARTUP_BEFORE"):
         installs["before (wheel)"] = install_wheel(Path(before).resolve(), work / "before")
     commands = {"python -c pass": [sys.executable, "-c", "pass"], CLICK: [sys.executable, "-c", "import click"],
-                "b3sum --version": ["b3sum", "--version"]}
+                "b3sum --version": [peer_bin("b3sum"), "--version"]}
     for label, mm in installs.items():
         commands[f"{label}: mm --version"] = [str(mm), "--version"]
         commands[f"{label}: mm --help"] = [str(mm), "--help"]

@@ -17,7 +17,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,11 +24,13 @@ from pathlib import Path
 from mm.artifacts.integrity.hashing import hash_file
 from mm.artifacts.integrity.manifest import FileEntry, Manifest, export_sums, read_manifest, write_manifest
 from mm.artifacts.paths import manifest_path
+from tests.bench.common import RatioGoal, peer_bin
 from tests.support.modelgen import write_model
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "bench-work" / "verify"
-MM = str(Path(sys.executable).parent / "mm")
+MM = peer_bin("mm")
+B3SUM = peer_bin("b3sum")
 COMMIT = "ce7f4df87d2e05262f5775f373dac4772f134041"
 SHARD_BYTES = 768 * 1024 * 1024
 SMALL_FILES = 10_000
@@ -149,7 +150,7 @@ def main() -> None:
           f"{os.cpu_count()} cores; {rounds} interleaved rounds; page cache re-warmed before every run", flush=True)
     tools = {
         "mm verify": [MM, "verify", "--json", str(model)],
-        "b3sum --check": ["b3sum", "--check", ".mm/B3SUMS"],
+        "b3sum --check": [B3SUM, "--check", ".mm/B3SUMS"],
         "sha256sum -c": ["sha256sum", "-c", ".mm/SHA256SUMS"],
     }
     res = interleaved(tools, model, rounds)
@@ -159,9 +160,15 @@ def main() -> None:
         print(f"  {name:<14} {rate[name] / 1e9:6.2f} GB/s (median; runs {times} s), peak RSS {max(m for _, m, _ in runs) / 1e6:.0f} MB")
     mm_rss = max(m for _, m, _ in res["mm verify"])
     inner = statistics.median(json.loads(o)["bytes_per_second"] for _, _, o in res["mm verify"])
-    print(f"  ratio mm/b3sum     = {rate['mm verify'] / rate['b3sum --check']:.2f}  (goal >= 0.9; >= 1.0 at 8 GiB warm)")
-    print(f"  ratio mm/sha256sum = {rate['mm verify'] / rate['sha256sum -c']:.2f}  (goal >= 4)")
-    print(f"  mm peak RSS        = {mm_rss / 1e6:.0f} MB  (goal < 150 MB); sampled peaks: "
+    per_round = lambda peer: [p[0] / m[0] for m, p in zip(res["mm verify"], res[peer])]  # noqa: E731 - speed ratios
+    print(RatioGoal("mm verify speed / b3sum --check (whole command, warm)", 0.9, at_most=False).verdict(
+        per_round("b3sum --check")))
+    print(RatioGoal("mm verify's own hashing speed / b3sum --check (its --json seconds, start-up left out)", 1.0,
+                    at_most=False).verdict([p[0] / json.loads(m[2])["seconds"]
+                                            for m, p in zip(res["mm verify"], res["b3sum --check"])]))
+    print(RatioGoal("mm verify speed / sha256sum -c", 4, at_most=False).verdict(per_round("sha256sum -c")))
+    print(RatioGoal("mm verify peak RSS", 150, unit=" MB").verdict([m / 1e6 for _, m, _ in res["mm verify"]]))
+    print(f"  mm peak RSS        = {mm_rss / 1e6:.0f} MB; sampled peaks: "
           + "; ".join(f"{k}: RssAnon {v['RssAnon'] / 1024:.0f} MB, RssFile {v['RssFile'] / 1024:.0f} MB"
                       for k, v in PEAKS.items()))
     print(f"  {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
@@ -174,7 +181,7 @@ def main() -> None:
         "mm verify --quick": [MM, "verify", "--quick", str(small)],
         "find -printf %s": ["find", str(small), "-type", "f", "-printf", "%s %p\n"],
         "mm verify": [MM, "verify", str(small)],
-        "b3sum --check": ["b3sum", "--check", ".mm/B3SUMS"],
+        "b3sum --check": [B3SUM, "--check", ".mm/B3SUMS"],
     }
     res = interleaved(quick, small, rounds)
     med = {name: statistics.median(s for s, _, _ in runs) for name, runs in res.items()}
