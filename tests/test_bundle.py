@@ -756,3 +756,13 @@ def test_find_volumes_in_a_directory_ignores_other_files(vols, tmp_path):
     copy_volumes(vols, tmp_path)
     (tmp_path / "notes.txt").write_text("x")
     assert len(find_volumes([tmp_path])) == len(volumes_in(vols))
+
+
+def test_a_volume_whose_index_mm_unbundle_could_not_read_is_refused_before_anything_is_written(model, tmp_path,
+                                                                                                  monkeypatch):
+    from mm.artifacts.bundle import pack
+    monkeypatch.setattr(pack, "MAX_INDEX_BYTES", 1024)  # the real bound is 1 GiB: a million files' index is 442 MB
+    with pytest.raises(BadValue, match=r"index of .*more than the 1\.0 kB mm unbundle reads; choose a smaller "
+                                       r"--volume-size, e\.g\. "):
+        create_bundle(model, BundleOptions((tmp_path / "out",), VOLUME_SIZE))
+    assert not any((tmp_path / "out").glob("*.tar"))

@@ -78,7 +78,7 @@ from .parity import (CODEC, MAX_TOTAL, STRIPE, FileSource, Layout, Span, Spliced
 from .proof import TarProof, VolumeProof
 from .payloads import (MODEL_KIND, MODEL_PREFIX, PAYLOAD_ROOT, CollectOptions, Payloads, collect_payloads,
                        payloads_document, restore_hints)
-from .volume import open_volume
+from .volume import MAX_INDEX_BYTES, open_volume
 
 MIN_PIECE = 64 * 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -343,6 +343,7 @@ def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volu
         excess = max(largest, plan.parity_volume_bytes() if parity else 0) - volume_size
         if excess <= 0:
             _require_first_volume(plan, first, reserve)
+            _require_readable_indexes(plan)
             return plan
         reserve += padded(excess) + 4096
     raise BadInput(f"volume size {volume_size} is too small for this bundle's index")  # pragma: no cover
@@ -511,6 +512,19 @@ def _parity_notes(plan: Plan) -> list[str]:
             "by itself when given the parity volumes; `mm bundle repair-volume VOLUMES... --out DIR` writes lost",
             "volume files back, byte-identical; `mm bundle verify` says what is recoverable.",
             ""]
+
+
+def _require_readable_indexes(plan: Plan) -> None:
+    """Every volume's index within what mm unbundle reads (volume.MAX_INDEX_BYTES): a bundle it could not import is
+    refused before a byte is written, with a volume size whose index fits."""
+    for n in range(1, plan.count + 1):
+        length = len(meta_members(plan, n, {}, plan.restore)[0][1])
+        if length > MAX_INDEX_BYTES:
+            fits = plan.volume_size * MAX_INDEX_BYTES // length // 2  # half: room for files of longer paths
+            raise BadValue(f"--volume-size {human_bytes(plan.volume_size)}: volume {n} would list "
+                           f"{len(plan.volumes[n - 1])} pieces in an index of {human_bytes(length)}, more than the "
+                           f"{human_bytes(MAX_INDEX_BYTES)} mm unbundle reads; choose a smaller --volume-size, e.g. "
+                           f"{human_bytes(fits)}")
 
 
 def _payload_ends(plan: Plan, n: int) -> list[Piece]:

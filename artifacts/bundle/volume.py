@@ -16,10 +16,13 @@ from pathlib import Path
 from ..errors import BadInput
 from ..edges.fsutil import file_kind
 from ..edges.untrusted import Malformed
+from ..integrity.manifest import MAX_MANIFEST_BYTES
 from .format import MANIFEST_MEMBER, META, PARITY_RE, VOLUME_RE, b3, index_member, parity_index_member
 from .index import Entry, Index, ParityIndex, load_index, parse_index, parse_parity_index
 
-MAX_INDEX_BYTES = 256 * 1024 * 1024
+# mm's margin over the largest index mm writes: a volume lists at most MAX_FILES (a million) members, and a million
+# tiny files made an index of 442 MB (about 440 bytes a member); mm bundle refuses a plan whose index would be larger.
+MAX_INDEX_BYTES = 1024 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +193,7 @@ def open_volume(path: Path) -> Volume:
                     vol.damaged[info.name] = "truncated"
                     continue
                 if info.name == MANIFEST_MEMBER:
-                    vol.manifest_bytes = _read_member(tf, info, MAX_INDEX_BYTES)
+                    vol.manifest_bytes = _read_member(tf, info, MAX_MANIFEST_BYTES)
                 elif info.name in meta:
                     vol.meta[info.name] = Member.of(info)
                 elif info.name in expected:
