@@ -343,7 +343,6 @@ def plan_bundle(manifest: Manifest, manifest_bytes: bytes, model_dir: Path, volu
         excess = max(largest, plan.parity_volume_bytes() if parity else 0) - volume_size
         if excess <= 0:
             _require_first_volume(plan, first, reserve)
-            _require_readable_indexes(plan)
             return plan
         reserve += padded(excess) + 4096
     raise BadInput(f"volume size {volume_size} is too small for this bundle's index")  # pragma: no cover
@@ -514,17 +513,15 @@ def _parity_notes(plan: Plan) -> list[str]:
             ""]
 
 
-def _require_readable_indexes(plan: Plan) -> None:
-    """Every volume's index within what mm unbundle reads (volume.MAX_INDEX_BYTES): a bundle it could not import is
-    refused before a byte is written, with a volume size whose index fits."""
-    for n in range(1, plan.count + 1):
-        length = len(meta_members(plan, n, {}, plan.restore)[0][1])
-        if length > MAX_INDEX_BYTES:
-            fits = plan.volume_size * MAX_INDEX_BYTES // length // 2  # half: room for files of longer paths
-            raise BadValue(f"--volume-size {human_bytes(plan.volume_size)}: volume {n} would list "
-                           f"{len(plan.volumes[n - 1])} pieces in an index of {human_bytes(length)}, more than the "
-                           f"{human_bytes(MAX_INDEX_BYTES)} mm unbundle reads; choose a smaller --volume-size, e.g. "
-                           f"{human_bytes(fits)}")
+def _require_readable_index(plan: Plan, n: int, length: int) -> None:
+    """Volume N's index within what mm unbundle reads (volume.MAX_INDEX_BYTES): a bundle it could not import is
+    refused while it is planned, before a byte is written, with a volume size whose index fits."""
+    if length > MAX_INDEX_BYTES:
+        fits = plan.volume_size * MAX_INDEX_BYTES // length // 2  # half: room for files of longer paths
+        raise BadValue(f"--volume-size {human_bytes(plan.volume_size)}: volume {n} would list "
+                       f"{len(plan.volumes[n - 1])} pieces in an index of {human_bytes(length)}, more than the "
+                       f"{human_bytes(MAX_INDEX_BYTES)} mm unbundle reads; choose a smaller --volume-size, e.g. "
+                       f"{human_bytes(fits)}")
 
 
 def _payload_ends(plan: Plan, n: int) -> list[Piece]:
@@ -560,8 +557,9 @@ def _b3_once(data: bytes | Rendered) -> str:
 
 
 def volume_bytes(plan: Plan, n: int) -> int:
-    restore = plan.restore
-    total = sum(member_bytes(name, len(data)) for name, data in meta_members(plan, n, {}, restore))
+    meta = meta_members(plan, n, {}, plan.restore)
+    _require_readable_index(plan, n, len(meta[0][1]))  # the index is meta's first member
+    total = sum(member_bytes(name, len(data)) for name, data in meta)
     total += sum(member_bytes(p.member, p.length) for p in plan.volumes[n - 1])
     return total + END_OF_ARCHIVE
 
