@@ -76,7 +76,7 @@ class MMGroup(click.Group):
             sys.exit(e.exit_code)
         except click.UsageError as e:
             hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx else ""
-            fail(BadValue(f"{e.format_message()}{hint}"), "mm", json_out)
+            fail(BadValue(f"{_named_elsewhere(e) or e.format_message()}{hint}"), "mm", json_out)
         except click.ClickException as e:
             fail(BadInput(e.format_message()), "mm", json_out)
         except click.exceptions.Abort:
@@ -86,6 +86,22 @@ class MMGroup(click.Group):
         except BaseException as e:
             fail(e, "mm " + " ".join(a for a in args[:2] if not a.startswith("-")), json_out)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+# What a user carries over from one mm command (or another tool) to one that spells it otherwise: the model
+# directory is --dest for unbundle and --local-dir for fetch and pull (hf download's name); written files go to --out.
+_SPELLED_OTHERWISE = {"--dest": ("--local-dir",), "--local-dir": ("--dest",), "--output": ("--out",),
+                      "--out-dir": ("--out",), "--output-dir": ("--out",), "--target": ("--local-dir", "--dest")}
+
+
+def _named_elsewhere(e: click.UsageError) -> str | None:
+    """`mm pull --dest D`: say the name this command gives it (--local-dir), not click's nearest spellings
+    (--identity, --list)."""
+    if not isinstance(e, click.exceptions.NoSuchOption) or e.ctx is None:
+        return None
+    own = {name for param in e.ctx.command.params for name in getattr(param, "opts", ())}
+    named = [name for name in _SPELLED_OTHERWISE.get(e.option_name, ()) if name in own]
+    return f"No such option {e.option_name!r}: {e.ctx.command_path} calls it {named[0]}" if named else None
 
 
 def _start_up_over() -> None:

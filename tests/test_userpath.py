@@ -348,6 +348,13 @@ def test_a_subcommand_typo_suggests_the_subcommand(run_mm, tmp_path, typo, meant
     assert r.returncode == 2 and f"Did you mean '{meant}'?" in r.stderr and "--out" not in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("command, typed, own", [("pull", "--dest", "--local-dir"), ("unbundle", "--local-dir", "--dest"),
+                                                 ("launch", "--output", "--out")])
+def test_an_option_another_command_spells_otherwise_names_this_ones(tmp_path, command, typed, own):
+    r = run_mm(command, "x", typed, "y", cwd=tmp_path)
+    assert r.returncode == 2 and f"No such option '{typed}': mm {command} calls it {own}" in r.stderr, r.stderr
+
+
 def test_version_command_and_short_flag():
     outs = {run_mm(*args).stdout for args in (("version",), ("-V",), ("--version",))}
     assert len(outs) == 1 and outs.pop().startswith("mm, version ")
