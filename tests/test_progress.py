@@ -134,6 +134,16 @@ def test_the_eta_waits_until_the_rate_is_measured_over_enough_time_and_bytes():
     assert eta(2 * 10**6, 10**7, 10**5, 6.0) == pytest.approx(80)  # a small phase: a tenth of it is enough
 
 
+def test_a_phase_that_counts_blobs_says_blobs_not_files():
+    clock = Clock()
+    sink, _ = status_sink(clock)
+    sink.begin(2_000_000, "preheat models/flash@262264aa5062 at 2 tier(s)", files=16, unit="blob")
+    clock.now += 1
+    sink.advance(1_000_000)
+    assert "0/16 blobs" in sink.status()
+    assert sink.status(final=True).startswith("preheat models/flash@262264aa5062 at 2 tier(s): 16 blobs, 1.0 MB")
+
+
 def test_the_current_file_line_names_what_is_in_flight_not_the_first_file_begun():
     clock = Clock()
     sink, _ = status_sink(clock)

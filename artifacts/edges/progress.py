@@ -31,16 +31,17 @@ def clock(seconds: float | None) -> str:
     return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
 
 
-def phase_summary(label: str, nbytes: int, seconds: float, files: int | None = None) -> str:
-    """The line a finished phase leaves: 'verify: 14 files, 628.9 MB in 1.5 s (419.3 MB/s)'."""
-    counted = f"{files} file{'' if files == 1 else 's'}, " if files else ""
+def phase_summary(label: str, nbytes: int, seconds: float, files: int | None = None, unit: str = "file") -> str:
+    """The line a finished phase leaves: 'verify: 14 files, 628.9 MB in 1.5 s (419.3 MB/s)'; UNIT names what FILES
+    counts where it is not files (preheat's blobs, each warmed at every tier)."""
+    counted = f"{files} {unit}{'' if files == 1 else 's'}, " if files else ""
     rate = f" ({human_rate(nbytes / seconds)})" if seconds >= 0.05 and nbytes else ""
     return f"{label}: {counted}{human_bytes(nbytes)} in {human_duration(seconds)}{rate}"
 
 
 class ProgressSink(Protocol):
-    def begin(self, total_bytes: int, label: str, files: int | None = None) -> None:
-        """Start a phase of TOTAL_BYTES (FILES files, when known); while one runs: relabel it."""
+    def begin(self, total_bytes: int, label: str, files: int | None = None, unit: str = "file") -> None:
+        """Start a phase of TOTAL_BYTES (FILES files, or FILES of UNIT, when known); while one runs: relabel it."""
 
     def advance(self, nbytes: int) -> None: ...
 
@@ -59,7 +60,7 @@ class ProgressSink(Protocol):
 
 
 class _NullProgress:
-    def begin(self, total_bytes: int, label: str, files: int | None = None) -> None:
+    def begin(self, total_bytes: int, label: str, files: int | None = None, unit: str = "file") -> None:
         pass
 
     def advance(self, nbytes: int) -> None:
@@ -146,12 +147,14 @@ class TerminalProgress:
         self._live = None  # (rich Progress, task id) while a phase runs
         self._label = ""
         self._files: int | None = None
+        self._unit = "file"
         self._items = InFlight()
         self._started = 0.0
 
-    def begin(self, total_bytes: int, label: str, files: int | None = None) -> None:
+    def begin(self, total_bytes: int, label: str, files: int | None = None, unit: str = "file") -> None:
         with self._lock:
             self._label, self._files = label, files if files is not None else self._files
+            self._unit = unit
             if self._live is not None:
                 progress, task = self._live
                 progress.update(task, total=max(total_bytes, 0), description=label)
@@ -202,7 +205,7 @@ class TerminalProgress:
             if summary:
                 # a label counting files ("fetch X 3/14 files") drops the count: the summary says it
                 label = _FILES_IN_LABEL.sub("", self._label) if files else self._label
-                self._console.print(phase_summary(label, done, self._clock() - self._started, files),
+                self._console.print(phase_summary(label, done, self._clock() - self._started, files, self._unit),
                                     markup=False, highlight=False, soft_wrap=True)
 
 
@@ -319,15 +322,16 @@ class PeriodicProgress:
         self._lock = threading.Lock()
         self._label, self._total, self._done = "", 0, 0
         self._files: int | None = None
+        self._unit = "file"
         self._items = InFlight()
         self._started = 0.0
         self._wrote = False
         self._stopped: threading.Event | None = None
 
-    def begin(self, total_bytes: int, label: str, files: int | None = None) -> None:
+    def begin(self, total_bytes: int, label: str, files: int | None = None, unit: str = "file") -> None:
         with self._lock:
             self._label, self._total = label, max(total_bytes, 0)
-            self._files = files if files is not None else self._files
+            self._files, self._unit = files if files is not None else self._files, unit
             if self._stopped is not None:
                 return
             self._done, self._items, self._wrote = 0, InFlight(), False
@@ -410,8 +414,8 @@ class PeriodicProgress:
                 event["done"] = True
             return json.dumps(event)
         if final:
-            return phase_summary(label, done, elapsed, total_files)
-        counted = f"  {files_done}/{total_files} files" if total_files else ""
+            return phase_summary(label, done, elapsed, total_files, self._unit)
+        counted = f"  {files_done}/{total_files} {self._unit}s" if total_files else ""
         now = f"  {self._items.line()}" if current else ""
         return f"{label}: {figures(done, self._total, rate, elapsed, left)}{counted}{now}"
 

@@ -137,7 +137,8 @@ def preheat(reference: str, tiers: tuple[tuple[str, Transport], ...], credential
     blobs = sorted({d.digest: d for d in layers}.values(), key=lambda d: -d.size)  # the same bytes: one blob
     total = sum(d.size for d in blobs)
     reports = []
-    progress.begin(total * len(tiers), f"preheat {ref.repository}@{digest[7:19]}", files=len(blobs) * len(tiers))
+    progress.begin(total * len(tiers), f"preheat {ref.repository}@{digest[7:19]} at {len(tiers)} tier(s)",
+                   files=len(blobs) * len(tiers), unit="blob")  # each blob counted once at each tier
     try:
         for host, tier_transport in tiers:
             interrupt.check()
