@@ -58,7 +58,7 @@ from ..edges.sharing import COPY, how_to_share
 from ..edges.untrusted import MAX_DOCUMENT, At, load_json
 from . import delta as deltas
 from .check import ParitySet, conflicting_numbers, incomplete, parity_set, reference_bundle
-from .copyio import HASH_THREADS, ChunkPipe, WriteBehind, read_back, write_all
+from .copyio import ChunkPipe, WriteBehind, read_back, reports_free_pages, write_all
 from .format import MANIFEST_MEMBER, SIG_MEMBER, b3, file_member, volume_filename
 from .index import (PARITY_SCHEMA, Entry, Index, disagreements, parse_index, share_manifest_strings,
                     take_disagreements, unaccounted)
@@ -1017,6 +1017,12 @@ class _ReadBack:
 SMALL_FILE = 1024 * 1024
 BATCH_FILES = 1024
 BATCH_BYTES = 64 * 1024 * 1024
+# blake3 threads per hasher of an import: one, in ChunkPipe's helper thread, beside the writer. One core hashes
+# faster than a volume is read (blake3: 5.6 GiB/s on one core of this VM; tar -xf + sync: 0.7 GB/s cold on the
+# H200 host); blake3's own threads (AUTO: rayon, one a core) woke on every 8 MiB chunk, faulted the volume's
+# mapping in from many cores and spun (sched_yield, futex) while a chunk's pages were still being read: on the H200
+# host mm unbundle spent 8.02 s of system and 6.19 s of user time against tar's 4.16 s and 0.11 s (docs/bundle.md).
+IMPORT_HASH_THREADS = 1
 
 
 class _Import:
@@ -1042,6 +1048,7 @@ class _Import:
         self.read_back = _ReadBack()
         self.pending: dict[str, list[tuple[Path, Path, tuple[str, str]]]] = {}  # kind -> small files to name
         self.pending_bytes = 0
+        self.drop = reports_free_pages()  # the volumes' pages leave the page cache once copied (_copy)
 
     def in_place(self, key: tuple[str, str], size: int) -> bool:
         return _in_place(self.targets, self.stale, key, size)
@@ -1093,7 +1100,7 @@ class _Import:
             return
         partial = self.places.partial(*e.key)
         root = self.places.roots[e.kind]  # open_file makes the partial file's directory
-        piece = StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
+        piece = StreamHasher(sha256=False, blake3_threads=IMPORT_HASH_THREADS)
         whole = None if e.whole else self._continuation(skey, e.offset)
         copied = self._copy(v, info, root, partial, e.offset, e.size, fresh=e.whole,
                             hashers=(piece,) if whole is None else (piece, whole))
@@ -1156,7 +1163,7 @@ class _Import:
         """The whole-file hasher a piece at OFFSET continues (a copy: kept only when the piece checks), or None
         when the bytes before it did not pass this run in order."""
         if offset == 0:
-            return StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
+            return StreamHasher(sha256=False, blake3_threads=IMPORT_HASH_THREADS)
         upto, h = self.running.get(skey, (0, None))
         return h.copy() if h is not None and upto == offset else None
 
@@ -1172,7 +1179,7 @@ class _Import:
             return "assembled file does not match its blake3"
         if hashed is not None and not self.readback:
             return None
-        h = StreamHasher(sha256=False, blake3_threads=HASH_THREADS)
+        h = StreamHasher(sha256=False, blake3_threads=IMPORT_HASH_THREADS)
         if self.readback:
             self.read_back.add(e.size, read_back(partial, e.size, self.pipe, (h,)))
         else:
@@ -1198,10 +1205,11 @@ class _Import:
                 os.ftruncate(fd, size)
             pos = offset
             try:
-                # the volume's pages leave the page cache once copied: it is read once, and the memory they
-                # held takes the model's pages next (docs/bundle.md, "Copying and durability")
-                for view in self.pipe.stream(v.path, info.offset_data, info.size, hashers,
-                                             drop=True):
+                # where the VM hands free memory back to its host, the volume's pages leave the page cache once
+                # copied: it is read once, and the memory they held takes the model's pages next, not memory the
+                # host took back (docs/bundle.md, "Page cache"); elsewhere they stay, as tar leaves them: the
+                # drop is kernel work in this thread (fadvise: 45 ms for 1.07 GiB in perf here) that gains nothing there
+                for view in self.pipe.stream(v.path, info.offset_data, info.size, hashers, drop=self.drop):
                     try:
                         n = write_all(fd, view, pos)
                     except OSError as e:  # DEST is full or read-only: name it (the CLI maps the errno)
