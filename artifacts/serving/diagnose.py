@@ -901,8 +901,9 @@ def _logged_output(line: str) -> str | None:
     return text[:MAX_FACT] if isinstance(text, str) else None
 
 
-# A command the user typed: a shell prompt (`$ `, `# `, `user@host:~$ `, PowerShell's `PS C:\> `) or a `set -x` trace.
-_SHELL_PROMPT = re.compile(r"^(?:\S*@\S*:\S*[$#] |[$#] |PS [^>]*> |\+ )")
+# A command the user typed: a shell prompt (`$ `, `# `, `user@host:~$ `, PowerShell's `PS C:\> `) or a `set -x` trace;
+# a prompt with nothing after it (`$`, `user@host:~$`) is the shell back, waiting, at the end of a paste.
+_SHELL_PROMPT = re.compile(r"^(?:\S*@\S*:\S*[$#](?: |\s*$)|[$#] |\$\s*$|PS [^>]*> |\+ )")
 # A search for a message quotes the message (`docker logs X | grep 'nvfp4_to_fp8 backend='`): its pattern is what
 # the user looks for, never what the server said. grep, ripgrep, ack, ag, findstr, PowerShell's Select-String.
 _SEARCH_ARG = re.compile(r"\b(?:[ezf]?grep|rg|ag|ack|findstr|Select-String)\b((?:\s+-[-\w=]+)*\s+)"
