@@ -44,6 +44,8 @@ class Detector:
     # cleared_by voids only a hit from before its first match (a failure while starting that the start got past); a
     # hit after it (the server was up) is a failure while serving, and a later match is the next start, no recovery
     cleared_while_starting: bool = False
+    near: re.Pattern | None = None  # the pattern counts only within `within` lines after a line matching this (or on it)
+    within: int | None = None
     min_seconds: float | None = None  # the pattern's group `seconds` (a duration the line states) must reach this
     requires: str | None = None  # a property of the recipe: expects_qmul4, blackwell
     engine: str | None = None  # sglang | vllm: the detector applies to that engine only
@@ -134,6 +136,7 @@ def _regex(value: str | None, where: str) -> re.Pattern | None:
 
 MAX_TABLE_BYTES = 4 * 1024 * 1024
 MAX_PATTERN = 2000
+MAX_WITHIN = 50  # lines a detector's `near` may be before its match (a block such as kubectl describe's volume)
 # the placeholders a row's fix_here may name (plan_context's keys): any other would fail when the fix is shown
 FIX_FIELDS = frozenset({"recipe", "hardware", "model_dir", "revision", "pinned_revision", "image", "pinned_image",
                         "cache_root", "minfer_mount", "minfer_host", "mem_fraction_static", "chunked_prefill_size",
@@ -179,16 +182,19 @@ def _detector(d: dict, d_at: At, where: str) -> Detector:
     if judged is not None and judged not in FIELDS:
         raise BadInput(f"{where}: unknown field {judged!r} (known: {', '.join(FIELDS)})")
     patterns = {k: _regex(d_at.get_str(d, k, None, max_len=MAX_PATTERN), where)
-                for k in ("pattern", "unless", "also", "after", "cleared_by", "again_after")}
+                for k in ("pattern", "unless", "also", "after", "cleared_by", "again_after", "near")}
     min_seconds = d.get("min_seconds")
     if min_seconds is not None and (isinstance(min_seconds, bool) or not isinstance(min_seconds, (int, float))
                                     or min_seconds <= 0 or patterns["pattern"] is None
                                     or "seconds" not in patterns["pattern"].groupindex):
         raise BadInput(f"{where}: min_seconds must be a positive number, with a pattern that has a group named seconds")
     while_starting = d_at.get_bool(d, "cleared_while_starting", False)
+    within = d_at.get_int(d, "within", None, lo=0, hi=MAX_WITHIN) if "within" in d else None
+    if (within is None) != (patterns["near"] is None):
+        raise BadInput(f"{where}: near and within go together (a pattern, and how many lines before the match it may be)")
     if while_starting and patterns["cleared_by"] is None:
         raise BadInput(f"{where}: cleared_while_starting needs a cleared_by")
-    return Detector(source=source, **patterns, min_seconds=min_seconds, cleared_while_starting=while_starting, requires=d_at.get_str(d, "requires", None, max_len=64), engine=engine,
+    return Detector(source=source, **patterns, min_seconds=min_seconds, cleared_while_starting=while_starting, within=within, requires=d_at.get_str(d, "requires", None, max_len=64), engine=engine,
                     field=judged, body=body, fallback=d_at.get_bool(d, "fallback", False),
                     payload=d_at.get_bool(d, "payload", False),
                     missing_mount=d_at.get_str(d, "missing_mount", None, max_len=4096), check=check,
@@ -776,6 +782,7 @@ class ScannedText:
     after_seen: set = field(default_factory=set)
     cleared_seen: set = field(default_factory=set)  # detectors whose cleared_by matched (cleared_while_starting)
     kept_hits: set = field(default_factory=set)  # hits no later cleared_by voids (cleared_while_starting)
+    near_at: dict = field(default_factory=dict)  # (row id, detector index) -> the last line its `near` matched
     bodies: list = field(default_factory=list)
     stream_content: str = ""  # the delta.content of SSE chunks, joined (a marker may span chunks)
     stream_line: int | None = None
@@ -828,9 +835,8 @@ def _needles_of(items: list) -> frozenset[str] | None:
 @lru_cache(maxsize=1024)
 def _searcher(pattern: re.Pattern) -> Callable[[str], object]:
     """PATTERN.search, behind a test that the line holds one of the literals every match holds (str `in` is far
-    cheaper than a regex search that fails at every position, which is what most lines of a log cost)."""
-    if pattern.flags & re.IGNORECASE:
-        return pattern.search
+    cheaper than a regex search that fails at every position, which is what most lines of a log cost). A pattern
+    that ignores case tests its ASCII literals against the line in lower case."""
     try:
         from re import _parser
 
@@ -840,6 +846,11 @@ def _searcher(pattern: re.Pattern) -> Callable[[str], object]:
     if not needles:
         return pattern.search
     search = pattern.search
+    if pattern.flags & re.IGNORECASE:
+        if not all(n.isascii() for n in needles):
+            return search
+        lowered = frozenset(n.lower() for n in needles)
+        return lambda line: any(n in line.lower() for n in lowered) and search(line)
     return lambda line: any(n in line for n in needles) and search(line)
 
 
@@ -994,10 +1005,16 @@ def _long_enough(d: Detector, m: object) -> object:
         return None
 
 
+# A line that begins a record of its own (a log header, a bracketed prefix, a traceback's frame, an exception, a
+# command, a JSON or XML value, a blank): never the continuation of a wrapped message
+_RECORD_HEAD = re.compile(r"^(?:\s*$|\s*[\[({<]|\d{4}-\d\d-\d\d|\d\d:\d\d|[A-Z]{3,}[\s:]|[A-Z]\d{4} |\s*Traceback\b"
+                          r"|\s*File \"|[$#] |\+ |>>> |\s*[\w.]+(?:Error|Exception|Warning)\b|\s*\^)")
+
+
 class _Scanner:
     def __init__(self, where: str, table: Table, tail: int, keep: re.Pattern | None):
         self.detectors = [((row.id, j), d, {k: _searcher(getattr(d, k)) for k in ("pattern", "unless", "also", "after",
-                                                                                   "cleared_by", "again_after")
+                                                                                   "cleared_by", "again_after", "near")
                                                  if getattr(d, k)})
                           for row in table.rows for j, d in enumerate(row.detect)
                           if d.source in ("log", "http") and d.pattern is not None and d.field in (None, "output")]
@@ -1009,6 +1026,7 @@ class _Scanner:
         self.call: _PythonCall | None = None  # a request a Python script sends, being read
         self.polling = False  # a shell loop polling /health is running (_POLL_LOOP)
         self.jit_loading: dict[str, float] = {}  # FlashInfer op -> when its load began (_FLASHINFER_JIT)
+        self.previous: tuple[str, int] | None = None  # the last text line matched, for a message wrapped onto the next
 
     def line(self, number: int, line: str) -> None:
         scan = self.scan
@@ -1157,8 +1175,12 @@ class _Scanner:
     def _match(self, line: str, number: int, payload: bool = False) -> None:
         """Every detector on LINE; a request log line (PAYLOAD) is user data: only the detectors made for it see it."""
         if not line:
+            self.previous = None
             return
         scan = self.scan
+        previous, self.previous = self.previous, None if payload else (line, number)
+        if previous is not None and not payload and not _RECORD_HEAD.match(line):
+            self._match_wrapped(previous, line)
         if not payload:
             for engine, marker in ENGINE_MARKERS.items():
                 if engine not in scan.engines and marker.search(line):
@@ -1169,6 +1191,8 @@ class _Scanner:
         for key, d, search in self.detectors:
             if payload and not d.payload:
                 continue
+            if d.near is not None and search["near"](line):
+                scan.near_at[key] = number
             if d.cleared_by is not None and (key in scan.hits or d.cleared_while_starting) and search["cleared_by"](line):
                 if key not in scan.kept_hits:
                     scan.hits.pop(key, None)
@@ -1176,8 +1200,9 @@ class _Scanner:
             if d.again_after is not None and not payload:
                 self._again(key, d, search, line, number)
             elif (d.field is None and d.payload == payload and key not in scan.hits and key not in scan.unless_seen
-                    and (d.after is None or key in scan.after_seen) and _long_enough(d, search["pattern"](line))
-                    and (d.check is None or LINE_CHECKS[d.check](line))):
+                    and (d.after is None or key in scan.after_seen)
+                    and (d.near is None or number - scan.near_at.get(key, -MAX_WITHIN - 1) <= d.within)
+                    and _long_enough(d, search["pattern"](line)) and (d.check is None or LINE_CHECKS[d.check](line))):
                 scan.hits[key] = (line, number)
                 if d.cleared_while_starting and key in scan.cleared_seen:
                     scan.kept_hits.add(key)
@@ -1187,6 +1212,29 @@ class _Scanner:
                 scan.unless_seen.add(key)
             if d.also is not None and key not in scan.also_seen and search["also"](line):
                 scan.also_seen.add(key)
+
+    def _match_wrapped(self, previous: tuple[str, int], line: str) -> None:
+        """A message a ticket, a chat or a terminal broke across two lines: each detector's pattern on the previous
+        line joined to this one (by a space, or by nothing where a word was cut), counted only where the match spans
+        the join, so that what either line says alone is judged as before and two unrelated lines never combine
+        into more than one message's worth of words."""
+        scan = self.scan
+        head, number = previous
+        tail = line.lstrip()
+        joins = [f"{head.rstrip()} {tail}"]
+        if len(head) >= 60 and head[-1:].islower() and tail[:1].islower():  # a terminal's hard wrap inside a word
+            joins.append(head + tail)
+        for joined in joins:
+            cut = len(head.rstrip()) if joined[len(head.rstrip()):len(head.rstrip()) + 1] == " " else len(head)
+            for key, d, search in self.detectors:
+                if (d.field is not None or d.payload or d.check is not None or d.again_after is not None
+                        or d.near is not None or key in scan.hits or key in scan.unless_seen or (d.after is not None and key not in scan.after_seen)):
+                    continue
+                m = _long_enough(d, search["pattern"](joined))
+                if m and m.start() < cut < m.end():
+                    scan.hits[key] = (joined, number)
+                    if d.cleared_while_starting and key in scan.cleared_seen:
+                        scan.kept_hits.add(key)
 
     def _cleared(self, line: str) -> None:
         """LINE's effect as a later recovery only: the hits whose cleared_by it matches are voided."""
