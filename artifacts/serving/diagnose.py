@@ -443,9 +443,11 @@ def _unwrapped(line: str) -> str:
     return line
 # the JSON keys that hold the message of a log record: docker's json-file driver ({"log", "stream", "time"}),
 # Python/structlog/zap/Loki shippers ("message", "msg"), Google Cloud Logging ("textPayload"), Loki's export ("line");
-# a record also names a level, time or stream
-_RECORD_TEXT = ("log", "message", "msg", "textPayload", "line")
-_RECORD_MARK = frozenset({"stream", "time", "timestamp", "ts", "level", "levelname", "severity", "logger", "@timestamp"})
+# journald's export (`journalctl -o json`: MESSAGE beside __REALTIME_TIMESTAMP, _SYSTEMD_UNIT, PRIORITY, ...);
+# a record also names a level, time, stream or unit
+_RECORD_TEXT = ("log", "message", "msg", "MESSAGE", "textPayload", "line")
+_RECORD_MARK = frozenset({"stream", "time", "timestamp", "ts", "level", "levelname", "severity", "logger", "@timestamp",
+                          "__REALTIME_TIMESTAMP", "_SYSTEMD_UNIT", "SYSLOG_IDENTIFIER", "PRIORITY", "__CURSOR", "_PID"})
 
 
 def _record(line: str) -> tuple[str | None, dict] | None:
