@@ -926,6 +926,11 @@ _SEARCH_ARG = re.compile(r"\b(?:[ezf]?grep|rg|ag|ack|findstr|Select-String)\b((?
 _POLL_LOOP = re.compile(r"\b(?:until|while\s+!)\s+(?:curl|wget)\b[^;]*/health\b")
 # what a passing attempt of such a loop reads as to the detectors that a later check voids (their cleared_by)
 _POLL_PASSED = "+ curl http://127.0.0.1/health"
+# The guide's check of the NVFP4 decode path (Quickstart step 4: `docker logs NAME 2>&1 | grep 'nvfp4_to_fp8 backend='`),
+# or a grep for qmul4, not inverted (-v): what it printed decides; nothing (the next prompt, grep -c's 0, the paste's
+# end) reads to the detectors as _GREP_EMPTY followed by the command
+_GREP_NVFP4 = re.compile(r"\b(?:[ezf]?grep|rg)\b(?:(?!\s-\w*v)[^|;&])*?(?:nvfp4_to_fp8|qmul4)")
+_GREP_EMPTY = "grep found no 'nvfp4_to_fp8 backend=' line: "
 
 
 # openai-python's APIStatusError as printed: _base_client.py _make_status_error_from_response formats
@@ -1029,6 +1034,7 @@ class _Scanner:
         self.polling = False  # a shell loop polling /health is running (_POLL_LOOP)
         self.jit_loading: dict[str, float] = {}  # FlashInfer op -> when its load began (_FLASHINFER_JIT)
         self.previous: tuple[str, int] | None = None  # the last text line matched, for a message wrapped onto the next
+        self.grep: tuple[str, int] | None = None  # the guide's grep for the decode path, until its output is seen
 
     def line(self, number: int, line: str) -> None:
         scan = self.scan
@@ -1049,8 +1055,13 @@ class _Scanner:
             self.polling = False
             if not line.startswith("^C"):
                 self._cleared(_POLL_PASSED)
+        if self.grep is not None and line.strip():
+            if _SHELL_PROMPT.match(line) or line.strip() == "0":
+                self._match(_GREP_EMPTY + self.grep[0], self.grep[1])
+            self.grep = None
         if _SHELL_PROMPT.match(line):
             self.polling = _POLL_LOOP.search(line) is not None and "timeout" not in line
+            self.grep = (line.strip()[:MAX_LINE], number) if _GREP_NVFP4.search(line) else None
             line = _SEARCH_ARG.sub(lambda m: m.group(0)[:m.start(2) - m.start()], line)
         if self.keep is not None and len(scan.kept) < MAX_KEPT and self.keep.search(line):
             scan.kept.append(line)
@@ -1259,6 +1270,8 @@ class _Scanner:
                 current.add(m.group(1))
 
     def finish(self) -> ScannedText:
+        if self.grep is not None:
+            self._match(_GREP_EMPTY + self.grep[0], self.grep[1])
         if self.pending is not None:
             pending, self.pending = self.pending, None
             for text, number in pending.lines:
