@@ -999,7 +999,42 @@ def _port_not_published(line: str) -> str | None:
     return f"the server listens on port {listening} in the container; -p publishes {', '.join(map(str, published))}"
 
 
-LINE_CHECKS: dict[str, Callable[[str], str | None]] = {"port_not_published": _port_not_published}
+MINFER = "/root/.cache/minfer"  # the guide's kernel cache in the container (its -v ~/.cache/minfer:/root/.cache/minfer)
+
+
+def _minfer_not_mounted(line: str) -> str | None:
+    """A `docker run` / `podman run` line that mounts volumes but none at /root/.cache/minfer (or a folder above it):
+    what the MSA kernels compile into is lost with the container (the guide's row 3). A line with no mount at all is
+    not judged (a command shortened for a paste)."""
+    import shlex
+
+    try:
+        words = shlex.split(line, comments=False)
+    except ValueError:
+        words = line.split()
+    targets: list[str] = []
+    for i, word in enumerate(words):
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        if word in ("-v", "--volume") or word.startswith(("-v=", "--volume=")):
+            spec = word.split("=", 1)[1] if "=" in word else nxt
+            parts = spec.split(":")
+            targets.append(parts[1] if len(parts) > 1 else parts[0])
+        elif word == "--mount" or word.startswith("--mount="):
+            spec = word.split("=", 1)[1] if word.startswith("--mount=") else nxt
+            fields = dict(f.split("=", 1) for f in spec.split(",") if "=" in f)
+            if fields.get("type") == "tmpfs":
+                continue  # memory: no more kept than no mount
+            targets.append(fields.get("dst") or fields.get("destination") or fields.get("target") or "")
+    if not targets:
+        return None
+    kept = [t.rstrip("/") for t in targets if t and (MINFER + "/").startswith(t.rstrip("/") + "/")]
+    if kept:
+        return None
+    return f"no volume at {MINFER} (volumes at {', '.join(t for t in targets if t)})"
+
+
+LINE_CHECKS: dict[str, Callable[[str], str | None]] = {"port_not_published": _port_not_published,
+                                                       "minfer_not_mounted": _minfer_not_mounted}
 
 
 def _long_enough(d: Detector, m: object) -> object:
