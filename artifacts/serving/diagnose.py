@@ -834,6 +834,15 @@ def _needles_of(items: list) -> frozenset[str] | None:
     return max(options, key=lambda o: min(map(len, o)), default=None)
 
 
+_LOWERED: list = [None, ""]  # the last line lower-cased: every case-insensitive detector tries the same line in turn
+
+
+def _lower(line: str) -> str:
+    if _LOWERED[0] is not line:
+        _LOWERED[0], _LOWERED[1] = line, line.lower()
+    return _LOWERED[1]
+
+
 @lru_cache(maxsize=1024)
 def _searcher(pattern: re.Pattern) -> Callable[[str], object]:
     """PATTERN.search, behind a test that the line holds one of the literals every match holds (str `in` is far
@@ -852,7 +861,7 @@ def _searcher(pattern: re.Pattern) -> Callable[[str], object]:
         if not all(n.isascii() for n in needles):
             return search
         lowered = frozenset(n.lower() for n in needles)
-        return lambda line: any(n in line.lower() for n in lowered) and search(line)
+        return lambda line: any(n in _lower(line) for n in lowered) and search(line)
     return lambda line: any(n in line for n in needles) and search(line)
 
 
@@ -1047,9 +1056,12 @@ def _long_enough(d: Detector, m: object) -> object:
         return None
 
 
-# A line that begins a record of its own (a log header, a bracketed prefix, a traceback's frame, an exception, a
-# command, a JSON or XML value, a blank): never the continuation of a wrapped message
-_RECORD_HEAD = re.compile(r"^(?:\s*$|\s*[\[({<]|\d{4}-\d\d-\d\d|\d\d:\d\d|[A-Z]{3,}[\s:]|[A-Z]\d{4} |\s*Traceback\b"
+# A line that begins a record of its own (a log header, a bracketed prefix, a traceback's frame or its code, an
+# exception, a command, a JSON or XML value, a blank): never the continuation of a wrapped message; nor is a line
+# after one that ends a sentence or a bracket, or after a traceback's frame line
+_LINE_ENDS = frozenset('.)]}!?"\'|>')
+_FRAME = re.compile(r'^\s*File "')
+_RECORD_HEAD = re.compile(r"^(?:\s*$|\s{4}|\s*[\[({<]|\d{4}-\d\d-\d\d|\d\d:\d\d|[A-Z]{3,}[\s:]|[A-Z]\d{4} |\s*Traceback\b"
                           r"|\s*File \"|[$#] |\+ |>>> |\s*[\w.]+(?:Error|Exception|Warning)\b|\s*\^)")
 
 
@@ -1227,7 +1239,8 @@ class _Scanner:
             return
         scan = self.scan
         previous, self.previous = self.previous, None if payload else (line, number)
-        if previous is not None and not payload and not _RECORD_HEAD.match(line):
+        if (previous is not None and not payload and previous[0].rstrip()[-1:] not in _LINE_ENDS
+                and not _RECORD_HEAD.match(line) and not _FRAME.match(previous[0])):
             self._match_wrapped(previous, line)
         if not payload:
             for engine, marker in ENGINE_MARKERS.items():
