@@ -1059,6 +1059,7 @@ def _long_enough(d: Detector, m: object) -> object:
 # A line that begins a record of its own (a log header, a bracketed prefix, a traceback's frame or its code, an
 # exception, a command, a JSON or XML value, a blank): never the continuation of a wrapped message; nor is a line
 # after one that ends a sentence or a bracket, or after a traceback's frame line
+MAX_WRAPPED = 3  # physical lines one wrapped message is read across
 _LINE_ENDS = frozenset('.)]}!?"\'|>')
 _FRAME = re.compile(r'^\s*File "')
 _RECORD_HEAD = re.compile(r"^(?:\s*$|\s{4}|\s*[\[({<]|\d{4}-\d\d-\d\d|\d\d:\d\d|[A-Z]{3,}[\s:]|[A-Z]\d{4} |\s*Traceback\b"
@@ -1080,7 +1081,8 @@ class _Scanner:
         self.call: _PythonCall | None = None  # a request a Python script sends, being read
         self.polling = False  # a shell loop polling /health is running (_POLL_LOOP)
         self.jit_loading: dict[str, float] = {}  # FlashInfer op -> when its load began (_FLASHINFER_JIT)
-        self.previous: tuple[str, int] | None = None  # the last text line matched, for a message wrapped onto the next
+        self.previous: tuple[str, int, int] | None = None  # the last text line (with the lines it continues), its
+        # first line's number and how many lines it holds: for a message wrapped onto the next
         self.grep: tuple[str, int] | None = None  # the guide's grep for the decode path, until its output is seen
 
     def line(self, number: int, line: str) -> None:
@@ -1238,10 +1240,12 @@ class _Scanner:
             self.previous = None
             return
         scan = self.scan
-        previous, self.previous = self.previous, None if payload else (line, number)
+        previous, self.previous = self.previous, None if payload else (line, number, 1)
         if (previous is not None and not payload and previous[0].rstrip()[-1:] not in _LINE_ENDS
                 and not _RECORD_HEAD.match(line) and not _FRAME.match(previous[0])):
-            self._match_wrapped(previous, line)
+            self._match_wrapped(previous[:2], line)
+            if previous[2] < MAX_WRAPPED:  # a message broken over three lines: the next joins the two before it
+                self.previous = (f"{previous[0].rstrip()} {line.lstrip()}"[-MAX_LOG_LINE:], previous[1], previous[2] + 1)
         if not payload:
             for engine, marker in ENGINE_MARKERS.items():
                 if engine not in scan.engines and marker.search(line):
