@@ -1296,7 +1296,8 @@ class _Scanner:
                         or d.near is not None or key in scan.hits or key in scan.unless_seen or (d.after is not None and key not in scan.after_seen)):
                     continue
                 m = _long_enough(d, search["pattern"](joined))
-                if m and m.start() < cut < m.end():
+                # a pattern that either line matches alone (one that opens with `.*`) is that line's hit, not a join's
+                if m and m.start() < cut < m.end() and not search["pattern"](tail) and not search["pattern"](head):
                     scan.hits[key] = (joined, number)
                     if d.cleared_while_starting and key in scan.cleared_seen:
                         scan.kept_hits.add(key)
