@@ -600,6 +600,11 @@ def body_facts(doc: object, line: int) -> Body | None:
     elif isinstance(doc.get("detail"), str):
         body.error = doc["detail"][:MAX_FACT]
     choices = doc.get("choices")
+    if not isinstance(choices, list):  # one choice, or its message, as `jq '.choices[0]'` / `.choices[0].message` prints it
+        if isinstance(doc.get("message"), dict) and ("finish_reason" in doc or "index" in doc):
+            choices = [doc]
+        elif doc.get("role") == "assistant" and isinstance(doc.get("content"), str):
+            choices = [{"message": doc}]
     for choice in choices if isinstance(choices, list) else []:
         if not isinstance(choice, dict):
             continue
