@@ -866,7 +866,16 @@ def _searcher(pattern: re.Pattern) -> Callable[[str], object]:
         if not all(n.isascii() for n in needles):
             return search
         lowered = frozenset(n.lower() for n in needles)
+        if len(lowered) == 1:
+            [one] = lowered
+            return lambda line: one in _lower(line) and search(line)
         return lambda line: any(n in _lower(line) for n in lowered) and search(line)
+    if len(needles) == 1:  # the common cases, without a generator per line
+        [one] = needles
+        return lambda line: one in line and search(line)
+    if len(needles) == 2:
+        one, two = needles
+        return lambda line: (one in line or two in line) and search(line)
     return lambda line: any(n in line for n in needles) and search(line)
 
 
