@@ -359,7 +359,8 @@ def doctor(model_dir, json_out, **kw):
 def diagnose(logfile, container, answers, model_dir, hardware, recipe, engine, gpus, port, cache_root, image,
              host_checks, gpu_info, json_out):
     """Match a server log (LOGFILE, `-` for the standard input, or a container's) against the guide's
-    troubleshooting table; exit 1 when a row matches."""
+    troubleshooting table; exit 1 when a row matches. A client's paste counts too (curl, openai-python, a script's
+    output, kubectl describe): docs/launch.md, 'What to paste', says what it reads and what it cannot judge."""
     from ..artifacts.serving import diagnose as mm_diagnose, launch as mm_launch
     launch = (mm_launch.LaunchOptions(hardware=hardware, recipe=recipe, engine=engine or "sglang", gpus=gpus, port=port,
                                       cache_root=cache_root, image=image) if hardware else None)

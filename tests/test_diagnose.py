@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -616,12 +617,14 @@ def test_the_literal_shortcut_gives_every_pattern_the_regexs_own_answer():
     from mm.artifacts.serving.diagnose import _searcher, normalised
 
     here = Path(__file__).parent
-    lines = {text for d in ("diagnose_corpus", "diagnose_heldout", "diagnose_heldout2", "diagnose_heldout3") for f in (here / d).iterdir()
+    lines = {text for d in sorted(here.glob("diagnose_*")) for f in d.iterdir()
              for _, text in normalised(f.read_text(errors="replace").splitlines())}
     lines |= set(ROW_INPUTS.values())
     patterns = {getattr(d, k) for row in load_table().rows for d in row.detect
-                for k in ("pattern", "unless", "also", "after", "cleared_by", "again_after") if getattr(d, k) is not None}
-    wrong = [(p.pattern, line) for p in patterns for line in lines if bool(_searcher(p)(line)) != bool(p.search(line))]
+                for k in ("pattern", "unless", "also", "after", "cleared_by", "again_after", "near") if getattr(d, k) is not None}
+    swapped = {line.swapcase() for line in lines}  # a case-insensitive pattern's literals are tested lower-cased
+    wrong = [(p.pattern, line) for p in patterns for line in (lines | swapped if p.flags & re.IGNORECASE else lines)
+             if bool(_searcher(p)(line)) != bool(p.search(line))]
     assert not wrong, wrong[:3]
 
 

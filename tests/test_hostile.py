@@ -1011,6 +1011,10 @@ TABLE_SHAPES = {
     "a fix naming an unknown placeholder": lambda t: {**t, "rows": [{**t["rows"][0], "fix_here": "run {nope}"}]},
     "a fix naming an attribute": lambda t: {**t, "rows": [{**t["rows"][0], "fix_here": "{port.__class__}"}]},
     "change is a list": lambda t: {**t, "rows": [{**t["rows"][0], "change": []}]},
+    "a near without its within": lambda t: {**t, "rows": [{**t["rows"][0], "detect": [
+        {"source": "log", "pattern": "x", "near": "y", "pattern_source": "x"}]}]},
+    "a within past its bound": lambda t: {**t, "rows": [{**t["rows"][0], "detect": [
+        {"source": "log", "pattern": "x", "near": "y", "within": 10**6, "pattern_source": "x"}]}]},
 }
 
 

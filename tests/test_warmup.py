@@ -173,7 +173,7 @@ def test_container_logs_bigger_than_the_memory_bound_are_read_within_it(docker, 
     sparse_log(docker / "huge.log", "starting\n", 200 * MB, "\n[TP0] nvfp4_to_fp8 backend=qmul4\n", 100 * MB,
                "\nCUDA out of memory\nlast line\n")
     probe = ("import sys; from mm.artifacts.serving.warmup import container_logs; s = container_logs('huge'); "
-             "sys.exit(0 if (s.lines, s.kept, list(s.tail)[-2:], sorted(k for k, _ in s.hits)) == "
+             "sys.exit(0 if (s.lines, s.kept, list(s.tail)[-2:], sorted({k for k, _ in s.hits})) == "
              "(6, ['[TP0] nvfp4_to_fp8 backend=qmul4'], ['CUDA out of memory', 'last line'], ['cuda-oom']) else 7)")
     env = {**os.environ, "PATH": f"{docker.parent / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     returncode, peak = peak_rss([sys.executable, "-c", probe], env)

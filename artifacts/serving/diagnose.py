@@ -44,6 +44,8 @@ class Detector:
     # cleared_by voids only a hit from before its first match (a failure while starting that the start got past); a
     # hit after it (the server was up) is a failure while serving, and a later match is the next start, no recovery
     cleared_while_starting: bool = False
+    near: re.Pattern | None = None  # the pattern counts only within `within` lines after a line matching this (or on it)
+    within: int | None = None
     min_seconds: float | None = None  # the pattern's group `seconds` (a duration the line states) must reach this
     requires: str | None = None  # a property of the recipe: expects_qmul4, blackwell
     engine: str | None = None  # sglang | vllm: the detector applies to that engine only
@@ -134,6 +136,7 @@ def _regex(value: str | None, where: str) -> re.Pattern | None:
 
 MAX_TABLE_BYTES = 4 * 1024 * 1024
 MAX_PATTERN = 2000
+MAX_WITHIN = 50  # lines a detector's `near` may be before its match (a block such as kubectl describe's volume)
 # the placeholders a row's fix_here may name (plan_context's keys): any other would fail when the fix is shown
 FIX_FIELDS = frozenset({"recipe", "hardware", "model_dir", "revision", "pinned_revision", "image", "pinned_image",
                         "cache_root", "minfer_mount", "minfer_host", "mem_fraction_static", "chunked_prefill_size",
@@ -179,16 +182,19 @@ def _detector(d: dict, d_at: At, where: str) -> Detector:
     if judged is not None and judged not in FIELDS:
         raise BadInput(f"{where}: unknown field {judged!r} (known: {', '.join(FIELDS)})")
     patterns = {k: _regex(d_at.get_str(d, k, None, max_len=MAX_PATTERN), where)
-                for k in ("pattern", "unless", "also", "after", "cleared_by", "again_after")}
+                for k in ("pattern", "unless", "also", "after", "cleared_by", "again_after", "near")}
     min_seconds = d.get("min_seconds")
     if min_seconds is not None and (isinstance(min_seconds, bool) or not isinstance(min_seconds, (int, float))
                                     or min_seconds <= 0 or patterns["pattern"] is None
                                     or "seconds" not in patterns["pattern"].groupindex):
         raise BadInput(f"{where}: min_seconds must be a positive number, with a pattern that has a group named seconds")
     while_starting = d_at.get_bool(d, "cleared_while_starting", False)
+    within = d_at.get_int(d, "within", None, lo=0, hi=MAX_WITHIN) if "within" in d else None
+    if (within is None) != (patterns["near"] is None):
+        raise BadInput(f"{where}: near and within go together (a pattern, and how many lines before the match it may be)")
     if while_starting and patterns["cleared_by"] is None:
         raise BadInput(f"{where}: cleared_while_starting needs a cleared_by")
-    return Detector(source=source, **patterns, min_seconds=min_seconds, cleared_while_starting=while_starting, requires=d_at.get_str(d, "requires", None, max_len=64), engine=engine,
+    return Detector(source=source, **patterns, min_seconds=min_seconds, cleared_while_starting=while_starting, within=within, requires=d_at.get_str(d, "requires", None, max_len=64), engine=engine,
                     field=judged, body=body, fallback=d_at.get_bool(d, "fallback", False),
                     payload=d_at.get_bool(d, "payload", False),
                     missing_mount=d_at.get_str(d, "missing_mount", None, max_len=4096), check=check,
@@ -437,9 +443,11 @@ def _unwrapped(line: str) -> str:
     return line
 # the JSON keys that hold the message of a log record: docker's json-file driver ({"log", "stream", "time"}),
 # Python/structlog/zap/Loki shippers ("message", "msg"), Google Cloud Logging ("textPayload"), Loki's export ("line");
-# a record also names a level, time or stream
-_RECORD_TEXT = ("log", "message", "msg", "textPayload", "line")
-_RECORD_MARK = frozenset({"stream", "time", "timestamp", "ts", "level", "levelname", "severity", "logger", "@timestamp"})
+# journald's export (`journalctl -o json`: MESSAGE beside __REALTIME_TIMESTAMP, _SYSTEMD_UNIT, PRIORITY, ...);
+# a record also names a level, time, stream or unit
+_RECORD_TEXT = ("log", "message", "msg", "MESSAGE", "textPayload", "line")
+_RECORD_MARK = frozenset({"stream", "time", "timestamp", "ts", "level", "levelname", "severity", "logger", "@timestamp",
+                          "__REALTIME_TIMESTAMP", "_SYSTEMD_UNIT", "SYSLOG_IDENTIFIER", "PRIORITY", "__CURSOR", "_PID"})
 
 
 def _record(line: str) -> tuple[str | None, dict] | None:
@@ -592,6 +600,11 @@ def body_facts(doc: object, line: int) -> Body | None:
     elif isinstance(doc.get("detail"), str):
         body.error = doc["detail"][:MAX_FACT]
     choices = doc.get("choices")
+    if not isinstance(choices, list):  # one choice, or its message, as `jq '.choices[0]'` / `.choices[0].message` prints it
+        if isinstance(doc.get("message"), dict) and ("finish_reason" in doc or "index" in doc):
+            choices = [doc]
+        elif doc.get("role") == "assistant" and isinstance(doc.get("content"), str):
+            choices = [{"message": doc}]
     for choice in choices if isinstance(choices, list) else []:
         if not isinstance(choice, dict):
             continue
@@ -776,6 +789,7 @@ class ScannedText:
     after_seen: set = field(default_factory=set)
     cleared_seen: set = field(default_factory=set)  # detectors whose cleared_by matched (cleared_while_starting)
     kept_hits: set = field(default_factory=set)  # hits no later cleared_by voids (cleared_while_starting)
+    near_at: dict = field(default_factory=dict)  # (row id, detector index) -> the last line its `near` matched
     bodies: list = field(default_factory=list)
     stream_content: str = ""  # the delta.content of SSE chunks, joined (a marker may span chunks)
     stream_line: int | None = None
@@ -825,12 +839,20 @@ def _needles_of(items: list) -> frozenset[str] | None:
     return max(options, key=lambda o: min(map(len, o)), default=None)
 
 
+_LOWERED: list = [None, ""]  # the last line lower-cased: every case-insensitive detector tries the same line in turn
+
+
+def _lower(line: str) -> str:
+    if _LOWERED[0] is not line:
+        _LOWERED[0], _LOWERED[1] = line, line.lower()
+    return _LOWERED[1]
+
+
 @lru_cache(maxsize=1024)
 def _searcher(pattern: re.Pattern) -> Callable[[str], object]:
     """PATTERN.search, behind a test that the line holds one of the literals every match holds (str `in` is far
-    cheaper than a regex search that fails at every position, which is what most lines of a log cost)."""
-    if pattern.flags & re.IGNORECASE:
-        return pattern.search
+    cheaper than a regex search that fails at every position, which is what most lines of a log cost). A pattern
+    that ignores case tests its ASCII literals against the line in lower case."""
     try:
         from re import _parser
 
@@ -840,6 +862,20 @@ def _searcher(pattern: re.Pattern) -> Callable[[str], object]:
     if not needles:
         return pattern.search
     search = pattern.search
+    if pattern.flags & re.IGNORECASE:
+        if not all(n.isascii() for n in needles):
+            return search
+        lowered = frozenset(n.lower() for n in needles)
+        if len(lowered) == 1:
+            [one] = lowered
+            return lambda line: one in _lower(line) and search(line)
+        return lambda line: any(n in _lower(line) for n in lowered) and search(line)
+    if len(needles) == 1:  # the common cases, without a generator per line
+        [one] = needles
+        return lambda line: one in line and search(line)
+    if len(needles) == 2:
+        one, two = needles
+        return lambda line: (one in line or two in line) and search(line)
     return lambda line: any(n in line for n in needles) and search(line)
 
 
@@ -901,8 +937,9 @@ def _logged_output(line: str) -> str | None:
     return text[:MAX_FACT] if isinstance(text, str) else None
 
 
-# A command the user typed: a shell prompt (`$ `, `# `, `user@host:~$ `, PowerShell's `PS C:\> `) or a `set -x` trace.
-_SHELL_PROMPT = re.compile(r"^(?:\S*@\S*:\S*[$#] |[$#] |PS [^>]*> |\+ )")
+# A command the user typed: a shell prompt (`$ `, `# `, `user@host:~$ `, PowerShell's `PS C:\> `) or a `set -x` trace;
+# a prompt with nothing after it (`$`, `user@host:~$`) is the shell back, waiting, at the end of a paste.
+_SHELL_PROMPT = re.compile(r"^(?:\S*@\S*:\S*[$#](?: |\s*$)|[$#] |\$\s*$|PS [^>]*> |\+ )")
 # A search for a message quotes the message (`docker logs X | grep 'nvfp4_to_fp8 backend='`): its pattern is what
 # the user looks for, never what the server said. grep, ripgrep, ack, ag, findstr, PowerShell's Select-String.
 _SEARCH_ARG = re.compile(r"\b(?:[ezf]?grep|rg|ag|ack|findstr|Select-String)\b((?:\s+-[-\w=]+)*\s+)"
@@ -912,6 +949,11 @@ _SEARCH_ARG = re.compile(r"\b(?:[ezf]?grep|rg|ag|ack|findstr|Select-String)\b((?
 _POLL_LOOP = re.compile(r"\b(?:until|while\s+!)\s+(?:curl|wget)\b[^;]*/health\b")
 # what a passing attempt of such a loop reads as to the detectors that a later check voids (their cleared_by)
 _POLL_PASSED = "+ curl http://127.0.0.1/health"
+# The guide's check of the NVFP4 decode path (Quickstart step 4: `docker logs NAME 2>&1 | grep 'nvfp4_to_fp8 backend='`),
+# or a grep for qmul4, not inverted (-v): what it printed decides; nothing (the next prompt, grep -c's 0, the paste's
+# end) reads to the detectors as _GREP_EMPTY followed by the command
+_GREP_NVFP4 = re.compile(r"\b(?:[ezf]?grep|rg)\b(?:(?!\s-\w*v)[^|;&])*?(?:nvfp4_to_fp8|qmul4)")
+_GREP_EMPTY = "grep found no 'nvfp4_to_fp8 backend=' line: "
 
 
 # openai-python's APIStatusError as printed: _base_client.py _make_status_error_from_response formats
@@ -980,7 +1022,42 @@ def _port_not_published(line: str) -> str | None:
     return f"the server listens on port {listening} in the container; -p publishes {', '.join(map(str, published))}"
 
 
-LINE_CHECKS: dict[str, Callable[[str], str | None]] = {"port_not_published": _port_not_published}
+MINFER = "/root/.cache/minfer"  # the guide's kernel cache in the container (its -v ~/.cache/minfer:/root/.cache/minfer)
+
+
+def _minfer_not_mounted(line: str) -> str | None:
+    """A `docker run` / `podman run` line that mounts volumes but none at /root/.cache/minfer (or a folder above it):
+    what the MSA kernels compile into is lost with the container (the guide's row 3). A line with no mount at all is
+    not judged (a command shortened for a paste)."""
+    import shlex
+
+    try:
+        words = shlex.split(line, comments=False)
+    except ValueError:
+        words = line.split()
+    targets: list[str] = []
+    for i, word in enumerate(words):
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        if word in ("-v", "--volume") or word.startswith(("-v=", "--volume=")):
+            spec = word.split("=", 1)[1] if "=" in word else nxt
+            parts = spec.split(":")
+            targets.append(parts[1] if len(parts) > 1 else parts[0])
+        elif word == "--mount" or word.startswith("--mount="):
+            spec = word.split("=", 1)[1] if word.startswith("--mount=") else nxt
+            fields = dict(f.split("=", 1) for f in spec.split(",") if "=" in f)
+            if fields.get("type") == "tmpfs":
+                continue  # memory: no more kept than no mount
+            targets.append(fields.get("dst") or fields.get("destination") or fields.get("target") or "")
+    if not targets:
+        return None
+    kept = [t.rstrip("/") for t in targets if t and (MINFER + "/").startswith(t.rstrip("/") + "/")]
+    if kept:
+        return None
+    return f"no volume at {MINFER} (volumes at {', '.join(t for t in targets if t)})"
+
+
+LINE_CHECKS: dict[str, Callable[[str], str | None]] = {"port_not_published": _port_not_published,
+                                                       "minfer_not_mounted": _minfer_not_mounted}
 
 
 def _long_enough(d: Detector, m: object) -> object:
@@ -993,10 +1070,20 @@ def _long_enough(d: Detector, m: object) -> object:
         return None
 
 
+# A line that begins a record of its own (a log header, a bracketed prefix, a traceback's frame or its code, an
+# exception, a command, a JSON or XML value, a blank): never the continuation of a wrapped message; nor is a line
+# after one that ends a sentence or a bracket, or after a traceback's frame line
+MAX_WRAPPED = 3  # physical lines one wrapped message is read across
+_LINE_ENDS = frozenset('.)]}!?"\'|>')
+_FRAME = re.compile(r'^\s*File "')
+_RECORD_HEAD = re.compile(r"^(?:\s*$|\s{4}|\s*[\[({<]|\d{4}-\d\d-\d\d|\d\d:\d\d|[A-Z]{3,}[\s:]|[A-Z]\d{4} |\s*Traceback\b"
+                          r"|\s*File \"|[$#] |\+ |>>> |\s*[\w.]+(?:Error|Exception|Warning)\b|\s*\^)")
+
+
 class _Scanner:
     def __init__(self, where: str, table: Table, tail: int, keep: re.Pattern | None):
         self.detectors = [((row.id, j), d, {k: _searcher(getattr(d, k)) for k in ("pattern", "unless", "also", "after",
-                                                                                   "cleared_by", "again_after")
+                                                                                   "cleared_by", "again_after", "near")
                                                  if getattr(d, k)})
                           for row in table.rows for j, d in enumerate(row.detect)
                           if d.source in ("log", "http") and d.pattern is not None and d.field in (None, "output")]
@@ -1008,6 +1095,9 @@ class _Scanner:
         self.call: _PythonCall | None = None  # a request a Python script sends, being read
         self.polling = False  # a shell loop polling /health is running (_POLL_LOOP)
         self.jit_loading: dict[str, float] = {}  # FlashInfer op -> when its load began (_FLASHINFER_JIT)
+        self.previous: tuple[str, int, int] | None = None  # the last text line (with the lines it continues), its
+        # first line's number and how many lines it holds: for a message wrapped onto the next
+        self.grep: tuple[str, int] | None = None  # the guide's grep for the decode path, until its output is seen
 
     def line(self, number: int, line: str) -> None:
         scan = self.scan
@@ -1028,8 +1118,13 @@ class _Scanner:
             self.polling = False
             if not line.startswith("^C"):
                 self._cleared(_POLL_PASSED)
+        if self.grep is not None and line.strip():
+            if _SHELL_PROMPT.match(line) or line.strip() == "0":
+                self._match(_GREP_EMPTY + self.grep[0], self.grep[1])
+            self.grep = None
         if _SHELL_PROMPT.match(line):
             self.polling = _POLL_LOOP.search(line) is not None and "timeout" not in line
+            self.grep = (line.strip()[:MAX_LINE], number) if _GREP_NVFP4.search(line) else None
             line = _SEARCH_ARG.sub(lambda m: m.group(0)[:m.start(2) - m.start()], line)
         if self.keep is not None and len(scan.kept) < MAX_KEPT and self.keep.search(line):
             scan.kept.append(line)
@@ -1156,8 +1251,15 @@ class _Scanner:
     def _match(self, line: str, number: int, payload: bool = False) -> None:
         """Every detector on LINE; a request log line (PAYLOAD) is user data: only the detectors made for it see it."""
         if not line:
+            self.previous = None
             return
         scan = self.scan
+        previous, self.previous = self.previous, None if payload else (line, number, 1)
+        if (previous is not None and not payload and previous[0].rstrip()[-1:] not in _LINE_ENDS
+                and not _RECORD_HEAD.match(line) and not _FRAME.match(previous[0])):
+            self._match_wrapped(previous[:2], line)
+            if previous[2] < MAX_WRAPPED:  # a message broken over three lines: the next joins the two before it
+                self.previous = (f"{previous[0].rstrip()} {line.lstrip()}"[-MAX_LOG_LINE:], previous[1], previous[2] + 1)
         if not payload:
             for engine, marker in ENGINE_MARKERS.items():
                 if engine not in scan.engines and marker.search(line):
@@ -1168,6 +1270,8 @@ class _Scanner:
         for key, d, search in self.detectors:
             if payload and not d.payload:
                 continue
+            if d.near is not None and search["near"](line):
+                scan.near_at[key] = number
             if d.cleared_by is not None and (key in scan.hits or d.cleared_while_starting) and search["cleared_by"](line):
                 if key not in scan.kept_hits:
                     scan.hits.pop(key, None)
@@ -1175,8 +1279,9 @@ class _Scanner:
             if d.again_after is not None and not payload:
                 self._again(key, d, search, line, number)
             elif (d.field is None and d.payload == payload and key not in scan.hits and key not in scan.unless_seen
-                    and (d.after is None or key in scan.after_seen) and _long_enough(d, search["pattern"](line))
-                    and (d.check is None or LINE_CHECKS[d.check](line))):
+                    and (d.after is None or key in scan.after_seen)
+                    and (d.near is None or number - scan.near_at.get(key, -MAX_WITHIN - 1) <= d.within)
+                    and _long_enough(d, search["pattern"](line)) and (d.check is None or LINE_CHECKS[d.check](line))):
                 scan.hits[key] = (line, number)
                 if d.cleared_while_starting and key in scan.cleared_seen:
                     scan.kept_hits.add(key)
@@ -1186,6 +1291,30 @@ class _Scanner:
                 scan.unless_seen.add(key)
             if d.also is not None and key not in scan.also_seen and search["also"](line):
                 scan.also_seen.add(key)
+
+    def _match_wrapped(self, previous: tuple[str, int], line: str) -> None:
+        """A message a ticket, a chat or a terminal broke across two lines: each detector's pattern on the previous
+        line joined to this one (by a space, or by nothing where a word was cut), counted only where the match spans
+        the join, so that what either line says alone is judged as before and two unrelated lines never combine
+        into more than one message's worth of words."""
+        scan = self.scan
+        head, number = previous
+        tail = line.lstrip()
+        joins = [f"{head.rstrip()} {tail}"]
+        if len(head) >= 60 and head[-1:].islower() and tail[:1].islower():  # a terminal's hard wrap inside a word
+            joins.append(head + tail)
+        for joined in joins:
+            cut = len(head.rstrip()) if joined[len(head.rstrip()):len(head.rstrip()) + 1] == " " else len(head)
+            for key, d, search in self.detectors:
+                if (d.field is not None or d.payload or d.check is not None or d.again_after is not None
+                        or d.near is not None or key in scan.hits or key in scan.unless_seen or (d.after is not None and key not in scan.after_seen)):
+                    continue
+                m = _long_enough(d, search["pattern"](joined))
+                # a pattern that either line matches alone (one that opens with `.*`) is that line's hit, not a join's
+                if m and m.start() < cut < m.end() and not search["pattern"](tail) and not search["pattern"](head):
+                    scan.hits[key] = (joined, number)
+                    if d.cleared_while_starting and key in scan.cleared_seen:
+                        scan.kept_hits.add(key)
 
     def _cleared(self, line: str) -> None:
         """LINE's effect as a later recovery only: the hits whose cleared_by it matches are voided."""
@@ -1208,6 +1337,8 @@ class _Scanner:
                 current.add(m.group(1))
 
     def finish(self) -> ScannedText:
+        if self.grep is not None:
+            self._match(_GREP_EMPTY + self.grep[0], self.grep[1])
         if self.pending is not None:
             pending, self.pending = self.pending, None
             for text, number in pending.lines:
