@@ -39,7 +39,7 @@ import os
 import stat
 import struct
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Mapping, NamedTuple
 
@@ -309,13 +309,12 @@ def _still_needed(expected: dict, targets: Mapping, state: _State, stale: set, p
 
 def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | None, require: bool):
     """The bundle's manifest signature, checked with ssh-keygen before anything is written: (report or None when
-    unsigned and not required, the manifest bytes whose signature was checked). VOLS: data volumes first, then
-    parity volumes (they carry the manifest and its signature too)."""
+    unsigned and not required, the blake3 of the manifest bytes whose signature was checked: they are not held).
+    VOLS: data volumes first, then parity volumes (they carry the manifest and its signature too)."""
     from ..integrity.signing import verify_manifest_signature
 
     ref = reference_bundle(vols)
-    first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
-                  and MANIFEST_MEMBER not in v.damaged), None)
+    first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.has_manifest), None)
     if first is None:
         why = [r for v in vols for r in v.refused][:3] or [f"{v.path.name}: its manifest is damaged or missing"
                                                           for v in vols][:3] or ["no volume given"]
@@ -324,11 +323,20 @@ def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | N
     if sig is None and SIG_MEMBER in first.described.meta:
         raise IntegrityError(f"{first.path.name}: member {SIG_MEMBER!r} is damaged; refused")
     if sig is None and not require:
-        return None, first.manifest_bytes
-    report = verify_manifest_signature(first.manifest_bytes, sig, allowed_signers, identity,
+        return None, first.manifest_b3
+    report = verify_manifest_signature(_manifest_bytes(first), sig, allowed_signers, identity,
                                        where=f"{first.path.name}: {MANIFEST_MEMBER}",
                                        signature_where=f"{first.path.name}: {SIG_MEMBER}")
-    return report, first.manifest_bytes
+    return report, first.manifest_b3
+
+
+def _manifest_bytes(vol: Volume) -> bytes:
+    """VOL's manifest, read again (Volume.manifest_bytes); BadInput when it changed since the volume was opened."""
+    data = vol.manifest_bytes
+    if not data:
+        raise BadInput(f"{vol.path.name}: {MANIFEST_MEMBER} changed since the volume was opened; refused, nothing "
+                       f"written")
+    return data
 
 
 @dataclass(frozen=True)
@@ -425,12 +433,11 @@ def _unbundle(sources: list[Path], dest: Path, options: UnbundleOptions, progres
                                                   early)
             vols = vols + rebuilt_vols
             ref = reference_bundle(vols, state.doc.get("bundle_id"))
-        first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
-                      and MANIFEST_MEMBER not in v.damaged), None)
+        first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.has_manifest), None)
         manifest_b3 = state.doc.get("manifest_blake3") or (first.index.manifest_blake3 if first else None)
         accepted, refused = _judge_volumes(vols, ref, manifest_b3, first)
         if first is not None and accepted:
-            idx, manifest_bytes, where = first.index, first.manifest_bytes, f"{first.path.name}: {MANIFEST_MEMBER}"
+            idx, manifest_bytes, where = first.index, _manifest_bytes(first), f"{first.path.name}: {MANIFEST_MEMBER}"
             idx_where = first.path.name
         else:  # parity volumes only: the bundle's index from an earlier sitting, when it left one
             earlier = _earlier_index(dest, ref) if pvols else None
@@ -462,12 +469,12 @@ def _unbundle(sources: list[Path], dest: Path, options: UnbundleOptions, progres
             raise BadInput(f"{incomplete(ref, lost)}; nothing written")
         pset = parity_set(pvols, ref)
         refused += pset.refused
-        if signed_manifest is not None and manifest_bytes != signed_manifest:
+        if signed_manifest is not None and b3(manifest_bytes) != signed_manifest:
             raise IntegrityError(f"{where}: another manifest than the one whose signature was checked")
         if idx.delta is None and base_dir is not None:
             raise BadValue(f"--from {base_dir}: bundle {idx.name} is not a delta; it carries every file")
         base = deltas.open_base(base_dir, idx.delta, first.path.name if first else where, dest) if idx.delta else None
-        _check_dest_manifest(dest, manifest_bytes)
+        _check_dest_manifest(dest, manifest)
         places = Places(dest, payload_dests)
         expected = {**{(MODEL_KIND, f.path): f.size for f in manifest.files}, **files_expected(idx.payloads)}
         targets = _Targets(places, expected)
@@ -485,6 +492,7 @@ def _unbundle(sources: list[Path], dest: Path, options: UnbundleOptions, progres
             state.doc["volume_files"] = [volume_filename(idx.name, n, idx.volumes) for n in range(1, idx.volumes + 1)]
         if not manifest_path(dest).is_file():
             atomic_write_bytes(manifest_path(dest), manifest_bytes, root=dest)
+        del manifest_bytes  # parsed and written: not held through the import (~285 bytes a file)
         _restore_signature(dest, first)
         if first is not None and not first.is_parity and (pvols or idx.parity):  # for a sitting of parity volumes only
             atomic_write_bytes(dest / STATE_DIR / "index.json", first.index_bytes, root=dest)
@@ -508,8 +516,8 @@ def _unbundle(sources: list[Path], dest: Path, options: UnbundleOptions, progres
                     unlink_file(dest, v.path)
             rebuild_report = _Rebuilt(notes=list(pset.unused))
             from_base = {(MODEL_KIND, t.path) for t in idx.delta.take} if base else set()
-            carried = {key: size for key, size in expected.items() if key not in from_base}
-            if pset.usable and any(not _is_done(targets[key], size) for key, size in carried.items()):
+            if pset.usable and any(not _is_done(targets[key], size) for key, size in expected.items()
+                                   if key not in from_base):
                 rebuild_report = _rebuild_from_parity(dest, accepted, pset, run, state, idx.volumes, sync, progress,
                                                       lambda v: _judge_rebuilt(v, ref, manifest_b3, manifest, idx),
                                                       volume_size=idx.volume_size)
@@ -521,6 +529,9 @@ def _unbundle(sources: list[Path], dest: Path, options: UnbundleOptions, progres
             run.corrupt += taken.refused if taken else []
         finally:
             run.pipe.close()
+        for v in vols + pvols:  # imported: their member records make room for the final check
+            v.forget_members()
+        idx = replace(idx, members=())
         # a file changed since an import named it is imported again when its volume is here; when it is not, it
         # does not wait: the final check hashes it and names it (and the volumes that restore it)
         waiting = sorted(file_member(*key) for key, size in expected.items() if not _is_done(targets[key], size))
@@ -708,8 +719,7 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
 
 def _readable(vols: list[Volume], ref: str | None) -> bool:
     """Some data volume of bundle REF gives its index and manifest."""
-    return any(v.bundle_id == ref and not v.refused and v.index is not None and v.manifest_bytes
-               and MANIFEST_MEMBER not in v.damaged for v in vols)
+    return any(v.bundle_id == ref and not v.refused and v.index is not None and v.has_manifest for v in vols)
 
 
 def _rebuild_before_import(dest: Path, vols: list[Volume], pvols: list[Volume], ref: str | None, sync: bool,
@@ -925,11 +935,11 @@ class _Skeleton:
                 os.close(fd)
 
 
-def _check_dest_manifest(dest: Path, manifest_bytes: bytes) -> None:
+def _check_dest_manifest(dest: Path, want) -> None:
+    """DEST holds no manifest, or one of the same model as WANT (the bundle's, parsed once)."""
     existing = manifest_path(dest)
     if existing.is_file():
         have = read_manifest(existing)
-        want = from_json(manifest_bytes, "bundle manifest")
         if (have.repo_id, have.revision, have.files) != (want.repo_id, want.revision, want.files):
             raise Refused(f"{existing}: DEST already holds a different model ({have.repo_id}@{have.revision[:12]}); "
                           f"choose an empty --dest")
