@@ -787,6 +787,28 @@ def test_a_volumes_manifest_changed_on_disk_since_it_was_opened_is_not_read_as_i
     assert opened.manifest_bytes == b""
 
 
+def test_a_manifest_changed_in_its_volume_while_unbundle_runs_is_refused_with_nothing_written(vols, tmp_path,
+                                                                                                monkeypatch):
+    """unbundle reads the manifest again from its volume as it parses it: bytes other than those checked when the
+    volume was opened are refused, on one line naming the volume."""
+    from mm.artifacts.bundle import unpack
+    copies = copy_volumes(vols, tmp_path / "vols")
+
+    def open_then_change(path):
+        opened = open_volume(path)
+        if opened.manifest_at is not None:
+            with open(path, "r+b") as f:
+                f.seek(opened.manifest_at.offset_data + 20)
+                f.write(b"#")
+        return opened
+
+    monkeypatch.setattr(unpack, "open_volume", open_then_change)
+    with pytest.raises(BadInput, match=rf"^{re.escape(copies[0].name)}: MMBUNDLE/manifest\.json: changed since the "
+                                       rf"volume was opened; refused, nothing written$"):
+        unbundle(copies, tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()
+
+
 def test_a_volume_whose_index_mm_unbundle_could_not_read_is_refused_before_anything_is_written(model, tmp_path,
                                                                                                   monkeypatch):
     from mm.artifacts.bundle import pack

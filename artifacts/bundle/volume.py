@@ -108,6 +108,14 @@ class Volume:
             data = f.read(self.manifest_at.size)
         return data if len(data) == self.manifest_at.size and b3(data) == self.manifest_b3 else b""
 
+    def reread_manifest(self) -> "_Reread":
+        """The manifest member read again from the volume as a binary file, a chunk at a time (never held whole):
+        at its end, BadInput when its bytes are not those hashed when the volume was opened."""
+        at = self.manifest_at
+        if at is None:
+            raise BadInput(f"{self.path.name}: no {MANIFEST_MEMBER}")
+        return _Reread(self.path, at.offset_data, at.size, self.manifest_b3, f"{self.path.name}: {MANIFEST_MEMBER}")
+
     def forget_members(self) -> None:
         """Drop the index's member records and where each member lies, once the volume is imported: the final
         check and the report need neither (~400 bytes a member, and a volume may hold a million)."""
@@ -117,6 +125,36 @@ class Volume:
 
     def entries(self) -> tuple[Entry, ...]:
         return self.index.members if self.index else ()
+
+
+class _Reread:
+    """SIZE bytes at OFFSET of PATH as a binary file, hashed as they are read; at their end (a read that returns
+    b""), BadInput naming WHERE unless their blake3 is DIGEST."""
+
+    def __init__(self, path: Path, offset: int, size: int, digest: str, where: str):
+        self.f, self.left, self.digest, self.where = open(path, "rb"), size, digest, where
+        self.f.seek(offset)
+        self.hasher = blake3.blake3()
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        if n == 0 and self.left:  # nothing asked for
+            return b""
+        data = self.f.read(n)
+        self.left -= len(data)
+        self.hasher.update(data)
+        if not data and (self.left or self.hasher.hexdigest() != self.digest):
+            raise BadInput(f"{self.where}: changed since the volume was opened; refused, nothing written")
+        return data
+
+    def close(self) -> None:
+        self.f.close()
+
+    def __enter__(self) -> "_Reread":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def find_volumes(sources: list[Path]) -> list[Path]:
