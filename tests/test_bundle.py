@@ -758,6 +758,57 @@ def test_find_volumes_in_a_directory_ignores_other_files(vols, tmp_path):
     assert len(find_volumes([tmp_path])) == len(volumes_in(vols))
 
 
+def test_a_volume_whose_index_is_over_the_bound_is_refused_on_one_line_naming_it(vols, tmp_path, monkeypatch):
+    from mm.artifacts.bundle import volume
+    monkeypatch.setattr(volume, "MAX_INDEX_BYTES", 1024)  # the real bound is 1 GiB: a million files' index is 442 MB
+    first = volumes_in(vols)[0]
+    opened = open_volume(first)
+    assert opened.index is None and len(opened.refused) == 1
+    assert re.fullmatch(rf"{re.escape(first.name)}: MMBUNDLE/index-vol001\.json is \d+ bytes, more than the 1024 "
+                        rf"allowed", opened.refused[0]), opened.refused
+
+
+def test_a_volume_cut_inside_its_index_is_refused_as_no_readable_volume(vols, tmp_path):
+    first = volumes_in(vols)[0]
+    cut = tmp_path / first.name
+    cut.write_bytes(first.read_bytes()[:512 + 100])  # the index's header and 100 bytes of it
+    opened = open_volume(cut)
+    assert opened.index is None and opened.refused == [f"{cut.name}: not a readable tar volume (unexpected end of data)"]
+
+
+def test_a_volumes_manifest_changed_on_disk_since_it_was_opened_is_not_read_as_its_manifest(model, vols, tmp_path):
+    """The manifest's bytes are not held (read again when needed): what is read again must be what was checked."""
+    path = copy_volumes(vols, tmp_path)[0]
+    opened = open_volume(path)
+    assert opened.has_manifest and opened.manifest_bytes == manifest_path(model).read_bytes()
+    with open(path, "r+b") as f:
+        f.seek(opened.manifest_at.offset_data + 20)
+        f.write(b"#")
+    assert opened.manifest_bytes == b""
+
+
+def test_a_manifest_changed_in_its_volume_while_unbundle_runs_is_refused_with_nothing_written(vols, tmp_path,
+                                                                                                monkeypatch):
+    """unbundle reads the manifest again from its volume as it parses it: bytes other than those checked when the
+    volume was opened are refused, on one line naming the volume."""
+    from mm.artifacts.bundle import unpack
+    copies = copy_volumes(vols, tmp_path / "vols")
+
+    def open_then_change(path):
+        opened = open_volume(path)
+        if opened.manifest_at is not None:
+            with open(path, "r+b") as f:
+                f.seek(opened.manifest_at.offset_data + 20)
+                f.write(b"#")
+        return opened
+
+    monkeypatch.setattr(unpack, "open_volume", open_then_change)
+    with pytest.raises(BadInput, match=rf"^{re.escape(copies[0].name)}: MMBUNDLE/manifest\.json: changed since the "
+                                       rf"volume was opened; refused, nothing written$"):
+        unbundle(copies, tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()
+
+
 def test_a_volume_whose_index_mm_unbundle_could_not_read_is_refused_before_anything_is_written(model, tmp_path,
                                                                                                   monkeypatch):
     from mm.artifacts.bundle import pack

@@ -77,9 +77,10 @@ def test_a_lost_parity_volume_beside_an_old_one_is_written_back_in_the_old_schem
     vols = tmp_path / "vols"
     create_bundle(model, BundleOptions((vols,), VOLUME_SIZE, parity=2, stripe=4096, sync=False))
     first = open_volume(parity_volumes(vols)[0])
+    manifest_bytes = first.manifest_bytes  # read from the volume (not held by it): before the volume is deleted
     for p in parity_volumes(vols):
         p.unlink()
-    write_parity_volumes(vols, name=first.parity.name, bundle_id=first.bundle_id, manifest_bytes=first.manifest_bytes,
+    write_parity_volumes(vols, name=first.parity.name, bundle_id=first.bundle_id, manifest_bytes=manifest_bytes,
                          meta=[], mtime=int(first.data[first.parity.member].mtime), data_paths=data_volumes(vols),
                          parities=2, stripe=4096, sync=False, schema=PARITY_SCHEMA_V1)
     lost = parity_volumes(vols)[1]

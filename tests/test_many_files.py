@@ -11,7 +11,7 @@ import blake3
 import pytest
 
 from mm.artifacts.bundle.format import member_bytes, padded, render_json, tar_header
-from mm.artifacts.edges.fsutil import json_record, json_text_chunks
+from mm.artifacts.edges.fsutil import json_line_chunks, json_record, json_text_chunks
 from mm.artifacts.integrity.hashing import SMALL_READ, hash_file
 
 HOSTILE = "d/\udcff\u00e9\"\\\n\t\x00\u2028 f.json"  # an undecodable byte, non-ASCII, quotes, controls
@@ -56,6 +56,17 @@ def test_a_document_written_a_megabyte_at_a_time_is_json_dumps_of_it():
     doc = {"ok": True, "imported": [f"model/{HOSTILE}{i}" for i in range(60000)], "n": None}
     chunks = list(json_text_chunks(doc, 2))
     assert len(chunks) > 1 and "".join(chunks) == json.dumps(doc, indent=2) + "\n"
+
+
+def test_a_one_line_document_written_a_slice_at_a_time_is_json_dumps_of_it():
+    """unbundle's state (a stamp a file): its large object and list are rendered in slices, the same bytes."""
+    from mm.artifacts.bundle.unpack import Stamp
+
+    doc = {"bundle_id": HOSTILE, "proven": {f"model:{HOSTILE}{i}": Stamp.of(i, 2, 3, 4) for i in range(25001)},
+           "done_volumes": list(range(30001)), "pieces": {}, "whole": [], "read_from": {"1": "/v"}}
+    chunks = list(json_line_chunks(doc, Stamp.as_list))
+    assert max(map(len, chunks)) < 1 << 20
+    assert "".join(chunks) == json.dumps(doc, default=Stamp.as_list) + "\n"
 
 
 def test_a_json_report_is_one_document_on_stdout():

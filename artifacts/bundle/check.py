@@ -117,7 +117,7 @@ def check_meaning(vol: Volume, reference: Volume | None = None) -> None:
     agrees with REFERENCE (another volume of the bundle). Faults go to vol.refused (unbundle refuses the same)."""
     if reference is not None and reference is not vol and (field := vol.index.differs_from(reference.index)):
         vol.refused.append(f"{vol.path.name}: its index's {field} differs from {reference.path.name}'s")
-    if not vol.manifest_bytes or MANIFEST_MEMBER in vol.damaged:
+    if not vol.has_manifest:
         return
     try:
         manifest = from_json(vol.manifest_bytes, f"{vol.path.name}: {MANIFEST_MEMBER}")
@@ -176,7 +176,7 @@ def verify_volumes(sources: list[Path], progress: ProgressSink = NULL_PROGRESS) 
     conflicts = conflicting_numbers(data, ref)
     pipe = ChunkPipe()
     reference = next((v for v in data if v.index is not None and v.bundle_id == ref and not v.refused
-                      and v.manifest_bytes and MANIFEST_MEMBER not in v.damaged), None)
+                      and v.has_manifest), None)
     try:
         for v in data:
             if v.index is not None and not v.refused and v.bundle_id == ref:

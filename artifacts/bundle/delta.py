@@ -75,10 +75,11 @@ def _manifest_of_volume(path: Path) -> tuple[bytes, str]:
     why = "no bundle volume there"
     for candidate in candidates:
         vol = open_volume(candidate)
-        if vol.refused or not vol.manifest_bytes or MANIFEST_MEMBER in vol.damaged:
+        data = vol.manifest_bytes if not vol.refused and vol.has_manifest else b""
+        if not data:
             why = (vol.refused or [f"{candidate.name}: its manifest is damaged or missing"])[0]
             continue
-        return vol.manifest_bytes, f"{candidate}: {MANIFEST_MEMBER}"
+        return data, f"{candidate}: {MANIFEST_MEMBER}"
     raise BadInput(f"--base {path}: cannot read the base manifest from a volume ({why})")
 
 

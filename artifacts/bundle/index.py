@@ -29,10 +29,9 @@ member name is checked.
 """
 from __future__ import annotations
 
-import io
 import sys
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import blake3
 
@@ -287,10 +286,11 @@ def _fits(e: Entry, volumes: int, volume_size: int) -> Entry:
     return e
 
 
-def load_index(data: bytes, where: str, max_bytes: int) -> object:
-    """The index document in DATA as load_json reads it (Malformed when it is not JSON within mm's limits), with
-    each of its members typed as it is read (an Entry; what depends on the volumes is checked by parse_index):
-    the text and a dict per member would cost a kilobyte a file, and a volume may hold a million files."""
+def load_index(f: BinaryIO, where: str, max_bytes: int) -> object:
+    """The index document read from the binary file F (a volume's member, hashed as it streams) as load_json reads
+    it (Malformed when it is not JSON within mm's limits), with each of its members typed as it is read (an Entry;
+    what depends on the volumes is checked by parse_index): the bytes, the text and a dict per member would cost
+    a kilobyte and more a file, and a volume may hold a million files."""
     def member(raw: object, _: int) -> Entry:
         try:
             return _entry(raw, where)
@@ -299,7 +299,7 @@ def load_index(data: bytes, where: str, max_bytes: int) -> object:
         except (KeyError, TypeError, ValueError) as e:
             raise BadInput(f"{where}: malformed index ({_missing(e)})") from None
 
-    return load_json_stream(io.BytesIO(data), where, key="members", item=member, max_items=max_bytes,
+    return load_json_stream(f, where, key="members", item=member, max_items=max_bytes,
                             max_bytes=max_bytes)
 
 
@@ -504,13 +504,13 @@ def unaccounted(manifest: Manifest, indexes: list[Index]) -> list[str]:
     """The model files of MANIFEST that INDEXES, the indexes of every data volume of one bundle, neither carry
     whole (every piece of a split file) nor take from a delta's base. The signed manifest is the truth about the
     files; an index only says where each one is, and with every volume at hand it must say it for each."""
-    pieces: dict[str, set[int]] = {}
+    pieces: dict[str, int] = {}  # path -> the segments seen, bit N for segment N (not a set a file: a million)
     count: dict[str, int] = {}
     for idx in indexes:
         for e in idx.members:
             if e.kind == MODEL_KIND:
-                pieces.setdefault(e.path, set()).add(e.segment)
+                pieces[e.path] = pieces.get(e.path, 0) | (1 << e.segment)
                 count[e.path] = e.segments
     taken = {t.path for idx in indexes[:1] if idx.delta is not None for t in idx.delta.take}
     return sorted(f.path for f in manifest.files if f.path not in taken
-                  and (f.path not in count or pieces[f.path] != set(range(1, count[f.path] + 1))))
+                  and (f.path not in count or pieces[f.path] != (1 << (count[f.path] + 1)) - 2))

@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import bisect
 import enum
+import io
 import os
 import stat
 import struct
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator, Mapping, NamedTuple
+from typing import BinaryIO, Iterator, Mapping, NamedTuple
 
 from ..errors import BadInput, BadValue, IntegrityError, MMError, Refused
 from ..paths import IMPORT_RECORD, MM_DIR, POINTER, UNBUNDLE_DIR, store_root_of
@@ -50,7 +51,7 @@ from ..edges.fsutil import (atomic_write_bytes, atomic_write_json, check_inside,
                             read_local_file, read_lock, remove_tree, require_free_space, still_to_write, unlink_file)
 from ..integrity.hashing import StreamHasher
 from ..edges.interrupt import keeps
-from ..integrity.manifest import MAX_MANIFEST_BYTES, from_json, read_manifest
+from ..integrity.manifest import MAX_MANIFEST_BYTES, from_file, read_manifest
 from ..paths import manifest_path
 from ..edges.progress import NULL_PROGRESS, ProgressSink
 from ..units import human_bytes
@@ -309,13 +310,12 @@ def _still_needed(expected: dict, targets: Mapping, state: _State, stale: set, p
 
 def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | None, require: bool):
     """The bundle's manifest signature, checked with ssh-keygen before anything is written: (report or None when
-    unsigned and not required, the manifest bytes whose signature was checked). VOLS: data volumes first, then
-    parity volumes (they carry the manifest and its signature too)."""
+    unsigned and not required, the blake3 of the manifest bytes whose signature was checked: they are not held).
+    VOLS: data volumes first, then parity volumes (they carry the manifest and its signature too)."""
     from ..integrity.signing import verify_manifest_signature
 
     ref = reference_bundle(vols)
-    first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
-                  and MANIFEST_MEMBER not in v.damaged), None)
+    first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.has_manifest), None)
     if first is None:
         why = [r for v in vols for r in v.refused][:3] or [f"{v.path.name}: its manifest is damaged or missing"
                                                           for v in vols][:3] or ["no volume given"]
@@ -324,11 +324,38 @@ def check_signature(vols: list[Volume], allowed_signers: Path, identity: str | N
     if sig is None and SIG_MEMBER in first.described.meta:
         raise IntegrityError(f"{first.path.name}: member {SIG_MEMBER!r} is damaged; refused")
     if sig is None and not require:
-        return None, first.manifest_bytes
-    report = verify_manifest_signature(first.manifest_bytes, sig, allowed_signers, identity,
+        return None, first.manifest_b3
+    report = verify_manifest_signature(_manifest_bytes(first), sig, allowed_signers, identity,
                                        where=f"{first.path.name}: {MANIFEST_MEMBER}",
                                        signature_where=f"{first.path.name}: {SIG_MEMBER}")
-    return report, first.manifest_bytes
+    return report, first.manifest_b3
+
+
+def _manifest_file(source: Volume | bytes) -> BinaryIO:
+    """The bundle's manifest as a binary file: read again from its volume (Volume.reread_manifest: BadInput at its
+    end when it changed since the volume was opened), or the bytes an earlier sitting left."""
+    return source.reread_manifest() if isinstance(source, Volume) else io.BytesIO(source)
+
+
+def _manifest_chunks(source: Volume | bytes) -> Iterator[bytes]:
+    """The bundle's manifest a megabyte at a time, as _manifest_file reads it."""
+    with _manifest_file(source) as f:
+        while chunk := f.read(1 << 20):
+            yield chunk
+
+
+def _manifest_b3(source: Volume | bytes) -> str:
+    """The blake3 of the bundle's manifest (a volume's as hashed at open: reading it again checks it is the same)."""
+    return source.manifest_b3 if isinstance(source, Volume) else b3(source)
+
+
+def _manifest_bytes(vol: Volume) -> bytes:
+    """VOL's manifest, read again (Volume.manifest_bytes); BadInput when it changed since the volume was opened."""
+    data = vol.manifest_bytes
+    if not data:
+        raise BadInput(f"{vol.path.name}: {MANIFEST_MEMBER} changed since the volume was opened; refused, nothing "
+                       f"written")
+    return data
 
 
 @dataclass(frozen=True)
@@ -425,12 +452,12 @@ def _unbundle(sources: list[Path], dest: Path, options: UnbundleOptions, progres
                                                   early)
             vols = vols + rebuilt_vols
             ref = reference_bundle(vols, state.doc.get("bundle_id"))
-        first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.manifest_bytes
-                      and MANIFEST_MEMBER not in v.damaged), None)
+        first = next((v for v in vols if v.bundle_id == ref and not v.refused and v.has_manifest), None)
         manifest_b3 = state.doc.get("manifest_blake3") or (first.index.manifest_blake3 if first else None)
         accepted, refused = _judge_volumes(vols, ref, manifest_b3, first)
         if first is not None and accepted:
-            idx, manifest_bytes, where = first.index, first.manifest_bytes, f"{first.path.name}: {MANIFEST_MEMBER}"
+            # the manifest is read again from the volume as it is parsed and written (~285 bytes a file: not held)
+            idx, source, where = first.index, first, f"{first.path.name}: {MANIFEST_MEMBER}"
             idx_where = first.path.name
         else:  # parity volumes only: the bundle's index from an earlier sitting, when it left one
             earlier = _earlier_index(dest, ref) if pvols else None
@@ -439,10 +466,11 @@ def _unbundle(sources: list[Path], dest: Path, options: UnbundleOptions, progres
                     "no data volume given, and no parity volume of an mm bundle" if not pvols else "none readable"]
                 raise BadInput(f"no usable volume of bundle {ref or '(unknown)'} among {len(vols)} data and "
                                f"{len(pvols)} parity volume(s) given: " + "; ".join(why))
-            idx, manifest_bytes, where = earlier
+            idx, source, where = earlier
             idx_where = str(dest / STATE_DIR / "index.json")
             first = next((pv for pv in pvols if pv.bundle_id == ref and not pv.refused), None)
-        manifest = from_json(manifest_bytes, where)
+        with _manifest_file(source) as f:
+            manifest = from_file(f, where)
         if idx.delta is not None and (wrong := take_disagreements(idx.delta, manifest)):
             raise BadInput(f"{first.path.name if first else where}: {wrong[0]}; refused, nothing written")
         for v in list(accepted):
@@ -456,18 +484,18 @@ def _unbundle(sources: list[Path], dest: Path, options: UnbundleOptions, progres
         files = manifest.by_path()
         for index in {id(i): i for i in [idx, *(v.index for v in accepted)]}.values():
             share_manifest_strings(index, files)
-        del files
+        del files, index  # (the loop's name would keep the last index's members alive past forget_members)
         if {v.number for v in accepted} == set(range(1, idx.volumes + 1)) and (
                 lost := unaccounted(manifest, [v.index for v in accepted])):
             raise BadInput(f"{incomplete(ref, lost)}; nothing written")
         pset = parity_set(pvols, ref)
         refused += pset.refused
-        if signed_manifest is not None and manifest_bytes != signed_manifest:
+        if signed_manifest is not None and _manifest_b3(source) != signed_manifest:
             raise IntegrityError(f"{where}: another manifest than the one whose signature was checked")
         if idx.delta is None and base_dir is not None:
             raise BadValue(f"--from {base_dir}: bundle {idx.name} is not a delta; it carries every file")
         base = deltas.open_base(base_dir, idx.delta, first.path.name if first else where, dest) if idx.delta else None
-        _check_dest_manifest(dest, manifest_bytes)
+        _check_dest_manifest(dest, manifest)
         places = Places(dest, payload_dests)
         expected = {**{(MODEL_KIND, f.path): f.size for f in manifest.files}, **files_expected(idx.payloads)}
         targets = _Targets(places, expected)
@@ -484,7 +512,7 @@ def _unbundle(sources: list[Path], dest: Path, options: UnbundleOptions, progres
         if idx.volumes <= MAX_NAMED_VOLUMES:  # what advice names a volume still to come by (integrity.provenance)
             state.doc["volume_files"] = [volume_filename(idx.name, n, idx.volumes) for n in range(1, idx.volumes + 1)]
         if not manifest_path(dest).is_file():
-            atomic_write_bytes(manifest_path(dest), manifest_bytes, root=dest)
+            atomic_write_bytes(manifest_path(dest), _manifest_chunks(source), root=dest)
         _restore_signature(dest, first)
         if first is not None and not first.is_parity and (pvols or idx.parity):  # for a sitting of parity volumes only
             atomic_write_bytes(dest / STATE_DIR / "index.json", first.index_bytes, root=dest)
@@ -508,8 +536,8 @@ def _unbundle(sources: list[Path], dest: Path, options: UnbundleOptions, progres
                     unlink_file(dest, v.path)
             rebuild_report = _Rebuilt(notes=list(pset.unused))
             from_base = {(MODEL_KIND, t.path) for t in idx.delta.take} if base else set()
-            carried = {key: size for key, size in expected.items() if key not in from_base}
-            if pset.usable and any(not _is_done(targets[key], size) for key, size in carried.items()):
+            if pset.usable and any(not _is_done(targets[key], size) for key, size in expected.items()
+                                   if key not in from_base):
                 rebuild_report = _rebuild_from_parity(dest, accepted, pset, run, state, idx.volumes, sync, progress,
                                                       lambda v: _judge_rebuilt(v, ref, manifest_b3, manifest, idx),
                                                       volume_size=idx.volume_size)
@@ -521,6 +549,9 @@ def _unbundle(sources: list[Path], dest: Path, options: UnbundleOptions, progres
             run.corrupt += taken.refused if taken else []
         finally:
             run.pipe.close()
+        for v in vols + pvols:  # imported: their member records make room for the final check
+            v.forget_members()
+        idx = replace(idx, members=())
         # a file changed since an import named it is imported again when its volume is here; when it is not, it
         # does not wait: the final check hashes it and names it (and the volumes that restore it)
         waiting = sorted(file_member(*key) for key, size in expected.items() if not _is_done(targets[key], size))
@@ -565,7 +596,7 @@ def _take_from_base(base: deltas.BaseDir, idx: Index, mode: str, run: _Import, p
     finally:
         progress.end()
     for path in taken.files:
-        run.named.append((MODEL_KIND, path))
+        run.taken.append(path)
         run.stale.discard((MODEL_KIND, path))
         if run.sync:  # a later sitting trusts it by its stamp, as a file imported from a volume
             run.state.doc.setdefault("proven", {})[f"{MODEL_KIND}:{path}"] = _stamp(run.targets[(MODEL_KIND, path)])
@@ -708,8 +739,7 @@ def _rebuild_from_parity(dest: Path, accepted: list[Volume], pset: ParitySet, ru
 
 def _readable(vols: list[Volume], ref: str | None) -> bool:
     """Some data volume of bundle REF gives its index and manifest."""
-    return any(v.bundle_id == ref and not v.refused and v.index is not None and v.manifest_bytes
-               and MANIFEST_MEMBER not in v.damaged for v in vols)
+    return any(v.bundle_id == ref and not v.refused and v.index is not None and v.has_manifest for v in vols)
 
 
 def _rebuild_before_import(dest: Path, vols: list[Volume], pvols: list[Volume], ref: str | None, sync: bool,
@@ -925,11 +955,11 @@ class _Skeleton:
                 os.close(fd)
 
 
-def _check_dest_manifest(dest: Path, manifest_bytes: bytes) -> None:
+def _check_dest_manifest(dest: Path, want) -> None:
+    """DEST holds no manifest, or one of the same model as WANT (the bundle's, parsed once)."""
     existing = manifest_path(dest)
     if existing.is_file():
         have = read_manifest(existing)
-        want = from_json(manifest_bytes, "bundle manifest")
         if (have.repo_id, have.revision, have.files) != (want.repo_id, want.revision, want.files):
             raise Refused(f"{existing}: DEST already holds a different model ({have.repo_id}@{have.revision[:12]}); "
                           f"choose an empty --dest")
@@ -945,7 +975,7 @@ def _final_check(dest: Path, run: _Import, state: _State, manifest, progress: Pr
     from ..integrity.stamps import record_verified
     from ..integrity.verify import verify_dir  # the verify capability
 
-    now = {path for kind, path in run.named if kind == MODEL_KIND}
+    now = {path for kind, path in run.named if kind == MODEL_KIND} | set(run.taken)
     earlier = set()
     for skey, stamp in state.doc.get("proven", {}).items():
         kind, _, path = skey.partition(":")
@@ -1037,8 +1067,8 @@ class _Import:
         self.places, self.state, self.targets, self.progress, self.sync = places, state, targets, progress, sync
         self.readback = readback
         self.stale = stale if stale is not None else set()  # files changed since an import named them: import again
-        self.imported: list[str] = []
-        self.named: list[tuple[str, str]] = []  # file keys this run named
+        self.named: list[tuple[str, str]] = []  # file keys this run imported and named
+        self.taken: list[str] = []  # model files this run took from a delta's base and named
         self.corrupt: list[str] = []
         self.present: set[tuple[str, str]] = set()  # files found complete (counted once, however many pieces)
         self.counted = 0
@@ -1143,8 +1173,13 @@ class _Import:
             self.state.doc["whole"].pop(skey, None)
             self.state.save()
 
+    @property
+    def imported(self) -> list[str]:
+        """The report's names of the files imported, made when the report is (not held through the import and its
+        final check: ~100 bytes a file)."""
+        return [file_member(*key) for key in self.named]
+
     def _named(self, key: tuple[str, str], final: Path) -> None:
-        self.imported.append(file_member(*key))
         self.named.append(key)
         self.stale.discard(key)
         if self.sync:  # a later sitting trusts it by its stamp (not a file a crash may have cut: --no-sync)

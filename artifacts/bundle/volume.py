@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import tarfile
-from dataclasses import dataclass, field
+from typing import BinaryIO
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+import blake3
 
 from ..errors import BadInput
 from ..edges.fsutil import file_kind
@@ -49,7 +52,8 @@ class Volume:
     parity: ParityIndex | None = None  # a parity volume's
     index_at: tuple[int, int] = (0, 0)  # (offset, size) of the index member's bytes in the volume file
     index_b3: str = ""  # of those bytes, as read and parsed
-    manifest_bytes: bytes = b""
+    manifest_at: Member | None = None  # where the manifest member lies (its bytes are read again when needed)
+    manifest_b3: str = ""  # of those bytes, as read when the volume was opened
     data: dict[str, Member] = field(default_factory=dict)  # data member name -> where it lies
     meta: dict[str, Member] = field(default_factory=dict)  # MMBUNDLE/ member name -> where it lies
     refused: list[str] = field(default_factory=list)  # hostile or malformed: nothing is taken from it
@@ -88,8 +92,69 @@ class Volume:
             data = f.read(size)
         return data if b3(data) == self.index_b3 else b""
 
+    @property
+    def has_manifest(self) -> bool:
+        """The volume holds its manifest, whole and with the blake3 its index records (when it was opened)."""
+        return self.manifest_at is not None and MANIFEST_MEMBER not in self.damaged
+
+    @property
+    def manifest_bytes(self) -> bytes:
+        """The manifest member's bytes, read again from the volume (not held: ~285 bytes a file, once a volume), or
+        b"" when there is none or they changed since the volume was opened."""
+        if self.manifest_at is None:
+            return b""
+        with open(self.path, "rb") as f:
+            f.seek(self.manifest_at.offset_data)
+            data = f.read(self.manifest_at.size)
+        return data if len(data) == self.manifest_at.size and b3(data) == self.manifest_b3 else b""
+
+    def reread_manifest(self) -> "_Reread":
+        """The manifest member read again from the volume as a binary file, a chunk at a time (never held whole):
+        at its end, BadInput when its bytes are not those hashed when the volume was opened."""
+        at = self.manifest_at
+        if at is None:
+            raise BadInput(f"{self.path.name}: no {MANIFEST_MEMBER}")
+        return _Reread(self.path, at.offset_data, at.size, self.manifest_b3, f"{self.path.name}: {MANIFEST_MEMBER}")
+
+    def forget_members(self) -> None:
+        """Drop the index's member records and where each member lies, once the volume is imported: the final
+        check and the report need neither (~400 bytes a member, and a volume may hold a million)."""
+        self.data.clear()
+        if self.index is not None:
+            self.index = replace(self.index, members=())
+
     def entries(self) -> tuple[Entry, ...]:
         return self.index.members if self.index else ()
+
+
+class _Reread:
+    """SIZE bytes at OFFSET of PATH as a binary file, hashed as they are read; at their end (a read that returns
+    b""), BadInput naming WHERE unless their blake3 is DIGEST."""
+
+    def __init__(self, path: Path, offset: int, size: int, digest: str, where: str):
+        self.f, self.left, self.digest, self.where = open(path, "rb"), size, digest, where
+        self.f.seek(offset)
+        self.hasher = blake3.blake3()
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        if n == 0 and self.left:  # nothing asked for
+            return b""
+        data = self.f.read(n)
+        self.left -= len(data)
+        self.hasher.update(data)
+        if not data and (self.left or self.hasher.hexdigest() != self.digest):
+            raise BadInput(f"{self.where}: changed since the volume was opened; refused, nothing written")
+        return data
+
+    def close(self) -> None:
+        self.f.close()
+
+    def __enter__(self) -> "_Reread":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def find_volumes(sources: list[Path]) -> list[Path]:
@@ -128,14 +193,34 @@ def _kind_of(info: tarfile.TarInfo) -> str:
     return ""
 
 
-def _read_member(tf: tarfile.TarFile, info: tarfile.TarInfo, limit: int) -> bytes:
-    if info.size > limit:
-        raise BadInput(f"{info.name} is {info.size} bytes, more than the {limit} allowed")
-    f = tf.extractfile(info)
-    data = f.read() if f else b""
-    if len(data) != info.size:
-        raise BadInput(f"{info.name} is truncated")
-    return data
+class _HashedMember:
+    """A member's bytes as a binary file, hashed (blake3) as they are read: a document is parsed as it streams, never
+    held whole (a volume's index is ~440 bytes a file, and a volume may hold a million files). Read to its end,
+    DIGEST is the blake3 of the member; a member cut short is BadInput (tarfile's ReadError where the volume ends)."""
+
+    _CHUNK = 1 << 20
+
+    def __init__(self, tf: tarfile.TarFile, info: tarfile.TarInfo, limit: int):
+        if info.size > limit:
+            raise BadInput(f"{info.name} is {info.size} bytes, more than the {limit} allowed")
+        self.f: BinaryIO | None = tf.extractfile(info)
+        self.name, self.left, self.hasher = info.name, info.size, blake3.blake3()
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        data = self.f.read(n) if self.f is not None and n else b""
+        if len(data) != n:
+            raise BadInput(f"{self.name} is truncated")
+        self.left -= n
+        self.hasher.update(data)
+        return data
+
+    @property
+    def digest(self) -> str:
+        """The member's blake3, once every byte is read (the rest is read now, a chunk at a time)."""
+        while self.left:
+            self.read(self._CHUNK)
+        return self.hasher.hexdigest()
 
 
 def split_volumes(vols: list[Volume]) -> tuple[list[Volume], list[Volume]]:
@@ -155,14 +240,13 @@ def open_volume(path: Path) -> Volume:
             if first is None or not (parity or first.name.startswith(f"{META}/index-vol")) or _kind_of(first):
                 vol.refused.append(f"{name}: first member is not a bundle index (not an mm bundle volume?)")
                 return vol
-            data = _read_member(tf, first, MAX_INDEX_BYTES)
-            vol.index_at, vol.index_b3 = (first.offset_data, first.size), b3(data)
-            try:
-                doc = load_index(data, f"{name}: {first.name}", MAX_INDEX_BYTES)
-                del data
+            stream = _HashedMember(tf, first, MAX_INDEX_BYTES)
+            try:  # parsed as it is read: neither the index's bytes nor its text are held whole
+                doc = load_index(stream, f"{name}: {first.name}", MAX_INDEX_BYTES)
             except Malformed as e:
                 vol.refused.append(f"{name}: index {first.name}: {e.detail}")
                 return vol
+            vol.index_at, vol.index_b3 = (first.offset_data, first.size), stream.digest
             if parity:
                 vol.parity = parse_parity_index(doc, f"{name}: {first.name}")
                 own = parity_index_member(vol.number)
@@ -192,8 +276,11 @@ def open_volume(path: Path) -> Volume:
                 if info.offset_data + info.size > file_size:
                     vol.damaged[info.name] = "truncated"
                     continue
-                if info.name == MANIFEST_MEMBER:
-                    vol.manifest_bytes = _read_member(tf, info, MAX_MANIFEST_BYTES)
+                if info.name == MANIFEST_MEMBER:  # hashed, not held (Volume.manifest_bytes reads it again)
+                    manifest = _HashedMember(tf, info, MAX_MANIFEST_BYTES)
+                    vol.manifest_b3 = manifest.digest
+                    if info.size:  # an empty member is no manifest (as "missing" below)
+                        vol.manifest_at = Member.of(info)
                 elif info.name in meta:
                     vol.meta[info.name] = Member.of(info)
                 elif info.name in expected:
@@ -212,9 +299,9 @@ def open_volume(path: Path) -> Volume:
             vol.refused.append(f"{name}: not a readable tar volume ({e})")
         else:
             vol.damaged["(tar)"] = f"unreadable after the last good member ({e})"
-    if vol.described is not None and vol.manifest_bytes and b3(vol.manifest_bytes) != vol.described.manifest_blake3:
+    if vol.described is not None and vol.manifest_at and vol.manifest_b3 != vol.described.manifest_blake3:
         vol.damaged[MANIFEST_MEMBER] = "blake3 mismatch"
-    elif vol.described is not None and not vol.manifest_bytes and MANIFEST_MEMBER not in vol.damaged:
+    elif vol.described is not None and not vol.manifest_at and MANIFEST_MEMBER not in vol.damaged:
         vol.damaged[MANIFEST_MEMBER] = "missing"
     return vol
 

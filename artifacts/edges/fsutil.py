@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import functools
+import itertools
 import json
 import os
 import stat
@@ -68,11 +69,12 @@ def atomic_write_text(path: Path, text: str, mode: int = 0o644, *, root: Path, a
 
 def atomic_write_json(path: Path, obj: object, *, root: Path, allowed: Allowed = (), indent: int | None = 2,
                       default: Callable[[object], object] | None = None) -> None:
-    """INDENT None: one line, by json's C encoder. An indented document is written as its Python encoder yields it,
+    """INDENT None: one line, by json's C encoder, a slice at a time (json_line_chunks). An indented document is written as its Python encoder yields it,
     a megabyte at a time (json.dumps makes a list of every token first: for mm's own record of a million files,
     hundreds of MB). DEFAULT: json's, for values of mm's own compact types."""
     if indent is None:
-        atomic_write_text(path, json.dumps(obj, default=default) + "\n", root=root, allowed=allowed)
+        atomic_write_bytes(path, (chunk.encode("utf-8") for chunk in json_line_chunks(obj, default)), root=root,
+                           allowed=allowed)
         return
     atomic_write_bytes(path, (chunk.encode("utf-8") for chunk in json_text_chunks(obj, indent, default)), root=root,
                        allowed=allowed)
@@ -93,6 +95,40 @@ def json_record(doc: object, indent: int, lead: str = "") -> str:
 
 
 _json_string = json.encoder.encode_basestring_ascii  # what json.dumps (ensure_ascii) writes for a string
+
+
+_SLICE = 10_000  # members of a large object or list rendered at a time (mm's own margin: ~1 MB of text)
+
+
+def json_line_chunks(obj: object, default: Callable[[object], object] | None = None) -> Iterator[str]:
+    """json.dumps(OBJ, default=DEFAULT) + "\n", the same bytes (one line, json's C encoder), with each large value
+    of a top-level object (an object or a list of more than _SLICE members) rendered _SLICE members at a time: the
+    whole text and its encoded copy are never held (mm's import state has a stamp a file: ~100 MB of text at a
+    million files, saved after each volume)."""
+    def dumps(value: object) -> str:
+        return json.dumps(value, default=default)
+
+    if type(obj) is not dict or not all(type(k) is str for k in obj):
+        yield dumps(obj) + "\n"
+        return
+    yield "{"
+    for i, (key, value) in enumerate(obj.items()):
+        yield (", " if i else "") + dumps(key) + ": "
+        if type(value) is dict and len(value) > _SLICE:
+            items, sep = iter(value.items()), ""
+            yield "{"
+            while part := dict(itertools.islice(items, _SLICE)):
+                yield sep + dumps(part)[1:-1]
+                sep = ", "
+            yield "}"
+        elif type(value) is list and len(value) > _SLICE:
+            yield "["
+            for at in range(0, len(value), _SLICE):
+                yield (", " if at else "") + dumps(value[at:at + _SLICE])[1:-1]
+            yield "]"
+        else:
+            yield dumps(value)
+    yield "}\n"
 
 
 def json_text_chunks(obj: object, indent: int, default: Callable[[object], object] | None = None) -> Iterator[str]:

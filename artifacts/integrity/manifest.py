@@ -205,6 +205,11 @@ def from_json(data: bytes | str, where: str) -> Manifest:
     return _read(io.BytesIO(data), where)
 
 
+def from_file(f: BinaryIO, where: str) -> Manifest:
+    """A manifest read from the binary file F (a bundle member, read as it streams) from WHERE."""
+    return _read(f, where)
+
+
 def _read(f: BinaryIO, where: str) -> Manifest:
     """The manifest in the binary file F, its entries typed as they are read (load_json_stream)."""
     files_at = At(where).key("files")
