@@ -25,9 +25,11 @@ def main() -> int:
     # `mm verify DIR`: its large files start hashing now, in threads, while the tree loads (~0.2 s of a start on two
     # of the GPU host's cores); the verify takes their digests if it is exactly what was started (early.py)
     from .artifacts.integrity import early
-    early.begin(sys.argv[1:])
     try:
+        early.begin(sys.argv[1:])
         return _command_tree()
+    except KeyboardInterrupt:
+        return _interrupted()
     finally:
         early.discard()
 
@@ -36,12 +38,17 @@ def _command_tree() -> int:
     try:
         from .cli import main as command_tree
         return command_tree()
-    except KeyboardInterrupt:  # Ctrl-C before the tree took SIGINT over (interrupt.install): end as after it
-        from .artifacts.edges.interrupt import Interrupted
-        from .commands.shared import report_interrupt
-        interrupted = Interrupted()
-        report_interrupt("--json" in sys.argv[1:], sys.argv[1:], interrupted)
-        return interrupted.exit_code
+    except KeyboardInterrupt:
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    """Ctrl-C before the tree took SIGINT over (interrupt.install): the line and exit code of one after."""
+    from .artifacts.edges.interrupt import Interrupted
+    from .commands.shared import report_interrupt
+    interrupted = Interrupted()
+    report_interrupt("--json" in sys.argv[1:], sys.argv[1:], interrupted)
+    return interrupted.exit_code
 
 
 def _print_version() -> int:

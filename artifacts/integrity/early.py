@@ -37,6 +37,7 @@ NEUTRAL_OPTIONS = frozenset({"--json", "--strict"})
 # A larger manifest starts no head start (mm's own margin: a model of a few thousand files takes ~1 MB; reading a
 # manifest twice costs more than a head start saves where it is most of the model, with the files small).
 MAX_MANIFEST = 4 * 1024 * 1024
+SWITCH_INTERVAL = 0.0002  # seconds (mm's own margin, see begin): a hashing thread waits at most this for the GIL
 
 
 def file_id(st: os.stat_result) -> tuple[int, int, int, int, int]:
@@ -90,6 +91,7 @@ class HeadStart:
         self._sink: ProgressSink | None = None
         self._unreported = 0  # bytes hashed before verify's progress sink was handed over
         self._in_flight: set[str] = set()
+        self._interval: float | None = None  # the switch interval to restore (begin shortened it)
         self._thread = threading.Thread(target=self._run, name="mm-head-start", daemon=True)
         self._thread.start()
 
@@ -98,6 +100,7 @@ class HeadStart:
     def join(self, progress: ProgressSink) -> dict[str, EarlyDigest]:
         """Report to PROGRESS from now on (with what was hashed so far), wait for the last file, and give the
         digests (path -> EarlyDigest) of the files hashed in full. Interruptible (Ctrl-C raises here)."""
+        self._restore_interval()
         with self._lock:
             self._sink = progress
             for name in sorted(self._in_flight):
@@ -120,11 +123,18 @@ class HeadStart:
 
     def stop(self) -> None:
         """Stop hashing (within a window per thread), wait for the threads, and give the read lock back."""
+        self._restore_interval()
         self._stop.set()
         self._thread.join()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
+
+    def _restore_interval(self) -> None:
+        if self._interval is not None:
+            import sys
+            sys.setswitchinterval(self._interval)
+            self._interval = None
 
     # --- the threads
 
@@ -185,8 +195,8 @@ class HeadStart:
 
         from .reading import fd_windows
         path = os.path.join(self.key.model_dir, exp.path)
-        if os.path.realpath(path) != path:  # a link on the way: verify judges where it leads
-            return
+        if not path.startswith(self.key.model_dir + os.sep) or os.path.realpath(path) != path:
+            return  # a link on the way (verify judges where it leads), or a path verify refuses
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
@@ -257,7 +267,13 @@ def begin(argv: list[str]) -> None:
                  if isinstance(f, dict) and isinstance(f.get("path"), str) and type(f.get("size")) is int
                  and f["size"] >= BIG_FILE and isinstance(f.get("blake3"), str)]
         if files:
+            import sys
             _started = HeadStart(HeadStartKey.of(directory, manifest_file, usable_cores()), files, lock_fd)
+            # While the tree loads, this thread holds the GIL for long stretches, and a hashing thread that wants it
+            # back (after each window's blake3, each probe and madvise) waits up to the switch interval (5 ms: about
+            # a 32 MiB window's hashing); handed over sooner until verify takes the head start (or stops it).
+            _started._interval = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_INTERVAL)
             # the first file open before this thread goes on to load the tree (a millisecond: the GIL would
             # otherwise keep the threads waiting behind the imports' first stretch)
             _started._opened.wait(0.1)
