@@ -10,8 +10,10 @@ file whose identity is still the same when verify comes to it, and judges it as 
 start skipped (a symlink, not the manifest's size, a read that failed) or whose identity changed is hashed by verify
 itself, so every problem, line and exit code is verify's own.
 
-Same bounds as verify's own hashing: the same schedule (hash_schedule) and window budget (window_size), never both at
-once (verify waits for the head start, or stops it, before it hashes), only files of BIG_FILE and more (so its table
+While the tree loads, the head start hashes on every core but one, the tree's (a third thread on two cores would
+only trade places with the tree's, and take the GIL from it at every window); once verify waits for it (`join`), on
+all. One core: no head start. Same bounds as verify's own hashing: the same schedule (hash_schedule) and window budget
+(window_size), never both at once (verify waits for the head start, or stops it, before it hashes), only files of BIG_FILE and more (so its table
 of digests stays small whatever the number of files), under a shared read lock taken before the first byte (no mm
 writer can change the directory between the head start and verify, which takes its own). Its threads are daemons and
 stop between two windows when told: verify stops it on its way out, whatever ends it (Ctrl-C too, raised where verify
@@ -87,6 +89,7 @@ class HeadStart:
         self._stop = threading.Event()
         self._done = threading.Event()
         self._opened = threading.Event()  # its first file is open (or it has ended)
+        self._claimed = threading.Event()  # verify waits for it: the core the tree loaded on is the head start's too
         self._lock = threading.Lock()  # guards the progress hand-over below
         self._sink: ProgressSink | None = None
         self._unreported = 0  # bytes hashed before verify's progress sink was handed over
@@ -101,6 +104,7 @@ class HeadStart:
         """Report to PROGRESS from now on (with what was hashed so far), wait for the last file, and give the
         digests (path -> EarlyDigest) of the files hashed in full. Interruptible (Ctrl-C raises here)."""
         self._restore_interval()
+        self._claimed.set()
         with self._lock:
             self._sink = progress
             for name in sorted(self._in_flight):
@@ -118,13 +122,15 @@ class HeadStart:
         return self._thread.is_alive()
 
     def wait(self) -> None:
-        """Until the last file is hashed (or the head start stopped)."""
+        """Until the last file is hashed (or the head start stopped), on all cores: the caller's is free."""
+        self._claimed.set()
         self._thread.join()
 
     def stop(self) -> None:
         """Stop hashing (within a window per thread), wait for the threads, and give the read lock back."""
         self._restore_interval()
         self._stop.set()
+        self._claimed.set()
         self._thread.join()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
@@ -165,7 +171,9 @@ class HeadStart:
             todo = iter(per_core)
             take = threading.Lock()
 
-            def worker() -> None:
+            def worker(spare: bool) -> None:
+                if spare:
+                    self._claimed.wait()
                 while not self._stopped():
                     with take:
                         exp = next(todo, None)
@@ -173,8 +181,9 @@ class HeadStart:
                         return
                     self._hash(exp, 1, window)
 
-            threads = [threading.Thread(target=worker, name="mm-head-start", daemon=True)
-                       for _ in range(min(jobs, len(per_core)))]
+            count = min(jobs, len(per_core))  # the last waits for the core the tree loads on (see begin)
+            threads = [threading.Thread(target=worker, args=(i == jobs - 1,), name="mm-head-start", daemon=True)
+                       for i in range(count)]
             for t in threads:
                 t.start()
             for t in threads:
@@ -183,7 +192,7 @@ class HeadStart:
             for exp in one_at_a_time:
                 if self._stopped():
                     break
-                self._hash(exp, threads_for_one, window_size(1))
+                self._hash(exp, threads_for_one if self._claimed.is_set() else jobs - 1, window_size(1))
         finally:
             self._opened.set()
             self._done.set()
@@ -266,7 +275,7 @@ def begin(argv: list[str]) -> None:
         files = [_File(f["path"], f["size"]) for f in json.loads(data)["files"]
                  if isinstance(f, dict) and isinstance(f.get("path"), str) and type(f.get("size")) is int
                  and f["size"] >= BIG_FILE and isinstance(f.get("blake3"), str)]
-        if files:
+        if files and usable_cores() > 1:  # one core: the tree would only wait for its turn on it
             import sys
             _started = HeadStart(HeadStartKey.of(directory, manifest_file, usable_cores()), files, lock_fd)
             # While the tree loads, this thread holds the GIL for long stretches, and a hashing thread that wants it

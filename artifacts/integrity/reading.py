@@ -138,11 +138,16 @@ def fd_windows(fd: int, path: Path | str, window: int,
     with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
         view = memoryview(mm)
         try:
+            here = cached(fd, 0) and cached(fd, min(window, size) - 1)  # this window's pages in the page cache
             for start in range(0, size, window):
                 length = min(window, size - start)
                 ahead = min(window, size - start - length)
-                if ahead and not (cached(fd, start + length) and cached(fd, start + length + ahead - 1)):
+                next_cached = bool(ahead) and cached(fd, start + length) and cached(fd, start + length + ahead - 1)
+                if ahead and not next_cached:
                     mm.madvise(mmap.MADV_WILLNEED, start + length, ahead)
+                if here:
+                    populate(mm, start, length)
+                here = next_cached
                 piece = view[start : start + length]
                 try:
                     yield piece
@@ -156,6 +161,29 @@ def fd_windows(fd: int, path: Path | str, window: int,
                                             f"was being read")
         finally:
             view.release()
+
+
+# Linux 5.14's MADV_POPULATE_READ (Python 3.11's mmap has no name for it): a cached window's pages mapped in one call
+# rather than a fault at a time while blake3 reads them. Measured on this project's 2-core VM, 3.94 GiB warm, hashing
+# in process, interleaved: 0.828 CPU-s against 0.862 (8 rounds each, median; ~60,000 faults), 0.338-0.340 s against
+# 0.345-0.352 in a quieter run. Only for windows found cached: on pages still to be read it would wait for the disk
+# holding the GIL (mmap.madvise keeps it).
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+_populate_refused = False  # the kernel has no MADV_POPULATE_READ (EINVAL): faults as before
+
+
+def populate(mm: mmap.mmap, start: int, length: int) -> None:
+    """Map LENGTH bytes of MM from START (cached pages) now; nothing when the kernel cannot (then never again)."""
+    global _populate_refused
+    if _populate_refused:
+        return
+    try:
+        mm.madvise(MADV_POPULATE_READ, start, length)
+    except OSError as e:
+        import errno
+        if e.errno == errno.EINVAL:
+            _populate_refused = True
+        # anything else (a page gone meanwhile): blake3's own reads fault it in, as without
 
 
 _PROBE = bytearray(1)  # what cached() reads into (shared: its content is never looked at)
