@@ -16,8 +16,8 @@ from typing import Callable, Iterable, Iterator
 
 import blake3
 
-from .reading import (SMALL_READ, ChangedDuringRead, _read_windows, cached, fd_windows, lease,  # noqa: F401 (theirs)
-                      lease_broken, mapped_windows, unlease)
+# the window reader lives in reading.py (cheap to import, for verify's head start); named here for its users too
+from .reading import SMALL_READ, ChangedDuringRead, lease, lease_broken, mapped_windows, unlease  # noqa: F401
 
 # hashlib is imported inside the functions that use it: loading OpenSSL costs ~8 ms (this project's 2-core EPYC VM,
 # 21 runs) of a command that computes no sha256, such as `mm verify --quick` or a blake3-only verify.
