@@ -130,7 +130,7 @@ def verify(directory, manifest_file, quick, strict, jobs, upstream, repo, revisi
             if not json_out:
                 _render_signature(signature)
         report = verify_dir(directory, manifest_obj, quick=options.quick, jobs=options.jobs, progress=progress,
-                            manifest_file=options.manifest_file, strict=options.strict)
+                            manifest_file=options.manifest_file, strict=options.strict, head_start=True)
         if not options.quick and options.manifest_file is None:  # for `mm ls`: when this directory was last verified in full
             from ..artifacts.integrity.stamps import record_verified
             record_verified(directory, report.ok, report.files_checked, report.bytes_checked, len(report.problems),

@@ -431,3 +431,16 @@ def test_verify_options_that_do_not_go_together_are_a_usage_error(given, message
         VerifyOptions.from_cli(**given)
     assert e.value.exit_code == 2
     assert VerifyOptions.from_cli(upstream=True, repo="a/b", revision="main").upstream
+
+
+def test_a_kernel_without_madv_populate_read_hashes_the_same_windows_by_faults(tmp_path, monkeypatch):
+    import blake3
+
+    from mm.artifacts.integrity import reading
+    from mm.artifacts.integrity.hashing import blake3_file
+    data = os.urandom(3 * 1024 * 1024 + 5)
+    (tmp_path / "f").write_bytes(data)
+    monkeypatch.setattr(reading, "MADV_POPULATE_READ", 1000)  # no such advice: EINVAL, as from a kernel before 5.14
+    monkeypatch.setattr(reading, "_populate_refused", False)
+    assert blake3_file(tmp_path / "f", window=1024 * 1024) == blake3.blake3(data).hexdigest()
+    assert reading._populate_refused

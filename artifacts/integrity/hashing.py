@@ -6,11 +6,9 @@ sha256 alone.
 """
 from __future__ import annotations
 
-import fcntl
 import mmap
 import os
 import queue
-import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,13 +16,13 @@ from typing import Callable, Iterable, Iterator
 
 import blake3
 
-from ..errors import BadInput
+# the window reader lives in reading.py (cheap to import, for verify's head start); named here for its users too
+from .reading import SMALL_READ, ChangedDuringRead, lease, lease_broken, mapped_windows, unlease  # noqa: F401
 
 # hashlib is imported inside the functions that use it: loading OpenSSL costs ~8 ms (this project's 2-core EPYC VM,
 # 21 runs) of a command that computes no sha256, such as `mm verify --quick` or a blake3-only verify.
 
 SLICE = 8 * 1024 * 1024
-SMALL_READ = 1024 * 1024  # blake3_file reads files up to this size instead of mapping them
 # StreamHasher gives each slice of this size to every hash in turn, so only the first reads it from memory: on these
 # VMs sha256 costs 0.56 CPU-s per GiB of cached bytes and 0.88-0.93 of bytes out of the cache (32-256 MiB buffers);
 # a fetch of 8 x 128 MiB, whose hashing thread ran blake3 and sha256 side by side over the same 4 MiB, fell from
@@ -247,127 +245,3 @@ def upstream_digest(path: Path | str, kind: str, on_bytes: Callable[[int], None]
     for piece in mapped_windows(path, window, on_bytes):
         h.update(piece)
     return h.hexdigest()
-
-
-class ChangedDuringRead(BadInput):
-    """The file was truncated, or opened for writing, by another process while it was being hashed."""
-
-
-def lease(fd: int) -> bool:
-    """Take a read lease on FD: while it is held, another process that opens the file for writing or
-    truncates it waits (up to /proc/sys/fs/lease-break-time) until we let go, so a mapping of the file can
-    never lose its pages under us (which would kill the process with SIGBUS). The break is announced with
-    SIGURG, whose default action is to ignore it; the reader polls lease_broken() between windows.
-    False when the kernel will not grant one (the file is open for writing somewhere, another owner without
-    CAP_LEASE, a file system without leases): the caller then reads instead of mapping."""
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
-        return True
-    except (OSError, AttributeError):
-        return False
-
-
-def unlease(fd: int) -> None:
-    """Give a lease back before the descriptor is closed (a mapping still held keeps the open file, and its lease)."""
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
-    except OSError:
-        pass
-
-
-def lease_broken(fd: int) -> bool:
-    try:
-        return fcntl.fcntl(fd, fcntl.F_GETLEASE) != fcntl.F_RDLCK
-    except OSError:
-        return True
-
-
-def mapped_windows(path: Path | str, window: int, on_bytes: Callable[[int], None] | None = None) -> Iterator[memoryview | bytes]:
-    """A file's bytes as consecutive views, each byte read once, peak RSS about one window.
-
-    Small files are read with one os.read (cheaper than a mapping, and mmap rejects empty files).
-    Larger ones are mmapped under a read lease (see _lease); each window's page mappings are dropped once
-    the consumer is done with it (MADV_DONTNEED on a read-only file mapping frees only our page-table
-    entries; the page cache keeps the data), so RSS stays near one window instead of the file's size as
-    with `update_mmap`. The next window is prefetched (WILLNEED) unless it is cached. on_bytes(n) follows each
-    window. Without a lease the file is read (pread into one aligned buffer) instead: a truncation then
-    shows as a short read. Either way a file cut or opened for writing meanwhile raises ChangedDuringRead.
-    """
-    fd = os.open(path, os.O_RDONLY)  # not open(): its buffered reader costs as much as hashing a small file
-    try:
-        size = os.fstat(fd).st_size
-        if size <= SMALL_READ:
-            data = os.read(fd, size)
-            if len(data) != size:
-                raise ChangedDuringRead(f"{path}: {len(data)} bytes read of {size}: the file was cut while being read")
-            yield data
-            if on_bytes is not None:
-                on_bytes(len(data))
-            return
-        if not lease(fd):
-            yield from _read_windows(fd, path, size, window, on_bytes)
-            return
-        if os.fstat(fd).st_size != size:
-            raise ChangedDuringRead(f"{path}: its size changed while it was being opened")
-        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
-            view = memoryview(mm)
-            try:
-                for start in range(0, size, window):
-                    length = min(window, size - start)
-                    ahead = min(window, size - start - length)
-                    if ahead and not (cached(fd, start + length) and cached(fd, start + length + ahead - 1)):
-                        mm.madvise(mmap.MADV_WILLNEED, start + length, ahead)
-                    piece = view[start : start + length]
-                    try:
-                        yield piece
-                    finally:
-                        piece.release()
-                    mm.madvise(mmap.MADV_DONTNEED, start, length)
-                    if on_bytes is not None:
-                        on_bytes(length)
-                    if lease_broken(fd):
-                        raise ChangedDuringRead(f"{path}: another process opened it for writing or cut it while it "
-                                                f"was being read")
-            finally:
-                view.release()
-    finally:
-        os.close(fd)  # releases the lease: a writer waiting for it goes on
-
-
-_PROBE = bytearray(1)  # what cached() reads into (shared: its content is never looked at)
-
-
-def cached(fd: int, offset: int) -> bool:
-    """Whether the page of FD at OFFSET is in the page cache: a one-byte read told not to wait (RWF_NOWAIT).
-    The prefetch of the next window (MADV_WILLNEED) is asked only where it is not: for pages already there, the
-    kernel still looks each one up, a window at a time (8,192 lookups for 32 MiB, every byte of a warm verify)."""
-    try:
-        return os.preadv(fd, [_PROBE], offset, os.RWF_NOWAIT) == 1
-    except (OSError, AttributeError):  # EAGAIN: not cached; or no RWF_NOWAIT here: prefetch as before
-        return False
-
-
-def _read_windows(fd: int, path: Path | str, size: int, window: int,
-                  on_bytes: Callable[[int], None] | None) -> Iterator[memoryview]:
-    """The read path of mapped_windows: pread into one page-aligned buffer (2.3x faster than a bytearray)."""
-    buf = mmap.mmap(-1, window)
-    view = memoryview(buf)
-    try:
-        pos = 0
-        while pos < size:
-            want = min(window, size - pos)
-            got = os.preadv(fd, [view[:want]], pos)
-            if got == 0:
-                raise ChangedDuringRead(f"{path}: ended at byte {pos} of {size}: the file was cut while being read")
-            piece = view[:got]
-            try:
-                yield piece
-            finally:
-                piece.release()
-            pos += got
-            if on_bytes is not None:
-                on_bytes(got)
-    finally:
-        view.release()
-        buf.close()

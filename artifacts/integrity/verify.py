@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, TypeVar
 
 from ..errors import BadInput, BadValue, Busy, QuickVerifyFailed
 from ..paths import MM_DIR, Snapshot, manifest_path, snapshot_of, state_dir
@@ -33,21 +33,13 @@ from ..edges.interrupt import usable_cores
 from .manifest import Manifest, read_manifest
 from ..edges.progress import NULL_PROGRESS, ProgressSink, working_on
 from ..edges.untrusted import MAX_DOCUMENT, Malformed, load_json
+from .reading import (BIG_FILE, MAX_WINDOW, MIN_WINDOW, ROUND_SPREAD, SMALL_FILE, WINDOW_BUDGET,  # noqa: F401
+                      hash_schedule, window_size)
 from .safetensors_check import StructureError, index_faults, read_header, read_weight_map
 
-BIG_FILE = 64 * 1024 * 1024  # below this, a file is always hashed on one core (threads cost more than they save)
-# Below this, a file is hashed in the calling thread, one after another: two threads hashing files this small spend
-# their time waiting on each other for the GIL (measured, 8,192 files of 1 KiB: 0.09 s in one thread, 0.18 s in
-# two; 16 KiB: 0.032 against 0.035 s; 64 KiB: 0.039 against 0.026 s). 10,000 small files: 0.51-0.56 s, 0.21-0.25 s so.
-SMALL_FILE = 16 * 1024
-# Bytes of file windows mapped (or read into buffers) at once over all hashing threads: a thread's part, between
-# 2 and 64 MiB. A file hashed alone on all cores has the whole budget: blake3's threads split each window, and
-# fewer, larger windows cost less (measured on 16 cores, 11 shards of 768 MiB warm, hashing alone: 0.251 s with
-# 32 MiB windows, 0.224 s with 64 MiB, 0.202 s mapping each file whole as b3sum does, whose RSS is the file).
-WINDOW_BUDGET = 64 * 1024 * 1024
-MAX_WINDOW = WINDOW_BUDGET
-MIN_WINDOW = 2 * 1024 * 1024
-ROUND_SPREAD = 1.5  # largest / smallest file in one round of files hashed one per core
+if TYPE_CHECKING:
+    from .early import HeadStart
+
 # Problems a re-download fixes; the others (extra files, symlinks, structure of good bytes) it cannot.
 REPAIRABLE = frozenset({"missing", "size", "hash", "empty", "unreadable"})
 # Reported, but a failure only when asked for (--strict): a user's own file beside the model is no damage.
@@ -142,7 +134,8 @@ class VerifyOptions:
 
 def verify_dir(model_dir: Path, manifest: Manifest | None = None, *, quick: bool = False, jobs: int | None = None,
                progress: ProgressSink = NULL_PROGRESS, manifest_file: Path | None = None,
-               strict: bool = False, rehash: frozenset[str] | None = None) -> VerifyReport:
+               strict: bool = False, rehash: frozenset[str] | None = None,
+               head_start: bool = False) -> VerifyReport:
     """Check MODEL_DIR against MANIFEST (default: the one beside the model, or MANIFEST_FILE). STRICT: extra
     files fail the verdict too. A partial manifest's left-out files are not judged (nor what names them).
     REHASH: hash only these paths (repair's re-verify: the rest was hashed just before and not rewritten);
@@ -151,19 +144,33 @@ def verify_dir(model_dir: Path, manifest: Manifest | None = None, *, quick: bool
     PROVEN: paths whose content the caller proved against this manifest itself (unbundle hashed them on their way
     to disk): checked like every file for presence, size, readability and structure, but not read again.
 
+    HEAD_START: take the digests the console script began for exactly this verify, if any (early.py); files
+    whose identity changed since are hashed again.
+
     Raises BadInput when it cannot run (no manifest, unreadable directory); damage is returned as problems.
     """
     model_dir = Path(model_dir)
     check_readable_dir(model_dir)
     manifest_file = Path(manifest_file) if manifest_file else manifest_path(model_dir)
     with read_lock(model_dir, "verify", "verify when it has finished"):
-        if manifest is None:
-            manifest = read_manifest(manifest_file)
-        expected = [Expected(f.path, f.size, "blake3", f.blake3) if f.blake3 is not None
-                    else Expected(f.path, f.size, f.upstream.kind, f.upstream.value) for f in manifest.files]
-        report = _verify(model_dir, expected, str(manifest_file), quick=quick, jobs=jobs, progress=progress,
-                         ignore=_inside(model_dir, manifest_file), rehash=rehash,
-                         left_out=frozenset(manifest.partial.left_out if manifest.partial else ()))
+        head = None
+        if head_start:
+            from .early import HeadStartKey, claim
+            head = claim(HeadStartKey.of(model_dir, manifest_file, max(1, jobs or usable_cores())))
+        try:
+            if head is not None and quick:  # nothing hashed: not a byte more
+                head.stop()
+                head = None
+            if manifest is None:
+                manifest = read_manifest(manifest_file)
+            expected = [Expected(f.path, f.size, "blake3", f.blake3) if f.blake3 is not None
+                        else Expected(f.path, f.size, f.upstream.kind, f.upstream.value) for f in manifest.files]
+            report = _verify(model_dir, expected, str(manifest_file), quick=quick, jobs=jobs, progress=progress,
+                             ignore=_inside(model_dir, manifest_file), rehash=rehash,
+                             left_out=frozenset(manifest.partial.left_out if manifest.partial else ()), head=head)
+        finally:
+            if head is not None:
+                head.stop()
     if not manifest.files:  # a model is at least one file: an emptied manifest would vouch for anything beside it
         report = replace(report, problems=(Problem(_inside(model_dir, manifest_file) or str(manifest_file), "manifest",
                                                    "lists no file, and a model is at least one: an emptied "
@@ -217,8 +224,9 @@ class _Scan:
 
 def _verify(model_dir: Path, expected: list[Expected], source: str, *, quick: bool, jobs: int | None,
             progress: ProgressSink, ignore: str | None = None, listing: str = "the manifest",
-            left_out: frozenset[str] = frozenset(), rehash: frozenset[str] | None = None) -> VerifyReport:
-    started = time.perf_counter()
+            left_out: frozenset[str] = frozenset(), rehash: frozenset[str] | None = None,
+            head: HeadStart | None = None) -> VerifyReport:
+    started = head.started if head is not None else time.perf_counter()  # from the first byte hashed
     jobs = max(1, jobs or usable_cores())
     scan = _scan(model_dir, ignore)
     problems = list(scan.problems)
@@ -247,7 +255,7 @@ def _verify(model_dir: Path, expected: list[Expected], source: str, *, quick: bo
         problems += _unreadable(model_dir, [e.path for e in to_hash])
         bytes_checked = 0
     else:
-        hash_problems, bytes_checked = _hash_all(model_dir, to_hash, jobs, progress)
+        hash_problems, bytes_checked = _hash_all(model_dir, to_hash, jobs, progress, head)
         problems += hash_problems
     broken |= {p.path for p in problems if p.kind in ("unreadable", "empty", "size")}
     problems += _structure(model_dir, scan.sizes, broken, jobs, left_out)
@@ -370,11 +378,6 @@ def _digest_matches(path: Path, exp: Expected) -> bool:
         return False
 
 
-def window_size(jobs: int) -> int:
-    """Each hashing thread's window: its part of WINDOW_BUDGET, within [MIN_WINDOW, MAX_WINDOW]."""
-    return max(MIN_WINDOW, min(MAX_WINDOW, WINDOW_BUDGET // max(1, jobs)))
-
-
 def _digest(path: str | Path, exp: Expected, threads: int, on_bytes: Callable[[int], None] | None,
             window: int = MAX_WINDOW) -> str:
     # hashing (and blake3's native module) loads with the first file hashed: a quick verify hashes none
@@ -386,16 +389,29 @@ def _digest(path: str | Path, exp: Expected, threads: int, on_bytes: Callable[[i
     return upstream_digest(path, exp.algorithm, on_bytes, window=min(window, SLICE))
 
 
-def _hash_all(model_dir: Path, files: list[Expected], jobs: int, progress: ProgressSink) -> tuple[list[Problem], int]:
-    """Hash every file whose size already matched (see the module docstring for the schedule)."""
+def _hash_all(model_dir: Path, files: list[Expected], jobs: int, progress: ProgressSink,
+              head: HeadStart | None = None) -> tuple[list[Problem], int]:
+    """Hash every file whose size already matched (see the module docstring for the schedule); with HEAD, the
+    files it hashed and that are still the files it read are judged on its digests."""
     from blake3 import blake3
 
     progress.begin(sum(e.size for e in files), "verify", files=len(files))
     try:
+        results = []
+        if head is not None:
+            early = head.join(progress)
+            rest = []
+            for exp in files:
+                got = early.get(exp.path) if exp.algorithm == "blake3" else None
+                if got is not None and _identity(model_dir, exp.path) == got.identity:
+                    results.append(_judge(exp, got.blake3))
+                else:
+                    rest.append(exp)
+            files = rest
         per_core, one_at_a_time = hash_schedule(files, jobs)
         threads = blake3.AUTO if jobs == usable_cores() else jobs
         window = window_size(jobs)
-        results = _in_parallel(per_core, lambda e: _check_one(model_dir, e, 1, progress, window), jobs)
+        results += _in_parallel(per_core, lambda e: _check_one(model_dir, e, 1, progress, window), jobs)
         results += [_check_one(model_dir, e, threads if e.size >= BIG_FILE else 1, progress)
                     for e in one_at_a_time]
     finally:
@@ -404,22 +420,12 @@ def _hash_all(model_dir: Path, files: list[Expected], jobs: int, progress: Progr
     return problems, sum(n for _, n in results)
 
 
-def hash_schedule(files: list[Expected], jobs: int) -> tuple[list[Expected], list[Expected]]:
-    """(files to hash one per core, largest first; files to hash one at a time in the calling thread: large blake3
-    files, each on all cores, then the small ones, SMALL_FILE).
-
-    Large files go one per core in rounds of JOBS files of similar size (within ROUND_SPREAD), so the
-    cores finish together; the rest would leave cores idle while one file runs on a single thread.
-    """
-    big = sorted((e for e in files if e.size >= BIG_FILE and e.algorithm == "blake3"), key=lambda e: -e.size)
-    rounds = 0
-    while rounds + jobs <= len(big) and big[rounds].size <= ROUND_SPREAD * big[rounds + jobs - 1].size:
-        rounds += jobs
-    small = [e for e in files if e.size < SMALL_FILE]
-    one_at_a_time = big[rounds:] + small
-    later = {id(e) for e in big[rounds:]}  # small files are told by their size: no set of a million entries
-    return (sorted((e for e in files if e.size >= SMALL_FILE and id(e) not in later), key=lambda e: -e.size),
-            one_at_a_time)
+def _identity(model_dir: Path, rel: str) -> tuple[int, ...] | None:
+    from .early import file_id
+    try:
+        return file_id(os.stat(os.path.join(model_dir, rel)))
+    except OSError:
+        return None
 
 
 def _check_one(model_dir: Path, exp: Expected, threads: int, progress: ProgressSink,
@@ -439,6 +445,11 @@ def _check_file(model_dir: Path, exp: Expected, threads: int, progress: Progress
     except ChangedDuringRead:
         return Problem(exp.path, "changed", "changed during verify (another process cut it or opened it for "
                                             "writing while it was hashed); verify again when nothing writes it"), 0
+    return _judge(exp, got)
+
+
+def _judge(exp: Expected, got: str) -> tuple[Problem | None, int]:
+    """EXP against GOT, its file's digest: (the problem or None, bytes hashed)."""
     if got == exp.digest:
         return None, exp.size
     name = {"blake3": "blake3", "lfs-sha256": "sha256 (Hub LFS)", "git-blob-sha1": "git blob sha1 (Hub)"}[exp.algorithm]

@@ -9,7 +9,8 @@ PATH (or KIT/b3sum, or .devcarry/vb/b3sum). The mm timed is this checkout's; KIT
 10% of its bound needs 5), WORK (/tmp/vb), KIT (default: none), SITE (a folder of wheels installed with `pip
 install --target`), CPUS (e.g. 0,1: the timed runs pinned to those cores, the model made on all; mm then hashes
 on as many threads as it is allowed cores), COLD=1 (root: sync and drop the page cache before every timed run, so
-each reads the model from the disk: the model-scale goal's condition).
+each reads the model from the disk: the model-scale goal's condition), NO_HEAD=1 (each mm is also timed, in the same
+rounds, as "... no head": its console entry without the head start of `mm verify DIR`, artifacts/integrity/early.py).
 Goals: warm, the whole `mm verify` at least 0.9x the speed of `b3sum --check` (the issue sets it at 8 GiB on 2
 cores) and mm's own hashing (the seconds its --json reports, start-up left out) at least 1.0x; cold at model
 scale (32 GiB and more), the whole command at least 1.0x. E.g., 2 cores of the GPU host:
@@ -35,8 +36,13 @@ def mm_runs() -> dict:
     path = [p for p in (SITE, os.environ.get("PYTHONPATH", "")) if p]
     kit = {f"mm {which}": KIT / which / "mm" for which in ("before", "after") if KIT and (KIT / which / "mm").is_dir()}
     env = {**os.environ, "PYTHONPATH": ":".join(path)}
-    return {name: ([sys.executable, "-c", _BIND_MM.format(root=str(package)) + "from mm.__main__ import main; "
+    runs = {name: ([sys.executable, "-c", _BIND_MM.format(root=str(package)) + "from mm.__main__ import main; "
                     "sys.exit(main())"], env) for name, package in (kit or {"mm": REPO}).items()}
+    if os.environ.get("NO_HEAD") == "1":  # __main__.main less its early.begin: the garbage collector off, the tree
+        runs.update({f"{name} no head": ([sys.executable, "-c", _BIND_MM.format(root=str(package)) + "import gc; "
+                                          "gc.disable(); from mm.cli import main; main()"], env)
+                     for name, package in (kit or {"mm": REPO}).items()})
+    return runs
 
 
 def gen():
