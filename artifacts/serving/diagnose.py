@@ -894,7 +894,8 @@ _OUTPUT = re.compile(r"\bout=\{(?:[^{}'\"]|'[\w.]*'|\{[^{}]*\})*?'text': |\bGene
 MAX_OUTPUTS = 64
 # an answer's message as openai-python prints it (print(completion): its pydantic models' repr, content first:
 # ChatCompletionMessage(content='...', refusal=None, role='assistant', ...); streamed, ChoiceDelta(content='...', ...))
-_PY_ANSWER = re.compile(r"\b(?:ChatCompletionMessage|ChoiceDelta)\(content=")
+# and as LangChain's langchain_openai returns it (langchain_core AIMessage / AIMessageChunk repr, content first)
+_PY_ANSWER = re.compile(r"\b(?:ChatCompletionMessage|ChoiceDelta|AIMessage|AIMessageChunk)\(content=")
 
 
 # pydantic's ValidationError prints each error as a location line ('thinking.type'; v1: 'thinking -> type') and an
