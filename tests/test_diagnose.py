@@ -528,6 +528,7 @@ def test_the_oom_fix_lowers_the_value_the_log_shows(args, shown, proposed):
     assert f"the log shows --mem-fraction-static {shown} " in finding.fix
     assert f"mm launch MODEL_DIR --hardware HW --mem-fraction-static {proposed}" in finding.fix
     assert "below 0.8" not in finding.fix
+    assert "0.05 (mm's own step) under the lower of the guide's 0.8 and what ran" in finding.fix  # how it was found
 
 
 def test_the_oom_fix_with_a_plan_names_the_launch_that_applies_it(model_dir):
