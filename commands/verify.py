@@ -44,7 +44,7 @@ def _render_verify(report: VerifyReport, title: str = "verify") -> None:
     verdict = "OK" if report.ok else f"DAMAGED: {len(failures)} problem(s) ({_counts_text(failures)})"
     if extras:
         verdict += f"; {extras} extra file(s) reported, not failed (--strict fails on them)"
-    out.line(f"{title} {report.model_dir} against {report.manifest_path}: {report.files_checked} files, {read}, "
+    out.line(f"{title} {report.model_dir} against {report.manifest_path}: {report.files_checked} file{'' if report.files_checked == 1 else 's'}, {read}, "
              f"{human_duration(report.seconds)}. {verdict}")
 
 

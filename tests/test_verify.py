@@ -444,3 +444,12 @@ def test_a_kernel_without_madv_populate_read_hashes_the_same_windows_by_faults(t
     monkeypatch.setattr(reading, "_populate_refused", False)
     assert blake3_file(tmp_path / "f", window=1024 * 1024) == blake3.blake3(data).hexdigest()
     assert reading._populate_refused
+
+
+def test_the_summary_counts_one_file_in_the_singular(tmp_path):
+    root = tmp_path / "one"
+    root.mkdir()
+    (root / "config.json").write_text("{}")
+    manifest_for_local_dir(root, "acme/one", "0123456789abcdef0123456789abcdef01234567", offline=True)
+    r = run_mm("verify", root)
+    assert r.returncode == 0 and ": 1 file, 2 B hashed" in r.stdout, r.stdout
