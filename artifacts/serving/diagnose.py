@@ -906,9 +906,11 @@ _PYDANTIC_MSG = re.compile(r"^\s+\S.*[\[(]type=[\w.]+")
 
 # vLLM's logger header (vllm/logger.py _FORMAT '%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s',
 # dates '%m-%d %H:%M:%S'), after utils/system_utils.py decorate_logs' '(APIServer pid=N) '; its NewLineFormatter
-# repeats the header on every line of a message, so a traceback's lines carry it too: what follows is what was logged
+# repeats the header on every line of a message, so a traceback's lines carry it too: what follows is what was logged;
+# decorate_logs prefixes whatever else the process writes (a traceback printed to stderr, uvicorn's access lines)
+# with '(APIServer pid=N) ' alone
 _VLLM_HEADER = re.compile(r"^(?:\((APIServer|EngineCore(?:_DP\d+)?|\w+) pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
-                          r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]\s]+:\d+\] ")
+                          r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]\s]+:\d+\] |^\((APIServer|EngineCore(?:_DP\d+)?|\w+) pid=\d+\) ")
 _VLLM_LEVEL_INITIALS = frozenset("DIWEC")
 
 
@@ -1104,7 +1106,7 @@ class _Scanner:
         scan = self.scan
         scan.lines = number
         if (line[:1] == "(" or line[:1] in _VLLM_LEVEL_INITIALS) and (m := _VLLM_HEADER.match(line)):
-            if m.group(1):
+            if m.group(1) or m.group(2):
                 scan.engines.add("vllm")
             line = line[m.end():]
         if self.tail:
