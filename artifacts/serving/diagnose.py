@@ -906,9 +906,11 @@ _PYDANTIC_MSG = re.compile(r"^\s+\S.*[\[(]type=[\w.]+")
 
 # vLLM's logger header (vllm/logger.py _FORMAT '%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s',
 # dates '%m-%d %H:%M:%S'), after utils/system_utils.py decorate_logs' '(APIServer pid=N) '; its NewLineFormatter
-# repeats the header on every line of a message, so a traceback's lines carry it too: what follows is what was logged
+# repeats the header on every line of a message, so a traceback's lines carry it too: what follows is what was logged;
+# decorate_logs prefixes whatever else the process writes (a traceback printed to stderr, uvicorn's access lines)
+# with '(APIServer pid=N) ' alone
 _VLLM_HEADER = re.compile(r"^(?:\((APIServer|EngineCore(?:_DP\d+)?|\w+) pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
-                          r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]\s]+:\d+\] ")
+                          r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]\s]+:\d+\] |^\((APIServer|EngineCore(?:_DP\d+)?|\w+) pid=\d+\) ")
 _VLLM_LEVEL_INITIALS = frozenset("DIWEC")
 
 
@@ -1057,6 +1059,58 @@ def _minfer_not_mounted(line: str) -> str | None:
     return f"no volume at {MINFER} (volumes at {', '.join(t for t in targets if t)})"
 
 
+# a compose file pasted with the log (compose spec: services.<name>.environment, .volumes in short 'SRC:DST[:MODE]' or
+# long 'target: DST' syntax): read as the guide's docker run is by _minfer_not_mounted
+_COMPOSE_SERVICES = re.compile(r"^services:\s*$")
+_COMPOSE_VOLUMES = re.compile(r"^-?\s*volumes:\s*(?:\[(.*)\])?\s*$")
+_COMPOSE_ITEM = re.compile(r"""^-\s*["']?([^"'\s#]+)""")
+_COMPOSE_TARGET = re.compile(r"""^-?\s*target:\s*["']?(/[^"'\s#]*)""")
+COMPOSE_NO_MINFER = "compose services (line {line}) set FMHA_SM100_ALLOW_JIT and mount {targets}, none at " + MINFER
+
+
+@dataclass
+class _Compose:
+    """The services block of a pasted compose file, being read: whether it sets FMHA_SM100_ALLOW_JIT and where its
+    volumes are mounted."""
+    line: int
+    jit: bool = False
+    targets: list = field(default_factory=list)
+    volumes_at: int | None = None  # the indent of the `volumes:` key whose list is being read
+
+    def add(self, line: str) -> None:
+        text = line.strip()
+        if not text or text.startswith("#"):
+            return
+        indent = len(line) - len(line.lstrip())
+        if "FMHA_SM100_ALLOW_JIT" in text:
+            self.jit = True
+        if self.volumes_at is not None and (indent < self.volumes_at or (indent == self.volumes_at and text[0] != "-")):
+            self.volumes_at = None
+        if m := _COMPOSE_VOLUMES.match(text):
+            self.volumes_at = None if m.group(1) is not None else indent
+            for spec in (m.group(1) or "").split(","):
+                self._short(spec.strip().strip("\"'"))
+        elif self.volumes_at is not None and len(self.targets) < MAX_KEPT:
+            if m := _COMPOSE_TARGET.match(text):
+                self.targets.append(m.group(1))
+            elif m := _COMPOSE_ITEM.match(text):
+                self._short(m.group(1))
+
+    def _short(self, spec: str) -> None:
+        parts = spec.split(":")
+        target = parts[1] if len(parts) > 1 else parts[0]
+        if target.startswith("/"):
+            self.targets.append(target)
+
+    def finding(self) -> str | None:
+        """The line the detectors read when JIT is allowed and volumes are mounted, none at /root/.cache/minfer."""
+        if not self.jit or not self.targets:
+            return None
+        if any((MINFER + "/").startswith(t.rstrip("/") + "/") for t in self.targets):
+            return None
+        return COMPOSE_NO_MINFER.format(line=self.line, targets=", ".join(self.targets))
+
+
 LINE_CHECKS: dict[str, Callable[[str], str | None]] = {"port_not_published": _port_not_published,
                                                        "minfer_not_mounted": _minfer_not_mounted}
 
@@ -1099,16 +1153,24 @@ class _Scanner:
         self.previous: tuple[str, int, int] | None = None  # the last text line (with the lines it continues), its
         # first line's number and how many lines it holds: for a message wrapped onto the next
         self.grep: tuple[str, int] | None = None  # the guide's grep for the decode path, until its output is seen
+        self.compose: _Compose | None = None  # a pasted compose file's services block, being read
 
     def line(self, number: int, line: str) -> None:
         scan = self.scan
         scan.lines = number
         if (line[:1] == "(" or line[:1] in _VLLM_LEVEL_INITIALS) and (m := _VLLM_HEADER.match(line)):
-            if m.group(1):
+            if m.group(1) or m.group(2):
                 scan.engines.add("vllm")
             line = line[m.end():]
         if self.tail:
             scan.tail.append(line)
+        if self.compose is not None:
+            if line.strip() and not line[:1].isspace() and not line.startswith(("#", "-")):  # the block ended
+                self._compose_end()
+            else:
+                self.compose.add(line)
+        if self.compose is None and _COMPOSE_SERVICES.match(line):
+            self.compose = _Compose(number)
         if "flashinfer.jit: " in line and (m := _FLASHINFER_JIT.match(line)) and (at := _seconds_of(*m.group(1, 2))):
             if m.group(3) == "Loading":
                 if len(self.jit_loading) < MAX_KEPT:
@@ -1337,7 +1399,13 @@ class _Scanner:
             elif len(current) < MAX_KEPT:
                 current.add(m.group(1))
 
+    def _compose_end(self) -> None:
+        compose, self.compose = self.compose, None
+        if compose is not None and (text := compose.finding()) is not None:
+            self._match(text, compose.line)
+
     def finish(self) -> ScannedText:
+        self._compose_end()
         if self.grep is not None:
             self._match(_GREP_EMPTY + self.grep[0], self.grep[1])
         if self.pending is not None:
