@@ -11,7 +11,9 @@ detectors and run as they came, gave 35/42 and 32/38 with one false alarm each b
 tests/diagnose_heldout8/ and tests/diagnose_heldout9/, written by engineers who never saw the detectors and run as they
 came, gave 42/48 with no false alarm and 37/41 with two false alarms blind and are now seen likewise;
 tests/diagnose_heldout10/, written by an engineer who never saw the detectors and run as it came, gave 30/36 with one
-false alarm blind and is now seen likewise. Their figures
+false alarm blind and is now seen likewise. tests/diagnose_heldout11/, written by another such engineer and run as it
+came on the detectors that round ten left, gave 34/36 with no false alarm blind and is kept as it came: nothing was
+tuned for it, so its figure stays a blind one, and it must not fall. Their figures
 are reported apart from the tuned corpus (tests/test_diagnose_corpus.py), which says what the detectors were fitted to.
 """
 from __future__ import annotations
@@ -25,7 +27,8 @@ from mm.artifacts.serving.diagnose import DiagnoseRequest, run_diagnosis
 
 ROUNDS = {name: Path(__file__).parent / name for name in (
     "diagnose_heldout", "diagnose_heldout2", "diagnose_heldout3", "diagnose_heldout4", "diagnose_heldout5",
-    "diagnose_heldout6", "diagnose_heldout7", "diagnose_heldout8", "diagnose_heldout9", "diagnose_heldout10")}
+    "diagnose_heldout6", "diagnose_heldout7", "diagnose_heldout8", "diagnose_heldout9", "diagnose_heldout10",
+    "diagnose_heldout11")}
 
 
 def figures(corpus: Path) -> tuple[list[str], list[str], list[str], list[str]]:
@@ -50,3 +53,5 @@ def test_heldout_recall_and_false_alarms(name, capsys):
     assert not alarms
     if name == "diagnose_heldout":  # the round the changes were made for; the second is reported as it came
         assert len(failures) - len(missed) >= 0.9 * len(failures)
+    if name == "diagnose_heldout11":  # blind, never tuned for: its 34/36 as it came is the floor
+        assert len(failures) - len(missed) >= 34
