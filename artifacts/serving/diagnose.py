@@ -620,6 +620,28 @@ def body_facts(doc: object, line: int) -> Body | None:
 _HEALTH_OUTPUT = re.compile(r'"Output":\s*"(?:[^"\\]|\\.)*"')
 
 
+def _loki_lines(doc: object) -> list[str] | None:
+    """The log lines of a Grafana Loki query_range/query answer (data.result[].values: [nanosecond timestamp, line]
+    pairs per stream) in time order, or None when DOC is no such answer. Loki answers newest first (direction=backward
+    is its default) and splits a log into streams (stdout, stderr, one per pod): the pairs are merged by timestamp,
+    so that the log's last line is the last one it printed."""
+    data = doc.get("data") if isinstance(doc, dict) else None
+    result = data.get("result") if isinstance(data, dict) else None
+    if not (isinstance(result, list) and result and all(isinstance(r, dict) and "values" in r for r in result)):
+        return None
+    pairs = []
+    for stream in result:
+        values = stream["values"]
+        if not isinstance(values, list):
+            return None
+        for value in values:
+            if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and value[0].isdigit()
+                    and isinstance(value[1], str)):
+                return None
+            pairs.append((int(value[0]), len(pairs), value[1]))
+    return [line for _, _, line in sorted(pairs)]
+
+
 def _health_healthy(doc: object) -> bool:
     """Whether DOC is or holds a container health state whose current Status is healthy: its Log then keeps the
     outputs of earlier checks (failures while the server started), which the present state has cleared."""
@@ -1221,6 +1243,26 @@ class _Scanner:
         if self.pending.done:
             self._close()
 
+    def _exported(self, lines: list[str], pending: _JsonObject) -> None:
+        """The log lines a log platform's export carried (_loki_lines), in time order, each read as a line of the log
+        at the physical line that holds it (the export's first where it is not on a line of its own)."""
+        where: dict[str, int] = {}
+        for text, number in pending.lines:
+            quoted = text.strip().rstrip(",")
+            if quoted[:1] == '"' and quoted[-1:] == '"':
+                try:
+                    where.setdefault(json.loads(quoted), number)
+                except ValueError:
+                    pass
+        last = self.scan.lines
+        for text in lines:
+            number = where.get(text, pending.number)
+            for _, piece in normalised([text]):
+                self.line(number, piece)
+        if self.pending is not None:  # a body the export's lines left open ends with them
+            self._close()
+        self.scan.lines = last
+
     def _printed_answers(self, line: str, number: int) -> None:
         """The contents of the answers openai-python printed on LINE (_PY_ANSWER), read as an answer's."""
         import ast
@@ -1294,6 +1336,9 @@ class _Scanner:
             doc = doc.get("obj")
             if not (isinstance(doc, dict) and isinstance(doc.get("messages"), list)):
                 return
+        if (exported := _loki_lines(doc)) is not None:
+            self._exported(exported, pending)
+            return
         facts = body_facts(doc, pending.number)
         if facts is None:  # JSON, but no request or answer (a structured log line): read as text
             healthy = _health_healthy(doc)
