@@ -620,7 +620,10 @@ def body_facts(doc: object, line: int) -> Body | None:
 _HEALTH_OUTPUT = re.compile(r'"Output":\s*"(?:[^"\\]|\\.)*"')
 
 
-def _loki_lines(doc: object) -> list[str] | None:
+MAX_EXPORT_SEEK = 64  # mm's own margin: physical lines between two records of an export (labels, metadata)
+
+
+def _loki_lines(doc: object) -> list[tuple[int, str]] | None:
     """The log lines of a Grafana Loki query_range/query answer (data.result[].values: [nanosecond timestamp, line]
     pairs per stream) in time order, or None when DOC is no such answer. Loki answers newest first (direction=backward
     is its default) and splits a log into streams (stdout, stderr, one per pod): the pairs are merged by timestamp,
@@ -639,7 +642,40 @@ def _loki_lines(doc: object) -> list[str] | None:
                     and isinstance(value[1], str)):
                 return None
             pairs.append((int(value[0]), len(pairs), value[1]))
-    return [line for _, _, line in sorted(pairs)]
+    return [(i, line) for _, i, line in sorted(pairs)]
+
+
+def _search_hits_lines(doc: object) -> list[tuple[int, str]] | None:
+    """The messages of an Elasticsearch/OpenSearch _search answer (hits.hits[]._source with an @timestamp and a
+    message) in @timestamp order, or None when DOC is no such answer or a hit lacks either: Kibana Discover and most
+    queries sort by @timestamp desc, newest first."""
+    hits = doc.get("hits") if isinstance(doc, dict) else None
+    hits = hits.get("hits") if isinstance(hits, dict) else None
+    if not (isinstance(hits, list) and hits):
+        return None
+    stamped = []
+    for hit in hits:
+        source = hit.get("_source") if isinstance(hit, dict) else None
+        if not isinstance(source, dict) or not isinstance(stamp := source.get("@timestamp"), str):
+            return None
+        text = next((source[k] for k in _RECORD_TEXT if isinstance(source.get(k), str)), None)
+        try:
+            when = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if text is None:
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        stamped.append((when, len(stamped), text))
+    return [(i, text) for _, i, text in sorted(stamped)]
+
+
+def _export_lines(doc: object) -> list[tuple[int, str]] | None:
+    """A log platform's JSON export, as the lines it carries in time order, each with its place in the export (Loki,
+    Elasticsearch), else None."""
+    lines = _loki_lines(doc)
+    return _search_hits_lines(doc) if lines is None else lines
 
 
 def _health_healthy(doc: object) -> bool:
@@ -1243,21 +1279,21 @@ class _Scanner:
         if self.pending.done:
             self._close()
 
-    def _exported(self, lines: list[str], pending: _JsonObject) -> None:
-        """The log lines a log platform's export carried (_loki_lines), in time order, each read as a line of the log
+    def _exported(self, lines: list[tuple[int, str]], pending: _JsonObject) -> None:
+        """The log lines a log platform's export carried (_export_lines), in time order, each read as a line of the log
         at the physical line that holds it (the export's first where it is not on a line of its own)."""
-        where: dict[str, int] = {}
-        for text, number in pending.lines:
-            quoted = text.strip().rstrip(",")
-            if quoted[:1] == '"' and quoted[-1:] == '"':
-                try:
-                    where.setdefault(json.loads(quoted), number)
-                except ValueError:
-                    pass
+        at: dict[int, int] = {}  # place in the export -> the physical line that holds it, found in the export's order
+        cursor = 0
+        for place, text in sorted(lines):
+            quoted = json.dumps(text, ensure_ascii=False)[1:-1]
+            found = next((k for k in range(cursor, min(cursor + MAX_EXPORT_SEEK, len(pending.lines)))
+                          if quoted in pending.lines[k][0]), None)
+            if found is not None:
+                at[place], cursor = pending.lines[found][1], found + 1
         last = self.scan.lines
-        for text in lines:
-            number = where.get(text, pending.number)
-            for _, piece in normalised([text]):
+        for place, text in lines:
+            number = at.get(place, pending.number)
+            for _, piece in normalised(text.splitlines() or [""]):
                 self.line(number, piece)
         if self.pending is not None:  # a body the export's lines left open ends with them
             self._close()
@@ -1336,7 +1372,7 @@ class _Scanner:
             doc = doc.get("obj")
             if not (isinstance(doc, dict) and isinstance(doc.get("messages"), list)):
                 return
-        if (exported := _loki_lines(doc)) is not None:
+        if (exported := _export_lines(doc)) is not None:
             self._exported(exported, pending)
             return
         facts = body_facts(doc, pending.number)
