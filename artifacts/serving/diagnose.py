@@ -426,9 +426,25 @@ _LOGFMT_ESCAPE = re.compile(r"\\(.)")
 _LOGFMT_CHARS = {"n": "\n", "t": "\t", "r": "\r"}
 
 
+# Fluent Bit's stdout output: [N] TAG: [TIMESTAMP, {record}] (1.x) or [[TIMESTAMP, {metadata}], {record}] (2.x), the
+# record a Ruby-style hash ("key"=>"value") that is JSON once each "key"=> is "key":
+_FLUENTBIT = re.compile(r'^\[\d+\] [^\s:]+: \[(?:\[\d+(?:\.\d+)?, \{[^{}]*\}\]|\d+(?:\.\d+)?), (\{".*\})\]\s*$')
+_FLUENTBIT_KEY = re.compile(r'"(?:[^"\\]|\\.)*"(=>)?')
+
+
+def _fluentbit_record(line: str) -> str | None:
+    """A Fluent Bit stdout line's record as JSON (whole strings consumed, so that a '=>' inside a value stays), or
+    None when LINE is no such line."""
+    if not line.startswith("[") or not (m := _FLUENTBIT.match(line)):
+        return None
+    return _FLUENTBIT_KEY.sub(lambda k: k.group()[:-2] + ":" if k.group(1) else k.group(), m.group(1))
+
+
 def _unwrapped(line: str) -> str:
     """What the process printed, with the collectors' prefixes (timestamps, pod, service, journald) removed and a
     logfmt record replaced by its message."""
+    if (record := _fluentbit_record(line)) is not None:
+        return record
     for _ in range(4):  # a prefix inside a prefix: journald of compose, docker timestamps of kubectl
         for prefix in _PREFIXES:
             if m := prefix.match(line):
@@ -447,7 +463,8 @@ def _unwrapped(line: str) -> str:
 # a record also names a level, time, stream or unit
 _RECORD_TEXT = ("log", "message", "msg", "MESSAGE", "textPayload", "line")
 _RECORD_MARK = frozenset({"stream", "time", "timestamp", "ts", "level", "levelname", "severity", "logger", "@timestamp",
-                          "__REALTIME_TIMESTAMP", "_SYSTEMD_UNIT", "SYSLOG_IDENTIFIER", "PRIORITY", "__CURSOR", "_PID"})
+                          "__REALTIME_TIMESTAMP", "_SYSTEMD_UNIT", "SYSLOG_IDENTIFIER", "PRIORITY", "__CURSOR", "_PID",
+                          "container_id", "container_name"})  # docker's fluentd driver: {container_*, source, log}
 
 
 def _record(line: str) -> tuple[str | None, dict] | None:
