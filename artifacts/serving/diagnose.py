@@ -47,7 +47,7 @@ class Detector:
     near: re.Pattern | None = None  # the pattern counts only within `within` lines after a line matching this (or on it)
     within: int | None = None
     min_seconds: float | None = None  # the pattern's group `seconds` (a duration the line states) must reach this
-    requires: str | None = None  # a property of the recipe: expects_qmul4, blackwell
+    requires: str | None = None  # a property of the recipe: expects_qmul4, blackwell; plan: a launch plan is given
     engine: str | None = None  # sglang | vllm: the detector applies to that engine only
     field: str | None = None  # error | content: the pattern judges that field of a JSON answer, not text
     body: str | None = None  # a named check on a JSON request or answer body (BODY_CHECKS)
@@ -321,6 +321,8 @@ def _applies(d: Detector, plan: LaunchPlan | None, engine: str) -> bool:
         return plan is not None and plan.recipe.expects_qmul4
     if d.requires == "blackwell":
         return plan is None or plan.hardware.family == "blackwell"
+    if d.requires == "plan":  # a start that departs from the recipe, not a symptom: only against the recipe's own flags
+        return plan is not None
     return True
 
 
