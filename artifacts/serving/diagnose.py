@@ -47,7 +47,7 @@ class Detector:
     near: re.Pattern | None = None  # the pattern counts only within `within` lines after a line matching this (or on it)
     within: int | None = None
     min_seconds: float | None = None  # the pattern's group `seconds` (a duration the line states) must reach this
-    requires: str | None = None  # a property of the recipe: expects_qmul4, blackwell
+    requires: str | None = None  # a property of the recipe: expects_qmul4, blackwell; plan: a launch plan is given
     engine: str | None = None  # sglang | vllm: the detector applies to that engine only
     field: str | None = None  # error | content: the pattern judges that field of a JSON answer, not text
     body: str | None = None  # a named check on a JSON request or answer body (BODY_CHECKS)
@@ -321,6 +321,8 @@ def _applies(d: Detector, plan: LaunchPlan | None, engine: str) -> bool:
         return plan is not None and plan.recipe.expects_qmul4
     if d.requires == "blackwell":
         return plan is None or plan.hardware.family == "blackwell"
+    if d.requires == "plan":  # a start that departs from the recipe, not a symptom: only against the recipe's own flags
+        return plan is not None
     return True
 
 
@@ -917,6 +919,17 @@ def _needles_of(items: list) -> frozenset[str] | None:
 _LOWERED: list = [None, ""]  # the last line lower-cased: every case-insensitive detector tries the same line in turn
 
 
+# A runbook or help text's step, as a CI job echoes it ("If the log shows CUDA out of memory ..., lower ...", a numbered
+# or bulleted "In case NCCL init times out, verify ..."): a conditional clause, then what to do. A log line or a
+# user's report says what happened; round fourteen's trap_gha_runbook_echo_mentions_oom.
+_RUNBOOK_STEP = re.compile(
+    r"\s*(?:[-*\u2022]\s+|\d{1,2}[.)]\s+)?(?:If|In case)\s[^,;:]{3,160}[,:]\s*(?:then\s+|please\s+|first\s+)?"
+    r"(?:check|lower|set|keep|restart|raise|increase|reduce|decrease|use|try|add|make sure|verify|run|mount|pass|drop"
+    r"|confirm|ensure|switch|remove|update|re-?run|consult|follow|bump|disable|enable|export|unset|delete|clear"
+    r"|rebuild|pin|retry|wait|escalate|inspect|compare|do not|don't|never)\b")
+_STEP_INITIALS = frozenset(" \t-*\u20220123456789I")
+
+
 def _lower(line: str) -> str:
     if _LOWERED[0] is not line:
         _LOWERED[0], _LOWERED[1] = line, line.lower()
@@ -1411,6 +1424,8 @@ class _Scanner:
 
     def _match(self, line: str, number: int, payload: bool = False) -> None:
         """Every detector on LINE; a request log line (PAYLOAD) is user data: only the detectors made for it see it."""
+        if line and line[:1] in _STEP_INITIALS and _RUNBOOK_STEP.match(line):
+            line = ""  # a runbook step a CI job echoed: the failure it names is its condition, not an event
         if not line:
             self.previous = None
             return
