@@ -127,36 +127,6 @@ class Volume:
         return self.index.members if self.index else ()
 
 
-class _Reread:
-    """SIZE bytes at OFFSET of PATH as a binary file, hashed as they are read; at their end (a read that returns
-    b""), BadInput naming WHERE unless their blake3 is DIGEST."""
-
-    def __init__(self, path: Path, offset: int, size: int, digest: str, where: str):
-        self.f, self.left, self.digest, self.where = open(path, "rb"), size, digest, where
-        self.f.seek(offset)
-        self.hasher = blake3.blake3()
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.left if n is None or n < 0 else min(n, self.left)
-        if n == 0 and self.left:  # nothing asked for
-            return b""
-        data = self.f.read(n)
-        self.left -= len(data)
-        self.hasher.update(data)
-        if not data and (self.left or self.hasher.hexdigest() != self.digest):
-            raise BadInput(f"{self.where}: changed since the volume was opened; refused, nothing written")
-        return data
-
-    def close(self) -> None:
-        self.f.close()
-
-    def __enter__(self) -> "_Reread":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
 def find_volumes(sources: list[Path]) -> list[Path]:
     """Volume files named on the command line, or found (not recursively) in the directories named."""
     found: list[Path] = []
@@ -193,18 +163,16 @@ def _kind_of(info: tarfile.TarInfo) -> str:
     return ""
 
 
-class _HashedMember:
-    """A member's bytes as a binary file, hashed (blake3) as they are read: a document is parsed as it streams, never
-    held whole (a volume's index is ~440 bytes a file, and a volume may hold a million files). Read to its end,
-    DIGEST is the blake3 of the member; a member cut short is BadInput (tarfile's ReadError where the volume ends)."""
+class _HashedReader:
+    """SIZE bytes of the binary file F as a file, hashed (blake3) as they are read: a document is parsed as it
+    streams, never held whole (a volume's index is ~440 bytes a file, and a volume may hold a million files). Read to
+    its end, DIGEST is their blake3; bytes cut short are BadInput naming NAME (tarfile's ReadError where a volume
+    ends)."""
 
     _CHUNK = 1 << 20
 
-    def __init__(self, tf: tarfile.TarFile, info: tarfile.TarInfo, limit: int):
-        if info.size > limit:
-            raise BadInput(f"{info.name} is {info.size} bytes, more than the {limit} allowed")
-        self.f: BinaryIO | None = tf.extractfile(info)
-        self.name, self.left, self.hasher = info.name, info.size, blake3.blake3()
+    def __init__(self, f: BinaryIO | None, size: int, name: str):
+        self.f, self.name, self.left, self.hasher = f, name, size, blake3.blake3()
 
     def read(self, n: int = -1) -> bytes:
         n = self.left if n is None or n < 0 else min(n, self.left)
@@ -217,10 +185,46 @@ class _HashedMember:
 
     @property
     def digest(self) -> str:
-        """The member's blake3, once every byte is read (the rest is read now, a chunk at a time)."""
+        """The blake3 of all SIZE bytes, once every byte is read (the rest is read now, a chunk at a time)."""
         while self.left:
             self.read(self._CHUNK)
         return self.hasher.hexdigest()
+
+
+def _hashed_member(tf: tarfile.TarFile, info: tarfile.TarInfo, limit: int) -> _HashedReader:
+    """A volume's member as a hashed file, refused over LIMIT bytes."""
+    if info.size > limit:
+        raise BadInput(f"{info.name} is {info.size} bytes, more than the {limit} allowed")
+    return _HashedReader(tf.extractfile(info), info.size, info.name)
+
+
+class _Reread(_HashedReader):
+    """SIZE bytes at OFFSET of PATH read again, hashed as they are read; at their end (a read that returns b""),
+    BadInput naming WHERE unless their blake3 is DIGEST (the volume changed since it was opened)."""
+
+    def __init__(self, path: Path, offset: int, size: int, digest: str, where: str):
+        f = open(path, "rb")
+        f.seek(offset)
+        super().__init__(f, size, where)
+        self.expected = digest
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            data = super().read(n)
+        except BadInput:  # cut short: the volume changed
+            data = None
+        if data is None or (not data and not self.left and self.hasher.hexdigest() != self.expected):
+            raise BadInput(f"{self.name}: changed since the volume was opened; refused, nothing written")
+        return data
+
+    def close(self) -> None:
+        self.f.close()
+
+    def __enter__(self) -> "_Reread":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def split_volumes(vols: list[Volume]) -> tuple[list[Volume], list[Volume]]:
@@ -240,7 +244,7 @@ def open_volume(path: Path) -> Volume:
             if first is None or not (parity or first.name.startswith(f"{META}/index-vol")) or _kind_of(first):
                 vol.refused.append(f"{name}: first member is not a bundle index (not an mm bundle volume?)")
                 return vol
-            stream = _HashedMember(tf, first, MAX_INDEX_BYTES)
+            stream = _hashed_member(tf, first, MAX_INDEX_BYTES)
             try:  # parsed as it is read: neither the index's bytes nor its text are held whole
                 doc = load_index(stream, f"{name}: {first.name}", MAX_INDEX_BYTES)
             except Malformed as e:
@@ -277,7 +281,7 @@ def open_volume(path: Path) -> Volume:
                     vol.damaged[info.name] = "truncated"
                     continue
                 if info.name == MANIFEST_MEMBER:  # hashed, not held (Volume.manifest_bytes reads it again)
-                    manifest = _HashedMember(tf, info, MAX_MANIFEST_BYTES)
+                    manifest = _hashed_member(tf, info, MAX_MANIFEST_BYTES)
                     vol.manifest_b3 = manifest.digest
                     if info.size:  # an empty member is no manifest (as "missing" below)
                         vol.manifest_at = Member.of(info)
